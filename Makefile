@@ -1,0 +1,52 @@
+# sinkattn — the README's commands. Everything is set up from a fresh clone: a .venv at the repository
+# root with the packages of requirements-dev.txt, a CMake build in build/, then the tests or the demo.
+PY      ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+BUILD   := build
+JOBS    ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all build test test-c test-py demo demo-c bench bench-cpu sanitize clean
+
+all: build
+
+$(VENV)/.stamp: requirements-dev.txt
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -r requirements-dev.txt
+	touch $@
+
+build: $(VENV)/.stamp
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSINKATTN_WERROR=ON \
+	      -DPython_EXECUTABLE=$(abspath $(VPY)) $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j $(JOBS)
+
+test-c: build
+	ctest --test-dir $(BUILD) --output-on-failure
+
+test-py: build
+	PYTHONPATH=python $(VPY) -m pytest tests -q
+
+test: test-c test-py
+
+demo: build
+	PYTHONPATH=python $(VPY) -m sinkattn.demo
+
+demo-c: build
+	$(BUILD)/sinkattn_demo
+
+bench-cpu: build
+	$(BUILD)/cpu_bench
+
+bench: build
+	PYTHONPATH=python $(VPY) -m sinkattn.bench
+
+sanitize:
+	cmake -S . -B build-san -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSINKATTN_SANITIZE=ON -DSINKATTN_CUDA=OFF \
+	      -DSINKATTN_FFI=OFF -DSINKATTN_WERROR=ON
+	cmake --build build-san -j $(JOBS)
+	ctest --test-dir build-san --output-on-failure
+
+clean:
+	rm -rf $(BUILD) build-san python/sinkattn/*.so

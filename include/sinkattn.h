@@ -1,0 +1,161 @@
+/*
+ * sinkattn.h — fused scaled-dot-product attention with attention sinks.
+ *
+ * WHAT IT COMPUTES
+ * For batch b, query head n, query row i (the "BTNH" layout of jax.nn.dot_product_attention):
+ *
+ *     s_ij  = scale * q_i . k_j                    for every valid (i, j)   (scale default 1/sqrt(H))
+ *     a_n   = -inf (VANILLA) | 0 (OFF_BY_ONE) | sinks[n] (LEARNABLE; fp32, NOT multiplied by scale)
+ *     lse_i = log( sum_{j valid} exp(s_ij) + exp(a_n) )     the log-sum-exp INCLUDES the sink
+ *     p_ij  = exp(s_ij - lse_i)
+ *     out_i = sum_j p_ij v_j                                the sink is a column with no value row
+ *
+ * A row with no valid key gives out_i = 0 and lse_i = a_n (-inf for VANILLA). Never NaN.
+ * (i, j) is valid when every enabled mask agrees:
+ *     lengths      i < q_lens[b] and j < kv_lens[b]; values outside [0, T] / [0, S] are CLAMPED to
+ *                  that range (a length is data, never an error: -3 acts as 0, 1e9 as T or S)
+ *     causal       TOP_LEFT:     j <= i
+ *                  BOTTOM_RIGHT: j <= i + kv_len[b] - q_len[b]   (last query sees last key; decode)
+ *     window       (left, right) around the aligned diagonal i' (i' = i, or i + kv_len - q_len when
+ *                  causal is BOTTOM_RIGHT): i' - left <= j <= i' + right; -1 = unbounded side.
+ *                  gpt-oss's 128-token sliding window is causal TOP_LEFT with window (127, 0).
+ *                  diag_offset (default 0) is added to i' (a block of a larger problem).
+ *     segments     q_segment_ids[b,i] == kv_segment_ids[b,j]  (packed sequences)
+ * Here kv_len[b] / q_len[b] are the clamped lengths, or S / T when no lengths are given.
+ *
+ * Backward with upstream dout (and optionally dlse, when the caller's loss uses lse):
+ *     D_i   = sum_d dout_id * out_id - dlse_i
+ *     ds_ij = p_ij * (dout_i . v_j - D_i)
+ *     dq_i  = scale * sum_j ds_ij k_j,   dk_j = scale * sum_i ds_ij q_i,   dv_j = sum_i p_ij dout_i
+ *     dsinks[n] = - sum_{b,i} exp(a_n - lse_i) * D_i      (LEARNABLE only; fixed reduction order,
+ *                                                          bitwise reproducible run to run)
+ * dk and dv are summed over the G = N/K query heads that share a kv head.
+ *
+ * LAYOUT (dense, row-major, no strides)
+ *     q [B,T,N,H]  k [B,S,K,H]  v [B,S,K,Hv]  out [B,T,N,Hv]  lse [B,N,T] fp32  sinks [N] fp32
+ *     q_lens, kv_lens [B] int32; q_segment_ids [B,T], kv_segment_ids [B,S] int32.
+ *     Query head n reads kv head n / G. dq/dk/dv/dout have the shapes of q/k/v/out.
+ *     Pointers are host memory for the REF and CPU backends and device memory for CUDA.
+ *
+ * NUMERICS
+ *     Inputs f32, f16 or bf16 (one dtype for q, k, v, out, dout, dq, dk, dv); lse, sinks, dsinks fp32.
+ *     Backends accumulate in fp32 (the reference in fp64). The running max starts at the sink logit, so
+ *     huge sinks (|a| = 100) and empty rows stay finite.
+ *
+ * ERRORS
+ *     Nothing aborts, exits or prints. Every call returns an sa_status; on failure sa_last_error()
+ *     (thread-local) names the field and the accepted values.
+ *
+ * EXAMPLE
+ *     sa_attn a = {0};
+ *     a.dtype = SA_F32;
+ *     a.batch = 1; a.q_len = 128; a.kv_len = 128; a.q_heads = 8; a.kv_heads = 2;
+ *     a.head_dim = 64; a.v_head_dim = 64;
+ *     a.q = q; a.k = k; a.v = v; a.out = out; a.lse = lse;          // host buffers
+ *     a.softmax = SA_SOFTMAX_LEARNABLE; a.sinks = sinks;              // float[8]
+ *     a.causal = SA_CAUSAL_TOP_LEFT; a.window_left = 127; a.window_right = 0;
+ *     a.scale = 0.125f;                                               // 0 also means 1/sqrt(H)
+ *     if (sa_attn_fwd(&a, SA_BACKEND_AUTO, NULL) != SA_OK)
+ *         fprintf(stderr, "sinkattn: %s\n", sa_last_error());
+ *
+ *     sa_attn_grad g = {0};
+ *     g.dout = dout; g.dq = dq; g.dk = dk; g.dv = dv; g.dsinks = dsinks;
+ *     size_t ws = sa_attn_bwd_workspace_size(&a, SA_BACKEND_AUTO);
+ *     void *w = ws ? malloc(ws) : NULL;
+ *     sa_attn_bwd(&a, &g, w, ws, SA_BACKEND_AUTO, NULL);            // a.out and a.lse from the fwd
+ *
+ * Note: window_left/right of 0 means "only the diagonal"; set both to -1 for no window (a
+ * zero-initialised struct has window (0, 0): call sa_attn_init() to get the unbounded defaults).
+ */
+#ifndef SINKATTN_H
+#define SINKATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SINKATTN_VERSION_MAJOR 0
+#define SINKATTN_VERSION_MINOR 1
+#define SINKATTN_VERSION_PATCH 0
+#define SINKATTN_VERSION_STRING "0.1.0"
+
+#if defined(_WIN32)
+#define SA_API __declspec(dllexport)
+#else
+#define SA_API __attribute__((visibility("default")))
+#endif
+
+typedef enum { SA_F32 = 0, SA_F16 = 1, SA_BF16 = 2 } sa_dtype;
+typedef enum { SA_SOFTMAX_VANILLA = 0, SA_SOFTMAX_OFF_BY_ONE = 1, SA_SOFTMAX_LEARNABLE = 2 } sa_softmax;
+typedef enum { SA_CAUSAL_NONE = 0, SA_CAUSAL_TOP_LEFT = 1, SA_CAUSAL_BOTTOM_RIGHT = 2 } sa_causal;
+typedef enum { SA_BACKEND_AUTO = 0, SA_BACKEND_REF = 1, SA_BACKEND_CPU = 2, SA_BACKEND_CUDA = 3 } sa_backend;
+typedef enum {
+  SA_OK = 0,
+  SA_ERR_INVALID = 1,     /* an argument is wrong: the message names it */
+  SA_ERR_UNSUPPORTED = 2, /* valid, but the chosen backend cannot do it (e.g. a head dim) */
+  SA_ERR_NO_MEMORY = 3,   /* host allocation failed, or the workspace is too small */
+  SA_ERR_DEVICE = 4       /* a CUDA error, or no CUDA backend compiled in */
+} sa_status;
+
+typedef struct sa_attn {
+  sa_dtype dtype;                                 /* of q, k, v, out, dout, dq, dk, dv */
+  int64_t batch, q_len, kv_len, q_heads, kv_heads, head_dim, v_head_dim; /* B T S N K H Hv */
+  const void *q, *k, *v;                          /* host pointers for REF/CPU, device for CUDA */
+  const float *sinks;                             /* [N], LEARNABLE only, else NULL */
+  const int32_t *q_lens, *kv_lens;                /* [B] or NULL; clamped to [0,T] / [0,S] */
+  const int32_t *q_segment_ids, *kv_segment_ids;  /* [B,T], [B,S] or NULL (both or neither) */
+  float scale;                                    /* 0 = 1/sqrt(head_dim) */
+  sa_softmax softmax;
+  sa_causal causal;
+  int64_t window_left, window_right;              /* -1 = unbounded */
+  void *out;                                      /* [B,T,N,Hv] */
+  float *lse;                                     /* [B,N,T]; may be NULL in a forward-only call */
+  /* Added to the aligned diagonal i' used by causal and window masks (0 by default): lets a caller run
+     one block of a larger attention with global positions (context parallelism, chunked prefill).
+     Query row i of this call is global row i + diag_offset relative to key 0 of this call. */
+  int64_t diag_offset;
+} sa_attn;
+
+typedef struct sa_attn_grad {
+  const void *dout;    /* [B,T,N,Hv] */
+  const float *dlse;   /* [B,N,T] or NULL */
+  void *dq, *dk, *dv;  /* like q, k, v; fully overwritten */
+  float *dsinks;       /* [N] or NULL; LEARNABLE only; fully overwritten */
+  int deterministic;   /* CUDA: 1 = dq reduced in a fixed order too (dsinks always is). CPU and REF are
+                          always deterministic. 0 lets the CUDA backend use float atomics for dq. */
+} sa_attn_grad;
+
+/* Fill *a with the defaults: everything zero/NULL except window_left = window_right = -1. */
+SA_API void sa_attn_init(sa_attn *a);
+
+SA_API sa_status sa_attn_check(const sa_attn *a, sa_backend be); /* validation only */
+SA_API sa_status sa_attn_fwd(const sa_attn *a, sa_backend be, void *stream);
+/* Bytes of scratch sa_attn_bwd needs for this problem on this backend (0 for REF; CPU works without a
+   workspace but uses one when given). Returns 0 too when *a is invalid: sa_attn_bwd reports why. */
+SA_API size_t sa_attn_bwd_workspace_size(const sa_attn *a, sa_backend be);
+/* a->out and a->lse must hold the forward results of the same call (lse is required here). */
+SA_API sa_status sa_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspace,
+                             size_t workspace_size, sa_backend be, void *stream);
+
+SA_API const char *sa_status_name(sa_status s);
+SA_API const char *sa_last_error(void); /* thread-local; "" when the last call on this thread was fine */
+
+/* Which backend SA_BACKEND_AUTO would pick for *a (REF, CPU or CUDA), without running anything. */
+SA_API sa_backend sa_backend_resolve(const sa_attn *a, sa_backend be);
+/* 1 when the library was built with the CUDA backend, else 0. */
+SA_API int sa_has_cuda(void);
+
+/* CPU backend threads: n >= 1 sets the count, n <= 0 restores the default (env SINKATTN_NUM_THREADS,
+   else all online cores). Results are bitwise identical for every thread count. Process-wide. */
+SA_API void sa_cpu_set_num_threads(int n);
+SA_API int sa_cpu_get_num_threads(void);
+/* The SIMD level the CPU backend dispatched to: "avx512", "avx2" or "scalar". */
+SA_API const char *sa_cpu_simd_name(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SINKATTN_H */
