@@ -75,7 +75,8 @@ static sa_status sa_check_count(const char *name, int64_t d0, int64_t d1, int64_
     if ((nonempty) && !(ptr)) return sa_error(SA_ERR_INVALID, name " is NULL (a non-empty buffer is required)"); \
   } while (0)
 
-static sa_status sa_check_shapes(const sa_attn *a) {
+/* Sizes, enums and options: what the workspace size depends on. Pointers are not looked at. */
+static sa_status sa_check_dims(const sa_attn *a) {
   if (!a) return sa_error(SA_ERR_INVALID, "attn is NULL");
   if (a->dtype != SA_F32 && a->dtype != SA_F16 && a->dtype != SA_BF16)
     return sa_error(SA_ERR_INVALID, "dtype %d invalid: use SA_F32 (0), SA_F16 (1) or SA_BF16 (2)", (int)a->dtype);
@@ -109,12 +110,17 @@ static sa_status sa_check_shapes(const sa_attn *a) {
     return sa_error(SA_ERR_INVALID, "%s is NULL but %s is set: give both segment id arrays or neither",
                     a->q_segment_ids ? "kv_segment_ids" : "q_segment_ids",
                     a->q_segment_ids ? "q_segment_ids" : "kv_segment_ids");
+  return SA_OK;
+}
+
+/* Everything sa_check_dims accepts, plus the pointers a call dereferences. */
+static sa_status sa_check_shapes(const sa_attn *a) {
+  sa_status s = sa_check_dims(a);
+  if (s != SA_OK) return s;
   if (a->softmax == SA_SOFTMAX_LEARNABLE && !a->sinks)
     return sa_error(SA_ERR_INVALID, "sinks is NULL: SA_SOFTMAX_LEARNABLE needs sinks [q_heads] fp32");
-
   size_t es = sa_dtype_size(a->dtype);
-  int64_t nq, nk, nv, no;
-  sa_status s;
+  int64_t nq = 0, nk = 0, nv = 0, no = 0;
   if ((s = sa_check_count("q", a->batch, a->q_len, a->q_heads, a->head_dim, es, &nq)) != SA_OK) return s;
   if ((s = sa_check_count("k", a->batch, a->kv_len, a->kv_heads, a->head_dim, es, &nk)) != SA_OK) return s;
   if ((s = sa_check_count("v", a->batch, a->kv_len, a->kv_heads, a->v_head_dim, es, &nv)) != SA_OK) return s;
@@ -186,8 +192,10 @@ sa_status sa_attn_fwd(const sa_attn *a, sa_backend be, void *stream) {
 
 /* ---- backward -------------------------------------------------------------------------------- */
 
+/* Depends on sizes and options only, so callers (the FFI layer at trace time) may ask with NULL data
+   pointers. For CUDA it returns the deterministic size, the larger of the two. */
 size_t sa_attn_bwd_workspace_size(const sa_attn *a, sa_backend be) {
-  if (sa_check_backend_enum(be) != SA_OK || sa_check_shapes(a) != SA_OK) return 0;
+  if (sa_check_backend_enum(be) != SA_OK || sa_check_dims(a) != SA_OK) return 0;
   switch (sa_backend_resolve(a, be)) {
     case SA_BACKEND_CUDA: return sa_cuda_attn_bwd_workspace_size(a, 1);
     case SA_BACKEND_CPU: return sa_cpu_attn_bwd_workspace_size(a);
