@@ -1,0 +1,215 @@
+"""Flax linen modules around `sinkattn.dot_product_attention`.
+
+Shape letters as in DESIGN.md: B batch, T query length, S key/value length, N query heads, K kv heads
+(N % K == 0), H head dim of q/k, Hv head dim of v, D model width.
+
+- `DotProductAttention`: the core op as a module. With softmax_type='learnable' it owns the sink logits,
+  a parameter named `softmax_offset`, shape (1, N, 1, 1), fp32, zeros init, logical axes
+  (None, 'heads', None, None): Transformer Engine's name, shape and sharding, so checkpoints move over.
+- `MultiHeadAttention`: q/k/v/out projections (DenseGeneral, BTNH), GQA, optional RoPE, and an optional
+  KV cache (`decode=True`, linen 'cache' collection) for autoregressive generation.
+
+The helpers `normalize_softmax_type` and `apply_rope` are shared with `sinkattn.nnx`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from . import dot_product_attention
+
+__all__ = ["DotProductAttention", "MultiHeadAttention", "apply_rope", "normalize_softmax_type",
+           "SOFTMAX_OFFSET_AXES"]
+
+SOFTMAX_OFFSET_AXES = (None, "heads", None, None)
+_SOFTMAX_TYPES = {"vanilla": "vanilla", "off_by_one": "off_by_one", "off-by-one": "off_by_one",
+                  "learnable": "learnable"}
+Window = Optional[Union[int, Tuple[int, int]]]
+
+
+def normalize_softmax_type(softmax_type: str) -> str:
+    """'vanilla' | 'off_by_one' (alias 'off-by-one') | 'learnable' -> canonical name; else ValueError."""
+    try:
+        return _SOFTMAX_TYPES[softmax_type]
+    except (KeyError, TypeError):
+        raise ValueError(f"softmax_type {softmax_type!r} unknown: use 'vanilla', 'off_by_one' "
+                         "(or 'off-by-one') or 'learnable'") from None
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax.Array:
+    """Rotary position embedding, rotate-half convention (GPT-NeoX, gpt-oss).
+
+    x [B,T,N,H] (H even), positions [B,T] or [T] integer -> [B,T,N,H] in x's dtype. The rotation is
+    computed in fp32: in bf16 the angle of position 4096 would already be off by ~16 rad * 2^-8.
+    """
+    h = x.shape[-1]
+    if h % 2:
+        raise ValueError(f"apply_rope: head dim must be even, got x.shape={x.shape}")
+    inv_freq = base ** (-jnp.arange(0, h // 2, dtype=jnp.float32) * 2.0 / h)      # [H/2]
+    pos = jnp.asarray(positions, jnp.float32)
+    if pos.ndim == 1:
+        pos = pos[None, :]
+    ang = pos[:, :, None, None] * inv_freq                                          # [B,T,1,H/2]
+    cos, sin = jnp.cos(ang), jnp.sin(ang)
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+class DotProductAttention(nn.Module):
+    """Fused attention with sinks: query [B,T,N,H], key [B,S,K,H], value [B,S,K,Hv] -> out [B,T,N,Hv].
+
+    With `return_residual=True` the call returns `(out, lse)`, lse [B,N,T] fp32 including the sink
+    (the attention mass on the sink of row i is exp(a_n - lse_i)).
+
+    Attributes:
+      softmax_type: 'vanilla' | 'off_by_one' | 'off-by-one' | 'learnable'. Only 'learnable' creates a
+        parameter: `softmax_offset` (1, N, 1, 1) fp32, zeros init, logical axes (None, 'heads', None, None).
+      scale: logit scale, default 1/sqrt(H) (the sink is not scaled).
+      is_causal, causal_alignment ('top_left' | 'bottom_right'), local_window_size (w -> (w, w), or
+        (left, right), -1 unbounded): the mask, exactly as `sinkattn.dot_product_attention` takes it.
+        gpt-oss's 128-token sliding window is is_causal=True, local_window_size=(127, 0).
+      dtype: cast q, k, v to this dtype before the op (None keeps theirs).
+      implementation: None | 'fused' | 'reference', passed through.
+    """
+    softmax_type: str = "vanilla"
+    scale: Optional[float] = None
+    is_causal: bool = False
+    causal_alignment: str = "top_left"
+    local_window_size: Window = None
+    dtype: Any = None
+    implementation: Optional[str] = None
+
+    @nn.compact
+    def __call__(self, query, key, value, *, query_seq_lengths=None, key_value_seq_lengths=None,
+                 query_segment_ids=None, key_value_segment_ids=None, causal_alignment=None,
+                 return_residual: bool = False):
+        """Lengths [B] int32 and segment ids [B,T] / [B,S] int32 as in `dot_product_attention`;
+        `causal_alignment` overrides the attribute for this call (the KV-cache path uses it)."""
+        softmax_type = normalize_softmax_type(self.softmax_type)
+        sinks = None
+        if softmax_type == "learnable":
+            if query.ndim != 4:
+                raise ValueError(f"query: expected [B,T,N,H], got shape {query.shape}")
+            init = nn.with_logical_partitioning(nn.initializers.zeros_init(), SOFTMAX_OFFSET_AXES)
+            sinks = self.param("softmax_offset", init, (1, query.shape[2], 1, 1), jnp.float32)
+        if self.dtype is not None:
+            query, key, value = (jnp.asarray(x, self.dtype) for x in (query, key, value))
+        return dot_product_attention(
+            query, key, value, sinks, softmax_type=softmax_type, scale=self.scale,
+            is_causal=self.is_causal, causal_alignment=causal_alignment or self.causal_alignment,
+            local_window_size=self.local_window_size, query_seq_lengths=query_seq_lengths,
+            key_value_seq_lengths=key_value_seq_lengths, query_segment_ids=query_segment_ids,
+            key_value_segment_ids=key_value_segment_ids, return_residual=return_residual,
+            implementation=self.implementation)
+
+
+class MultiHeadAttention(nn.Module):
+    """Projections + fused attention with sinks: inputs_q [B,T,D], inputs_kv [B,S,Dkv] -> [B,T,out_features].
+
+    q = inputs_q W_q [B,T,N,H]; k, v = inputs_kv W_k, W_v [B,S,K,H]; out = attn(q, k, v) W_o.
+    Submodules: 'query', 'key', 'value', 'out' (DenseGeneral) and 'attention' (`DotProductAttention`,
+    which holds `softmax_offset` when softmax_type='learnable').
+
+    Attributes:
+      num_heads (N), head_dim (H), num_kv_heads (K, default N; GQA when K < N), out_features (default D).
+      softmax_type, scale, is_causal, causal_alignment, local_window_size, implementation: as in
+        `DotProductAttention`.
+      use_rope, rope_base: rotary embedding on q and k (positions default to 0..T-1, or to the cache
+        index onwards when decoding).
+      use_bias, dtype (computation), param_dtype, kernel_init: of the projections.
+      decode: keep a KV cache in the 'cache' collection. `init` with a full-length input [B,L,D] sizes
+        it (L = the longest sequence); each later call (prefill of T tokens, then T = 1 steps) appends
+        its keys/values and attends to the filled part with bottom-right causal alignment.
+    """
+    num_heads: int
+    head_dim: int
+    num_kv_heads: Optional[int] = None
+    out_features: Optional[int] = None
+    softmax_type: str = "vanilla"
+    scale: Optional[float] = None
+    is_causal: bool = False
+    causal_alignment: str = "top_left"
+    local_window_size: Window = None
+    use_rope: bool = False
+    rope_base: float = 10000.0
+    use_bias: bool = False
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    kernel_init: Callable = nn.initializers.lecun_normal()
+    implementation: Optional[str] = None
+    decode: bool = False
+
+    def _dense(self, features: Sequence[int], axis, axes: Tuple[str, ...], name: str):
+        return nn.DenseGeneral(
+            features=tuple(features), axis=axis, use_bias=self.use_bias, dtype=self.dtype,
+            param_dtype=self.param_dtype, name=name,
+            kernel_init=nn.with_logical_partitioning(self.kernel_init, axes))
+
+    @nn.compact
+    def __call__(self, inputs_q, inputs_kv=None, *, query_positions=None, key_value_positions=None,
+                 query_seq_lengths=None, key_value_seq_lengths=None, query_segment_ids=None,
+                 key_value_segment_ids=None, return_residual: bool = False):
+        """inputs_q [B,T,D], inputs_kv [B,S,Dkv] (default inputs_q: self-attention); positions [B,T] /
+        [B,S] int for RoPE; lengths [B], segment ids [B,T] / [B,S]. Returns [B,T,out_features], and
+        lse [B,N,T] fp32 too with return_residual=True."""
+        n, kvh = self.num_heads, self.num_kv_heads or self.num_heads
+        if n % kvh:
+            raise ValueError(f"num_heads {n} must be a multiple of num_kv_heads {kvh}")
+        if inputs_kv is None:
+            inputs_kv = inputs_q
+            if key_value_positions is None:
+                key_value_positions = query_positions
+        q = self._dense((n, self.head_dim), -1, ("embed", "heads", "head_dim"), "query")(inputs_q)
+        k = self._dense((kvh, self.head_dim), -1, ("embed", "kv_heads", "head_dim"), "key")(inputs_kv)
+        v = self._dense((kvh, self.head_dim), -1, ("embed", "kv_heads", "head_dim"), "value")(inputs_kv)
+        b, t = q.shape[0], q.shape[1]
+        alignment = None
+        if self.decode:
+            if any(x is not None for x in (query_seq_lengths, key_value_seq_lengths, query_segment_ids,
+                                           key_value_segment_ids, key_value_positions)):
+                raise ValueError("decode=True: lengths, segment ids and key_value_positions come from the "
+                                 "cache; pass only inputs_q (and query_positions)")
+            k, v, index, q_pos = self._cache_update(k, v, query_positions)
+            key_value_seq_lengths = jnp.full((b,), index + t, jnp.int32)
+            alignment = "bottom_right"    # the last query sees the last filled key
+            query_positions = key_value_positions = q_pos
+        if self.use_rope:
+            qp = jnp.arange(t) if query_positions is None else query_positions
+            kp = jnp.arange(k.shape[1]) if key_value_positions is None else key_value_positions
+            q = apply_rope(q, qp, self.rope_base)
+            if not self.decode:           # cached keys were rotated before they were stored
+                k = apply_rope(k, kp, self.rope_base)
+        attn = DotProductAttention(
+            softmax_type=self.softmax_type, scale=self.scale, is_causal=self.is_causal,
+            causal_alignment=self.causal_alignment, local_window_size=self.local_window_size,
+            dtype=self.dtype, implementation=self.implementation, name="attention")
+        res = attn(q, k, v, query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
+                   query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids,
+                   causal_alignment=alignment, return_residual=return_residual)
+        out, lse = res if return_residual else (res, None)
+        features = self.out_features or inputs_q.shape[-1]
+        y = self._dense((features,), (-2, -1), ("heads", "head_dim", "embed"), "out")(out)
+        return (y, lse) if return_residual else y
+
+    def _cache_update(self, k, v, query_positions):
+        """Append k, v [B,T,K,H] at the cache index; returns the whole cache [B,L,K,H] (valid up to
+        index + T), the old index and the positions of the new tokens [B,T]."""
+        initialized = self.has_variable("cache", "cached_key")
+        ck = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+        cv = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+        ci = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+        b, t = k.shape[0], k.shape[1]
+        index = ci.value
+        pos = index + jnp.arange(t, dtype=jnp.int32)
+        pos = jnp.broadcast_to(pos if query_positions is None else query_positions, (b, t))
+        if not initialized:               # init call: size the cache only
+            return k, v, index, pos
+        if self.use_rope:
+            k = apply_rope(k, pos, self.rope_base)
+        ck.value = jax.lax.dynamic_update_slice(ck.value, k.astype(ck.value.dtype), (0, index, 0, 0))
+        cv.value = jax.lax.dynamic_update_slice(cv.value, v.astype(cv.value.dtype), (0, index, 0, 0))
+        ci.value = index + t
+        return ck.value, cv.value, index, pos
