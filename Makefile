@@ -7,7 +7,7 @@ BUILD   := build
 JOBS    ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all build test test-c test-py demo demo-c bench bench-cpu sanitize clean
+.PHONY: all build test test-c test-py demo demo-c bench bench-cpu sanitize fuzz clean
 
 all: build
 
@@ -28,7 +28,8 @@ test-c: build
 test-py: build
 	PYTHONPATH=python $(VPY) -m pytest tests -q
 
-test: test-c test-py
+# The sanitizer run and the fuzz budget (2 x 60 s) are part of `make test`: about 6 minutes on 2 cores.
+test: test-c test-py sanitize fuzz
 
 demo: build
 	PYTHONPATH=python $(VPY) -m sinkattn.demo
@@ -46,7 +47,12 @@ sanitize:
 	cmake -S . -B build-san -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSINKATTN_SANITIZE=ON -DSINKATTN_CUDA=OFF \
 	      -DSINKATTN_FFI=OFF -DSINKATTN_WERROR=ON
 	cmake --build build-san -j $(JOBS)
-	ctest --test-dir build-san --output-on-failure
+	SINKATTN_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --test-dir build-san --output-on-failure
+
+# libFuzzer targets (clang, ASan + UBSan), FUZZ_SECONDS each (default 60); see fuzz/run.sh.
+fuzz: $(VENV)/.stamp
+	JOBS=$(JOBS) PYTHON=$(VPY) fuzz/run.sh
 
 clean:
-	rm -rf $(BUILD) build-san python/sinkattn/*.so
+	rm -rf $(BUILD) build-san build-fuzz python/sinkattn/*.so

@@ -139,8 +139,9 @@ static inline sa_range sa_key_range(const sa_attn *a, int64_t ql, int64_t kl, in
   sa_range r = {0, kl};
   if (i >= ql) { r.hi = 0; return r; }
   /* Windows wider than the problem act as unbounded; capping them keeps the sums below from
-     overflowing int64 (diag_offset is checked to |x| < 2^40 by sa_attn_check). */
-  int64_t big = ql + kl + 1;
+     overflowing int64 (diag_offset is checked to |x| < 2^40 by sa_attn_check). "Wider" counts the
+     diagonal's shift too: with diag_offset -8 a right window of 8 still reaches key 0. */
+  int64_t big = ql + kl + (a->diag_offset < 0 ? -a->diag_offset : a->diag_offset) + 1;
   int64_t wl = a->window_left > big ? big : a->window_left;
   int64_t wr = a->window_right > big ? big : a->window_right;
   int64_t diag = (a->causal == SA_CAUSAL_BOTTOM_RIGHT ? i + kl - ql : i) + a->diag_offset; /* i' */

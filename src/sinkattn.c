@@ -175,7 +175,10 @@ sa_status sa_attn_check(const sa_attn *a, sa_backend be) {
   sa_status s = sa_check_backend_enum(be);
   if (s != SA_OK) return s;
   if ((s = sa_check_shapes(a)) != SA_OK) return s;
-  return sa_check_for(a, sa_backend_resolve(a, be));
+  /* Resolving AUTO asks the CPU backend, whose "unsupported" leaves a message even though REF then
+     takes the call: clear it, so that sa_last_error() is "" after every successful check. */
+  if ((s = sa_check_for(a, sa_backend_resolve(a, be))) == SA_OK) sa_clear_error();
+  return s;
 }
 
 /* ---- forward --------------------------------------------------------------------------------- */

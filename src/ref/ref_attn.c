@@ -72,7 +72,9 @@ sa_status sa_ref_fwd64(const sa_attn *a, const double *q, const double *k, const
         }
 
         /* pass 2: exp-sum with the sink. The sink is one more column of the softmax denominator. */
-        double l = exp(sink - m);
+        /* m >= sink, so exp(sink - m) is exp(0) = 1 when the sink is the max; spelled out because a
+           +inf sink gives exp(inf - inf) = NaN: with it, a +inf sink yields l = 1, lse = +inf, out = 0. */
+        double l = sink == m ? 1.0 : exp(sink - m);
         for (int64_t j = 0; j < S; j++) l += exp(s[j] - m);
         double lse_i = m + log(l);
         lse[SA_L(a, b, n, i)] = lse_i;
