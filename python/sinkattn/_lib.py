@@ -1,0 +1,118 @@
+"""Loads libsinkattn_jax.so (the C core plus its XLA FFI handlers) and registers its targets with JAX.
+
+Search order: env SINKATTN_LIBRARY (a file), the package directory, then <repo>/build*/ (a source tree
+built with `cmake -S . -B build && cmake --build build`). Loading is lazy: importing sinkattn never
+fails for a missing library; the first fused call does, with the build command in the message.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import threading
+
+import jax
+
+LIB_NAME = "libsinkattn_jax.so"
+FWD_TARGET = "sinkattn_fwd"          # platforms "cpu" and "CUDA"
+BWD_TARGET = "sinkattn_bwd"          # "cpu": results dq dk dv dsinks
+BWD_TARGET_CUDA = "sinkattn_bwd_cuda"  # "CUDA": results dq dk dv dsinks workspace
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_REPO_DIR = os.path.dirname(os.path.dirname(_PKG_DIR))
+_lock = threading.Lock()
+_lib = None
+
+
+class LibraryNotFoundError(RuntimeError):
+  """libsinkattn_jax.so is missing: the fused kernels cannot run (implementation='reference' can)."""
+
+
+def candidates() -> list[str]:
+  """Paths tried, in order."""
+  out = []
+  env = os.environ.get("SINKATTN_LIBRARY")
+  if env:
+    out.append(env)
+  out.append(os.path.join(_PKG_DIR, LIB_NAME))
+  out.append(os.path.join(_REPO_DIR, "build", LIB_NAME))
+  out.extend(sorted(glob.glob(os.path.join(_REPO_DIR, "build*", LIB_NAME))))
+  return list(dict.fromkeys(out))
+
+
+def _declare(lib):
+  i64, c_int = ctypes.c_int64, ctypes.c_int
+  lib.sa_has_cuda.restype = c_int
+  lib.sa_has_cuda.argtypes = []
+  lib.sa_jax_bwd_workspace_size.restype = ctypes.c_size_t
+  lib.sa_jax_bwd_workspace_size.argtypes = [c_int] + [i64] * 7 + [c_int, c_int, i64, i64, i64, c_int, c_int,
+                                                                   c_int]
+  lib.sa_jax_ffi_api_version.restype = c_int
+  lib.sa_cpu_set_num_threads.argtypes = [c_int]
+  lib.sa_cpu_get_num_threads.restype = c_int
+  lib.sa_cpu_simd_name.restype = ctypes.c_char_p
+
+
+def _register(lib):
+  cap = jax.ffi.pycapsule
+  jax.ffi.register_ffi_target(FWD_TARGET, cap(lib.sa_jax_attn_fwd_cpu), platform="cpu")
+  jax.ffi.register_ffi_target(BWD_TARGET, cap(lib.sa_jax_attn_bwd_cpu), platform="cpu")
+  if lib.sa_has_cuda():
+    jax.ffi.register_ffi_target(FWD_TARGET, cap(lib.sa_jax_attn_fwd_cuda), platform="CUDA")
+    jax.ffi.register_ffi_target(BWD_TARGET_CUDA, cap(lib.sa_jax_attn_bwd_cuda), platform="CUDA")
+
+
+def load():
+  """The loaded ctypes library, with its FFI targets registered (once per process)."""
+  global _lib
+  if _lib is not None:
+    return _lib
+  with _lock:
+    if _lib is not None:
+      return _lib
+    tried = candidates()
+    path = next((p for p in tried if os.path.isfile(p)), None)
+    if path is None:
+      raise LibraryNotFoundError(
+          "sinkattn: %s not found (looked in: %s). Build it from the repository root with\n"
+          "  cmake -S . -B build -DPython_EXECUTABLE=$(which python) && cmake --build build -j\n"
+          "(it is copied into python/sinkattn/), or `pip install .`; or set SINKATTN_LIBRARY to its path. "
+          "implementation='reference' works without it." % (LIB_NAME, ", ".join(tried)))
+    lib = ctypes.CDLL(path)
+    _declare(lib)
+    _register(lib)
+    _lib = lib
+    return lib
+
+
+def available() -> bool:
+  try:
+    load()
+    return True
+  except (LibraryNotFoundError, OSError):
+    return False
+
+
+def has_cuda() -> bool:
+  """The library was built with the CUDA backend (False when it is missing)."""
+  return available() and bool(load().sa_has_cuda())
+
+
+def bwd_workspace_size(dtype_code, B, T, S, N, K, H, Hv, softmax, causal, window_left, window_right,
+                       diag_offset, has_lengths, has_segments, backend):
+  return int(load().sa_jax_bwd_workspace_size(dtype_code, B, T, S, N, K, H, Hv, softmax, causal,
+                                              window_left, window_right, diag_offset, int(has_lengths),
+                                              int(has_segments), backend))
+
+
+def set_num_threads(n: int) -> None:
+  """CPU backend threads (n <= 0: the default, env SINKATTN_NUM_THREADS or all cores)."""
+  load().sa_cpu_set_num_threads(int(n))
+
+
+def get_num_threads() -> int:
+  return int(load().sa_cpu_get_num_threads())
+
+
+def simd_name() -> str:
+  return load().sa_cpu_simd_name().decode()

@@ -1,0 +1,100 @@
+"""sinkattn.dot_product_attention: argument checking, the fused path (custom_vjp over the two FFI calls of
+primitives.py) and the pure-jnp reference path (reference.py, differentiated by JAX)."""
+from __future__ import annotations
+
+import functools
+import warnings
+
+import jax
+import jax.numpy as jnp
+
+from . import _lib, _validate, primitives, reference
+
+_warned_no_cuda = False
+
+
+def _statics(o: _validate.Options):
+  return dict(softmax=o.softmax, causal=o.causal, window_left=o.window_left, window_right=o.window_right,
+              diag_offset=0, scale=o.scale)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fused(o, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg):
+  out, lse = primitives.attn_fwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, **_statics(o))
+  return (out, lse) if o.return_residual else out
+
+
+def _fused_fwd(o, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg):
+  out, lse = primitives.attn_fwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, **_statics(o))
+  res = (q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, out, lse)
+  return ((out, lse) if o.return_residual else out), res
+
+
+def _fused_bwd(o, res, ct):
+  q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, out, lse = res
+  dout, dlse = ct if o.return_residual else (ct, None)
+  dq, dk, dv, dsinks = primitives.attn_bwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, out, lse, dout, dlse,
+                                           **_statics(o))
+  return dq, dk, dv, (dsinks if sinks is not None else None), None, None, None, None
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+def _use_reference(impl):
+  """Resolves implementation=None: fused, except on a GPU with a library built without CUDA."""
+  global _warned_no_cuda
+  if impl == "reference":
+    return True
+  if jax.default_backend() == "gpu" and not _lib.has_cuda():
+    if impl == "fused":
+      _lib.load()  # a clear error when the library is missing altogether
+      raise RuntimeError("implementation='fused': libsinkattn_jax.so was built without CUDA, so there is no "
+                         "GPU kernel: rebuild with nvcc on PATH, or use implementation=None / 'reference'")
+    if not _warned_no_cuda:
+      _warned_no_cuda = True
+      warnings.warn("sinkattn: libsinkattn_jax.so has no CUDA backend (built without nvcc); on GPU "
+                    "dot_product_attention falls back to the pure-jnp reference (O(T*S) memory, slower).",
+                    RuntimeWarning, stacklevel=3)
+    return True
+  return False
+
+
+def dot_product_attention(query, key, value, sinks=None, *, softmax_type=None, scale=None, is_causal=False,
+                          causal_alignment="top_left", local_window_size=None, query_seq_lengths=None,
+                          key_value_seq_lengths=None, query_segment_ids=None, key_value_segment_ids=None,
+                          return_residual=False, implementation=None):
+  """Scaled dot-product attention with attention sinks (layout BTNH, like jax.nn.dot_product_attention).
+
+  query [B,T,N,H], key [B,S,K,H], value [B,S,K,Hv] (one float dtype: float32, float16 or bfloat16; K
+  divides N: query head n reads kv head n // (N // K)). For each row
+      lse_i = log(sum_j exp(scale * q_i . k_j) + exp(a_n)),  out_i = sum_j exp(s_ij - lse_i) v_j
+  with the sink logit a_n = -inf ('vanilla'), 0 ('off_by_one', alias 'off-by-one') or sinks[n]
+  ('learnable': sinks of shape [N] or [1,N,1,1] in any float dtype, used in float32, not scaled).
+  softmax_type None means 'learnable' when sinks is given, else 'vanilla'.
+
+  Masks (all optional, combined with AND): is_causal with causal_alignment 'top_left' (j <= i) or
+  'bottom_right' (j <= i + kv_len - q_len: the last query sees the last key); local_window_size w or
+  (left, right) around that diagonal (None or -1 = unbounded side); query_seq_lengths /
+  key_value_seq_lengths [B] (padding at the end; clamped to [0,T] / [0,S]); query_segment_ids [B,T] and
+  key_value_segment_ids [B,S] (packed sequences). A row with no valid key gives out 0 and lse a_n.
+
+  Returns out [B,T,N,Hv] in query's dtype, or (out, lse [B,N,T] float32) with return_residual=True.
+  Differentiable in query, key, value, sinks (gradient in sinks' shape and dtype) and through lse.
+  implementation: None (the fused kernel of the platform; env SINKATTN_IMPLEMENTATION=reference picks the
+  reference), 'fused', or 'reference' (pure jnp, O(T*S) memory: tells a kernel bug from a model bug).
+  """
+  impl = _validate.implementation(implementation)
+  o, sinks, q_lens, kv_lens, q_seg, kv_seg = _validate.arguments(
+      query, key, value, sinks, softmax_type=softmax_type, scale=scale, is_causal=is_causal,
+      causal_alignment=causal_alignment, local_window_size=local_window_size,
+      query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
+      query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids,
+      return_residual=return_residual)
+  # Sinks enter the kernels as float32 [N]; autodiff of this reshape/cast returns the gradient in the
+  # caller's shape and dtype.
+  s32 = None if sinks is None else sinks.reshape(query.shape[2]).astype(jnp.float32)
+  if _use_reference(impl):
+    out, lse = reference.attention(query, key, value, s32, q_lens, kv_lens, q_seg, kv_seg, **_statics(o))
+    return (out, lse) if o.return_residual else out
+  return _fused(o, query, key, value, s32, q_lens, kv_lens, q_seg, kv_seg)

@@ -1,0 +1,68 @@
+"""Pure jnp attention with sinks: the twin of the fused kernels, same arguments as primitives.attn_fwd.
+
+It materialises the [B,N,T,S] scores (O(T*S) memory), accumulates in float32 and is differentiated by
+JAX autodiff. Semantics match the C library exactly: lengths clamped to [0,T] / [0,S]; causal and window
+masks around the aligned diagonal i' = i (+ kv_len - q_len when bottom-right) + diag_offset; a row with
+no valid key gives out = 0 and lse = the sink logit (-inf for vanilla); neither the values nor the
+gradients are ever NaN (every exp/log sees a finite argument or an explicit -inf that masks to 0).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+VANILLA, OFF_BY_ONE, LEARNABLE = 0, 1, 2
+CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2
+
+
+def mask(B, T, S, q_lens, kv_lens, q_seg, kv_seg, *, causal, window_left, window_right, diag_offset):
+  """Validity of (b, i, j) as a bool [B,T,S] array."""
+  i = jnp.arange(T)[None, :, None]
+  j = jnp.arange(S)[None, None, :]
+  ql = jnp.full((B,), T, jnp.int32) if q_lens is None else jnp.clip(q_lens.astype(jnp.int32), 0, T)
+  kl = jnp.full((B,), S, jnp.int32) if kv_lens is None else jnp.clip(kv_lens.astype(jnp.int32), 0, S)
+  ql, kl = ql[:, None, None], kl[:, None, None]
+  ok = (i < ql) & (j < kl)
+  diag = i + diag_offset + ((kl - ql) if causal == CAUSAL_BOTTOM_RIGHT else 0)
+  if causal != CAUSAL_NONE:
+    ok &= j <= diag
+  if window_left >= 0:
+    ok &= j >= diag - window_left
+  if window_right >= 0:
+    ok &= j <= diag + window_right
+  if q_seg is not None:
+    ok &= q_seg[:, :, None] == kv_seg[:, None, :]
+  return ok
+
+
+def sink_logits(N, sinks, softmax):
+  """a_n as float32 [N]: -inf, 0 or sinks."""
+  if softmax == LEARNABLE:
+    return sinks.astype(jnp.float32).reshape(N)
+  return jnp.full((N,), -jnp.inf if softmax == VANILLA else 0.0, jnp.float32)
+
+
+def attention(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, *, softmax: int, causal: int, window_left: int,
+              window_right: int, diag_offset: int, scale: float):
+  """-> (out [B,T,N,Hv] in q's dtype, lse [B,N,T] float32)."""
+  B, T, N, H = q.shape
+  _, S, K, Hv = v.shape
+  G = N // K
+  f32 = jnp.float32
+  qf = q.astype(f32).reshape(B, T, K, G, H)
+  s = jnp.einsum("btkgh,bskh->bkgts", qf, k.astype(f32)) * f32(scale)          # [B,K,G,T,S]
+  ok = mask(B, T, S, q_lens, kv_lens, q_seg, kv_seg, causal=causal, window_left=window_left,
+            window_right=window_right, diag_offset=diag_offset)[:, None, None]   # [B,1,1,T,S]
+  a = sink_logits(N, sinks, softmax).reshape(1, K, G, 1)                          # [1,K,G,1]
+  # Running max seeded with the sink (so huge sinks and empty rows stay finite); it cancels exactly in
+  # lse and p, so no gradient flows through it.
+  m = jax.lax.stop_gradient(jnp.maximum(jnp.max(jnp.where(ok, s, -jnp.inf), axis=-1), a))
+  m = jnp.where(jnp.isfinite(m), m, 0.0)                                          # vanilla empty row
+  e = jnp.exp(jnp.where(ok, s - m[..., None], -jnp.inf))                          # 0 where masked
+  l = jnp.sum(e, axis=-1) + jnp.exp(a - m)
+  empty = l == 0.0                                                                # vanilla, no key
+  l_safe = jnp.where(empty, 1.0, l)
+  lse = jnp.where(empty, -jnp.inf, m + jnp.log(l_safe))                           # [B,K,G,T]
+  p = e / l_safe[..., None]
+  out = jnp.einsum("bkgts,bske->btkge", p, v.astype(f32)).reshape(B, T, N, Hv)
+  return out.astype(q.dtype), lse.reshape(B, N, T)

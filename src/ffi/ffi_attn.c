@@ -1,0 +1,287 @@
+/*
+ * ffi_attn.c — the XLA FFI handlers of libsinkattn_jax.so: attention forward and backward for the
+ * "cpu" and "CUDA" platforms, plus the shape-only queries Python reads through ctypes.
+ *
+ * Buffers (positional, fixed order; an absent optional input is a placeholder the handler never reads,
+ * announced by the has_* attributes or, for sinks, by softmax != LEARNABLE):
+ *   forward  args  q k v sinks q_lens kv_lens q_seg kv_seg                   rets out lse
+ *   backward args  q k v sinks q_lens kv_lens q_seg kv_seg out lse dout dlse rets dq dk dv dsinks [workspace]
+ * The workspace result exists on CUDA only; Python sizes it at trace time (sa_jax_bwd_workspace_size).
+ *
+ * vmap: Python uses ffi_call(vmap_method="expand_dims"), so every buffer may carry the same number of
+ * extra leading dims, each of the full vmapped size or 1 (an unbatched input). When every batched input
+ * is full and sinks are shared, the leading dims fold into the batch (one kernel call); otherwise the
+ * handler runs one call per grid cell, broadcasting the size-1 inputs. dsinks is per cell, so a
+ * LEARNABLE backward under vmap always runs per cell.
+ */
+#include <string.h>
+
+#include "sa_ffi.h"
+
+enum { ARG_Q, ARG_K, ARG_V, ARG_SINKS, ARG_QLENS, ARG_KVLENS, ARG_QSEG, ARG_KVSEG, ARG_OUT, ARG_LSE,
+       ARG_DOUT, ARG_DLSE };
+enum { V_Q, V_K, V_V, V_SINKS, V_QLENS, V_KVLENS, V_QSEG, V_KVSEG, V_OUT, V_LSE, V_DOUT, V_DLSE, V_DQ, V_DK,
+       V_DV, V_DSINKS, V_WS, V_COUNT };
+
+typedef struct {
+  const char *target;
+  int bwd;
+  sa_attn a;                /* options and the cell's dims; pointers are set per cell */
+  sa_ffi_grid g;
+  sa_ffi_view v[V_COUNT];   /* present = 0 for absent optional buffers */
+  int has_dlse, deterministic;
+} sa_ffi_call;
+
+/* ---- decoding ------------------------------------------------------------------------------ */
+
+static XLA_FFI_Error *sa_ffi_decode_attrs(XLA_FFI_CallFrame *f, sa_ffi_call *c, int *has_ql, int *has_kl,
+                                          int *has_seg) {
+  sa_ffi_attr at[] = {
+      {"causal", SA_ATTR_INT, 1, 0, 0, 0},         {"deterministic", SA_ATTR_BOOL, c->bwd, 0, 0, 0},
+      {"diag_offset", SA_ATTR_INT, 1, 0, 0, 0},    {"has_dlse", SA_ATTR_BOOL, c->bwd, 0, 0, 0},
+      {"has_kv_lens", SA_ATTR_BOOL, 1, 0, 0, 0},   {"has_q_lens", SA_ATTR_BOOL, 1, 0, 0, 0},
+      {"has_segments", SA_ATTR_BOOL, 1, 0, 0, 0},  {"scale", SA_ATTR_FLOAT, 1, 0, 0, 0},
+      {"softmax", SA_ATTR_INT, 1, 0, 0, 0},        {"window_left", SA_ATTR_INT, 1, 0, 0, 0},
+      {"window_right", SA_ATTR_INT, 1, 0, 0, 0},
+  };
+  XLA_FFI_Error *e = sa_ffi_attrs_decode(f, c->target, at, (int)(sizeof at / sizeof at[0]));
+  if (e) return e;
+  /* Enum values outside int range would wrap when cast: reject them here, sa_attn_check does the rest. */
+  if (at[0].i < 0 || at[0].i > 2 || at[8].i < 0 || at[8].i > 2)
+    return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: softmax %lld / causal %lld invalid: use 0, 1 or 2",
+                        c->target, (long long)at[8].i, (long long)at[0].i);
+  c->a.causal = (sa_causal)at[0].i;
+  c->deterministic = (int)at[1].i;
+  c->a.diag_offset = at[2].i;
+  c->has_dlse = (int)at[3].i;
+  *has_kl = (int)at[4].i;
+  *has_ql = (int)at[5].i;
+  *has_seg = (int)at[6].i;
+  c->a.scale = (float)at[7].f;
+  c->a.softmax = (sa_softmax)at[8].i;
+  c->a.window_left = at[9].i;
+  c->a.window_right = at[10].i;
+  return NULL;
+}
+
+#define SA_F32T XLA_FFI_DataType_F32
+#define SA_S32T XLA_FFI_DataType_S32
+
+static XLA_FFI_Error *sa_ffi_decode(XLA_FFI_CallFrame *f, sa_ffi_call *c, int cuda) {
+  int has_ql = 0, has_kl = 0, has_seg = 0;
+  sa_attn_init(&c->a);
+  XLA_FFI_Error *e = sa_ffi_decode_attrs(f, c, &has_ql, &has_kl, &has_seg);
+  if (e) return e;
+  int64_t want_args = c->bwd ? 12 : 8, want_rets = c->bwd ? 4 + cuda : 2;
+  if (f->args.size != want_args || f->rets.size != want_rets)
+    return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: got %lld inputs and %lld results: expected %lld and %lld",
+                        c->target, (long long)f->args.size, (long long)f->rets.size, (long long)want_args,
+                        (long long)want_rets);
+  XLA_FFI_Buffer *r0 = sa_ffi_buffer(f, 1, 0);
+  if (!r0) return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: result 0 is not a buffer", c->target);
+  if ((e = sa_ffi_grid_from(f, c->target, r0, c->bwd ? "dq" : "out", 4, &c->g))) return e;
+
+  const sa_ffi_grid *g = &c->g;
+  sa_ffi_view *v = c->v;
+  int64_t qd[4], kd[4], vd[4];
+  const int64_t any4[4] = {-1, -1, -1, -1};
+  if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_Q), "query", XLA_FFI_DataType_INVALID, 4, any4,
+                            qd, &v[V_Q])))
+    return e;
+  XLA_FFI_DataType dt = v[V_Q].buf->dtype;
+  int64_t B = qd[0], T = qd[1], N = qd[2], H = qd[3];
+  const int64_t kw[4] = {B, -1, -1, H};
+  if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_K), "key", dt, 4, kw, kd, &v[V_K]))) return e;
+  int64_t S = kd[1], K = kd[2];
+  const int64_t vw[4] = {B, S, K, -1};
+  if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_V), "value", dt, 4, vw, vd, &v[V_V]))) return e;
+  int64_t Hv = vd[3];
+  const int64_t ow[4] = {B, T, N, Hv}, lw[3] = {B, N, T}, nw[1] = {N}, bw[1] = {B}, tw[2] = {B, T}, sw[2] = {B, S};
+  int learn = c->a.softmax == SA_SOFTMAX_LEARNABLE;
+  if (learn && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_SINKS), "sinks", SA_F32T, 1, nw, NULL,
+                                     &v[V_SINKS])))
+    return e;
+  if (has_ql && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_QLENS), "query_seq_lengths", SA_S32T,
+                                      1, bw, NULL, &v[V_QLENS])))
+    return e;
+  if (has_kl && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_KVLENS), "key_value_seq_lengths",
+                                      SA_S32T, 1, bw, NULL, &v[V_KVLENS])))
+    return e;
+  if (has_seg && ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_QSEG), "query_segment_ids", SA_S32T,
+                                        2, tw, NULL, &v[V_QSEG])) ||
+                  (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_KVSEG), "key_value_segment_ids",
+                                        SA_S32T, 2, sw, NULL, &v[V_KVSEG]))))
+    return e;
+  int ob = c->bwd ? 0 : 1; /* out and lse: results of the forward, inputs of the backward */
+  if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, ob, c->bwd ? ARG_OUT : 0), "out", dt, 4, ow, NULL,
+                            &v[V_OUT])) ||
+      (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, ob, c->bwd ? ARG_LSE : 1), "lse", SA_F32T, 3, lw, NULL,
+                            &v[V_LSE])))
+    return e;
+  if (c->bwd) {
+    if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_DOUT), "dout", dt, 4, ow, NULL, &v[V_DOUT])))
+      return e;
+    if (c->has_dlse &&
+        (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_DLSE), "dlse", SA_F32T, 3, lw, NULL, &v[V_DLSE])))
+      return e;
+    const int64_t dkw[4] = {B, S, K, H};
+    if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, 0), "dq", dt, 4, qd, NULL, &v[V_DQ])) ||
+        (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, 1), "dk", dt, 4, dkw, NULL, &v[V_DK])) ||
+        (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, 2), "dv", dt, 4, vw, NULL, &v[V_DV])))
+      return e;
+    if (learn &&
+        (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, 3), "dsinks", SA_F32T, 1, nw, NULL, &v[V_DSINKS])))
+      return e;
+    const int64_t anyw[1] = {-1};
+    if (cuda && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, 4), "workspace", XLA_FFI_DataType_U8, 1,
+                                      anyw, NULL, &v[V_WS])))
+      return e;
+  }
+  if (!sa_ffi_dtype_of(dt, &c->a.dtype))
+    return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: query dtype unsupported", c->target);
+  c->a.batch = B; c->a.q_len = T; c->a.kv_len = S;
+  c->a.q_heads = N; c->a.kv_heads = K; c->a.head_dim = H; c->a.v_head_dim = Hv;
+  return NULL;
+}
+
+/* ---- execution ----------------------------------------------------------------------------- */
+
+static void *sa_ffi_ptr(const sa_ffi_call *c, int k, int64_t cell) {
+  const sa_ffi_view *v = &c->v[k];
+  if (!v->present || !v->buf->data) return NULL;
+  int64_t off = cell < 0 ? 0 : sa_ffi_view_offset(&c->g, v, cell);
+  return (char *)v->buf->data + off * (int64_t)sa_ffi_elem_size(v->buf->dtype);
+}
+
+/* Points a/g at grid cell `cell` (-1: the whole grid folded into the batch). */
+static void sa_ffi_bind(const sa_ffi_call *c, int64_t cell, sa_attn *a, sa_attn_grad *gr) {
+  *a = c->a;
+  if (cell < 0) a->batch *= c->g.cells;
+  a->q = sa_ffi_ptr(c, V_Q, cell);
+  a->k = sa_ffi_ptr(c, V_K, cell);
+  a->v = sa_ffi_ptr(c, V_V, cell);
+  a->sinks = (const float *)sa_ffi_ptr(c, V_SINKS, cell);
+  a->q_lens = (const int32_t *)sa_ffi_ptr(c, V_QLENS, cell);
+  a->kv_lens = (const int32_t *)sa_ffi_ptr(c, V_KVLENS, cell);
+  a->q_segment_ids = (const int32_t *)sa_ffi_ptr(c, V_QSEG, cell);
+  a->kv_segment_ids = (const int32_t *)sa_ffi_ptr(c, V_KVSEG, cell);
+  a->out = sa_ffi_ptr(c, V_OUT, cell);
+  a->lse = (float *)sa_ffi_ptr(c, V_LSE, cell);
+  if (!gr) return;
+  memset(gr, 0, sizeof *gr);
+  gr->dout = sa_ffi_ptr(c, V_DOUT, cell);
+  gr->dlse = (const float *)sa_ffi_ptr(c, V_DLSE, cell);
+  gr->dq = sa_ffi_ptr(c, V_DQ, cell);
+  gr->dk = sa_ffi_ptr(c, V_DK, cell);
+  gr->dv = sa_ffi_ptr(c, V_DV, cell);
+  gr->dsinks = (float *)sa_ffi_ptr(c, V_DSINKS, cell);
+  gr->deterministic = c->deterministic;
+}
+
+/* The grid folds into the batch when every batched buffer spans it fully and the shared ones (sinks) do
+   not vary; a per-cell result that is reduced over the batch (dsinks) forbids it. */
+static int sa_ffi_can_fold(const sa_ffi_call *c) {
+  if (c->g.nlead == 0) return 1;
+  for (int k = 0; k < V_COUNT; k++) {
+    const sa_ffi_view *v = &c->v[k];
+    if (!v->present || k == V_WS) continue;
+    if (k == V_SINKS ? !v->lead_ones : !v->lead_full) return 0;
+  }
+  return !c->v[V_DSINKS].present || c->g.cells == 1;
+}
+
+static XLA_FFI_Error *sa_ffi_run(XLA_FFI_CallFrame *f, sa_ffi_call *c, sa_backend be, void *stream) {
+  sa_attn a;
+  sa_attn_grad gr;
+  if (be == SA_BACKEND_CPU) {
+    /* Cell 0 stands for all: support depends on sizes and options only. A configuration the CPU
+       backend declines still runs, on the (slower, fp64) reference. */
+    sa_ffi_bind(c, 0, &a, NULL);
+    if (c->g.cells > 0 && sa_attn_check(&a, SA_BACKEND_CPU) == SA_ERR_UNSUPPORTED) be = SA_BACKEND_REF;
+  }
+  int fold = sa_ffi_can_fold(c);
+  size_t ws_total = c->v[V_WS].present ? (size_t)(c->v[V_WS].base_count * (c->g.cells ? c->g.cells : 1)) : 0;
+  if (fold && c->bwd && be == SA_BACKEND_CUDA) {
+    sa_ffi_bind(c, -1, &a, NULL);
+    if (sa_attn_bwd_workspace_size(&a, be) > ws_total) fold = 0; /* Python sized it per cell */
+  }
+  int64_t ncalls = fold ? 1 : c->g.cells;
+  for (int64_t cell = 0; cell < ncalls; cell++) {
+    sa_ffi_bind(c, fold ? -1 : cell, &a, c->bwd ? &gr : NULL);
+    sa_status s;
+    if (c->bwd) {
+      void *ws = fold ? sa_ffi_ptr(c, V_WS, -1) : sa_ffi_ptr(c, V_WS, cell);
+      size_t wsz = !c->v[V_WS].present ? 0 : fold ? ws_total : (size_t)c->v[V_WS].base_count;
+      s = sa_attn_bwd(&a, &gr, ws, wsz, be, stream);
+    } else {
+      s = sa_attn_fwd(&a, be, stream);
+    }
+    if (s != SA_OK) return sa_ffi_status_error(f, c->target, s);
+  }
+  return NULL;
+}
+
+static XLA_FFI_Error *sa_ffi_attn(XLA_FFI_CallFrame *f, const char *target, int bwd, int cuda) {
+  if (sa_ffi_metadata(f, 0)) return NULL;
+  if (f->stage != XLA_FFI_ExecutionStage_EXECUTE)
+    return sa_ffi_error(f, XLA_FFI_Error_Code_UNIMPLEMENTED, "%s: only the execute stage is implemented", target);
+  sa_ffi_call c;
+  memset(&c, 0, sizeof c);
+  c.target = target;
+  c.bwd = bwd;
+  XLA_FFI_Error *e = sa_ffi_decode(f, &c, cuda);
+  if (e) return e;
+  void *stream = NULL;
+  if (cuda) {
+    XLA_FFI_Stream_Get_Args sg;
+    memset(&sg, 0, sizeof sg);
+    sg.struct_size = XLA_FFI_Stream_Get_Args_STRUCT_SIZE;
+    sg.extension_start = NULL;
+    sg.ctx = f->ctx;
+    if ((e = f->api->XLA_FFI_Stream_Get(&sg))) return e;
+    stream = sg.stream;
+  }
+  return sa_ffi_run(f, &c, cuda ? SA_BACKEND_CUDA : SA_BACKEND_CPU, stream);
+}
+
+SA_FFI_EXPORT XLA_FFI_Error *sa_jax_attn_fwd_cpu(XLA_FFI_CallFrame *f) {
+  return sa_ffi_attn(f, "sinkattn_fwd(cpu)", 0, 0);
+}
+SA_FFI_EXPORT XLA_FFI_Error *sa_jax_attn_bwd_cpu(XLA_FFI_CallFrame *f) {
+  return sa_ffi_attn(f, "sinkattn_bwd(cpu)", 1, 0);
+}
+SA_FFI_EXPORT XLA_FFI_Error *sa_jax_attn_fwd_cuda(XLA_FFI_CallFrame *f) {
+  return sa_ffi_attn(f, "sinkattn_fwd(CUDA)", 0, 1);
+}
+SA_FFI_EXPORT XLA_FFI_Error *sa_jax_attn_bwd_cuda(XLA_FFI_CallFrame *f) {
+  return sa_ffi_attn(f, "sinkattn_bwd(CUDA)", 1, 1);
+}
+
+/* ---- ctypes queries ------------------------------------------------------------------------ */
+
+/* Bytes of backward workspace for one grid cell of this problem on `backend` (an sa_backend value);
+   0 when none is needed or the problem is invalid (the handler then reports why). Shape-only: the
+   lengths/segments flags only say whether those inputs exist. */
+SA_FFI_EXPORT size_t sa_jax_bwd_workspace_size(int dtype, int64_t batch, int64_t q_len, int64_t kv_len,
+                                               int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                                               int64_t v_head_dim, int softmax, int causal, int64_t window_left,
+                                               int64_t window_right, int64_t diag_offset, int has_lengths,
+                                               int has_segments, int backend) {
+  static const int32_t present = 0; /* a non-NULL marker: size queries never read data */
+  static const float sink = 0.0f;
+  sa_attn a;
+  sa_attn_init(&a);
+  a.dtype = (sa_dtype)dtype;
+  a.batch = batch; a.q_len = q_len; a.kv_len = kv_len; a.q_heads = q_heads; a.kv_heads = kv_heads;
+  a.head_dim = head_dim; a.v_head_dim = v_head_dim;
+  a.softmax = (sa_softmax)softmax;
+  a.causal = (sa_causal)causal;
+  a.window_left = window_left; a.window_right = window_right; a.diag_offset = diag_offset;
+  if (softmax == SA_SOFTMAX_LEARNABLE) a.sinks = &sink;
+  if (has_lengths) { a.q_lens = &present; a.kv_lens = &present; }
+  if (has_segments) { a.q_segment_ids = &present; a.kv_segment_ids = &present; }
+  return sa_attn_bwd_workspace_size(&a, (sa_backend)backend);
+}
+
+/* FFI API version of the jaxlib header this library was compiled against (major * 1000 + minor). */
+SA_FFI_EXPORT int sa_jax_ffi_api_version(void) { return XLA_FFI_API_MAJOR * 1000 + XLA_FFI_API_MINOR; }
