@@ -143,6 +143,17 @@ SA_API sa_status sa_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *work
 SA_API const char *sa_status_name(sa_status s);
 SA_API const char *sa_last_error(void); /* thread-local; "" when the last call on this thread was fine */
 
+/* DECODE: a few query tokens (q_len <= 64) against a long KV cache, split-KV. Fill *a as for sa_attn_fwd:
+   q [B,Tq,N,H], k/v the caches [B,S,K,H] / [B,S,K,Hv], kv_lens the cache lengths, causal
+   SA_CAUSAL_BOTTOM_RIGHT (query row i sits at position kv_len - Tq + i), optionally a window. The result
+   equals sa_attn_fwd's; the cache is cut into chunks processed in parallel, each producing a partial
+   without the sink, merged in a fixed order with the sink added once (bitwise independent of the CPU
+   thread count). The workspace holds the partials: on CUDA it is required (no allocation, no sync);
+   on CPU it is used when large enough, else allocated. q_len > 64 gives SA_ERR_UNSUPPORTED. */
+SA_API size_t sa_attn_decode_workspace_size(const sa_attn *a, sa_backend be); /* shape-only, like bwd */
+SA_API sa_status sa_attn_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_size, sa_backend be,
+                                    void *stream);
+
 /* Which backend SA_BACKEND_AUTO would pick for *a (REF, CPU or CUDA), without running anything. */
 SA_API sa_backend sa_backend_resolve(const sa_attn *a, sa_backend be);
 /* 1 when the library was built with the CUDA backend, else 0. */

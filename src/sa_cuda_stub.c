@@ -18,3 +18,9 @@ sa_status sa_cuda_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *w, siz
   (void)a; (void)g; (void)w; (void)ws; (void)stream;
   return sa_no_cuda();
 }
+sa_status sa_cuda_decode_supported(const sa_attn *a) { (void)a; return sa_no_cuda(); }
+size_t sa_cuda_decode_workspace_size(const sa_attn *a) { (void)a; return 0; }
+sa_status sa_cuda_decode_fwd(const sa_attn *a, void *w, size_t ws, void *stream) {
+  (void)a; (void)w; (void)ws; (void)stream;
+  return sa_no_cuda();
+}

@@ -158,6 +158,12 @@ static inline int sa_segment_ok(const sa_attn *a, int64_t b, int64_t i, int64_t 
   return a->q_segment_ids[b * a->q_len + i] == a->kv_segment_ids[b * a->kv_len + j];
 }
 
+/* ---- validation pieces of sinkattn.c, reused by the decode entry points (src/decode.c) ---------- */
+sa_status sa_check_backend_enum(sa_backend be);
+sa_status sa_check_dims(const sa_attn *a);    /* sizes, enums, options; no pointers */
+sa_status sa_check_shapes(const sa_attn *a);  /* sa_check_dims plus the pointers a call dereferences */
+sa_status sa_check_memory_kind(const sa_attn *a, sa_backend be);
+
 /* ---- backends -------------------------------------------------------------------------------- */
 /* Each backend says what it supports (SA_OK, or SA_ERR_UNSUPPORTED with the message set) and is only
    called after sa_attn_check passed. */
@@ -178,6 +184,14 @@ sa_status sa_cuda_attn_fwd(const sa_attn *a, void *stream);
 size_t sa_cuda_attn_bwd_workspace_size(const sa_attn *a, int deterministic);
 sa_status sa_cuda_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspace, size_t workspace_size,
                            void *stream);
+
+/* Split-KV decode (src/decode.c; CPU in src/cpu/cpu_decode.c, CUDA in src/cuda/decode*.cu, q_len <= 64). */
+sa_status sa_cpu_decode_supported(const sa_attn *a);
+size_t sa_cpu_decode_workspace_size(const sa_attn *a);
+sa_status sa_cpu_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_size);
+sa_status sa_cuda_decode_supported(const sa_attn *a);
+size_t sa_cuda_decode_workspace_size(const sa_attn *a);
+sa_status sa_cuda_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_size, void *stream);
 
 #ifdef __cplusplus
 }

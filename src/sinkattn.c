@@ -76,7 +76,7 @@ static sa_status sa_check_count(const char *name, int64_t d0, int64_t d1, int64_
   } while (0)
 
 /* Sizes, enums and options: what the workspace size depends on. Pointers are not looked at. */
-static sa_status sa_check_dims(const sa_attn *a) {
+sa_status sa_check_dims(const sa_attn *a) {
   if (!a) return sa_error(SA_ERR_INVALID, "attn is NULL");
   if (a->dtype != SA_F32 && a->dtype != SA_F16 && a->dtype != SA_BF16)
     return sa_error(SA_ERR_INVALID, "dtype %d invalid: use SA_F32 (0), SA_F16 (1) or SA_BF16 (2)", (int)a->dtype);
@@ -114,7 +114,7 @@ static sa_status sa_check_dims(const sa_attn *a) {
 }
 
 /* Everything sa_check_dims accepts, plus the pointers a call dereferences. */
-static sa_status sa_check_shapes(const sa_attn *a) {
+sa_status sa_check_shapes(const sa_attn *a) {
   sa_status s = sa_check_dims(a);
   if (s != SA_OK) return s;
   if (a->softmax == SA_SOFTMAX_LEARNABLE && !a->sinks)
@@ -132,7 +132,7 @@ static sa_status sa_check_shapes(const sa_attn *a) {
   return SA_OK;
 }
 
-static sa_status sa_check_backend_enum(sa_backend be) {
+sa_status sa_check_backend_enum(sa_backend be) {
   if (be != SA_BACKEND_AUTO && be != SA_BACKEND_REF && be != SA_BACKEND_CPU && be != SA_BACKEND_CUDA)
     return sa_error(SA_ERR_INVALID,
                     "backend %d invalid: use SA_BACKEND_AUTO (0), SA_BACKEND_REF (1), SA_BACKEND_CPU (2) or SA_BACKEND_CUDA (3)",
@@ -148,7 +148,7 @@ sa_backend sa_backend_resolve(const sa_attn *a, sa_backend be) {
 }
 
 /* Host backends must not get device memory, nor CUDA host memory: a wrong pointer kind would crash. */
-static sa_status sa_check_memory_kind(const sa_attn *a, sa_backend be) {
+sa_status sa_check_memory_kind(const sa_attn *a, sa_backend be) {
   if (!sa_has_cuda() || !a->q) return SA_OK;
   int dev = sa_cuda_is_device_pointer(a->q);
   if (be == SA_BACKEND_CUDA && !dev)

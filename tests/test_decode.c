@@ -1,0 +1,313 @@
+/*
+ * test_decode.c — sa_attn_decode_fwd (CPU, and CUDA when a GPU is present) against the fp64 reference
+ * (sa_attn_fwd with SA_BACKEND_REF) on decode shapes: Tq in {1, 2, 5, 16}, GQA ratios 1/2/8, every
+ * softmax type with sinks from U(-10, 10) and +-50, windows, cache lengths 0, 1, S and random, f32/f16/bf16,
+ * several chunks per head; plus thread-count determinism (bitwise) and the error contract. The CPU cases
+ * run twice: with the machine's best kernel and with SINKATTN_SIMD=scalar (the portable one).
+ * Last line: "N passed, N failed".
+ */
+#define _POSIX_C_SOURCE 200112L /* setenv */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sa_internal.h"
+
+#ifdef SINKATTN_WITH_CUDA
+/* The few CUDA runtime calls the test needs, declared here so a C compiler without the CUDA include path
+   builds it (cudaError_t is an int-sized enum; kinds 1 = host to device, 2 = device to host). */
+extern int cudaMalloc(void **p, size_t n);
+extern int cudaFree(void *p);
+extern int cudaMemcpy(void *dst, const void *src, size_t n, int kind);
+extern int cudaDeviceSynchronize(void);
+#endif
+
+static int n_pass, n_fail;
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static double rnd(void) { /* splitmix64 -> [0, 1) */
+  uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return (double)((z ^ (z >> 31)) >> 11) / 9007199254740992.0;
+}
+
+static void *rand_buf(sa_dtype t, int64_t n, float amp) {
+  void *p = malloc((size_t)(n > 0 ? n : 1) * sa_dtype_size(t));
+  for (int64_t i = 0; i < n; i++) sa_store(p, t, i, (float)((2.0 * rnd() - 1.0) * amp));
+  return p;
+}
+
+typedef struct {
+  sa_dtype dtype;
+  int64_t B, Tq, S, N, K, H, Hv;
+  sa_softmax softmax;
+  int64_t wl, wr;
+  int lens;      /* 0: no kv_lens; 1: {0, 1, S, random...}; 2: random */
+  int q_lens;    /* give q_lens {Tq, Tq - 1, ...} */
+  sa_causal causal;
+} dcase;
+
+static const char *dt_name(sa_dtype t) { return t == SA_F32 ? "f32" : t == SA_F16 ? "f16" : "bf16"; }
+
+static void check(int ok, const char *what) {
+  if (ok) {
+    n_pass++;
+  } else {
+    n_fail++;
+    printf("FAIL: %s\n", what);
+  }
+}
+
+/* Fills a from c with fresh random data; the caller frees with free_attn. */
+static void make_attn(const dcase *c, sa_attn *a, float *sinks, int32_t *kvl, int32_t *ql) {
+  sa_attn_init(a);
+  a->dtype = c->dtype;
+  a->batch = c->B; a->q_len = c->Tq; a->kv_len = c->S; a->q_heads = c->N; a->kv_heads = c->K;
+  a->head_dim = c->H; a->v_head_dim = c->Hv;
+  a->q = rand_buf(c->dtype, c->B * c->Tq * c->N * c->H, 1.0f);
+  a->k = rand_buf(c->dtype, c->B * c->S * c->K * c->H, 1.0f);
+  a->v = rand_buf(c->dtype, c->B * c->S * c->K * c->Hv, 1.0f);
+  a->softmax = c->softmax;
+  a->scale = c->H >= 64 ? 0.0f : 0.3f;  /* both the default and an explicit scale */
+  for (int64_t n = 0; n < c->N; n++) sinks[n] = (float)(20.0 * rnd() - 10.0);
+  if (c->N > 2) { sinks[0] = 50.0f; sinks[1] = -50.0f; }
+  if (c->softmax == SA_SOFTMAX_LEARNABLE) a->sinks = sinks;
+  a->causal = c->causal;
+  a->window_left = c->wl; a->window_right = c->wr;
+  for (int64_t b = 0; b < c->B; b++) {
+    int64_t x = (int64_t)(rnd() * (double)(c->S + 1));
+    if (c->lens == 1) x = b == 0 ? 0 : b == 1 ? 1 : b == 2 ? c->S : x;
+    kvl[b] = (int32_t)x;
+    ql[b] = (int32_t)(c->Tq - (b % 2));
+  }
+  if (c->lens) a->kv_lens = kvl;
+  if (c->q_lens) a->q_lens = ql;
+}
+
+static void free_attn(sa_attn *a) {
+  free((void *)a->q); free((void *)a->k); free((void *)a->v);
+}
+
+static int close_enough(const sa_attn *a, const void *out, const float *lse, const void *out_ref,
+                        const float *lse_ref, double *worst) {
+  double tol = a->dtype == SA_F32 ? 2e-5 : a->dtype == SA_F16 ? 2e-3 : 1.6e-2;
+  int64_t no = a->batch * a->q_len * a->q_heads * a->v_head_dim, nl = a->batch * a->q_heads * a->q_len;
+  int ok = 1;
+  *worst = 0;
+  for (int64_t i = 0; i < no; i++) {
+    double x = sa_load(out, a->dtype, i), y = sa_load(out_ref, a->dtype, i);
+    double e = fabs(x - y) / (tol * (1.0 + fabs(y)));
+    if (!(e <= 1.0)) ok = 0;
+    if (e > *worst || isnan(e)) *worst = e;
+  }
+  for (int64_t i = 0; i < nl; i++) {
+    if (isinf(lse_ref[i]) || isinf(lse[i])) {
+      if (lse[i] != lse_ref[i]) ok = 0;
+      continue;
+    }
+    double e = fabs((double)lse[i] - lse_ref[i]) / (1e-4 * (1.0 + fabs(lse_ref[i])));
+    if (!(e <= 1.0)) ok = 0;
+  }
+  return ok;
+}
+
+/* One case on the CPU (and CUDA when present): decode vs reference; returns the CPU output. */
+static void run_case(const dcase *c) {
+  float sinks[64];
+  int32_t kvl[16], ql[16];
+  sa_attn a;
+  make_attn(c, &a, sinks, kvl, ql);
+  int64_t no = c->B * c->Tq * c->N * c->Hv, nl = c->B * c->N * c->Tq;
+  size_t ob = (size_t)(no > 0 ? no : 1) * sa_dtype_size(c->dtype);
+  void *out_ref = malloc(ob), *out = malloc(ob);
+  float *lse_ref = malloc((size_t)(nl + 1) * 4), *lse = malloc((size_t)(nl + 1) * 4);
+  char what[256];
+  snprintf(what, sizeof what, "%s B%lld Tq%lld S%lld N%lld K%lld H%lld Hv%lld softmax%d win(%lld,%lld) lens%d ql%d causal%d",
+           dt_name(c->dtype), (long long)c->B, (long long)c->Tq, (long long)c->S, (long long)c->N, (long long)c->K,
+           (long long)c->H, (long long)c->Hv, (int)c->softmax, (long long)c->wl, (long long)c->wr, c->lens,
+           c->q_lens, (int)c->causal);
+
+  a.out = out_ref; a.lse = lse_ref;
+  sa_status s = sa_attn_fwd(&a, SA_BACKEND_REF, NULL);
+  check(s == SA_OK, "reference forward");
+
+  memset(out, 0xff, ob);  /* poison: NaN in every dtype */
+  memset(lse, 0xff, (size_t)(nl + 1) * 4);
+  a.out = out; a.lse = lse;
+  size_t ws = sa_attn_decode_workspace_size(&a, SA_BACKEND_CPU);
+  void *w = ws ? malloc(ws) : NULL;
+  s = sa_attn_decode_fwd(&a, w, ws, SA_BACKEND_CPU, NULL);
+  double worst = 0;
+  int ok = s == SA_OK && close_enough(&a, out, lse, out_ref, lse_ref, &worst);
+  if (!ok) printf("  cpu: status %s (%s), worst error / tol %.3g\n", sa_status_name(s), sa_last_error(), worst);
+  check(ok, what);
+  free(w);
+
+#ifdef SINKATTN_WITH_CUDA
+  if (sa_cuda_available()) {
+    size_t es = sa_dtype_size(c->dtype);
+    int64_t nq = c->B * c->Tq * c->N * c->H, nk = c->B * c->S * c->K * c->H, nv = c->B * c->S * c->K * c->Hv;
+    void *dq, *dk, *dv, *dout, *dsinks, *dkvl, *dql, *dlse, *dw = NULL;
+    cudaMalloc(&dq, (size_t)(nq + 1) * es); cudaMalloc(&dk, (size_t)(nk + 1) * es);
+    cudaMalloc(&dv, (size_t)(nv + 1) * es); cudaMalloc(&dout, ob); cudaMalloc(&dlse, (size_t)(nl + 1) * 4);
+    cudaMalloc(&dsinks, sizeof sinks); cudaMalloc(&dkvl, sizeof kvl); cudaMalloc(&dql, sizeof ql);
+    cudaMemcpy(dq, a.q, (size_t)nq * es, 1); cudaMemcpy(dk, a.k, (size_t)nk * es, 1);
+    cudaMemcpy(dv, a.v, (size_t)nv * es, 1); cudaMemcpy(dsinks, sinks, sizeof sinks, 1);
+    cudaMemcpy(dkvl, kvl, sizeof kvl, 1); cudaMemcpy(dql, ql, sizeof ql, 1);
+    sa_attn g = a;
+    g.q = dq; g.k = dk; g.v = dv; g.out = dout; g.lse = dlse;
+    if (a.sinks) g.sinks = dsinks;
+    if (a.kv_lens) g.kv_lens = dkvl;
+    if (a.q_lens) g.q_lens = dql;
+    size_t gws = sa_attn_decode_workspace_size(&g, SA_BACKEND_CUDA);
+    if (gws) cudaMalloc(&dw, gws);
+    s = sa_attn_decode_fwd(&g, dw, gws, SA_BACKEND_CUDA, NULL);
+    cudaDeviceSynchronize();
+    memset(out, 0xff, ob);
+    cudaMemcpy(out, dout, ob, 2);
+    cudaMemcpy(lse, dlse, (size_t)nl * 4, 2);
+    ok = s == SA_OK && close_enough(&a, out, lse, out_ref, lse_ref, &worst);
+    if (!ok) printf("  cuda: status %s (%s), worst error / tol %.3g\n", sa_status_name(s), sa_last_error(), worst);
+    char w2[300];
+    snprintf(w2, sizeof w2, "cuda %s", what);
+    check(ok, w2);
+    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(dlse); cudaFree(dsinks);
+    cudaFree(dkvl); cudaFree(dql); cudaFree(dw);
+  }
+#endif
+  free(out_ref); free(out); free(lse_ref); free(lse);
+  free_attn(&a);
+}
+
+/* The same problem on 1, 2, 3 and 7 threads (and without a workspace) gives bitwise equal results. */
+static void test_threads(sa_dtype t) {
+  dcase c = {t, 3, 2, 3000, 16, 2, 64, 64, SA_SOFTMAX_LEARNABLE, -1, -1, 2, 0, SA_CAUSAL_BOTTOM_RIGHT};
+  float sinks[64];
+  int32_t kvl[16], ql[16];
+  sa_attn a;
+  make_attn(&c, &a, sinks, kvl, ql);
+  int64_t no = c.B * c.Tq * c.N * c.Hv, nl = c.B * c.N * c.Tq;
+  size_t ob = (size_t)no * sa_dtype_size(t);
+  void *o1 = malloc(ob), *o2 = malloc(ob);
+  float *l1 = malloc((size_t)nl * 4), *l2 = malloc((size_t)nl * 4);
+  size_t ws = sa_attn_decode_workspace_size(&a, SA_BACKEND_CPU);
+  void *w = malloc(ws);
+  int saved = sa_cpu_get_num_threads();
+  sa_cpu_set_num_threads(1);
+  a.out = o1; a.lse = l1;
+  int ok = sa_attn_decode_fwd(&a, w, ws, SA_BACKEND_CPU, NULL) == SA_OK;
+  const int counts[4] = {2, 3, 7, 1};
+  for (int i = 0; i < 4; i++) {
+    sa_cpu_set_num_threads(counts[i]);
+    memset(o2, 0, ob);
+    a.out = o2; a.lse = l2;
+    ok &= sa_attn_decode_fwd(&a, i == 3 ? NULL : w, i == 3 ? 0 : ws, SA_BACKEND_CPU, NULL) == SA_OK;
+    ok &= memcmp(o1, o2, ob) == 0 && memcmp(l1, l2, (size_t)nl * 4) == 0;
+  }
+  sa_cpu_set_num_threads(saved > 0 ? saved : 0);
+  char what[80];
+  snprintf(what, sizeof what, "%s: bitwise equal for 1, 2, 3, 7 threads and without workspace", dt_name(t));
+  check(ok, what);
+  free(o1); free(o2); free(l1); free(l2); free(w);
+  free_attn(&a);
+}
+
+static void test_errors(void) {
+  dcase c = {SA_F32, 1, 65, 10, 4, 2, 32, 32, SA_SOFTMAX_VANILLA, -1, -1, 0, 0, SA_CAUSAL_BOTTOM_RIGHT};
+  float sinks[64];
+  int32_t kvl[16], ql[16];
+  sa_attn a;
+  make_attn(&c, &a, sinks, kvl, ql);
+  float out[65 * 4 * 32], lse[65 * 4];
+  a.out = out; a.lse = lse;
+  sa_status s = sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_CPU, NULL);
+  check(s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "q_len 65"), "q_len 65 -> SA_ERR_UNSUPPORTED naming q_len");
+  check(sa_attn_decode_workspace_size(&a, SA_BACKEND_CPU) == 0, "workspace size 0 for q_len 65");
+  a.q_len = 64;
+  s = sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_CPU, NULL);
+  check(s == SA_OK, "q_len 64 accepted (CPU allocates partials without a workspace)");
+  check(sa_attn_decode_workspace_size(&a, SA_BACKEND_REF) == 0, "REF needs no workspace");
+  a.head_dim = 0;
+  s = sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_CPU, NULL);
+  check(s == SA_ERR_INVALID && strstr(sa_last_error(), "head_dim"), "head_dim 0 -> SA_ERR_INVALID naming head_dim");
+  a.head_dim = 32;
+  s = sa_attn_decode_fwd(&a, NULL, 0, (sa_backend)9, NULL);
+  check(s == SA_ERR_INVALID && strstr(sa_last_error(), "backend"), "backend 9 -> SA_ERR_INVALID");
+  if (!sa_has_cuda()) {
+    s = sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_CUDA, NULL);
+    check(s == SA_ERR_DEVICE, "SA_BACKEND_CUDA without CUDA -> SA_ERR_DEVICE");
+  }
+  /* segments: CPU decode declines, AUTO falls back to the reference */
+  int32_t seg[64 * 10] = {0};
+  a.q_segment_ids = seg; a.kv_segment_ids = seg;
+  check(sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_CPU, NULL) == SA_ERR_UNSUPPORTED, "segments: CPU decode says unsupported");
+  check(sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_AUTO, NULL) == SA_OK, "segments: AUTO runs the reference");
+  free_attn(&a);
+}
+
+/* REF through the decode entry point is the reference forward, bit for bit. */
+static void test_ref_path(void) {
+  dcase c = {SA_BF16, 2, 3, 200, 8, 2, 64, 32, SA_SOFTMAX_OFF_BY_ONE, 31, 0, 1, 0, SA_CAUSAL_BOTTOM_RIGHT};
+  float sinks[64];
+  int32_t kvl[16], ql[16];
+  sa_attn a;
+  make_attn(&c, &a, sinks, kvl, ql);
+  uint16_t o1[2 * 3 * 8 * 32], o2[2 * 3 * 8 * 32];
+  float l1[2 * 8 * 3], l2[2 * 8 * 3];
+  a.out = o1; a.lse = l1;
+  int ok = sa_attn_fwd(&a, SA_BACKEND_REF, NULL) == SA_OK;
+  a.out = o2; a.lse = l2;
+  ok &= sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_REF, NULL) == SA_OK;
+  check(ok && !memcmp(o1, o2, sizeof o1) && !memcmp(l1, l2, sizeof l1), "REF decode == reference forward");
+  free_attn(&a);
+}
+
+int main(void) {
+  const sa_dtype dts[3] = {SA_F32, SA_F16, SA_BF16};
+  const int64_t groups[3] = {1, 2, 8}, tqs[4] = {1, 2, 5, 16};
+  const int64_t wins[4][2] = {{-1, -1}, {127, 0}, {40, 0}, {9, 3}};
+  const sa_softmax sms[3] = {SA_SOFTMAX_VANILLA, SA_SOFTMAX_OFF_BY_ONE, SA_SOFTMAX_LEARNABLE};
+  for (int level = 0; level < 2; level++) {
+    if (level == 1) setenv("SINKATTN_SIMD", "scalar", 1);
+    int idx = 0;
+    for (int di = 0; di < 3; di++)
+      for (int gi = 0; gi < 3; gi++)
+        for (int ti = 0; ti < 4; ti++)
+          for (int si = 0; si < 3; si++, idx++) {
+            int64_t G = groups[gi], K = G == 8 ? 1 : 2;
+            dcase c = {dts[di], 4, tqs[ti], 700 + 131 * (idx % 5), G * K, K, idx % 4 == 3 ? 40 : 64, 64,
+                       sms[si], wins[idx % 4][0], wins[idx % 4][1], 1 + (idx % 3 == 2), idx % 7 == 3,
+                       SA_CAUSAL_BOTTOM_RIGHT};
+            if (idx % 4 == 1) c.Hv = 32;
+            if (idx % 11 == 5) c.lens = 0;
+            run_case(&c);
+          }
+    /* several chunks per head (R = 8: 512-key chunks), H 128, no causal mask, top-left causal */
+    dcase big[4] = {
+        {SA_BF16, 2, 1, 5000, 8, 1, 128, 128, SA_SOFTMAX_LEARNABLE, -1, -1, 1, 0, SA_CAUSAL_BOTTOM_RIGHT},
+        {SA_F16, 1, 4, 4100, 16, 2, 64, 64, SA_SOFTMAX_VANILLA, 1000, 0, 0, 0, SA_CAUSAL_BOTTOM_RIGHT},
+        {SA_F32, 2, 3, 2100, 4, 4, 96, 80, SA_SOFTMAX_OFF_BY_ONE, -1, -1, 2, 0, SA_CAUSAL_NONE},
+        {SA_BF16, 2, 16, 1500, 8, 2, 64, 64, SA_SOFTMAX_LEARNABLE, 200, 0, 2, 1, SA_CAUSAL_TOP_LEFT},
+    };
+    for (int i = 0; i < 4; i++) run_case(&big[i]);
+    /* empty shapes: no cache, no batch */
+    dcase empty[2] = {
+        {SA_F32, 2, 2, 0, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, -1, -1, 0, 0, SA_CAUSAL_BOTTOM_RIGHT},
+        {SA_BF16, 0, 1, 100, 4, 2, 64, 64, SA_SOFTMAX_VANILLA, -1, -1, 0, 0, SA_CAUSAL_BOTTOM_RIGHT},
+    };
+    for (int i = 0; i < 2; i++) run_case(&empty[i]);
+    for (int di = 0; di < 3; di++) test_threads(dts[di]);
+  }
+  unsetenv("SINKATTN_SIMD");
+  test_errors();
+  test_ref_path();
+#ifdef SINKATTN_WITH_CUDA
+  if (!sa_cuda_available()) printf("CUDA decode: skipped (no GPU present)\n");
+#else
+  printf("CUDA decode: skipped (built without CUDA)\n");
+#endif
+  printf("%d passed, %d failed\n", n_pass, n_fail);
+  return n_fail != 0;
+}
