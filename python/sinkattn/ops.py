@@ -1,5 +1,6 @@
 """sinkattn.dot_product_attention: argument checking, the fused path (custom_vjp over the two FFI calls of
-primitives.py) and the pure-jnp reference path (reference.py, differentiated by JAX)."""
+primitives.py, partitioned over batch and heads by sharding.py) and the pure-jnp reference path (reference.py,
+differentiated by JAX)."""
 from __future__ import annotations
 
 import functools
@@ -8,7 +9,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from . import _lib, _validate, primitives, reference
+from . import _lib, _validate, reference, sharding
 
 _warned_no_cuda = False
 
@@ -20,12 +21,12 @@ def _statics(o: _validate.Options):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _fused(o, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg):
-  out, lse = primitives.attn_fwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, **_statics(o))
+  out, lse = sharding.attn_fwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, **_statics(o))
   return (out, lse) if o.return_residual else out
 
 
 def _fused_fwd(o, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg):
-  out, lse = primitives.attn_fwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, **_statics(o))
+  out, lse = sharding.attn_fwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, **_statics(o))
   res = (q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, out, lse)
   return ((out, lse) if o.return_residual else out), res
 
@@ -33,8 +34,8 @@ def _fused_fwd(o, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg):
 def _fused_bwd(o, res, ct):
   q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, out, lse = res
   dout, dlse = ct if o.return_residual else (ct, None)
-  dq, dk, dv, dsinks = primitives.attn_bwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, out, lse, dout, dlse,
-                                           **_statics(o))
+  dq, dk, dv, dsinks = sharding.attn_bwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, out, lse, dout, dlse,
+                                         **_statics(o))
   return dq, dk, dv, (dsinks if sinks is not None else None), None, None, None, None
 
 
