@@ -42,6 +42,25 @@
  *     Backends accumulate in fp32 (the reference in fp64). The running max starts at the sink logit, so
  *     huge sinks (|a| = 100) and empty rows stay finite.
  *
+ * EDGES (tested in tests/test_edges.c and fuzz/fuzz_attn.c)
+ *     Sizes        B, T or S may be 0 (NULL buffers then allowed; nothing is written); T = S = 1 is
+ *                  an ordinary problem. A row with no valid key (i >= q_len[b], kv_len[b] = 0, S = 0,
+ *                  or every key masked) gives out 0 and lse a_n bitwise, and adds nothing to dq/dk/dv.
+ *     Sinks        +-1e4: exact limits (+1e4: out 0, lse 1e4; -1e4: vanilla within rounding).
+ *                  -inf: identical to VANILLA, bitwise, with dsinks 0. +inf: out 0, lse +inf,
+ *                  dq/dk/dv get nothing from those rows; dsinks of that head is unspecified (NaN).
+ *                  NaN: every lse of that head is NaN and out is NaN in its rows with a valid key;
+ *                  other heads are untouched, bitwise. No sink value makes a call fail or crash.
+ *     NaN/inf data NaN or inf in q, k, v propagate (never a crash, never an error status). Positions
+ *                  outside the lengths (padding: i >= q_lens[b], j >= kv_lens[b]) never reach any
+ *                  result, whatever they hold. Inside the lengths a non-finite element reaches at least
+ *                  the rows that read it and may reach every row of its (batch, kv head): causal,
+ *                  window and segment masks are not guaranteed to isolate it (0 * NaN in a tile).
+ *     Backends     A size or option one backend lacks is SA_ERR_UNSUPPORTED naming the field (e.g.
+ *                  CUDA head_dim 72); SA_BACKEND_CUDA in a build without CUDA is SA_ERR_DEVICE.
+ *     Threads      Every entry point may be called from many threads at once; CPU and REF results are
+ *                  bitwise identical to a serial call and across sa_cpu_set_num_threads counts.
+ *
  * ERRORS
  *     Nothing aborts, exits or prints. Every call returns an sa_status; on failure sa_last_error()
  *     (thread-local) names the field and the accepted values.
