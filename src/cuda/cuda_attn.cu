@@ -1,0 +1,132 @@
+/*
+ * cuda_attn.cu — the CUDA backend's entry points (declared in sa_internal.h): what it supports, the
+ * parameter block, the backward workspace layout, and error translation. The kernels live in
+ * cuda_fwd.cu and cuda_bwd.cu; the tile table in cuda_common.cuh.
+ *
+ * Every call only enqueues work on the caller's stream: no allocation, no synchronisation, no host
+ * read of device data (lengths and segment ids are read by the kernels), so it is CUDA-graph safe.
+ */
+#include <stdint.h>
+
+#include "cuda_common.cuh"
+#include "sa_internal.h"
+
+extern "C" int sa_cuda_available(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError(); /* clear the sticky "no device" error so later calls start clean */
+    return 0;
+  }
+  return n > 0;
+}
+
+extern "C" int sa_cuda_is_device_pointer(const void *p) {
+  if (!p) return 0;
+  cudaPointerAttributes at;
+  if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
+}
+
+int sa_cuda_padded_dim(int64_t h) { return h <= 32 ? 32 : h <= 64 ? 64 : h <= 128 ? 128 : 256; }
+
+static int sa_cuda_dim_ok(int64_t h) { return h == 32 || h == 64 || h == 96 || h == 128 || h == 192 || h == 256; }
+
+/* cp.async moves 16 bytes: every tensor must start on a 16-byte boundary (cudaMalloc and XLA give 256). */
+static sa_status sa_cuda_aligned(const void *ptr, const char *name) {
+  if ((uintptr_t)ptr % 16 != 0)
+    return sa_error(SA_ERR_UNSUPPORTED, "%s is not 16-byte aligned: the CUDA backend needs 16-byte aligned tensors", name);
+  return SA_OK;
+}
+
+extern "C" sa_status sa_cuda_attn_supported(const sa_attn *a) {
+  if (!sa_cuda_available())
+    return sa_error(SA_ERR_DEVICE, "backend SA_BACKEND_CUDA unavailable: no CUDA device found");
+  if (a->dtype == SA_F32)
+    return sa_error(SA_ERR_UNSUPPORTED, "dtype SA_F32 unsupported by CUDA backend: use SA_F16 or SA_BF16 "
+                    "(the tensor cores run 16-bit inputs; the Python layer falls back for f32)");
+  if (!sa_cuda_dim_ok(a->head_dim))
+    return sa_error(SA_ERR_UNSUPPORTED, "head_dim %lld unsupported by CUDA backend: use 32, 64, 96, 128, 192 or 256",
+                    (long long)a->head_dim);
+  if (!sa_cuda_dim_ok(a->v_head_dim))
+    return sa_error(SA_ERR_UNSUPPORTED, "v_head_dim %lld unsupported by CUDA backend: use 32, 64, 96, 128, 192 or 256",
+                    (long long)a->v_head_dim);
+  /* lengths and key indices are 32-bit in the kernels; grid y, z are (kv head, batch) */
+  if (a->q_len >= (1 << 30) || a->kv_len >= (1 << 30))
+    return sa_error(SA_ERR_UNSUPPORTED, "q_len %lld / kv_len %lld unsupported by CUDA backend: must be < 2^30",
+                    (long long)a->q_len, (long long)a->kv_len);
+  if (a->q_len * (a->q_heads / a->kv_heads) >= ((int64_t)1 << 31))
+    return sa_error(SA_ERR_UNSUPPORTED, "q_len * q_heads / kv_heads unsupported by CUDA backend: must be < 2^31");
+  if (a->batch > 65535 || a->q_heads > 65535)
+    return sa_error(SA_ERR_UNSUPPORTED, "batch %lld / q_heads %lld unsupported by CUDA backend: must be <= 65535",
+                    (long long)a->batch, (long long)a->q_heads);
+  sa_status s;
+  if ((s = sa_cuda_aligned(a->q, "q")) != SA_OK || (s = sa_cuda_aligned(a->k, "k")) != SA_OK ||
+      (s = sa_cuda_aligned(a->v, "v")) != SA_OK || (s = sa_cuda_aligned(a->out, "out")) != SA_OK)
+    return s;
+  return SA_OK;
+}
+
+static sa_cuda_params sa_cuda_params_of(const sa_attn *a) {
+  sa_cuda_params p;
+  memset(&p, 0, sizeof p);
+  p.q = a->q; p.k = a->k; p.v = a->v; p.out = a->out; p.lse = a->lse;
+  p.sinks = a->softmax == SA_SOFTMAX_LEARNABLE ? a->sinks : NULL;
+  p.q_lens = a->q_lens; p.kv_lens = a->kv_lens;
+  p.q_seg = a->q_segment_ids; p.kv_seg = a->kv_segment_ids;
+  p.B = a->batch; p.T = a->q_len; p.S = a->kv_len; p.N = a->q_heads; p.K = a->kv_heads;
+  p.G = a->q_heads / a->kv_heads; p.H = a->head_dim; p.Hv = a->v_head_dim;
+  p.scale = sa_scale_of(a);
+  p.scale_log2 = p.scale * SA_LOG2E;
+  p.softmax = (int)a->softmax; p.causal = (int)a->causal;
+  p.wl = a->window_left; p.wr = a->window_right; p.diag_offset = a->diag_offset;
+  return p;
+}
+
+static sa_status sa_cuda_status(cudaError_t e, const char *what) {
+  if (e == cudaSuccess) return SA_OK;
+  return sa_error(SA_ERR_DEVICE, "CUDA %s failed: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+static int sa_cuda_hd(const sa_attn *a) {
+  return sa_cuda_padded_dim(a->head_dim > a->v_head_dim ? a->head_dim : a->v_head_dim);
+}
+
+extern "C" sa_status sa_cuda_attn_fwd(const sa_attn *a, void *stream) {
+  if (a->batch == 0 || a->q_len == 0) return SA_OK; /* nothing to write */
+  sa_cuda_params p = sa_cuda_params_of(a);
+  return sa_cuda_status(sa_cuda_fwd_launch(p, a->dtype == SA_BF16, sa_cuda_hd(a), (cudaStream_t)stream),
+                        "forward launch");
+}
+
+/* Workspace: D [B, N, T] fp32, then the sink-gradient partials [B, N, ceil(T / 64)] fp32, each
+   256-byte aligned. The same for both values of `deterministic`: dq never uses atomics. */
+static size_t sa_cuda_round256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+extern "C" size_t sa_cuda_attn_bwd_workspace_size(const sa_attn *a, int deterministic) {
+  (void)deterministic;
+  size_t rows = (size_t)a->batch * (size_t)a->q_heads * (size_t)a->q_len;
+  size_t nqb = (size_t)((a->q_len + SA_PRE_ROWS - 1) / SA_PRE_ROWS);
+  size_t parts = (size_t)a->batch * (size_t)a->q_heads * nqb;
+  return sa_cuda_round256(rows * sizeof(float)) + sa_cuda_round256(parts * sizeof(float));
+}
+
+extern "C" sa_status sa_cuda_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspace,
+                                      size_t workspace_size, void *stream) {
+  sa_status s;
+  if ((s = sa_cuda_aligned(g->dout, "dout")) != SA_OK || (s = sa_cuda_aligned(g->dq, "dq")) != SA_OK ||
+      (s = sa_cuda_aligned(g->dk, "dk")) != SA_OK || (s = sa_cuda_aligned(g->dv, "dv")) != SA_OK)
+    return s;
+  sa_cuda_params p = sa_cuda_params_of(a);
+  size_t rows = (size_t)a->batch * (size_t)a->q_heads * (size_t)a->q_len;
+  p.dout = g->dout; p.dlse = g->dlse; p.dq = g->dq; p.dk = g->dk; p.dv = g->dv; p.dsinks = g->dsinks;
+  p.D = (float *)workspace;
+  p.dsink_part = (float *)((char *)workspace + sa_cuda_round256(rows * sizeof(float)));
+  p.nqb = (a->q_len + SA_PRE_ROWS - 1) / SA_PRE_ROWS;
+  (void)workspace_size; /* checked against sa_cuda_attn_bwd_workspace_size by sa_attn_bwd */
+  if (rows == 0 && a->batch * a->kv_len == 0 && !g->dsinks) return SA_OK; /* nothing to write */
+  return sa_cuda_status(sa_cuda_bwd_launch(p, a->dtype == SA_BF16, sa_cuda_hd(a), (cudaStream_t)stream),
+                        "backward launch");
+}

@@ -1,0 +1,390 @@
+/*
+ * cuda_bwd.cu — the backward kernels (FlashAttention-2 style), launched in this order on one stream:
+ *   1. sa_bwd_pre_kernel   D_i = rowsum(dout * out) - dlse_i into the workspace, and per (b, n, block of
+ *                          64 queries) partial sums of the sink gradient -exp(a_n - lse_i) D_i;
+ *   2. sa_bwd_dkdv_kernel  one CTA per block of 64 keys of one (b, kv head): walks the query blocks
+ *                          (the G heads packed as in the forward) that can see its keys, accumulating
+ *                          dK and dV in registers; no atomics;
+ *   3. sa_bwd_dq_kernel    one CTA per block of packed query rows: recomputes P and dS over the key
+ *                          tiles and accumulates dQ in registers; no atomics, so dq is bitwise
+ *                          reproducible whatever `deterministic` says;
+ *   4. sa_bwd_dsink_kernel dsinks[n] = sum of the partials in a fixed order (b, then query block).
+ * Every output element is written by exactly one thread, so all four are bitwise reproducible.
+ */
+#include "cuda_common.cuh"
+
+/* ---- 1. preprocess -------------------------------------------------------------------------------- */
+
+template <typename T>
+__global__ void __launch_bounds__(SA_NT) sa_bwd_pre_kernel(const sa_cuda_params p) {
+  __shared__ float part[SA_PRE_ROWS];
+  const int64_t b = blockIdx.z, n = blockIdx.y, i0 = (int64_t)blockIdx.x * SA_PRE_ROWS;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int r = warp; r < SA_PRE_ROWS; r += SA_NW) {
+    int64_t i = i0 + r;
+    float c = 0.0f;
+    if (i < p.T) {
+      const int64_t off = ((b * p.T + i) * p.N + n) * p.Hv;
+      float d = 0.0f;
+      for (int64_t x = lane; x < p.Hv; x += 32)
+        d += sa_mma<T>::load(p.dout, off + x) * sa_mma<T>::load(p.out, off + x);
+#pragma unroll
+      for (int s = 16; s > 0; s >>= 1) d += __shfl_xor_sync(0xffffffffu, d, s);
+      const int64_t li = (b * p.N + n) * p.T + i;
+      if (p.dlse) d -= p.dlse[li];
+      if (lane == 0) p.D[li] = d;
+      /* lse = -inf only for a vanilla row without keys, which has no gradient */
+      if (p.softmax == 2 && p.lse[li] != -INFINITY) c = -expf(p.sinks[n] - p.lse[li]) * d;
+    }
+    if (lane == 0) part[r] = c;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && p.dsink_part) {
+    float s = 0.0f;
+    for (int r = 0; r < SA_PRE_ROWS; r++) s += part[r];
+    p.dsink_part[(b * p.N + n) * p.nqb + blockIdx.x] = s;
+  }
+}
+
+/* ---- 2. dK, dV ---------------------------------------------------------------------------------------
+ * Warp w owns keys k0 + 16w .. +15 and works on transposed tiles: S^T = K Q^T (16 keys x BQ queries),
+ * P^T = exp2(S^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T - D); then dV += P^T dO and dK += dS^T Q take
+ * P^T / dS^T straight from the accumulators as A fragments. HD 256 runs as two CTAs per key block,
+ * each accumulating one half (HDA = 128 columns) of dK and dV. */
+template <typename T, int HD>
+__global__ void __launch_bounds__(SA_NT) sa_bwd_dkdv_kernel(const sa_cuda_params p) {
+  constexpr int BQ = sa_tile<HD>::BQ, DS = sa_tile<HD>::DSPLIT, HDA = HD / DS, BN = SA_NW * 16;
+  constexpr int LD = HD + 8, NT = BQ / 8, AT = HDA / 8;
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t *sK = smem, *sV = sK + BN * LD, *sQ = sV + BN * LD, *sO = sQ + 2 * BQ * LD;
+  int *sLo = (int *)(sO + 2 * BQ * LD), *sHi = sLo + 2 * BQ, *sSeg = sHi + 2 * BQ;
+  float *sLse = (float *)(sSeg + 2 * BQ), *sD = sLse + 2 * BQ;
+
+  const int64_t b = blockIdx.z, kvh = blockIdx.y, kblk = blockIdx.x / DS, dcol0 = (blockIdx.x % DS) * HDA;
+  const int64_t k0 = kblk * BN, nrows = p.T * p.G;
+  const int64_t ql = sa_dev_q_len(p, b), kl = sa_dev_kv_len(p, b);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tq = lane % 4;
+  const uint16_t *qb = (const uint16_t *)p.q + (b * p.T * p.N + kvh * p.G) * p.H;
+  const uint16_t *ob = (const uint16_t *)p.dout + (b * p.T * p.N + kvh * p.G) * p.Hv;
+
+  /* Queries that can see a key of [k0, k0 + BN): hi(i) > k0 and lo(i) < k0 + BN, with lo and hi the
+     unclamped bounds of sa_dev_key_range (a superset is harmless: the per-element mask is exact). */
+  int64_t i_beg = 0, i_end = k0 < kl ? ql : 0;
+  {
+    int64_t big = ql + kl + 1, wl = p.wl > big ? big : p.wl, wr = p.wr > big ? big : p.wr;
+    int64_t off = (p.causal == 2 ? kl - ql : 0) + p.diag_offset;
+    if (p.causal != 0 && k0 - off > i_beg) i_beg = k0 - off;
+    if (wr >= 0 && k0 - off - wr > i_beg) i_beg = k0 - off - wr;
+    if (wl >= 0 && k0 + BN - off + wl < i_end) i_end = k0 + BN - off + wl;
+  }
+  int qt0 = 0, qt1 = 0;
+  if (i_beg < i_end) { /* then 0 <= i_beg < i_end <= ql < 2^30 */
+    qt0 = (int)(i_beg * p.G / BQ);
+    qt1 = (int)((i_end * p.G + BQ - 1) / BQ);
+  }
+
+  float dk[AT][4], dv[AT][4];
+#pragma unroll
+  for (int d = 0; d < AT; d++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.0f;
+  int jk[2], kseg[2];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    jk[h] = (int)(k0 + warp * 16 + gr + 8 * h);
+    kseg[h] = (p.kv_seg && jk[h] < p.S) ? p.kv_seg[b * p.S + jk[h]] : 0;
+  }
+
+  /* column data of a query tile: key range, segment, lse (exp2 domain) and D of each packed row */
+  auto load_tile = [&](int qt, int buf) {
+    const int64_t P0 = (int64_t)qt * BQ;
+    sa_load_packed<HD>(sQ + buf * BQ * LD, qb, P0, BQ, p.G, p.N, p.H, nrows, ql);
+    sa_load_packed<HD>(sO + buf * BQ * LD, ob, P0, BQ, p.G, p.N, p.Hv, nrows, ql);
+    for (int r = threadIdx.x; r < BQ; r += SA_NT) {
+      int64_t P = P0 + r, i = P / p.G, n = kvh * p.G + (P - i * p.G);
+      bool ok = P < nrows && i < ql;
+      sa_krange kr = sa_dev_key_range(p, ql, kl, ok ? i : ql);
+      float lse = ok ? p.lse[(b * p.N + n) * p.T + i] : 0.0f;
+      if (lse == -INFINITY) kr.hi = kr.lo; /* defensive: such a row has no valid key */
+      sLo[buf * BQ + r] = (int)kr.lo;
+      sHi[buf * BQ + r] = (int)kr.hi;
+      sSeg[buf * BQ + r] = (ok && p.q_seg) ? p.q_seg[b * p.T + i] : 0;
+      sLse[buf * BQ + r] = lse * SA_LOG2E;
+      sD[buf * BQ + r] = ok ? p.D[(b * p.N + n) * p.T + i] : 0.0f;
+    }
+  };
+
+  sa_load_rows<HD>(sK, (const uint16_t *)p.k + (b * p.S * p.K + kvh) * p.H, k0, BN, kl, p.K * p.H, p.H);
+  sa_load_rows<HD>(sV, (const uint16_t *)p.v + (b * p.S * p.K + kvh) * p.Hv, k0, BN, kl, p.K * p.Hv, p.Hv);
+  if (qt0 < qt1) load_tile(qt0, 0);
+  sa_cp_async_commit();
+
+  for (int qt = qt0; qt < qt1; qt++) {
+    sa_cp_async_wait_all();
+    __syncthreads();
+    const int buf = (qt - qt0) & 1;
+    if (qt + 1 < qt1) {
+      load_tile(qt + 1, buf ^ 1);
+      sa_cp_async_commit();
+    }
+    const uint16_t *cQ = sQ + buf * BQ * LD, *cO = sO + buf * BQ * LD;
+
+    /* S^T = K Q^T and dP^T = V dO^T over the full (padded) head dim */
+    float s[NT][4], dp[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+      uint32_t ak[4], av[4];
+      sa_ldmatrix_x4(ak, sK + (warp * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
+      sa_ldmatrix_x4(av, sV + (warp * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+      for (int nn = 0; nn < NT / 2; nn++) {
+        const int roff = (nn * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 + ((lane >> 3) & 1) * 8;
+        uint32_t bq[4], bo[4];
+        sa_ldmatrix_x4(bq, cQ + roff);
+        sa_ldmatrix_x4(bo, cO + roff);
+        sa_mma<T>::run(s[2 * nn], ak, bq[0], bq[1]);
+        sa_mma<T>::run(s[2 * nn + 1], ak, bq[2], bq[3]);
+        sa_mma<T>::run(dp[2 * nn], av, bo[0], bo[1]);
+        sa_mma<T>::run(dp[2 * nn + 1], av, bo[2], bo[3]);
+      }
+    }
+    /* P^T and dS^T (in place of s and dp); element (h, e) of n-tile n is key jk[h], query col n*8+2tq+e */
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int c = buf * BQ + n * 8 + 2 * tq + e;
+          bool ok = jk[h] >= sLo[c] && jk[h] < sHi[c];
+          if (p.kv_seg) ok = ok && kseg[h] == sSeg[c];
+          float pe = ok ? exp2f(s[n][2 * h + e] * p.scale_log2 - sLse[c]) : 0.0f;
+          s[n][2 * h + e] = pe;
+          dp[n][2 * h + e] = pe * (dp[n][2 * h + e] - sD[c]);
+        }
+    /* dV += P^T dO, dK += dS^T Q over this CTA's HDA columns; B operands through ldmatrix.trans */
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++) {
+      uint32_t ap[4], ad[4];
+      ap[0] = sa_mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+      ap[1] = sa_mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+      ap[2] = sa_mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      ap[3] = sa_mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      ad[0] = sa_mma<T>::pack(dp[2 * kk][0], dp[2 * kk][1]);
+      ad[1] = sa_mma<T>::pack(dp[2 * kk][2], dp[2 * kk][3]);
+      ad[2] = sa_mma<T>::pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+      ad[3] = sa_mma<T>::pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+#pragma unroll
+      for (int dd = 0; dd < AT / 2; dd++) {
+        const int roff = (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dcol0 + dd * 16 + (lane >> 4) * 8;
+        uint32_t bo[4], bq[4];
+        sa_ldmatrix_x4_trans(bo, cO + roff);
+        sa_ldmatrix_x4_trans(bq, cQ + roff);
+        sa_mma<T>::run(dv[2 * dd], ap, bo[0], bo[1]);
+        sa_mma<T>::run(dv[2 * dd + 1], ap, bo[2], bo[3]);
+        sa_mma<T>::run(dk[2 * dd], ad, bq[0], bq[1]);
+        sa_mma<T>::run(dk[2 * dd + 1], ad, bq[2], bq[3]);
+      }
+    }
+  }
+
+  /* every key row of the block is written, zeros included (keys no query sees) */
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    if (jk[h] >= p.S) continue;
+    T *dkr = (T *)p.dk + ((b * p.S + jk[h]) * p.K + kvh) * p.H;
+    T *dvr = (T *)p.dv + ((b * p.S + jk[h]) * p.K + kvh) * p.Hv;
+#pragma unroll
+    for (int d = 0; d < AT; d++) {
+      const int col = (int)dcol0 + d * 8 + 2 * tq;
+      if (col < p.H) sa_mma<T>::store2(dkr, col, dk[d][2 * h] * p.scale, dk[d][2 * h + 1] * p.scale);
+      if (col < p.Hv) sa_mma<T>::store2(dvr, col, dv[d][2 * h], dv[d][2 * h + 1]);
+    }
+  }
+}
+
+/* ---- 3. dQ ---------------------------------------------------------------------------------------------
+ * The forward's structure with 16 rows per warp: S = Q K^T, P = exp2(S - lse), dP = dO V^T,
+ * dS = P (dP - D), dQ += dS K (K through ldmatrix.trans). */
+template <typename T, int HD>
+__global__ void __launch_bounds__(SA_NT) sa_bwd_dq_kernel(const sa_cuda_params p) {
+  constexpr int BN = sa_tile<HD>::DQ_BN, BM = SA_NW * 16, LD = HD + 8, NT = BN / 8, DT = HD / 8;
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t *sQ = smem, *sO = sQ + BM * LD, *sK = sO + BM * LD, *sV = sK + 2 * BN * LD;
+
+  const int64_t b = blockIdx.z, kvh = blockIdx.y, nrows = p.T * p.G;
+  const int64_t P0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * BM;
+  const int64_t P1 = P0 + BM < nrows ? P0 + BM : nrows;
+  const int64_t ql = sa_dev_q_len(p, b), kl = sa_dev_kv_len(p, b);
+  int t0, t1;
+  int64_t lo_max, hi_min;
+  sa_dev_tile_span(p, ql, kl, P0, P1, BN, &t0, &t1, &lo_max, &hi_min);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tq = lane % 4;
+  const uint16_t *kb = (const uint16_t *)p.k + (b * p.S * p.K + kvh) * p.H;
+  const uint16_t *vb = (const uint16_t *)p.v + (b * p.S * p.K + kvh) * p.Hv;
+
+  int lo[2], hi[2], qseg[2];
+  float lse2[2], Dr[2];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    int64_t P = P0 + warp * 16 + gr + 8 * h, i = P / p.G, n = kvh * p.G + (P - i * p.G);
+    bool ok = P < nrows && i < ql;
+    sa_krange r = sa_dev_key_range(p, ql, kl, ok ? i : ql);
+    lse2[h] = ok ? p.lse[(b * p.N + n) * p.T + i] * SA_LOG2E : 0.0f;
+    if (lse2[h] == -INFINITY) r.hi = r.lo; /* defensive: such a row has no valid key */
+    lo[h] = (int)r.lo;
+    hi[h] = (int)r.hi;
+    qseg[h] = (ok && p.q_seg) ? p.q_seg[b * p.T + i] : 0;
+    Dr[h] = ok ? p.D[(b * p.N + n) * p.T + i] : 0.0f;
+  }
+  float acc[DT][4];
+#pragma unroll
+  for (int d = 0; d < DT; d++) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
+
+  if (t0 < t1) {
+    sa_load_packed<HD>(sQ, (const uint16_t *)p.q + (b * p.T * p.N + kvh * p.G) * p.H, P0, BM, p.G, p.N, p.H,
+                       nrows, ql);
+    sa_load_packed<HD>(sO, (const uint16_t *)p.dout + (b * p.T * p.N + kvh * p.G) * p.Hv, P0, BM, p.G, p.N,
+                       p.Hv, nrows, ql);
+    sa_load_rows<HD>(sK, kb, (int64_t)t0 * BN, BN, kl, p.K * p.H, p.H);
+    sa_load_rows<HD>(sV, vb, (int64_t)t0 * BN, BN, kl, p.K * p.Hv, p.Hv);
+    sa_cp_async_commit();
+  }
+  for (int t = t0; t < t1; t++) {
+    sa_cp_async_wait_all();
+    __syncthreads();
+    const int buf = (t - t0) & 1;
+    if (t + 1 < t1) {
+      sa_load_rows<HD>(sK + (buf ^ 1) * BN * LD, kb, (int64_t)(t + 1) * BN, BN, kl, p.K * p.H, p.H);
+      sa_load_rows<HD>(sV + (buf ^ 1) * BN * LD, vb, (int64_t)(t + 1) * BN, BN, kl, p.K * p.Hv, p.Hv);
+      sa_cp_async_commit();
+    }
+    const uint16_t *cK = sK + buf * BN * LD, *cV = sV + buf * BN * LD;
+    float s[NT][4], dp[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+      uint32_t aq[4], ao[4];
+      sa_ldmatrix_x4(aq, sQ + (warp * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
+      sa_ldmatrix_x4(ao, sO + (warp * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+      for (int nn = 0; nn < NT / 2; nn++) {
+        const int roff = (nn * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 + ((lane >> 3) & 1) * 8;
+        uint32_t bk[4], bv[4];
+        sa_ldmatrix_x4(bk, cK + roff);
+        sa_ldmatrix_x4(bv, cV + roff);
+        sa_mma<T>::run(s[2 * nn], aq, bk[0], bk[1]);
+        sa_mma<T>::run(s[2 * nn + 1], aq, bk[2], bk[3]);
+        sa_mma<T>::run(dp[2 * nn], ao, bv[0], bv[1]);
+        sa_mma<T>::run(dp[2 * nn + 1], ao, bv[2], bv[3]);
+      }
+    }
+    const int64_t k0 = (int64_t)t * BN;
+    const bool interior = !p.kv_seg && k0 >= lo_max && k0 + BN <= hi_min;
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          bool ok = true;
+          if (!interior) {
+            const int j = (int)k0 + n * 8 + 2 * tq + e;
+            ok = j >= lo[h] && j < hi[h];
+            if (ok && p.kv_seg) ok = p.kv_seg[b * p.S + j] == qseg[h];
+          }
+          float pe = ok ? exp2f(s[n][2 * h + e] * p.scale_log2 - lse2[h]) : 0.0f;
+          dp[n][2 * h + e] = pe * (dp[n][2 * h + e] - Dr[h]);
+        }
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+      uint32_t a[4];
+      a[0] = sa_mma<T>::pack(dp[2 * kk][0], dp[2 * kk][1]);
+      a[1] = sa_mma<T>::pack(dp[2 * kk][2], dp[2 * kk][3]);
+      a[2] = sa_mma<T>::pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+      a[3] = sa_mma<T>::pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+#pragma unroll
+      for (int dd = 0; dd < DT / 2; dd++) {
+        uint32_t bk[4];
+        sa_ldmatrix_x4_trans(bk, cK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dd * 16 + (lane >> 4) * 8);
+        sa_mma<T>::run(acc[2 * dd], a, bk[0], bk[1]);
+        sa_mma<T>::run(acc[2 * dd + 1], a, bk[2], bk[3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    int64_t P = P0 + warp * 16 + gr + 8 * h;
+    if (P >= nrows) continue;
+    int64_t i = P / p.G, n = kvh * p.G + (P - i * p.G);
+    T *o = (T *)p.dq + ((b * p.T + i) * p.N + n) * p.H;
+#pragma unroll
+    for (int d = 0; d < DT; d++) {
+      const int col = d * 8 + 2 * tq;
+      if (col < p.H) sa_mma<T>::store2(o, col, acc[d][2 * h] * p.scale, acc[d][2 * h + 1] * p.scale);
+    }
+  }
+}
+
+/* ---- 4. dsinks: one thread per head, partials summed in the order (b, query block) ---------------- */
+__global__ void sa_bwd_dsink_kernel(const sa_cuda_params p) {
+  const int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= p.N) return;
+  float s = 0.0f;
+  for (int64_t b = 0; b < p.B; b++)
+    for (int64_t qb = 0; qb < p.nqb; qb++) s += p.dsink_part[(b * p.N + n) * p.nqb + qb];
+  p.dsinks[n] = s;
+}
+
+/* ---- launch -------------------------------------------------------------------------------------------- */
+
+template <typename T, int HD> static cudaError_t sa_bwd_run(const sa_cuda_params &p, cudaStream_t st) {
+  constexpr int BQ = sa_tile<HD>::BQ, DS = sa_tile<HD>::DSPLIT, BNK = SA_NW * 16, BNQ = sa_tile<HD>::DQ_BN;
+  cudaError_t e;
+  if (p.B > 0 && p.T > 0) {
+    dim3 g((unsigned)((p.T + SA_PRE_ROWS - 1) / SA_PRE_ROWS), (unsigned)p.N, (unsigned)p.B);
+    sa_bwd_pre_kernel<T><<<g, SA_NT, 0, st>>>(p);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  if (p.B > 0 && p.S > 0) {
+    size_t smem = (size_t)(2 * BNK + 4 * BQ) * (HD + 8) * sizeof(uint16_t) + (size_t)2 * BQ * 5 * 4;
+    e = cudaFuncSetAttribute(sa_bwd_dkdv_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    dim3 g((unsigned)(((p.S + BNK - 1) / BNK) * DS), (unsigned)p.K, (unsigned)p.B);
+    sa_bwd_dkdv_kernel<T, HD><<<g, SA_NT, smem, st>>>(p);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  if (p.B > 0 && p.T > 0) {
+    size_t smem = (size_t)(2 * SA_NW * 16 + 4 * BNQ) * (HD + 8) * sizeof(uint16_t);
+    e = cudaFuncSetAttribute(sa_bwd_dq_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    dim3 g((unsigned)((p.T * p.G + SA_NW * 16 - 1) / (SA_NW * 16)), (unsigned)p.K, (unsigned)p.B);
+    sa_bwd_dq_kernel<T, HD><<<g, SA_NT, smem, st>>>(p);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  if (p.dsinks) {
+    sa_bwd_dsink_kernel<<<(unsigned)((p.N + 127) / 128), 128, 0, st>>>(p);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+template <typename T> static cudaError_t sa_bwd_dim(const sa_cuda_params &p, int hd, cudaStream_t st) {
+  switch (hd) {
+    case 32: return sa_bwd_run<T, 32>(p, st);
+    case 64: return sa_bwd_run<T, 64>(p, st);
+    case 128: return sa_bwd_run<T, 128>(p, st);
+    default: return sa_bwd_run<T, 256>(p, st);
+  }
+}
+
+cudaError_t sa_cuda_bwd_launch(const sa_cuda_params &p, int bf16, int hd, cudaStream_t st) {
+  return bf16 ? sa_bwd_dim<__nv_bfloat16>(p, hd, st) : sa_bwd_dim<__half>(p, hd, st);
+}

@@ -1,0 +1,225 @@
+/*
+ * cuda_common.cuh — what the CUDA kernels share: the launch parameters, the tile table, the mask (a
+ * device copy of sa_key_range), and thin wrappers over the sm_80 instructions the kernels are built on
+ * (cp.async, ldmatrix, mma.sync.m16n8k16 with fp32 accumulation).
+ *
+ * Fragment layout of mma.m16n8k16 (lane = 4 * gr + tq): the accumulator holds rows gr and gr + 8,
+ * columns 2 tq and 2 tq + 1 of a 16 x 8 tile; an A fragment holds the same rows for k columns
+ * {2tq, 2tq+1, 2tq+8, 2tq+9}; a B fragment holds k rows {2tq, 2tq+1, 2tq+8, 2tq+9} of column gr.
+ * Two accumulator tiles side by side therefore ARE an A fragment (after rounding to 16 bits): P and dS
+ * go from one matrix product into the next without a trip through shared memory.
+ */
+#ifndef SA_CUDA_COMMON_CUH
+#define SA_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+/* Everything a kernel needs, passed by value. Lengths and segment ids are device arrays read in the
+   kernels (clamped there), so the host never synchronises to learn them. */
+struct sa_cuda_params {
+  const void *q, *k, *v;
+  void *out;
+  float *lse;
+  const float *sinks;
+  const int32_t *q_lens, *kv_lens, *q_seg, *kv_seg;
+  int64_t B, T, S, N, K, G, H, Hv;
+  float scale;       /* softmax scale */
+  float scale_log2;  /* scale * log2(e): scores are kept in the exp2 domain */
+  int softmax;       /* sa_softmax */
+  int causal;        /* sa_causal */
+  int64_t wl, wr, diag_offset;
+  /* backward only */
+  const void *dout;
+  const float *dlse;
+  void *dq, *dk, *dv;
+  float *dsinks;
+  float *D;          /* workspace [B, N, T]: rowsum(dout * out) - dlse */
+  float *dsink_part; /* workspace [B, N, nqb]: per query block partial sums of the sink gradient */
+  int64_t nqb;       /* query blocks of the preprocess kernel */
+};
+
+#define SA_LOG2E 1.4426950408889634f
+#define SA_LN2 0.6931471805599453f
+
+/* ---- the tile table -------------------------------------------------------------------------------
+ * HD is the padded head dim max(H, Hv) rounded up to 32, 64, 128 or 256 (96 runs as 128 and 192 as
+ * 256 with zero-filled columns: 4 instantiations per kernel instead of 6 keeps the CUDA compile under
+ * a few minutes on 2 cores). Each warp owns 16 * MI rows of the output; BN keys per tile.
+ *  fwd HD<=128: 4 warps x 32 rows = 128 query rows, BN 64 (FlashAttention-2's sm80 shape): 2 m-tiles
+ *      per warp reuse each K/V fragment read from shared memory twice, which halves shared-memory
+ *      traffic per mma (with 16 rows per warp the loop is bound by ldmatrix bandwidth, 2 KB per
+ *      16x8x16 step pair). ~104 KB smem at HD 128: 2 CTAs per SM on H100/H200.
+ *  fwd HD 256: 64 rows, BN 32: 128 fp32 accumulators per thread already; 2 m-tiles would spill.
+ *  dq (deterministic backward for dq): 16 rows per warp: dQ + S + dP accumulators = 128 floats at HD 128.
+ *  dkdv: 4 warps x 16 keys, query tiles of BQ rows; HD 256 is split into two column halves (DSPLIT)
+ *      so each CTA accumulates 16 x 128 of dK and of dV (128 floats) instead of 256 (spills).
+ */
+template <int HD> struct sa_tile {
+  static constexpr int FWD_MI = HD <= 128 ? 2 : 1;
+  static constexpr int FWD_BN = HD <= 128 ? 64 : 32;
+  static constexpr int DQ_BN = HD <= 128 ? 64 : 32;
+  static constexpr int DSPLIT = HD <= 128 ? 1 : 2;
+  static constexpr int BQ = HD <= 64 ? 64 : 32;
+};
+#define SA_NW 4           /* warps per CTA for every attention kernel */
+#define SA_NT (SA_NW * 32)
+#define SA_PRE_ROWS 64    /* query rows per CTA of the backward preprocess (and per dsinks partial) */
+
+/* ---- the mask: a copy of sa_key_range (sa_internal.h) for the device ---------------------------- */
+
+struct sa_krange { int64_t lo, hi; };
+
+__device__ __forceinline__ sa_krange sa_dev_key_range(const sa_cuda_params &p, int64_t ql, int64_t kl,
+                                                      int64_t i) {
+  sa_krange r = {0, kl};
+  if (i >= ql) { r.hi = 0; return r; }
+  int64_t big = ql + kl + 1;
+  int64_t wl = p.wl > big ? big : p.wl;
+  int64_t wr = p.wr > big ? big : p.wr;
+  int64_t diag = (p.causal == 2 ? i + kl - ql : i) + p.diag_offset;
+  if (p.causal != 0 && diag + 1 < r.hi) r.hi = diag + 1;
+  if (wr >= 0 && diag + wr + 1 < r.hi) r.hi = diag + wr + 1;
+  if (wl >= 0 && diag - wl > r.lo) r.lo = diag - wl;
+  if (r.lo < 0) r.lo = 0;
+  if (r.hi < r.lo) r.hi = r.lo;
+  return r;
+}
+
+__device__ __forceinline__ int64_t sa_dev_clamp(int64_t x, int64_t lo, int64_t hi) {
+  return x < lo ? lo : x > hi ? hi : x;
+}
+__device__ __forceinline__ int64_t sa_dev_q_len(const sa_cuda_params &p, int64_t b) {
+  return p.q_lens ? sa_dev_clamp(p.q_lens[b], 0, p.T) : p.T;
+}
+__device__ __forceinline__ int64_t sa_dev_kv_len(const sa_cuda_params &p, int64_t b) {
+  return p.kv_lens ? sa_dev_clamp(p.kv_lens[b], 0, p.S) : p.S;
+}
+
+/* The key tiles [t0, t1) that can hold a valid key for the packed query rows [P0, P1) (row P is query
+   i = P / G): lo and hi of sa_key_range never decrease with i, so the union of the rows' ranges lies
+   in [lo(first row), hi(last valid row)). */
+__device__ __forceinline__ void sa_dev_tile_span(const sa_cuda_params &p, int64_t ql, int64_t kl, int64_t P0,
+                                                 int64_t P1, int BN, int *t0, int *t1, int64_t *lo_max,
+                                                 int64_t *hi_min) {
+  int64_t i0 = P0 / p.G, i1 = (P1 - 1) / p.G;
+  if (i1 > ql - 1) i1 = ql - 1;
+  *t0 = 0; *t1 = 0; *lo_max = 0; *hi_min = 0;
+  if (i0 > i1) return;
+  sa_krange a = sa_dev_key_range(p, ql, kl, i0), z = sa_dev_key_range(p, ql, kl, i1);
+  if (z.hi <= a.lo) return;
+  *t0 = (int)(a.lo / BN);
+  *t1 = (int)((z.hi + BN - 1) / BN);
+  /* A tile inside [lo of the last row, hi of the first row) is valid for every row of the block, unless
+     some row of the block lies past ql (then no tile is interior). */
+  int full = (P1 - 1) / p.G <= ql - 1;
+  *lo_max = full ? z.lo : INT64_MAX;
+  *hi_min = full ? a.hi : INT64_MIN;
+}
+
+/* ---- sm_80 instruction wrappers ------------------------------------------------------------------ */
+
+__device__ __forceinline__ uint32_t sa_smem_addr(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16-byte asynchronous copy; src_bytes = 0 writes zeros (rows past a length, columns past H). */
+__device__ __forceinline__ void sa_cp_async16(void *dst, const void *src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa_smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void sa_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void sa_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ void sa_ldmatrix_x4(uint32_t r[4], const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(sa_smem_addr(p)));
+}
+__device__ __forceinline__ void sa_ldmatrix_x4_trans(uint32_t r[4], const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(sa_smem_addr(p)));
+}
+
+template <typename T> struct sa_mma;
+template <> struct sa_mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&h);
+  }
+  static __device__ __forceinline__ float load(const void *p, int64_t i) {
+    return __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(p)[i]);
+  }
+  static __device__ __forceinline__ void store2(void *p, int64_t i, float x, float y) {
+    *reinterpret_cast<__nv_bfloat162 *>(reinterpret_cast<__nv_bfloat16 *>(p) + i) = __floats2bfloat162_rn(x, y);
+  }
+};
+template <> struct sa_mma<__half> {
+  static __device__ __forceinline__ void run(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&h);
+  }
+  static __device__ __forceinline__ float load(const void *p, int64_t i) {
+    return __half2float(reinterpret_cast<const __half *>(p)[i]);
+  }
+  static __device__ __forceinline__ void store2(void *p, int64_t i, float x, float y) {
+    *reinterpret_cast<__half2 *>(reinterpret_cast<__half *>(p) + i) = __floats2half2_rn(x, y);
+  }
+};
+
+/* ---- tile loads ------------------------------------------------------------------------------------
+ * A tile is `rows` rows of HD 16-bit values in shared memory, row stride HD + 8: the 16-byte pad puts
+ * the 8 rows one ldmatrix reads in 8 different bank groups (a stride of HD * 2 bytes = a multiple of
+ * 128 would put all 8 in the same one: an 8-way conflict). */
+
+/* Rows r of a [*, rows_stride] matrix: global row = row0 + r, valid while < nvalid; columns < ncols. */
+template <int HD>
+__device__ __forceinline__ void sa_load_rows(uint16_t *s, const uint16_t *g, int64_t row0, int rows,
+                                             int64_t nvalid, int64_t row_stride, int64_t ncols) {
+  constexpr int CH = HD / 8;
+  for (int c = threadIdx.x; c < rows * CH; c += SA_NT) {
+    int r = c / CH, col = (c % CH) * 8;
+    int64_t gr = row0 + r;
+    bool ok = gr < nvalid && col < ncols;
+    const uint16_t *src = ok ? g + gr * row_stride + col : g;
+    sa_cp_async16(s + r * (HD + 8) + col, src, ok ? 16 : 0);
+  }
+}
+
+/* Packed query rows (GQA): row P of the block is query i = P / G of head n0 + P % G. base points at
+   [b, 0, n0, 0]; rows with P >= nrows or i >= ql are zero-filled. */
+template <int HD>
+__device__ __forceinline__ void sa_load_packed(uint16_t *s, const uint16_t *base, int64_t P0, int rows,
+                                               int64_t G, int64_t N, int64_t ncols, int64_t nrows,
+                                               int64_t ql) {
+  constexpr int CH = HD / 8;
+  for (int c = threadIdx.x; c < rows * CH; c += SA_NT) {
+    int r = c / CH, col = (c % CH) * 8;
+    int64_t P = P0 + r, i = P / G, gg = P - i * G;
+    bool ok = P < nrows && i < ql && col < ncols;
+    const uint16_t *src = ok ? base + (i * N + gg) * ncols + col : base;
+    sa_cp_async16(s + r * (HD + 8) + col, src, ok ? 16 : 0);
+  }
+}
+
+/* ---- entry points of the kernel files (cuda_fwd.cu, cuda_bwd.cu), called by cuda_attn.cu -------- */
+int sa_cuda_padded_dim(int64_t h);
+cudaError_t sa_cuda_fwd_launch(const sa_cuda_params &p, int bf16, int hd, cudaStream_t st);
+cudaError_t sa_cuda_bwd_launch(const sa_cuda_params &p, int bf16, int hd, cudaStream_t st);
+
+#endif /* SA_CUDA_COMMON_CUH */

@@ -1,0 +1,219 @@
+/*
+ * cuda_fwd.cu — the forward kernel: FlashAttention-2 style online softmax on mma.sync (sm_80+).
+ *
+ * One CTA = 4 warps = one block of packed query rows of one (batch, kv head): packed row P is query
+ * i = P / G of head kvh * G + P % G, so the G query heads that share a kv head read each K/V tile
+ * once (GQA packing). The CTA walks only the key tiles its rows can see (sa_dev_tile_span), double
+ * buffered with cp.async: tile t + 1 loads while tile t is multiplied.
+ *
+ * The sink enters once, in the final normalisation: with m the running max of the scores and
+ * M = max(m, a), l_tot = l 2^(m - M) + 2^(a - M) and lse = (M + log2 l_tot) ln 2. The running max is
+ * not seeded with the sink: in f16, P = 2^(s - a) for a sink 10 above the scores is ~4e-5, a
+ * subnormal (the bf16 range is fp32's, f16's is not); taking the max with the sink only at the end is
+ * as finite for huge sinks (|a| = 100) and empty rows (m = -inf) and keeps P in [0, 1] with max 1.
+ */
+#include "cuda_common.cuh"
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(SA_NT) sa_fwd_kernel(const sa_cuda_params p) {
+  constexpr int MI = sa_tile<HD>::FWD_MI, BN = sa_tile<HD>::FWD_BN, BM = SA_NW * 16 * MI, LD = HD + 8;
+  constexpr int NT = BN / 8, DT = HD / 8;
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t *sQ = smem, *sK = sQ + BM * LD, *sV = sK + 2 * BN * LD;
+
+  const int64_t b = blockIdx.z, kvh = blockIdx.y;
+  const int64_t nrows = p.T * p.G;
+  const int64_t P0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * BM; /* longest causal blocks first */
+  const int64_t P1 = P0 + BM < nrows ? P0 + BM : nrows;
+  const int64_t ql = sa_dev_q_len(p, b), kl = sa_dev_kv_len(p, b);
+  int t0, t1;
+  int64_t lo_max, hi_min;
+  sa_dev_tile_span(p, ql, kl, P0, P1, BN, &t0, &t1, &lo_max, &hi_min);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tq = lane % 4;
+  const uint16_t *qb = (const uint16_t *)p.q + (b * p.T * p.N + kvh * p.G) * p.H;
+  const uint16_t *kb = (const uint16_t *)p.k + (b * p.S * p.K + kvh) * p.H;
+  const uint16_t *vb = (const uint16_t *)p.v + (b * p.S * p.K + kvh) * p.Hv;
+
+  /* this thread's rows: (mi, h) -> row warp*16*MI + mi*16 + gr + 8h of the block */
+  int lo[MI][2], hi[MI][2]; /* T, S < 2^30 (sa_cuda_attn_supported) */
+  int qseg[MI][2];
+  float m[MI][2], l[MI][2];
+#pragma unroll
+  for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      int64_t P = P0 + warp * 16 * MI + mi * 16 + gr + 8 * h, i = P / p.G;
+      sa_krange r = sa_dev_key_range(p, ql, kl, P < nrows ? i : ql);
+      lo[mi][h] = (int)r.lo;
+      hi[mi][h] = (int)r.hi;
+      qseg[mi][h] = (p.q_seg && P < nrows) ? p.q_seg[b * p.T + i] : 0;
+      m[mi][h] = -INFINITY;
+      l[mi][h] = 0.0f;
+    }
+  float acc[MI][DT][4];
+#pragma unroll
+  for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+    for (int d = 0; d < DT; d++) acc[mi][d][0] = acc[mi][d][1] = acc[mi][d][2] = acc[mi][d][3] = 0.0f;
+
+  if (t0 < t1) {
+    sa_load_packed<HD>(sQ, qb, P0, BM, p.G, p.N, p.H, nrows, ql);
+    sa_load_rows<HD>(sK, kb, (int64_t)t0 * BN, BN, kl, p.K * p.H, p.H);
+    sa_load_rows<HD>(sV, vb, (int64_t)t0 * BN, BN, kl, p.K * p.Hv, p.Hv);
+    sa_cp_async_commit();
+  }
+  for (int t = t0; t < t1; t++) {
+    sa_cp_async_wait_all();
+    __syncthreads();
+    const int buf = (t - t0) & 1;
+    if (t + 1 < t1) {
+      sa_load_rows<HD>(sK + (buf ^ 1) * BN * LD, kb, (int64_t)(t + 1) * BN, BN, kl, p.K * p.H, p.H);
+      sa_load_rows<HD>(sV + (buf ^ 1) * BN * LD, vb, (int64_t)(t + 1) * BN, BN, kl, p.K * p.Hv, p.Hv);
+      sa_cp_async_commit();
+    }
+    const uint16_t *cK = sK + buf * BN * LD, *cV = sV + buf * BN * LD;
+
+    /* S = Q K^T for this warp's 16*MI rows and the BN keys of the tile */
+    float s[MI][NT][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+      for (int n = 0; n < NT; n++) s[mi][n][0] = s[mi][n][1] = s[mi][n][2] = s[mi][n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+      uint32_t a[MI][4];
+#pragma unroll
+      for (int mi = 0; mi < MI; mi++)
+        sa_ldmatrix_x4(a[mi], sQ + (warp * 16 * MI + mi * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+      for (int nn = 0; nn < NT / 2; nn++) {
+        uint32_t bk[4];
+        sa_ldmatrix_x4(bk, cK + (nn * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) {
+          sa_mma<T>::run(s[mi][2 * nn], a[mi], bk[0], bk[1]);
+          sa_mma<T>::run(s[mi][2 * nn + 1], a[mi], bk[2], bk[3]);
+        }
+      }
+    }
+
+    /* mask (only tiles not wholly inside every row's range), online softmax in the exp2 domain */
+    const int64_t k0 = (int64_t)t * BN;
+    const bool interior = !p.kv_seg && k0 >= lo_max && k0 + BN <= hi_min;
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            float x = s[mi][n][2 * h + e] * p.scale_log2;
+            if (!interior) {
+              int j = (int)k0 + n * 8 + 2 * tq + e;
+              bool ok = j >= lo[mi][h] && j < hi[mi][h];
+              if (ok && p.kv_seg) ok = p.kv_seg[b * p.S + j] == qseg[mi][h];
+              x = ok ? x : -INFINITY;
+            }
+            s[mi][n][2 * h + e] = x;
+            mx = fmaxf(mx, x);
+          }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mnew = fmaxf(m[mi][h], mx);
+        const float base = mnew == -INFINITY ? 0.0f : mnew; /* no valid key yet: keep exp2(-inf) = 0 */
+        const float alpha = exp2f(m[mi][h] - base);
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            float pe = exp2f(s[mi][n][2 * h + e] - base);
+            s[mi][n][2 * h + e] = pe;
+            sum += pe;
+          }
+        l[mi][h] = l[mi][h] * alpha + sum;
+        m[mi][h] = mnew;
+#pragma unroll
+        for (int d = 0; d < DT; d++) {
+          acc[mi][d][2 * h] *= alpha;
+          acc[mi][d][2 * h + 1] *= alpha;
+        }
+      }
+
+    /* O += P V: P from the accumulators (see the header), V through ldmatrix.trans */
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+      uint32_t a[MI][4];
+#pragma unroll
+      for (int mi = 0; mi < MI; mi++) {
+        a[mi][0] = sa_mma<T>::pack(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+        a[mi][1] = sa_mma<T>::pack(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+        a[mi][2] = sa_mma<T>::pack(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+        a[mi][3] = sa_mma<T>::pack(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dd = 0; dd < DT / 2; dd++) {
+        uint32_t bv[4];
+        sa_ldmatrix_x4_trans(bv, cV + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dd * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) {
+          sa_mma<T>::run(acc[mi][2 * dd], a[mi], bv[0], bv[1]);
+          sa_mma<T>::run(acc[mi][2 * dd + 1], a[mi], bv[2], bv[3]);
+        }
+      }
+    }
+  }
+
+  /* final normalisation, the one place the sink enters */
+#pragma unroll
+  for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      int64_t P = P0 + warp * 16 * MI + mi * 16 + gr + 8 * h;
+      float lsum = l[mi][h];
+      lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+      lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+      if (P >= nrows) continue;
+      int64_t i = P / p.G, n = kvh * p.G + (P - i * p.G);
+      float a = p.softmax == 2 ? p.sinks[n] : p.softmax == 1 ? 0.0f : -INFINITY, f = 0.0f, lse = a;
+      if (i < ql && m[mi][h] != -INFINITY) { /* else no valid key: out = 0, lse = a exactly */
+        float a2 = a * SA_LOG2E, M = fmaxf(m[mi][h], a2), w = exp2f(m[mi][h] - M);
+        float ltot = lsum * w + exp2f(a2 - M); /* >= 1: the larger of the two terms is 2^0 */
+        f = w / ltot;
+        lse = (M + log2f(ltot)) * SA_LN2;
+      }
+      T *o = (T *)p.out + ((b * p.T + i) * p.N + n) * p.Hv;
+#pragma unroll
+      for (int d = 0; d < DT; d++) {
+        int col = d * 8 + 2 * tq;
+        if (col < p.Hv) sa_mma<T>::store2(o, col, acc[mi][d][2 * h] * f, acc[mi][d][2 * h + 1] * f);
+      }
+      if (p.lse && tq == 0) p.lse[(b * p.N + n) * p.T + i] = lse;
+    }
+}
+
+template <typename T, int HD> static cudaError_t sa_fwd_run(const sa_cuda_params &p, cudaStream_t st) {
+  constexpr int MI = sa_tile<HD>::FWD_MI, BN = sa_tile<HD>::FWD_BN, BM = SA_NW * 16 * MI;
+  size_t smem = (size_t)(BM + 4 * BN) * (HD + 8) * sizeof(uint16_t);
+  cudaError_t e = cudaFuncSetAttribute(sa_fwd_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return e;
+  dim3 grid((unsigned)((p.T * p.G + BM - 1) / BM), (unsigned)p.K, (unsigned)p.B);
+  sa_fwd_kernel<T, HD><<<grid, SA_NT, smem, st>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T> static cudaError_t sa_fwd_dim(const sa_cuda_params &p, int hd, cudaStream_t st) {
+  switch (hd) {
+    case 32: return sa_fwd_run<T, 32>(p, st);
+    case 64: return sa_fwd_run<T, 64>(p, st);
+    case 128: return sa_fwd_run<T, 128>(p, st);
+    default: return sa_fwd_run<T, 256>(p, st);
+  }
+}
+
+cudaError_t sa_cuda_fwd_launch(const sa_cuda_params &p, int bf16, int hd, cudaStream_t st) {
+  return bf16 ? sa_fwd_dim<__nv_bfloat16>(p, hd, st) : sa_fwd_dim<__half>(p, hd, st);
+}
