@@ -139,8 +139,10 @@ sa_status sa_ref_bwd64(const sa_attn *a, const double *q, const double *k, const
 
         /* pass 3: the sink gradient. The sink is a column with probability exp(a - lse) and value 0,
            so ds_sink = p_sink (0 - D_i). Only a learnable sink is a parameter. */
-        if (dsinks && a->softmax == SA_SOFTMAX_LEARNABLE)
-          dsinks[n] -= exp(sa_ref_sink(a, sinks, n) - lse_i) * D;
+        if (dsinks && a->softmax == SA_SOFTMAX_LEARNABLE) {
+          double sink = sa_ref_sink(a, sinks, n); /* a +inf sink has lse = +inf and all the mass: 1 */
+          dsinks[n] -= (sink == lse_i ? 1.0 : exp(sink - lse_i)) * D;
+        }
       }
   free(s);
   return SA_OK;

@@ -1,0 +1,183 @@
+/*
+ * sa_test_invalid.h — every argument of sa_attn / sa_attn_grad / the backend enum made wrong in turn:
+ * each call must return its status AND leave a message naming the field (a status alone does not tell
+ * a user which of 20 fields to fix). Also: status names, and sa_last_error cleared by a good call.
+ */
+#ifndef SA_TEST_INVALID_H
+#define SA_TEST_INVALID_H
+
+#include "sa_test.h"
+
+enum { T_CALL_CHECK, T_CALL_FWD, T_CALL_BWD };
+
+/* A valid problem (B=2 T=3 S=4 N=4 K=2 H=8 Hv=8, f32, learnable, lengths and segments) that each
+   entry of the table breaks in one place. Static storage: the table only reads it. */
+static float ti_q[2 * 3 * 4 * 8], ti_k[2 * 4 * 2 * 8], ti_v[2 * 4 * 2 * 8], ti_out[2 * 3 * 4 * 8];
+static float ti_lse[2 * 4 * 3], ti_dq[2 * 3 * 4 * 8], ti_dk[2 * 4 * 2 * 8], ti_dv[2 * 4 * 2 * 8];
+static float ti_sinks[4], ti_dsinks[4];
+static int32_t ti_qlens[2] = {3, 2}, ti_kvlens[2] = {4, 1}, ti_qseg[6], ti_kvseg[8];
+
+static void t_inv_base(sa_attn *a, sa_attn_grad *g) {
+  sa_attn_init(a);
+  a->dtype = SA_F32;
+  a->batch = 2; a->q_len = 3; a->kv_len = 4; a->q_heads = 4; a->kv_heads = 2;
+  a->head_dim = 8; a->v_head_dim = 8;
+  a->q = ti_q; a->k = ti_k; a->v = ti_v; a->out = ti_out; a->lse = ti_lse;
+  a->softmax = SA_SOFTMAX_LEARNABLE; a->sinks = ti_sinks;
+  a->q_lens = ti_qlens; a->kv_lens = ti_kvlens;
+  a->q_segment_ids = ti_qseg; a->kv_segment_ids = ti_kvseg;
+  a->causal = SA_CAUSAL_BOTTOM_RIGHT;
+  memset(g, 0, sizeof *g);
+  g->dout = ti_out; g->dq = ti_dq; g->dk = ti_dk; g->dv = ti_dv; g->dsinks = ti_dsinks;
+}
+
+static int t_inv_run(int call, const sa_attn *a, const sa_attn_grad *g, sa_backend be) {
+  switch (call) {
+    case T_CALL_CHECK: return sa_attn_check(a, be);
+    case T_CALL_FWD: return sa_attn_fwd(a, be, NULL);
+    default: return sa_attn_bwd(a, g, NULL, 0, be, NULL);
+  }
+}
+
+static int ti_pass, ti_total;
+
+static void t_inv_expect(const char *what, int call, const sa_attn *a, const sa_attn_grad *g, sa_backend be,
+                         sa_status want, const char *needle) {
+  static const char *calls[] = {"sa_attn_check", "sa_attn_fwd", "sa_attn_bwd"};
+  sa_status s = (sa_status)t_inv_run(call, a, g, be);
+  const char *msg = sa_last_error();
+  int ok = s == want && msg && strstr(msg, needle) != NULL;
+  if (!ok)
+    t_report("invalid [%s] %s(backend %d): got %s \"%s\", want %s with \"%s\" in the message", what, calls[call],
+             (int)be, sa_status_name(s), msg ? msg : "(null)", sa_status_name(want), needle);
+  ti_total++;
+  ti_pass += ok;
+  t_count(ok);
+}
+
+/* One table row: start from the valid base, apply CODE (which may also set the pointers ap / gp that
+   are passed), expect WANT and NEEDLE, for each host backend. */
+#define T_INV(call, want, needle, code)                                                             \
+  for (int bi = 0; bi < 3; bi++) {                                                                  \
+    static const sa_backend bes[3] = {SA_BACKEND_REF, SA_BACKEND_CPU, SA_BACKEND_AUTO};             \
+    sa_attn a;                                                                                      \
+    sa_attn_grad g;                                                                                 \
+    sa_backend be = bes[bi];                                                                        \
+    const sa_attn *ap = &a;                                                                         \
+    const sa_attn_grad *gp = &g;                                                                    \
+    t_inv_base(&a, &g);                                                                             \
+    code;                                                                                           \
+    t_inv_expect(#code, call, ap, gp, be, want, needle);                                            \
+  }
+
+static void t_invalid_group(void) {
+  const sa_status INV = SA_ERR_INVALID;
+  for (int i = 0; i < 6; i++) ti_qseg[i] = i % 2;
+  for (int i = 0; i < 8; i++) ti_kvseg[i] = i % 3 == 0;
+
+  /* sizes and enums */
+  T_INV(T_CALL_FWD, INV, "dtype", a.dtype = (sa_dtype)3);
+  T_INV(T_CALL_FWD, INV, "dtype", a.dtype = (sa_dtype)-1);
+  T_INV(T_CALL_FWD, INV, "batch", a.batch = -1);
+  T_INV(T_CALL_FWD, INV, "q_len", a.q_len = -2);
+  T_INV(T_CALL_FWD, INV, "kv_len", a.kv_len = -1);
+  T_INV(T_CALL_FWD, INV, "q_heads", a.q_heads = 0);
+  T_INV(T_CALL_FWD, INV, "kv_heads", a.kv_heads = 0);
+  T_INV(T_CALL_FWD, INV, "kv_heads", a.kv_heads = -4);
+  T_INV(T_CALL_FWD, INV, "q_heads", a.q_heads = 6; a.kv_heads = 4);
+  T_INV(T_CALL_FWD, INV, "head_dim", a.head_dim = 0);
+  T_INV(T_CALL_FWD, INV, "v_head_dim", a.v_head_dim = -8);
+  T_INV(T_CALL_FWD, INV, "softmax", a.softmax = (sa_softmax)3);
+  T_INV(T_CALL_FWD, INV, "causal", a.causal = (sa_causal)7);
+  T_INV(T_CALL_FWD, INV, "window_left", a.window_left = -2);
+  T_INV(T_CALL_FWD, INV, "window_right", a.window_right = -5);
+  T_INV(T_CALL_FWD, INV, "diag_offset", a.diag_offset = (int64_t)1 << 40);
+  T_INV(T_CALL_FWD, INV, "diag_offset", a.diag_offset = -((int64_t)1 << 41));
+  T_INV(T_CALL_FWD, INV, "scale", a.scale = NAN);
+  T_INV(T_CALL_FWD, INV, "scale", a.scale = INFINITY);
+  T_INV(T_CALL_FWD, INV, "q: size", a.head_dim = (int64_t)1 << 60);
+  T_INV(T_CALL_FWD, INV, "k: size", a.kv_len = (int64_t)1 << 61);
+  T_INV(T_CALL_FWD, INV, "v: size", a.v_head_dim = (int64_t)1 << 60);
+  T_INV(T_CALL_CHECK, INV, "batch", a.batch = INT64_MIN);
+  /* pointers and options */
+  T_INV(T_CALL_FWD, INV, "sinks", a.sinks = NULL);
+  T_INV(T_CALL_FWD, INV, "q is NULL", a.q = NULL);
+  T_INV(T_CALL_FWD, INV, "k is NULL", a.k = NULL);
+  T_INV(T_CALL_FWD, INV, "v is NULL", a.v = NULL);
+  T_INV(T_CALL_FWD, INV, "out is NULL", a.out = NULL);
+  T_INV(T_CALL_FWD, INV, "kv_segment_ids", a.kv_segment_ids = NULL);
+  T_INV(T_CALL_FWD, INV, "q_segment_ids", a.q_segment_ids = NULL);
+  T_INV(T_CALL_CHECK, INV, "sinks", a.sinks = NULL);
+  T_INV(T_CALL_CHECK, INV, "backend", be = (sa_backend)4);
+  T_INV(T_CALL_FWD, INV, "backend", be = (sa_backend)-1);
+  T_INV(T_CALL_BWD, INV, "backend", be = (sa_backend)9);
+  T_INV(T_CALL_FWD, INV, "attn", ap = NULL);
+  T_INV(T_CALL_CHECK, INV, "attn", ap = NULL);
+  T_INV(T_CALL_BWD, INV, "attn", ap = NULL);
+  /* the backward: the attn fields again (it validates the same struct), then the grad */
+  T_INV(T_CALL_BWD, INV, "head_dim", a.head_dim = -1);
+  T_INV(T_CALL_BWD, INV, "sinks", a.sinks = NULL);
+  T_INV(T_CALL_BWD, INV, "lse", a.lse = NULL);
+  T_INV(T_CALL_BWD, INV, "out is NULL", a.out = NULL);
+  T_INV(T_CALL_BWD, INV, "dout", g.dout = NULL);
+  T_INV(T_CALL_BWD, INV, "dq", g.dq = NULL);
+  T_INV(T_CALL_BWD, INV, "dk", g.dk = NULL);
+  T_INV(T_CALL_BWD, INV, "dv", g.dv = NULL);
+  T_INV(T_CALL_BWD, INV, "grad", gp = NULL);
+  T_INV(T_CALL_BWD, INV, "q_segment_ids", a.q_segment_ids = NULL);
+  /* no CUDA in this build: the CUDA backend says so instead of crashing on host pointers */
+  if (!sa_has_cuda()) {
+    T_INV(T_CALL_FWD, SA_ERR_DEVICE, "CUDA", be = SA_BACKEND_CUDA);
+    T_INV(T_CALL_BWD, SA_ERR_DEVICE, "CUDA", be = SA_BACKEND_CUDA);
+  }
+
+  /* Not errors: empty problems need no pointers; dlse, dsinks, lse (forward) may be NULL; lengths are
+     data and clamp; a sink array given to a non-learnable softmax is ignored. */
+  T_INV(T_CALL_FWD, SA_OK, "", a.batch = 0; a.q = a.k = a.v = a.out = NULL);
+  T_INV(T_CALL_FWD, SA_OK, "", a.q_len = 0; a.q = a.out = NULL);
+  T_INV(T_CALL_BWD, SA_OK, "", a.q_len = 0; a.q = a.out = NULL; a.lse = NULL; g.dq = NULL; g.dout = NULL);
+  T_INV(T_CALL_FWD, SA_OK, "", a.lse = NULL);
+  T_INV(T_CALL_BWD, SA_OK, "", g.dsinks = NULL);
+  T_INV(T_CALL_FWD, SA_OK, "", a.softmax = SA_SOFTMAX_OFF_BY_ONE);
+  T_INV(T_CALL_FWD, SA_OK, "", a.softmax = SA_SOFTMAX_VANILLA; a.sinks = NULL);
+  T_INV(T_CALL_FWD, SA_OK, "", a.diag_offset = ((int64_t)1 << 40) - 1; a.window_left = INT64_MAX);
+
+  /* a good call clears the previous message */
+  for (int bi = 0; bi < 3; bi++) {
+    static const sa_backend bes[3] = {SA_BACKEND_REF, SA_BACKEND_CPU, SA_BACKEND_AUTO};
+    sa_attn a;
+    sa_attn_grad g;
+    t_inv_base(&a, &g);
+    a.dtype = (sa_dtype)9;
+    sa_attn_fwd(&a, bes[bi], NULL);
+    t_inv_base(&a, &g);
+    sa_status s1 = sa_attn_fwd(&a, bes[bi], NULL);
+    int ok1 = s1 == SA_OK && sa_last_error()[0] == '\0';
+    a.dtype = (sa_dtype)9;
+    sa_attn_fwd(&a, bes[bi], NULL);
+    t_inv_base(&a, &g);
+    sa_status s2 = sa_attn_bwd(&a, &g, NULL, 0, bes[bi], NULL);
+    int ok2 = s2 == SA_OK && sa_last_error()[0] == '\0';
+    if (!ok1 || !ok2)
+      t_report("sa_last_error after a good call (backend %d): fwd %s \"%s\", bwd %s", (int)bes[bi],
+               sa_status_name(s1), ok1 ? "" : sa_last_error(), sa_status_name(s2));
+    t_count(ok1 && ok2);
+    ti_total++;
+    ti_pass += ok1 && ok2;
+  }
+
+  /* status names */
+  static const char *names[] = {"SA_OK", "SA_ERR_INVALID", "SA_ERR_UNSUPPORTED", "SA_ERR_NO_MEMORY",
+                                "SA_ERR_DEVICE"};
+  int names_ok = 1;
+  for (int s = 0; s < 5; s++) names_ok &= strcmp(sa_status_name((sa_status)s), names[s]) == 0;
+  names_ok &= sa_status_name((sa_status)77) != NULL && strcmp(sa_status_name((sa_status)77), "SA_OK") != 0;
+  if (!names_ok) t_report("sa_status_name: wrong name for a status");
+  t_count(names_ok);
+  ti_total++;
+  ti_pass += names_ok;
+
+  printf("invalid arguments (status + message naming the field, REF/CPU/AUTO): %d/%d pass\n", ti_pass, ti_total);
+}
+
+#endif /* SA_TEST_INVALID_H */
