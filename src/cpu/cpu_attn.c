@@ -1,9 +1,119 @@
-/* placeholder until the CPU backend lands */
-#include "sa_internal.h"
-sa_status sa_cpu_attn_supported(const sa_attn *a) { (void)a; return sa_error(SA_ERR_UNSUPPORTED, "CPU backend not written yet"); }
-sa_status sa_cpu_attn_fwd(const sa_attn *a) { (void)a; return SA_ERR_UNSUPPORTED; }
-size_t sa_cpu_attn_bwd_workspace_size(const sa_attn *a) { (void)a; return 0; }
-sa_status sa_cpu_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *w, size_t ws) { (void)a; (void)g; (void)w; (void)ws; return SA_ERR_UNSUPPORTED; }
-void sa_cpu_set_num_threads(int n) { (void)n; }
-int sa_cpu_get_num_threads(void) { return 1; }
-const char *sa_cpu_simd_name(void) { return "scalar"; }
+/*
+ * cpu_attn.c — the CPU backend's entry points: SIMD level choice (CPUID, env SINKATTN_SIMD), the call
+ * context (tile counts, padded dims, base-2 scale), and the order of the passes. The kernels are in
+ * cpu_kernel_body.h, the threads in cpu_pool.c.
+ *
+ * Memory beyond the caller's buffers: per thread one scratch of O(tile) floats (about 150 KiB at
+ * H = Hv = 128, G = 1, whatever T and S are); for the backward also D [B,N,T] and the dsinks partials
+ * [N,B,T/bq] fp32, from the caller's workspace when it is large enough, else allocated per call.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+
+/* ---- SIMD level ------------------------------------------------------------------------------ */
+
+static const sa_cpu_kernels *sa_cpu_kernels_pick(void) {
+  int best = 0; /* 0 scalar, 1 avx2, 2 avx512 */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) best = 1;
+  if (best == 1 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    best = 2;
+#endif
+  /* SINKATTN_SIMD may only lower the level (a higher one than the CPU has would crash). Read at each
+     call so that a test can compare the levels in one process. */
+  const char *env = getenv("SINKATTN_SIMD");
+  if (env) {
+    if (strcmp(env, "scalar") == 0) best = 0;
+    else if (strcmp(env, "avx2") == 0 && best > 1) best = 1;
+  }
+  return best == 2 ? &sa_cpu_kernels_avx512 : best == 1 ? &sa_cpu_kernels_avx2 : &sa_cpu_kernels_scalar;
+}
+
+const char *sa_cpu_simd_name(void) { return sa_cpu_kernels_pick()->name; }
+
+/* ---- context --------------------------------------------------------------------------------- */
+
+static int64_t sa_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+static void sa_cpu_ctx_init(sa_cpu_ctx *c, const sa_attn *a, const sa_attn_grad *g) {
+  memset(c, 0, sizeof *c);
+  c->a = a;
+  c->g = g;
+  c->G = a->q_heads / a->kv_heads;
+  /* G heads x bq positions = SA_CPU_ROWS rows share each K/V tile (one position per item when G > 64). */
+  c->bq = c->G >= SA_CPU_ROWS ? 1 : SA_CPU_ROWS / c->G;
+  c->nqb = (a->q_len + c->bq - 1) / c->bq;
+  c->nkb = (a->kv_len + SA_CPU_BK - 1) / SA_CPU_BK;
+  c->hp = sa_round_up(a->head_dim, SA_CPU_PAD);
+  c->hvp = sa_round_up(a->v_head_dim, SA_CPU_PAD);
+  c->scale = sa_scale_of(a);
+  c->scale2 = c->scale * SA_LOG2E;
+}
+
+/* Every valid problem is supported: any head dims (padded in the tiles), G, dtype, mask and lengths. */
+sa_status sa_cpu_attn_supported(const sa_attn *a) {
+  (void)a;
+  return SA_OK;
+}
+
+sa_status sa_cpu_attn_fwd(const sa_attn *a) {
+  if (a->batch == 0 || a->q_len == 0) return SA_OK;
+  sa_cpu_ctx c;
+  sa_cpu_ctx_init(&c, a, NULL);
+  const sa_cpu_kernels *k = sa_cpu_kernels_pick();
+  return sa_cpu_parallel(k, &c, SA_CPU_FWD, a->batch * a->kv_heads * c.nqb, k->scratch(&c, SA_CPU_FWD));
+}
+
+/* ---- backward -------------------------------------------------------------------------------- */
+
+/* D [B,N,T] then the dsinks partials [N,B,nqb], each rounded to 64 bytes. */
+static size_t sa_cpu_bwd_bytes(const sa_cpu_ctx *c, size_t *part_off) {
+  const sa_attn *a = c->a;
+  size_t d = ((size_t)(a->batch * a->q_heads * a->q_len) * sizeof(float) + 63) & ~(size_t)63;
+  size_t p = ((size_t)(a->q_heads * a->batch * c->nqb) * sizeof(float) + 63) & ~(size_t)63;
+  if (part_off) *part_off = d;
+  return d + p;
+}
+
+size_t sa_cpu_attn_bwd_workspace_size(const sa_attn *a) {
+  sa_cpu_ctx c;
+  sa_cpu_ctx_init(&c, a, NULL);
+  return sa_cpu_bwd_bytes(&c, NULL);
+}
+
+sa_status sa_cpu_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspace, size_t workspace_size) {
+  const int64_t B = a->batch, N = a->q_heads;
+  sa_cpu_ctx c;
+  sa_cpu_ctx_init(&c, a, g);
+  size_t part_off, need = sa_cpu_bwd_bytes(&c, &part_off);
+  int own = workspace == NULL || workspace_size < need || ((uintptr_t)workspace & 63) != 0;
+  char *buf = own ? aligned_alloc(64, need) : (char *)workspace;
+  if (!buf) return sa_error(SA_ERR_NO_MEMORY, "CPU backend: cannot allocate %zu bytes for the backward", need);
+  c.dbuf = (float *)buf;
+  c.dsink_part = (float *)(buf + part_off);
+
+  const sa_cpu_kernels *k = sa_cpu_kernels_pick();
+  sa_status s = SA_OK;
+  if (B > 0 && a->q_len > 0)
+    s = sa_cpu_parallel(k, &c, SA_CPU_BWD_DQ, B * a->kv_heads * c.nqb, k->scratch(&c, SA_CPU_BWD_DQ));
+  /* dk/dv read every D of pass 1, so the passes run one after the other. */
+  if (s == SA_OK && B > 0 && a->kv_len > 0)
+    s = sa_cpu_parallel(k, &c, SA_CPU_BWD_DKDV, B * a->kv_heads * c.nkb, k->scratch(&c, SA_CPU_BWD_DKDV));
+
+  /* dsinks[n] = -sum over (b, query block) of the per-block partials, in that fixed order (double, so
+     the sum of up to B*T/bq partials adds no error beyond the partials' own). */
+  if (s == SA_OK && g->dsinks) {
+    for (int64_t n = 0; n < N; n++) {
+      double acc = 0.0;
+      if (a->softmax == SA_SOFTMAX_LEARNABLE && a->q_len > 0)
+        for (int64_t e = 0; e < B * c.nqb; e++) acc += c.dsink_part[n * B * c.nqb + e];
+      g->dsinks[n] = (float)(0.0 - acc); /* +0 when nothing was added */
+    }
+  }
+  if (own) free(buf);
+  return s;
+}

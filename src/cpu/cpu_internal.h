@@ -1,0 +1,66 @@
+/*
+ * cpu_internal.h — what the CPU backend's driver (cpu_attn.c, cpu_pool.c) shares with its kernels.
+ *
+ * The kernels are written once (cpu_kernel_body.h) against a small vector layer and compiled three times
+ * (cpu_kernel_avx512.c, cpu_kernel_avx2.c, cpu_kernel_scalar.c); each compilation exports one
+ * sa_cpu_kernels table. A kernel processes one independent work item with a private scratch buffer;
+ * every output element is written by exactly one item in a fixed order, so the result does not depend
+ * on how items are spread over threads (bitwise identical for any thread count).
+ */
+#ifndef SA_CPU_INTERNAL_H
+#define SA_CPU_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sa_internal.h"
+
+/* Tile sizes, one table (measured on a 2-core AMD EPYC Zen 4, f32, H = 128, see bench/NOTES.md).
+   SA_CPU_ROWS: query rows (G heads x positions) sharing one K/V tile in the forward and dq passes:
+     64 rows amortise the K/V conversion and transposition (1/64 of the FMA work) while S (16 KiB) and
+     the O accumulator (32 KiB at Hv = 128) stay in L1/L2.
+   SA_CPU_BK: keys per tile = 4 AVX-512 vectors, the width of the Q.K^T micro-kernel.
+   SA_CPU_BQ2: query positions per tile in the dk/dv pass (the vector axis of its S^T tile). */
+#define SA_CPU_ROWS 64
+#define SA_CPU_BK 64
+#define SA_CPU_BQ2 64
+/* Head dims are padded to a multiple of 16 floats (one AVX-512 vector, two AVX2 ones) in the fp32 tiles. */
+#define SA_CPU_PAD 16
+
+#define SA_LOG2E 1.44269504088896340736f
+#define SA_LN2 0.693147180559945309417f
+
+typedef struct sa_cpu_ctx {
+  const sa_attn *a;
+  const sa_attn_grad *g;
+  int64_t G;        /* query heads per kv head */
+  int64_t bq;       /* query positions per forward / dq item (G * bq rows) */
+  int64_t nqb;      /* query blocks of bq positions */
+  int64_t nkb;      /* key blocks of SA_CPU_BK in the dk/dv pass */
+  int64_t hp, hvp;  /* head_dim, v_head_dim rounded up to SA_CPU_PAD */
+  float scale;      /* softmax scale */
+  float scale2;     /* scale * log2(e): scores are kept in base 2 so exp is exp2 */
+  float *dbuf;      /* [B,N,T] D_i = dout_i . out_i - dlse_i (backward) */
+  float *dsink_part; /* [N, B, nqb] per-block dsinks partials (backward, LEARNABLE) */
+} sa_cpu_ctx;
+
+typedef enum { SA_CPU_FWD = 0, SA_CPU_BWD_DQ = 1, SA_CPU_BWD_DKDV = 2 } sa_cpu_pass;
+
+typedef struct sa_cpu_kernels {
+  const char *name;
+  /* Floats of scratch one worker needs for a pass (the items allocate nothing). */
+  size_t (*scratch)(const sa_cpu_ctx *c, sa_cpu_pass pass);
+  /* Item indices: FWD and BWD_DQ (b, kv head, query block); BWD_DKDV (b, kv head, key block). */
+  void (*run)(const sa_cpu_ctx *c, sa_cpu_pass pass, int64_t item, float *scratch);
+} sa_cpu_kernels;
+
+extern const sa_cpu_kernels sa_cpu_kernels_avx512;
+extern const sa_cpu_kernels sa_cpu_kernels_avx2;
+extern const sa_cpu_kernels sa_cpu_kernels_scalar;
+
+/* Runs items [0, n) over the thread pool, each with its own scratch of scratch_floats floats;
+   SA_ERR_NO_MEMORY when a worker's scratch cannot be allocated. */
+sa_status sa_cpu_parallel(const sa_cpu_kernels *k, const sa_cpu_ctx *c, sa_cpu_pass pass, int64_t n,
+                          size_t scratch_floats);
+
+#endif /* SA_CPU_INTERNAL_H */

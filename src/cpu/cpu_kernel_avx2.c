@@ -1,0 +1,63 @@
+/*
+ * cpu_kernel_avx2.c — the vector layer for AVX2 + FMA (8 floats), then the shared kernel body.
+ * Micro-kernel 4 rows x 2 vectors: 8 ymm accumulators + 2 loads + 1 broadcast fit the 16 registers.
+ */
+#include <immintrin.h>
+
+#include "cpu_internal.h"
+
+#define VW 8
+typedef __m256 vf;
+#define V_ZERO() _mm256_setzero_ps()
+#define V_SET1(x) _mm256_set1_ps(x)
+#define V_LOAD(p) _mm256_loadu_ps(p)
+#define V_STORE(p, x) _mm256_storeu_ps((p), (x))
+#define V_FMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#define V_ADD(a, b) _mm256_add_ps((a), (b))
+#define V_SUB(a, b) _mm256_sub_ps((a), (b))
+#define V_MUL(a, b) _mm256_mul_ps((a), (b))
+#define V_MAX(a, b) _mm256_max_ps((a), (b))
+#define V_LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define V_LOAD_BF16(p) \
+  _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+#define MK_R 4
+#define MK_C 2
+
+static inline float v_radd(vf x) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+static inline float v_rmax(vf x) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#define V_RADD(x) v_radd(x)
+#define V_RMAX(x) v_rmax(x)
+
+/* 2^x, same construction and error as the AVX-512 layer (see cpu_kernel_avx512.c). */
+static inline vf v_exp2(vf x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);
+  x = _mm256_min_ps(_mm256_set1_ps(127.0f), x);
+  vf n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  vf f = _mm256_sub_ps(x, n);
+  vf p = _mm256_set1_ps(1.5403530393381606e-4f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-2f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#define V_EXP2(x) v_exp2(x)
+
+#define SA_K(name) sa_cpu_##name##_avx2
+#define SA_K_TABLE sa_cpu_kernels_avx2
+#define SA_K_NAME "avx2"
+
+#include "cpu_kernel_body.h"

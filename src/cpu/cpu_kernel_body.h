@@ -1,0 +1,469 @@
+/*
+ * cpu_kernel_body.h — the CPU attention kernels, written once against the vector layer that the including
+ * file defines (VW floats per vf; V_LOAD/V_STORE/V_FMA/V_ADD/V_SUB/V_MUL/V_MAX/V_RADD/V_RMAX/V_EXP2/
+ * V_LOAD_F16/V_LOAD_BF16; micro-kernel shape MK_R x MK_C; SA_K_TABLE, SA_K_NAME). Everything here is
+ * static: each including file is one SIMD level and exports only its sa_cpu_kernels table.
+ *
+ * Scores are kept in base 2: q is multiplied by scale * log2(e) when it is converted, so every
+ * exponential is an exp2 and the sink logit a enters as a * log2(e).
+ *
+ * Three passes, each a set of independent items (FlashAttention-2 style, no T x S matrix):
+ *   FWD      item (b, kv head, query block): the G heads' rows share each K/V tile; online softmax with
+ *            the running max seeded by the sink, the sink added once in the final normalisation.
+ *   BWD_DQ   item (b, kv head, query block): D_i = dout_i . out_i - dlse_i, dsinks partials, then
+ *            dq = scale * dS K over the key tiles, P recomputed from lse.
+ *   BWD_DKDV item (b, kv head, key block): dk, dv accumulated in fp32 over the G heads and all query
+ *            tiles (transposed: keys are rows, query positions the vector axis).
+ * All products are C += A B with A read as broadcast scalars and B as vectors along its rows; the
+ * operands are converted (and transposed where B must be) into fp32 tiles on load.
+ */
+#include <math.h>
+#include <string.h>
+
+#define SA_INLINE static inline __attribute__((always_inline))
+#define SA_MIN(x, y) ((x) < (y) ? (x) : (y))
+#define SA_MAX(x, y) ((x) > (y) ? (x) : (y))
+
+/* ---- products -------------------------------------------------------------------------------- */
+
+/* C[R x CV*VW] (+)= A[R x kd] B[kd x CV*VW]: R x CV accumulators live in registers for the whole kd loop;
+   each step loads CV vectors of B and broadcasts R scalars of A for R*CV FMAs. */
+SA_INLINE void mk(const int R, const int CV, int64_t kd, const float *A, int64_t lda, const float *B,
+                  int64_t ldb, float *C, int64_t ldc, int acc) {
+  vf c[MK_R][MK_C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+    for (int v = 0; v < CV; v++) c[r][v] = acc ? V_LOAD(C + r * ldc + v * VW) : V_ZERO();
+  for (int64_t k = 0; k < kd; k++) {
+    vf bv[MK_C];
+#pragma GCC unroll 8
+    for (int v = 0; v < CV; v++) bv[v] = V_LOAD(B + k * ldb + v * VW);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      vf ar = V_SET1(A[r * lda + k]);
+#pragma GCC unroll 8
+      for (int v = 0; v < CV; v++) c[r][v] = V_FMA(ar, bv[v], c[r][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+    for (int v = 0; v < CV; v++) V_STORE(C + r * ldc + v * VW, c[r][v]);
+}
+
+/* C[M x N] = A B (acc 0) or C += A B (acc 1); N a multiple of VW. */
+static void gemm(int64_t M, int64_t N, int64_t kd, const float *A, int64_t lda, const float *B, int64_t ldb,
+                 float *C, int64_t ldc, int acc) {
+  int64_t n0 = 0;
+  for (; n0 + MK_C * VW <= N; n0 += MK_C * VW) {
+    int64_t r = 0;
+    for (; r + MK_R <= M; r += MK_R) mk(MK_R, MK_C, kd, A + r * lda, lda, B + n0, ldb, C + r * ldc + n0, ldc, acc);
+    for (; r < M; r++) mk(1, MK_C, kd, A + r * lda, lda, B + n0, ldb, C + r * ldc + n0, ldc, acc);
+  }
+  for (; n0 < N; n0 += VW) {
+    int64_t r = 0;
+    for (; r + MK_R <= M; r += MK_R) mk(MK_R, 1, kd, A + r * lda, lda, B + n0, ldb, C + r * ldc + n0, ldc, acc);
+    for (; r < M; r++) mk(1, 1, kd, A + r * lda, lda, B + n0, ldb, C + r * ldc + n0, ldc, acc);
+  }
+}
+
+/* ---- conversion ------------------------------------------------------------------------------ */
+
+/* dst[0, n) = mul * src[off, off + n) in fp32; dst[n, npad) = 0. */
+static void cvt(float *dst, const void *src, sa_dtype t, int64_t off, int64_t n, int64_t npad, float mul) {
+  int64_t i = 0;
+  vf m = V_SET1(mul);
+  if (t == SA_F32) {
+    const float *s = (const float *)src + off;
+    for (; i + VW <= n; i += VW) V_STORE(dst + i, V_MUL(V_LOAD(s + i), m));
+  } else if (t == SA_F16) {
+    const uint16_t *s = (const uint16_t *)src + off;
+    for (; i + VW <= n; i += VW) V_STORE(dst + i, V_MUL(V_LOAD_F16(s + i), m));
+  } else {
+    const uint16_t *s = (const uint16_t *)src + off;
+    for (; i + VW <= n; i += VW) V_STORE(dst + i, V_MUL(V_LOAD_BF16(s + i), m));
+  }
+  for (; i < n; i++) dst[i] = sa_load(src, t, off + i) * mul;
+  for (; i < npad; i++) dst[i] = 0.0f;
+}
+
+/* dst[off, off + n) = mul * src[0, n), rounded to the dtype. */
+static void put(void *dst, sa_dtype t, int64_t off, const float *src, int64_t n, float mul) {
+  int64_t i = 0;
+  if (t == SA_F32) {
+    float *d = (float *)dst + off;
+    vf m = V_SET1(mul);
+    for (; i + VW <= n; i += VW) V_STORE(d + i, V_MUL(V_LOAD(src + i), m));
+  }
+  for (; i < n; i++) sa_store(dst, t, off + i, src[i] * mul);
+}
+
+/* Column col of the transposed tile dst[n x ld] from a converted row. */
+static void scatter_col(float *dst, int64_t ld, int64_t col, const float *row, int64_t n) {
+  for (int64_t d = 0; d < n; d++) dst[d * ld + col] = row[d];
+}
+
+/* ---- masks ----------------------------------------------------------------------------------- */
+
+/* How key tile [j0, j0 + nk) meets query positions [i0, i0 + np) (key ranges rg): 0 no valid pair
+   (skip the tile), 1 some pairs (apply the mask), 2 every pair valid. Sorted segment ids (packed
+   sequences) make most off-diagonal tiles disjoint in their [min, max] id range: those are skipped too. */
+static int tile_class(const sa_attn *a, int64_t b, const sa_range *rg, int64_t i0, int64_t np, int64_t j0,
+                      int64_t nk) {
+  int any = 0, all = 1;
+  for (int64_t p = 0; p < np; p++) {
+    if (rg[p].lo < j0 + nk && rg[p].hi > j0) any = 1;
+    if (rg[p].lo > j0 || rg[p].hi < j0 + nk) all = 0;
+  }
+  if (!any) return 0;
+  if (a->q_segment_ids) {
+    const int32_t *qs = a->q_segment_ids + b * a->q_len + i0, *ks = a->kv_segment_ids + b * a->kv_len + j0;
+    int32_t qmin = qs[0], qmax = qs[0], kmin = ks[0], kmax = ks[0];
+    for (int64_t p = 1; p < np; p++) { qmin = SA_MIN(qmin, qs[p]); qmax = SA_MAX(qmax, qs[p]); }
+    for (int64_t j = 1; j < nk; j++) { kmin = SA_MIN(kmin, ks[j]); kmax = SA_MAX(kmax, ks[j]); }
+    if (qmax < kmin || kmax < qmin) return 0;
+    if (!(qmin == qmax && kmin == kmax && qmin == kmin)) all = 0;
+  }
+  return all ? 2 : 1;
+}
+
+/* Validity of (position i0 + p, key j0 + jj) at vm[p * sp + jj * sj] for p < np, jj < nk; 0 elsewhere
+   in [0, bp) x [0, bk). */
+static void build_mask(uint8_t *vm, int64_t sp, int64_t sj, const sa_attn *a, int64_t b, const sa_range *rg,
+                       int64_t i0, int64_t np, int64_t bp, int64_t j0, int64_t nk, int64_t bk) {
+  for (int64_t p = 0; p < bp; p++)
+    for (int64_t jj = 0; jj < bk; jj++) {
+      int64_t j = j0 + jj;
+      vm[p * sp + jj * sj] = p < np && jj < nk && j >= rg[p].lo && j < rg[p].hi && sa_segment_ok(a, b, i0 + p, j);
+    }
+}
+
+/* ---- per-pass scratch ------------------------------------------------------------------------ */
+
+typedef struct {
+  float *tmp, *q, *qt, *kt, *kr, *v, *vt, *d, *dt, *s, *dp, *acc, *acc2, *r1, *r2;
+  uint8_t *vm;
+} sa_bufs;
+
+/* Lays the pass's tiles out in ws (64-byte aligned each) and returns the floats used; ws NULL: size only. */
+static size_t carve(const sa_cpu_ctx *c, sa_cpu_pass pass, float *ws, sa_bufs *B) {
+  size_t off = 0;
+#define TAKE(ptr, n)                     \
+  do {                                   \
+    (ptr) = ws ? ws + off : NULL;        \
+    off += ((size_t)(n) + 15) & ~(size_t)15; \
+  } while (0)
+  const int64_t M = c->G * c->bq, H = c->a->head_dim, Hv = c->a->v_head_dim, hp = c->hp, hvp = c->hvp;
+  const int64_t BK = SA_CPU_BK, Q2 = SA_CPU_BQ2;
+  float *vmf = NULL;
+  memset(B, 0, sizeof *B);
+  TAKE(B->tmp, SA_MAX(hp, hvp));
+  if (pass == SA_CPU_FWD) {
+    TAKE(B->q, M * hp); TAKE(B->kt, H * BK); TAKE(B->v, BK * hvp); TAKE(B->s, M * BK);
+    TAKE(B->acc, M * hvp); TAKE(B->r1, M); TAKE(B->r2, M); TAKE(vmf, c->bq * BK / 4 + 1);
+  } else if (pass == SA_CPU_BWD_DQ) {
+    TAKE(B->q, M * hp); TAKE(B->d, M * hvp); TAKE(B->kt, H * BK); TAKE(B->kr, BK * hp); TAKE(B->vt, Hv * BK);
+    TAKE(B->s, M * BK); TAKE(B->dp, M * BK); TAKE(B->acc, M * hp); TAKE(B->r1, M); TAKE(B->r2, M);
+    TAKE(vmf, c->bq * BK / 4 + 1);
+  } else {
+    TAKE(B->kr, BK * hp); TAKE(B->v, BK * hvp); TAKE(B->qt, H * Q2); TAKE(B->q, Q2 * hp); TAKE(B->d, Q2 * hvp);
+    TAKE(B->dt, Hv * Q2); TAKE(B->s, BK * Q2); TAKE(B->dp, BK * Q2); TAKE(B->acc, BK * hp);
+    TAKE(B->acc2, BK * hvp); TAKE(B->r1, Q2); TAKE(B->r2, Q2); TAKE(vmf, BK * Q2 / 4 + 1);
+  }
+#undef TAKE
+  B->vm = (uint8_t *)vmf;
+  return off;
+}
+
+static size_t scratch(const sa_cpu_ctx *c, sa_cpu_pass pass) {
+  sa_bufs B;
+  return carve(c, pass, NULL, &B);
+}
+
+static void scale_row(float *o, int64_t n, float f) {
+  vf fv = V_SET1(f);
+  for (int64_t j = 0; j < n; j += VW) V_STORE(o + j, V_MUL(V_LOAD(o + j), fv));
+}
+
+/* Sets masked scores of the M = G * np rows (row r is position r % np) to -inf. */
+static void apply_mask_rows(float *s, int64_t M, int64_t np, const uint8_t *vm) {
+  for (int64_t r = 0; r < M; r++) {
+    const uint8_t *m = vm + (r % np) * SA_CPU_BK;
+    for (int64_t jj = 0; jj < SA_CPU_BK; jj++)
+      if (!m[jj]) s[r * SA_CPU_BK + jj] = -INFINITY;
+  }
+}
+
+/* Key ranges of positions [i0, i0 + np) and the union [*jlo, *jhi) of the non-empty ones. */
+static void ranges(const sa_attn *a, int64_t ql, int64_t kl, int64_t i0, int64_t np, sa_range *rg, int64_t *jlo,
+                   int64_t *jhi) {
+  *jlo = kl;
+  *jhi = 0;
+  for (int64_t p = 0; p < np; p++) {
+    rg[p] = sa_key_range(a, ql, kl, i0 + p);
+    if (rg[p].lo < rg[p].hi) {
+      *jlo = SA_MIN(*jlo, rg[p].lo);
+      *jhi = SA_MAX(*jhi, rg[p].hi);
+    }
+  }
+}
+
+/* ---- forward --------------------------------------------------------------------------------- */
+
+/* One online-softmax step for a row of SA_CPU_BK scores s (base 2): s becomes p = 2^(s - m_new), and
+   l and the output accumulator o are rescaled by 2^(m_old - m_new). While the running max is still -inf
+   (vanilla, nothing valid yet) the reference point is 0 so that masked entries give p = 0, not NaN. */
+static void softmax_step(float *s, float *m, float *l, float *o, int64_t hvp) {
+  vf mx = V_SET1(-INFINITY);
+  for (int64_t j = 0; j < SA_CPU_BK; j += VW) mx = V_MAX(mx, V_LOAD(s + j));
+  float mt = V_RMAX(mx), mnew = mt > *m ? mt : *m, mu = mnew == -INFINITY ? 0.0f : mnew;
+  vf mv = V_SET1(mu), sum = V_ZERO();
+  for (int64_t j = 0; j < SA_CPU_BK; j += VW) {
+    vf p = V_EXP2(V_SUB(V_LOAD(s + j), mv));
+    V_STORE(s + j, p);
+    sum = V_ADD(sum, p);
+  }
+  float alpha = exp2f(*m - mu);
+  *l = *l * alpha + V_RADD(sum);
+  if (alpha != 1.0f) scale_row(o, hvp, alpha);
+  *m = mnew;
+}
+
+static void fwd_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
+  const sa_attn *a = c->a;
+  const sa_dtype dt = a->dtype;
+  const int64_t T = a->q_len, S = a->kv_len, N = a->q_heads, Kh = a->kv_heads, H = a->head_dim, Hv = a->v_head_dim;
+  const int64_t G = c->G, hp = c->hp, hvp = c->hvp, BK = SA_CPU_BK;
+  const int64_t qb = item % c->nqb, kh = (item / c->nqb) % Kh, b = item / (c->nqb * Kh);
+  const int64_t i0 = qb * c->bq, np = SA_MIN(c->bq, T - i0), M = G * np;
+  const int64_t ql = sa_q_len_of(a, b), kl = sa_kv_len_of(a, b);
+  sa_bufs B;
+  carve(c, SA_CPU_FWD, ws, &B);
+  sa_range rg[SA_CPU_ROWS];
+  int64_t jlo, jhi;
+  ranges(a, ql, kl, i0, np, rg, &jlo, &jhi);
+  for (int64_t g = 0; g < G; g++)
+    for (int64_t p = 0; p < np; p++) {
+      int64_t r = g * np + p, n = kh * G + g;
+      cvt(B.q + r * hp, a->q, dt, ((b * T + i0 + p) * N + n) * H, H, hp, c->scale2);
+      B.r1[r] = sa_sink_logit(a, n) * SA_LOG2E; /* running max, seeded with the sink */
+      B.r2[r] = 0.0f;                           /* running sum, without the sink */
+    }
+  memset(B.acc, 0, (size_t)(M * hvp) * sizeof(float));
+
+  for (int64_t j0 = jlo; j0 < jhi; j0 += BK) {
+    const int64_t nk = SA_MIN(BK, jhi - j0);
+    int cls = tile_class(a, b, rg, i0, np, j0, nk);
+    if (cls == 0) continue;
+    if (nk < BK) {
+      cls = 1;
+      memset(B.kt, 0, (size_t)(H * BK) * sizeof(float));
+    }
+    for (int64_t jj = 0; jj < nk; jj++) {
+      int64_t row = (b * S + j0 + jj) * Kh + kh;
+      cvt(B.tmp, a->k, dt, row * H, H, H, 1.0f);
+      scatter_col(B.kt, BK, jj, B.tmp, H);
+      cvt(B.v + jj * hvp, a->v, dt, row * Hv, Hv, hvp, 1.0f);
+    }
+    gemm(M, BK, H, B.q, hp, B.kt, BK, B.s, BK, 0);
+    if (cls == 1) {
+      build_mask(B.vm, BK, 1, a, b, rg, i0, np, np, j0, nk, BK);
+      apply_mask_rows(B.s, M, np, B.vm);
+    }
+    for (int64_t r = 0; r < M; r++) softmax_step(B.s + r * BK, B.r1 + r, B.r2 + r, B.acc + r * hvp, hvp);
+    gemm(M, hvp, nk, B.s, BK, B.v, hvp, B.acc, hvp, 1);
+  }
+
+  /* The sink enters here, once: l_total = l + 2^(a - m). No valid key contributed (l == 0): out = 0 and
+     lse = a exactly (also right when every p underflowed under a huge sink: the rest is below fp32). */
+  for (int64_t r = 0; r < M; r++) {
+    int64_t g = r / np, p = r % np, n = kh * G + g, i = i0 + p;
+    float sink = sa_sink_logit(a, n), m = B.r1[r], l = B.r2[r], lse;
+    float *o = B.acc + r * hvp;
+    if (l == 0.0f || m == -INFINITY) {
+      memset(o, 0, (size_t)hvp * sizeof(float));
+      lse = sink;
+    } else {
+      float lt = l + exp2f(sink * SA_LOG2E - m);
+      scale_row(o, hvp, 1.0f / lt);
+      lse = m * SA_LN2 + logf(lt);
+    }
+    put(a->out, dt, ((b * T + i) * N + n) * Hv, o, Hv, 1.0f);
+    if (a->lse) a->lse[(b * N + n) * T + i] = lse;
+  }
+}
+
+/* ---- backward: D, dsinks partials and dq ----------------------------------------------------- */
+
+/* lse in base 2 for recomputing p = 2^(s - lse2). An empty vanilla row has lse = -inf and only masked
+   scores: reference 0 gives p = 2^-inf = 0 there instead of NaN. */
+static float lse_base2(float lse) { return lse == -INFINITY ? 0.0f : lse * SA_LOG2E; }
+
+static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
+  const sa_attn *a = c->a;
+  const sa_attn_grad *gr = c->g;
+  const sa_dtype dt = a->dtype;
+  const int64_t T = a->q_len, S = a->kv_len, N = a->q_heads, Kh = a->kv_heads, H = a->head_dim, Hv = a->v_head_dim;
+  const int64_t G = c->G, hp = c->hp, hvp = c->hvp, BK = SA_CPU_BK;
+  const int64_t qb = item % c->nqb, kh = (item / c->nqb) % Kh, b = item / (c->nqb * Kh);
+  const int64_t i0 = qb * c->bq, np = SA_MIN(c->bq, T - i0), M = G * np;
+  const int64_t ql = sa_q_len_of(a, b), kl = sa_kv_len_of(a, b);
+  sa_bufs B;
+  carve(c, SA_CPU_BWD_DQ, ws, &B);
+  sa_range rg[SA_CPU_ROWS];
+  int64_t jlo, jhi;
+  ranges(a, ql, kl, i0, np, rg, &jlo, &jhi);
+  for (int64_t g = 0; g < G; g++) {
+    int64_t n = kh * G + g;
+    float sink = sa_sink_logit(a, n), part = 0.0f;
+    for (int64_t p = 0; p < np; p++) {
+      int64_t r = g * np + p, i = i0 + p, orow = ((b * T + i) * N + n) * Hv, lrow = (b * N + n) * T + i;
+      cvt(B.q + r * hp, a->q, dt, ((b * T + i) * N + n) * H, H, hp, c->scale2);
+      cvt(B.d + r * hvp, gr->dout, dt, orow, Hv, hvp, 1.0f);
+      cvt(B.tmp, a->out, dt, orow, Hv, hvp, 1.0f);
+      vf acc = V_ZERO();
+      for (int64_t e = 0; e < hvp; e += VW) acc = V_FMA(V_LOAD(B.d + r * hvp + e), V_LOAD(B.tmp + e), acc);
+      float D = V_RADD(acc) - (gr->dlse ? gr->dlse[lrow] : 0.0f), lse = a->lse[lrow];
+      c->dbuf[lrow] = D;
+      B.r1[r] = lse_base2(lse);
+      B.r2[r] = D;
+      if (a->softmax == SA_SOFTMAX_LEARNABLE) part += expf(sink - lse) * D;
+    }
+    if (a->softmax == SA_SOFTMAX_LEARNABLE) c->dsink_part[(n * a->batch + b) * c->nqb + qb] = part;
+  }
+  memset(B.acc, 0, (size_t)(M * hp) * sizeof(float));
+
+  for (int64_t j0 = jlo; j0 < jhi; j0 += BK) {
+    const int64_t nk = SA_MIN(BK, jhi - j0);
+    int cls = tile_class(a, b, rg, i0, np, j0, nk);
+    if (cls == 0) continue;
+    if (nk < BK) {
+      cls = 1;
+      memset(B.kt, 0, (size_t)(H * BK) * sizeof(float));
+      memset(B.vt, 0, (size_t)(Hv * BK) * sizeof(float));
+    }
+    for (int64_t jj = 0; jj < nk; jj++) {
+      int64_t row = (b * S + j0 + jj) * Kh + kh;
+      cvt(B.kr + jj * hp, a->k, dt, row * H, H, hp, 1.0f);
+      scatter_col(B.kt, BK, jj, B.kr + jj * hp, H);
+      cvt(B.tmp, a->v, dt, row * Hv, Hv, Hv, 1.0f);
+      scatter_col(B.vt, BK, jj, B.tmp, Hv);
+    }
+    gemm(M, BK, H, B.q, hp, B.kt, BK, B.s, BK, 0);
+    if (cls == 1) {
+      build_mask(B.vm, BK, 1, a, b, rg, i0, np, np, j0, nk, BK);
+      apply_mask_rows(B.s, M, np, B.vm);
+    }
+    gemm(M, BK, Hv, B.d, hvp, B.vt, BK, B.dp, BK, 0);
+    for (int64_t r = 0; r < M; r++) { /* p = 2^(s - lse2); ds = p (dp - D) */
+      float *s = B.s + r * BK, *dp = B.dp + r * BK;
+      vf l2 = V_SET1(B.r1[r]), Dv = V_SET1(B.r2[r]);
+      for (int64_t j = 0; j < BK; j += VW) {
+        vf p = V_EXP2(V_SUB(V_LOAD(s + j), l2));
+        V_STORE(dp + j, V_MUL(p, V_SUB(V_LOAD(dp + j), Dv)));
+      }
+    }
+    gemm(M, hp, nk, B.dp, BK, B.kr, hp, B.acc, hp, 1);
+  }
+  for (int64_t r = 0; r < M; r++) {
+    int64_t g = r / np, p = r % np, n = kh * G + g;
+    put(gr->dq, dt, ((b * T + i0 + p) * N + n) * H, B.acc + r * hp, H, c->scale);
+  }
+}
+
+/* ---- backward: dk, dv ------------------------------------------------------------------------ */
+
+/* First row in [lo, hi) whose key range ends after j0 (want_hi) or starts at or after j0 (!want_hi):
+   both ends of sa_key_range are non-decreasing in the row for rows < q_len. */
+static int64_t first_row(const sa_attn *a, int64_t ql, int64_t kl, int64_t lo, int64_t hi, int64_t j0, int want_hi) {
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    sa_range r = sa_key_range(a, ql, kl, mid);
+    if (want_hi ? r.hi > j0 : r.lo >= j0) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
+static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
+  const sa_attn *a = c->a;
+  const sa_attn_grad *gr = c->g;
+  const sa_dtype dt = a->dtype;
+  const int64_t T = a->q_len, S = a->kv_len, N = a->q_heads, Kh = a->kv_heads, H = a->head_dim, Hv = a->v_head_dim;
+  const int64_t G = c->G, hp = c->hp, hvp = c->hvp, BK = SA_CPU_BK, Q2 = SA_CPU_BQ2;
+  const int64_t kb = item % c->nkb, kh = (item / c->nkb) % Kh, b = item / (c->nkb * Kh);
+  const int64_t j0 = kb * BK, nk = SA_MIN(BK, S - j0);
+  const int64_t ql = sa_q_len_of(a, b), kl = sa_kv_len_of(a, b);
+  sa_bufs B;
+  carve(c, SA_CPU_BWD_DKDV, ws, &B);
+  for (int64_t jj = 0; jj < nk; jj++) {
+    int64_t row = (b * S + j0 + jj) * Kh + kh;
+    cvt(B.kr + jj * hp, a->k, dt, row * H, H, hp, 1.0f);
+    cvt(B.v + jj * hvp, a->v, dt, row * Hv, Hv, hvp, 1.0f);
+  }
+  memset(B.acc, 0, (size_t)(nk * hp) * sizeof(float));
+  memset(B.acc2, 0, (size_t)(nk * hvp) * sizeof(float));
+  const int64_t ib = first_row(a, ql, kl, 0, ql, j0, 1), ie = first_row(a, ql, kl, ib, ql, j0 + nk, 0);
+  sa_range rg[SA_CPU_BQ2];
+
+  for (int64_t i0 = ib; i0 < ie; i0 += Q2) {
+    const int64_t np = SA_MIN(Q2, ie - i0);
+    for (int64_t p = 0; p < np; p++) rg[p] = sa_key_range(a, ql, kl, i0 + p);
+    const int cls = tile_class(a, b, rg, i0, np, j0, nk);
+    if (cls == 0) continue;
+    if (cls == 1) build_mask(B.vm, 1, Q2, a, b, rg, i0, np, Q2, j0, nk, BK);
+    for (int64_t g = 0; g < G; g++) {
+      const int64_t n = kh * G + g;
+      if (np < Q2) {
+        memset(B.qt, 0, (size_t)(H * Q2) * sizeof(float));
+        memset(B.dt, 0, (size_t)(Hv * Q2) * sizeof(float));
+      }
+      for (int64_t p = 0; p < Q2; p++) {
+        if (p >= np) { /* padding columns: p = 2^(0 - inf) = 0 */
+          B.r1[p] = INFINITY;
+          B.r2[p] = 0.0f;
+          continue;
+        }
+        int64_t i = i0 + p, lrow = (b * N + n) * T + i;
+        cvt(B.q + p * hp, a->q, dt, ((b * T + i) * N + n) * H, H, hp, 1.0f);
+        for (int64_t d = 0; d < H; d++) B.qt[d * Q2 + p] = B.q[p * hp + d] * c->scale2;
+        cvt(B.d + p * hvp, gr->dout, dt, ((b * T + i) * N + n) * Hv, Hv, hvp, 1.0f);
+        scatter_col(B.dt, Q2, p, B.d + p * hvp, Hv);
+        B.r1[p] = lse_base2(a->lse[lrow]);
+        B.r2[p] = c->dbuf[lrow];
+      }
+      gemm(nk, Q2, H, B.kr, hp, B.qt, Q2, B.s, Q2, 0); /* S^T: keys x positions */
+      if (cls == 1)
+        for (int64_t e = 0; e < nk * Q2; e++)
+          if (!B.vm[e]) B.s[e] = -INFINITY;
+      for (int64_t jj = 0; jj < nk; jj++) {
+        float *s = B.s + jj * Q2;
+        for (int64_t e = 0; e < Q2; e += VW) V_STORE(s + e, V_EXP2(V_SUB(V_LOAD(s + e), V_LOAD(B.r1 + e))));
+      }
+      gemm(nk, hvp, np, B.s, Q2, B.d, hvp, B.acc2, hvp, 1); /* dv += P^T dout */
+      gemm(nk, Q2, Hv, B.v, hvp, B.dt, Q2, B.dp, Q2, 0);    /* dP^T = v dout^T */
+      for (int64_t jj = 0; jj < nk; jj++) {
+        float *s = B.s + jj * Q2, *dp = B.dp + jj * Q2;
+        for (int64_t e = 0; e < Q2; e += VW)
+          V_STORE(dp + e, V_MUL(V_LOAD(s + e), V_SUB(V_LOAD(dp + e), V_LOAD(B.r2 + e))));
+      }
+      gemm(nk, hp, np, B.dp, Q2, B.q, hp, B.acc, hp, 1); /* dk += dS^T q (scale applied at the end) */
+    }
+  }
+  for (int64_t jj = 0; jj < nk; jj++) {
+    int64_t row = (b * S + j0 + jj) * Kh + kh;
+    put(gr->dk, dt, row * H, B.acc + jj * hp, H, c->scale);
+    put(gr->dv, dt, row * Hv, B.acc2 + jj * hvp, Hv, 1.0f);
+  }
+}
+
+static void run(const sa_cpu_ctx *c, sa_cpu_pass pass, int64_t item, float *ws) {
+  switch (pass) {
+    case SA_CPU_FWD: fwd_item(c, item, ws); break;
+    case SA_CPU_BWD_DQ: dq_item(c, item, ws); break;
+    default: dkdv_item(c, item, ws); break;
+  }
+}
+
+const sa_cpu_kernels SA_K_TABLE = {SA_K_NAME, scratch, run};
