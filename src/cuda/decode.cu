@@ -1,0 +1,410 @@
+/*
+ * decode.cu — CUDA split-KV decode: a few query tokens against a long KV cache (sa_attn_decode_fwd).
+ *
+ * The kernel's job is to stream K and V once at copy bandwidth. It runs on fp32 CUDA cores: gpt-oss
+ * (G = 8 rows per kv head at one token, bf16) does 2G = 16 FLOP per cache byte, and an H200's 67 fp32
+ * TFLOP/s over 4.3 TB/s of copy bandwidth is ~15.6 FLOP/byte, so instruction overhead (shuffles, exp2,
+ * conversions) is what stands between this kernel and the 70%-of-copy target; a tensor-core (mma) variant
+ * is the next step if the H200 measurement falls short (bench/NOTES.md).
+ *   split kernel   grid (chunk, kv head x row group, batch), 4 warps. A block owns RB = 8 query rows that
+ *                  share kv head kh (G heads x Tq tokens: the GQA packing) and one chunk of keys. Each warp
+ *                  takes 32 / L keys per step (L lanes per key, one 16-byte load of K and of V per lane),
+ *                  keeps its own online softmax in registers (lazy rescale: the running max only moves
+ *                  when a score exceeds it by 2^8, so most steps skip the rescale), then warps merge in
+ *                  shared memory into one vanilla partial (out normalised, lse without the sink).
+ *   combine kernel grid (row, kv head, batch): lse = logaddexp(partials in chunk order, sink), out =
+ *                  sum_c exp(lse_c - lse) out_c. The sink enters here, once.
+ * Partials live in the caller's workspace; everything is enqueued on the stream (no malloc, no sync).
+ * Instantiations: split <bf16|f16|f32> x <16-byte path | generic path>, combine <bf16|f16|f32>.
+ * The 16-byte path needs H == Hv with H * sizeof(T) / 16 a power of two <= 32 (bf16: H in 32..256;
+ * H = 64 and 128 are the fast cases); every other H, Hv <= 256 runs the generic path (strided scalar loads).
+ */
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "cuda_common.cuh"
+#include "sa_internal.h"
+
+#define SA_DEC_RB 8       /* query rows per block: gpt-oss's G = 8 at one token fills it exactly */
+#define SA_DEC_WARPS 4
+#define SA_DEC_MAXD 256   /* generic path: 8 strided elements per lane */
+#define SA_DEC_MAX_SPLITS 1024
+#define SA_DEC_FULL 0xffffffffu
+
+struct sa_decode_params {
+  sa_cuda_params p;
+  int64_t rows, rowgroups, chunk, splits;
+  int lanes;         /* 16-byte path: lanes per key row */
+  float *part_out;   /* [B, K, splits, rows, Hv] */
+  float *part_lse;   /* [B, K, splits, rows], natural log, no sink */
+};
+
+template <typename T> struct sa_dec_io;
+template <> struct sa_dec_io<__nv_bfloat16> {
+  static __device__ __forceinline__ void unpack(const uint4 &u, float *x) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      x[2 * i] = __uint_as_float(w[i] << 16);
+      x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  }
+  static __device__ __forceinline__ float load(const void *p, int64_t i) {
+    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+  }
+  static __device__ __forceinline__ void store(void *p, int64_t i, float x) {
+    ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(x);
+  }
+};
+template <> struct sa_dec_io<__half> {
+  static __device__ __forceinline__ void unpack(const uint4 &u, float *x) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      __half2 h = *reinterpret_cast<const __half2 *>(&w[i]);
+      float2 f = __half22float2(h);
+      x[2 * i] = f.x;
+      x[2 * i + 1] = f.y;
+    }
+  }
+  static __device__ __forceinline__ float load(const void *p, int64_t i) { return __half2float(((const __half *)p)[i]); }
+  static __device__ __forceinline__ void store(void *p, int64_t i, float x) { ((__half *)p)[i] = __float2half_rn(x); }
+};
+template <> struct sa_dec_io<float> {
+  static __device__ __forceinline__ void unpack(const uint4 &u, float *x) {
+    x[0] = __uint_as_float(u.x); x[1] = __uint_as_float(u.y); x[2] = __uint_as_float(u.z); x[3] = __uint_as_float(u.w);
+  }
+  static __device__ __forceinline__ float load(const void *p, int64_t i) { return ((const float *)p)[i]; }
+  static __device__ __forceinline__ void store(void *p, int64_t i, float x) { ((float *)p)[i] = x; }
+};
+
+/* The NE elements of row `off` (length n) that lane `sub` owns: 16-byte path, elements [sub*NE, sub*NE+NE);
+   generic path, elements sub + 32 e. Zeros when !valid or past n. */
+template <typename T, bool CONTIG, int NE>
+__device__ __forceinline__ void sa_dec_row(const void *base, int64_t off, int64_t n, int sub, bool valid, float *x) {
+  if (CONTIG) {
+    if (valid) {
+      uint4 u = __ldg(reinterpret_cast<const uint4 *>((const T *)base + off) + sub);
+      sa_dec_io<T>::unpack(u, x);
+    } else {
+#pragma unroll
+      for (int e = 0; e < NE; e++) x[e] = 0.0f;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < NE; e++) {
+      int64_t d = sub + 32 * e;
+      x[e] = (valid && d < n) ? sa_dec_io<T>::load(base, off + d) : 0.0f;
+    }
+  }
+}
+
+template <typename T, bool CONTIG>
+__global__ void __launch_bounds__(SA_DEC_WARPS * 32) sa_decode_split_kernel(const sa_decode_params dp) {
+  constexpr int NE = CONTIG ? 16 / (int)sizeof(T) : SA_DEC_MAXD / 32;
+  constexpr int RB = SA_DEC_RB;
+  __shared__ float sm_acc[SA_DEC_WARPS][RB][SA_DEC_MAXD];
+  __shared__ float sm_m[SA_DEC_WARPS][RB], sm_l[SA_DEC_WARPS][RB];
+  const sa_cuda_params &p = dp.p;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int L = CONTIG ? dp.lanes : 32, grp = lane / L, sub = lane % L, KPI = 32 / L;
+  const int64_t c = blockIdx.x, b = blockIdx.z;
+  const int64_t kh = blockIdx.y / dp.rowgroups, r0 = (int64_t)(blockIdx.y % dp.rowgroups) * RB;
+  const int64_t ql = sa_dev_q_len(p, b), kl = sa_dev_kv_len(p, b);
+  const int64_t c0 = c * dp.chunk, c1 = c0 + dp.chunk < kl ? c0 + dp.chunk : kl;
+
+  int lo[RB], hi[RB];  /* kv_len < 2^31 (sa_cuda_decode_supported) */
+  int64_t jlo = c1, jhi = c0;
+  float q[RB][NE], acc[RB][NE], m[RB], l[RB];
+#pragma unroll
+  for (int i = 0; i < RB; i++) {
+    const int64_t r = r0 + i, t = r / p.G, n = kh * p.G + r % p.G;
+    lo[i] = hi[i] = 0;
+    if (r < dp.rows) {
+      sa_krange kr = sa_dev_key_range(p, ql, kl, t);
+      int64_t a0 = kr.lo > c0 ? kr.lo : c0, a1 = kr.hi < c1 ? kr.hi : c1;
+      if (a0 < a1) {
+        lo[i] = (int)a0; hi[i] = (int)a1;
+        jlo = a0 < jlo ? a0 : jlo;
+        jhi = a1 > jhi ? a1 : jhi;
+      }
+    }
+    sa_dec_row<T, CONTIG, NE>(p.q, ((b * p.T + t) * p.N + n) * p.H, p.H, sub, r < dp.rows, q[i]);
+#pragma unroll
+    for (int e = 0; e < NE; e++) {
+      q[i][e] *= p.scale_log2;
+      acc[i][e] = 0.0f;
+    }
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+  }
+
+  /* main loop: warp w takes keys jb + grp, jb = jlo + (w + 4 s) KPI; the next step's K and V rows are
+     loaded before this step's math so two 16-byte loads per lane stay in flight */
+  const int64_t step = (int64_t)SA_DEC_WARPS * KPI;
+  int64_t jb = jlo + (int64_t)warp * KPI;
+  /* the 16-byte path keeps the prefetched rows packed (4 registers per 16 bytes instead of 8) */
+  typedef typename std::conditional<CONTIG, uint4, float[NE]>::type sa_raw;
+  sa_raw kr_, vr_;
+  float kx[NE], vx[NE];
+  auto fetch = [&](int64_t jj, sa_raw &kdst, sa_raw &vdst) {
+    const bool ok = jj < jhi;
+    if constexpr (CONTIG) {
+      const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+      kdst = ok ? __ldg(reinterpret_cast<const uint4 *>((const T *)p.k + ((b * p.S + jj) * p.K + kh) * p.H) + sub) : z;
+      vdst = ok ? __ldg(reinterpret_cast<const uint4 *>((const T *)p.v + ((b * p.S + jj) * p.K + kh) * p.Hv) + sub) : z;
+    } else {
+      sa_dec_row<T, false, NE>(p.k, ((b * p.S + jj) * p.K + kh) * p.H, p.H, sub, ok, kdst);
+      sa_dec_row<T, false, NE>(p.v, ((b * p.S + jj) * p.K + kh) * p.Hv, p.Hv, sub, ok, vdst);
+    }
+  };
+  auto unpack = [&](const sa_raw &src, float *dst) {
+    if constexpr (CONTIG) {
+      sa_dec_io<T>::unpack(src, dst);
+    } else {
+#pragma unroll
+      for (int e = 0; e < NE; e++) dst[e] = src[e];
+    }
+  };
+  fetch(jb + grp, kr_, vr_);
+  for (; jb < jhi; jb += step) {
+    const int64_t j = jb + grp;
+    const bool valid = j < jhi;
+    unpack(kr_, kx);
+    unpack(vr_, vx);
+    fetch(j + step, kr_, vr_);
+    float s[RB];
+    bool need = false;
+#pragma unroll
+    for (int i = 0; i < RB; i++) {
+      float d = 0.0f;
+#pragma unroll
+      for (int e = 0; e < NE; e++) d = fmaf(q[i][e], kx[e], d);
+      for (int o = L / 2; o > 0; o >>= 1) d += __shfl_xor_sync(SA_DEC_FULL, d, o);
+      s[i] = (valid && j >= lo[i] && j < hi[i]) ? d : -INFINITY;
+      need |= s[i] > m[i] + 8.0f;
+    }
+    if (__any_sync(SA_DEC_FULL, need)) {
+#pragma unroll
+      for (int i = 0; i < RB; i++) {
+        const float mn = fmaxf(m[i], s[i]);
+        if (mn > m[i]) {
+          const float cr = exp2f(m[i] - mn);  /* 0 when m was -inf */
+          l[i] *= cr;
+#pragma unroll
+          for (int e = 0; e < NE; e++) acc[i][e] *= cr;
+          m[i] = mn;
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < RB; i++) {
+      const float pr = s[i] == -INFINITY ? 0.0f : exp2f(s[i] - m[i]);  /* <= 2^8 by the lazy rescale */
+      l[i] += pr;
+#pragma unroll
+      for (int e = 0; e < NE; e++) acc[i][e] = fmaf(pr, vx[e], acc[i][e]);
+    }
+  }
+
+  /* merge the KPI key groups of the warp (lanes sub + L g), then the warps through shared memory */
+  for (int o = L; o < 32; o <<= 1) {
+#pragma unroll
+    for (int i = 0; i < RB; i++) {
+      const float mo = __shfl_xor_sync(SA_DEC_FULL, m[i], o), lo_ = __shfl_xor_sync(SA_DEC_FULL, l[i], o);
+      const float mn = fmaxf(m[i], mo);
+      const float wa = m[i] == -INFINITY ? 0.0f : exp2f(m[i] - mn), wb = mo == -INFINITY ? 0.0f : exp2f(mo - mn);
+      l[i] = l[i] * wa + lo_ * wb;
+#pragma unroll
+      for (int e = 0; e < NE; e++) acc[i][e] = acc[i][e] * wa + __shfl_xor_sync(SA_DEC_FULL, acc[i][e], o) * wb;
+      m[i] = mn;
+    }
+  }
+  if (grp == 0) {
+#pragma unroll
+    for (int i = 0; i < RB; i++) {
+      if (sub == 0) { sm_m[warp][i] = m[i]; sm_l[warp][i] = l[i]; }
+#pragma unroll
+      for (int e = 0; e < NE; e++) {
+        const int d = CONTIG ? sub * NE + e : sub + 32 * e;
+        if (d < p.Hv) sm_acc[warp][i][d] = acc[i][e];
+      }
+    }
+  }
+  __syncthreads();
+  const int64_t item = (b * p.K + kh) * dp.splits + c;
+  for (int idx = threadIdx.x; idx < RB * p.Hv; idx += SA_DEC_WARPS * 32) {
+    const int i = idx / (int)p.Hv, d = idx % (int)p.Hv;
+    const int64_t r = r0 + i;
+    if (r >= dp.rows) continue;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < SA_DEC_WARPS; w++) mx = fmaxf(mx, sm_m[w][i]);
+    float o = 0.0f, ls = 0.0f;
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < SA_DEC_WARPS; w++) {
+        const float wt = sm_m[w][i] == -INFINITY ? 0.0f : exp2f(sm_m[w][i] - mx);
+        ls += sm_l[w][i] * wt;
+        o += sm_acc[w][i][d] * wt;
+      }
+      o /= ls;
+    }
+    dp.part_out[(item * dp.rows + r) * p.Hv + d] = o;
+    if (d == 0) dp.part_lse[item * dp.rows + r] = mx == -INFINITY ? -INFINITY : (mx + log2f(ls)) * SA_LN2;
+  }
+}
+
+/* Block-wide max or sum of 128 threads in a fixed tree (deterministic). */
+__device__ __forceinline__ float sa_dec_block_reduce(float x, bool is_max, float *red) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float y = __shfl_xor_sync(SA_DEC_FULL, x, o);
+    x = is_max ? fmaxf(x, y) : x + y;
+  }
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
+  __syncthreads();
+  x = red[0];
+  for (int w = 1; w < SA_DEC_WARPS; w++) x = is_max ? fmaxf(x, red[w]) : x + red[w];
+  return x;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(SA_DEC_WARPS * 32) sa_decode_combine_kernel(const sa_decode_params dp) {
+  extern __shared__ float sm_w[];  /* [splits] weights exp(lse_c - max) */
+  __shared__ float red[SA_DEC_WARPS];
+  const sa_cuda_params &p = dp.p;
+  const int64_t r = blockIdx.x, kh = blockIdx.y, b = blockIdx.z;
+  const int64_t t = r / p.G, n = kh * p.G + r % p.G, C = dp.splits, base = (b * p.K + kh) * C;
+  const float sink = p.softmax == 1 ? 0.0f : p.softmax == 2 ? p.sinks[n] : -INFINITY;
+  const int64_t obase = ((b * p.T + t) * p.N + n) * p.Hv;
+  float mx = -INFINITY;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) mx = fmaxf(mx, dp.part_lse[(base + c) * dp.rows + r]);
+  mx = fmaxf(sa_dec_block_reduce(mx, true, red), sink);
+  if (mx == -INFINITY) {  /* vanilla row with no valid key: out 0, lse -inf */
+    for (int64_t d = threadIdx.x; d < p.Hv; d += blockDim.x) sa_dec_io<T>::store(p.out, obase + d, 0.0f);
+    if (threadIdx.x == 0 && p.lse) p.lse[(b * p.N + n) * p.T + t] = -INFINITY;
+    return;
+  }
+  float sum = 0.0f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const float w = expf(dp.part_lse[(base + c) * dp.rows + r] - mx);
+    sm_w[c] = w;
+    sum += w;
+  }
+  sum = sa_dec_block_reduce(sum, false, red) + expf(sink - mx);  /* the sink, exactly once */
+  const float inv = 1.0f / sum;
+  for (int64_t d = threadIdx.x; d < p.Hv; d += blockDim.x) {
+    float o = 0.0f;
+    for (int64_t c = 0; c < C; c++) o = fmaf(sm_w[c], dp.part_out[((base + c) * dp.rows + r) * p.Hv + d], o);
+    sa_dec_io<T>::store(p.out, obase + d, o * inv);
+  }
+  if (threadIdx.x == 0 && p.lse) p.lse[(b * p.N + n) * p.T + t] = mx + logf(sum);
+}
+
+/* ---- host ------------------------------------------------------------------------------------------ */
+
+static int sa_dec_sm_count(void) {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 132;  /* H100 / H200 */
+  }
+  return n;
+}
+
+/* Splits from the shape and the SM count: ~8 blocks per SM (2 waves of ~4 resident 4-warp blocks) so
+   every SM streams; chunks of at least 256 keys (the partial, rows x (Hv + 1) floats, stays < 4% of the
+   chunk's cache bytes at G = 8, bf16, H = 64); at most 1024 splits (the combine keeps weights in smem). */
+static void sa_dec_plan(const sa_attn *a, sa_decode_params *dp) {
+  const int64_t G = a->q_heads / a->kv_heads, S = a->kv_len;
+  dp->rows = G * a->q_len;
+  dp->rowgroups = (dp->rows + SA_DEC_RB - 1) / SA_DEC_RB;
+  const int64_t blocks = a->batch * a->kv_heads * dp->rowgroups, target = 8 * (int64_t)sa_dec_sm_count();
+  int64_t max_splits = (S + 255) / 256;
+  if (max_splits > SA_DEC_MAX_SPLITS) max_splits = SA_DEC_MAX_SPLITS;
+  if (max_splits < 1) max_splits = 1;
+  int64_t splits = blocks > 0 ? (target + blocks - 1) / blocks : 1;
+  if (splits > max_splits) splits = max_splits;
+  if (splits < 1) splits = 1;
+  int64_t chunk = (S + splits - 1) / splits;
+  chunk = (chunk + 63) / 64 * 64;
+  if (chunk < 64) chunk = 64;
+  dp->chunk = chunk;
+  dp->splits = S > 0 ? (S + chunk - 1) / chunk : 1;
+}
+
+static size_t sa_dec_bytes(const sa_attn *a, const sa_decode_params *dp) {
+  return (size_t)(a->batch * a->kv_heads * dp->splits * dp->rows) * (size_t)(a->v_head_dim + 1) * sizeof(float);
+}
+
+extern "C" sa_status sa_cuda_decode_supported(const sa_attn *a) {
+  if (!sa_cuda_available())
+    return sa_error(SA_ERR_DEVICE, "backend SA_BACKEND_CUDA unavailable: no CUDA device found");
+  if (a->head_dim > SA_DEC_MAXD || a->v_head_dim > SA_DEC_MAXD)
+    return sa_error(SA_ERR_UNSUPPORTED, "head_dim %lld / v_head_dim %lld unsupported by CUDA decode: use <= 256",
+                    (long long)a->head_dim, (long long)a->v_head_dim);
+  if (a->q_segment_ids)
+    return sa_error(SA_ERR_UNSUPPORTED, "q_segment_ids/kv_segment_ids unsupported by CUDA decode: use sa_attn_fwd");
+  const int64_t rg = (a->q_heads / a->kv_heads * a->q_len + SA_DEC_RB - 1) / SA_DEC_RB;
+  if (a->batch > 65535 || a->kv_heads * rg > 65535 || a->kv_len >= ((int64_t)1 << 31))
+    return sa_error(SA_ERR_UNSUPPORTED, "batch %lld / kv_heads x row groups %lld / kv_len %lld unsupported by CUDA "
+                    "decode: must be <= 65535 / <= 65535 / < 2^31",
+                    (long long)a->batch, (long long)(a->kv_heads * rg), (long long)a->kv_len);
+  return SA_OK;
+}
+
+extern "C" size_t sa_cuda_decode_workspace_size(const sa_attn *a) {
+  sa_decode_params dp;
+  sa_dec_plan(a, &dp);
+  return sa_dec_bytes(a, &dp);
+}
+
+template <typename T>
+static void sa_dec_launch(const sa_decode_params &dp, bool contig, cudaStream_t st) {
+  const sa_cuda_params &p = dp.p;
+  dim3 block(SA_DEC_WARPS * 32), g1((unsigned)dp.splits, (unsigned)(p.K * dp.rowgroups), (unsigned)p.B);
+  if (contig)
+    sa_decode_split_kernel<T, true><<<g1, block, 0, st>>>(dp);
+  else
+    sa_decode_split_kernel<T, false><<<g1, block, 0, st>>>(dp);
+  dim3 g2((unsigned)dp.rows, (unsigned)p.K, (unsigned)p.B);
+  sa_decode_combine_kernel<T><<<g2, block, (size_t)dp.splits * sizeof(float), st>>>(dp);
+}
+
+extern "C" sa_status sa_cuda_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_size, void *stream) {
+  sa_decode_params dp;
+  memset(&dp, 0, sizeof dp);
+  sa_dec_plan(a, &dp);
+  if (a->batch == 0 || dp.rows == 0) return SA_OK;
+  if (workspace_size < sa_dec_bytes(a, &dp) || (uintptr_t)workspace % 16 != 0)
+    return sa_error(SA_ERR_INVALID, "workspace of %zu bytes too small or not 16-byte aligned: CUDA decode needs %zu",
+                    workspace_size, sa_dec_bytes(a, &dp));
+  sa_cuda_params &p = dp.p;
+  p.q = a->q; p.k = a->k; p.v = a->v; p.out = a->out; p.lse = a->lse; p.sinks = a->sinks;
+  p.q_lens = a->q_lens; p.kv_lens = a->kv_lens;
+  p.B = a->batch; p.T = a->q_len; p.S = a->kv_len; p.N = a->q_heads; p.K = a->kv_heads;
+  p.G = a->q_heads / a->kv_heads; p.H = a->head_dim; p.Hv = a->v_head_dim;
+  p.scale = sa_scale_of(a);
+  p.scale_log2 = p.scale * SA_LOG2E;
+  p.softmax = (int)a->softmax; p.causal = (int)a->causal;
+  p.wl = a->window_left; p.wr = a->window_right; p.diag_offset = a->diag_offset;
+  dp.part_out = (float *)workspace;
+  dp.part_lse = dp.part_out + a->batch * a->kv_heads * dp.splits * dp.rows * a->v_head_dim;
+
+  const int64_t es = (int64_t)sa_dtype_size(a->dtype), row_bytes = a->head_dim * es;
+  const int64_t lanes = row_bytes / 16;
+  const bool aligned = ((uintptr_t)a->q | (uintptr_t)a->k | (uintptr_t)a->v) % 16 == 0;
+  const bool contig = aligned && a->head_dim == a->v_head_dim && row_bytes % 16 == 0 && lanes >= 1 &&
+                      lanes <= 32 && (lanes & (lanes - 1)) == 0;
+  dp.lanes = contig ? (int)lanes : 32;
+  cudaStream_t st = (cudaStream_t)stream;
+  switch (a->dtype) {
+    case SA_BF16: sa_dec_launch<__nv_bfloat16>(dp, contig, st); break;
+    case SA_F16: sa_dec_launch<__half>(dp, contig, st); break;
+    default: sa_dec_launch<float>(dp, contig, st); break;
+  }
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return sa_error(SA_ERR_DEVICE, "CUDA decode launch failed: %s", cudaGetErrorString(e));
+  return SA_OK;
+}
