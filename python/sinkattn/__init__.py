@@ -3,12 +3,14 @@
     out = sinkattn.dot_product_attention(q, k, v, sinks, is_causal=True, local_window_size=(127, 0))
 
 Submodules: ops (dot_product_attention), primitives (the raw FFI calls), reference (pure jnp twin),
-flax / nnx (modules with a learnable `softmax_offset`), sharding, bench.
+flax / nnx (modules with a learnable `softmax_offset`), sharding, context_parallel (ring attention), bench.
 """
 from ._lib import LibraryNotFoundError, get_num_threads, has_cuda, set_num_threads, simd_name
+from .context_parallel import ring_attention, ring_attention_sharded, zigzag_shard, zigzag_unshard
 from .ops import dot_product_attention
 
 __version__ = "0.1.0"
 
-__all__ = ["dot_product_attention", "LibraryNotFoundError", "has_cuda", "set_num_threads", "get_num_threads",
+__all__ = ["dot_product_attention", "ring_attention", "ring_attention_sharded", "zigzag_shard", "zigzag_unshard",
+           "LibraryNotFoundError", "has_cuda", "set_num_threads", "get_num_threads",
            "simd_name", "__version__"]
