@@ -89,12 +89,13 @@ def implementation(impl):
 
 def arguments(query, key, value, sinks, *, softmax_type, scale, is_causal, causal_alignment, local_window_size,
               query_seq_lengths, key_value_seq_lengths, query_segment_ids, key_value_segment_ids,
-              return_residual):
-  """-> (Options, sinks [N] or None, q_lens, kv_lens, q_seg, kv_seg) with integer arrays as int32."""
+              return_residual, allow_f64=False):
+  """allow_f64: accept float64 q/k/v (the reference computes in it; the kernels do not).
+  -> (Options, sinks [N] or None, q_lens, kv_lens, q_seg, kv_seg) with integer arrays as int32."""
   _check_rank("query", query, 4, "B,T,N,H")
   _check_rank("key", key, 4, "B,S,K,H")
   _check_rank("value", value, 4, "B,S,K,Hv")
-  _check_float("query", query)
+  _check_float("query", query, _FLOATS + ((np.dtype(np.float64),) if allow_f64 else ()))
   for name, x in (("key", key), ("value", value)):
     if np.dtype(x.dtype) != np.dtype(query.dtype):
       raise TypeError(f"{name}: dtype {np.dtype(x.dtype).name} differs from query's {np.dtype(query.dtype).name}: "

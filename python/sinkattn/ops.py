@@ -83,19 +83,22 @@ def dot_product_attention(query, key, value, sinks=None, *, softmax_type=None, s
   Returns out [B,T,N,Hv] in query's dtype, or (out, lse [B,N,T] float32) with return_residual=True.
   Differentiable in query, key, value, sinks (gradient in sinks' shape and dtype) and through lse.
   implementation: None (the fused kernel of the platform; env SINKATTN_IMPLEMENTATION=reference picks the
-  reference), 'fused', or 'reference' (pure jnp, O(T*S) memory: tells a kernel bug from a model bug).
+  reference), 'fused', or 'reference' (pure jnp, O(T*S) memory: tells a kernel bug from a model bug;
+  it also accepts float64 inputs, e.g. for finite-difference checks).
   """
   impl = _validate.implementation(implementation)
+  ref = _use_reference(impl)
   o, sinks, q_lens, kv_lens, q_seg, kv_seg = _validate.arguments(
       query, key, value, sinks, softmax_type=softmax_type, scale=scale, is_causal=is_causal,
       causal_alignment=causal_alignment, local_window_size=local_window_size,
       query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
       query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids,
-      return_residual=return_residual)
+      return_residual=return_residual, allow_f64=ref)
   # Sinks enter the kernels as float32 [N]; autodiff of this reshape/cast returns the gradient in the
   # caller's shape and dtype.
-  s32 = None if sinks is None else sinks.reshape(query.shape[2]).astype(jnp.float32)
-  if _use_reference(impl):
+  sink_dtype = jnp.promote_types(sinks.dtype, jnp.float32) if ref and sinks is not None else jnp.float32
+  s32 = None if sinks is None else sinks.reshape(query.shape[2]).astype(sink_dtype)
+  if ref:
     out, lse = reference.attention(query, key, value, s32, q_lens, kv_lens, q_seg, kv_seg, **_statics(o))
     return (out, lse) if o.return_residual else out
   return _fused(o, query, key, value, s32, q_lens, kv_lens, q_seg, kv_seg)

@@ -1,6 +1,6 @@
 """Pure jnp attention with sinks: the twin of the fused kernels, same arguments as primitives.attn_fwd.
 
-It materialises the [B,N,T,S] scores (O(T*S) memory), accumulates in float32 and is differentiated by
+It materialises the [B,N,T,S] scores (O(T*S) memory), accumulates in float32 (float64 for float64 input) and is differentiated by
 JAX autodiff. Semantics match the C library exactly: lengths clamped to [0,T] / [0,S]; causal and window
 masks around the aligned diagonal i' = i (+ kv_len - q_len when bottom-right) + diag_offset; a row with
 no valid key gives out = 0 and lse = the sink logit (-inf for vanilla); neither the values nor the
@@ -36,9 +36,9 @@ def mask(B, T, S, q_lens, kv_lens, q_seg, kv_seg, *, causal, window_left, window
 
 
 def sink_logits(N, sinks, softmax):
-  """a_n as float32 [N]: -inf, 0 or sinks."""
+  """a_n as float32 [N] (float64 for float64 sinks): -inf, 0 or sinks."""
   if softmax == LEARNABLE:
-    return sinks.astype(jnp.float32).reshape(N)
+    return sinks.astype(jnp.promote_types(sinks.dtype, jnp.float32)).reshape(N)
   return jnp.full((N,), -jnp.inf if softmax == VANILLA else 0.0, jnp.float32)
 
 
@@ -48,12 +48,12 @@ def attention(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, *, softmax: int, c
   B, T, N, H = q.shape
   _, S, K, Hv = v.shape
   G = N // K
-  f32 = jnp.float32
+  f32 = jnp.promote_types(q.dtype, jnp.float32).type  # float32, or float64 for float64 inputs
   qf = q.astype(f32).reshape(B, T, K, G, H)
   s = jnp.einsum("btkgh,bskh->bkgts", qf, k.astype(f32)) * f32(scale)          # [B,K,G,T,S]
   ok = mask(B, T, S, q_lens, kv_lens, q_seg, kv_seg, causal=causal, window_left=window_left,
             window_right=window_right, diag_offset=diag_offset)[:, None, None]   # [B,1,1,T,S]
-  a = sink_logits(N, sinks, softmax).reshape(1, K, G, 1)                          # [1,K,G,1]
+  a = sink_logits(N, sinks, softmax).astype(f32).reshape(1, K, G, 1)                          # [1,K,G,1]
   # Running max seeded with the sink (so huge sinks and empty rows stay finite); it cancels exactly in
   # lse and p, so no gradient flows through it.
   m = jax.lax.stop_gradient(jnp.maximum(jnp.max(jnp.where(ok, s, -jnp.inf), axis=-1), a))

@@ -1,0 +1,70 @@
+"""Shared pytest set-up: the `gpu` marker, the platform fixture (the same suite runs on CPU and, when
+present, on a GPU, where "fused" means the CUDA kernels), input builders and dtype tolerances."""
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped when jax sees none)")
+
+
+def _gpu_devices():
+  try:
+    return jax.devices("gpu")
+  except RuntimeError:
+    return []
+
+
+PLATFORMS = ["cpu", pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not _gpu_devices(), reason="no GPU visible to jax")])]
+
+
+@pytest.fixture(params=PLATFORMS)
+def platform(request):
+  """Runs the test body with jax's default device on the platform; yields its name."""
+  with jax.default_device(jax.devices(request.param)[0]):
+    yield request.param
+
+
+# Error budget of one comparison against the fp64 NumPy reference, relative to the largest reference
+# magnitude (at least 1). Output: one rounding to the dtype (eps/2: f16 4.9e-4, bf16 3.9e-3) plus the
+# rounding of q, k, v products accumulated in fp32 over S <= 128 keys, x4 margin. Gradients see two
+# more roundings (out and dout in the dtype) and sums over T*G rows, hence the larger factors.
+OUT_TOL = {np.dtype(np.float32): 2e-5, np.dtype(jnp.float16): 2e-3, np.dtype(jnp.bfloat16): 1.6e-2}
+GRAD_TOL = {np.dtype(np.float32): 1e-4, np.dtype(jnp.float16): 1e-2, np.dtype(jnp.bfloat16): 6e-2}
+LSE_TOL = {np.dtype(np.float32): 2e-5, np.dtype(jnp.float16): 2e-4, np.dtype(jnp.bfloat16): 2e-4}
+
+
+def f64(x):
+  return None if x is None else np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64)
+
+
+def assert_close(got, want, tol, what):
+  got, want = f64(got), np.asarray(want, np.float64)
+  assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+  assert not np.any(np.isnan(got)), f"{what}: NaN in result"
+  fin = np.isfinite(want)
+  assert np.array_equal(np.isfinite(got), fin), f"{what}: non-finite entries differ"
+  assert np.array_equal(got[~fin], want[~fin]), f"{what}: infinities differ"
+  scale = max(1.0, float(np.max(np.abs(want[fin]), initial=0.0)))
+  err = float(np.max(np.abs(got[fin] - want[fin]), initial=0.0))
+  assert err <= tol * scale, f"{what}: max abs error {err:.3g} > {tol:.3g} x {scale:.3g}"
+
+
+def make_inputs(seed, B=2, T=16, S=16, N=4, K=2, H=16, Hv=None, dtype=jnp.float32, sink_range=10.0):
+  """q, k, v in dtype from N(0, 1) (k scaled by 2 so softmax rows are peaked, not flat) and fp32 sinks
+  from U(-sink_range, sink_range): a wrong or missing sink moves the output by O(1)."""
+  rng = np.random.default_rng(seed)
+  Hv = H if Hv is None else Hv
+  q = jnp.asarray(rng.standard_normal((B, T, N, H)), dtype)
+  k = jnp.asarray(2.0 * rng.standard_normal((B, S, K, H)), dtype)
+  v = jnp.asarray(rng.standard_normal((B, S, K, Hv)), dtype)
+  sinks = jnp.asarray(rng.uniform(-sink_range, sink_range, N), jnp.float32)
+  return q, k, v, sinks
