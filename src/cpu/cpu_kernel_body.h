@@ -224,7 +224,7 @@ static void softmax_step(float *s, float *m, float *l, float *o, int64_t hvp) {
     V_STORE(s + j, p);
     sum = V_ADD(sum, p);
   }
-  float alpha = exp2f(*m - mu);
+  float alpha = *m == mu ? 1.0f : exp2f(*m - mu); /* equal: also +inf == +inf (a +inf sink) */
   *l = *l * alpha + V_RADD(sum);
   if (alpha != 1.0f) scale_row(o, hvp, alpha);
   *m = mnew;
@@ -328,7 +328,8 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
       c->dbuf[lrow] = D;
       B.r1[r] = lse_base2(lse);
       B.r2[r] = D;
-      if (a->softmax == SA_SOFTMAX_LEARNABLE) part += expf(sink - lse) * D;
+      /* As the reference: a row with lse = -inf has no mass; sink == lse (+inf sink) gives mass 1. */
+      if (a->softmax == SA_SOFTMAX_LEARNABLE && lse != -INFINITY) part += (sink == lse ? 1.0f : expf(sink - lse)) * D;
     }
     if (a->softmax == SA_SOFTMAX_LEARNABLE) c->dsink_part[(n * a->batch + b) * c->nqb + qb] = part;
   }
@@ -393,8 +394,9 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   const int64_t T = a->q_len, S = a->kv_len, N = a->q_heads, Kh = a->kv_heads, H = a->head_dim, Hv = a->v_head_dim;
   const int64_t G = c->G, hp = c->hp, hvp = c->hvp, BK = SA_CPU_BK, Q2 = SA_CPU_BQ2;
   const int64_t kb = item % c->nkb, kh = (item / c->nkb) % Kh, b = item / (c->nkb * Kh);
-  const int64_t j0 = kb * BK, nk = SA_MIN(BK, S - j0);
   const int64_t ql = sa_q_len_of(a, b), kl = sa_kv_len_of(a, b);
+  /* Keys in [kl, S) are padding: never loaded (whatever they hold), their dk and dv are 0. */
+  const int64_t j0 = kb * BK, nall = SA_MIN(BK, S - j0), nk = SA_MAX(0, SA_MIN(nall, kl - j0));
   sa_bufs B;
   carve(c, SA_CPU_BWD_DKDV, ws, &B);
   for (int64_t jj = 0; jj < nk; jj++) {
@@ -404,7 +406,8 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   }
   memset(B.acc, 0, (size_t)(nk * hp) * sizeof(float));
   memset(B.acc2, 0, (size_t)(nk * hvp) * sizeof(float));
-  const int64_t ib = first_row(a, ql, kl, 0, ql, j0, 1), ie = first_row(a, ql, kl, ib, ql, j0 + nk, 0);
+  const int64_t ib = first_row(a, ql, kl, 0, ql, j0, 1);
+  const int64_t ie = nk > 0 ? first_row(a, ql, kl, ib, ql, j0 + nk, 0) : ib;
   sa_range rg[SA_CPU_BQ2];
 
   for (int64_t i0 = ib; i0 < ie; i0 += Q2) {
@@ -451,7 +454,9 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
       gemm(nk, hp, np, B.dp, Q2, B.q, hp, B.acc, hp, 1); /* dk += dS^T q (scale applied at the end) */
     }
   }
-  for (int64_t jj = 0; jj < nk; jj++) {
+  memset(B.acc + nk * hp, 0, (size_t)((nall - nk) * hp) * sizeof(float));
+  memset(B.acc2 + nk * hvp, 0, (size_t)((nall - nk) * hvp) * sizeof(float));
+  for (int64_t jj = 0; jj < nall; jj++) {
     int64_t row = (b * S + j0 + jj) * Kh + kh;
     put(gr->dk, dt, row * H, B.acc + jj * hp, H, c->scale);
     put(gr->dv, dt, row * Hv, B.acc2 + jj * hvp, Hv, 1.0f);
