@@ -193,11 +193,11 @@ static int sa_ffi_can_fold(const sa_ffi_call *c) {
 static XLA_FFI_Error *sa_ffi_run(XLA_FFI_CallFrame *f, sa_ffi_call *c, sa_backend be, void *stream) {
   sa_attn a;
   sa_attn_grad gr;
-  if (be == SA_BACKEND_CPU) {
+  if (be == SA_BACKEND_CPU && c->g.cells > 0) { /* an empty vmap grid has no cell 0 to bind */
     /* Cell 0 stands for all: support depends on sizes and options only. A configuration the CPU
        backend declines still runs, on the (slower, fp64) reference. */
     sa_ffi_bind(c, 0, &a, NULL);
-    if (c->g.cells > 0 && sa_attn_check(&a, SA_BACKEND_CPU) == SA_ERR_UNSUPPORTED) be = SA_BACKEND_REF;
+    if (sa_attn_check(&a, SA_BACKEND_CPU) == SA_ERR_UNSUPPORTED) be = SA_BACKEND_REF;
   }
   int fold = sa_ffi_can_fold(c);
   size_t ws_total = c->v[V_WS].present ? (size_t)(c->v[V_WS].base_count * (c->g.cells ? c->g.cells : 1)) : 0;
