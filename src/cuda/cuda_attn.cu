@@ -42,17 +42,15 @@ static sa_status sa_cuda_aligned(const void *ptr, const char *name) {
 }
 
 extern "C" sa_status sa_cuda_attn_supported(const sa_attn *a) {
-  if (!sa_cuda_available())
-    return sa_error(SA_ERR_DEVICE, "backend SA_BACKEND_CUDA unavailable: no CUDA device found");
-  if (a->dtype == SA_F32)
-    return sa_error(SA_ERR_UNSUPPORTED, "dtype SA_F32 unsupported by CUDA backend: use SA_F16 or SA_BF16 "
-                    "(the tensor cores run 16-bit inputs; the Python layer falls back for f32)");
   if (!sa_cuda_dim_ok(a->head_dim))
     return sa_error(SA_ERR_UNSUPPORTED, "head_dim %lld unsupported by CUDA backend: use 32, 64, 96, 128, 192 or 256",
                     (long long)a->head_dim);
   if (!sa_cuda_dim_ok(a->v_head_dim))
     return sa_error(SA_ERR_UNSUPPORTED, "v_head_dim %lld unsupported by CUDA backend: use 32, 64, 96, 128, 192 or 256",
                     (long long)a->v_head_dim);
+  if (a->dtype == SA_F32)
+    return sa_error(SA_ERR_UNSUPPORTED, "dtype SA_F32 unsupported by CUDA backend: use SA_F16 or SA_BF16 "
+                    "(the tensor cores run 16-bit inputs; the Python layer falls back for f32)");
   /* lengths and key indices are 32-bit in the kernels; grid y, z are (kv head, batch) */
   if (a->q_len >= (1 << 30) || a->kv_len >= (1 << 30))
     return sa_error(SA_ERR_UNSUPPORTED, "q_len %lld / kv_len %lld unsupported by CUDA backend: must be < 2^30",
@@ -62,6 +60,8 @@ extern "C" sa_status sa_cuda_attn_supported(const sa_attn *a) {
   if (a->batch > 65535 || a->q_heads > 65535)
     return sa_error(SA_ERR_UNSUPPORTED, "batch %lld / q_heads %lld unsupported by CUDA backend: must be <= 65535",
                     (long long)a->batch, (long long)a->q_heads);
+  if (!sa_cuda_available())
+    return sa_error(SA_ERR_DEVICE, "backend SA_BACKEND_CUDA unavailable: no CUDA device found");
   sa_status s;
   if ((s = sa_cuda_aligned(a->q, "q")) != SA_OK || (s = sa_cuda_aligned(a->k, "k")) != SA_OK ||
       (s = sa_cuda_aligned(a->v, "v")) != SA_OK || (s = sa_cuda_aligned(a->out, "out")) != SA_OK)

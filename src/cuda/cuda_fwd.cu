@@ -180,10 +180,15 @@ __global__ void __launch_bounds__(SA_NT) sa_fwd_kernel(const sa_cuda_params p) {
       int64_t i = P / p.G, n = kvh * p.G + (P - i * p.G);
       float a = p.softmax == 2 ? p.sinks[n] : p.softmax == 1 ? 0.0f : -INFINITY, f = 0.0f, lse = a;
       if (i < ql && m[mi][h] != -INFINITY) { /* else no valid key: out = 0, lse = a exactly */
-        float a2 = a * SA_LOG2E, M = fmaxf(m[mi][h], a2), w = exp2f(m[mi][h] - M);
-        float ltot = lsum * w + exp2f(a2 - M); /* >= 1: the larger of the two terms is 2^0 */
+        /* The larger of m and a contributes 2^0 = 1 exactly (no inf - inf for a = +inf); lse is
+           formed from the larger one in the natural-log domain, so a dominant sink (1e4, +inf) gives
+           lse = a exactly and a NaN sink gives NaN. */
+        const float a2 = a * SA_LOG2E, mm = m[mi][h];
+        const bool sink_max = a2 >= mm;
+        const float w = sink_max ? exp2f(mm - a2) : 1.0f;
+        const float ltot = lsum * w + (sink_max ? 1.0f : exp2f(a2 - mm));
         f = w / ltot;
-        lse = (M + log2f(ltot)) * SA_LN2;
+        lse = (sink_max ? a : mm * SA_LN2) + logf(ltot);
       }
       T *o = (T *)p.out + ((b * p.T + i) * p.N + n) * p.Hv;
 #pragma unroll

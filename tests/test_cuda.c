@@ -1,0 +1,321 @@
+/*
+ * test_cuda.c — SA_BACKEND_CUDA against SA_BACKEND_REF (fp64) on a table of cases covering every mask
+ * (lengths with clamped values, causal top-left / bottom-right, windows, diag_offset, segments), the
+ * three softmax types with sinks drawn from U(-10, 10) or U(-50, 50), empty rows, GQA, Hv != H, odd
+ * sizes (37, 129), all head dims and both 16-bit dtypes. Outputs are NaN-poisoned before each call,
+ * padding (q rows past q_len, k/v rows past kv_len) holds NaN, and the backward is run three times
+ * (deterministic = 1 twice, 0 once): all three must agree bitwise. Exit 77 (skipped) without a GPU.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sa_internal.h"
+
+#ifndef SINKATTN_WITH_CUDA
+int main(void) {
+  printf("test_cuda: SKIPPED: sinkattn was built without CUDA (nvcc not found at configure time)\n");
+  return 77;
+}
+#else
+#include <cuda_runtime_api.h>
+
+typedef struct {
+  const char *name;
+  sa_dtype dt;
+  int64_t B, T, S, N, K, H, Hv;
+  sa_softmax sm;
+  sa_causal causal;
+  int64_t wl, wr, diag;
+  int lens, segs, dlse; /* lens: 1 random, 2 with out-of-range values that clamp */
+  float sink_range;     /* sinks ~ U(-r, r); 0: the special values +inf, -inf, 1e4, -1e4, ... */
+} tc_case;
+
+static const tc_case tc_cases[] = {
+    {"odd 37x129", SA_BF16, 2, 37, 129, 4, 4, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
+    {"odd 129x37 causal", SA_BF16, 2, 129, 37, 8, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 10},
+    {"bottom-right lens", SA_BF16, 2, 64, 200, 4, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 1, 0, 0, 10},
+    {"window 31,0", SA_BF16, 1, 200, 200, 8, 2, 128, 128, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_TOP_LEFT, 31, 0, 0, 0, 0, 0, 10},
+    {"window 20,10 lens", SA_BF16, 2, 100, 150, 2, 2, 32, 32, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, 20, 10, 0, 1, 0, 1, 10},
+    {"segments", SA_BF16, 2, 96, 96, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 1, 0, 10},
+    {"segments causal lens", SA_BF16, 2, 130, 130, 6, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 1, 1, 1, 10},
+    {"H96 causal", SA_BF16, 1, 150, 150, 2, 1, 96, 96, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 0, 10},
+    {"H192", SA_BF16, 1, 70, 90, 2, 2, 192, 192, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 1, 10},
+    {"H256 bottom-right", SA_BF16, 1, 65, 97, 2, 1, 256, 256, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 0, 0, 0, 10},
+    {"H128 Hv64", SA_BF16, 2, 40, 60, 6, 2, 128, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 1, 10},
+    {"H64 Hv128 causal", SA_BF16, 1, 50, 80, 4, 2, 64, 128, SA_SOFTMAX_VANILLA, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 0, 10},
+    {"H32 Hv256", SA_BF16, 1, 33, 47, 2, 1, 32, 256, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
+    {"f16 causal", SA_F16, 2, 77, 77, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 10},
+    {"f16 window H128", SA_F16, 1, 160, 160, 4, 4, 128, 128, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_TOP_LEFT, 63, 0, 0, 1, 0, 0, 10},
+    {"f16 H256", SA_F16, 1, 40, 70, 2, 2, 256, 256, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
+    {"sinks +-50", SA_BF16, 2, 64, 64, 4, 4, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 1, 50},
+    {"sinks +-50 causal f16", SA_F16, 1, 70, 70, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 0, 50},
+    {"diag_offset 150 window", SA_BF16, 1, 64, 256, 2, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, 100, -1, 150, 0, 0, 0, 10},
+    {"diag_offset -20 vanilla", SA_BF16, 1, 64, 64, 2, 1, 64, 64, SA_SOFTMAX_VANILLA, SA_CAUSAL_TOP_LEFT, -1, -1, -20, 0, 0, 1, 10},
+    {"clamped lens vanilla", SA_BF16, 3, 50, 70, 4, 2, 64, 64, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, -1, -1, 0, 2, 0, 1, 10},
+    {"clamped lens learnable BR", SA_BF16, 3, 50, 70, 4, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 2, 0, 1, 10},
+    {"S = 0", SA_BF16, 1, 16, 0, 2, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 1, 10},
+    {"T = 0", SA_BF16, 1, 0, 16, 2, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
+    {"GQA 8 bottom-right", SA_BF16, 1, 33, 100, 8, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 0, 0, 1, 10},
+    {"GQA 3 window BR lens segs", SA_BF16, 2, 90, 120, 6, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_BOTTOM_RIGHT, 40, 5, 0, 1, 1, 1, 10},
+    {"decode T = 1", SA_BF16, 2, 1, 300, 8, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 0, 0, 0, 10},
+    {"512 causal H128", SA_BF16, 1, 512, 512, 2, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 10},
+    {"gpt-oss window", SA_BF16, 1, 300, 300, 8, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, 127, 0, 0, 0, 0, 0, 10},
+    {"300x700 BR window lens", SA_BF16, 1, 300, 700, 4, 1, 64, 64, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_BOTTOM_RIGHT, 128, 0, 0, 1, 0, 0, 10},
+    {"special sinks", SA_BF16, 1, 40, 40, 8, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 0},
+};
+
+static int tc_pass, tc_fail;
+
+#define TC_CUDA(x)                                                                  \
+  do {                                                                              \
+    cudaError_t e_ = (x);                                                           \
+    if (e_ != cudaSuccess) {                                                        \
+      printf("FATAL %s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      exit(1);                                                                      \
+    }                                                                               \
+  } while (0)
+
+static void tc_check(int ok, const tc_case *c, const char *fmt, double x, double tol) {
+  if (ok) { tc_pass++; return; }
+  tc_fail++;
+  printf("FAIL [%s] ", c->name);
+  printf(fmt, x, tol);
+  printf("\n");
+}
+
+static double tc_rand(uint64_t *s) { /* splitmix64 -> U[0, 1) */
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return (double)((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static void *tc_dev(size_t bytes, const void *host) {
+  void *d = NULL;
+  TC_CUDA(cudaMalloc(&d, bytes ? bytes : 16));
+  if (host && bytes) TC_CUDA(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
+  else TC_CUDA(cudaMemset(d, 0xff, bytes ? bytes : 16)); /* NaN in f32, f16 and bf16 */
+  return d;
+}
+static void tc_get(void *host, const void *dev, size_t bytes) {
+  if (bytes) TC_CUDA(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
+}
+
+/* ||x - r|| / ||r|| over n elements of dtype t; any non-finite x where r is finite counts as failure. */
+static double tc_relerr(const void *x, const void *r, sa_dtype t, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double a = sa_load(x, t, i), b = sa_load(r, t, i);
+    if (!isfinite(b)) continue;
+    if (!isfinite(a)) return INFINITY;
+    num += (a - b) * (a - b);
+    den += b * b;
+  }
+  if (den == 0) return sqrt(num) > 1e-6 ? INFINITY : 0.0;
+  return sqrt(num / den);
+}
+
+static void tc_run(const tc_case *c, uint64_t seed) {
+  const int64_t B = c->B, T = c->T, S = c->S, N = c->N, K = c->K, H = c->H, Hv = c->Hv;
+  const size_t es = sa_dtype_size(c->dt);
+  const int64_t nq = B * T * N * H, nk = B * S * K * H, nv = B * S * K * Hv, no = B * T * N * Hv, nl = B * N * T;
+  uint64_t s = seed;
+  void *q = malloc(nq * es + 16), *k = malloc(nk * es + 16), *v = malloc(nv * es + 16);
+  void *dout = malloc(no * es + 16), *out_r = malloc(no * es + 16), *out_c = malloc(no * es + 16);
+  float *lse_r = malloc(nl * 4 + 16), *lse_c = malloc(nl * 4 + 16), *dlse = malloc(nl * 4 + 16);
+  float *sinks = malloc(N * 4 + 16), *ds_r = malloc(N * 4 + 16), *ds_c = malloc(N * 4 + 16);
+  void *g_r[3], *g_c[3][3];
+  int64_t gn[3] = {nq, nk, nv};
+  for (int x = 0; x < 3; x++) {
+    g_r[x] = malloc(gn[x] * es + 16);
+    for (int y = 0; y < 3; y++) g_c[y][x] = malloc(gn[x] * es + 16);
+  }
+  int32_t *ql = malloc(B * 4 + 16), *kl = malloc(B * 4 + 16), *qs = malloc(B * T * 4 + 16), *ks = malloc(B * S * 4 + 16);
+  float ds_c2[64], ds_c3[64];
+
+  for (int64_t b = 0; b < B; b++) {
+    ql[b] = (int32_t)(T * (0.3 + 0.7 * tc_rand(&s)));
+    kl[b] = (int32_t)(S * (0.3 + 0.7 * tc_rand(&s)));
+    if (c->lens == 2) { /* out-of-range values clamp: -3 acts as 0, 1e9 as the full length */
+      if (b == 0) ql[b] = -3;
+      if (b == 1) { ql[b] = 1000000000; kl[b] = 1000000000; }
+      if (b == 2) kl[b] = -5;
+    }
+  }
+  for (int64_t b = 0; b < B; b++) { /* segments: runs of random length, ids increasing in both */
+    int32_t id = 0;
+    for (int64_t i = 0; i < T; i++) { if (tc_rand(&s) < 0.05) id++; qs[b * T + i] = id; }
+    id = 0;
+    for (int64_t j = 0; j < S; j++) { if (tc_rand(&s) < 0.04) id++; ks[b * S + j] = id; }
+  }
+  sa_attn a;
+  sa_attn_init(&a);
+  a.dtype = c->dt; a.batch = B; a.q_len = T; a.kv_len = S; a.q_heads = N; a.kv_heads = K;
+  a.head_dim = H; a.v_head_dim = Hv; a.softmax = c->sm; a.causal = c->causal;
+  a.window_left = c->wl; a.window_right = c->wr; a.diag_offset = c->diag;
+  int64_t qlen_of[8], klen_of[8];
+  for (int64_t b = 0; b < B; b++) {
+    qlen_of[b] = c->lens ? sa_clamp64(ql[b], 0, T) : T;
+    klen_of[b] = c->lens ? sa_clamp64(kl[b], 0, S) : S;
+  }
+  /* data: U(-2, 2) so scores spread over a few units; padding rows NaN (they must never be read) */
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t i = 0; i < T; i++)
+      for (int64_t e = 0; e < N * H; e++) {
+        int64_t idx = (b * T + i) * N * H + e;
+        sa_store(q, c->dt, idx, i < qlen_of[b] ? (float)(4 * tc_rand(&s) - 2) : NAN);
+      }
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t j = 0; j < S; j++) {
+      for (int64_t e = 0; e < K * H; e++)
+        sa_store(k, c->dt, (b * S + j) * K * H + e, j < klen_of[b] ? (float)(4 * tc_rand(&s) - 2) : NAN);
+      for (int64_t e = 0; e < K * Hv; e++)
+        sa_store(v, c->dt, (b * S + j) * K * Hv + e, j < klen_of[b] ? (float)(2 * tc_rand(&s) - 1) : NAN);
+    }
+  for (int64_t i = 0; i < no; i++) sa_store(dout, c->dt, i, (float)(2 * tc_rand(&s) - 1));
+  for (int64_t i = 0; i < nl; i++) dlse[i] = (float)(2 * tc_rand(&s) - 1);
+  static const float special[8] = {INFINITY, -INFINITY, 1e4f, -1e4f, 0.0f, 3.0f, -3.0f, 50.0f};
+  for (int64_t n = 0; n < N; n++)
+    sinks[n] = c->sink_range > 0 ? (float)((2 * tc_rand(&s) - 1) * c->sink_range) : special[n % 8];
+  a.sinks = c->sm == SA_SOFTMAX_LEARNABLE ? sinks : NULL;
+  a.q_lens = c->lens ? ql : NULL; a.kv_lens = c->lens ? kl : NULL;
+  a.q_segment_ids = c->segs ? qs : NULL; a.kv_segment_ids = c->segs ? ks : NULL;
+
+  /* reference */
+  a.q = q; a.k = k; a.v = v; a.out = out_r; a.lse = lse_r;
+  sa_status st = sa_attn_fwd(&a, SA_BACKEND_REF, NULL);
+  sa_attn_grad g = {0};
+  g.dout = dout; g.dlse = c->dlse ? dlse : NULL; g.dq = g_r[0]; g.dk = g_r[1]; g.dv = g_r[2];
+  g.dsinks = c->sm == SA_SOFTMAX_LEARNABLE ? ds_r : NULL;
+  if (st == SA_OK) st = sa_attn_bwd(&a, &g, NULL, 0, SA_BACKEND_REF, NULL);
+  tc_check(st == SA_OK, c, "reference failed %g %g", (double)st, 0);
+
+  /* CUDA: device copies, outputs poisoned */
+  sa_attn d = a;
+  d.q = tc_dev(nq * es, q); d.k = tc_dev(nk * es, k); d.v = tc_dev(nv * es, v);
+  d.out = tc_dev(no * es, NULL); d.lse = tc_dev(nl * 4, NULL);
+  d.sinks = a.sinks ? tc_dev(N * 4, sinks) : NULL;
+  d.q_lens = c->lens ? tc_dev(B * 4, ql) : NULL; d.kv_lens = c->lens ? tc_dev(B * 4, kl) : NULL;
+  d.q_segment_ids = c->segs ? tc_dev(B * T * 4, qs) : NULL; d.kv_segment_ids = c->segs ? tc_dev(B * S * 4, ks) : NULL;
+  st = sa_attn_fwd(&d, SA_BACKEND_CUDA, NULL);
+  tc_check(st == SA_OK, c, "CUDA forward status %g %g", (double)st, 0);
+  if (st != SA_OK) printf("  %s\n", sa_last_error());
+  TC_CUDA(cudaDeviceSynchronize());
+  tc_get(out_c, d.out, no * es);
+  tc_get(lse_c, d.lse, nl * 4);
+  const double tol = c->dt == SA_BF16 ? 2e-2 : 1e-2;
+  double e = tc_relerr(out_c, out_r, c->dt, no);
+  tc_check(e <= tol, c, "out rel err %.3g > %.3g", e, tol);
+  double lerr = 0;
+  int lbad = 0;
+  for (int64_t i = 0; i < nl; i++) {
+    if (isnan(lse_r[i]) != isnan(lse_c[i]) || (isinf(lse_r[i]) && lse_r[i] != lse_c[i])) lbad++;
+    else if (isfinite(lse_r[i])) lerr = fmax(lerr, fabs(lse_c[i] - lse_r[i]) / fmax(1.0, fabs(lse_r[i])));
+  }
+  tc_check(lbad == 0, c, "lse: %g non-finite mismatches (tol %g)", lbad, 0);
+  tc_check(lerr <= 1e-4, c, "lse max rel err %.3g > %.3g", lerr, 1e-4);
+  /* empty rows (i >= q_len): out exactly 0, lse exactly the sink logit */
+  int ebad = 0;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t i = qlen_of[b]; i < T; i++)
+      for (int64_t n = 0; n < N; n++) {
+        float sk = sa_sink_logit(&a, n);
+        uint32_t u1, u2;
+        memcpy(&u1, &lse_c[(b * N + n) * T + i], 4);
+        memcpy(&u2, &sk, 4);
+        if (u1 != u2) ebad++;
+        for (int64_t x = 0; x < Hv; x++)
+          if (sa_load(out_c, c->dt, ((b * T + i) * N + n) * Hv + x) != 0.0f) ebad++;
+      }
+  tc_check(ebad == 0, c, "empty rows: %g elements not exactly out 0 / lse sink (tol %g)", ebad, 0);
+
+  /* backward from the reference's out and lse, so only the backward kernels are compared */
+  TC_CUDA(cudaMemcpy(d.out, out_r, no * es, cudaMemcpyHostToDevice));
+  TC_CUDA(cudaMemcpy(d.lse, lse_r, nl * 4, cudaMemcpyHostToDevice));
+  sa_attn_grad dg = {0};
+  dg.dout = tc_dev(no * es, dout);
+  dg.dlse = c->dlse ? tc_dev(nl * 4, dlse) : NULL;
+  for (int rep = 0; rep < 3; rep++) {
+    dg.dq = tc_dev(nq * es, NULL); dg.dk = tc_dev(nk * es, NULL); dg.dv = tc_dev(nv * es, NULL);
+    dg.dsinks = g.dsinks ? tc_dev(N * 4, NULL) : NULL;
+    dg.deterministic = rep < 2;
+    size_t ws = sa_attn_bwd_workspace_size(&d, SA_BACKEND_CUDA);
+    void *w = tc_dev(ws, NULL);
+    st = sa_attn_bwd(&d, &dg, w, ws, SA_BACKEND_CUDA, NULL);
+    tc_check(st == SA_OK, c, "CUDA backward status %g %g", (double)st, 0);
+    if (st != SA_OK) printf("  %s\n", sa_last_error());
+    TC_CUDA(cudaDeviceSynchronize());
+    tc_get(g_c[rep][0], dg.dq, nq * es); tc_get(g_c[rep][1], dg.dk, nk * es); tc_get(g_c[rep][2], dg.dv, nv * es);
+    if (dg.dsinks) tc_get(rep == 0 ? ds_c : rep == 1 ? ds_c2 : ds_c3, dg.dsinks, N * 4);
+    TC_CUDA(cudaFree(dg.dq)); TC_CUDA(cudaFree(dg.dk)); TC_CUDA(cudaFree(dg.dv)); TC_CUDA(cudaFree(w));
+    if (dg.dsinks) TC_CUDA(cudaFree(dg.dsinks));
+  }
+  static const char *gname[3] = {"dq", "dk", "dv"};
+  const double gtol = c->dt == SA_BF16 ? 3e-2 : 2e-2;
+  for (int x = 0; x < 3; x++) {
+    e = tc_relerr(g_c[0][x], g_r[x], c->dt, gn[x]);
+    char msg[96];
+    snprintf(msg, sizeof msg, "%s rel err %%.3g > %%.3g", gname[x]);
+    tc_check(e <= gtol, c, msg, e, gtol);
+    int same = memcmp(g_c[0][x], g_c[1][x], gn[x] * es) == 0 && memcmp(g_c[0][x], g_c[2][x], gn[x] * es) == 0;
+    snprintf(msg, sizeof msg, "%s differs bitwise between runs (%%g %%g)", gname[x]);
+    tc_check(same, c, msg, 0, 0);
+  }
+  if (g.dsinks) {
+    double num = 0, den = 0;
+    int bad = 0;
+    for (int64_t n = 0; n < N; n++) {
+      if (!isfinite(ds_r[n])) continue; /* +inf sink: unspecified */
+      if (!isfinite(ds_c[n])) bad++;
+      num += (ds_c[n] - ds_r[n]) * (ds_c[n] - ds_r[n]);
+      den += (double)ds_r[n] * ds_r[n];
+    }
+    double de = bad ? INFINITY : den > 0 ? sqrt(num / den) : sqrt(num);
+    tc_check(de <= 2e-3, c, "dsinks rel err %.3g > %.3g", de, 2e-3);
+    tc_check(memcmp(ds_c, ds_c2, N * 4) == 0 && memcmp(ds_c, ds_c3, N * 4) == 0, c,
+             "dsinks differ bitwise between runs (%g %g)", 0, 0);
+  }
+  const void *dp[] = {d.q, d.k, d.v, d.out, d.lse, d.sinks, d.q_lens, d.kv_lens, d.q_segment_ids,
+                      d.kv_segment_ids, dg.dout, dg.dlse};
+  for (size_t x = 0; x < sizeof dp / sizeof dp[0]; x++)
+    if (dp[x]) TC_CUDA(cudaFree((void *)dp[x]));
+  printf("%-28s out %.2e  lse %.2e  dq %.2e  dk %.2e  dv %.2e\n", c->name, tc_relerr(out_c, out_r, c->dt, no), lerr,
+         tc_relerr(g_c[0][0], g_r[0], c->dt, nq), tc_relerr(g_c[0][1], g_r[1], c->dt, nk),
+         tc_relerr(g_c[0][2], g_r[2], c->dt, nv));
+  free(q); free(k); free(v); free(dout); free(out_r); free(out_c); free(lse_r); free(lse_c); free(dlse);
+  free(sinks); free(ds_r); free(ds_c); free(ql); free(kl); free(qs); free(ks);
+  for (int x = 0; x < 3; x++) {
+    free(g_r[x]);
+    for (int y = 0; y < 3; y++) free(g_c[y][x]);
+  }
+}
+
+/* What the backend refuses, with a message naming the field. */
+static void tc_unsupported(void) {
+  static const tc_case c = {"unsupported", SA_BF16, 1, 4, 4, 2, 1, 72, 72, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 0};
+  sa_attn a;
+  sa_attn_init(&a);
+  a.dtype = SA_BF16; a.batch = 1; a.q_len = 4; a.kv_len = 4; a.q_heads = 2; a.kv_heads = 1;
+  a.head_dim = 72; a.v_head_dim = 64;
+  sa_status s = sa_cuda_attn_supported(&a);
+  tc_check(s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "head_dim 72"), &c, "head_dim 72 accepted (%g %g)", s, 0);
+  a.head_dim = 64;
+  a.dtype = SA_F32;
+  s = sa_cuda_attn_supported(&a);
+  tc_check(s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "SA_F32"), &c, "f32 accepted (%g %g)", s, 0);
+}
+
+int main(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    printf("test_cuda: SKIPPED: no CUDA device present (the CUDA backend is built but cannot run here)\n");
+    return 77;
+  }
+  tc_unsupported();
+  for (size_t i = 0; i < sizeof tc_cases / sizeof tc_cases[0]; i++) tc_run(&tc_cases[i], 1234 + 77 * i);
+  printf("test_cuda: %d passed, %d failed (%zu cases)\n", tc_pass, tc_fail, sizeof tc_cases / sizeof tc_cases[0]);
+  return tc_fail ? 1 : 0;
+}
+#endif
