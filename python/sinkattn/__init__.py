@@ -7,10 +7,11 @@ flax / nnx (modules with a learnable `softmax_offset`), sharding, context_parall
 """
 from ._lib import LibraryNotFoundError, get_num_threads, has_cuda, set_num_threads, simd_name
 from .context_parallel import ring_attention, ring_attention_sharded, zigzag_shard, zigzag_unshard
+from .decode import decode_attention
 from .ops import dot_product_attention
 
 __version__ = "0.1.0"
 
-__all__ = ["dot_product_attention", "ring_attention", "ring_attention_sharded", "zigzag_shard", "zigzag_unshard",
+__all__ = ["dot_product_attention", "decode_attention", "ring_attention", "ring_attention_sharded", "zigzag_shard", "zigzag_unshard",
            "LibraryNotFoundError", "has_cuda", "set_num_threads", "get_num_threads",
            "simd_name", "__version__"]

@@ -17,6 +17,8 @@ LIB_NAME = "libsinkattn_jax.so"
 FWD_TARGET = "sinkattn_fwd"          # platforms "cpu" and "CUDA"
 BWD_TARGET = "sinkattn_bwd"          # "cpu": results dq dk dv dsinks
 BWD_TARGET_CUDA = "sinkattn_bwd_cuda"  # "CUDA": results dq dk dv dsinks workspace
+DECODE_TARGET = "sinkattn_decode"          # "cpu": results out lse (decode.py)
+DECODE_TARGET_CUDA = "sinkattn_decode_cuda"  # "CUDA": results out lse workspace
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_DIR = os.path.dirname(os.path.dirname(_PKG_DIR))
@@ -48,6 +50,8 @@ def _declare(lib):
   lib.sa_jax_bwd_workspace_size.argtypes = [c_int] + [i64] * 7 + [c_int, c_int, i64, i64, i64, c_int, c_int,
                                                                    c_int]
   lib.sa_jax_ffi_api_version.restype = c_int
+  lib.sa_jax_decode_workspace_size.restype = ctypes.c_size_t
+  lib.sa_jax_decode_workspace_size.argtypes = [c_int] + [i64] * 7 + [c_int]
   lib.sa_cpu_set_num_threads.argtypes = [c_int]
   lib.sa_cpu_get_num_threads.restype = c_int
   lib.sa_cpu_simd_name.restype = ctypes.c_char_p
@@ -57,9 +61,11 @@ def _register(lib):
   cap = jax.ffi.pycapsule
   jax.ffi.register_ffi_target(FWD_TARGET, cap(lib.sa_jax_attn_fwd_cpu), platform="cpu")
   jax.ffi.register_ffi_target(BWD_TARGET, cap(lib.sa_jax_attn_bwd_cpu), platform="cpu")
+  jax.ffi.register_ffi_target(DECODE_TARGET, cap(lib.sa_jax_decode_fwd_cpu), platform="cpu")
   if lib.sa_has_cuda():
     jax.ffi.register_ffi_target(FWD_TARGET, cap(lib.sa_jax_attn_fwd_cuda), platform="CUDA")
     jax.ffi.register_ffi_target(BWD_TARGET_CUDA, cap(lib.sa_jax_attn_bwd_cuda), platform="CUDA")
+    jax.ffi.register_ffi_target(DECODE_TARGET_CUDA, cap(lib.sa_jax_decode_fwd_cuda), platform="CUDA")
 
 
 def load():
@@ -103,6 +109,11 @@ def bwd_workspace_size(dtype_code, B, T, S, N, K, H, Hv, softmax, causal, window
   return int(load().sa_jax_bwd_workspace_size(dtype_code, B, T, S, N, K, H, Hv, softmax, causal,
                                               window_left, window_right, diag_offset, int(has_lengths),
                                               int(has_segments), backend))
+
+
+def decode_workspace_size(dtype_code, B, T, S, N, K, H, Hv, backend):
+  """Bytes of decode workspace (at least 1) for this shape on backend (an sa_backend value)."""
+  return int(load().sa_jax_decode_workspace_size(dtype_code, B, T, S, N, K, H, Hv, backend))
 
 
 def set_num_threads(n: int) -> None:
