@@ -166,6 +166,23 @@ static void t_invalid_group(void) {
     ti_pass += ok1 && ok2;
   }
 
+  /* the workspace query: 0 for an invalid problem (sa_attn_bwd then says why) and for REF */
+  {
+    sa_attn a;
+    sa_attn_grad g;
+    t_inv_base(&a, &g);
+    size_t w_ref = sa_attn_bwd_workspace_size(&a, SA_BACKEND_REF), w_null = sa_attn_bwd_workspace_size(NULL, SA_BACKEND_CPU);
+    size_t w_be = sa_attn_bwd_workspace_size(&a, (sa_backend)5);
+    a.kv_heads = 3;
+    size_t w_bad = sa_attn_bwd_workspace_size(&a, SA_BACKEND_CPU);
+    int ok = w_ref == 0 && w_null == 0 && w_be == 0 && w_bad == 0;
+    if (!ok) t_report("sa_attn_bwd_workspace_size: REF %zu, NULL attn %zu, bad backend %zu, bad kv_heads %zu (all must be 0)",
+                      w_ref, w_null, w_be, w_bad);
+    t_count(ok);
+    ti_total++;
+    ti_pass += ok;
+  }
+
   /* status names */
   static const char *names[] = {"SA_OK", "SA_ERR_INVALID", "SA_ERR_UNSUPPORTED", "SA_ERR_NO_MEMORY",
                                 "SA_ERR_DEVICE"};
