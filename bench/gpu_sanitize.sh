@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# bench/gpu_sanitize.sh — compute-sanitizer over the GPU tests, on the H200 test machine (no package
+# registry: needs only what is there: cmake, nvcc, compute-sanitizer, python with jax + pytest).
+#
+#   bench/gpu_sanitize.sh            (from the repository root; logs and summary.txt go to $OUT)
+#
+# 1. builds build-gpusan/ (CUDA + FFI handlers, RelWithDebInfo, -lineinfo from CMakeLists) with cmake;
+# 2. runs tests/test_cuda under memcheck (with leak check), racecheck, initcheck and synccheck, on every
+#    SA_TEST_CUDA_STRIDE-th case (default 8: the sanitizers slow kernels ~100x);
+# 3. runs a small pytest subset (the gpu-marked tests of test_hardening.py and the GPU-platform cases
+#    of test_ops.py picked by PYTEST_K) under memcheck and initcheck, with XLA's own kernels excluded
+#    from the report (--kernel-name kns=sa_: only sinkattn's kernels, whose names all start with sa_);
+# 4. writes $OUT/summary.txt (one line per run: tool, target, ERROR SUMMARY) and exits 1 if any run
+#    reported an error or failed.
+# Env: OUT (default bench/results/sanitize), SA_TEST_CUDA_STRIDE (8), PYTEST_K ("gpu and not ring"),
+#      PYTHON (python3), SANITIZER (compute-sanitizer on PATH, else /usr/local/cuda/bin/compute-sanitizer).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench/results/sanitize}
+PYTHON=${PYTHON:-python3}
+STRIDE=${SA_TEST_CUDA_STRIDE:-8}
+PYTEST_K=${PYTEST_K:-gpu and not ring}
+SAN=${SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
+mkdir -p "$OUT"
+summary="$OUT/summary.txt"
+: >"$summary"
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; "$SAN" --version | tail -n 1; } \
+  >"$OUT/machine.txt" 2>&1
+
+cmake -S . -B build-gpusan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSINKATTN_CUDA=ON -DSINKATTN_FFI=ON \
+      -DPython_EXECUTABLE="$(command -v "$PYTHON")" >"$OUT/build.log" 2>&1 &&
+  cmake --build build-gpusan -j "$(nproc)" --target test_cuda sinkattn_jax >>"$OUT/build.log" 2>&1 ||
+  { echo "build failed: see $OUT/build.log"; tail -n 40 "$OUT/build.log"; exit 1; }
+
+status=0
+# run TOOL NAME CMD...: one sanitizer run, its log in $OUT/NAME.TOOL.log, a line in the summary.
+run() {
+  local tool=$1 name=$2
+  shift 2
+  local extra=()
+  [ "$tool" = memcheck ] && extra+=(--leak-check full)
+  "$SAN" --tool "$tool" "${extra[@]}" --error-exitcode 99 --print-limit 50 \
+         --log-file "$OUT/$name.$tool.san.log" "$@" >"$OUT/$name.$tool.log" 2>&1
+  local rc=$?
+  local errs
+  errs=$(grep -h "ERROR SUMMARY" "$OUT/$name.$tool.san.log" | tail -n 1)
+  # rc 77: test_cuda found no device (a skip is not a pass on the GPU machine)
+  echo "$tool $name rc=$rc ${errs:-no summary}" | tee -a "$summary"
+  [ $rc -eq 0 ] || status=1
+}
+
+export SA_TEST_CUDA_STRIDE=$STRIDE
+for tool in memcheck racecheck initcheck synccheck; do
+  run "$tool" test_cuda build-gpusan/test_cuda
+done
+
+# XLA: no preallocated pool and plain cudaMalloc per buffer, so memcheck sees each buffer's bounds.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform PYTHONPATH=python
+for tool in memcheck initcheck; do
+  run "$tool" pytest --kernel-name kns=sa_ --target-processes all \
+      "$PYTHON" -m pytest -q -x -p no:cacheprovider tests/test_hardening.py tests/test_ops.py -k "$PYTEST_K"
+done
+
+echo "logs in $OUT; status $status"
+exit $status
