@@ -1,7 +1,7 @@
 /*
  * cpu_decode.c — CPU split-KV decode: a few query tokens (Tq <= 64) against a long KV cache.
  *
- * Work items (b, kh, chunk) run on threads and write vanilla partials (cpu_decode.h); the combine then
+ * Work items (b, chunk) run on threads and write vanilla partials (cpu_decode.h); the combine then
  * merges each row's chunks in chunk order in fp32 and adds the sink once:
  *     lse = logaddexp(lse_0, ..., lse_{C-1}, a_n),   out = sum_c exp(lse_c - lse) * out_c.
  * The chunk length depends on the shape only (never on the thread count), so the result is bitwise the
@@ -31,8 +31,9 @@ static void sa_cpu_decode_plan_make(const sa_attn *a, sa_decode_plan *p) {
 
 int64_t sa_cpu_decode_scratch_floats(const sa_decode_plan *p) {
   const int64_t H = p->a->head_dim, Hv = p->a->v_head_dim, R = p->rows;
-  /* Qs, acc, m, l, Kt, Vf, row (+1 pad), then 2R int64 ranges = 4R floats */
-  return R * H + R * Hv + 2 * R + H * SA_DECODE_TILE + SA_DECODE_TILE * Hv + (H > Hv ? H : Hv) + 1 + 4 * R;
+  const int64_t K = p->a->kv_heads;
+  /* per kv head Qs, acc, m, l; then Kt, Vf, row (+1 pad), and 2R int64 ranges = 4R floats */
+  return K * (R * H + R * Hv + 2 * R) + H * SA_DECODE_TILE + SA_DECODE_TILE * Hv + (H > Hv ? H : Hv) + 1 + 4 * R;
 }
 
 /* Floats of partials: out [items][R][Hv] then lse [items][R]; 0 when the count would not fit. */
@@ -110,7 +111,6 @@ static void *sa_cpu_decode_run(void *arg) {
   sa_decode_worker *w = (sa_decode_worker *)arg;
   sa_decode_job *j = w->job;
   const sa_decode_plan *p = j->p;
-  const int64_t R = p->rows, Hv = p->a->v_head_dim;
   float *scratch = j->scratch + (int64_t)w->index * j->scratch_floats;
   for (;;) {
     int64_t i = (int64_t)atomic_fetch_add(&j->next, 1);
@@ -118,9 +118,7 @@ static void *sa_cpu_decode_run(void *arg) {
     if (j->combine) {
       sa_cpu_decode_combine(p, i, j->part_out, j->part_lse);
     } else {
-      int64_t c = i % p->splits, bk = i / p->splits;
-      j->partial(p, bk / p->a->kv_heads, bk % p->a->kv_heads, c, scratch, j->part_out + i * R * Hv,
-                 j->part_lse + i * R);
+      j->partial(p, i / p->splits, i % p->splits, scratch, j->part_out, j->part_lse);
     }
   }
   return NULL;
@@ -164,7 +162,7 @@ static int sa_cpu_decode_use_avx512(void) {
 sa_status sa_cpu_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_size) {
   sa_decode_plan p;
   sa_cpu_decode_plan_make(a, &p);
-  const int64_t items = a->batch * a->kv_heads * p.splits;
+  const int64_t items = a->batch * p.splits, slots = items * a->kv_heads;
   if (items == 0 || a->q_len == 0) return SA_OK;
   const int64_t pf = sa_cpu_decode_partial_floats(&p);
   if (pf == 0) return sa_error(SA_ERR_NO_MEMORY, "CPU decode: partials for this shape overflow");
@@ -191,7 +189,7 @@ sa_status sa_cpu_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_
                     (long long)((pf + job.scratch_floats * nthreads) * (int64_t)sizeof(float)));
   }
   job.part_out = parts;
-  job.part_lse = parts + items * p.rows * a->v_head_dim;
+  job.part_lse = parts + slots * p.rows * a->v_head_dim;
 
   job.items = items;
   job.combine = 0;

@@ -2,9 +2,9 @@
  * cpu_decode.h — the CPU split-KV decode kernel's plan, shared by cpu_decode.c (threads, combine,
  * portable kernel) and cpu_decode_avx512.c (the same kernel compiled for AVX-512).
  *
- * One work item is (batch b, kv head kh, chunk c): the R = G * Tq query rows that read kv head kh
- * (G heads x Tq tokens, "GQA packing") against keys [c * chunk, (c + 1) * chunk). Each item writes a
- * vanilla partial (out normalised by its own sum, lse without the sink; -inf when no key is valid);
+ * One work item is (batch b, chunk c): for each kv head kh, the R = G * Tq query rows that read it
+ * (G heads x Tq tokens, "GQA packing") against keys [c * chunk, (c + 1) * chunk), the heads interleaved
+ * per tile of keys so the cache is read in address order. Each (b, kh, c) gets a vanilla partial (out normalised by its own sum, lse without the sink; -inf when no key is valid);
  * the combine merges the chunks of a row in chunk order and adds the sink once.
  */
 #ifndef SA_CPU_DECODE_H
@@ -27,12 +27,13 @@ typedef struct sa_decode_plan {
 /* Floats of per-thread scratch one work item needs. */
 int64_t sa_cpu_decode_scratch_floats(const sa_decode_plan *p);
 
-/* One work item: partial out [R][Hv] and lse [R] (natural log, no sink). */
-typedef void (*sa_decode_partial_fn)(const sa_decode_plan *p, int64_t b, int64_t kh, int64_t c, float *scratch,
+/* One work item (b, c): every kv head of batch b against chunk c; writes the partials of slots
+   (b, kh, c) = (b * K + kh) * splits + c: out [R][Hv] and lse [R] (natural log, no sink). */
+typedef void (*sa_decode_partial_fn)(const sa_decode_plan *p, int64_t b, int64_t c, float *scratch,
                                      float *part_out, float *part_lse);
-void sa_cpu_decode_partial_generic(const sa_decode_plan *p, int64_t b, int64_t kh, int64_t c, float *scratch,
-                                   float *part_out, float *part_lse);
-void sa_cpu_decode_partial_avx512(const sa_decode_plan *p, int64_t b, int64_t kh, int64_t c, float *scratch,
-                                  float *part_out, float *part_lse);
+void sa_cpu_decode_partial_generic(const sa_decode_plan *p, int64_t b, int64_t c, float *scratch, float *part_out,
+                                   float *part_lse);
+void sa_cpu_decode_partial_avx512(const sa_decode_plan *p, int64_t b, int64_t c, float *scratch, float *part_out,
+                                  float *part_lse);
 
 #endif /* SA_CPU_DECODE_H */
