@@ -1,0 +1,149 @@
+"""sinkattn.nnx: parameters and sharding metadata, equality with the functional op and with the linen twin,
+gradients, optax steps, GQA/RoPE, KV cache."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import sinkattn
+import sinkattn.flax as sa_linen
+from sinkattn.nnx import DotProductAttention, MultiHeadAttention
+
+B, T, N, K, H, D = 2, 12, 4, 2, 8, 16
+
+
+def _qkv(seed=0):
+    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+    return (jax.random.normal(kq, (B, T, N, H)), jax.random.normal(kk, (B, T, K, H)),
+            jax.random.normal(kv, (B, T, K, H)))
+
+
+def _wide_sinks(seed=1):
+    # U(-5, 5): a zero sink changes the output by too little to see a wrong one (DESIGN.md section 1)
+    return jax.random.uniform(jax.random.key(seed), (1, N, 1, 1), jnp.float32, -5.0, 5.0)
+
+
+def _mha(**kw):
+    args = dict(num_kv_heads=K, softmax_type="learnable", use_rope=True, rngs=nnx.Rngs(0))
+    args.update(kw)
+    return MultiHeadAttention(D, N, H, **args)
+
+
+def test_learnable_param_name_shape_dtype_sharding():
+    mod = DotProductAttention(N, softmax_type="learnable")
+    params = nnx.state(mod, nnx.Param)
+    assert list(params) == ["softmax_offset"]
+    p = mod.softmax_offset
+    assert p.shape == (1, N, 1, 1) and p.dtype == jnp.float32 and np.all(np.asarray(p[...]) == 0.0)
+    assert p.get_metadata()["out_sharding"] == (None, "heads", None, None)
+    assert tuple(nnx.get_partition_spec(params)["softmax_offset"].get_value()) == (None, "heads", None, None)
+
+
+@pytest.mark.parametrize("softmax_type", ["vanilla", "off_by_one", "off-by-one"])
+def test_no_param_without_learnable(softmax_type):
+    assert not jax.tree.leaves(nnx.state(DotProductAttention(N, softmax_type=softmax_type), nnx.Param))
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="softmax_type"):
+        DotProductAttention(N, softmax_type="sigmoid")
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="query"):
+        DotProductAttention(N + 1)(q, k, v)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        _mha(num_kv_heads=3)
+    with pytest.raises(ValueError, match="init_cache"):
+        _mha()(jnp.ones((B, 1, D)), decode=True)
+
+
+@pytest.mark.parametrize("softmax_type", ["off-by-one", "learnable"])
+def test_apply_equals_functional(softmax_type):
+    q, k, v = _qkv()
+    kv_lens = jnp.array([T, 5], jnp.int32)
+    mod = DotProductAttention(N, softmax_type=softmax_type, is_causal=True, local_window_size=(4, 0))
+    sinks = None
+    if softmax_type == "learnable":
+        sinks = _wide_sinks()
+        mod.softmax_offset[...] = sinks
+    out, lse = mod(q, k, v, key_value_seq_lengths=kv_lens, return_residual=True)
+    want_out, want_lse = sinkattn.dot_product_attention(
+        q, k, v, sinks, softmax_type=softmax_type, is_causal=True, local_window_size=(4, 0),
+        key_value_seq_lengths=kv_lens, return_residual=True)
+    np.testing.assert_array_equal(out, want_out)
+    np.testing.assert_array_equal(lse, want_lse)
+    assert out.shape == (B, T, N, H) and lse.shape == (B, N, T)
+
+
+def test_grad_reaches_softmax_offset():
+    q, k, v = _qkv()
+    mod = DotProductAttention(N, softmax_type="learnable", is_causal=True)
+    mod.softmax_offset[...] = _wide_sinks()
+    w = jax.random.normal(jax.random.key(5), (B, T, N, H))
+    grads = nnx.grad(lambda m: jnp.sum(m(q, k, v) * w))(mod)
+    g = grads["softmax_offset"][...]
+    assert g.shape == (1, N, 1, 1) and np.all(np.abs(np.asarray(g)) > 1e-6)
+    want = jax.grad(lambda s: jnp.sum(sinkattn.dot_product_attention(q, k, v, s, is_causal=True,
+                                                                     implementation="reference") * w))
+    np.testing.assert_allclose(g, want(_wide_sinks()), rtol=1e-4, atol=1e-5)
+
+
+def test_mha_shapes_metadata_and_lse():
+    mha = _mha(out_features=24)
+    shapes = jax.tree.map(lambda a: a.shape, nnx.to_pure_dict(nnx.state(mha, nnx.Param)))
+    assert shapes == {"query": {"kernel": (D, N, H)}, "key": {"kernel": (D, K, H)},
+                      "value": {"kernel": (D, K, H)}, "out": {"kernel": (N, H, 24)},
+                      "attention": {"softmax_offset": (1, N, 1, 1)}}
+    assert mha.key.kernel.get_metadata()["out_sharding"] == ("embed", "kv_heads", "head_dim")
+    x = jax.random.normal(jax.random.key(0), (B, T, D))
+    y, lse = mha(x, return_residual=True)
+    assert y.shape == (B, T, 24) and lse.shape == (B, N, T) and lse.dtype == jnp.float32
+    assert _mha(dtype=jnp.bfloat16)(x).dtype == jnp.bfloat16
+
+
+def test_mha_equals_linen_twin():
+    """Same weights in the linen and nnx modules give the same output (lengths, segments, RoPE, window)."""
+    x = jax.random.normal(jax.random.key(0), (B, T, D))
+    kw = dict(is_causal=True, local_window_size=(5, 0), rope_base=300.0)
+    mha = _mha(**kw)
+    mha.attention.softmax_offset[...] = _wide_sinks()
+    linen = sa_linen.MultiHeadAttention(num_heads=N, num_kv_heads=K, head_dim=H, softmax_type="learnable",
+                                        use_rope=True, **kw)
+    params = nnx.to_pure_dict(nnx.state(mha, nnx.Param))
+    assert jax.tree.structure(params) == jax.tree.structure(nn.unbox(linen.init(jax.random.key(1), x))["params"])
+    seg = jnp.array([[0] * 5 + [1] * 7, [0] * 12], jnp.int32)
+    pos = jnp.array([list(range(5)) + list(range(7)), list(range(12))], jnp.int32)
+    call = dict(query_positions=pos, query_segment_ids=seg, key_value_segment_ids=seg,
+                query_seq_lengths=jnp.array([T, 9], jnp.int32))
+    np.testing.assert_allclose(mha(x, **call), linen.apply({"params": params}, x, **call), atol=1e-5, rtol=1e-5)
+
+
+def test_mha_kv_cache_decode_matches_full_forward():
+    x = jax.random.normal(jax.random.key(0), (B, T, D))
+    mha = _mha(is_causal=True, local_window_size=(3, 0))
+    mha.attention.softmax_offset[...] = _wide_sinks()
+    full = mha(x)
+    mha.init_cache(B, T)
+    step = nnx.jit(lambda m, xt: m(xt, decode=True))
+    ys = [step(mha, x[:, :4])]                            # prefill 4 tokens
+    ys += [step(mha, x[:, t:t + 1]) for t in range(4, T)]  # then one token per call
+    np.testing.assert_allclose(jnp.concatenate(ys, axis=1), full, atol=2e-5, rtol=2e-5)
+    assert int(mha.cache_index[...]) == T
+
+
+def test_optimizer_steps_reduce_loss_and_move_sinks():
+    x = jax.random.normal(jax.random.key(0), (B, T, D))
+    target = jax.random.normal(jax.random.key(9), (B, T, D))
+    mha = _mha(is_causal=True)
+    opt = nnx.Optimizer(mha, optax.adam(3e-2), wrt=nnx.Param)
+
+    @nnx.jit
+    def step(mha, opt):
+        loss, g = nnx.value_and_grad(lambda m: jnp.mean((m(x) - target) ** 2))(mha)
+        opt.update(mha, g)
+        return loss
+    losses = [float(step(mha, opt)) for _ in range(15)]
+    assert losses[-1] < 0.8 * losses[0], losses
+    assert float(jnp.abs(mha.attention.softmax_offset[...]).max()) > 0.05
