@@ -205,5 +205,20 @@ def test_block_classification():
   assert _classify(0, 1, 1, window) == "full"
 
 
+def test_ring_bench_runs_on_cpu(tmp_path):
+  out = tmp_path / "ring.json"
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
+  env["JAX_PLATFORMS"] = "cpu"
+  env["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ring_bench.py"), "--tiny", "--out", str(out)],
+                        env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  result = json.loads(out.read_text())
+  assert [r["per_device_len"] for r in result["rows"]] == [32, 64]
+  assert result["devices"] == 2 and result["reach"]["ring_max_global_len"] == 128
+  assert all(r["ring_s"] > 0 and r["efficiency"] > 0 for r in result["rows"])
+
+
 if __name__ == "__main__":
   _worker()
