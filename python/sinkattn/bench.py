@@ -1,0 +1,206 @@
+"""python -m sinkattn.bench: fused sink attention vs the jnp alternatives on the current device.
+
+Columns (ms and TFLOP/s, forward and forward+backward): the fused kernel, sinkattn's pure-jnp reference,
+"jnp sinks" (what a JAX user writes today: fp32 logits, a sink column concatenated, softmax, column
+dropped; notes/performance.md) and, on GPU, jax.nn.dot_product_attention(implementation='cudnn') without
+sinks. FLOPs follow the FlashAttention convention: forward 2*B*N*P*(H + Hv) for P valid (query, key)
+pairs (4*B*N*T*S*H dense, half of it causal, in-window pairs only for a window), forward+backward 3.5x.
+Timing: `--inner` calls chained inside one jitted lax.fori_loop (each call depends on the previous one, so
+XLA cannot hoist it), median of `--repeats`; dispatch is amortised. Memory: the temp bytes XLA reserves
+for the jitted forward+backward (compiled.memory_analysis()), which shows the fused path linear in T and
+the jnp paths quadratic. Results go to bench/results/<platform>-jax-<time>.json with the git commit, the
+device and the jax/jaxlib versions.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import ops
+from . import _lib
+
+# (B, T=S, N, K, H, causal, window): the performance.md grid on GPU; a 2-core-sized one on CPU.
+GRIDS = {
+    "h200": [(16, 1024, 32, 32, 64, False, None), (16, 1024, 32, 32, 64, True, None),
+             (4, 4096, 32, 32, 64, False, None), (4, 4096, 32, 32, 64, True, None),
+             (1, 16384, 32, 32, 64, False, None), (1, 16384, 32, 32, 64, True, None),
+             (16, 1024, 16, 16, 128, False, None), (16, 1024, 16, 16, 128, True, None),
+             (4, 4096, 16, 16, 128, False, None), (4, 4096, 16, 16, 128, True, None),
+             (1, 16384, 16, 16, 128, False, None), (1, 16384, 16, 16, 128, True, None),
+             (1, 4096, 64, 8, 64, True, None), (1, 4096, 64, 8, 64, True, (127, 0))],
+    "cpu": [(1, 512, 8, 8, 128, False, None), (1, 1024, 8, 8, 128, False, None),
+            (1, 2048, 8, 8, 128, False, None), (1, 2048, 8, 8, 128, True, None),
+            (1, 2048, 64, 8, 64, True, (127, 0))],
+    "tiny": [(1, 128, 4, 2, 64, False, None), (1, 256, 4, 2, 64, True, (31, 0))],
+}
+
+
+def jnp_sinks(q, k, v, sinks, causal, window):
+  """The unfused baseline: [B,N,T,S+1] fp32 logits with the sink as an extra column."""
+  B, T, N, H = q.shape
+  S, K = k.shape[1], k.shape[2]
+  kk = jnp.repeat(k, N // K, axis=2).astype(jnp.float32)
+  vv = jnp.repeat(v, N // K, axis=2).astype(jnp.float32)
+  s = jnp.einsum("btnh,bsnh->bnts", q.astype(jnp.float32), kk) / np.sqrt(H)
+  i, j = jnp.arange(T)[:, None], jnp.arange(S)[None, :]
+  ok = jnp.ones((T, S), bool)
+  if causal:
+    ok &= j <= i
+  if window is not None:
+    ok &= (j >= i - window[0]) & (j <= i + window[1])
+  s = jnp.where(ok, s, -1e30)
+  col = jnp.broadcast_to(sinks.astype(jnp.float32)[None, :, None, None], (B, N, T, 1))
+  p = jax.nn.softmax(jnp.concatenate([s, col], axis=-1), axis=-1)[..., :S]
+  return jnp.einsum("bnts,bsnd->btnd", p, vv).astype(q.dtype)
+
+
+def contenders(platform, softmax_type):
+  learn = softmax_type == "learnable"
+
+  def sink_fn(impl):
+    def f(q, k, v, s, causal, window):
+      return ops.dot_product_attention(q, k, v, s if learn else None, softmax_type=softmax_type, is_causal=causal,
+                                       local_window_size=window, implementation=impl)
+    return f
+
+  out = {"fused": sink_fn("fused"), "reference": sink_fn("reference"), "jnp_sinks": jnp_sinks}
+  if platform == "gpu":
+    def cudnn(q, k, v, s, causal, window):
+      return jax.nn.dot_product_attention(q, k, v, is_causal=causal, local_window_size=window,
+                                          implementation="cudnn")
+    out["cudnn_no_sink"] = cudnn
+  return out
+
+
+def flops(B, T, N, H, causal, window):
+  i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+  ok = np.ones((T, T), bool)
+  if causal:
+    ok &= j <= i
+  if window is not None:
+    ok &= (j >= i - window[0]) & (j <= i + window[1])
+  return 2.0 * B * N * float(ok.sum()) * (H + H)
+
+
+def _loop(fn, n, grad):
+  """n chained calls of fn (fwd) or of its gradient (fwd+bwd) in one jitted fori_loop."""
+  def one(q, k, v, s):
+    if not grad:
+      return fn(q, k, v, s)
+    return jax.grad(lambda q, k, v, s: jnp.sum(fn(q, k, v, s).astype(jnp.float32)), argnums=(0, 1, 2, 3))(
+        q, k, v, s)[0]
+
+  def run(q, k, v, s):
+    def body(_, carry):
+      y = one(q + carry * 0.0, k, v, s)  # a data dependence on the previous call; x*0.0 is not folded
+      return y.reshape(-1)[0].astype(q.dtype)
+    return jax.lax.fori_loop(0, n, body, jnp.zeros((), q.dtype))
+  return jax.jit(run)
+
+
+def measure(fn, args, inner, repeats, grad):
+  f = _loop(fn, inner, grad)
+  compiled = f.lower(*args).compile()
+  jax.block_until_ready(compiled(*args))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    times.append((time.perf_counter() - t0) / inner)
+  mem = compiled.memory_analysis()
+  temp = None if mem is None else int(mem.temp_size_in_bytes)
+  return statistics.median(times) * 1e3, temp
+
+
+def _git_commit():
+  try:
+    return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.abspath(__file__)), check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+
+
+def _jaxlib_version():
+  import jaxlib
+  return getattr(jaxlib, "__version__", "unknown")
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--grid", choices=sorted(GRIDS), help="default: h200 on GPU, cpu on CPU")
+  p.add_argument("--softmax", default="learnable", help="comma list of vanilla, off_by_one, learnable")
+  p.add_argument("--dtypes", default=None, help="comma list (default: bfloat16 on GPU, float32 on CPU)")
+  p.add_argument("--contenders", default=None, help="comma list (default: all for the platform)")
+  p.add_argument("--inner", type=int, default=None, help="calls per timed loop (default 20 GPU, 1 CPU)")
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--max-ref-t", type=int, default=None, help="skip the jnp contenders above this T "
+                 "(they need O(T*S) memory; default 4096 on CPU, 16384 on GPU)")
+  p.add_argument("--out", default=None, help="JSON path (default bench/results/<platform>-jax-<time>.json)")
+  a = p.parse_args(argv)
+  platform = jax.default_backend()
+  grid = GRIDS[a.grid or ("h200" if platform == "gpu" else "cpu")]
+  dtypes = (a.dtypes or ("bfloat16" if platform == "gpu" else "float32")).split(",")
+  inner = a.inner or (20 if platform == "gpu" else 1)
+  max_ref_t = a.max_ref_t or (16384 if platform == "gpu" else 4096)
+  device = str(jax.devices()[0].device_kind)
+  print(f"# sinkattn bench on {platform} ({device}), jax {jax.__version__}, "
+        f"CPU SIMD {_lib.simd_name()} x{_lib.get_num_threads()} threads")
+  rows = []
+  hdr = "%-34s %-14s %-10s %9s %8s %9s %8s %10s" % ("shape", "contender", "dtype", "fwd ms", "fwd TF/s", "f+b ms",
+                                                      "f+b TF/s", "f+b tempMB")
+  print(hdr)
+  for st in a.softmax.split(","):
+    cons = contenders(platform, st)
+    if a.contenders:
+      cons = {k: v for k, v in cons.items() if k in a.contenders.split(",")}
+    for dt in dtypes:
+      for (B, T, N, K, H, causal, window) in grid:
+        rng = np.random.default_rng(0)
+        q = jnp.asarray(rng.standard_normal((B, T, N, H)), dt)
+        k = jnp.asarray(rng.standard_normal((B, T, K, H)), dt)
+        v = jnp.asarray(rng.standard_normal((B, T, K, H)), dt)
+        s = jnp.asarray(rng.uniform(-3, 3, N), jnp.float32)
+        fl = flops(B, T, N, H, causal, window)
+        shape = f"B{B} T{T} N{N}/{K} H{H}{' causal' if causal else ''}{' w' + str(window) if window else ''}"
+        for name, fn in cons.items():
+          if name != "fused" and T > max_ref_t:
+            continue
+          f = lambda q, k, v, s, fn=fn: fn(q, k, v, s, causal, window)
+          fwd_ms, _ = measure(f, (q, k, v, s), inner, a.repeats, grad=False)
+          fb_ms, temp = measure(f, (q, k, v, s), inner, a.repeats, grad=True)
+          row = dict(B=B, T=T, S=T, N=N, K=K, H=H, causal=causal, window=window, softmax=st, dtype=dt,
+                     contender=name, fwd_ms=fwd_ms, fwd_tflops=fl / fwd_ms * 1e-9, fwdbwd_ms=fb_ms,
+                     fwdbwd_tflops=3.5 * fl / fb_ms * 1e-9, fwdbwd_temp_bytes=temp)
+          rows.append(row)
+          print("%-34s %-14s %-10s %9.2f %8.3f %9.2f %8.3f %10s" % (
+              shape, name, dt, fwd_ms, row["fwd_tflops"], fb_ms, row["fwdbwd_tflops"],
+              "-" if temp is None else "%.1f" % (temp / 2**20)), flush=True)
+        base = {r["contender"]: r for r in rows[-len(cons):] if r["T"] == T}
+        if "fused" in base and "reference" in base:
+          print("%-34s speed-up fused vs reference: fwd %.1fx, fwd+bwd %.1fx" % (
+              "", base["reference"]["fwd_ms"] / base["fused"]["fwd_ms"],
+              base["reference"]["fwdbwd_ms"] / base["fused"]["fwdbwd_ms"]))
+  stamp = datetime.datetime.now(datetime.timezone.utc)
+  meta = dict(commit=_git_commit(), time=stamp.isoformat(), platform=platform, device=device,
+              jax=jax.__version__, jaxlib=_jaxlib_version(),
+              cpu_simd=_lib.simd_name(), cpu_threads=_lib.get_num_threads(), inner=inner, repeats=a.repeats,
+              flop_convention="fwd 2*B*N*pairs*(H+Hv); fwd+bwd 3.5x fwd")
+  path = a.out or os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                               "bench", "results", f"{platform}-jax-{stamp.strftime('%Y%m%d-%H%M%S')}.json")
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as fh:
+    json.dump(dict(meta=meta, rows=rows), fh, indent=1)
+  print(f"# wrote {path}")
+
+
+if __name__ == "__main__":
+  main()
