@@ -45,6 +45,7 @@ static const tc_case tc_cases[] = {
     {"H256 bottom-right", SA_BF16, 1, 65, 97, 2, 1, 256, 256, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 0, 0, 0, 10},
     {"H128 Hv64", SA_BF16, 2, 40, 60, 6, 2, 128, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 1, 10},
     {"H64 Hv128 causal", SA_BF16, 1, 50, 80, 4, 2, 64, 128, SA_SOFTMAX_VANILLA, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 0, 10},
+    {"H16 causal", SA_BF16, 2, 45, 45, 4, 2, 16, 16, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 1, 0, 1, 10},
     {"H32 Hv256", SA_BF16, 1, 33, 47, 2, 1, 32, 256, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
     {"f16 causal", SA_F16, 2, 77, 77, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 10},
     {"f16 window H128", SA_F16, 1, 160, 160, 4, 4, 128, 128, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_TOP_LEFT, 63, 0, 0, 1, 0, 0, 10},

@@ -32,7 +32,7 @@ extern "C" int sa_cuda_is_device_pointer(const void *p) {
 
 int sa_cuda_padded_dim(int64_t h) { return h <= 32 ? 32 : h <= 64 ? 64 : h <= 128 ? 128 : 256; }
 
-static int sa_cuda_dim_ok(int64_t h) { return h == 32 || h == 64 || h == 96 || h == 128 || h == 192 || h == 256; }
+static int sa_cuda_dim_ok(int64_t h) { return h == 16 || h == 32 || h == 64 || h == 96 || h == 128 || h == 192 || h == 256; }
 
 /* cp.async moves 16 bytes: every tensor must start on a 16-byte boundary (cudaMalloc and XLA give 256). */
 static sa_status sa_cuda_aligned(const void *ptr, const char *name) {
@@ -43,10 +43,10 @@ static sa_status sa_cuda_aligned(const void *ptr, const char *name) {
 
 extern "C" sa_status sa_cuda_attn_supported(const sa_attn *a) {
   if (!sa_cuda_dim_ok(a->head_dim))
-    return sa_error(SA_ERR_UNSUPPORTED, "head_dim %lld unsupported by CUDA backend: use 32, 64, 96, 128, 192 or 256",
+    return sa_error(SA_ERR_UNSUPPORTED, "head_dim %lld unsupported by CUDA backend: use 16, 32, 64, 96, 128, 192 or 256",
                     (long long)a->head_dim);
   if (!sa_cuda_dim_ok(a->v_head_dim))
-    return sa_error(SA_ERR_UNSUPPORTED, "v_head_dim %lld unsupported by CUDA backend: use 32, 64, 96, 128, 192 or 256",
+    return sa_error(SA_ERR_UNSUPPORTED, "v_head_dim %lld unsupported by CUDA backend: use 16, 32, 64, 96, 128, 192 or 256",
                     (long long)a->v_head_dim);
   if (a->dtype == SA_F32)
     return sa_error(SA_ERR_UNSUPPORTED, "dtype SA_F32 unsupported by CUDA backend: use SA_F16 or SA_BF16 "

@@ -33,8 +33,10 @@ __global__ void __launch_bounds__(SA_NT) sa_bwd_pre_kernel(const sa_cuda_params 
       const int64_t li = (b * p.N + n) * p.T + i;
       if (p.dlse) d -= p.dlse[li];
       if (lane == 0) p.D[li] = d;
-      /* lse = -inf only for a vanilla row without keys, which has no gradient */
-      if (p.softmax == 2 && p.lse[li] != -INFINITY) c = -expf(p.sinks[n] - p.lse[li]) * d;
+      /* lse = -inf only for a vanilla row without keys, which has no gradient; a = lse (a +inf sink,
+         or a row whose only mass is the sink) is weight 1 exactly, as in the reference */
+      const float a = p.softmax == 2 ? p.sinks[n] : 0.0f, l = p.lse[li];
+      if (p.softmax == 2 && l != -INFINITY) c = -(a == l ? 1.0f : expf(a - l)) * d;
     }
     if (lane == 0) part[r] = c;
   }

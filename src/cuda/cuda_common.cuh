@@ -45,8 +45,8 @@ struct sa_cuda_params {
 #define SA_LN2 0.6931471805599453f
 
 /* ---- the tile table -------------------------------------------------------------------------------
- * HD is the padded head dim max(H, Hv) rounded up to 32, 64, 128 or 256 (96 runs as 128 and 192 as
- * 256 with zero-filled columns: 4 instantiations per kernel instead of 6 keeps the CUDA compile under
+ * HD is the padded head dim max(H, Hv) rounded up to 32, 64, 128 or 256 (16 runs as 32, 96 as 128 and
+ * 192 as 256 with zero-filled columns: 4 instantiations per kernel instead of 6 keeps the CUDA compile under
  * a few minutes on 2 cores). Each warp owns 16 * MI rows of the output; BN keys per tile.
  *  fwd HD<=128: 4 warps x 32 rows = 128 query rows, BN 64 (FlashAttention-2's sm80 shape): 2 m-tiles
  *      per warp reuse each K/V fragment read from shared memory twice, which halves shared-memory
