@@ -73,7 +73,10 @@ void SA_DECODE_PARTIAL(const sa_decode_plan *p, int64_t b, int64_t c, float *scr
      shared Kt [H][TJ], Vf [TJ][Hv], row [max(H, Hv)], and the per-row key ranges as int64 [2R] */
   float *qs = scratch, *acc = qs + K * R * H, *m = acc + K * R * Hv, *l = m + K * R, *kt = l + K * R;
   float *vf = kt + H * TJ, *row = vf + TJ * Hv;
-  int64_t *rng = (int64_t *)(void *)(row + (H > Hv ? H : Hv) + 1);  /* +1 keeps 8-byte alignment */
+  /* Rounded up to 8 bytes: the float count before it may be odd (UBSan: misaligned int64 store). The
+     rounding adds at most one float, which the scratch size reserves. */
+  uintptr_t rng_at = ((uintptr_t)(row + (H > Hv ? H : Hv)) + 7) & ~(uintptr_t)7;
+  int64_t *rng = (int64_t *)(void *)rng_at;
 
   /* pass 1: which keys of this chunk each row may see (lengths, causal, window via sa_key_range); the
      mask depends on the token t = r / G only, so every kv head shares it */
