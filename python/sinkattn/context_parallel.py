@@ -38,6 +38,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from . import _validate, primitives
+from .sharding import to_varying as _to_varying, vma as _vma
 
 _VANILLA, _LEARNABLE = 0, 2
 _BIG = 1 << 60  # an unbounded window side, in block-classification arithmetic
@@ -152,7 +153,7 @@ def _dispatch(branches, index, compute, empty, operands):
 
   def branch(key):
     fn = empty if key[0] == 'empty' else functools.partial(compute, key)
-    return lambda ops: jax.tree_util.tree_map(lambda x: _to_varying(x, axes - _vma(x)), fn(*ops))
+    return lambda ops: jax.tree_util.tree_map(lambda x: _to_varying(x, axes), fn(*ops))
 
   fns = [branch(key) for key in branches]
   if len(fns) == 1:
@@ -270,25 +271,6 @@ def _ring_bwd(cfg, res, ct):
 _ring.defvjp(_ring_fwd, _ring_bwd)
 
 
-def _vma(x):
-  """Mesh axes x varies over inside shard_map (jax 0.10: manual_axis_type.varying; older: vma)."""
-  t = jax.typeof(x)
-  manual = getattr(t, 'manual_axis_type', None)
-  if manual is not None:
-    return frozenset(manual.varying)
-  return frozenset(getattr(t, 'vma', ()) or ())
-
-
-def _to_varying(x, axes):
-  """Marks x as varying over `axes` (its transpose is a psum over them)."""
-  if not axes:
-    return x
-  axes = tuple(sorted(axes, key=str))
-  if hasattr(jax.lax, 'pcast'):
-    return jax.lax.pcast(x, axes, to='varying')
-  return jax.lax.pvary(x, axes)
-
-
 def ring_attention(query, key, value, sinks=None, *, axis_name, layout='contiguous', softmax_type=None,
                    scale=None, is_causal=False, causal_alignment='top_left', local_window_size=None,
                    query_seq_lengths=None, key_value_seq_lengths=None, query_segment_ids=None,
@@ -328,7 +310,7 @@ def ring_attention(query, key, value, sinks=None, *, axis_name, layout='contiguo
   N = query.shape[2]
   s32 = None if sinks is None else sinks.reshape(N).astype(jnp.float32)
   if s32 is not None:  # partial dsinks of each device are summed by the transpose of this cast
-    s32 = _to_varying(s32, _vma(query) - _vma(s32))
+    s32 = _to_varying(s32, _vma(query))
   return _ring(cfg, query, key, value, s32, q_lens, kv_lens, q_seg, kv_seg)
 
 

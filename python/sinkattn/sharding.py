@@ -168,10 +168,40 @@ def _build(kind, present, statics):
   return call
 
 
+def vma(x):
+  """Mesh axes x varies over inside shard_map (jax 0.10: manual_axis_type.varying; else .vma)."""
+  t = jax.typeof(x)
+  manual = getattr(t, 'manual_axis_type', None)
+  if manual is not None:
+    return frozenset(manual.varying)
+  return frozenset(getattr(t, 'vma', ()) or ())
+
+
+def to_varying(x, axes):
+  """x marked as varying over `axes` too (the transpose of that cast is a psum over them)."""
+  axes = tuple(sorted(frozenset(axes) - vma(x), key=str))
+  if not axes:
+    return x
+  if hasattr(jax.lax, 'pcast'):
+    return jax.lax.pcast(x, axes, to='varying')
+  return jax.lax.pvary(x, axes)
+
+
 def _call(kind, args, statics):
   present = tuple(a is not None for a in args)
   fn = _build(kind, present, tuple(sorted(statics.items())))
-  return fn(*[a for a in args if a is not None])
+  outs = fn(*[a for a in args if a is not None])
+  # Inside shard_map an FFI call's results are typed as varying over no axis. Type them like their
+  # inputs, so that custom_vjp and lax.switch accept them; a gradient of an input that varies over
+  # fewer axes than the call (sinks, or k/v replicated over a head axis) is a partial sum: psum it.
+  axes = frozenset().union(*[vma(a) for a in args if a is not None])
+  if not axes:
+    return outs
+  outs = tuple(to_varying(o, axes) for o in outs)
+  if kind == 'fwd':
+    return outs
+  sums = [axes - vma(x) if x is not None else frozenset() for x in (args[0], args[1], args[2], args[3])]
+  return tuple(jax.lax.psum(o, tuple(sorted(a, key=str))) if a else o for o, a in zip(outs, sums))
 
 
 def attn_fwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, *, softmax, causal, window_left,
