@@ -8,14 +8,17 @@
  * exponential is an exp2 and the sink logit a enters as a * log2(e).
  *
  * Three passes, each a set of independent items (FlashAttention-2 style, no T x S matrix):
- *   FWD      item (b, kv head, query block): the G heads' rows share each K/V tile; online softmax with
- *            the running max seeded by the sink, the sink added once in the final normalisation.
+ *   FWD      item (b, kv head, query block): the G heads' M rows share each K/V tile; online softmax
+ *            with the running max seeded by the sink, the sink added once in the final normalisation.
  *   BWD_DQ   item (b, kv head, query block): D_i = dout_i . out_i - dlse_i, dsinks partials, then
  *            dq = scale * dS K over the key tiles, P recomputed from lse.
  *   BWD_DKDV item (b, kv head, key block): dk, dv accumulated in fp32 over the G heads and all query
- *            tiles (transposed: keys are rows, query positions the vector axis).
- * All products are C += A B with A read as broadcast scalars and B as vectors along its rows; the
- * operands are converted (and transposed where B must be) into fp32 tiles on load.
+ *            tiles.
+ * All products are C (+)= A B with A read as broadcast scalars at any (row, k) strides and B as vectors
+ * along its rows. Only operands reused across a whole item are transposed (q^T, dout^T in FWD/BWD_DQ:
+ * scores are kept as S^T, keys x query rows, so the softmax runs down columns without horizontal
+ * reductions; k^T, v^T in BWD_DKDV); per-tile operands are converted row by row and, where a product needs
+ * their transpose as A, read through the strides. A per-tile scalar transpose cost 6-12% of the forward.
  */
 #include <math.h>
 #include <string.h>
@@ -28,7 +31,7 @@
 
 /* C[R x CV*VW] (+)= A[R x kd] B[kd x CV*VW]: R x CV accumulators live in registers for the whole kd loop;
    each step loads CV vectors of B and broadcasts R scalars of A for R*CV FMAs. */
-SA_INLINE void mk(const int R, const int CV, int64_t kd, const float *A, int64_t lda, const float *B,
+SA_INLINE void mk(const int R, const int CV, int64_t kd, const float *A, int64_t ar, int64_t ak, const float *B,
                   int64_t ldb, float *C, int64_t ldc, int acc) {
   vf c[MK_R][MK_C];
 #pragma GCC unroll 8
@@ -41,9 +44,9 @@ SA_INLINE void mk(const int R, const int CV, int64_t kd, const float *A, int64_t
     for (int v = 0; v < CV; v++) bv[v] = V_LOAD(B + k * ldb + v * VW);
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
-      vf ar = V_SET1(A[r * lda + k]);
+      vf a = V_SET1(A[r * ar + k * ak]);
 #pragma GCC unroll 8
-      for (int v = 0; v < CV; v++) c[r][v] = V_FMA(ar, bv[v], c[r][v]);
+      for (int v = 0; v < CV; v++) c[r][v] = V_FMA(a, bv[v], c[r][v]);
     }
   }
 #pragma GCC unroll 8
@@ -52,19 +55,19 @@ SA_INLINE void mk(const int R, const int CV, int64_t kd, const float *A, int64_t
     for (int v = 0; v < CV; v++) V_STORE(C + r * ldc + v * VW, c[r][v]);
 }
 
-/* C[M x N] = A B (acc 0) or C += A B (acc 1); N a multiple of VW. */
-static void gemm(int64_t M, int64_t N, int64_t kd, const float *A, int64_t lda, const float *B, int64_t ldb,
-                 float *C, int64_t ldc, int acc) {
+/* C[M x N] = A B (acc 0) or C += A B (acc 1); A(r, k) = A[r * ar + k * ak]; N a multiple of VW. */
+static void gemm(int64_t M, int64_t N, int64_t kd, const float *A, int64_t ar, int64_t ak, const float *B,
+                 int64_t ldb, float *C, int64_t ldc, int acc) {
   int64_t n0 = 0;
   for (; n0 + MK_C * VW <= N; n0 += MK_C * VW) {
     int64_t r = 0;
-    for (; r + MK_R <= M; r += MK_R) mk(MK_R, MK_C, kd, A + r * lda, lda, B + n0, ldb, C + r * ldc + n0, ldc, acc);
-    for (; r < M; r++) mk(1, MK_C, kd, A + r * lda, lda, B + n0, ldb, C + r * ldc + n0, ldc, acc);
+    for (; r + MK_R <= M; r += MK_R) mk(MK_R, MK_C, kd, A + r * ar, ar, ak, B + n0, ldb, C + r * ldc + n0, ldc, acc);
+    for (; r < M; r++) mk(1, MK_C, kd, A + r * ar, ar, ak, B + n0, ldb, C + r * ldc + n0, ldc, acc);
   }
   for (; n0 < N; n0 += VW) {
     int64_t r = 0;
-    for (; r + MK_R <= M; r += MK_R) mk(MK_R, 1, kd, A + r * lda, lda, B + n0, ldb, C + r * ldc + n0, ldc, acc);
-    for (; r < M; r++) mk(1, 1, kd, A + r * lda, lda, B + n0, ldb, C + r * ldc + n0, ldc, acc);
+    for (; r + MK_R <= M; r += MK_R) mk(MK_R, 1, kd, A + r * ar, ar, ak, B + n0, ldb, C + r * ldc + n0, ldc, acc);
+    for (; r < M; r++) mk(1, 1, kd, A + r * ar, ar, ak, B + n0, ldb, C + r * ldc + n0, ldc, acc);
   }
 }
 
@@ -155,35 +158,39 @@ static void build_mask(uint8_t *vm, int64_t sp, int64_t sj, const sa_attn *a, in
 
 /* ---- per-pass scratch ------------------------------------------------------------------------ */
 
+static int64_t pad_to(int64_t x) { return (x + SA_CPU_PAD - 1) / SA_CPU_PAD * SA_CPU_PAD; }
+
 typedef struct {
-  float *tmp, *q, *qt, *kt, *kr, *v, *vt, *d, *dt, *s, *dp, *acc, *acc2, *r1, *r2;
+  float *tmp, *tmp2, *q, *qt, *kt, *kr, *v, *vt, *d, *dt, *s, *dp, *acc, *acc2, *r1, *r2, *cm, *cl;
   uint8_t *vm;
 } sa_bufs;
 
-/* Lays the pass's tiles out in ws (64-byte aligned each) and returns the floats used; ws NULL: size only. */
+/* Lays the pass's tiles out in ws (64-byte aligned each) and returns the floats used; ws NULL: size only.
+   Mp: the G * bq query rows of an item padded to a vector multiple (the vector axis of S^T). */
 static size_t carve(const sa_cpu_ctx *c, sa_cpu_pass pass, float *ws, sa_bufs *B) {
   size_t off = 0;
-#define TAKE(ptr, n)                     \
-  do {                                   \
-    (ptr) = ws ? ws + off : NULL;        \
+#define TAKE(ptr, n)                         \
+  do {                                       \
+    (ptr) = ws ? ws + off : NULL;            \
     off += ((size_t)(n) + 15) & ~(size_t)15; \
   } while (0)
-  const int64_t M = c->G * c->bq, H = c->a->head_dim, Hv = c->a->v_head_dim, hp = c->hp, hvp = c->hvp;
-  const int64_t BK = SA_CPU_BK, Q2 = SA_CPU_BQ2;
+  const int64_t M = c->G * c->bq, Mp = pad_to(M), H = c->a->head_dim, Hv = c->a->v_head_dim;
+  const int64_t hp = c->hp, hvp = c->hvp, BK = SA_CPU_BK, Q2 = SA_CPU_BQ2;
   float *vmf = NULL;
   memset(B, 0, sizeof *B);
   TAKE(B->tmp, SA_MAX(hp, hvp));
   if (pass == SA_CPU_FWD) {
-    TAKE(B->q, M * hp); TAKE(B->kt, H * BK); TAKE(B->v, BK * hvp); TAKE(B->s, M * BK);
-    TAKE(B->acc, M * hvp); TAKE(B->r1, M); TAKE(B->r2, M); TAKE(vmf, c->bq * BK / 4 + 1);
+    TAKE(B->qt, H * Mp); TAKE(B->kr, BK * hp); TAKE(B->v, BK * hvp); TAKE(B->s, BK * Mp);
+    TAKE(B->acc, M * hvp); TAKE(B->r1, Mp); TAKE(B->r2, Mp); TAKE(B->cm, Mp); TAKE(B->cl, Mp);
+    TAKE(vmf, c->bq * BK / 4 + 1);
   } else if (pass == SA_CPU_BWD_DQ) {
-    TAKE(B->q, M * hp); TAKE(B->d, M * hvp); TAKE(B->kt, H * BK); TAKE(B->kr, BK * hp); TAKE(B->vt, Hv * BK);
-    TAKE(B->s, M * BK); TAKE(B->dp, M * BK); TAKE(B->acc, M * hp); TAKE(B->r1, M); TAKE(B->r2, M);
+    TAKE(B->tmp2, hvp); TAKE(B->qt, H * Mp); TAKE(B->dt, Hv * Mp); TAKE(B->kr, BK * hp); TAKE(B->v, BK * hvp);
+    TAKE(B->s, BK * Mp); TAKE(B->dp, BK * Mp); TAKE(B->acc, M * hp); TAKE(B->r1, Mp); TAKE(B->r2, Mp);
     TAKE(vmf, c->bq * BK / 4 + 1);
   } else {
-    TAKE(B->kr, BK * hp); TAKE(B->v, BK * hvp); TAKE(B->qt, H * Q2); TAKE(B->q, Q2 * hp); TAKE(B->d, Q2 * hvp);
-    TAKE(B->dt, Hv * Q2); TAKE(B->s, BK * Q2); TAKE(B->dp, BK * Q2); TAKE(B->acc, BK * hp);
-    TAKE(B->acc2, BK * hvp); TAKE(B->r1, Q2); TAKE(B->r2, Q2); TAKE(vmf, BK * Q2 / 4 + 1);
+    TAKE(B->kt, H * BK); TAKE(B->vt, Hv * BK); TAKE(B->q, Q2 * hp); TAKE(B->d, Q2 * hvp); TAKE(B->s, Q2 * BK);
+    TAKE(B->dp, Q2 * BK); TAKE(B->acc, BK * hp); TAKE(B->acc2, BK * hvp); TAKE(B->r1, Q2); TAKE(B->r2, Q2);
+    TAKE(vmf, Q2 * BK / 4 + 1);
   }
 #undef TAKE
   B->vm = (uint8_t *)vmf;
@@ -200,15 +207,6 @@ static void scale_row(float *o, int64_t n, float f) {
   for (int64_t j = 0; j < n; j += VW) V_STORE(o + j, V_MUL(V_LOAD(o + j), fv));
 }
 
-/* Sets masked scores of the M = G * np rows (row r is position r % np) to -inf. */
-static void apply_mask_rows(float *s, int64_t M, int64_t np, const uint8_t *vm) {
-  for (int64_t r = 0; r < M; r++) {
-    const uint8_t *m = vm + (r % np) * SA_CPU_BK;
-    for (int64_t jj = 0; jj < SA_CPU_BK; jj++)
-      if (!m[jj]) s[r * SA_CPU_BK + jj] = -INFINITY;
-  }
-}
-
 /* Key ranges of positions [i0, i0 + np) and the union [*jlo, *jhi) of the non-empty ones. */
 static void ranges(const sa_attn *a, int64_t ql, int64_t kl, int64_t i0, int64_t np, sa_range *rg, int64_t *jlo,
                    int64_t *jhi) {
@@ -223,44 +221,89 @@ static void ranges(const sa_attn *a, int64_t ql, int64_t kl, int64_t i0, int64_t
   }
 }
 
+/* S^T tile [nk x Mp] of the G * np rows (column r is position r % np): masked scores to -inf. */
+static void mask_cols(float *s, int64_t nk, int64_t Mp, int64_t G, int64_t np, const uint8_t *vm) {
+  for (int64_t jj = 0; jj < nk; jj++)
+    for (int64_t g = 0; g < G; g++)
+      for (int64_t p = 0; p < np; p++)
+        if (!vm[p * SA_CPU_BK + jj]) s[jj * Mp + g * np + p] = -INFINITY;
+}
+
+/* One key tile [q rows i0.., keys j0..] in the layout of the FWD / BWD_DQ items: K and V rows in fp32, and a
+   prefetch of the next tile's rows. */
+static void load_kv_rows(const sa_cpu_ctx *c, const sa_bufs *B, int64_t b, int64_t kh, int64_t j0, int64_t nk,
+                         int64_t jhi) {
+  const sa_attn *a = c->a;
+  const int64_t S = a->kv_len, Kh = a->kv_heads, H = a->head_dim, Hv = a->v_head_dim;
+  for (int64_t jj = 0; jj < nk; jj++) {
+    int64_t row = (b * S + j0 + jj) * Kh + kh;
+    cvt(B->kr + jj * c->hp, a->k, a->dtype, row * H, H, c->hp, 1.0f);
+    cvt(B->v + jj * c->hvp, a->v, a->dtype, row * Hv, Hv, c->hvp, 1.0f);
+  }
+  if (j0 + SA_CPU_BK < jhi) {
+    int64_t nn = SA_MIN(SA_CPU_BK, jhi - j0 - SA_CPU_BK);
+    prefetch_rows(a->k, a->dtype, b * S + j0 + SA_CPU_BK, nn, Kh * H, kh * H, H);
+    prefetch_rows(a->v, a->dtype, b * S + j0 + SA_CPU_BK, nn, Kh * Hv, kh * Hv, Hv);
+  }
+}
+
 /* ---- forward --------------------------------------------------------------------------------- */
 
-/* One online-softmax step for a row of SA_CPU_BK scores s (base 2): s becomes p = 2^(s - m_new), and
-   l and the output accumulator o are rescaled by 2^(m_old - m_new). While the running max is still -inf
-   (vanilla, nothing valid yet) the reference point is 0 so that masked entries give p = 0, not NaN. */
-static void softmax_step(float *s, float *m, float *l, float *o, int64_t hvp) {
-  vf mx = V_SET1(-INFINITY);
-  for (int64_t j = 0; j < SA_CPU_BK; j += VW) mx = V_MAX(mx, V_LOAD(s + j));
-  float mt = V_RMAX(mx), mnew = mt > *m ? mt : *m, mu = mnew == -INFINITY ? 0.0f : mnew;
-  vf mv = V_SET1(mu), sum = V_ZERO();
-  for (int64_t j = 0; j < SA_CPU_BK; j += VW) {
-    vf p = V_EXP2(V_SUB(V_LOAD(s + j), mv));
-    V_STORE(s + j, p);
-    sum = V_ADD(sum, p);
+/* One online-softmax step on S^T [nk x Mp] (base 2; column c = query row c, c < M): s becomes
+   p = 2^(s - m_new); l and the output rows o are rescaled by 2^(m_old - m_new). While a running max is
+   still -inf (vanilla, nothing valid yet) the reference point is 0 so that masked entries give p = 0, not
+   NaN; equal old and new maxima (also +inf == +inf, a +inf sink) rescale by exactly 1. */
+static void softmax_cols(float *s, int64_t nk, int64_t Mp, int64_t M, float *m, float *l, float *o, int64_t hvp,
+                         float *cm, float *cl) {
+  for (int64_t c0 = 0; c0 < Mp; c0 += VW) {
+    vf mx = V_SET1(-INFINITY);
+    for (int64_t jj = 0; jj < nk; jj++) mx = V_MAX(mx, V_LOAD(s + jj * Mp + c0));
+    V_STORE(cm + c0, mx);
   }
-  float alpha = *m == mu ? 1.0f : exp2f(*m - mu); /* equal: also +inf == +inf (a +inf sink) */
-  *l = *l * alpha + V_RADD(sum);
-  if (alpha != 1.0f) scale_row(o, hvp, alpha);
-  *m = mnew;
+  for (int64_t c = 0; c < Mp; c++) {
+    if (c >= M) { /* padding columns: any finite reference */
+      cm[c] = 0.0f;
+      continue;
+    }
+    float mold = m[c], mnew = cm[c] > mold ? cm[c] : mold, mu = mnew == -INFINITY ? 0.0f : mnew;
+    cl[c] = mold == mu ? 1.0f : exp2f(mold - mu);
+    cm[c] = mu;
+    m[c] = mnew;
+  }
+  for (int64_t c0 = 0; c0 < Mp; c0 += VW) {
+    vf mu = V_LOAD(cm + c0), sum = V_ZERO();
+    for (int64_t jj = 0; jj < nk; jj++) {
+      vf p = V_EXP2(V_SUB(V_LOAD(s + jj * Mp + c0), mu));
+      V_STORE(s + jj * Mp + c0, p);
+      sum = V_ADD(sum, p);
+    }
+    V_STORE(cm + c0, sum);
+  }
+  for (int64_t c = 0; c < M; c++) {
+    l[c] = l[c] * cl[c] + cm[c];
+    if (cl[c] != 1.0f) scale_row(o + c * hvp, hvp, cl[c]);
+  }
 }
 
 static void fwd_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   const sa_attn *a = c->a;
   const sa_dtype dt = a->dtype;
-  const int64_t T = a->q_len, S = a->kv_len, N = a->q_heads, Kh = a->kv_heads, H = a->head_dim, Hv = a->v_head_dim;
-  const int64_t G = c->G, hp = c->hp, hvp = c->hvp, BK = SA_CPU_BK;
+  const int64_t T = a->q_len, N = a->q_heads, Kh = a->kv_heads, H = a->head_dim, Hv = a->v_head_dim;
+  const int64_t G = c->G, hvp = c->hvp, BK = SA_CPU_BK;
   const int64_t qb = item % c->nqb, kh = (item / c->nqb) % Kh, b = item / (c->nqb * Kh);
-  const int64_t i0 = qb * c->bq, np = SA_MIN(c->bq, T - i0), M = G * np;
+  const int64_t i0 = qb * c->bq, np = SA_MIN(c->bq, T - i0), M = G * np, Mp = pad_to(M);
   const int64_t ql = sa_q_len_of(a, b), kl = sa_kv_len_of(a, b);
   sa_bufs B;
   carve(c, SA_CPU_FWD, ws, &B);
   sa_range rg[SA_CPU_ROWS];
   int64_t jlo, jhi;
   ranges(a, ql, kl, i0, np, rg, &jlo, &jhi);
+  if (Mp > M) memset(B.qt, 0, (size_t)(H * Mp) * sizeof(float));
   for (int64_t g = 0; g < G; g++)
     for (int64_t p = 0; p < np; p++) {
       int64_t r = g * np + p, n = kh * G + g;
-      cvt(B.q + r * hp, a->q, dt, ((b * T + i0 + p) * N + n) * H, H, hp, c->scale2);
+      cvt(B.tmp, a->q, dt, ((b * T + i0 + p) * N + n) * H, H, H, c->scale2);
+      scatter_col(B.qt, Mp, r, B.tmp, H);
       B.r1[r] = sa_sink_logit(a, n) * SA_LOG2E; /* running max, seeded with the sink */
       B.r2[r] = 0.0f;                           /* running sum, without the sink */
     }
@@ -268,30 +311,16 @@ static void fwd_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
 
   for (int64_t j0 = jlo; j0 < jhi; j0 += BK) {
     const int64_t nk = SA_MIN(BK, jhi - j0);
-    int cls = tile_class(a, b, rg, i0, np, j0, nk);
+    const int cls = tile_class(a, b, rg, i0, np, j0, nk);
     if (cls == 0) continue;
-    if (nk < BK) {
-      cls = 1;
-      memset(B.kt, 0, (size_t)(H * BK) * sizeof(float));
-    }
-    for (int64_t jj = 0; jj < nk; jj++) {
-      int64_t row = (b * S + j0 + jj) * Kh + kh;
-      cvt(B.tmp, a->k, dt, row * H, H, H, 1.0f);
-      scatter_col(B.kt, BK, jj, B.tmp, H);
-      cvt(B.v + jj * hvp, a->v, dt, row * Hv, Hv, hvp, 1.0f);
-    }
-    if (j0 + BK < jhi) {
-      int64_t nn = SA_MIN(BK, jhi - j0 - BK);
-      prefetch_rows(a->k, dt, b * S + j0 + BK, nn, Kh * H, kh * H, H);
-      prefetch_rows(a->v, dt, b * S + j0 + BK, nn, Kh * Hv, kh * Hv, Hv);
-    }
-    gemm(M, BK, H, B.q, hp, B.kt, BK, B.s, BK, 0);
+    load_kv_rows(c, &B, b, kh, j0, nk, jhi);
+    gemm(nk, Mp, H, B.kr, c->hp, 1, B.qt, Mp, B.s, Mp, 0); /* S^T = k q^T */
     if (cls == 1) {
       build_mask(B.vm, BK, 1, a, b, rg, i0, np, np, j0, nk, BK);
-      apply_mask_rows(B.s, M, np, B.vm);
+      mask_cols(B.s, nk, Mp, G, np, B.vm);
     }
-    for (int64_t r = 0; r < M; r++) softmax_step(B.s + r * BK, B.r1 + r, B.r2 + r, B.acc + r * hvp, hvp);
-    gemm(M, hvp, nk, B.s, BK, B.v, hvp, B.acc, hvp, 1);
+    softmax_cols(B.s, nk, Mp, M, B.r1, B.r2, B.acc, hvp, B.cm, B.cl);
+    gemm(M, hvp, nk, B.s, 1, Mp, B.v, hvp, B.acc, hvp, 1); /* o += P v, P read through S^T's strides */
   }
 
   /* The sink enters here, once: l_total = l + 2^(a - m). No valid key contributed (l == 0): out = 0 and
@@ -323,26 +352,36 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   const sa_attn *a = c->a;
   const sa_attn_grad *gr = c->g;
   const sa_dtype dt = a->dtype;
-  const int64_t T = a->q_len, S = a->kv_len, N = a->q_heads, Kh = a->kv_heads, H = a->head_dim, Hv = a->v_head_dim;
+  const int64_t T = a->q_len, N = a->q_heads, Kh = a->kv_heads, H = a->head_dim, Hv = a->v_head_dim;
   const int64_t G = c->G, hp = c->hp, hvp = c->hvp, BK = SA_CPU_BK;
   const int64_t qb = item % c->nqb, kh = (item / c->nqb) % Kh, b = item / (c->nqb * Kh);
-  const int64_t i0 = qb * c->bq, np = SA_MIN(c->bq, T - i0), M = G * np;
+  const int64_t i0 = qb * c->bq, np = SA_MIN(c->bq, T - i0), M = G * np, Mp = pad_to(M);
   const int64_t ql = sa_q_len_of(a, b), kl = sa_kv_len_of(a, b);
   sa_bufs B;
   carve(c, SA_CPU_BWD_DQ, ws, &B);
   sa_range rg[SA_CPU_ROWS];
   int64_t jlo, jhi;
   ranges(a, ql, kl, i0, np, rg, &jlo, &jhi);
+  if (Mp > M) { /* padding columns: zero q and dout, p = 2^(0 - inf) = 0 */
+    memset(B.qt, 0, (size_t)(H * Mp) * sizeof(float));
+    memset(B.dt, 0, (size_t)(Hv * Mp) * sizeof(float));
+    for (int64_t r = M; r < Mp; r++) {
+      B.r1[r] = INFINITY;
+      B.r2[r] = 0.0f;
+    }
+  }
   for (int64_t g = 0; g < G; g++) {
     int64_t n = kh * G + g;
     float sink = sa_sink_logit(a, n), part = 0.0f;
     for (int64_t p = 0; p < np; p++) {
       int64_t r = g * np + p, i = i0 + p, orow = ((b * T + i) * N + n) * Hv, lrow = (b * N + n) * T + i;
-      cvt(B.q + r * hp, a->q, dt, ((b * T + i) * N + n) * H, H, hp, c->scale2);
-      cvt(B.d + r * hvp, gr->dout, dt, orow, Hv, hvp, 1.0f);
-      cvt(B.tmp, a->out, dt, orow, Hv, hvp, 1.0f);
+      cvt(B.tmp, a->q, dt, ((b * T + i) * N + n) * H, H, H, c->scale2);
+      scatter_col(B.qt, Mp, r, B.tmp, H);
+      cvt(B.tmp, gr->dout, dt, orow, Hv, hvp, 1.0f);
+      cvt(B.tmp2, a->out, dt, orow, Hv, hvp, 1.0f);
+      scatter_col(B.dt, Mp, r, B.tmp, Hv);
       vf acc = V_ZERO();
-      for (int64_t e = 0; e < hvp; e += VW) acc = V_FMA(V_LOAD(B.d + r * hvp + e), V_LOAD(B.tmp + e), acc);
+      for (int64_t e = 0; e < hvp; e += VW) acc = V_FMA(V_LOAD(B.tmp + e), V_LOAD(B.tmp2 + e), acc);
       float D = V_RADD(acc) - (gr->dlse ? gr->dlse[lrow] : 0.0f), lse = a->lse[lrow];
       c->dbuf[lrow] = D;
       B.r1[r] = lse_base2(lse);
@@ -356,40 +395,23 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
 
   for (int64_t j0 = jlo; j0 < jhi; j0 += BK) {
     const int64_t nk = SA_MIN(BK, jhi - j0);
-    int cls = tile_class(a, b, rg, i0, np, j0, nk);
+    const int cls = tile_class(a, b, rg, i0, np, j0, nk);
     if (cls == 0) continue;
-    if (nk < BK) {
-      cls = 1;
-      memset(B.kt, 0, (size_t)(H * BK) * sizeof(float));
-      memset(B.vt, 0, (size_t)(Hv * BK) * sizeof(float));
-    }
-    for (int64_t jj = 0; jj < nk; jj++) {
-      int64_t row = (b * S + j0 + jj) * Kh + kh;
-      cvt(B.kr + jj * hp, a->k, dt, row * H, H, hp, 1.0f);
-      scatter_col(B.kt, BK, jj, B.kr + jj * hp, H);
-      cvt(B.tmp, a->v, dt, row * Hv, Hv, Hv, 1.0f);
-      scatter_col(B.vt, BK, jj, B.tmp, Hv);
-    }
-    if (j0 + BK < jhi) {
-      int64_t nn = SA_MIN(BK, jhi - j0 - BK);
-      prefetch_rows(a->k, dt, b * S + j0 + BK, nn, Kh * H, kh * H, H);
-      prefetch_rows(a->v, dt, b * S + j0 + BK, nn, Kh * Hv, kh * Hv, Hv);
-    }
-    gemm(M, BK, H, B.q, hp, B.kt, BK, B.s, BK, 0);
+    load_kv_rows(c, &B, b, kh, j0, nk, jhi);
+    gemm(nk, Mp, H, B.kr, hp, 1, B.qt, Mp, B.s, Mp, 0); /* S^T = k q^T */
     if (cls == 1) {
       build_mask(B.vm, BK, 1, a, b, rg, i0, np, np, j0, nk, BK);
-      apply_mask_rows(B.s, M, np, B.vm);
+      mask_cols(B.s, nk, Mp, G, np, B.vm);
     }
-    gemm(M, BK, Hv, B.d, hvp, B.vt, BK, B.dp, BK, 0);
-    for (int64_t r = 0; r < M; r++) { /* p = 2^(s - lse2); ds = p (dp - D) */
-      float *s = B.s + r * BK, *dp = B.dp + r * BK;
-      vf l2 = V_SET1(B.r1[r]), Dv = V_SET1(B.r2[r]);
-      for (int64_t j = 0; j < BK; j += VW) {
-        vf p = V_EXP2(V_SUB(V_LOAD(s + j), l2));
-        V_STORE(dp + j, V_MUL(p, V_SUB(V_LOAD(dp + j), Dv)));
+    gemm(nk, Mp, Hv, B.v, hvp, 1, B.dt, Mp, B.dp, Mp, 0); /* dP^T = v dout^T */
+    for (int64_t jj = 0; jj < nk; jj++) { /* p = 2^(s - lse2); ds = p (dp - D), per column */
+      float *s = B.s + jj * Mp, *dp = B.dp + jj * Mp;
+      for (int64_t e = 0; e < Mp; e += VW) {
+        vf p = V_EXP2(V_SUB(V_LOAD(s + e), V_LOAD(B.r1 + e)));
+        V_STORE(dp + e, V_MUL(p, V_SUB(V_LOAD(dp + e), V_LOAD(B.r2 + e))));
       }
     }
-    gemm(M, hp, nk, B.dp, BK, B.kr, hp, B.acc, hp, 1);
+    gemm(M, hp, nk, B.dp, 1, Mp, B.kr, hp, B.acc, hp, 1); /* dq += dS k */
   }
   for (int64_t r = 0; r < M; r++) {
     int64_t g = r / np, p = r % np, n = kh * G + g;
@@ -423,13 +445,19 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   const int64_t j0 = kb * BK, nall = SA_MIN(BK, S - j0), nk = SA_MAX(0, SA_MIN(nall, kl - j0));
   sa_bufs B;
   carve(c, SA_CPU_BWD_DKDV, ws, &B);
+  if (nk < BK) { /* columns past nk only feed dk/dv rows that are never computed */
+    memset(B.kt, 0, (size_t)(H * BK) * sizeof(float));
+    memset(B.vt, 0, (size_t)(Hv * BK) * sizeof(float));
+  }
   for (int64_t jj = 0; jj < nk; jj++) {
     int64_t row = (b * S + j0 + jj) * Kh + kh;
-    cvt(B.kr + jj * hp, a->k, dt, row * H, H, hp, 1.0f);
-    cvt(B.v + jj * hvp, a->v, dt, row * Hv, Hv, hvp, 1.0f);
+    cvt(B.tmp, a->k, dt, row * H, H, H, 1.0f);
+    scatter_col(B.kt, BK, jj, B.tmp, H);
+    cvt(B.tmp, a->v, dt, row * Hv, Hv, Hv, 1.0f);
+    scatter_col(B.vt, BK, jj, B.tmp, Hv);
   }
-  memset(B.acc, 0, (size_t)(nk * hp) * sizeof(float));
-  memset(B.acc2, 0, (size_t)(nk * hvp) * sizeof(float));
+  memset(B.acc, 0, (size_t)(nall * hp) * sizeof(float));
+  memset(B.acc2, 0, (size_t)(nall * hvp) * sizeof(float));
   const int64_t ib = first_row(a, ql, kl, 0, ql, j0, 1);
   const int64_t ie = nk > 0 ? first_row(a, ql, kl, ib, ql, j0 + nk, 0) : ib;
   sa_range rg[SA_CPU_BQ2];
@@ -439,24 +467,13 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
     for (int64_t p = 0; p < np; p++) rg[p] = sa_key_range(a, ql, kl, i0 + p);
     const int cls = tile_class(a, b, rg, i0, np, j0, nk);
     if (cls == 0) continue;
-    if (cls == 1) build_mask(B.vm, 1, Q2, a, b, rg, i0, np, Q2, j0, nk, BK);
+    if (cls == 1) build_mask(B.vm, BK, 1, a, b, rg, i0, np, np, j0, nk, BK);
     for (int64_t g = 0; g < G; g++) {
       const int64_t n = kh * G + g;
-      if (np < Q2) {
-        memset(B.qt, 0, (size_t)(H * Q2) * sizeof(float));
-        memset(B.dt, 0, (size_t)(Hv * Q2) * sizeof(float));
-      }
-      for (int64_t p = 0; p < Q2; p++) {
-        if (p >= np) { /* padding columns: p = 2^(0 - inf) = 0 */
-          B.r1[p] = INFINITY;
-          B.r2[p] = 0.0f;
-          continue;
-        }
+      for (int64_t p = 0; p < np; p++) {
         int64_t i = i0 + p, lrow = (b * N + n) * T + i;
-        cvt(B.q + p * hp, a->q, dt, ((b * T + i) * N + n) * H, H, hp, 1.0f);
-        for (int64_t d = 0; d < H; d++) B.qt[d * Q2 + p] = B.q[p * hp + d] * c->scale2;
+        cvt(B.q + p * hp, a->q, dt, ((b * T + i) * N + n) * H, H, hp, c->scale2);
         cvt(B.d + p * hvp, gr->dout, dt, ((b * T + i) * N + n) * Hv, Hv, hvp, 1.0f);
-        scatter_col(B.dt, Q2, p, B.d + p * hvp, Hv);
         B.r1[p] = lse_base2(a->lse[lrow]);
         B.r2[p] = c->dbuf[lrow];
       }
@@ -467,29 +484,29 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
           prefetch_rows(gr->dout, dt, b * T + ni, nn, N * Hv, ng * Hv, Hv);
         }
       }
-      gemm(nk, Q2, H, B.kr, hp, B.qt, Q2, B.s, Q2, 0); /* S^T: keys x positions */
+      gemm(np, BK, H, B.q, hp, 1, B.kt, BK, B.s, BK, 0); /* S = q k^T */
       if (cls == 1)
-        for (int64_t e = 0; e < nk * Q2; e++)
+        for (int64_t e = 0; e < np * BK; e++)
           if (!B.vm[e]) B.s[e] = -INFINITY;
-      for (int64_t jj = 0; jj < nk; jj++) {
-        float *s = B.s + jj * Q2;
-        for (int64_t e = 0; e < Q2; e += VW) V_STORE(s + e, V_EXP2(V_SUB(V_LOAD(s + e), V_LOAD(B.r1 + e))));
+      for (int64_t p = 0; p < np; p++) {
+        float *s = B.s + p * BK;
+        vf l2 = V_SET1(B.r1[p]);
+        for (int64_t e = 0; e < BK; e += VW) V_STORE(s + e, V_EXP2(V_SUB(V_LOAD(s + e), l2)));
       }
-      gemm(nk, hvp, np, B.s, Q2, B.d, hvp, B.acc2, hvp, 1); /* dv += P^T dout */
-      gemm(nk, Q2, Hv, B.v, hvp, B.dt, Q2, B.dp, Q2, 0);    /* dP^T = v dout^T */
-      for (int64_t jj = 0; jj < nk; jj++) {
-        float *s = B.s + jj * Q2, *dp = B.dp + jj * Q2;
-        for (int64_t e = 0; e < Q2; e += VW)
-          V_STORE(dp + e, V_MUL(V_LOAD(s + e), V_SUB(V_LOAD(dp + e), V_LOAD(B.r2 + e))));
+      gemm(nk, hvp, np, B.s, 1, BK, B.d, hvp, B.acc2, hvp, 1); /* dv += P^T dout */
+      gemm(np, BK, Hv, B.d, hvp, 1, B.vt, BK, B.dp, BK, 0);    /* dP = dout v^T */
+      for (int64_t p = 0; p < np; p++) {
+        float *s = B.s + p * BK, *dp = B.dp + p * BK;
+        vf Dv = V_SET1(B.r2[p]);
+        for (int64_t e = 0; e < BK; e += VW) V_STORE(dp + e, V_MUL(V_LOAD(s + e), V_SUB(V_LOAD(dp + e), Dv)));
       }
-      gemm(nk, hp, np, B.dp, Q2, B.q, hp, B.acc, hp, 1); /* dk += dS^T q (scale applied at the end) */
+      gemm(nk, hp, np, B.dp, 1, BK, B.q, hp, B.acc, hp, 1); /* dk += dS^T (scale2 q) */
     }
   }
-  memset(B.acc + nk * hp, 0, (size_t)((nall - nk) * hp) * sizeof(float));
-  memset(B.acc2 + nk * hvp, 0, (size_t)((nall - nk) * hvp) * sizeof(float));
+  /* q was scaled by scale * log2(e): dk = scale * dS^T q = ln(2) * dS^T (scale2 q). */
   for (int64_t jj = 0; jj < nall; jj++) {
     int64_t row = (b * S + j0 + jj) * Kh + kh;
-    put(gr->dk, dt, row * H, B.acc + jj * hp, H, c->scale);
+    put(gr->dk, dt, row * H, B.acc + jj * hp, H, SA_LN2);
     put(gr->dv, dt, row * Hv, B.acc2 + jj * hvp, Hv, 1.0f);
   }
 }
