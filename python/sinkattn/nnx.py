@@ -25,12 +25,16 @@ from .flax import SOFTMAX_OFFSET_AXES, Window, apply_rope, normalize_softmax_typ
 __all__ = ["DotProductAttention", "MultiHeadAttention"]
 
 
-def _eager_sharding() -> bool:
-    return nnx.using_eager_sharding() and not jax.sharding.get_abstract_mesh().empty
-
-
 def _partitioned(init: Callable, axes) -> Callable:
-    return nnx.with_partitioning(init, axes, eager_sharding=_eager_sharding())
+    """`init` with sharding metadata `axes`; eager sharding (flax >= 0.12) only under an active mesh."""
+    if not hasattr(nnx, "using_eager_sharding"):      # flax < 0.12: metadata only, nothing eager
+        return nnx.with_partitioning(init, axes)
+    eager = nnx.using_eager_sharding() and not jax.sharding.get_abstract_mesh().empty
+    return nnx.with_partitioning(init, axes, eager_sharding=eager)
+
+
+# flax >= 0.12 makes an attribute first set to None static; nnx.data keeps the cache slots data.
+_data = getattr(nnx, "data", lambda x: x)
 
 
 class DotProductAttention(nnx.Module):
@@ -124,7 +128,7 @@ class MultiHeadAttention(nnx.Module):
             num_heads, softmax_type=softmax_type, scale=scale, is_causal=is_causal,
             causal_alignment=causal_alignment, local_window_size=local_window_size, dtype=dtype,
             implementation=implementation)
-        self.cached_key = self.cached_value = self.cache_index = nnx.data(None)    # set by init_cache
+        self.cached_key = self.cached_value = self.cache_index = _data(None)    # set by init_cache
 
     def init_cache(self, batch: int, max_len: int, dtype: Any = jnp.float32):
         """KV cache [B, max_len, K, H] (zeros) and its fill index."""
