@@ -211,7 +211,8 @@ def test_ring_bench_runs_on_cpu(tmp_path):
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
   env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
-  proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ring_bench.py"), "--tiny", "--out", str(out)],
+  bench = os.path.join(ROOT, "bench", "ring_bench.py")
+  proc = subprocess.run([sys.executable, bench, "--tiny", "--out", str(out)],
                         env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-4000:]
   result = json.loads(out.read_text())

@@ -9,14 +9,18 @@ device and runs the whole problem everywhere. `attn_fwd` / `attn_bwd` here have 
   q heads and kv heads are separate factors, not the compound (k g): Shardy splits a mesh axis that does
   not divide K into sub-axes for (k g) (e.g. 4 devices, K = 2), and such a sharding cannot be named by
   a PartitionSpec, so the partition callback could not even be called.
-- partition(): the final decision, which ties the two head factors together. Batch axes are taken from q's batch dim; head axes from q's head dim
-  when their size m divides K (each shard keeps whole GQA groups, kv heads sharded the same way), or
-  when K divides m (MQA / few kv heads under tensor parallelism: k/v stay replicated over the head
-  axes, each shard slices the one kv head its q heads read, and dk/dv are psum-ed over the head axes,
-  since m / K shards each hold part of a group); otherwise heads are replicated. Every shard runs the primitive on its block.
+- partition(): the final decision, which ties the two head factors together. Batch axes come from q's
+  batch dim; head axes from q's head dim when their size m divides K (each shard keeps whole GQA
+  groups, kv heads sharded the same way), or when K divides m (MQA / few kv heads under tensor
+  parallelism: k/v stay replicated over the head axes, each shard slices the one kv head its q heads
+  read, and dk/dv are psum-ed over the head axes, since m / K shards each hold part of a group);
+  otherwise heads are replicated. Every shard runs the primitive on its block.
 - dsinks is a sum over batch rows, so each shard's partial sum is psum-ed over the batch axes inside
   the partition: always, with no mesh-resource setting (Transformer Engine skips this reduction unless
   one is configured, silently leaving a per-shard dsinks).
+- Inside shard_map (all axes manual) the call runs as is; its results are typed as varying over the
+  axes its inputs vary over, and the gradient of an input that varies over fewer axes (replicated
+  sinks, or k/v replicated over a head axis) is psum-ed over the rest, so custom_vjp accepts it.
 - Under jax.vmap the call goes to the primitive's own batching rule (custom_vmap): custom_partitioning
   has no batching rule of its own.
 The GSPMD partitioner (jax_use_shardy_partitioner=False) gets the same decision through
