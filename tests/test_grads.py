@@ -110,6 +110,18 @@ def test_vmap_of_grad_per_example_dsinks(platform):
   np.testing.assert_allclose(gs, g[1].sum(0), rtol=1e-5, atol=1e-5)
 
 
+def test_vmap_of_grad_all_batched(platform):
+  """vmap(grad) with every input batched and no learnable sink: the backward folds the vmap dim."""
+  q, k, v, _ = make_inputs(13, B=2, T=8, S=8)
+  qs, ks, vs = (jnp.stack([x, -x, 0.5 * x]) for x in (q, k, v))
+  f = lambda q, k, v: jnp.sum(jnp.sin(sinkattn.dot_product_attention(q, k, v, softmax_type="off_by_one",
+                                                                      is_causal=True)))
+  g = jax.vmap(jax.grad(f, argnums=(0, 1, 2)))(qs, ks, vs)
+  for i in range(3):
+    for got, want in zip(g, jax.grad(f, argnums=(0, 1, 2))(qs[i], ks[i], vs[i])):
+      np.testing.assert_allclose(got[i], want, atol=1e-5)
+
+
 def test_dsinks_deterministic(platform):
   q, k, v, sinks = make_inputs(12, B=3, T=32, S=32)
   f = jax.jit(jax.grad(lambda s: jnp.sum(sinkattn.dot_product_attention(q, k, v, s) ** 2)))

@@ -174,6 +174,10 @@ def test_vmap(platform, impl):
   np.testing.assert_allclose(got, _loop(lambda q, k, l: f(q, k, sinks, l), qs, ks, lens), atol=1e-6)
   got = jax.vmap(f, in_axes=(0, None, 0, None))(qs, k, ss, lens[0])
   np.testing.assert_allclose(got, _loop(lambda q, s: f(q, k, s, lens[0]), qs, ss), atol=1e-6)
+  # every input batched, sinks shared: the handler folds the vmap dim into the batch
+  vs = jnp.stack([v, -v, v[::-1]])
+  g = lambda q, k, v, l: sinkattn.dot_product_attention(q, k, v, sinks, query_seq_lengths=l, implementation=impl)
+  np.testing.assert_allclose(jax.vmap(g)(qs, ks, vs, lens), _loop(g, qs, ks, vs, lens), atol=1e-6)
   # two extra dims
   q2 = jnp.stack([qs, qs[::-1]])
   got = jax.vmap(jax.vmap(lambda q: f(q, k, sinks, lens[0])))(q2)
