@@ -46,3 +46,16 @@ def test_generate_matches_argmax_of_full_forward():
     tokens = demo.generate(model, params, prompt, 6, jax.random.key(1), temperature=1e-4)
     logits = model.apply({"params": params}, tokens[:, :-1])
     np.testing.assert_array_equal(tokens[0, prompt.shape[1]:], jnp.argmax(logits[0, prompt.shape[1] - 1:], -1))
+
+
+def test_sink_report_without_learnable_sinks():
+    """Vanilla puts no mass on the sink; off-by-one a mass in (0, 1) from its zero logit."""
+    corpus = CharCorpus(2_000)
+    batch = jnp.asarray(corpus.tokens[:32])[None, :]
+    for softmax_type, sink in (("vanilla", -np.inf), ("off_by_one", 0.0)):
+        model = demo.LanguageModel(corpus.vocab_size, d_model=16, layers=2, heads=2, kv_heads=1, window=4,
+                                   softmax_type=softmax_type)
+        params = model.init(jax.random.key(0), batch)["params"]
+        for sinks, mass in demo.sink_report(model, params, batch):
+            assert np.all(sinks == sink)
+            assert np.all(mass == 0) if softmax_type == "vanilla" else np.all((mass > 0) & (mass < 1))

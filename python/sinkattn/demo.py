@@ -127,7 +127,7 @@ def sink_report(model, params, batch):
     rows = []
     for i in range(model.layers):
         lse = state["intermediates"][f"block_{i}"]["lse"][0]                        # [B,N,T]
-        core = params[f"block_{i}"]["attn"]["attention"]
+        core = params[f"block_{i}"]["attn"].get("attention", {})        # empty unless learnable
         if "softmax_offset" in core:
             sink = jnp.reshape(core["softmax_offset"], (-1,))
         else:
