@@ -147,3 +147,15 @@ def test_optimizer_steps_reduce_loss_and_move_sinks():
     losses = [float(step(mha, opt)) for _ in range(15)]
     assert losses[-1] < 0.8 * losses[0], losses
     assert float(jnp.abs(mha.attention.softmax_offset[...]).max()) > 0.05
+
+
+def test_sharding_applied_under_a_mesh():
+    """Without a mesh the metadata is only recorded; under one (with logical rules) flax shards eagerly."""
+    mesh = jax.make_mesh((1,), ("model",), axis_types=(jax.sharding.AxisType.Explicit,))
+    rules = (("heads", "model"), ("kv_heads", "model"), ("embed", None), ("head_dim", None))
+    with jax.sharding.set_mesh(mesh), nn.logical_axis_rules(rules):
+        mha = _mha()
+        assert mha.attention.softmax_offset[...].sharding.spec == jax.sharding.PartitionSpec(None, "model", None,
+                                                                                             None)
+        assert mha.key.kernel[...].sharding.spec == jax.sharding.PartitionSpec(None, "model", None)
+        assert mha(jnp.ones((B, T, D))).shape == (B, T, D)
