@@ -1,6 +1,5 @@
 """Smoke test of `python -m sinkattn.demo` with tiny flags: it trains, compares, reports and plots."""
 import json
-import os
 
 import jax
 import jax.numpy as jnp

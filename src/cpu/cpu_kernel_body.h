@@ -329,7 +329,9 @@ static void fwd_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
     int64_t g = r / np, p = r % np, n = kh * G + g, i = i0 + p;
     float sink = sa_sink_logit(a, n), m = B.r1[r], l = B.r2[r], lse;
     float *o = B.acc + r * hvp;
-    if (l == 0.0f || m == -INFINITY) {
+    /* l == 0 alone: m = -inf implies l = 0, except when a NaN score made l NaN (the max skips NaN):
+       that row must come out NaN, not look empty. */
+    if (l == 0.0f) {
       memset(o, 0, (size_t)hvp * sizeof(float));
       lse = sink;
     } else {

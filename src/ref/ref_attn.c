@@ -62,7 +62,9 @@ sa_status sa_ref_fwd64(const sa_attn *a, const double *q, const double *k, const
            cannot overflow exp(), and a row without keys keeps m = a_n. */
         sa_ref_scores(a, q, k, b, n, i, s);
         double m = sink;
-        for (int64_t j = 0; j < S; j++) m = s[j] > m ? s[j] : m;
+        /* A NaN score (NaN or inf in q or k) is kept as the max: the row then comes out NaN instead of
+           looking empty (s > m is false for NaN, which would skip it). */
+        for (int64_t j = 0; j < S && !isnan(m); j++) m = s[j] > m || isnan(s[j]) ? s[j] : m;
 
         /* A row with no valid key and no sink (vanilla): nothing to normalise. out = 0, lse = -inf. */
         if (m == -INFINITY) {
