@@ -9,9 +9,10 @@
  *   - sa_attn_fwd returns what sa_attn_check returns; on failure out/lse are untouched and
  *     sa_last_error() is non-empty; on success it is "".
  *   - the independent mask below agrees with sa_key_range + sa_segment_ok (the shared definition);
- *   - a row with no valid key: out = 0 and lse = the sink logit, bitwise;
- *   - finite inputs (and finite sinks) give finite out, dq, dk, dv, dsinks and a non-NaN lse;
- *   - CPU agrees with REF (fwd and bwd) within a dtype tolerance, when the CPU backend takes the case;
+ *   - finite inputs (and finite sinks): a row with no valid key has out = 0 and lse = the sink logit,
+ *     bitwise; out, dq, dk, dv, dsinks are finite and lse is not NaN; CPU agrees with REF (fwd and
+ *     bwd) within a dtype tolerance when the CPU backend takes the case;
+ *   - NaN/inf data: no crash, no error status;
  *   - NaN planted in padding (keys at j >= kv_len, queries at i >= q_len) never reaches a valid result.
  * A violated property calls __builtin_trap() so libFuzzer records the input as a crash.
  */
@@ -152,7 +153,7 @@ static void fz_check_fwd(const fz_case *c, int finite) {
         float sink = sa_sink_logit(a, n);
         int64_t ro = ((b * a->q_len + i) * a->q_heads + n) * a->v_head_dim;
         float lse = c->lse ? c->lse[(b * a->q_heads + n) * a->q_len + i] : 0.0f;
-        if (!nonempty) {
+        if (!nonempty && finite) { /* with NaN inside the lengths an empty row may be NaN too */
           for (int64_t d = 0; d < a->v_head_dim; d++) FZ_REQUIRE(sa_load(c->out, a->dtype, ro + d) == 0.0f);
           if (c->lse) FZ_REQUIRE(fz_same(lse, sink));
         } else if (finite && isfinite(sink)) {
@@ -271,9 +272,13 @@ static void fz_run(fz_in *in) {
   r.out = out_ref;
   r.lse = lse_ref;
   FZ_REQUIRE(sa_attn_fwd(&r, SA_BACKEND_REF, NULL) == SA_OK);
-  fz_close(c.out, out_ref, a->dtype, c.no, fz_tol(a->dtype));
-  for (int64_t x = 0; c.lse && x < c.rows; x++)
-    FZ_REQUIRE(fz_same(c.lse[x], lse_ref[x]) || fabsf(c.lse[x] - lse_ref[x]) <= 1e-4f * (1 + fabsf(lse_ref[x])));
+  /* Non-finite data inside the lengths may reach more rows on one backend than on the other (the
+     contract only bounds it from below), so backends are compared on finite inputs. */
+  if (finite) {
+    fz_close(c.out, out_ref, a->dtype, c.no, fz_tol(a->dtype));
+    for (int64_t x = 0; c.lse && x < c.rows; x++)
+      FZ_REQUIRE(fz_same(c.lse[x], lse_ref[x]) || fabsf(c.lse[x] - lse_ref[x]) <= 1e-4f * (1 + fabsf(lse_ref[x])));
+  }
 
   if (c.lse && !(flags & 2048)) {
     c.dout = fz_alloc(c.no, es); c.dq = fz_alloc(c.nq, es); c.dk = fz_alloc(c.nk, es); c.dv = fz_alloc(c.nv, es);

@@ -27,8 +27,10 @@ fi
 CC_FUZZ=$(command -v clang-14 || command -v clang)
 
 mkdir -p build-fuzz
+# No -Werror here: clang warns where gcc (the -Werror build) does not, e.g. an unused static inline in
+# a .c file; this build is for finding memory and UB bugs, the gcc builds enforce warnings.
 cmake -S . -B build-fuzz -DCMAKE_C_COMPILER="$CC_FUZZ" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DSINKATTN_FUZZ=ON -DSINKATTN_CUDA=OFF -DSINKATTN_TESTS=OFF -DSINKATTN_WERROR=ON \
+      -DSINKATTN_FUZZ=ON -DSINKATTN_CUDA=OFF -DSINKATTN_TESTS=OFF -DSINKATTN_WERROR=OFF \
       -DPython_EXECUTABLE="$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")" >build-fuzz/configure.log 2>&1 || { cat build-fuzz/configure.log; exit 1; }
 targets=${FUZZ_TARGETS:-fuzz_attn $(ls src/ffi/*.c >/dev/null 2>&1 && echo fuzz_ffi)}
 cmake --build build-fuzz -j "$JOBS" --target $targets
