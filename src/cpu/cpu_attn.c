@@ -49,10 +49,12 @@ static void sa_cpu_ctx_init(sa_cpu_ctx *c, const sa_attn *a, const sa_attn_grad 
   c->a = a;
   c->g = g;
   c->G = a->q_heads / a->kv_heads;
-  /* G heads x bq positions = SA_CPU_ROWS rows share each K/V tile (one position per item when G > 64). */
-  c->bq = c->G >= SA_CPU_ROWS ? 1 : SA_CPU_ROWS / c->G;
+  /* G heads x bq positions share each K/V tile (one position per item when G exceeds the rows). */
+  int diag = a->causal != SA_CAUSAL_NONE || a->window_left >= 0 || a->window_right >= 0 || a->q_segment_ids;
+  int64_t rows = diag ? SA_CPU_ROWS_DIAG : SA_CPU_ROWS;
+  c->bq = c->G >= rows ? 1 : rows / c->G;
   c->nqb = (a->q_len + c->bq - 1) / c->bq;
-  c->nkb = (a->kv_len + SA_CPU_BK - 1) / SA_CPU_BK;
+  c->nkb = (a->kv_len + SA_CPU_BK2 - 1) / SA_CPU_BK2;
   c->hp = sa_round_up(a->head_dim, SA_CPU_PAD);
   c->hvp = sa_round_up(a->v_head_dim, SA_CPU_PAD);
   c->scale = sa_scale_of(a);

@@ -15,14 +15,20 @@
 
 #include "sa_internal.h"
 
-/* Tile sizes, one table (measured on a 2-core AMD EPYC Zen 4, f32, H = 128, see bench/NOTES.md).
-   SA_CPU_ROWS: query rows (G heads x positions) sharing one K/V tile in the forward and dq passes:
-     64 rows amortise the K/V conversion and transposition (1/64 of the FMA work) while S (16 KiB) and
-     the O accumulator (32 KiB at Hv = 128) stay in L1/L2.
-   SA_CPU_BK: keys per tile = 4 AVX-512 vectors, the width of the Q.K^T micro-kernel.
-   SA_CPU_BQ2: query positions per tile in the dk/dv pass (the vector axis of its S^T tile). */
-#define SA_CPU_ROWS 64
+/* Tile sizes, one table (measured on a 2-core AMD EPYC Zen 4, f32, T = S = 2048, H = 128, one thread,
+   per CPU second so that the shared machine's load does not enter; see bench/NOTES.md).
+   SA_CPU_ROWS: query rows (G heads x positions) per forward / dq item, sharing each K/V tile. The K/V
+     rows are converted once per item, so more rows mean fewer passes over K/V (each row of K/V sits on
+     its own page): 64 -> 128 -> 256 rows gave 68% -> 72% -> 76% of the FMA peak without a mask.
+   SA_CPU_ROWS_DIAG: the same with a causal / window / segment mask, where a taller block wastes more on
+     its diagonal tiles: 128 rows 66%, 256 rows 60% (causal).
+   SA_CPU_BK: keys per tile in the forward and dq passes (rows of S^T).
+   SA_CPU_BK2, SA_CPU_BQ2: keys per dk/dv item (128: the q / dout rows are converted once per 128 keys)
+     and query positions per tile in that pass. */
+#define SA_CPU_ROWS 256
+#define SA_CPU_ROWS_DIAG 128
 #define SA_CPU_BK 64
+#define SA_CPU_BK2 128
 #define SA_CPU_BQ2 64
 /* Head dims are padded to a multiple of 16 floats (one AVX-512 vector, two AVX2 ones) in the fp32 tiles. */
 #define SA_CPU_PAD 16
@@ -36,7 +42,7 @@ typedef struct sa_cpu_ctx {
   int64_t G;        /* query heads per kv head */
   int64_t bq;       /* query positions per forward / dq item (G * bq rows) */
   int64_t nqb;      /* query blocks of bq positions */
-  int64_t nkb;      /* key blocks of SA_CPU_BK in the dk/dv pass */
+  int64_t nkb;      /* key blocks of SA_CPU_BK2 in the dk/dv pass */
   int64_t hp, hvp;  /* head_dim, v_head_dim rounded up to SA_CPU_PAD */
   float scale;      /* softmax scale */
   float scale2;     /* scale * log2(e): scores are kept in base 2 so exp is exp2 */

@@ -20,6 +20,10 @@ typedef __m256 vf;
 #define V_LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define V_LOAD_BF16(p) \
   _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+/* x where lo <= j < hi, else -inf (the key-range mask of one row of S^T). */
+#define V_MASK_RANGE(x, j, lo, hi)                                                                        \
+  _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), (x),                                                       \
+                   _mm256_and_ps(_mm256_cmp_ps((lo), (j), _CMP_LE_OQ), _mm256_cmp_ps((j), (hi), _CMP_LT_OQ)))
 #define MK_R 4
 #define MK_C 2
 

@@ -23,6 +23,10 @@ typedef __m512 vf;
 #define V_LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define V_LOAD_BF16(p) \
   _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+/* x where lo <= j < hi, else -inf (the key-range mask of one row of S^T). */
+#define V_MASK_RANGE(x, j, lo, hi)                                                                     \
+  _mm512_mask_blend_ps(_mm512_cmp_ps_mask((lo), (j), _CMP_LE_OQ) & _mm512_cmp_ps_mask((j), (hi), _CMP_LT_OQ), \
+                       _mm512_set1_ps(-INFINITY), (x))
 #define MK_R 4
 #define MK_C 4
 

@@ -1,7 +1,7 @@
 /*
  * cpu_kernel_body.h — the CPU attention kernels, written once against the vector layer that the including
  * file defines (VW floats per vf; V_LOAD/V_STORE/V_FMA/V_ADD/V_SUB/V_MUL/V_MAX/V_RADD/V_RMAX/V_EXP2/
- * V_LOAD_F16/V_LOAD_BF16; micro-kernel shape MK_R x MK_C; SA_K_TABLE, SA_K_NAME). Everything here is
+ * V_LOAD_F16/V_LOAD_BF16/V_MASK_RANGE; micro-kernel shape MK_R x MK_C; SA_K_TABLE, SA_K_NAME). Everything here is
  * static: each including file is one SIMD level and exports only its sa_cpu_kernels table.
  *
  * Scores are kept in base 2: q is multiplied by scale * log2(e) when it is converted, so every
@@ -145,24 +145,12 @@ static int tile_class(const sa_attn *a, int64_t b, const sa_range *rg, int64_t i
   return all ? 2 : 1;
 }
 
-/* Validity of (position i0 + p, key j0 + jj) at vm[p * sp + jj * sj] for p < np, jj < nk; 0 elsewhere
-   in [0, bp) x [0, bk). */
-static void build_mask(uint8_t *vm, int64_t sp, int64_t sj, const sa_attn *a, int64_t b, const sa_range *rg,
-                       int64_t i0, int64_t np, int64_t bp, int64_t j0, int64_t nk, int64_t bk) {
-  for (int64_t p = 0; p < bp; p++)
-    for (int64_t jj = 0; jj < bk; jj++) {
-      int64_t j = j0 + jj;
-      vm[p * sp + jj * sj] = p < np && jj < nk && j >= rg[p].lo && j < rg[p].hi && sa_segment_ok(a, b, i0 + p, j);
-    }
-}
-
 /* ---- per-pass scratch ------------------------------------------------------------------------ */
 
 static int64_t pad_to(int64_t x) { return (x + SA_CPU_PAD - 1) / SA_CPU_PAD * SA_CPU_PAD; }
 
 typedef struct {
-  float *tmp, *tmp2, *q, *qt, *kt, *kr, *v, *vt, *d, *dt, *s, *dp, *acc, *acc2, *r1, *r2, *cm, *cl;
-  uint8_t *vm;
+  float *tmp, *tmp2, *q, *qt, *kt, *kr, *v, *vt, *d, *dt, *s, *dp, *acc, *acc2, *r1, *r2, *cm, *cl, *mlo, *mhi;
 } sa_bufs;
 
 /* Lays the pass's tiles out in ws (64-byte aligned each) and returns the floats used; ws NULL: size only.
@@ -175,25 +163,22 @@ static size_t carve(const sa_cpu_ctx *c, sa_cpu_pass pass, float *ws, sa_bufs *B
     off += ((size_t)(n) + 15) & ~(size_t)15; \
   } while (0)
   const int64_t M = c->G * c->bq, Mp = pad_to(M), H = c->a->head_dim, Hv = c->a->v_head_dim;
-  const int64_t hp = c->hp, hvp = c->hvp, BK = SA_CPU_BK, Q2 = SA_CPU_BQ2;
-  float *vmf = NULL;
+  const int64_t hp = c->hp, hvp = c->hvp, BK = SA_CPU_BK, BK2 = SA_CPU_BK2, Q2 = SA_CPU_BQ2;
   memset(B, 0, sizeof *B);
   TAKE(B->tmp, SA_MAX(hp, hvp));
   if (pass == SA_CPU_FWD) {
     TAKE(B->qt, H * Mp); TAKE(B->kr, BK * hp); TAKE(B->v, BK * hvp); TAKE(B->s, BK * Mp);
     TAKE(B->acc, M * hvp); TAKE(B->r1, Mp); TAKE(B->r2, Mp); TAKE(B->cm, Mp); TAKE(B->cl, Mp);
-    TAKE(vmf, c->bq * BK / 4 + 1);
+    TAKE(B->mlo, Mp); TAKE(B->mhi, Mp);
   } else if (pass == SA_CPU_BWD_DQ) {
     TAKE(B->tmp2, hvp); TAKE(B->qt, H * Mp); TAKE(B->dt, Hv * Mp); TAKE(B->kr, BK * hp); TAKE(B->v, BK * hvp);
     TAKE(B->s, BK * Mp); TAKE(B->dp, BK * Mp); TAKE(B->acc, M * hp); TAKE(B->r1, Mp); TAKE(B->r2, Mp);
-    TAKE(vmf, c->bq * BK / 4 + 1);
+    TAKE(B->mlo, Mp); TAKE(B->mhi, Mp);
   } else {
-    TAKE(B->kt, H * BK); TAKE(B->vt, Hv * BK); TAKE(B->q, Q2 * hp); TAKE(B->d, Q2 * hvp); TAKE(B->s, Q2 * BK);
-    TAKE(B->dp, Q2 * BK); TAKE(B->acc, BK * hp); TAKE(B->acc2, BK * hvp); TAKE(B->r1, Q2); TAKE(B->r2, Q2);
-    TAKE(vmf, Q2 * BK / 4 + 1);
+    TAKE(B->kt, H * BK2); TAKE(B->vt, Hv * BK2); TAKE(B->q, Q2 * hp); TAKE(B->d, Q2 * hvp); TAKE(B->s, Q2 * BK2);
+    TAKE(B->dp, Q2 * BK2); TAKE(B->acc, BK2 * hp); TAKE(B->acc2, BK2 * hvp); TAKE(B->r1, Q2); TAKE(B->r2, Q2);
   }
 #undef TAKE
-  B->vm = (uint8_t *)vmf;
   return off;
 }
 
@@ -221,12 +206,41 @@ static void ranges(const sa_attn *a, int64_t ql, int64_t kl, int64_t i0, int64_t
   }
 }
 
-/* S^T tile [nk x Mp] of the G * np rows (column r is position r % np): masked scores to -inf. */
-static void mask_cols(float *s, int64_t nk, int64_t Mp, int64_t G, int64_t np, const uint8_t *vm) {
-  for (int64_t jj = 0; jj < nk; jj++)
-    for (int64_t g = 0; g < G; g++)
-      for (int64_t p = 0; p < np; p++)
-        if (!vm[p * SA_CPU_BK + jj]) s[jj * Mp + g * np + p] = -INFINITY;
+/* Masked scores of the S^T tile [nk x Mp] (keys j0.. x the G * np rows; column r is position r % np) to
+   -inf: the key range of each column as a vector compare per row (a per-element byte mask cost 15% of the
+   causal forward), then segments element by element. */
+static void mask_cols(const sa_attn *a, int64_t b, float *s, int64_t nk, int64_t Mp, int64_t M, int64_t np,
+                      const sa_range *rg, int64_t i0, int64_t j0, float *mlo, float *mhi) {
+  for (int64_t r = 0; r < Mp; r++) {
+    int64_t p = r % np;
+    mlo[r] = r < M ? (float)SA_MAX(0, SA_MIN(rg[p].lo - j0, nk)) : 0.0f;
+    mhi[r] = r < M ? (float)SA_MAX(0, SA_MIN(rg[p].hi - j0, nk)) : (float)nk;
+  }
+  for (int64_t jj = 0; jj < nk; jj++) {
+    vf jv = V_SET1((float)jj);
+    float *row = s + jj * Mp;
+    for (int64_t e = 0; e < Mp; e += VW)
+      V_STORE(row + e, V_MASK_RANGE(V_LOAD(row + e), jv, V_LOAD(mlo + e), V_LOAD(mhi + e)));
+  }
+  if (a->q_segment_ids)
+    for (int64_t jj = 0; jj < nk; jj++)
+      for (int64_t r = 0; r < M; r++)
+        if (!sa_segment_ok(a, b, i0 + r % np, j0 + jj)) s[jj * Mp + r] = -INFINITY;
+}
+
+/* Masked scores of the S tile [np x bk] (positions i0.. x keys j0..; columns past nk are never read) to
+   -inf: each row's valid keys are one interval, then segments element by element. */
+static void mask_rows(const sa_attn *a, int64_t b, float *s, int64_t np, int64_t bk, int64_t nk,
+                      const sa_range *rg, int64_t i0, int64_t j0) {
+  for (int64_t p = 0; p < np; p++) {
+    int64_t lo = SA_MAX(0, SA_MIN(rg[p].lo - j0, nk)), hi = SA_MAX(lo, SA_MIN(rg[p].hi - j0, nk));
+    float *row = s + p * bk;
+    for (int64_t jj = 0; jj < lo; jj++) row[jj] = -INFINITY;
+    for (int64_t jj = hi; jj < nk; jj++) row[jj] = -INFINITY;
+    if (a->q_segment_ids)
+      for (int64_t jj = lo; jj < hi; jj++)
+        if (!sa_segment_ok(a, b, i0 + p, j0 + jj)) row[jj] = -INFINITY;
+  }
 }
 
 /* One key tile [q rows i0.., keys j0..] in the layout of the FWD / BWD_DQ items: K and V rows in fp32, and a
@@ -315,10 +329,7 @@ static void fwd_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
     if (cls == 0) continue;
     load_kv_rows(c, &B, b, kh, j0, nk, jhi);
     gemm(nk, Mp, H, B.kr, c->hp, 1, B.qt, Mp, B.s, Mp, 0); /* S^T = k q^T */
-    if (cls == 1) {
-      build_mask(B.vm, BK, 1, a, b, rg, i0, np, np, j0, nk, BK);
-      mask_cols(B.s, nk, Mp, G, np, B.vm);
-    }
+    if (cls == 1) mask_cols(a, b, B.s, nk, Mp, M, np, rg, i0, j0, B.mlo, B.mhi);
     softmax_cols(B.s, nk, Mp, M, B.r1, B.r2, B.acc, hvp, B.cm, B.cl);
     gemm(M, hvp, nk, B.s, 1, Mp, B.v, hvp, B.acc, hvp, 1); /* o += P v, P read through S^T's strides */
   }
@@ -401,10 +412,7 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
     if (cls == 0) continue;
     load_kv_rows(c, &B, b, kh, j0, nk, jhi);
     gemm(nk, Mp, H, B.kr, hp, 1, B.qt, Mp, B.s, Mp, 0); /* S^T = k q^T */
-    if (cls == 1) {
-      build_mask(B.vm, BK, 1, a, b, rg, i0, np, np, j0, nk, BK);
-      mask_cols(B.s, nk, Mp, G, np, B.vm);
-    }
+    if (cls == 1) mask_cols(a, b, B.s, nk, Mp, M, np, rg, i0, j0, B.mlo, B.mhi);
     gemm(nk, Mp, Hv, B.v, hvp, 1, B.dt, Mp, B.dp, Mp, 0); /* dP^T = v dout^T */
     for (int64_t jj = 0; jj < nk; jj++) { /* p = 2^(s - lse2); ds = p (dp - D), per column */
       float *s = B.s + jj * Mp, *dp = B.dp + jj * Mp;
@@ -440,7 +448,7 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   const sa_attn_grad *gr = c->g;
   const sa_dtype dt = a->dtype;
   const int64_t T = a->q_len, S = a->kv_len, N = a->q_heads, Kh = a->kv_heads, H = a->head_dim, Hv = a->v_head_dim;
-  const int64_t G = c->G, hp = c->hp, hvp = c->hvp, BK = SA_CPU_BK, Q2 = SA_CPU_BQ2;
+  const int64_t G = c->G, hp = c->hp, hvp = c->hvp, BK = SA_CPU_BK2, Q2 = SA_CPU_BQ2;
   const int64_t kb = item % c->nkb, kh = (item / c->nkb) % Kh, b = item / (c->nkb * Kh);
   const int64_t ql = sa_q_len_of(a, b), kl = sa_kv_len_of(a, b);
   /* Keys in [kl, S) are padding: never loaded (whatever they hold), their dk and dv are 0. */
@@ -469,7 +477,6 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
     for (int64_t p = 0; p < np; p++) rg[p] = sa_key_range(a, ql, kl, i0 + p);
     const int cls = tile_class(a, b, rg, i0, np, j0, nk);
     if (cls == 0) continue;
-    if (cls == 1) build_mask(B.vm, BK, 1, a, b, rg, i0, np, np, j0, nk, BK);
     for (int64_t g = 0; g < G; g++) {
       const int64_t n = kh * G + g;
       for (int64_t p = 0; p < np; p++) {
@@ -487,9 +494,7 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
         }
       }
       gemm(np, BK, H, B.q, hp, 1, B.kt, BK, B.s, BK, 0); /* S = q k^T */
-      if (cls == 1)
-        for (int64_t e = 0; e < np * BK; e++)
-          if (!B.vm[e]) B.s[e] = -INFINITY;
+      if (cls == 1) mask_rows(a, b, B.s, np, BK, nk, rg, i0, j0);
       for (int64_t p = 0; p < np; p++) {
         float *s = B.s + p * BK;
         vf l2 = V_SET1(B.r1[p]);
