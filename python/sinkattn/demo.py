@@ -7,6 +7,8 @@ tokens (even layers; gpt-oss uses 128) with full causal attention (odd layers). 
 steps of the same model with implementation='reference' (the pure-jnp twin) beside the fused kernel,
 prints the learnt sink logits and each head's attention mass on its sink (mass = exp(sink - lse), averaged
 over positions), samples text with a KV cache (`generate`), and writes demo.png and summary.json to --out.
+The sinks train at --sink-lr-mult (10) x the learning rate: one scalar per head, which Adam would move by
+only ~0.5 in the 200 default steps otherwise. Defaults: ~1 minute on 2 CPU cores, loss 3.7 -> 0.46 nats.
 """
 from __future__ import annotations
 
