@@ -139,12 +139,14 @@ def sink_report(model, params, batch):
     return rows
 
 
-def generate(model, params, prompt, steps: int, key, temperature: float = 0.7):
+def generate(model, params, prompt, steps: int, key, temperature: float = 0.7, stats=None):
     """Sample `steps` tokens after prompt [B,T0] with a KV cache; returns [B, T0 + steps] int32.
 
     Each call appends to the cache of every MultiHeadAttention (decode=True): the prompt in one prefill
-    call, then one token per call, attending with causal_alignment='bottom_right' and
-    key_value_seq_lengths = filled length (the decode path of `sinkattn.dot_product_attention`).
+    call (`dot_product_attention` with bottom-right alignment when T0 > 16), then one token per call
+    through `sinkattn.decode_attention` (split-KV over the filled cache). A dict `stats` receives
+    "tokens_per_s": generated tokens (all B rows) per second of the one-token steps after the first
+    (which compiles).
     """
     dec = model.clone(decode=True, collect_lse=False)
     total = prompt.shape[1] + steps
@@ -159,11 +161,17 @@ def generate(model, params, prompt, steps: int, key, temperature: float = 0.7):
 
     out = [prompt]
     cache, nxt = step(cache, prompt, key)
+    t0 = None
     for i in range(steps - 1):
+        if i == 1:                        # steps 0 (prefill) and 1 (first decode) compiled
+            t0 = time.perf_counter()
         out.append(nxt[:, None])
         cache, nxt = step(cache, nxt[:, None], jax.random.fold_in(key, i))
     out.append(nxt[:, None])
-    return jnp.concatenate(out, axis=1)
+    tokens = jnp.concatenate(out, axis=1).block_until_ready()
+    if stats is not None and t0 is not None:
+        stats["tokens_per_s"] = prompt.shape[0] * (steps - 2) / (time.perf_counter() - t0)
+    return tokens
 
 
 def write_plot(path, losses, report, title):
@@ -271,16 +279,20 @@ def main(argv=None):
         print(f"  layer {i} ({kind:>9}): sink " + " ".join(f"{s:+6.2f}" for s in sink)
               + "   mass " + " ".join(f"{m:.3f}" for m in mass))
 
-    sample = ""
+    sample, gen = "", {}
     if args.generate > 0:
         prompt = jnp.asarray(corpus.encode("zoe has a green fox. "))[None, :]
-        sample = corpus.decode(generate(model, params, prompt, args.generate, jax.random.key(args.seed))[0])
+        sample = corpus.decode(generate(model, params, prompt, args.generate, jax.random.key(args.seed),
+                                        stats=gen)[0])
         print("sample (KV-cache decoding):\n  " + sample.replace("\n", "\n  "))
+        if "tokens_per_s" in gen:
+            print(f"generation (decode_attention over the KV cache, batch 1): {gen['tokens_per_s']:,.0f} tokens/s")
 
     png = os.path.join(args.out, "demo.png")
     write_plot(png, losses, report, f"sinkattn demo: {args.layers} layers, {args.heads}/{args.kv_heads} heads, "
                                     f"window {args.window}, {args.steps} steps")
     summary = {"args": vars(args), "losses": losses, "step_seconds": speed, "sample": sample,
+               "generate_tokens_per_s": gen.get("tokens_per_s"),
                "sinks": [s.tolist() for s, _ in report], "sink_mass": [m.tolist() for _, m in report]}
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1, default=float)

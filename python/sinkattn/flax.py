@@ -19,10 +19,15 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from . import dot_product_attention
+from . import decode_attention, dot_product_attention
 
 __all__ = ["DotProductAttention", "MultiHeadAttention", "apply_rope", "normalize_softmax_type",
-           "SOFTMAX_OFFSET_AXES"]
+           "SOFTMAX_OFFSET_AXES", "DECODE_MAX_TOKENS"]
+
+# A KV-cache call with at most this many new tokens runs `sinkattn.decode_attention` (split-KV: the cache is
+# cut into chunks over threads / thread blocks); longer calls (prefill) keep `dot_product_attention`, whose
+# tiles fill up once T is about the kernel's 16-row SIMD tile.
+DECODE_MAX_TOKENS = 16
 
 SOFTMAX_OFFSET_AXES = (None, "heads", None, None)
 _SOFTMAX_TYPES = {"vanilla": "vanilla", "off_by_one": "off_by_one", "off-by-one": "off_by_one",
@@ -85,9 +90,12 @@ class DotProductAttention(nn.Module):
     @nn.compact
     def __call__(self, query, key, value, *, query_seq_lengths=None, key_value_seq_lengths=None,
                  query_segment_ids=None, key_value_segment_ids=None, causal_alignment=None,
-                 return_residual: bool = False):
+                 return_residual: bool = False, cache_lengths=None):
         """Lengths [B] int32 and segment ids [B,T] / [B,S] int32 as in `dot_product_attention`;
-        `causal_alignment` overrides the attribute for this call (the KV-cache path uses it)."""
+        `causal_alignment` overrides the attribute for this call (the KV-cache path uses it).
+        `cache_lengths` [B] int32: key/value are KV caches filled up to it, the T <= 64 queries being the
+        last T entries; runs `sinkattn.decode_attention` (causal, bottom-right; lengths and segment ids
+        must then be None)."""
         softmax_type = normalize_softmax_type(self.softmax_type)
         sinks = None
         if softmax_type == "learnable":
@@ -97,6 +105,10 @@ class DotProductAttention(nn.Module):
             sinks = self.param("softmax_offset", init, (1, query.shape[2], 1, 1), jnp.float32)
         if self.dtype is not None:
             query, key, value = (jnp.asarray(x, self.dtype) for x in (query, key, value))
+        if cache_lengths is not None:
+            return decode_attention(query, key, value, cache_lengths, sinks, softmax_type=softmax_type,
+                                    local_window_size=self.local_window_size, scale=self.scale,
+                                    return_residual=return_residual, implementation=self.implementation)
         return dot_product_attention(
             query, key, value, sinks, softmax_type=softmax_type, scale=self.scale,
             is_causal=self.is_causal, causal_alignment=causal_alignment or self.causal_alignment,
@@ -122,7 +134,9 @@ class MultiHeadAttention(nn.Module):
       use_bias, dtype (computation), param_dtype, kernel_init: of the projections.
       decode: keep a KV cache in the 'cache' collection. `init` with a full-length input [B,L,D] sizes
         it (L = the longest sequence); each later call (prefill of T tokens, then T = 1 steps) appends
-        its keys/values and attends to the filled part with bottom-right causal alignment.
+        its keys/values and attends to the filled part with bottom-right causal alignment: through
+        `sinkattn.decode_attention` when T <= DECODE_MAX_TOKENS (and is_causal, or T = 1), else through
+        `dot_product_attention` with key_value_seq_lengths = the filled length.
     """
     num_heads: int
     head_dim: int
@@ -166,7 +180,7 @@ class MultiHeadAttention(nn.Module):
         k = self._dense((kvh, self.head_dim), -1, ("embed", "kv_heads", "head_dim"), "key")(inputs_kv)
         v = self._dense((kvh, self.head_dim), -1, ("embed", "kv_heads", "head_dim"), "value")(inputs_kv)
         b, t = q.shape[0], q.shape[1]
-        alignment = None
+        alignment = cache_lengths = None
         if self.decode:
             if any(x is not None for x in (query_seq_lengths, key_value_seq_lengths, query_segment_ids,
                                            key_value_segment_ids, key_value_positions)):
@@ -176,6 +190,8 @@ class MultiHeadAttention(nn.Module):
             key_value_seq_lengths = jnp.full((b,), index + t, jnp.int32)
             alignment = "bottom_right"    # the last query sees the last filled key
             query_positions = key_value_positions = q_pos
+            if t <= DECODE_MAX_TOKENS and (self.is_causal or t == 1):   # decode_attention is always causal
+                cache_lengths, key_value_seq_lengths = key_value_seq_lengths, None
         if self.use_rope:
             qp = jnp.arange(t) if query_positions is None else query_positions
             kp = jnp.arange(k.shape[1]) if key_value_positions is None else key_value_positions
@@ -188,7 +204,7 @@ class MultiHeadAttention(nn.Module):
             dtype=self.dtype, implementation=self.implementation, name="attention")
         res = attn(q, k, v, query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
                    query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids,
-                   causal_alignment=alignment, return_residual=return_residual)
+                   causal_alignment=alignment, return_residual=return_residual, cache_lengths=cache_lengths)
         out, lse = res if return_residual else (res, None)
         features = self.out_features or inputs_q.shape[-1]
         y = self._dense((features,), (-2, -1), ("heads", "head_dim", "embed"), "out")(out)

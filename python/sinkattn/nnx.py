@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from . import dot_product_attention
-from .flax import SOFTMAX_OFFSET_AXES, Window, apply_rope, normalize_softmax_type
+from . import decode_attention, dot_product_attention
+from .flax import DECODE_MAX_TOKENS, SOFTMAX_OFFSET_AXES, Window, apply_rope, normalize_softmax_type
 
 __all__ = ["DotProductAttention", "MultiHeadAttention"]
 
@@ -66,14 +66,19 @@ class DotProductAttention(nnx.Module):
 
     def __call__(self, query, key, value, *, query_seq_lengths=None, key_value_seq_lengths=None,
                  query_segment_ids=None, key_value_segment_ids=None, causal_alignment=None,
-                 return_residual: bool = False):
+                 return_residual: bool = False, cache_lengths=None):
         """Lengths [B] int32, segment ids [B,T] / [B,S] int32; `causal_alignment` overrides the
-        attribute for this call."""
+        attribute for this call. `cache_lengths` [B] int32: key/value are KV caches filled up to it, the
+        T <= 64 queries being the last T entries; runs `sinkattn.decode_attention` (causal, bottom-right)."""
         if query.ndim != 4 or query.shape[2] != self.num_heads:
             raise ValueError(f"query: expected [B,T,N={self.num_heads},H], got shape {query.shape}")
         sinks = None if self.softmax_offset is None else self.softmax_offset[...]
         if self.dtype is not None:
             query, key, value = (jnp.asarray(x, self.dtype) for x in (query, key, value))
+        if cache_lengths is not None:
+            return decode_attention(query, key, value, cache_lengths, sinks, softmax_type=self.softmax_type,
+                                    local_window_size=self.local_window_size, scale=self.scale,
+                                    return_residual=return_residual, implementation=self.implementation)
         return dot_product_attention(
             query, key, value, sinks, softmax_type=self.softmax_type, scale=self.scale,
             is_causal=self.is_causal, causal_alignment=causal_alignment or self.causal_alignment,
@@ -97,7 +102,8 @@ class MultiHeadAttention(nnx.Module):
       rngs: for the projection kernels.
 
     Decoding: `init_cache(batch, max_len)` creates nnx.Cache variables; then calls with `decode=True`
-    (a prefill of T tokens, then T = 1 steps) append keys/values and attend with bottom-right alignment.
+    (a prefill of T tokens, then T = 1 steps) append keys/values and attend with bottom-right alignment,
+    through `sinkattn.decode_attention` when T <= DECODE_MAX_TOKENS (and is_causal, or T = 1).
     """
 
     def __init__(self, in_features: int, num_heads: int, head_dim: int, *, num_kv_heads: Optional[int] = None,
@@ -148,7 +154,7 @@ class MultiHeadAttention(nnx.Module):
                 key_value_positions = query_positions
         q, k, v = self.query(inputs_q), self.key(inputs_kv), self.value(inputs_kv)
         b, t = q.shape[0], q.shape[1]
-        alignment = None
+        alignment = cache_lengths = None
         if decode:
             if self.cache_index is None:
                 raise ValueError("decode=True needs init_cache(batch, max_len) first")
@@ -170,6 +176,8 @@ class MultiHeadAttention(nnx.Module):
             k, v = self.cached_key[...], self.cached_value[...]
             key_value_seq_lengths = jnp.full((b,), index + t, jnp.int32)
             alignment = "bottom_right"    # the last query sees the last filled key
+            if t <= DECODE_MAX_TOKENS and (self.attention.is_causal or t == 1):   # decode is always causal
+                cache_lengths, key_value_seq_lengths = key_value_seq_lengths, None
         elif self.use_rope:
             kp = jnp.arange(k.shape[1]) if key_value_positions is None else key_value_positions
             k = apply_rope(k, kp, self.rope_base)
@@ -178,7 +186,7 @@ class MultiHeadAttention(nnx.Module):
         res = self.attention(q, k, v, query_seq_lengths=query_seq_lengths,
                              key_value_seq_lengths=key_value_seq_lengths, query_segment_ids=query_segment_ids,
                              key_value_segment_ids=key_value_segment_ids, causal_alignment=alignment,
-                             return_residual=return_residual)
+                             return_residual=return_residual, cache_lengths=cache_lengths)
         out, lse = res if return_residual else (res, None)
         y = self.out(out)
         return (y, lse) if return_residual else y
