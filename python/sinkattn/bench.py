@@ -94,15 +94,16 @@ def flops(B, T, N, H, causal, window):
 def _loop(fn, n, grad):
   """n chained calls of fn (fwd) or of its gradient (fwd+bwd) in one jitted fori_loop."""
   def one(q, k, v, s):
+    """A scalar that needs every result (so XLA can drop no part of the jnp contenders' work)."""
     if not grad:
-      return fn(q, k, v, s)
-    return jax.grad(lambda q, k, v, s: jnp.sum(fn(q, k, v, s).astype(jnp.float32)), argnums=(0, 1, 2, 3))(
-        q, k, v, s)[0]
+      return jnp.sum(fn(q, k, v, s).astype(jnp.float32))
+    gs = jax.grad(lambda q, k, v, s: jnp.sum(fn(q, k, v, s).astype(jnp.float32)), argnums=(0, 1, 2, 3))(q, k, v, s)
+    return sum(jnp.sum(g.astype(jnp.float32)) for g in gs)
 
   def run(q, k, v, s):
     def body(_, carry):
       y = one(q + carry * 0.0, k, v, s)  # a data dependence on the previous call; x*0.0 is not folded
-      return y.reshape(-1)[0].astype(q.dtype)
+      return y.astype(q.dtype)
     return jax.lax.fori_loop(0, n, body, jnp.zeros((), q.dtype))
   return jax.jit(run)
 
