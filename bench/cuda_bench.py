@@ -1,14 +1,18 @@
-"""cuda_bench.py — the CUDA backend against cuDNN (vanilla, through PyTorch SDPA) and the unfused jnp sink
-attention (through JAX), on the GPU test machine. Calls libsinkattn.so directly through ctypes on PyTorch
-tensors (so it needs neither the FFI handlers nor an installed package), times every contender with CUDA
-events (JAX: host clock around block_until_ready, 20 calls queued per sync), checks our output against
-PyTorch fp32 math first, and writes one JSON with the git commit, GPU and versions.
+"""cuda_bench.py — the CUDA backend against cuDNN (vanilla, through jax.nn.dot_product_attention(
+implementation='cudnn'), the targets' reference, and through PyTorch SDPA) and the unfused jnp sink attention
+(through JAX), on the GPU test machine, over the grid of shared/notes/performance.md. Calls libsinkattn.so
+directly through ctypes on PyTorch tensors (so it needs neither the FFI handlers nor an installed package),
+times our kernels and torch with CUDA events (JAX: host clock around block_until_ready, 20 calls queued per
+sync), checks our output against PyTorch fp32 math first, and writes one JSON with the git commit, GPU and
+versions. Every compiled configuration is timed (SINKATTN_CUDA_VARIANT = f + 10 b): forward variants
+f in FWD_VARIANTS, then the backward structures of BWD_CONFIGS with the fastest forward.
 
-usage: python3 bench/cuda_bench.py LIBSINKATTN.so OUT.json
+usage: python3 bench/cuda_bench.py LIBSINKATTN.so OUT.json [quick]
 """
 import ctypes
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -37,6 +41,12 @@ LIB.sa_attn_bwd_workspace_size.argtypes = [ctypes.POINTER(Attn), I32]
 LIB.sa_attn_bwd_workspace_size.restype = ctypes.c_size_t
 LIB.sa_last_error.restype = ctypes.c_char_p
 CUDA = 3
+FWD_VARIANTS = [0, 1, 2]
+BWD_CONFIGS = [("1pass_det", 0, 1), ("1pass_atomic", 0, 0), ("2pass_det", 1, 1)]  # name, b, deterministic
+
+
+def variant(f, b):
+    os.environ["SINKATTN_CUDA_VARIANT"] = str(f + 10 * b)
 
 
 def flops(B, T, S, N, H, causal, window):
@@ -156,6 +166,29 @@ def jnp_sink_ms(B, T, S, N, K, H, causal, window):
     return res
 
 
+def jax_cudnn_ms(B, T, S, N, K, H, causal):
+    """Vanilla cuDNN through jax.nn.dot_product_attention: forward, and forward + backward (vjp)."""
+    import jax
+    import jax.numpy as jnp
+    kq = jax.random.split(jax.random.PRNGKey(1), 4)
+    q = jax.random.normal(kq[0], (B, T, N, H), jnp.bfloat16)
+    k = jax.random.normal(kq[1], (B, S, K, H), jnp.bfloat16)
+    v = jax.random.normal(kq[2], (B, S, K, H), jnp.bfloat16)
+    do = jax.random.normal(kq[3], (B, T, N, H), jnp.bfloat16)
+    attn = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
+    f = jax.jit(attn)
+    fb = jax.jit(lambda q, k, v, do: jax.vjp(attn, q, k, v)[1](do))
+    res = []
+    for fn, args in ((f, (q, k, v)), (fb, (q, k, v, do))):
+        jax.block_until_ready(fn(*args))
+        t0 = time.perf_counter()
+        for _ in range(20):
+            r = fn(*args)
+        jax.block_until_ready(r)
+        res.append((time.perf_counter() - t0) / 20 * 1e3)
+    return res
+
+
 def cudnn_ms(q, k, v, causal):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_(True) for x in (q, k, v))
@@ -174,10 +207,16 @@ def cudnn_ms(q, k, v, causal):
 
 def main():
     out_path = sys.argv[2]
-    grid = [(4, 4096, 32, 32, 64, False, None), (4, 4096, 32, 32, 64, True, None),
+    quick = len(sys.argv) > 3 and sys.argv[3] == "quick"
+    grid = [(16, 1024, 32, 32, 64, False, None), (16, 1024, 32, 32, 64, True, None),
+            (4, 4096, 32, 32, 64, False, None), (4, 4096, 32, 32, 64, True, None),
+            (1, 16384, 32, 32, 64, False, None), (1, 16384, 32, 32, 64, True, None),
+            (16, 1024, 16, 16, 128, False, None), (16, 1024, 16, 16, 128, True, None),
             (4, 4096, 16, 16, 128, False, None), (4, 4096, 16, 16, 128, True, None),
-            (1, 16384, 16, 16, 128, True, None), (16, 1024, 16, 16, 128, False, None),
+            (1, 16384, 16, 16, 128, False, None), (1, 16384, 16, 16, 128, True, None),
             (1, 4096, 64, 8, 64, True, None), (1, 4096, 64, 8, 64, True, (127, 0))]
+    if quick:
+        grid = [g for g in grid if g[1] == 4096]
     rows = []
     torch.manual_seed(0)
     for B, T, N, K, H, causal, window in grid:
@@ -185,42 +224,69 @@ def main():
         k = torch.randn(B, T, K, H, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(B, T, K, H, device="cuda", dtype=torch.bfloat16)
         sinks = (torch.rand(N, device="cuda") * 20 - 10).float()
-        ours = Ours(q, k, v, sinks, causal, window)
-        ours.fwd()
-        torch.cuda.synchronize()
-        err = check(q, k, v, sinks, causal, window, ours.out)
-        f_ms = cuda_ms(ours.fwd)
-        fb_ms = cuda_ms(lambda: (ours.fwd(), ours.bwd()))
         fl = flops(B, T, T, N, H, causal, window)
-        row = dict(B=B, T=T, N=N, K=K, H=H, causal=causal, window=window, rel_err=err, ours_fwd_ms=f_ms,
-                   ours_fb_ms=fb_ms, ours_fwd_tflops=fl / f_ms / 1e9, ours_fb_tflops=3.5 * fl / fb_ms / 1e9)
+        row = dict(B=B, T=T, N=N, K=K, H=H, causal=causal, window=window, variants={})
+        fwd_best = None
+        for f in FWD_VARIANTS:
+            variant(f, 0)
+            ours = Ours(q, k, v, sinks, causal, window)
+            ours.fwd()
+            torch.cuda.synchronize()
+            err = check(q, k, v, sinks, causal, window, ours.out)
+            ms = cuda_ms(ours.fwd)
+            row["variants"][f"fwd{f}"] = dict(ms=ms, tflops=fl / ms / 1e9, rel_err=err)
+            if fwd_best is None or ms < row["variants"][f"fwd{fwd_best}"]["ms"]:
+                fwd_best = f
+            del ours
+        for name, b, det in BWD_CONFIGS:
+            variant(fwd_best, b)
+            ours = Ours(q, k, v, sinks, causal, window, deterministic=det)
+            ms = cuda_ms(lambda: (ours.fwd(), ours.bwd()))
+            row["variants"][f"fb_{name}"] = dict(ms=ms, tflops=3.5 * fl / ms / 1e9, fwd_variant=fwd_best)
+            del ours
+        os.environ.pop("SINKATTN_CUDA_VARIANT", None)
+        f_ms = row["variants"][f"fwd{fwd_best}"]["ms"]
+        fb_ms = row["variants"]["fb_1pass_det"]["ms"]
+        row.update(rel_err=row["variants"][f"fwd{fwd_best}"]["rel_err"], ours_fwd_ms=f_ms, ours_fb_ms=fb_ms,
+                   ours_fwd_tflops=fl / f_ms / 1e9, ours_fb_tflops=3.5 * fl / fb_ms / 1e9)
         if window is None:
             try:
+                c_f, c_fb = jax_cudnn_ms(B, T, T, N, K, H, causal)
+                row.update(jax_cudnn_fwd_ms=c_f, jax_cudnn_fb_ms=c_fb, fwd_vs_cudnn=c_f / f_ms, fb_vs_cudnn=c_fb / fb_ms)
+            except Exception as e:
+                row.update(jax_cudnn_error=str(e)[:200])
+            try:
                 c_f, c_fb = cudnn_ms(q, k, v, causal)
-                row.update(cudnn_fwd_ms=c_f, cudnn_fb_ms=c_fb, fwd_vs_cudnn=c_f / f_ms, fb_vs_cudnn=c_fb / fb_ms)
+                row.update(torch_cudnn_fwd_ms=c_f, torch_cudnn_fb_ms=c_fb, fwd_vs_torch_cudnn=c_f / f_ms,
+                           fb_vs_torch_cudnn=c_fb / fb_ms)
             except Exception as e:  # cuDNN may refuse a shape; the row says so
-                row.update(cudnn_error=str(e)[:200])
-        try:
-            j_f, j_fb = jnp_sink_ms(B, T, T, N, K, H, causal, window)
-            row.update(jnp_fwd_ms=j_f, jnp_fb_ms=j_fb, fwd_vs_jnp=j_f / f_ms, fb_vs_jnp=j_fb / fb_ms)
-        except Exception as e:
-            row.update(jnp_error=str(e)[:200])
+                row.update(torch_cudnn_error=str(e)[:200])
+        if not quick:
+            try:
+                j_f, j_fb = jnp_sink_ms(B, T, T, N, K, H, causal, window)
+                row.update(jnp_fwd_ms=j_f, jnp_fb_ms=j_fb, fwd_vs_jnp=j_f / f_ms, fb_vs_jnp=j_fb / fb_ms)
+            except Exception as e:
+                row.update(jnp_error=str(e)[:200])
         rows.append(row)
         print(json.dumps(row), flush=True)
-        del q, k, v, ours
+        del q, k, v
         torch.cuda.empty_cache()
-    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+    import jax
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, jax=jax.__version__,
                 commit=subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
-                timing="CUDA events, median of 20 after 3 warm-ups; jnp: host clock, 20 calls per sync",
-                flops="fwd 4*B*N*pairs*H, fwd+bwd 3.5x fwd")
+                timing="CUDA events, median of 20 after 3 warm-ups; JAX: host clock, 20 calls per sync",
+                flops="fwd 4*B*N*pairs*H, fwd+bwd 3.5x fwd", ours="learnable sinks; f+b = fwd + bwd deterministic",
+                cudnn="vanilla (no sinks); fwd_vs_cudnn / fb_vs_cudnn against jax.nn.dot_product_attention")
     with open(out_path, "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    print(f"{'shape':34} {'err':>8} {'fwd TF':>7} {'f+b TF':>7} {'xcuDNN f':>8} {'xcuDNN fb':>9} {'xjnp f':>7} {'xjnp fb':>7}")
+    print(f"{'shape':32} {'err':>7} {'fwd TF':>6} {'f+b TF':>6} {'xcuDNN f':>8} {'xcuDNN fb':>9} {'xjnp f':>6} "
+          f"{'xjnp fb':>7}  variants (TF/s)")
     for r in rows:
         name = f"B{r['B']} T{r['T']} N{r['N']}/{r['K']} H{r['H']} {'c' if r['causal'] else 'nc'} {r['window'] or ''}"
-        print(f"{name:34} {r['rel_err']:8.1e} {r['ours_fwd_tflops']:7.0f} {r['ours_fb_tflops']:7.0f} "
+        var = " ".join(f"{k}={x['tflops']:.0f}" for k, x in r["variants"].items())
+        print(f"{name:32} {r['rel_err']:7.1e} {r['ours_fwd_tflops']:6.0f} {r['ours_fb_tflops']:6.0f} "
               f"{r.get('fwd_vs_cudnn', float('nan')):8.2f} {r.get('fb_vs_cudnn', float('nan')):9.2f} "
-              f"{r.get('fwd_vs_jnp', float('nan')):7.1f} {r.get('fb_vs_jnp', float('nan')):7.1f}")
+              f"{r.get('fwd_vs_jnp', float('nan')):6.1f} {r.get('fb_vs_jnp', float('nan')):7.1f}  {var}")
 
 
 if __name__ == "__main__":

@@ -39,10 +39,19 @@ struct sa_cuda_params {
   float *D;          /* workspace [B, N, T]: rowsum(dout * out) - dlse */
   float *dsink_part; /* workspace [B, N, nqb]: per query block partial sums of the sink gradient */
   int64_t nqb;       /* query blocks of the preprocess kernel */
+  float *dq_accum;   /* workspace [B, T, N, H] fp32: dQ / scale summed over the key blocks (zeroed first) */
+  int *dq_sem;       /* workspace [B, K, nqt, DSPLIT]: key blocks done per query tile (deterministic) */
+  int64_t nqt;       /* query tiles of the dK/dV kernel: ceil(T * G / BQ) */
+  int deterministic; /* 1: each query tile's dQ is summed in increasing key-block order */
 };
 
 #define SA_LOG2E 1.4426950408889634f
 #define SA_LN2 0.6931471805599453f
+
+/* SINKATTN_CUDA_VARIANT = f + 10 b selects the forward configuration f and the backward structure b
+   among the compiled ones (benchmarking only; unset = the defaults of the tile table). */
+int sa_cuda_variant_fwd(void);
+int sa_cuda_variant_bwd(void);
 
 /* ---- the tile table -------------------------------------------------------------------------------
  * HD is the padded head dim max(H, Hv) rounded up to 32, 64, 128 or 256 (16 runs as 32, 96 as 128 and
@@ -64,7 +73,11 @@ template <int HD> struct sa_tile {
   static constexpr int DSPLIT = HD <= 128 ? 1 : 2;
   static constexpr int BQ = HD <= 64 ? 64 : 32;
 };
-#define SA_NW 4           /* warps per CTA for every attention kernel */
+/* Forward configurations: MI m-tiles per warp, BN keys per tile, NW warps (the CTA has NW * 16 * MI rows). */
+template <int MI_, int BN_, int NW_> struct sa_fwd_cfg {
+  static constexpr int MI = MI_, BN = BN_, NW = NW_;
+};
+#define SA_NW 4           /* warps per CTA of the backward kernels */
 #define SA_NT (SA_NW * 32)
 #define SA_PRE_ROWS 64    /* query rows per CTA of the backward preprocess (and per dsinks partial) */
 
@@ -187,34 +200,54 @@ template <> struct sa_mma<__half> {
  * the 8 rows one ldmatrix reads in 8 different bank groups (a stride of HD * 2 bytes = a multiple of
  * 128 would put all 8 in the same one: an 8-way conflict). */
 
-/* Rows r of a [*, rows_stride] matrix: global row = row0 + r, valid while < nvalid; columns < ncols. */
-template <int HD>
+/* Rows r of a [*, rows_stride] matrix: global row = row0 + r, valid while < nvalid; columns < ncols.
+   Each thread copies one fixed column chunk of every (NTH / CH)-th row, walking one pointer: the loop is
+   kept rolled so no per-row address stays live in registers across the caller's tile loop (unrolled,
+   the 2 x 8 addresses of the K and V loads pushed the HD 128 forward to 255 registers and spills). */
+template <int HD, int NTH = SA_NT>
 __device__ __forceinline__ void sa_load_rows(uint16_t *s, const uint16_t *g, int64_t row0, int rows,
                                              int64_t nvalid, int64_t row_stride, int64_t ncols) {
-  constexpr int CH = HD / 8;
-  for (int c = threadIdx.x; c < rows * CH; c += SA_NT) {
-    int r = c / CH, col = (c % CH) * 8;
-    int64_t gr = row0 + r;
-    bool ok = gr < nvalid && col < ncols;
-    const uint16_t *src = ok ? g + gr * row_stride + col : g;
-    sa_cp_async16(s + r * (HD + 8) + col, src, ok ? 16 : 0);
+  constexpr int CH = HD / 8, RSTEP = NTH / CH;
+  static_assert(NTH % CH == 0, "thread count a multiple of the chunks per row");
+  const int r0 = threadIdx.x / CH, col = (threadIdx.x % CH) * 8;
+  const uint16_t *src = g + (row0 + r0) * row_stride + col;
+  const int64_t step = RSTEP * row_stride;
+  const int valid = (int)(nvalid - row0 < rows ? (nvalid - row0 > 0 ? nvalid - row0 : 0) : rows);
+  const bool colok = col < ncols;
+#pragma unroll 1
+  for (int r = r0; r < rows; r += RSTEP, src += step) {
+    const bool ok = r < valid && colok;
+    sa_cp_async16(s + r * (HD + 8) + col, ok ? src : g, ok ? 16 : 0);
   }
 }
 
 /* Packed query rows (GQA): row P of the block is query i = P / G of head n0 + P % G. base points at
-   [b, 0, n0, 0]; rows with P >= nrows or i >= ql are zero-filled. */
-template <int HD>
+   [b, 0, n0, 0]; rows with P >= nrows or i >= ql are zero-filled. P < 2^31 and G < 2^16
+   (sa_cuda_attn_supported): 32-bit unsigned division. */
+template <int HD, int NTH = SA_NT>
 __device__ __forceinline__ void sa_load_packed(uint16_t *s, const uint16_t *base, int64_t P0, int rows,
                                                int64_t G, int64_t N, int64_t ncols, int64_t nrows,
                                                int64_t ql) {
-  constexpr int CH = HD / 8;
-  for (int c = threadIdx.x; c < rows * CH; c += SA_NT) {
-    int r = c / CH, col = (c % CH) * 8;
-    int64_t P = P0 + r, i = P / G, gg = P - i * G;
-    bool ok = P < nrows && i < ql && col < ncols;
-    const uint16_t *src = ok ? base + (i * N + gg) * ncols + col : base;
+  constexpr int CH = HD / 8, RSTEP = NTH / CH;
+  const int r0 = threadIdx.x / CH, col = (threadIdx.x % CH) * 8;
+  const bool colok = col < ncols;
+#pragma unroll 1
+  for (int r = r0; r < rows; r += RSTEP) {
+    const unsigned P = (unsigned)(P0 + r), i = P / (unsigned)G, gg = P - i * (unsigned)G;
+    const bool ok = P < nrows && i < ql && colok;
+    const uint16_t *src = ok ? base + ((int64_t)i * N + gg) * ncols + col : base;
     sa_cp_async16(s + r * (HD + 8) + col, src, ok ? 16 : 0);
   }
+}
+
+/* dQ partial sums into fp32: two adjacent columns per call (sm_90 has a 64-bit float add at L2) */
+__device__ __forceinline__ void sa_red_add2(float *p, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2 *>(p), make_float2(x, y));
+#else
+  atomicAdd(p, x);
+  atomicAdd(p + 1, y);
+#endif
 }
 
 /* ---- entry points of the kernel files (cuda_fwd.cu, cuda_bwd.cu), called by cuda_attn.cu -------- */

@@ -14,9 +14,9 @@
  */
 #include "cuda_common.cuh"
 
-template <typename T, int HD>
-__global__ void __launch_bounds__(SA_NT) sa_fwd_kernel(const sa_cuda_params p) {
-  constexpr int MI = sa_tile<HD>::FWD_MI, BN = sa_tile<HD>::FWD_BN, BM = SA_NW * 16 * MI, LD = HD + 8;
+template <typename T, int HD, class C>
+__global__ void __launch_bounds__(C::NW * 32) sa_fwd_kernel(const sa_cuda_params p) {
+  constexpr int MI = C::MI, BN = C::BN, NTH = C::NW * 32, BM = C::NW * 16 * MI, LD = HD + 8;
   constexpr int NT = BN / 8, DT = HD / 8;
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t *sQ = smem, *sK = sQ + BM * LD, *sV = sK + 2 * BN * LD;
@@ -58,9 +58,9 @@ __global__ void __launch_bounds__(SA_NT) sa_fwd_kernel(const sa_cuda_params p) {
     for (int d = 0; d < DT; d++) acc[mi][d][0] = acc[mi][d][1] = acc[mi][d][2] = acc[mi][d][3] = 0.0f;
 
   if (t0 < t1) {
-    sa_load_packed<HD>(sQ, qb, P0, BM, p.G, p.N, p.H, nrows, ql);
-    sa_load_rows<HD>(sK, kb, (int64_t)t0 * BN, BN, kl, p.K * p.H, p.H);
-    sa_load_rows<HD>(sV, vb, (int64_t)t0 * BN, BN, kl, p.K * p.Hv, p.Hv);
+    sa_load_packed<HD, NTH>(sQ, qb, P0, BM, p.G, p.N, p.H, nrows, ql);
+    sa_load_rows<HD, NTH>(sK, kb, (int64_t)t0 * BN, BN, kl, p.K * p.H, p.H);
+    sa_load_rows<HD, NTH>(sV, vb, (int64_t)t0 * BN, BN, kl, p.K * p.Hv, p.Hv);
     sa_cp_async_commit();
   }
   for (int t = t0; t < t1; t++) {
@@ -68,8 +68,8 @@ __global__ void __launch_bounds__(SA_NT) sa_fwd_kernel(const sa_cuda_params p) {
     __syncthreads();
     const int buf = (t - t0) & 1;
     if (t + 1 < t1) {
-      sa_load_rows<HD>(sK + (buf ^ 1) * BN * LD, kb, (int64_t)(t + 1) * BN, BN, kl, p.K * p.H, p.H);
-      sa_load_rows<HD>(sV + (buf ^ 1) * BN * LD, vb, (int64_t)(t + 1) * BN, BN, kl, p.K * p.Hv, p.Hv);
+      sa_load_rows<HD, NTH>(sK + (buf ^ 1) * BN * LD, kb, (int64_t)(t + 1) * BN, BN, kl, p.K * p.H, p.H);
+      sa_load_rows<HD, NTH>(sV + (buf ^ 1) * BN * LD, vb, (int64_t)(t + 1) * BN, BN, kl, p.K * p.Hv, p.Hv);
       sa_cp_async_commit();
     }
     const uint16_t *cK = sK + buf * BN * LD, *cV = sV + buf * BN * LD;
@@ -200,22 +200,34 @@ __global__ void __launch_bounds__(SA_NT) sa_fwd_kernel(const sa_cuda_params p) {
     }
 }
 
-template <typename T, int HD> static cudaError_t sa_fwd_run(const sa_cuda_params &p, cudaStream_t st) {
-  constexpr int MI = sa_tile<HD>::FWD_MI, BN = sa_tile<HD>::FWD_BN, BM = SA_NW * 16 * MI;
-  size_t smem = (size_t)(BM + 4 * BN) * (HD + 8) * sizeof(uint16_t);
-  cudaError_t e = cudaFuncSetAttribute(sa_fwd_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+template <typename T, int HD, class C> static cudaError_t sa_fwd_run(const sa_cuda_params &p, cudaStream_t st) {
+  constexpr int BM = C::NW * 16 * C::MI;
+  size_t smem = (size_t)(BM + 4 * C::BN) * (HD + 8) * sizeof(uint16_t);
+  cudaError_t e = cudaFuncSetAttribute(sa_fwd_kernel<T, HD, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return e;
   dim3 grid((unsigned)((p.T * p.G + BM - 1) / BM), (unsigned)p.K, (unsigned)p.B);
-  sa_fwd_kernel<T, HD><<<grid, SA_NT, smem, st>>>(p);
+  sa_fwd_kernel<T, HD, C><<<grid, C::NW * 32, smem, st>>>(p);
   return cudaGetLastError();
+}
+
+/* Forward configurations of HD 64 and 128 (variant f of SINKATTN_CUDA_VARIANT):
+   0: 4 warps x 32 rows, BN 64 (FlashAttention-2's sm80 shape); 1: 4 warps x 32 rows, BN 32 (32 fewer
+   score registers: no spills at HD 128); 2: 8 warps x 16 rows, BN 64 (128 rows, ~150 registers, 16
+   warps per SM hide the softmax between the two products). */
+template <typename T, int HD> static cudaError_t sa_fwd_var(const sa_cuda_params &p, cudaStream_t st) {
+  switch (sa_cuda_variant_fwd()) {
+    case 1: return sa_fwd_run<T, HD, sa_fwd_cfg<2, 32, 4>>(p, st);
+    case 2: return sa_fwd_run<T, HD, sa_fwd_cfg<1, 64, 8>>(p, st);
+    default: return sa_fwd_run<T, HD, sa_fwd_cfg<2, 64, 4>>(p, st);
+  }
 }
 
 template <typename T> static cudaError_t sa_fwd_dim(const sa_cuda_params &p, int hd, cudaStream_t st) {
   switch (hd) {
-    case 32: return sa_fwd_run<T, 32>(p, st);
-    case 64: return sa_fwd_run<T, 64>(p, st);
-    case 128: return sa_fwd_run<T, 128>(p, st);
-    default: return sa_fwd_run<T, 256>(p, st);
+    case 32: return sa_fwd_run<T, 32, sa_fwd_cfg<2, 64, 4>>(p, st);
+    case 64: return sa_fwd_var<T, 64>(p, st);
+    case 128: return sa_fwd_var<T, 128>(p, st);
+    default: return sa_fwd_run<T, 256, sa_fwd_cfg<1, 32, 4>>(p, st);
   }
 }
 
