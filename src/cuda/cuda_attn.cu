@@ -7,7 +7,6 @@
  * read of device data (lengths and segment ids are read by the kernels), so it is CUDA-graph safe.
  */
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "cuda_common.cuh"
 #include "sa_internal.h"
@@ -29,19 +28,6 @@ extern "C" int sa_cuda_is_device_pointer(const void *p) {
     return 0;
   }
   return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
-}
-
-static int sa_cuda_variant(void) {
-  const char *v = getenv("SINKATTN_CUDA_VARIANT");
-  return v ? atoi(v) : -1;
-}
-int sa_cuda_variant_fwd(void) {
-  int v = sa_cuda_variant();
-  return v < 0 ? 0 : v % 10;
-}
-int sa_cuda_variant_bwd(void) {
-  int v = sa_cuda_variant();
-  return v < 0 ? 0 : v / 10 % 10;
 }
 
 int sa_cuda_padded_dim(int64_t h) { return h <= 32 ? 32 : h <= 64 ? 64 : h <= 128 ? 128 : 256; }
@@ -115,30 +101,16 @@ extern "C" sa_status sa_cuda_attn_fwd(const sa_attn *a, void *stream) {
                         "forward launch");
 }
 
-/* Workspace, each part 256-byte aligned: D [B, N, T] fp32; the sink-gradient partials [B, N, ceil(T / 64)]
-   fp32; dq_accum [B, T, N, H] fp32; the per query tile counters [B, K, ceil(T G / 32), 2] int32 (sized
-   for the smallest query tile, 32 rows, and the HD 256 column split). Shape-only, the same for both
-   values of `deterministic`. */
+/* Workspace: D [B, N, T] fp32, then the sink-gradient partials [B, N, ceil(T / 64)] fp32, each
+   256-byte aligned. The same for both values of `deterministic`: dq never uses atomics. */
 static size_t sa_cuda_round256(size_t x) { return (x + 255) & ~(size_t)255; }
-
-struct sa_cuda_ws { size_t d, part, acc, sem, total; };
-static sa_cuda_ws sa_cuda_ws_of(const sa_attn *a) {
-  sa_cuda_ws w;
-  size_t rows = (size_t)a->batch * (size_t)a->q_heads * (size_t)a->q_len;
-  size_t nqb = (size_t)((a->q_len + SA_PRE_ROWS - 1) / SA_PRE_ROWS);
-  size_t G = a->kv_heads > 0 ? (size_t)(a->q_heads / a->kv_heads) : 0;
-  size_t nqt = ((size_t)a->q_len * G + 31) / 32;
-  w.d = 0;
-  w.part = sa_cuda_round256(rows * sizeof(float));
-  w.acc = w.part + sa_cuda_round256((size_t)a->batch * (size_t)a->q_heads * nqb * sizeof(float));
-  w.sem = w.acc + sa_cuda_round256(rows * (size_t)a->head_dim * sizeof(float));
-  w.total = w.sem + sa_cuda_round256((size_t)a->batch * (size_t)a->kv_heads * nqt * 2 * sizeof(int));
-  return w;
-}
 
 extern "C" size_t sa_cuda_attn_bwd_workspace_size(const sa_attn *a, int deterministic) {
   (void)deterministic;
-  return sa_cuda_ws_of(a).total;
+  size_t rows = (size_t)a->batch * (size_t)a->q_heads * (size_t)a->q_len;
+  size_t nqb = (size_t)((a->q_len + SA_PRE_ROWS - 1) / SA_PRE_ROWS);
+  size_t parts = (size_t)a->batch * (size_t)a->q_heads * nqb;
+  return sa_cuda_round256(rows * sizeof(float)) + sa_cuda_round256(parts * sizeof(float));
 }
 
 extern "C" sa_status sa_cuda_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspace,
@@ -150,13 +122,9 @@ extern "C" sa_status sa_cuda_attn_bwd(const sa_attn *a, const sa_attn_grad *g, v
   sa_cuda_params p = sa_cuda_params_of(a);
   size_t rows = (size_t)a->batch * (size_t)a->q_heads * (size_t)a->q_len;
   p.dout = g->dout; p.dlse = g->dlse; p.dq = g->dq; p.dk = g->dk; p.dv = g->dv; p.dsinks = g->dsinks;
-  const sa_cuda_ws w = sa_cuda_ws_of(a);
   p.D = (float *)workspace;
-  p.dsink_part = (float *)((char *)workspace + w.part);
-  p.dq_accum = (float *)((char *)workspace + w.acc);
-  p.dq_sem = (int *)((char *)workspace + w.sem);
+  p.dsink_part = (float *)((char *)workspace + sa_cuda_round256(rows * sizeof(float)));
   p.nqb = (a->q_len + SA_PRE_ROWS - 1) / SA_PRE_ROWS;
-  p.deterministic = g->deterministic != 0;
   (void)workspace_size; /* checked against sa_cuda_attn_bwd_workspace_size by sa_attn_bwd */
   if (rows == 0 && a->batch * a->kv_len == 0 && !g->dsinks) return SA_OK; /* nothing to write */
   return sa_cuda_status(sa_cuda_bwd_launch(p, a->dtype == SA_BF16, sa_cuda_hd(a), (cudaStream_t)stream),

@@ -4,13 +4,12 @@
  *                          64 queries) partial sums of the sink gradient -exp(a_n - lse_i) D_i;
  *   2. sa_bwd_dkdv_kernel  one CTA per block of 64 keys of one (b, kv head): walks the query blocks
  *                          (the G heads packed as in the forward) that can see its keys, accumulating
- *                          dK and dV in registers, and adds each query tile's dQ contribution dS K into
- *                          the fp32 workspace dq_accum: with float atomics (deterministic = 0), or in
- *                          increasing key-block order behind a per-tile counter (deterministic = 1);
- *   3. sa_bwd_dq_cvt_kernel dq = scale * dq_accum in the output dtype;
+ *                          dK and dV in registers; no atomics;
+ *   3. sa_bwd_dq_kernel    one CTA per block of packed query rows: recomputes P and dS over the key
+ *                          tiles and accumulates dQ in registers; no atomics, so dq is bitwise
+ *                          reproducible whatever `deterministic` says;
  *   4. sa_bwd_dsink_kernel dsinks[n] = sum of the partials in a fixed order (b, then query block).
- * Variant b = 1 of SINKATTN_CUDA_VARIANT runs the two-pass structure instead (benchmark): kernel 2 without
- * dQ, then sa_bwd_dq_kernel recomputing P and dS per block of query rows.
+ * Every output element is written by exactly one thread, so all four are bitwise reproducible.
  */
 #include "cuda_common.cuh"
 
@@ -49,71 +48,42 @@ __global__ void __launch_bounds__(SA_NT) sa_bwd_pre_kernel(const sa_cuda_params 
   }
 }
 
-/* ---- 2. dK, dV (and dQ through the workspace) -----------------------------------------------------------
+/* ---- 2. dK, dV ---------------------------------------------------------------------------------------
  * Warp w owns keys k0 + 16w .. +15 and works on transposed tiles: S^T = K Q^T (16 keys x BQ queries),
  * P^T = exp2(S^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T - D); then dV += P^T dO and dK += dS^T Q take
  * P^T / dS^T straight from the accumulators as A fragments. HD 256 runs as two CTAs per key block,
- * each accumulating one half (HDA = 128 columns) of dK and dV (and adding that half of dQ).
- * dQ: dS^T goes to shared memory as stored (keys x queries), and dQ_tile = dS K is an A operand read
- * with ldmatrix.trans; each warp computes 2 m-tiles x DQ_NP 16-column pairs of it. */
-
-/* The query tiles [qt0, qt1) that can see a key of [k0, k0 + BN): hi(i) > k0 and lo(i) < k0 + BN, with
-   lo and hi the unclamped bounds of sa_dev_key_range (a superset is harmless: the per-element mask is
-   exact). i_beg and i_end never decrease with k0, and a block between two blocks that see tile qt sees
-   it too (windows are >= -1), so the key blocks that see a query tile are consecutive. */
-struct sa_qspan { int64_t off, wl; int qt0, qt1; };
-__device__ __forceinline__ sa_qspan sa_dev_qspan(const sa_cuda_params &p, int64_t ql, int64_t kl, int64_t k0,
-                                                 int BN, int BQ) {
-  sa_qspan r;
-  int64_t i_beg = 0, i_end = k0 < kl ? ql : 0;
-  int64_t big = ql + kl + 1, wr = p.wr > big ? big : p.wr;
-  r.wl = p.wl > big ? big : p.wl;
-  r.off = (p.causal == 2 ? kl - ql : 0) + p.diag_offset;
-  if (p.causal != 0 && k0 - r.off > i_beg) i_beg = k0 - r.off;
-  if (wr >= 0 && k0 - r.off - wr > i_beg) i_beg = k0 - r.off - wr;
-  if (r.wl >= 0 && k0 + BN - r.off + r.wl < i_end) i_end = k0 + BN - r.off + r.wl;
-  r.qt0 = r.qt1 = 0;
-  if (i_beg < i_end) { /* then 0 <= i_beg < i_end <= ql < 2^30 */
-    r.qt0 = (int)(i_beg * p.G / BQ);
-    r.qt1 = (int)((i_end * p.G + BQ - 1) / BQ);
-  }
-  return r;
-}
-
-/* The first key block that sees query tile qt: 0 without a left window (i_end = ql for every block
-   below kl); else the least j with i_end(j) = (j + 1) BN - off + wl > floor(qt BQ / G). The key block
-   kb of a CTA that sees qt has rank kb - first among the blocks adding into that tile. */
-__device__ __forceinline__ int sa_dev_first_kblock(const sa_cuda_params &p, const sa_qspan &q, int qt, int BN,
-                                                   int BQ) {
-  if (q.wl < 0) return 0;
-  int64_t x = (int64_t)qt * BQ / p.G + q.off - q.wl;
-  int64_t j = x >= 0 ? x / BN : -((-x + BN - 1) / BN); /* floor division */
-  return j > 0 ? (int)j : 0;
-}
-
+ * each accumulating one half (HDA = 128 columns) of dK and dV. */
 template <typename T, int HD>
 __global__ void __launch_bounds__(SA_NT) sa_bwd_dkdv_kernel(const sa_cuda_params p) {
   constexpr int BQ = sa_tile<HD>::BQ, DS = sa_tile<HD>::DSPLIT, HDA = HD / DS, BN = SA_NW * 16;
-  constexpr int LD = HD + 8, NT = BQ / 8, AT = HDA / 8, LDS = BQ + 8;
-  /* dQ tile BQ x HDA: warps tile it as WM x WN, each warp 2 m-tiles x NP pairs of n-tiles */
-  constexpr int WM = BQ / 32, WN = SA_NW / WM, NP = HDA / 16 / WN;
-  static_assert(WM * WN == SA_NW && NP * 16 * WN == HDA, "dQ warp tiling");
+  constexpr int LD = HD + 8, NT = BQ / 8, AT = HDA / 8;
   extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t *sK = smem, *sV = sK + BN * LD, *sQ = sV + BN * LD, *sO = sQ + 2 * BQ * LD, *sdS = sO + 2 * BQ * LD;
-  int *sLo = (int *)(sdS + BN * LDS), *sHi = sLo + 2 * BQ, *sSeg = sHi + 2 * BQ;
+  uint16_t *sK = smem, *sV = sK + BN * LD, *sQ = sV + BN * LD, *sO = sQ + 2 * BQ * LD;
+  int *sLo = (int *)(sO + 2 * BQ * LD), *sHi = sLo + 2 * BQ, *sSeg = sHi + 2 * BQ;
   float *sLse = (float *)(sSeg + 2 * BQ), *sD = sLse + 2 * BQ;
 
-  const int kblk = blockIdx.x / DS, half = blockIdx.x % DS;
-  const int64_t b = blockIdx.z, kvh = blockIdx.y, dcol0 = half * HDA;
-  const int64_t k0 = (int64_t)kblk * BN, nrows = p.T * p.G;
+  const int64_t b = blockIdx.z, kvh = blockIdx.y, kblk = blockIdx.x / DS, dcol0 = (blockIdx.x % DS) * HDA;
+  const int64_t k0 = kblk * BN, nrows = p.T * p.G;
   const int64_t ql = sa_dev_q_len(p, b), kl = sa_dev_kv_len(p, b);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tq = lane % 4;
   const uint16_t *qb = (const uint16_t *)p.q + (b * p.T * p.N + kvh * p.G) * p.H;
   const uint16_t *ob = (const uint16_t *)p.dout + (b * p.T * p.N + kvh * p.G) * p.Hv;
-  const sa_qspan span = sa_dev_qspan(p, ql, kl, k0, BN, BQ);
-  const int qt0 = span.qt0, qt1 = span.qt1;
-  const bool with_dq = p.dq_accum != nullptr;
-  int *sem = p.dq_sem + ((b * p.K + kvh) * p.nqt) * DS + half; /* + qt * DS */
+
+  /* Queries that can see a key of [k0, k0 + BN): hi(i) > k0 and lo(i) < k0 + BN, with lo and hi the
+     unclamped bounds of sa_dev_key_range (a superset is harmless: the per-element mask is exact). */
+  int64_t i_beg = 0, i_end = k0 < kl ? ql : 0;
+  {
+    int64_t big = ql + kl + 1, wl = p.wl > big ? big : p.wl, wr = p.wr > big ? big : p.wr;
+    int64_t off = (p.causal == 2 ? kl - ql : 0) + p.diag_offset;
+    if (p.causal != 0 && k0 - off > i_beg) i_beg = k0 - off;
+    if (wr >= 0 && k0 - off - wr > i_beg) i_beg = k0 - off - wr;
+    if (wl >= 0 && k0 + BN - off + wl < i_end) i_end = k0 + BN - off + wl;
+  }
+  int qt0 = 0, qt1 = 0;
+  if (i_beg < i_end) { /* then 0 <= i_beg < i_end <= ql < 2^30 */
+    qt0 = (int)(i_beg * p.G / BQ);
+    qt1 = (int)((i_end * p.G + BQ - 1) / BQ);
+  }
 
   float dk[AT][4], dv[AT][4];
 #pragma unroll
@@ -133,8 +103,7 @@ __global__ void __launch_bounds__(SA_NT) sa_bwd_dkdv_kernel(const sa_cuda_params
     sa_load_packed<HD>(sQ + buf * BQ * LD, qb, P0, BQ, p.G, p.N, p.H, nrows, ql);
     sa_load_packed<HD>(sO + buf * BQ * LD, ob, P0, BQ, p.G, p.N, p.Hv, nrows, ql);
     for (int r = threadIdx.x; r < BQ; r += SA_NT) {
-      const unsigned P = (unsigned)(P0 + r), i = P / (unsigned)p.G; /* < 2^31 + BQ, G < 2^16 */
-      const int64_t n = kvh * p.G + (P - i * (unsigned)p.G);
+      int64_t P = P0 + r, i = P / p.G, n = kvh * p.G + (P - i * p.G);
       bool ok = P < nrows && i < ql;
       sa_krange kr = sa_dev_key_range(p, ql, kl, ok ? i : ql);
       float lse = ok ? p.lse[(b * p.N + n) * p.T + i] : 0.0f;
@@ -154,7 +123,7 @@ __global__ void __launch_bounds__(SA_NT) sa_bwd_dkdv_kernel(const sa_cuda_params
 
   for (int qt = qt0; qt < qt1; qt++) {
     sa_cp_async_wait_all();
-    __syncthreads(); /* also: every warp is done reading sdS of the previous tile */
+    __syncthreads();
     const int buf = (qt - qt0) & 1;
     if (qt + 1 < qt1) {
       load_tile(qt + 1, buf ^ 1);
@@ -199,8 +168,7 @@ __global__ void __launch_bounds__(SA_NT) sa_bwd_dkdv_kernel(const sa_cuda_params
           s[n][2 * h + e] = pe;
           dp[n][2 * h + e] = pe * (dp[n][2 * h + e] - sD[c]);
         }
-    /* dV += P^T dO, dK += dS^T Q over this CTA's HDA columns; B operands through ldmatrix.trans.
-       dS^T also goes to sdS (row = key of the block, column = query of the tile) for dQ. */
+    /* dV += P^T dO, dK += dS^T Q over this CTA's HDA columns; B operands through ldmatrix.trans */
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; kk++) {
       uint32_t ap[4], ad[4];
@@ -212,14 +180,6 @@ __global__ void __launch_bounds__(SA_NT) sa_bwd_dkdv_kernel(const sa_cuda_params
       ad[1] = sa_mma<T>::pack(dp[2 * kk][2], dp[2 * kk][3]);
       ad[2] = sa_mma<T>::pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
       ad[3] = sa_mma<T>::pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
-      if (with_dq) {
-        uint32_t *w0 = reinterpret_cast<uint32_t *>(sdS + (warp * 16 + gr) * LDS + kk * 16 + 2 * tq);
-        uint32_t *w1 = reinterpret_cast<uint32_t *>(sdS + (warp * 16 + gr + 8) * LDS + kk * 16 + 2 * tq);
-        w0[0] = ad[0];
-        w1[0] = ad[1];
-        w0[4] = ad[2]; /* + 8 columns */
-        w1[4] = ad[3];
-      }
 #pragma unroll
       for (int dd = 0; dd < AT / 2; dd++) {
         const int roff = (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dcol0 + dd * 16 + (lane >> 4) * 8;
@@ -230,69 +190,6 @@ __global__ void __launch_bounds__(SA_NT) sa_bwd_dkdv_kernel(const sa_cuda_params
         sa_mma<T>::run(dv[2 * dd + 1], ap, bo[2], bo[3]);
         sa_mma<T>::run(dk[2 * dd], ad, bq[0], bq[1]);
         sa_mma<T>::run(dk[2 * dd + 1], ad, bq[2], bq[3]);
-      }
-    }
-    if (!with_dq) continue;
-
-    /* dQ_tile = dS K (BQ queries x this CTA's HDA columns): warp (wm, wn) takes rows 32 wm .. +31 and
-       columns 16 NP wn .. +16 NP - 1; A = dS from sdS [key][query] via ldmatrix.trans, B = K via
-       ldmatrix.trans as in the dq kernel. */
-    __syncthreads();
-    const int wm = warp / WN, wn = warp % WN;
-    float aq[2][2 * NP][4];
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-      for (int n = 0; n < 2 * NP; n++) aq[mi][n][0] = aq[mi][n][1] = aq[mi][n][2] = aq[mi][n][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) {
-      uint32_t a[2][4];
-#pragma unroll
-      for (int mi = 0; mi < 2; mi++)
-        sa_ldmatrix_x4_trans(a[mi], sdS + (kk * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDS + wm * 32 + mi * 16 +
-                                        ((lane >> 3) & 1) * 8);
-#pragma unroll
-      for (int np = 0; np < NP; np++) {
-        uint32_t bk[4];
-        sa_ldmatrix_x4_trans(bk, sK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dcol0 +
-                                     (wn * NP + np) * 16 + (lane >> 4) * 8);
-#pragma unroll
-        for (int mi = 0; mi < 2; mi++) {
-          sa_mma<T>::run(aq[mi][2 * np], a[mi], bk[0], bk[1]);
-          sa_mma<T>::run(aq[mi][2 * np + 1], a[mi], bk[2], bk[3]);
-        }
-      }
-    }
-    /* deterministic: wait until the rank-many earlier key blocks that see this tile have added */
-    if (p.deterministic) {
-      if (threadIdx.x == 0) {
-        const int rank = kblk - sa_dev_first_kblock(p, span, qt, BN, BQ);
-        const int *c = sem + (int64_t)qt * DS;
-        int v;
-        do {
-          asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(c) : "memory");
-        } while (v < rank);
-      }
-      __syncthreads();
-    }
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const int64_t P = (int64_t)qt * BQ + wm * 32 + mi * 16 + gr + 8 * h, i = P / p.G;
-        if (P >= nrows || i >= ql) continue;
-        float *dst = p.dq_accum + ((b * p.T + i) * p.N + kvh * p.G + (P - i * p.G)) * p.H;
-#pragma unroll
-        for (int n = 0; n < 2 * NP; n++) {
-          const int col = (int)dcol0 + (wn * NP * 2 + n) * 8 + 2 * tq;
-          if (col < p.H) sa_red_add2(dst + col, aq[mi][n][2 * h], aq[mi][n][2 * h + 1]);
-        }
-      }
-    if (p.deterministic) {
-      __syncthreads(); /* every thread's adds are issued before the release below */
-      if (threadIdx.x == 0) {
-        __threadfence();
-        asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem + (int64_t)qt * DS) : "memory");
       }
     }
   }
@@ -309,15 +206,6 @@ __global__ void __launch_bounds__(SA_NT) sa_bwd_dkdv_kernel(const sa_cuda_params
       if (col < p.H) sa_mma<T>::store2(dkr, col, dk[d][2 * h] * p.scale, dk[d][2 * h + 1] * p.scale);
       if (col < p.Hv) sa_mma<T>::store2(dvr, col, dv[d][2 * h], dv[d][2 * h + 1]);
     }
-  }
-}
-
-/* dq = scale * dq_accum, 4 columns per thread (H is a multiple of 16) */
-template <typename T> __global__ void sa_bwd_dq_cvt_kernel(const sa_cuda_params p, int64_t n4) {
-  for (int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; x < n4; x += (int64_t)gridDim.x * blockDim.x) {
-    const float4 v = reinterpret_cast<const float4 *>(p.dq_accum)[x];
-    sa_mma<T>::store2(p.dq, 4 * x, v.x * p.scale, v.y * p.scale);
-    sa_mma<T>::store2(p.dq, 4 * x + 2, v.z * p.scale, v.w * p.scale);
   }
 }
 
@@ -459,47 +347,28 @@ __global__ void sa_bwd_dsink_kernel(const sa_cuda_params p) {
 
 /* ---- launch -------------------------------------------------------------------------------------------- */
 
-template <typename T, int HD> static cudaError_t sa_bwd_run(const sa_cuda_params &p0, cudaStream_t st) {
+template <typename T, int HD> static cudaError_t sa_bwd_run(const sa_cuda_params &p, cudaStream_t st) {
   constexpr int BQ = sa_tile<HD>::BQ, DS = sa_tile<HD>::DSPLIT, BNK = SA_NW * 16, BNQ = sa_tile<HD>::DQ_BN;
-  const bool two_pass = sa_cuda_variant_bwd() == 1;
-  sa_cuda_params p = p0;
-  p.nqt = (p.T * p.G + BQ - 1) / BQ;
-  const size_t nacc = (size_t)(p.B * p.T * p.N * p.H);
   cudaError_t e;
-  if (two_pass) {
-    p.dq_accum = nullptr;
-  } else if (nacc > 0) {
-    if ((e = cudaMemsetAsync(p.dq_accum, 0, nacc * sizeof(float), st)) != cudaSuccess) return e;
-    if (p.deterministic &&
-        (e = cudaMemsetAsync(p.dq_sem, 0, (size_t)(p.B * p.K * p.nqt * DS) * sizeof(int), st)) != cudaSuccess)
-      return e;
-  }
   if (p.B > 0 && p.T > 0) {
     dim3 g((unsigned)((p.T + SA_PRE_ROWS - 1) / SA_PRE_ROWS), (unsigned)p.N, (unsigned)p.B);
     sa_bwd_pre_kernel<T><<<g, SA_NT, 0, st>>>(p);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
   if (p.B > 0 && p.S > 0) {
-    size_t smem = (size_t)(2 * BNK + 4 * BQ) * (HD + 8) * sizeof(uint16_t) + (size_t)BNK * (BQ + 8) * sizeof(uint16_t) +
-                  (size_t)2 * BQ * 5 * 4;
+    size_t smem = (size_t)(2 * BNK + 4 * BQ) * (HD + 8) * sizeof(uint16_t) + (size_t)2 * BQ * 5 * 4;
     e = cudaFuncSetAttribute(sa_bwd_dkdv_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    /* key block fastest (then its column half): the CTAs a deterministic dQ add waits for were dispatched first */
     dim3 g((unsigned)(((p.S + BNK - 1) / BNK) * DS), (unsigned)p.K, (unsigned)p.B);
     sa_bwd_dkdv_kernel<T, HD><<<g, SA_NT, smem, st>>>(p);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
-  if (two_pass && p.B > 0 && p.T > 0) {
+  if (p.B > 0 && p.T > 0) {
     size_t smem = (size_t)(2 * SA_NW * 16 + 4 * BNQ) * (HD + 8) * sizeof(uint16_t);
     e = cudaFuncSetAttribute(sa_bwd_dq_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     dim3 g((unsigned)((p.T * p.G + SA_NW * 16 - 1) / (SA_NW * 16)), (unsigned)p.K, (unsigned)p.B);
     sa_bwd_dq_kernel<T, HD><<<g, SA_NT, smem, st>>>(p);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  } else if (nacc > 0) {
-    const int64_t n4 = (int64_t)(nacc / 4);
-    const unsigned blocks = (unsigned)(n4 < 132 * 64 * 256 ? (n4 + 255) / 256 : 132 * 64);
-    sa_bwd_dq_cvt_kernel<T><<<blocks, 256, 0, st>>>(p, n4);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
   if (p.dsinks) {
