@@ -97,7 +97,7 @@ sa_status sa_cpu_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspa
   sa_cpu_ctx c;
   sa_cpu_ctx_init(&c, a, g);
   size_t part_off, need = sa_cpu_bwd_bytes(&c, &part_off);
-  int own = workspace == NULL || workspace_size < need || ((uintptr_t)workspace & 63) != 0;
+  int own = workspace == NULL || workspace_size < need || ((uintptr_t)workspace & 3) != 0; /* floats */
   char *buf = own ? aligned_alloc(64, need) : (char *)workspace;
   if (!buf) return sa_error(SA_ERR_NO_MEMORY, "CPU backend: cannot allocate %zu bytes for the backward", need);
   c.dbuf = (float *)buf;
