@@ -4,15 +4,13 @@ implementation='cudnn'), the targets' reference, and through PyTorch SDPA) and t
 directly through ctypes on PyTorch tensors (so it needs neither the FFI handlers nor an installed package),
 times our kernels and torch with CUDA events (JAX: host clock around block_until_ready, 20 calls queued per
 sync), checks our output against PyTorch fp32 math first, and writes one JSON with the git commit, GPU and
-versions. Every compiled configuration is timed (SINKATTN_CUDA_VARIANT = f + 10 b): forward variants
-f in FWD_VARIANTS, then the backward structures of BWD_CONFIGS with the fastest forward.
+versions. (Commit b39f7a3 of this script also timed the kernel variants of bench/results/h200-cuda-v2-variants.json.)
 
 usage: python3 bench/cuda_bench.py LIBSINKATTN.so OUT.json [quick]
 """
 import ctypes
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -41,12 +39,6 @@ LIB.sa_attn_bwd_workspace_size.argtypes = [ctypes.POINTER(Attn), I32]
 LIB.sa_attn_bwd_workspace_size.restype = ctypes.c_size_t
 LIB.sa_last_error.restype = ctypes.c_char_p
 CUDA = 3
-FWD_VARIANTS = [0, 1, 2]
-BWD_CONFIGS = [("1pass_det", 0, 1), ("1pass_atomic", 0, 0), ("2pass_det", 1, 1)]  # name, b, deterministic
-
-
-def variant(f, b):
-    os.environ["SINKATTN_CUDA_VARIANT"] = str(f + 10 * b)
 
 
 def flops(B, T, S, N, H, causal, window):
@@ -225,30 +217,15 @@ def main():
         v = torch.randn(B, T, K, H, device="cuda", dtype=torch.bfloat16)
         sinks = (torch.rand(N, device="cuda") * 20 - 10).float()
         fl = flops(B, T, T, N, H, causal, window)
-        row = dict(B=B, T=T, N=N, K=K, H=H, causal=causal, window=window, variants={})
-        fwd_best = None
-        for f in FWD_VARIANTS:
-            variant(f, 0)
-            ours = Ours(q, k, v, sinks, causal, window)
-            ours.fwd()
-            torch.cuda.synchronize()
-            err = check(q, k, v, sinks, causal, window, ours.out)
-            ms = cuda_ms(ours.fwd)
-            row["variants"][f"fwd{f}"] = dict(ms=ms, tflops=fl / ms / 1e9, rel_err=err)
-            if fwd_best is None or ms < row["variants"][f"fwd{fwd_best}"]["ms"]:
-                fwd_best = f
-            del ours
-        for name, b, det in BWD_CONFIGS:
-            variant(fwd_best, b)
-            ours = Ours(q, k, v, sinks, causal, window, deterministic=det)
-            ms = cuda_ms(lambda: (ours.fwd(), ours.bwd()))
-            row["variants"][f"fb_{name}"] = dict(ms=ms, tflops=3.5 * fl / ms / 1e9, fwd_variant=fwd_best)
-            del ours
-        os.environ.pop("SINKATTN_CUDA_VARIANT", None)
-        f_ms = row["variants"][f"fwd{fwd_best}"]["ms"]
-        fb_ms = row["variants"]["fb_1pass_det"]["ms"]
-        row.update(rel_err=row["variants"][f"fwd{fwd_best}"]["rel_err"], ours_fwd_ms=f_ms, ours_fb_ms=fb_ms,
-                   ours_fwd_tflops=fl / f_ms / 1e9, ours_fb_tflops=3.5 * fl / fb_ms / 1e9)
+        ours = Ours(q, k, v, sinks, causal, window)
+        ours.fwd()
+        torch.cuda.synchronize()
+        err = check(q, k, v, sinks, causal, window, ours.out)
+        f_ms = cuda_ms(ours.fwd)
+        fb_ms = cuda_ms(lambda: (ours.fwd(), ours.bwd()))
+        del ours
+        row = dict(B=B, T=T, N=N, K=K, H=H, causal=causal, window=window, rel_err=err, ours_fwd_ms=f_ms,
+                   ours_fb_ms=fb_ms, ours_fwd_tflops=fl / f_ms / 1e9, ours_fb_tflops=3.5 * fl / fb_ms / 1e9)
         if window is None:
             try:
                 c_f, c_fb = jax_cudnn_ms(B, T, T, N, K, H, causal)
@@ -275,18 +252,17 @@ def main():
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, jax=jax.__version__,
                 commit=subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
                 timing="CUDA events, median of 20 after 3 warm-ups; JAX: host clock, 20 calls per sync",
-                flops="fwd 4*B*N*pairs*H, fwd+bwd 3.5x fwd", ours="learnable sinks; f+b = fwd + bwd deterministic",
+                flops="fwd 4*B*N*pairs*H, fwd+bwd 3.5x fwd", ours="learnable sinks; f+b = fwd + bwd (deterministic = 1)",
                 cudnn="vanilla (no sinks); fwd_vs_cudnn / fb_vs_cudnn against jax.nn.dot_product_attention")
     with open(out_path, "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
     print(f"{'shape':32} {'err':>7} {'fwd TF':>6} {'f+b TF':>6} {'xcuDNN f':>8} {'xcuDNN fb':>9} {'xjnp f':>6} "
-          f"{'xjnp fb':>7}  variants (TF/s)")
+          f"{'xjnp fb':>7}")
     for r in rows:
         name = f"B{r['B']} T{r['T']} N{r['N']}/{r['K']} H{r['H']} {'c' if r['causal'] else 'nc'} {r['window'] or ''}"
-        var = " ".join(f"{k}={x['tflops']:.0f}" for k, x in r["variants"].items())
         print(f"{name:32} {r['rel_err']:7.1e} {r['ours_fwd_tflops']:6.0f} {r['ours_fb_tflops']:6.0f} "
               f"{r.get('fwd_vs_cudnn', float('nan')):8.2f} {r.get('fb_vs_cudnn', float('nan')):9.2f} "
-              f"{r.get('fwd_vs_jnp', float('nan')):6.1f} {r.get('fb_vs_jnp', float('nan')):7.1f}  {var}")
+              f"{r.get('fwd_vs_jnp', float('nan')):6.1f} {r.get('fb_vs_jnp', float('nan')):7.1f}")
 
 
 if __name__ == "__main__":

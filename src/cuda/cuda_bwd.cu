@@ -103,7 +103,8 @@ __global__ void __launch_bounds__(SA_NT) sa_bwd_dkdv_kernel(const sa_cuda_params
     sa_load_packed<HD>(sQ + buf * BQ * LD, qb, P0, BQ, p.G, p.N, p.H, nrows, ql);
     sa_load_packed<HD>(sO + buf * BQ * LD, ob, P0, BQ, p.G, p.N, p.Hv, nrows, ql);
     for (int r = threadIdx.x; r < BQ; r += SA_NT) {
-      int64_t P = P0 + r, i = P / p.G, n = kvh * p.G + (P - i * p.G);
+      const unsigned P = (unsigned)(P0 + r), i = P / (unsigned)p.G; /* < 2^31 + BQ, G < 2^16 */
+      const int64_t n = kvh * p.G + (P - i * (unsigned)p.G);
       bool ok = P < nrows && i < ql;
       sa_krange kr = sa_dev_key_range(p, ql, kl, ok ? i : ql);
       float lse = ok ? p.lse[(b * p.N + n) * p.T + i] : 0.0f;

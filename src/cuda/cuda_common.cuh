@@ -39,43 +39,39 @@ struct sa_cuda_params {
   float *D;          /* workspace [B, N, T]: rowsum(dout * out) - dlse */
   float *dsink_part; /* workspace [B, N, nqb]: per query block partial sums of the sink gradient */
   int64_t nqb;       /* query blocks of the preprocess kernel */
-  float *dq_accum;   /* workspace [B, T, N, H] fp32: dQ / scale summed over the key blocks (zeroed first) */
-  int *dq_sem;       /* workspace [B, K, nqt, DSPLIT]: key blocks done per query tile (deterministic) */
-  int64_t nqt;       /* query tiles of the dK/dV kernel: ceil(T * G / BQ) */
-  int deterministic; /* 1: each query tile's dQ is summed in increasing key-block order */
 };
 
 #define SA_LOG2E 1.4426950408889634f
 #define SA_LN2 0.6931471805599453f
 
-/* SINKATTN_CUDA_VARIANT = f + 10 b selects the forward configuration f and the backward structure b
-   among the compiled ones (benchmarking only; unset = the defaults of the tile table). */
-int sa_cuda_variant_fwd(void);
-int sa_cuda_variant_bwd(void);
-
 /* ---- the tile table -------------------------------------------------------------------------------
  * HD is the padded head dim max(H, Hv) rounded up to 32, 64, 128 or 256 (16 runs as 32, 96 as 128 and
  * 192 as 256 with zero-filled columns: 4 instantiations per kernel instead of 6 keeps the CUDA compile under
- * a few minutes on 2 cores). Each warp owns 16 * MI rows of the output; BN keys per tile.
- *  fwd HD<=128: 4 warps x 32 rows = 128 query rows, BN 64 (FlashAttention-2's sm80 shape): 2 m-tiles
- *      per warp reuse each K/V fragment read from shared memory twice, which halves shared-memory
- *      traffic per mma (with 16 rows per warp the loop is bound by ldmatrix bandwidth, 2 KB per
- *      16x8x16 step pair). ~104 KB smem at HD 128: 2 CTAs per SM on H100/H200.
- *  fwd HD 256: 64 rows, BN 32: 128 fp32 accumulators per thread already; 2 m-tiles would spill.
+ * a few minutes on 2 cores). Forward: NW warps x 16 * MI rows, BN keys per tile. Measured on the H200
+ * (bench/results/h200-cuda-v2-variants.json, bf16, learnable sinks; TFLOP/s of the 3 candidates
+ * 4x32/BN64, 4x32/BN32, 8x16/BN64):
+ *  fwd HD 128: 4 warps x 32 rows, BN 64 (FlashAttention-2's sm80 shape): 231 / 216 / 188 at B4 T4096 N16;
+ *      2 m-tiles per warp read each K/V fragment once for two mma, and ~104 KB smem gives 2 CTAs per SM.
+ *      255 registers, no spills since the tile loads keep one pointer (sa_load_rows).
+ *  fwd HD 64: 8 warps x 16 rows, BN 64: 166 / 180 / 204 at B4 T4096 N32 (186 vs 160 GQA 64/8 causal):
+ *      128 registers, 16 warps per SM hide the softmax between the two products; at HD 64 the ldmatrix
+ *      traffic of one m-tile per fragment is half that of HD 128.
+ *  fwd HD 32: 4 x 32, BN 64 (not measured against the others); HD 256: 4 x 16, BN 32 (128 fp32
+ *      accumulators per thread already; 2 m-tiles would spill).
  *  dq (deterministic backward for dq): 16 rows per warp: dQ + S + dP accumulators = 128 floats at HD 128.
+ *      A separate pass beat one pass with dQ added into an fp32 workspace (142 vs 135 TFLOP/s f+b with
+ *      float atomics, 118 with per-tile ordered adds, B4 T4096 H128; commit b39f7a3 has that kernel).
  *  dkdv: 4 warps x 16 keys, query tiles of BQ rows; HD 256 is split into two column halves (DSPLIT)
  *      so each CTA accumulates 16 x 128 of dK and of dV (128 floats) instead of 256 (spills).
  */
+template <int MI_, int BN_, int NW_> struct sa_fwd_cfg {
+  static constexpr int MI = MI_, BN = BN_, NW = NW_;
+};
 template <int HD> struct sa_tile {
-  static constexpr int FWD_MI = HD <= 128 ? 2 : 1;
-  static constexpr int FWD_BN = HD <= 128 ? 64 : 32;
+  using FWD = sa_fwd_cfg<HD == 64 || HD == 256 ? 1 : 2, HD <= 128 ? 64 : 32, HD == 64 ? 8 : 4>;
   static constexpr int DQ_BN = HD <= 128 ? 64 : 32;
   static constexpr int DSPLIT = HD <= 128 ? 1 : 2;
   static constexpr int BQ = HD <= 64 ? 64 : 32;
-};
-/* Forward configurations: MI m-tiles per warp, BN keys per tile, NW warps (the CTA has NW * 16 * MI rows). */
-template <int MI_, int BN_, int NW_> struct sa_fwd_cfg {
-  static constexpr int MI = MI_, BN = BN_, NW = NW_;
 };
 #define SA_NW 4           /* warps per CTA of the backward kernels */
 #define SA_NT (SA_NW * 32)
@@ -238,16 +234,6 @@ __device__ __forceinline__ void sa_load_packed(uint16_t *s, const uint16_t *base
     const uint16_t *src = ok ? base + ((int64_t)i * N + gg) * ncols + col : base;
     sa_cp_async16(s + r * (HD + 8) + col, src, ok ? 16 : 0);
   }
-}
-
-/* dQ partial sums into fp32: two adjacent columns per call (sm_90 has a 64-bit float add at L2) */
-__device__ __forceinline__ void sa_red_add2(float *p, float x, float y) {
-#if __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2 *>(p), make_float2(x, y));
-#else
-  atomicAdd(p, x);
-  atomicAdd(p + 1, y);
-#endif
 }
 
 /* ---- entry points of the kernel files (cuda_fwd.cu, cuda_bwd.cu), called by cuda_attn.cu -------- */

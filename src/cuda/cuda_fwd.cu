@@ -1,7 +1,7 @@
 /*
  * cuda_fwd.cu — the forward kernel: FlashAttention-2 style online softmax on mma.sync (sm_80+).
  *
- * One CTA = 4 warps = one block of packed query rows of one (batch, kv head): packed row P is query
+ * One CTA = NW warps (sa_tile<HD>::FWD) = one block of packed query rows of one (batch, kv head): packed row P is query
  * i = P / G of head kvh * G + P % G, so the G query heads that share a kv head read each K/V tile
  * once (GQA packing). The CTA walks only the key tiles its rows can see (sa_dev_tile_span), double
  * buffered with cp.async: tile t + 1 loads while tile t is multiplied.
@@ -210,24 +210,12 @@ template <typename T, int HD, class C> static cudaError_t sa_fwd_run(const sa_cu
   return cudaGetLastError();
 }
 
-/* Forward configurations of HD 64 and 128 (variant f of SINKATTN_CUDA_VARIANT):
-   0: 4 warps x 32 rows, BN 64 (FlashAttention-2's sm80 shape); 1: 4 warps x 32 rows, BN 32 (32 fewer
-   score registers: no spills at HD 128); 2: 8 warps x 16 rows, BN 64 (128 rows, ~150 registers, 16
-   warps per SM hide the softmax between the two products). */
-template <typename T, int HD> static cudaError_t sa_fwd_var(const sa_cuda_params &p, cudaStream_t st) {
-  switch (sa_cuda_variant_fwd()) {
-    case 1: return sa_fwd_run<T, HD, sa_fwd_cfg<2, 32, 4>>(p, st);
-    case 2: return sa_fwd_run<T, HD, sa_fwd_cfg<1, 64, 8>>(p, st);
-    default: return sa_fwd_run<T, HD, sa_fwd_cfg<2, 64, 4>>(p, st);
-  }
-}
-
 template <typename T> static cudaError_t sa_fwd_dim(const sa_cuda_params &p, int hd, cudaStream_t st) {
   switch (hd) {
-    case 32: return sa_fwd_run<T, 32, sa_fwd_cfg<2, 64, 4>>(p, st);
-    case 64: return sa_fwd_var<T, 64>(p, st);
-    case 128: return sa_fwd_var<T, 128>(p, st);
-    default: return sa_fwd_run<T, 256, sa_fwd_cfg<1, 32, 4>>(p, st);
+    case 32: return sa_fwd_run<T, 32, sa_tile<32>::FWD>(p, st);
+    case 64: return sa_fwd_run<T, 64, sa_tile<64>::FWD>(p, st);
+    case 128: return sa_fwd_run<T, 128, sa_tile<128>::FWD>(p, st);
+    default: return sa_fwd_run<T, 256, sa_tile<256>::FWD>(p, st);
   }
 }
 
