@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # dev/run_hopper.sh — build the Hopper forward variants (dev/hopper_fwd_NN.cu) for sm_90a, prove that they use
 # wgmma (HGMMA in the SASS), then validate and time them on the GPU. Everything lands in $OUT (./out if unset):
-#   build_NN.log   nvcc -Xptxas -v report (registers, spills, stack frame) and any warning
-#   sass_NN.txt    HGMMA / TMA / setmaxnreg counts and the SASS lines of HGMMA (the full SASS is ~14k lines)
+#   build_NN.txt   nvcc -Xptxas -v report (registers, spills, stack frame, warnings), then the SASS summary:
+#                  HGMMA / TMA / setmaxnreg / local-memory counts, the exp2s that overlap a product, and the
+#                  HGMMA and WARPGROUP lines (the full SASS is ~14k lines and stays behind)
 #   run_NN.jsonl   the program's JSON lines: device, one "check" per validation case, one "bench" per shape
 #   summary.txt    one line per variant
+# Two files per variant plus the summary: the GPU runner returns at most 8 files.
 # Budget: ~5 s of compile per variant and ~10 s of run; each run is killed after 100 s (a pipeline deadlock
 # would otherwise hang the GPU job; the program itself gives up after 20 s per launch).
 # Usage: bash dev/run_hopper.sh [NN ...]   (default: every dev/hopper_fwd_*.cu)
@@ -25,26 +27,32 @@ for v in "${variants[@]}"; do
   # -gencode with compute_90a/sm_90a: the -arch=sm_90a shorthand has been seen to add a plain sm_90 pass that
   # rejects wgmma and setmaxnreg.
   if ! "$NVCC" -gencode=arch=compute_90a,code=sm_90a -O3 -lineinfo -std=c++17 -Xptxas -v \
-      -o "$bin" "$src" > "$OUT/build_$v.log" 2>&1; then
-    echo "hopper_fwd_$v: BUILD FAILED (see build_$v.log)" | tee -a "$OUT/summary.txt"
+      -o "$bin" "$src" > "$OUT/build_$v.txt" 2>&1; then
+    echo "hopper_fwd_$v: BUILD FAILED (see build_$v.txt)" | tee -a "$OUT/summary.txt"
     continue
   fi
-  spills=$(grep -c "[1-9][0-9]* bytes spill" "$OUT/build_$v.log")
+  spills=$(grep -c "[1-9][0-9]* bytes spill" "$OUT/build_$v.txt")
   "$CUOBJDUMP" --dump-sass "$bin" > "$BIN/sass_$v.full" 2>&1
+  sass_head="HGMMA $(grep -c HGMMA "$BIN/sass_$v.full")"
   {
+    echo "---- SASS summary"
     echo "HGMMA $(grep -c HGMMA "$BIN/sass_$v.full")"
     echo "HMMA $(grep -c ' HMMA' "$BIN/sass_$v.full")"
     echo "UTMALDG $(grep -c UTMALDG "$BIN/sass_$v.full")"
     echo "USETMAXREG $(grep -c USETMAXREG "$BIN/sass_$v.full")"
     echo "LDL/STL (local memory) $(grep -c -E ' (LDL|STL)' "$BIN/sass_$v.full")"
+    # Softmax under the tensor core: MUFU.EX2 between a wait_group 1 and the next wait_group 0, per kernel
+    # (66 = 64 exp2 + 2 rescale factors in variant 02; 0 where a variant has no intra-warpgroup overlap).
+    awk '/Function :/{f=$3} /DEPBAR.LE gsb0, 0x1/{w=1; n=0} w&&/MUFU.EX2/{n++}
+         /DEPBAR.LE gsb0, 0x0/&&w{print "EX2 overlapped " n " in " f; w=0}' "$BIN/sass_$v.full"
     grep -E "Function :|HGMMA|WARPGROUP" "$BIN/sass_$v.full" | sed -e 's@/\* 0x[0-9a-f]* \*/@@' -e 's/  */ /g'
-  } > "$OUT/sass_$v.txt"
+  } >> "$OUT/build_$v.txt"
   timeout -s KILL 100 "$bin" > "$OUT/run_$v.jsonl" 2>&1
   rc=$?
   pass=$(grep -c '"pass": true' "$OUT/run_$v.jsonl")
   fail=$(grep -c '"pass": false' "$OUT/run_$v.jsonl")
-  tf=$(grep '"bench"' "$OUT/run_$v.jsonl" | sed -E 's/.*"B": ([0-9]+), "T": ([0-9]+).*"H": ([0-9]+), "causal": ([01]).*"tflops": ([0-9.]+).*/B\1 T\2 H\3 c\4: \5/' | paste -sd ';' -)
-  echo "hopper_fwd_$v: rc=$rc checks pass=$pass fail=$fail spills=$spills $(head -1 "$OUT/sass_$v.txt") | TFLOP/s $tf" \
+  tf=$(grep '"bench"' "$OUT/run_$v.jsonl" | sed -E 's/.*"bench": "([^"]+)", "B": ([0-9]+), "T": ([0-9]+).*"H": ([0-9]+), "causal": ([01]).*"tflops": ([0-9.]+).*/\1 B\2 T\3 H\4 c\5: \6/' | paste -sd ';' -)
+  echo "hopper_fwd_$v: rc=$rc checks pass=$pass fail=$fail spills=$spills $sass_head | TFLOP/s $tf" \
     | tee -a "$OUT/summary.txt"
 done
 rm -rf "$BIN"
