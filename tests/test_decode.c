@@ -284,14 +284,17 @@ int main(void) {
             if (idx % 11 == 5) c.lens = 0;
             run_case(&c);
           }
-    /* several chunks per head (R = 8: 512-key chunks), H 128, no causal mask, top-left causal */
-    dcase big[4] = {
+    /* several chunks per head (R = 8: 512-key chunks), H 128, no causal mask, top-left causal, odd dims */
+    dcase big[6] = {
         {SA_BF16, 2, 1, 5000, 8, 1, 128, 128, SA_SOFTMAX_LEARNABLE, -1, -1, 1, 0, SA_CAUSAL_BOTTOM_RIGHT},
         {SA_F16, 1, 4, 4100, 16, 2, 64, 64, SA_SOFTMAX_VANILLA, 1000, 0, 0, 0, SA_CAUSAL_BOTTOM_RIGHT},
         {SA_F32, 2, 3, 2100, 4, 4, 96, 80, SA_SOFTMAX_OFF_BY_ONE, -1, -1, 2, 0, SA_CAUSAL_NONE},
         {SA_BF16, 2, 16, 1500, 8, 2, 64, 64, SA_SOFTMAX_LEARNABLE, 200, 0, 2, 1, SA_CAUSAL_TOP_LEFT},
+        /* odd head dims: a half-filled bf16 pair and masked 16-lane tails in the AVX-512 kernel; R = 3, 6 */
+        {SA_BF16, 2, 1, 900, 9, 3, 33, 20, SA_SOFTMAX_LEARNABLE, -1, -1, 1, 0, SA_CAUSAL_BOTTOM_RIGHT},
+        {SA_F16, 1, 3, 700, 4, 2, 17, 47, SA_SOFTMAX_OFF_BY_ONE, 50, 0, 2, 0, SA_CAUSAL_BOTTOM_RIGHT},
     };
-    for (int i = 0; i < 4; i++) run_case(&big[i]);
+    for (int i = 0; i < 6; i++) run_case(&big[i]);
     /* empty shapes: no cache, no batch */
     dcase empty[2] = {
         {SA_F32, 2, 2, 0, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, -1, -1, 0, 0, SA_CAUSAL_BOTTOM_RIGHT},

@@ -11,6 +11,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <pthread.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
 
 #define SA_DECODE_PARTIAL sa_cpu_decode_partial_generic
 #include "cpu_decode_kernel.h"
@@ -27,13 +30,16 @@ static void sa_cpu_decode_plan_make(const sa_attn *a, sa_decode_plan *p) {
   p->chunk = SA_DECODE_TILE * r;
   p->splits = a->kv_len > 0 ? (a->kv_len + p->chunk - 1) / p->chunk : 1;
   p->qscale = sa_scale_of(a) * 1.4426950408889634f;
+  p->bf16_dot = 0;
 }
 
 int64_t sa_cpu_decode_scratch_floats(const sa_decode_plan *p) {
   const int64_t H = p->a->head_dim, Hv = p->a->v_head_dim, R = p->rows;
   const int64_t K = p->a->kv_heads;
-  /* per kv head Qs, acc, m, l; then Kt, Vf, row (+1 pad), and 2R int64 ranges = 4R floats */
-  return K * (R * H + R * Hv + 2 * R) + H * SA_DECODE_TILE + SA_DECODE_TILE * Hv + (H > Hv ? H : Hv) + 1 + 4 * R;
+  /* per kv head Qs, acc, m, l; then Kt [Hpad][16] and Vf [16][Hvpad] (the AVX-512 kernel pads the head
+     dims to 16 lanes), row (+1 pad), and 2R int64 ranges = 4R floats */
+  const int64_t Hp = (H + 15) & ~(int64_t)15, Hvp = (Hv + 15) & ~(int64_t)15;
+  return K * (R * H + R * Hv + 2 * R) + Hp * SA_DECODE_TILE + SA_DECODE_TILE * Hvp + (H > Hv ? H : Hv) + 1 + 4 * R;
 }
 
 /* Floats of partials: out [items][R][Hv] then lse [items][R]; 0 when the count would not fit. */
@@ -159,9 +165,23 @@ static int sa_cpu_decode_use_avx512(void) {
 #endif
 }
 
+/* AVX512-BF16 (vdpbf16ps) from CPUID leaf 7 sub-leaf 1, EAX bit 5 (Zen 4, Cooper Lake, Sapphire Rapids);
+   read directly because clang 14 (the fuzz build) has no "avx512bf16" for __builtin_cpu_supports. */
+static int sa_cpu_decode_has_bf16_dot(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) return 0;
+  return (eax >> 5) & 1u;
+#else
+  return 0;
+#endif
+}
+
 sa_status sa_cpu_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_size) {
   sa_decode_plan p;
   sa_cpu_decode_plan_make(a, &p);
+  const int avx512 = sa_cpu_decode_use_avx512();
+  p.bf16_dot = avx512 && a->dtype == SA_BF16 && sa_cpu_decode_has_bf16_dot();
   const int64_t items = a->batch * p.splits, slots = items * a->kv_heads;
   if (items == 0 || a->q_len == 0) return SA_OK;
   const int64_t pf = sa_cpu_decode_partial_floats(&p);
@@ -179,7 +199,7 @@ sa_status sa_cpu_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_
   if (nthreads > items) nthreads = (int)items;
   sa_decode_job job;
   job.p = &p;
-  job.partial = sa_cpu_decode_use_avx512() ? sa_cpu_decode_partial_avx512 : sa_cpu_decode_partial_generic;
+  job.partial = avx512 ? sa_cpu_decode_partial_avx512 : sa_cpu_decode_partial_generic;
   job.scratch_floats = (sa_cpu_decode_scratch_floats(&p) + 15) & ~(int64_t)15; /* 64-byte strides */
   job.scratch = (float *)malloc((size_t)(job.scratch_floats * nthreads) * sizeof(float));
   if (!parts || !job.scratch) {

@@ -22,6 +22,7 @@ typedef struct sa_decode_plan {
   int64_t chunk;   /* keys per work item, a multiple of SA_DECODE_TILE */
   int64_t splits;  /* chunks per (b, kh): ceil(S / chunk), at least 1 */
   float qscale;    /* scale * log2(e): scores are kept in base 2 */
+  int bf16_dot;    /* AVX-512 kernel only: bf16 cache and a CPU with AVX512-BF16 (vdpbf16ps scores) */
 } sa_decode_plan;
 
 /* Floats of per-thread scratch one work item needs. */

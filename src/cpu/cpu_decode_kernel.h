@@ -1,16 +1,24 @@
 /*
  * cpu_decode_kernel.h — body of one split-KV decode work item, included by cpu_decode.c (portable build)
  * and cpu_decode_avx512.c (compiled with -mavx512f/bw/vl/dq -mfma -mf16c), which set SA_DECODE_PARTIAL to
- * the function's name. Written as plain loops over 16 keys or over a head dim so the compiler vectorises
- * them; the AVX-512 build spells out three hot loops with intrinsics (row conversion, Q.K^T over a tile, P.V
- * with the accumulator kept in registers) because gcc 12 left the first two scalar (0.2 GB/s).
+ * the function's name. Scores are base-2 logits so exp is exp2.
  *
- * Per tile of 16 keys: K is converted to fp32 and transposed (Kt [H][16]) once, then reused by all R rows
- * (the GQA packing: each cache byte is read once per work item); scores are base-2 logits so exp is exp2.
+ * Portable build: plain loops over 16 keys or over a head dim; K is converted and transposed (Kt [H][16])
+ * once per tile and reused by all R rows (the GQA packing: each cache byte is read once per work item).
+ * AVX-512 build, per tile of 16 keys and kv head: K^T by in-register 16 x 16 transposes (fp32, or bf16
+ * pairs for vdpbf16ps dot products on CPUs with AVX512-BF16), then the rows in register blocks of 8: one
+ * K^T load feeds 8 rows' FMAs, one V load feeds 8 rows' P.V FMAs with the 8 x 16 accumulators in
+ * registers. Measured in bench/NOTES.md (gpt-oss shape: 1.8 -> ~8 GB/s on 2 Zen 4 cores).
  */
 #include <stdlib.h>
 
 #include "cpu_decode.h"
+
+/* Software prefetch of the cache 2 tiles ahead into L2 (locality 2). One tile of all kv heads is 32 KiB at
+   gpt-oss (16 keys x K 8 x (H + Hv) 128 x bf16), the whole L1D of a Zen 4 core, so prefetching into L1 (the
+   first version) evicted lines before use: L2 doubled the DRAM-resident rate (3.7 -> 7.3 GB/s, 2 threads);
+   1, 2, 4, 8, 16 tiles ahead measured within noise of each other on the shared VM. */
+#define SA_DEC_PREFETCH_TILES 2
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -60,6 +68,212 @@ static inline void sa_dec_row_load(const void *src, sa_dtype t, int64_t off, int
   for (; i < n; i++) dst[i] = t == SA_BF16 ? sa_bf16_to_f32(h[i]) : sa_f16_to_f32(h[i]);
 }
 
+#if defined(__AVX512F__)
+/* sa_dec_exp2 on 16 lanes (same clamp and polynomial; NaN stays NaN: max_ps returns its second operand
+   when one is NaN). */
+static inline __m512 sa_dec_exp2_v(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-127.0f), x);
+  __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381608e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265069591007e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471805599453e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+/* n (<= 16) elements of a cache row at element off as fp32 lanes, zeros past n. */
+static inline __m512 sa_dec_load16(const void *src, sa_dtype t, int64_t off, int64_t n) {
+  const __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
+  if (t == SA_F32) return _mm512_maskz_loadu_ps(m, (const float *)src + off);
+  __m256i x = _mm256_maskz_loadu_epi16(m, (const uint16_t *)src + off);
+  return t == SA_BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16)) : _mm512_cvtph_ps(x);
+}
+
+/* In-register 16x16 transpose: r[i] lane d becomes out[d] lane i. Four rounds of 16 shuffles (128-bit
+   unpacks of floats, of float pairs, then two rounds of 128-bit lane shuffles) instead of 256 scalar
+   stores: the scalar transpose was the largest cost of the first AVX-512 kernel (bench/NOTES.md). */
+static inline void sa_dec_transpose16(__m512 r[16], float *out) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; i++) {  /* lane L of t[2i]: r[2i][4L], r[2i+1][4L], r[2i][4L+1], r[2i+1][4L+1] */
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 4; g++)    /* u[4g + c], 128-bit lane L: column 4L + c of rows 4g .. 4g + 3 */
+    for (int h = 0; h < 2; h++) {
+      __m512d a = _mm512_castps_pd(t[4 * g + h]), b = _mm512_castps_pd(t[4 * g + 2 + h]);
+      u[4 * g + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+      u[4 * g + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    }
+  for (int c = 0; c < 4; c++) {  /* gather lane L of u[c], u[4 + c], u[8 + c], u[12 + c] */
+    __m512 a = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), b = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);
+    __m512 x = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88), y = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
+    _mm512_storeu_ps(out + (0 + c) * 16, _mm512_shuffle_f32x4(a, x, 0x88));
+    _mm512_storeu_ps(out + (8 + c) * 16, _mm512_shuffle_f32x4(a, x, 0xdd));
+    _mm512_storeu_ps(out + (4 + c) * 16, _mm512_shuffle_f32x4(b, y, 0x88));
+    _mm512_storeu_ps(out + (12 + c) * 16, _mm512_shuffle_f32x4(b, y, 0xdd));
+  }
+}
+
+/* Lane masks of the keys inside each row's range [lo, hi) for the tile at j0; 0 when no row sees one. */
+static inline __attribute__((always_inline)) __mmask16 sa_dec_masks(const int NR, int64_t j0, const int64_t *rng,
+                                                                    __mmask16 *km) {
+  __mmask16 any = 0;
+  for (int i = 0; i < NR; i++) {
+    int64_t lo = rng[2 * i] - j0, hi = rng[2 * i + 1] - j0;
+    lo = lo < 0 ? 0 : lo > 16 ? 16 : lo;
+    hi = hi < 0 ? 0 : hi > 16 ? 16 : hi;
+    km[i] = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+    any |= km[i];
+  }
+  return any;
+}
+
+/* Online softmax and P.V for rows 0 .. NR - 1 (NR a constant after inlining: 8, 4, 2 or 1, so s[] and the
+   accumulators stay in registers) given their base-2 scores s against the tile's nj keys; vf [16][Hvp]
+   holds the fp32 V rows. P.V loads each V vector once for NR rows, the NR accumulators of 16 columns
+   kept in registers across the tile's keys. */
+static inline __attribute__((always_inline)) void sa_dec_softmax_pv(
+    const int NR, int64_t Hv, int64_t Hvp, int64_t nj, const __m512 *s, const __mmask16 *km, float *acc,
+    float *m, float *l, const float *vf) {
+  float e[8][16] __attribute__((aligned(64)));
+  for (int i = 0; i < NR; i++) {
+    if (!km[i]) {
+      _mm512_store_ps(e[i], _mm512_setzero_ps());
+      continue;
+    }
+    const __m512 sv = _mm512_mask_blend_ps(km[i], _mm512_set1_ps(-INFINITY), s[i]);
+    const float mt = _mm512_reduce_max_ps(sv);
+    const float mnew = mt > m[i] ? mt : m[i];   /* finite: the tile holds a valid key of this row */
+    const float corr = sa_dec_exp2(m[i] - mnew); /* 0 on the row's first tile (m = -inf) */
+    const __m512 ev = sa_dec_exp2_v(_mm512_sub_ps(sv, _mm512_set1_ps(mnew)));
+    l[i] = l[i] * corr + _mm512_reduce_add_ps(ev);
+    m[i] = mnew;
+    _mm512_store_ps(e[i], ev);
+    if (corr != 1.0f) {
+      float *o = acc + i * Hv;
+      for (int64_t d0 = 0; d0 < Hv; d0 += 16) {
+        const __mmask16 md = Hv - d0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (Hv - d0)) - 1u);
+        _mm512_mask_storeu_ps(o + d0, md, _mm512_mul_ps(_mm512_maskz_loadu_ps(md, o + d0), _mm512_set1_ps(corr)));
+      }
+    }
+  }
+  for (int64_t d0 = 0; d0 < Hv; d0 += 16) {
+    const __mmask16 md = Hv - d0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (Hv - d0)) - 1u);
+    __m512 o[8];
+    for (int i = 0; i < NR; i++) o[i] = _mm512_maskz_loadu_ps(md, acc + i * Hv + d0);
+    for (int64_t jj = 0; jj < nj; jj++) {
+      const __m512 v = _mm512_loadu_ps(vf + jj * Hvp + d0);
+      for (int i = 0; i < NR; i++) o[i] = _mm512_fmadd_ps(_mm512_set1_ps(e[i][jj]), v, o[i]);
+    }
+    for (int i = 0; i < NR; i++) _mm512_mask_storeu_ps(acc + i * Hv + d0, md, o[i]);
+  }
+}
+
+/* fp32 scores: kt [Hpad][16] holds K^T, qs the rows pre-scaled into base 2; one kt load per NR FMAs. */
+static inline __attribute__((always_inline)) void sa_dec_rows_f32(
+    const int NR, int64_t H, int64_t Hv, int64_t Hvp, int64_t j0, int64_t nj, const float *qs, float *acc,
+    float *m, float *l, const int64_t *rng, const float *kt, const float *vf) {
+  __m512 s[8];
+  __mmask16 km[8];
+  if (!sa_dec_masks(NR, j0, rng, km)) return;
+  for (int i = 0; i < NR; i++) s[i] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < H; d++) {
+    const __m512 kd = _mm512_loadu_ps(kt + d * 16);
+    for (int i = 0; i < NR; i++) s[i] = _mm512_fmadd_ps(_mm512_set1_ps(qs[i * H + d]), kd, s[i]);
+  }
+  sa_dec_softmax_pv(NR, Hv, Hvp, nj, s, km, acc, m, l, vf);
+}
+
+/* bf16 scores with AVX512-BF16 dot products (vdpbf16ps: two exact bf16 products per lane into fp32): kt
+   [H2][16] holds K^T as bf16 pairs (dim 2d, 2d + 1) per key, qs each row's raw bf16 pairs (H2 of the row's
+   H floats; the scale is applied to the sums). Half the FMAs and half the transposes of the fp32 path, no K conversion. */
+#define SA_DEC_BF16_TARGET __attribute__((target("avx512bf16")))
+static inline __attribute__((always_inline)) SA_DEC_BF16_TARGET void sa_dec_rows_bf16(
+    const int NR, int64_t H, int64_t H2, int64_t Hv, int64_t Hvp, int64_t j0, int64_t nj, float qscale, const float *qs,
+    float *acc, float *m, float *l, const int64_t *rng, const float *kt, const float *vf) {
+  __m512 s[8];
+  __mmask16 km[8];
+  if (!sa_dec_masks(NR, j0, rng, km)) return;
+  for (int i = 0; i < NR; i++) s[i] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < H2; d++) {
+    const __m512bh kd = (__m512bh)_mm512_loadu_ps(kt + d * 16);
+    for (int i = 0; i < NR; i++) {
+      int32_t w;  /* a bf16 pair stored in the float buffer: memcpy keeps the read well-typed */
+      memcpy(&w, qs + i * H + d, 4);
+      s[i] = _mm512_dpbf16_ps(s[i], (__m512bh)_mm512_set1_epi32(w), kd);
+    }
+  }
+  for (int i = 0; i < NR; i++) s[i] = _mm512_mul_ps(s[i], _mm512_set1_ps(qscale));
+  sa_dec_softmax_pv(NR, Hv, Hvp, nj, s, km, acc, m, l, vf);
+}
+
+/* V rows of the tile in fp32, vf [16][Hvp]. */
+static inline void sa_dec_v_tile(const sa_attn *a, int64_t row0, int64_t nj, float *vf) {
+  const int64_t Hv = a->v_head_dim, Hvp = (Hv + 15) & ~(int64_t)15, K = a->kv_heads;
+  for (int64_t jj = 0; jj < nj; jj++)
+    for (int64_t d0 = 0; d0 < Hv; d0 += 16)
+      _mm512_storeu_ps(vf + jj * Hvp + d0, sa_dec_load16(a->v, a->dtype, (row0 + jj * K) * Hv + d0, Hv - d0));
+}
+
+/* Rows in blocks of 8, then 4, 2, 1 (the block size a compile-time constant in each call). */
+#define SA_DEC_ROW_BLOCKS(CALL)                                           \
+  do {                                                                    \
+    int64_t x = 0;                                                        \
+    for (; x + 8 <= R; x += 8) CALL(8);                                   \
+    if (x + 4 <= R) { CALL(4); x += 4; }                                  \
+    if (x + 2 <= R) { CALL(2); x += 2; }                                  \
+    if (x < R) CALL(1);                                                   \
+  } while (0)
+
+/* One tile of 16 keys (nj valid) of kv head kh for all R rows (fp32 scores, any dtype): K^T by register
+   transposes of 16 x 16 fp32 blocks. qs, acc, m, l point at kv head kh's rows. */
+static void sa_dec_tile_f32(const sa_attn *a, int64_t R, int64_t b, int64_t kh, int64_t j0, int64_t nj,
+                            const float *qs, float *acc, float *m, float *l, const int64_t *rng, float *kt,
+                            float *vf) {
+  const int64_t H = a->head_dim, Hv = a->v_head_dim, Hvp = (Hv + 15) & ~(int64_t)15, K = a->kv_heads;
+  const int64_t row0 = (b * a->kv_len + j0) * K + kh;  /* cache row of key j0, kv head kh */
+  for (int64_t d0 = 0; d0 < H; d0 += 16) {
+    __m512 r[16];
+    for (int jj = 0; jj < 16; jj++)
+      r[jj] = jj < nj ? sa_dec_load16(a->k, a->dtype, (row0 + jj * K) * H + d0, H - d0) : _mm512_setzero_ps();
+    sa_dec_transpose16(r, kt + d0 * 16);
+  }
+  sa_dec_v_tile(a, row0, nj, vf);
+#define SA_DEC_CALL_F32(NR) \
+  sa_dec_rows_f32(NR, H, Hv, Hvp, j0, nj, qs + x * H, acc + x * Hv, m + x, l + x, rng + 2 * x, kt, vf)
+  SA_DEC_ROW_BLOCKS(SA_DEC_CALL_F32);
+#undef SA_DEC_CALL_F32
+}
+
+/* The same for bf16 caches on CPUs with AVX512-BF16: K^T as bf16 pairs, 16 x 16 dword transposes. */
+static SA_DEC_BF16_TARGET void sa_dec_tile_bf16(const sa_attn *a, float qscale, int64_t R, int64_t b, int64_t kh,
+                                                int64_t j0, int64_t nj, const float *qs, float *acc, float *m,
+                                                float *l, const int64_t *rng, float *kt, float *vf) {
+  const int64_t H = a->head_dim, H2 = (H + 1) / 2, Hv = a->v_head_dim, Hvp = (Hv + 15) & ~(int64_t)15;
+  const int64_t K = a->kv_heads, row0 = (b * a->kv_len + j0) * K + kh;
+  const uint16_t *k = (const uint16_t *)a->k;
+  for (int64_t d0 = 0; d0 < H; d0 += 32) {  /* 32 bf16 = 16 dword pairs per row */
+    const int64_t n = H - d0 < 32 ? H - d0 : 32;
+    const __mmask32 mk = n >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << n) - 1u);
+    __m512 r[16];
+    for (int jj = 0; jj < 16; jj++)
+      r[jj] = jj < nj ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mk, k + (row0 + jj * K) * H + d0))
+                      : _mm512_setzero_ps();
+    sa_dec_transpose16(r, kt + d0 / 2 * 16);
+  }
+  sa_dec_v_tile(a, row0, nj, vf);
+#define SA_DEC_CALL_BF16(NR)                                                                            \
+  sa_dec_rows_bf16(NR, H, H2, Hv, Hvp, j0, nj, qscale, qs + x * H, acc + x * Hv, m + x, l + x, rng + 2 * x, \
+                   kt, vf)
+  SA_DEC_ROW_BLOCKS(SA_DEC_CALL_BF16);
+#undef SA_DEC_CALL_BF16
+}
+#endif
+
 void SA_DECODE_PARTIAL(const sa_decode_plan *p, int64_t b, int64_t c, float *scratch, float *part_out,
                        float *part_lse) {
   enum { TJ = SA_DECODE_TILE };
@@ -72,7 +286,7 @@ void SA_DECODE_PARTIAL(const sa_decode_plan *p, int64_t b, int64_t c, float *scr
   /* scratch layout (sa_cpu_decode_scratch_floats): per kv head Qs [K][R][H], acc [K][R][Hv], m, l [K][R];
      shared Kt [H][TJ], Vf [TJ][Hv], row [max(H, Hv)], and the per-row key ranges as int64 [2R] */
   float *qs = scratch, *acc = qs + K * R * H, *m = acc + K * R * Hv, *l = m + K * R, *kt = l + K * R;
-  float *vf = kt + H * TJ, *row = vf + TJ * Hv;
+  float *vf = kt + ((H + 15) & ~(int64_t)15) * TJ, *row = vf + TJ * ((Hv + 15) & ~(int64_t)15);
   /* Rounded up to 8 bytes: the float count before it may be odd (UBSan: misaligned int64 store). The
      rounding adds at most one float, which the scratch size reserves. */
   uintptr_t rng_at = ((uintptr_t)(row + (H > Hv ? H : Hv)) + 7) & ~(uintptr_t)7;
@@ -102,6 +316,11 @@ void SA_DECODE_PARTIAL(const sa_decode_plan *p, int64_t b, int64_t c, float *scr
       for (int64_t r = 0; r < R; r++) {  /* q rows of kv head kh, pre-scaled into base 2 */
         int64_t t = r / G, n = kh * G + r % G;
         float *qr = qs + (kh * R + r) * H;
+        if (p->bf16_dot) {  /* raw bf16 pairs, zero-padded to whole pairs; scaled after the dot */
+          memset(qr, 0, (size_t)H * sizeof(float));
+          memcpy(qr, (const uint16_t *)a->q + ((b * T + t) * N + n) * H, (size_t)H * 2);
+          continue;
+        }
         sa_dec_row_load(a->q, a->dtype, ((b * T + t) * N + n) * H, H, qr);
         for (int64_t d = 0; d < H; d++) qr[d] *= p->qscale;
       }
@@ -113,13 +332,22 @@ void SA_DECODE_PARTIAL(const sa_decode_plan *p, int64_t b, int64_t c, float *scr
   const size_t es = sa_dtype_size(a->dtype);
   for (int64_t j0 = jlo; j0 < jhi; j0 += TJ) {
     const int64_t nj = jhi - j0 < TJ ? jhi - j0 : TJ;
-    const int64_t jp = j0 + 2 * TJ, np = jhi - jp < TJ ? jhi - jp : TJ;
-    for (int64_t jj = 0; jj < np; jj++) {  /* two tiles ahead: K * (H + Hv) contiguous elements per key */
+    const int64_t jp = j0 + SA_DEC_PREFETCH_TILES * TJ, np = jhi - jp < TJ ? jhi - jp : TJ;
+    for (int64_t jj = 0; jj < np; jj++) {  /* K * (H + Hv) contiguous elements per key */
       const char *kp = (const char *)a->k + (size_t)((b * S + jp + jj) * K * H) * es;
       const char *vp = (const char *)a->v + (size_t)((b * S + jp + jj) * K * Hv) * es;
-      for (size_t x = 0; x < (size_t)(K * H) * es; x += 64) __builtin_prefetch(kp + x);
-      for (size_t x = 0; x < (size_t)(K * Hv) * es; x += 64) __builtin_prefetch(vp + x);
+      for (size_t x = 0; x < (size_t)(K * H) * es; x += 64) __builtin_prefetch(kp + x, 0, 2);
+      for (size_t x = 0; x < (size_t)(K * Hv) * es; x += 64) __builtin_prefetch(vp + x, 0, 2);
     }
+#if defined(__AVX512F__)
+    for (int64_t kh = 0; kh < K; kh++) {
+      float *qk = qs + kh * R * H, *ak = acc + kh * R * Hv, *mk = m + kh * R, *lk = l + kh * R;
+      if (p->bf16_dot)
+        sa_dec_tile_bf16(a, p->qscale, R, b, kh, j0, nj, qk, ak, mk, lk, rng, kt, vf);
+      else
+        sa_dec_tile_f32(a, R, b, kh, j0, nj, qk, ak, mk, lk, rng, kt, vf);
+    }
+#else
     for (int64_t kh = 0; kh < K; kh++) {
       for (int64_t jj = 0; jj < TJ; jj++) {
         if (jj < nj) {
@@ -136,16 +364,9 @@ void SA_DECODE_PARTIAL(const sa_decode_plan *p, int64_t b, int64_t c, float *scr
         if (hi <= j0 || lo >= j0 + nj) continue;
         float s[TJ], e[TJ];
         const float *q = qs + x * H;
-#if defined(__AVX512F__)
-        /* gcc keeps s[16] in 16 scalar registers here instead of one vector: spell the vector out */
-        __m512 sv = _mm512_setzero_ps();
-        for (int64_t d = 0; d < H; d++) sv = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_loadu_ps(kt + d * TJ), sv);
-        _mm512_storeu_ps(s, sv);
-#else
         for (int jj = 0; jj < TJ; jj++) s[jj] = 0.0f;
         for (int64_t d = 0; d < H; d++)
           for (int jj = 0; jj < TJ; jj++) s[jj] = SA_DEC_FMA(q[d], kt[d * TJ + jj], s[jj]);
-#endif
         float mt = -INFINITY;
         for (int jj = 0; jj < TJ; jj++) {
           int64_t j = j0 + jj;
@@ -162,22 +383,13 @@ void SA_DECODE_PARTIAL(const sa_decode_plan *p, int64_t b, int64_t c, float *scr
         float *o = acc + x * Hv;
         if (corr != 1.0f)
           for (int64_t d = 0; d < Hv; d++) o[d] *= corr;
-        int64_t d0 = 0;
-#if defined(__AVX512F__)
-        /* 16 columns of the accumulator stay in a register across the tile's keys */
-        for (; d0 + 16 <= Hv; d0 += 16) {
-          __m512 ov = _mm512_loadu_ps(o + d0);
-          for (int jj = 0; jj < nj; jj++)
-            ov = _mm512_fmadd_ps(_mm512_set1_ps(e[jj]), _mm512_loadu_ps(vf + jj * Hv + d0), ov);
-          _mm512_storeu_ps(o + d0, ov);
-        }
-#endif
         for (int jj = 0; jj < nj; jj++) {
           const float w = e[jj], *vr = vf + jj * Hv;
-          for (int64_t d = d0; d < Hv; d++) o[d] = SA_DEC_FMA(w, vr[d], o[d]);
+          for (int64_t d = 0; d < Hv; d++) o[d] = SA_DEC_FMA(w, vr[d], o[d]);
         }
       }
     }
+#endif
   }
 
   /* pass 3: the vanilla partials, slot (b, kh, c) (the sink is added once, in the combine) */
