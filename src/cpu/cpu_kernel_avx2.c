@@ -33,14 +33,7 @@ static inline float v_radd(vf x) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
-static inline float v_rmax(vf x) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_max_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 #define V_RADD(x) v_radd(x)
-#define V_RMAX(x) v_rmax(x)
 
 /* 2^x, same construction and error as the AVX-512 layer (see cpu_kernel_avx512.c). */
 static inline vf v_exp2(vf x) {

@@ -19,7 +19,6 @@ typedef __m512 vf;
 #define V_MUL(a, b) _mm512_mul_ps((a), (b))
 #define V_MAX(a, b) _mm512_max_ps((a), (b))
 #define V_RADD(x) _mm512_reduce_add_ps(x)
-#define V_RMAX(x) _mm512_reduce_max_ps(x)
 #define V_LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define V_LOAD_BF16(p) \
   _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))

@@ -1,8 +1,8 @@
 /*
  * cpu_kernel_body.h — the CPU attention kernels, written once against the vector layer that the including
- * file defines (VW floats per vf; V_LOAD/V_STORE/V_FMA/V_ADD/V_SUB/V_MUL/V_MAX/V_RADD/V_RMAX/V_EXP2/
- * V_LOAD_F16/V_LOAD_BF16/V_MASK_RANGE; micro-kernel shape MK_R x MK_C; SA_K_TABLE, SA_K_NAME). Everything here is
- * static: each including file is one SIMD level and exports only its sa_cpu_kernels table.
+ * file defines (VW floats per vf; V_ZERO/V_SET1/V_LOAD/V_STORE/V_FMA/V_ADD/V_SUB/V_MUL/V_MAX/V_RADD/
+ * V_EXP2/V_LOAD_F16/V_LOAD_BF16/V_MASK_RANGE; micro-kernel shape MK_R x MK_C; SA_K_TABLE, SA_K_NAME).
+ * Everything here is static: each including file is one SIMD level and exports only its kernel table.
  *
  * Scores are kept in base 2: q is multiplied by scale * log2(e) when it is converted, so every
  * exponential is an exp2 and the sink logit a enters as a * log2(e).
@@ -243,7 +243,7 @@ static void mask_rows(const sa_attn *a, int64_t b, float *s, int64_t np, int64_t
   }
 }
 
-/* One key tile [q rows i0.., keys j0..] in the layout of the FWD / BWD_DQ items: K and V rows in fp32, and a
+/* K and V rows [j0, j0 + nk) of kv head kh in fp32 (the FWD / BWD_DQ tile layout), and a
    prefetch of the next tile's rows. */
 static void load_kv_rows(const sa_cpu_ctx *c, const sa_bufs *B, int64_t b, int64_t kh, int64_t j0, int64_t nk,
                          int64_t jhi) {

@@ -20,7 +20,6 @@ typedef float vf;
 /* Keeps a NaN b, like the x86 max with the value second. */
 #define V_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define V_RADD(x) (x)
-#define V_RMAX(x) (x)
 #define V_LOAD_F16(p) sa_f16_to_f32(*(const uint16_t *)(p))
 #define V_LOAD_BF16(p) sa_bf16_to_f32(*(const uint16_t *)(p))
 #define V_EXP2(x) exp2f(x)
