@@ -346,10 +346,18 @@ static bool check(const char *name, launch_fn launch, const Case &c, uint32_t se
   CK(cudaMemcpy(hrl.data(), rlse, nl * 4, cudaMemcpyDeviceToHost));
   double max_err = 0, num = 0, den = 0, lse_err = 0;
   long bad = 0, checked = 0;
+  /* Where wrong values sit, for a failed check: one run on the GPU should tell a layout bug apart.
+     Counts of elements off by > 2e-2 (or non-finite) by 64-column half of H, by 8-column block, by the lane's
+     column pair (d % 8 / 2 = lane % 4), by the row's warpgroup and warp inside the 128-row tile, by row half
+     (i % 16 < 8: accumulator registers e = 0, 1 vs 2, 3), by head (0: sink +50, 1: -50, others); lse alike. */
+  long d_half[2] = {0}, d_blk[16] = {0}, d_pair[4] = {0}, r_warp[8] = {0}, r_half[2] = {0}, head[3] = {0},
+       lse_warp[8] = {0}, n_bad = 0, n_lse_bad = 0;
+  char first[160] = "";
   for (int bb = 0; bb < c.B; ++bb)
     for (int x = 0; x < rows; ++x) {
       const int i = x * c.rstride + (x * 37) % c.rstride;
       if (i >= c.T) continue;
+      const int wslot = (i % BM) / 16; /* warpgroup * 4 + warp */
       for (int nn = 0; nn < c.N; ++nn) {
         for (int d = 0; d < c.H; ++d) {
           const size_t idx = (((size_t)bb * c.T + i) * c.N + nn) * c.H + d;
@@ -357,6 +365,13 @@ static bool check(const char *name, launch_fn launch, const Case &c, uint32_t se
           float got;
           memcpy(&got, &u, 4);
           const double diff = fabs((double)got - hr[idx]);
+          if (!(diff <= 2e-2)) {
+            if (n_bad++ == 0)
+              snprintf(first, sizeof first, "b %d row %d head %d col %d: got %.5g want %.5g", bb, i, nn, d, got,
+                       hr[idx]);
+            ++d_half[d / 64], ++d_blk[(d / 8) % 16], ++d_pair[(d % 8) / 2], ++r_warp[wslot], ++r_half[(i % 16) / 8];
+            ++head[std::min(nn, 2)];
+          }
           if (!(diff <= 1e30)) { ++bad; continue; } /* NaN or inf */
           max_err = std::max(max_err, diff);
           num += diff * diff;
@@ -367,6 +382,7 @@ static bool check(const char *name, launch_fn launch, const Case &c, uint32_t se
         const double le = fabs((double)hl[li] - hrl[li]);
         if (!(le <= 1e30)) ++bad;
         else lse_err = std::max(lse_err, le / std::max(1.0, fabs((double)hrl[li])));
+        if (!(le <= 1e-3 * std::max(1.0, fabs((double)hrl[li])))) ++n_lse_bad, ++lse_warp[wslot];
       }
     }
   const double rel_l2 = sqrt(num / std::max(den, 1e-30));
@@ -377,6 +393,18 @@ static bool check(const char *name, launch_fn launch, const Case &c, uint32_t se
          "\"max_abs_err\": %.3e, \"rel_l2\": %.3e, \"lse_rel_err\": %.3e, \"pass\": %s}\n",
          name, c.B, c.T, c.S, c.N, c.KH, c.H, c.causal, softmax_name(c.softmax), c.rstride, checked, bad, max_err,
          rel_l2, lse_err, ok ? "true" : "false");
+  if (!ok) {
+    printf("{\"diag\": \"%s\", \"out_bad\": %ld, \"first\": \"%s\", \"by_col_half\": [%ld, %ld], "
+           "\"by_col_block8\": [", name, n_bad, first, d_half[0], d_half[1]);
+    for (int k = 0; k < 16; ++k) printf("%s%ld", k ? ", " : "", d_blk[k]);
+    printf("], \"by_lane_col_pair\": [%ld, %ld, %ld, %ld], \"by_row_warp\": [", d_pair[0], d_pair[1], d_pair[2],
+           d_pair[3]);
+    for (int k = 0; k < 8; ++k) printf("%s%ld", k ? ", " : "", r_warp[k]);
+    printf("], \"by_row_half\": [%ld, %ld], \"by_head_p50_m50_rest\": [%ld, %ld, %ld], \"lse_bad\": %ld, "
+           "\"lse_bad_by_row_warp\": [", r_half[0], r_half[1], head[0], head[1], head[2], n_lse_bad);
+    for (int k = 0; k < 8; ++k) printf("%s%ld", k ? ", " : "", lse_warp[k]);
+    printf("]}\n");
+  }
   fflush(stdout);
   cudaFree(rout);
   cudaFree(rlse);
