@@ -162,6 +162,10 @@ __device__ __forceinline__ uint32_t bar_ve(uint32_t b0, int s) { return b0 + 8 *
 
 template <int HD>
 constexpr int smem_bytes() { return 1024 /* alignment slack */ + BM * HD * 2 + STAGES * 2 * BN * HD * 2; }
+/* 227 KiB is the sm_90 opt-in limit per block; the kernels hard-code 2 consumer warpgroups of 64 rows and a
+   128-key tile read as 8 k16 steps (P V) and 16 accumulator blocks of 8 (S). */
+static_assert(smem_bytes<128>() + 1024 <= 227 * 1024, "shared memory over the sm_90 limit");
+static_assert(BM == 64 * NC && NC == 2 && BN == 128, "tile shape is hard-coded in the kernels");
 
 /* ---- reference: one block of 128 threads per query row, fp32, scores in shared memory ------------------ */
 
