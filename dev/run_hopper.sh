@@ -21,7 +21,13 @@ variants=("$@")
 if [ ${#variants[@]} -eq 0 ]; then
   for f in hopper_fwd_*.cu; do v=${f#hopper_fwd_}; variants+=("${v%.cu}"); done
 fi
-: > "$OUT/summary.txt"
+{
+  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet -- . 2>/dev/null || echo ' (dev/ modified)')"
+  "$NVCC" --version | tail -1
+  if command -v nvidia-smi > /dev/null; then
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader | head -1
+  fi
+} > "$OUT/summary.txt"
 for v in "${variants[@]}"; do
   src=hopper_fwd_$v.cu bin=$BIN/hopper_fwd_$v
   # -gencode with compute_90a/sm_90a: the -arch=sm_90a shorthand has been seen to add a plain sm_90 pass that
