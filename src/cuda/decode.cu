@@ -15,69 +15,20 @@
  *   combine kernel grid (row, kv head, batch): lse = logaddexp(partials in chunk order, sink), out =
  *                  sum_c exp(lse_c - lse) out_c. The sink enters here, once.
  * Partials live in the caller's workspace; everything is enqueued on the stream (no malloc, no sync).
+ * bf16/f16 with H == Hv in {64, 128} and 16-byte aligned q, k, v run the cp.async pipeline split kernel of
+ * decode_pipe.cu instead (<= 128 registers, K/V bytes in flight held in shared memory); this file's split
+ * kernel is the fallback for every other shape (and runs those shapes too under env
+ * SINKATTN_CUDA_DECODE=register, for tests and benchmarks). The combine serves both.
  * Instantiations: split <bf16|f16|f32> x <16-byte path | generic path>, combine <bf16|f16|f32>.
- * The 16-byte path needs H == Hv with H * sizeof(T) / 16 a power of two <= 32 (bf16: H in 32..256;
- * H = 64 and 128 are the fast cases); every other H, Hv <= 256 runs the generic path (strided scalar loads).
+ * The 16-byte path needs H == Hv with H * sizeof(T) / 16 a power of two <= 32 (bf16: H in 32..256);
+ * every other H, Hv <= 256 runs the generic path (strided scalar loads).
  */
-#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <type_traits>
 
-#include "cuda_common.cuh"
-#include "sa_internal.h"
-
-#define SA_DEC_RB 8       /* query rows per block: gpt-oss's G = 8 at one token fills it exactly */
-#define SA_DEC_WARPS 4
-#define SA_DEC_MAXD 256   /* generic path: 8 strided elements per lane */
-#define SA_DEC_MAX_SPLITS 1024
-#define SA_DEC_FULL 0xffffffffu
-
-struct sa_decode_params {
-  sa_cuda_params p;
-  int64_t rows, rowgroups, chunk, splits;
-  int lanes;         /* 16-byte path: lanes per key row */
-  float *part_out;   /* [B, K, splits, rows, Hv] */
-  float *part_lse;   /* [B, K, splits, rows], natural log, no sink */
-};
-
-template <typename T> struct sa_dec_io;
-template <> struct sa_dec_io<__nv_bfloat16> {
-  static __device__ __forceinline__ void unpack(const uint4 &u, float *x) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      x[2 * i] = __uint_as_float(w[i] << 16);
-      x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-  }
-  static __device__ __forceinline__ float load(const void *p, int64_t i) {
-    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
-  }
-  static __device__ __forceinline__ void store(void *p, int64_t i, float x) {
-    ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(x);
-  }
-};
-template <> struct sa_dec_io<__half> {
-  static __device__ __forceinline__ void unpack(const uint4 &u, float *x) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      __half2 h = *reinterpret_cast<const __half2 *>(&w[i]);
-      float2 f = __half22float2(h);
-      x[2 * i] = f.x;
-      x[2 * i + 1] = f.y;
-    }
-  }
-  static __device__ __forceinline__ float load(const void *p, int64_t i) { return __half2float(((const __half *)p)[i]); }
-  static __device__ __forceinline__ void store(void *p, int64_t i, float x) { ((__half *)p)[i] = __float2half_rn(x); }
-};
-template <> struct sa_dec_io<float> {
-  static __device__ __forceinline__ void unpack(const uint4 &u, float *x) {
-    x[0] = __uint_as_float(u.x); x[1] = __uint_as_float(u.y); x[2] = __uint_as_float(u.z); x[3] = __uint_as_float(u.w);
-  }
-  static __device__ __forceinline__ float load(const void *p, int64_t i) { return ((const float *)p)[i]; }
-  static __device__ __forceinline__ void store(void *p, int64_t i, float x) { ((float *)p)[i] = x; }
-};
+#include "decode.cuh"
 
 /* The NE elements of row `off` (length n) that lane `sub` owns: 16-byte path, elements [sub*NE, sub*NE+NE);
    generic path, elements sub + 32 e. Zeros when !valid or past n. */
@@ -313,15 +264,19 @@ static int sa_dec_sm_count(void) {
   return n;
 }
 
-/* Splits from the shape and the SM count: ~8 blocks per SM (2 waves of ~4 resident 4-warp blocks) so
-   every SM streams; chunks of at least 256 keys (the partial, rows x (Hv + 1) floats, stays < 4% of the
-   chunk's cache bytes at G = 8, bf16, H = 64); at most 1024 splits (the combine keeps weights in smem). */
+/* Splits from the shape and the SM count (shape only: the workspace size depends on them).
+   Pipeline kernel (decode_pipe.cu): 2 waves of its resident CTAs (3-4 per SM from shared memory), chunks of
+   at least 128 keys (4 tiles, so its 3-deep pipeline fills; the partial, rows x (Hv + 1) floats, is then
+   ~3% of the chunk's cache bytes at G = 8, bf16, H = 64). Register kernel: ~8 blocks per SM (2 waves of
+   ~4 resident), chunks of at least 256 keys. At most 1024 splits (the combine keeps weights in smem). */
 static void sa_dec_plan(const sa_attn *a, sa_decode_params *dp) {
   const int64_t G = a->q_heads / a->kv_heads, S = a->kv_len;
   dp->rows = G * a->q_len;
   dp->rowgroups = (dp->rows + SA_DEC_RB - 1) / SA_DEC_RB;
-  const int64_t blocks = a->batch * a->kv_heads * dp->rowgroups, target = 8 * (int64_t)sa_dec_sm_count();
-  int64_t max_splits = (S + 255) / 256;
+  const int occ = sa_decode_pipe_ctas_per_sm(a);
+  const int64_t blocks = a->batch * a->kv_heads * dp->rowgroups;
+  const int64_t target = (occ ? 2 * (int64_t)occ : 8) * (int64_t)sa_dec_sm_count(), min_chunk = occ ? 128 : 256;
+  int64_t max_splits = (S + min_chunk - 1) / min_chunk;
   if (max_splits > SA_DEC_MAX_SPLITS) max_splits = SA_DEC_MAX_SPLITS;
   if (max_splits < 1) max_splits = 1;
   int64_t splits = blocks > 0 ? (target + blocks - 1) / blocks : 1;
@@ -361,15 +316,28 @@ extern "C" size_t sa_cuda_decode_workspace_size(const sa_attn *a) {
 }
 
 template <typename T>
-static void sa_dec_launch(const sa_decode_params &dp, bool contig, cudaStream_t st) {
+static cudaError_t sa_dec_launch(const sa_decode_params &dp, bool contig, bool pipe, sa_dtype dtype, cudaStream_t st) {
   const sa_cuda_params &p = dp.p;
   dim3 block(SA_DEC_WARPS * 32), g1((unsigned)dp.splits, (unsigned)(p.K * dp.rowgroups), (unsigned)p.B);
-  if (contig)
+  if (pipe) {
+    cudaError_t e = sa_decode_pipe_launch(dp, dtype, st);
+    if (e != cudaSuccess) return e;
+  } else if (contig) {
     sa_decode_split_kernel<T, true><<<g1, block, 0, st>>>(dp);
-  else
+  } else {
     sa_decode_split_kernel<T, false><<<g1, block, 0, st>>>(dp);
+  }
   dim3 g2((unsigned)dp.rows, (unsigned)p.K, (unsigned)p.B);
   sa_decode_combine_kernel<T><<<g2, block, (size_t)dp.splits * sizeof(float), st>>>(dp);
+  return cudaGetLastError();
+}
+
+/* The pipeline kernel for its shapes when q, k, v are 16-byte aligned, unless env SINKATTN_CUDA_DECODE=register
+   (read at each call, so tests and bench/decode_bench.py can run the register kernel on the same shapes). */
+static bool sa_dec_use_pipe(const sa_attn *a, bool aligned) {
+  const char *env = getenv("SINKATTN_CUDA_DECODE");
+  if (env && strcmp(env, "register") == 0) return false;
+  return aligned && sa_decode_pipe_shape_ok(a);
 }
 
 extern "C" sa_status sa_cuda_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_size, void *stream) {
@@ -398,13 +366,14 @@ extern "C" sa_status sa_cuda_decode_fwd(const sa_attn *a, void *workspace, size_
   const bool contig = aligned && a->head_dim == a->v_head_dim && row_bytes % 16 == 0 && lanes >= 1 &&
                       lanes <= 32 && (lanes & (lanes - 1)) == 0;
   dp.lanes = contig ? (int)lanes : 32;
+  const bool pipe = sa_dec_use_pipe(a, aligned);
   cudaStream_t st = (cudaStream_t)stream;
+  cudaError_t e;
   switch (a->dtype) {
-    case SA_BF16: sa_dec_launch<__nv_bfloat16>(dp, contig, st); break;
-    case SA_F16: sa_dec_launch<__half>(dp, contig, st); break;
-    default: sa_dec_launch<float>(dp, contig, st); break;
+    case SA_BF16: e = sa_dec_launch<__nv_bfloat16>(dp, contig, pipe, a->dtype, st); break;
+    case SA_F16: e = sa_dec_launch<__half>(dp, contig, pipe, a->dtype, st); break;
+    default: e = sa_dec_launch<float>(dp, contig, pipe, a->dtype, st); break;
   }
-  cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return sa_error(SA_ERR_DEVICE, "CUDA decode launch failed: %s", cudaGetErrorString(e));
   return SA_OK;
 }
