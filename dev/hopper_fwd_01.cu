@@ -17,7 +17,7 @@
  *   imm-trans-b = 1). The sink enters the denominator once, in the final normalisation; lse includes it.
  * - This variant runs the two products and the softmax of one warpgroup in sequence (wait_group 0 after
  *   each); the overlap comes from the two consumer warpgroups sharing the tensor core. Intra-warpgroup
- *   overlap (FA3's two-stage softmax pipelining) is the next variant.
+ *   overlap (FA3's two-stage softmax pipelining) and ping-pong are variant 02 (dev/hopper_fwd_02.cu).
  * Shared memory: Q 32 KiB + 2 stages x (K 32 KiB + V 32 KiB) = 160 KiB at H = 128.
  * The PTX wrappers, the reference and the harness live in dev/hopper_common.cuh.
  */
