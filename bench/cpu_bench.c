@@ -4,13 +4,15 @@
  *   cpu_bench [out.json] [--quick]      default out: bench/results/cpu-<date>.json (relative to the cwd)
  *
  * 1. Peak: every thread runs a register-resident FMA loop (12 independent accumulators, enough to cover
- *    4-cycle latency on 2 pipes) at the SIMD level the backend dispatched to; the sum over threads is the
- *    fp32 FMA peak in GFLOP/s.
+ *    4-cycle latency on 2 pipes) at the SIMD level the backend dispatched to, before and after the grid;
+ *    the sum over threads is the fp32 FMA peak in GFLOP/s, by wall clock and per CPU second x threads.
+ *    Percentages use the larger: on a shared machine the per-CPU figure is what the cores can do.
  * 2. Grid: f32, B = 1, N = K = 8 (one kv head per query head), learnable sinks, T = S in {512, 2048, 8192},
  *    H = Hv in {64, 128}, causal TOP_LEFT or none. Forward and forward+backward of SA_BACKEND_CPU on all
- *    threads; the fp64 reference only at T = 512 (it is ~100x slower); T = 8192 forward only, one timed call.
- *    FLOPs: fwd = 4 B N T S H (x 0.5 causal), fwd+bwd = 3.5 x fwd. Time: median of the timed calls after
- *    one warm-up call.
+ *    threads; the fp64 reference only at T = 512 (it is ~30x slower); T = 8192 forward only, one timed call.
+ *    FLOPs: fwd = 4 B N T S H (x 0.5 causal), fwd+bwd = 3.5 x fwd. Time: median wall clock of the timed
+ *    calls after one warm-up call; also the median process CPU time, which load from other processes does
+ *    not inflate (GFLOP per CPU second x threads, against the per-CPU peak).
  * 3. Memory: each configuration runs in a forked child that allocates and touches its buffers first; the
  *    growth of getrusage's maxrss over the calls is the backend's extra memory (scratch, threads, D).
  * --quick runs only T = 2048, H = 128 (for tuning).
@@ -322,9 +324,14 @@ int main(int argc, char **argv) {
          peak_cpu2);
   if (peak2 > peak) peak = peak2;
   if (peak_cpu2 > peak_cpu) peak_cpu = peak_cpu2;
+  /* On a shared machine the wall-clock loop sees less than the cores can do; the cores' rate (per CPU
+     second) is the honest denominator then, and makes the wall-clock percentages conservative. */
+  double peak_wall = peak;
+  if (peak_cpu > peak) peak = peak_cpu;
 
-  printf("\nf32, B=1, N=K=8, learnable sinks; GFLOP/s (%% of the wall-clock peak %.1f); last column: %% of the\n"
-         "per-CPU-second peak %.1f by CPU time, which load from other processes does not inflate\n", peak, peak_cpu);
+  printf("\nf32, B=1, N=K=8, learnable sinks; GFLOP/s by wall clock (%% of the FMA peak %.1f, the larger of the\n"
+         "wall-clock %.1f and per-CPU-second %.1f loops); last column: %% of the per-CPU-second peak by CPU\n"
+         "time, which load from other processes does not inflate\n", peak, peak_wall, peak_cpu);
   printf("%6s %4s %6s | %16s %16s | %9s %9s | %8s | %s\n", "T=S", "H", "causal", "fwd", "fwd+bwd", "ref fwd",
          "ref f+b", "extraMiB", "by CPU time fwd, f+b");
   for (int i = 0; i < nr; i++) {
@@ -353,7 +360,8 @@ int main(int argc, char **argv) {
   fprintf(f, "  \"cpu\": \"%s\",\n  \"threads\": %d,\n  \"simd\": \"%s\",\n  \"compiler\": \"%s\",\n", cpu, nt, simd,
           __VERSION__);
   fprintf(f, "  \"loadavg_start\": \"%s\",\n  \"loadavg_end\": \"%s\",\n", load0, load1);
-  fprintf(f, "  \"fma_peak_gflops\": %.2f,\n  \"fma_peak_gflops_cpu_time\": %.2f,\n", peak, peak_cpu);
+  fprintf(f, "  \"fma_peak_gflops\": %.2f,\n  \"fma_peak_gflops_wall\": %.2f,\n  \"fma_peak_gflops_cpu_time\": %.2f,\n",
+          peak, peak_wall, peak_cpu);
   fprintf(f, "  \"problem\": \"f32, B=1, N=K=8, Hv=H, learnable sinks; fwd flops 4BNTSH (x0.5 causal), fwd+bwd 3.5x\",\n");
   fprintf(f, "  \"rows\": [\n");
   for (int i = 0; i < nr; i++) {
