@@ -357,8 +357,12 @@ int main(int argc, char **argv) {
     return 1;
   }
   fprintf(f, "{\n  \"benchmark\": \"cpu_bench\",\n  \"date\": \"%s\",\n  \"git_commit\": \"%s\",\n", date, commit);
-  fprintf(f, "  \"cpu\": \"%s\",\n  \"threads\": %d,\n  \"simd\": \"%s\",\n  \"compiler\": \"%s\",\n", cpu, nt, simd,
-          __VERSION__);
+#ifdef __clang__
+  const char *cc = __VERSION__;
+#else
+  const char *cc = "gcc " __VERSION__;
+#endif
+  fprintf(f, "  \"cpu\": \"%s\",\n  \"threads\": %d,\n  \"simd\": \"%s\",\n  \"compiler\": \"%s\",\n", cpu, nt, simd, cc);
   fprintf(f, "  \"loadavg_start\": \"%s\",\n  \"loadavg_end\": \"%s\",\n", load0, load1);
   fprintf(f, "  \"fma_peak_gflops\": %.2f,\n  \"fma_peak_gflops_wall\": %.2f,\n  \"fma_peak_gflops_cpu_time\": %.2f,\n",
           peak, peak_wall, peak_cpu);
