@@ -36,10 +36,10 @@ static void sa_cpu_decode_plan_make(const sa_attn *a, sa_decode_plan *p) {
 int64_t sa_cpu_decode_scratch_floats(const sa_decode_plan *p) {
   const int64_t H = p->a->head_dim, Hv = p->a->v_head_dim, R = p->rows;
   const int64_t K = p->a->kv_heads;
-  /* per kv head Qs, acc, m, l; then Kt [Hpad][16] and Vf [16][Hvpad] (the AVX-512 kernel pads the head
-     dims to 16 lanes), row (+1 pad), and 2R int64 ranges = 4R floats */
+  /* per kv head Qs, acc, m, l; then Kt [Hpad][32] (the AVX-512 kernel's 32-key tiles; the portable one uses
+     [H][16] of it) and Vf [16][Hvpad], row (+1 pad), and 2R int64 ranges = 4R floats */
   const int64_t Hp = (H + 15) & ~(int64_t)15, Hvp = (Hv + 15) & ~(int64_t)15;
-  return K * (R * H + R * Hv + 2 * R) + Hp * SA_DECODE_TILE + SA_DECODE_TILE * Hvp + (H > Hv ? H : Hv) + 1 + 4 * R;
+  return K * (R * H + R * Hv + 2 * R) + Hp * SA_DECODE_TILE_WIDE + SA_DECODE_TILE * Hvp + (H > Hv ? H : Hv) + 1 + 4 * R;
 }
 
 /* Floats of partials: out [items][R][Hv] then lse [items][R]; 0 when the count would not fit. */

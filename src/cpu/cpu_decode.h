@@ -12,8 +12,10 @@
 
 #include "../sa_internal.h"
 
-/* Keys per inner tile: one AVX-512 register of fp32 scores per query row. */
+/* Keys per inner tile: 16 in the portable kernel, 32 (two AVX-512 registers of fp32 scores per query row)
+   in the AVX-512 one. */
 #define SA_DECODE_TILE 16
+#define SA_DECODE_TILE_WIDE 32
 
 typedef struct sa_decode_plan {
   const sa_attn *a;

@@ -14,11 +14,16 @@
 
 #include "cpu_decode.h"
 
-/* Software prefetch of the cache 2 tiles ahead into L2 (locality 2). One tile of all kv heads is 32 KiB at
-   gpt-oss (16 keys x K 8 x (H + Hv) 128 x bf16), the whole L1D of a Zen 4 core, so prefetching into L1 (the
-   first version) evicted lines before use: L2 doubled the DRAM-resident rate (3.7 -> 7.3 GB/s, 2 threads);
-   1, 2, 4, 8, 16 tiles ahead measured within noise of each other on the shared VM. */
-#define SA_DEC_PREFETCH_TILES 2
+/* Software prefetch, two levels (measured on the 2-core Zen 4 VM, gpt-oss shape, B 8, S 32k, DRAM-resident):
+   - the next tile of keys, all kv heads, into L2 (locality 2), spread over the kv-head loop: one tile of
+     all heads is 64 KiB here (32 keys x K 8 x (H + Hv) 128 x bf16), twice the L1D, and L1 prefetches of a
+     whole tile evicted lines before use (3.7 -> 7.3 GB/s, 2 threads, moving to L2); 1 tile ahead beat 2
+     and 4 (5.7 vs 5.5 vs 5.2 GB/s, 1 thread);
+   - the next kv head's rows of the current tile (8 KiB) into L1 (locality 3): loads then hit L1 while
+     the core computes, 5.9 -> 6.8 GB/s on 1 thread, 12-13 GB/s on 2 (L3-resident: 10.5 per thread).
+   Written inline in the loop: the same prefetches in two small helper functions ran at 4.3 GB/s (gcc
+   12 kept them out of line) and at 6.3 forced inline, against 6.8 for the loops below. */
+#define SA_DEC_PREFETCH_TILES 1
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -93,10 +98,10 @@ static inline __m512 sa_dec_load16(const void *src, sa_dtype t, int64_t off, int
   return t == SA_BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16)) : _mm512_cvtph_ps(x);
 }
 
-/* In-register 16x16 transpose: r[i] lane d becomes out[d] lane i. Four rounds of 16 shuffles (128-bit
+/* In-register 16x16 transpose: r[i] lane d becomes out[d * ld + i]. Four rounds of 16 shuffles (128-bit
    unpacks of floats, of float pairs, then two rounds of 128-bit lane shuffles) instead of 256 scalar
    stores: the scalar transpose was the largest cost of the first AVX-512 kernel (bench/NOTES.md). */
-static inline void sa_dec_transpose16(__m512 r[16], float *out) {
+static inline void sa_dec_transpose16(__m512 r[16], float *out, int64_t ld) {
   __m512 t[16], u[16];
   for (int i = 0; i < 8; i++) {  /* lane L of t[2i]: r[2i][4L], r[2i+1][4L], r[2i][4L+1], r[2i+1][4L+1] */
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
@@ -111,48 +116,59 @@ static inline void sa_dec_transpose16(__m512 r[16], float *out) {
   for (int c = 0; c < 4; c++) {  /* gather lane L of u[c], u[4 + c], u[8 + c], u[12 + c] */
     __m512 a = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), b = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);
     __m512 x = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88), y = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
-    _mm512_storeu_ps(out + (0 + c) * 16, _mm512_shuffle_f32x4(a, x, 0x88));
-    _mm512_storeu_ps(out + (8 + c) * 16, _mm512_shuffle_f32x4(a, x, 0xdd));
-    _mm512_storeu_ps(out + (4 + c) * 16, _mm512_shuffle_f32x4(b, y, 0x88));
-    _mm512_storeu_ps(out + (12 + c) * 16, _mm512_shuffle_f32x4(b, y, 0xdd));
+    _mm512_storeu_ps(out + (0 + c) * ld, _mm512_shuffle_f32x4(a, x, 0x88));
+    _mm512_storeu_ps(out + (8 + c) * ld, _mm512_shuffle_f32x4(a, x, 0xdd));
+    _mm512_storeu_ps(out + (4 + c) * ld, _mm512_shuffle_f32x4(b, y, 0x88));
+    _mm512_storeu_ps(out + (12 + c) * ld, _mm512_shuffle_f32x4(b, y, 0xdd));
   }
 }
 
-/* Lane masks of the keys inside each row's range [lo, hi) for the tile at j0; 0 when no row sees one. */
-static inline __attribute__((always_inline)) __mmask16 sa_dec_masks(const int NR, int64_t j0, const int64_t *rng,
-                                                                    __mmask16 *km) {
-  __mmask16 any = 0;
+/* Where a tile's V rows are: element off of the cache is key j0's row, stride elements between keys. */
+typedef struct { const void *p; sa_dtype dt; int64_t off, stride; } sa_dec_vsrc;
+
+/* Masks of the tile's 32 keys inside each row's range [lo, hi) for the tile at j0; 0 when no row sees one. */
+static inline __attribute__((always_inline)) uint32_t sa_dec_masks(const int NR, int64_t j0, const int64_t *rng,
+                                                                   uint32_t *km) {
+  uint32_t any = 0;
   for (int i = 0; i < NR; i++) {
     int64_t lo = rng[2 * i] - j0, hi = rng[2 * i + 1] - j0;
-    lo = lo < 0 ? 0 : lo > 16 ? 16 : lo;
-    hi = hi < 0 ? 0 : hi > 16 ? 16 : hi;
-    km[i] = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+    lo = lo < 0 ? 0 : lo > 32 ? 32 : lo;
+    hi = hi < 0 ? 0 : hi > 32 ? 32 : hi;
+    km[i] = (uint32_t)(((1ull << hi) - 1ull) & ~((1ull << lo) - 1ull));
     any |= km[i];
   }
   return any;
 }
 
 /* Online softmax and P.V for rows 0 .. NR - 1 (NR a constant after inlining: 8, 4, 2 or 1, so s[] and the
-   accumulators stay in registers) given their base-2 scores s against the tile's nj keys; vf [16][Hvp]
-   holds the fp32 V rows. P.V loads each V vector once for NR rows, the NR accumulators of 16 columns
-   kept in registers across the tile's keys. */
+   accumulators stay in registers) given their base-2 scores s (two registers: keys 0-15, 16-31) against
+   the tile's nj <= 32 keys. 32-key tiles amortise each row's max / sum reductions and scalar bookkeeping
+   over twice the keys of a 16-key tile (L3-resident 9.6 -> 11.7 GB/s per core). P.V converts
+   each V vector straight from the cache once for NR rows (no fp32 copy of the tile: that pass, reloading
+   its pointers each row, was ~20% of the L3-resident time), the NR accumulators of 16 columns kept in
+   registers across the tile's keys. */
 static inline __attribute__((always_inline)) void sa_dec_softmax_pv(
-    const int NR, int64_t Hv, int64_t Hvp, int64_t nj, const __m512 *s, const __mmask16 *km, float *acc,
-    float *m, float *l, const float *vf) {
-  float e[8][16] __attribute__((aligned(64)));
+    const int NR, int64_t Hv, int64_t nj, const __m512 (*s)[2], const uint32_t *km, float *acc, float *m,
+    float *l, sa_dec_vsrc vs) {
+  float e[8][32] __attribute__((aligned(64)));
   for (int i = 0; i < NR; i++) {
     if (!km[i]) {
       _mm512_store_ps(e[i], _mm512_setzero_ps());
+      _mm512_store_ps(e[i] + 16, _mm512_setzero_ps());
       continue;
     }
-    const __m512 sv = _mm512_mask_blend_ps(km[i], _mm512_set1_ps(-INFINITY), s[i]);
-    const float mt = _mm512_reduce_max_ps(sv);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    const __m512 s0 = _mm512_mask_blend_ps((__mmask16)km[i], ninf, s[i][0]);
+    const __m512 s1 = _mm512_mask_blend_ps((__mmask16)(km[i] >> 16), ninf, s[i][1]);
+    const float mt = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
     const float mnew = mt > m[i] ? mt : m[i];   /* finite: the tile holds a valid key of this row */
     const float corr = sa_dec_exp2(m[i] - mnew); /* 0 on the row's first tile (m = -inf) */
-    const __m512 ev = sa_dec_exp2_v(_mm512_sub_ps(sv, _mm512_set1_ps(mnew)));
-    l[i] = l[i] * corr + _mm512_reduce_add_ps(ev);
+    const __m512 e0 = sa_dec_exp2_v(_mm512_sub_ps(s0, _mm512_set1_ps(mnew)));
+    const __m512 e1 = sa_dec_exp2_v(_mm512_sub_ps(s1, _mm512_set1_ps(mnew)));
+    l[i] = l[i] * corr + _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
     m[i] = mnew;
-    _mm512_store_ps(e[i], ev);
+    _mm512_store_ps(e[i], e0);
+    _mm512_store_ps(e[i] + 16, e1);
     if (corr != 1.0f) {
       float *o = acc + i * Hv;
       for (int64_t d0 = 0; d0 < Hv; d0 += 16) {
@@ -165,58 +181,73 @@ static inline __attribute__((always_inline)) void sa_dec_softmax_pv(
     const __mmask16 md = Hv - d0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (Hv - d0)) - 1u);
     __m512 o[8];
     for (int i = 0; i < NR; i++) o[i] = _mm512_maskz_loadu_ps(md, acc + i * Hv + d0);
-    for (int64_t jj = 0; jj < nj; jj++) {
-      const __m512 v = _mm512_loadu_ps(vf + jj * Hvp + d0);
-      for (int i = 0; i < NR; i++) o[i] = _mm512_fmadd_ps(_mm512_set1_ps(e[i][jj]), v, o[i]);
+#define SA_DEC_PV_KEYS(LOADV)                                                                \
+  for (int64_t jj = 0; jj < nj; jj++) {                                                      \
+    const __m512 v = (LOADV);                                                                \
+    for (int i = 0; i < NR; i++) o[i] = _mm512_fmadd_ps(_mm512_set1_ps(e[i][jj]), v, o[i]); \
+  }
+    if (vs.dt == SA_BF16) {
+      const uint16_t *vp = (const uint16_t *)vs.p + vs.off + d0;
+      SA_DEC_PV_KEYS(_mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(md, vp + jj * vs.stride)), 16)));
+    } else if (vs.dt == SA_F16) {
+      const uint16_t *vp = (const uint16_t *)vs.p + vs.off + d0;
+      SA_DEC_PV_KEYS(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(md, vp + jj * vs.stride)));
+    } else {
+      const float *vp = (const float *)vs.p + vs.off + d0;
+      SA_DEC_PV_KEYS(_mm512_maskz_loadu_ps(md, vp + jj * vs.stride));
     }
+#undef SA_DEC_PV_KEYS
     for (int i = 0; i < NR; i++) _mm512_mask_storeu_ps(acc + i * Hv + d0, md, o[i]);
   }
 }
 
-/* fp32 scores: kt [Hpad][16] holds K^T, qs the rows pre-scaled into base 2; one kt load per NR FMAs. */
+/* fp32 scores: kt [Hpad][32] holds K^T, qs the rows pre-scaled into base 2; each q broadcast feeds two
+   FMAs, each kt load NR. */
 static inline __attribute__((always_inline)) void sa_dec_rows_f32(
-    const int NR, int64_t H, int64_t Hv, int64_t Hvp, int64_t j0, int64_t nj, const float *qs, float *acc,
-    float *m, float *l, const int64_t *rng, const float *kt, const float *vf) {
-  __m512 s[8];
-  __mmask16 km[8];
+    const int NR, int64_t H, int64_t Hv, int64_t j0, int64_t nj, const float *qs, float *acc, float *m, float *l,
+    const int64_t *rng, const float *kt, sa_dec_vsrc vs) {
+  __m512 s[8][2];
+  uint32_t km[8];
   if (!sa_dec_masks(NR, j0, rng, km)) return;
-  for (int i = 0; i < NR; i++) s[i] = _mm512_setzero_ps();
+  for (int i = 0; i < NR; i++) s[i][0] = s[i][1] = _mm512_setzero_ps();
   for (int64_t d = 0; d < H; d++) {
-    const __m512 kd = _mm512_loadu_ps(kt + d * 16);
-    for (int i = 0; i < NR; i++) s[i] = _mm512_fmadd_ps(_mm512_set1_ps(qs[i * H + d]), kd, s[i]);
+    const __m512 k0 = _mm512_loadu_ps(kt + d * 32), k1 = _mm512_loadu_ps(kt + d * 32 + 16);
+    for (int i = 0; i < NR; i++) {
+      const __m512 q = _mm512_set1_ps(qs[i * H + d]);
+      s[i][0] = _mm512_fmadd_ps(q, k0, s[i][0]);
+      s[i][1] = _mm512_fmadd_ps(q, k1, s[i][1]);
+    }
   }
-  sa_dec_softmax_pv(NR, Hv, Hvp, nj, s, km, acc, m, l, vf);
+  sa_dec_softmax_pv(NR, Hv, nj, s, km, acc, m, l, vs);
 }
 
 /* bf16 scores with AVX512-BF16 dot products (vdpbf16ps: two exact bf16 products per lane into fp32): kt
-   [H2][16] holds K^T as bf16 pairs (dim 2d, 2d + 1) per key, qs each row's raw bf16 pairs (H2 of the row's
+   [H2][32] holds K^T as bf16 pairs (dim 2d, 2d + 1) per key, qs each row's raw bf16 pairs (H2 of the row's
    H floats; the scale is applied to the sums). Half the FMAs and half the transposes of the fp32 path, no K conversion. */
 #define SA_DEC_BF16_TARGET __attribute__((target("avx512bf16")))
 static inline __attribute__((always_inline)) SA_DEC_BF16_TARGET void sa_dec_rows_bf16(
-    const int NR, int64_t H, int64_t H2, int64_t Hv, int64_t Hvp, int64_t j0, int64_t nj, float qscale, const float *qs,
-    float *acc, float *m, float *l, const int64_t *rng, const float *kt, const float *vf) {
-  __m512 s[8];
-  __mmask16 km[8];
+    const int NR, int64_t H, int64_t H2, int64_t Hv, int64_t j0, int64_t nj, float qscale, const float *qs,
+    float *acc, float *m, float *l, const int64_t *rng, const float *kt, sa_dec_vsrc vs) {
+  __m512 s[8][2];
+  uint32_t km[8];
   if (!sa_dec_masks(NR, j0, rng, km)) return;
-  for (int i = 0; i < NR; i++) s[i] = _mm512_setzero_ps();
+  for (int i = 0; i < NR; i++) s[i][0] = s[i][1] = _mm512_setzero_ps();
   for (int64_t d = 0; d < H2; d++) {
-    const __m512bh kd = (__m512bh)_mm512_loadu_ps(kt + d * 16);
+    const __m512bh k0 = (__m512bh)_mm512_loadu_ps(kt + d * 32), k1 = (__m512bh)_mm512_loadu_ps(kt + d * 32 + 16);
     for (int i = 0; i < NR; i++) {
       int32_t w;  /* a bf16 pair stored in the float buffer: memcpy keeps the read well-typed */
       memcpy(&w, qs + i * H + d, 4);
-      s[i] = _mm512_dpbf16_ps(s[i], (__m512bh)_mm512_set1_epi32(w), kd);
+      const __m512bh q = (__m512bh)_mm512_set1_epi32(w);
+      s[i][0] = _mm512_dpbf16_ps(s[i][0], q, k0);
+      s[i][1] = _mm512_dpbf16_ps(s[i][1], q, k1);
     }
   }
-  for (int i = 0; i < NR; i++) s[i] = _mm512_mul_ps(s[i], _mm512_set1_ps(qscale));
-  sa_dec_softmax_pv(NR, Hv, Hvp, nj, s, km, acc, m, l, vf);
-}
-
-/* V rows of the tile in fp32, vf [16][Hvp]. */
-static inline void sa_dec_v_tile(const sa_attn *a, int64_t row0, int64_t nj, float *vf) {
-  const int64_t Hv = a->v_head_dim, Hvp = (Hv + 15) & ~(int64_t)15, K = a->kv_heads;
-  for (int64_t jj = 0; jj < nj; jj++)
-    for (int64_t d0 = 0; d0 < Hv; d0 += 16)
-      _mm512_storeu_ps(vf + jj * Hvp + d0, sa_dec_load16(a->v, a->dtype, (row0 + jj * K) * Hv + d0, Hv - d0));
+  for (int i = 0; i < NR; i++) {
+    s[i][0] = _mm512_mul_ps(s[i][0], _mm512_set1_ps(qscale));
+    s[i][1] = _mm512_mul_ps(s[i][1], _mm512_set1_ps(qscale));
+  }
+  sa_dec_softmax_pv(NR, Hv, nj, s, km, acc, m, l, vs);
 }
 
 /* Rows in blocks of 8, then 4, 2, 1 (the block size a compile-time constant in each call). */
@@ -229,22 +260,23 @@ static inline void sa_dec_v_tile(const sa_attn *a, int64_t row0, int64_t nj, flo
     if (x < R) CALL(1);                                                   \
   } while (0)
 
-/* One tile of 16 keys (nj valid) of kv head kh for all R rows (fp32 scores, any dtype): K^T by register
+/* One tile of 32 keys (nj valid) of kv head kh for all R rows (fp32 scores, any dtype): K^T by register
    transposes of 16 x 16 fp32 blocks. qs, acc, m, l point at kv head kh's rows. */
 static void sa_dec_tile_f32(const sa_attn *a, int64_t R, int64_t b, int64_t kh, int64_t j0, int64_t nj,
-                            const float *qs, float *acc, float *m, float *l, const int64_t *rng, float *kt,
-                            float *vf) {
-  const int64_t H = a->head_dim, Hv = a->v_head_dim, Hvp = (Hv + 15) & ~(int64_t)15, K = a->kv_heads;
+                            const float *qs, float *acc, float *m, float *l, const int64_t *rng, float *kt) {
+  const int64_t H = a->head_dim, Hv = a->v_head_dim, K = a->kv_heads;
   const int64_t row0 = (b * a->kv_len + j0) * K + kh;  /* cache row of key j0, kv head kh */
-  for (int64_t d0 = 0; d0 < H; d0 += 16) {
-    __m512 r[16];
-    for (int jj = 0; jj < 16; jj++)
-      r[jj] = jj < nj ? sa_dec_load16(a->k, a->dtype, (row0 + jj * K) * H + d0, H - d0) : _mm512_setzero_ps();
-    sa_dec_transpose16(r, kt + d0 * 16);
-  }
-  sa_dec_v_tile(a, row0, nj, vf);
+  for (int64_t d0 = 0; d0 < H; d0 += 16)
+    for (int h = 0; h < 2; h++) {  /* keys 16h .. 16h + 15 */
+      __m512 r[16];
+      for (int jj = 0; jj < 16; jj++)
+        r[jj] = 16 * h + jj < nj ? sa_dec_load16(a->k, a->dtype, (row0 + (16 * h + jj) * K) * H + d0, H - d0)
+                                 : _mm512_setzero_ps();
+      sa_dec_transpose16(r, kt + d0 * 32 + 16 * h, 32);
+    }
+  const sa_dec_vsrc vs = {a->v, a->dtype, row0 * Hv, K * Hv};
 #define SA_DEC_CALL_F32(NR) \
-  sa_dec_rows_f32(NR, H, Hv, Hvp, j0, nj, qs + x * H, acc + x * Hv, m + x, l + x, rng + 2 * x, kt, vf)
+  sa_dec_rows_f32(NR, H, Hv, j0, nj, qs + x * H, acc + x * Hv, m + x, l + x, rng + 2 * x, kt, vs)
   SA_DEC_ROW_BLOCKS(SA_DEC_CALL_F32);
 #undef SA_DEC_CALL_F32
 }
@@ -252,23 +284,26 @@ static void sa_dec_tile_f32(const sa_attn *a, int64_t R, int64_t b, int64_t kh, 
 /* The same for bf16 caches on CPUs with AVX512-BF16: K^T as bf16 pairs, 16 x 16 dword transposes. */
 static SA_DEC_BF16_TARGET void sa_dec_tile_bf16(const sa_attn *a, float qscale, int64_t R, int64_t b, int64_t kh,
                                                 int64_t j0, int64_t nj, const float *qs, float *acc, float *m,
-                                                float *l, const int64_t *rng, float *kt, float *vf) {
-  const int64_t H = a->head_dim, H2 = (H + 1) / 2, Hv = a->v_head_dim, Hvp = (Hv + 15) & ~(int64_t)15;
+                                                float *l, const int64_t *rng, float *kt) {
+  const int64_t H = a->head_dim, H2 = (H + 1) / 2, Hv = a->v_head_dim;
   const int64_t K = a->kv_heads, row0 = (b * a->kv_len + j0) * K + kh;
   const uint16_t *k = (const uint16_t *)a->k;
   for (int64_t d0 = 0; d0 < H; d0 += 32) {  /* 32 bf16 = 16 dword pairs per row */
     const int64_t n = H - d0 < 32 ? H - d0 : 32;
     const __mmask32 mk = n >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << n) - 1u);
-    __m512 r[16];
-    for (int jj = 0; jj < 16; jj++)
-      r[jj] = jj < nj ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mk, k + (row0 + jj * K) * H + d0))
-                      : _mm512_setzero_ps();
-    sa_dec_transpose16(r, kt + d0 / 2 * 16);
+    for (int h = 0; h < 2; h++) {  /* keys 16h .. 16h + 15 */
+      __m512 r[16];
+      for (int jj = 0; jj < 16; jj++)
+        r[jj] = 16 * h + jj < nj
+                    ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mk, k + (row0 + (16 * h + jj) * K) * H + d0))
+                    : _mm512_setzero_ps();
+      sa_dec_transpose16(r, kt + d0 / 2 * 32 + 16 * h, 32);
+    }
   }
-  sa_dec_v_tile(a, row0, nj, vf);
-#define SA_DEC_CALL_BF16(NR)                                                                            \
-  sa_dec_rows_bf16(NR, H, H2, Hv, Hvp, j0, nj, qscale, qs + x * H, acc + x * Hv, m + x, l + x, rng + 2 * x, \
-                   kt, vf)
+  const sa_dec_vsrc vs = {a->v, a->dtype, row0 * Hv, K * Hv};
+#define SA_DEC_CALL_BF16(NR)                                                                         \
+  sa_dec_rows_bf16(NR, H, H2, Hv, j0, nj, qscale, qs + x * H, acc + x * Hv, m + x, l + x, rng + 2 * x, \
+                   kt, vs)
   SA_DEC_ROW_BLOCKS(SA_DEC_CALL_BF16);
 #undef SA_DEC_CALL_BF16
 }
@@ -276,7 +311,11 @@ static SA_DEC_BF16_TARGET void sa_dec_tile_bf16(const sa_attn *a, float qscale, 
 
 void SA_DECODE_PARTIAL(const sa_decode_plan *p, int64_t b, int64_t c, float *scratch, float *part_out,
                        float *part_lse) {
+#if defined(__AVX512F__)
+  enum { TJ = SA_DECODE_TILE_WIDE };
+#else
   enum { TJ = SA_DECODE_TILE };
+#endif
   const sa_attn *a = p->a;
   const int64_t H = a->head_dim, Hv = a->v_head_dim, G = p->group, R = p->rows, N = a->q_heads,
                 K = a->kv_heads, T = a->q_len, S = a->kv_len;
@@ -284,9 +323,11 @@ void SA_DECODE_PARTIAL(const sa_decode_plan *p, int64_t b, int64_t c, float *scr
   const int64_t c0 = c * p->chunk, c1 = c0 + p->chunk < kl ? c0 + p->chunk : kl;
 
   /* scratch layout (sa_cpu_decode_scratch_floats): per kv head Qs [K][R][H], acc [K][R][Hv], m, l [K][R];
-     shared Kt [H][TJ], Vf [TJ][Hv], row [max(H, Hv)], and the per-row key ranges as int64 [2R] */
+     shared Kt [Hpad][32], Vf [16][Hvpad] (portable kernel only), row [max(H, Hv)], and the per-row key
+     ranges as int64 [2R] */
   float *qs = scratch, *acc = qs + K * R * H, *m = acc + K * R * Hv, *l = m + K * R, *kt = l + K * R;
-  float *vf = kt + ((H + 15) & ~(int64_t)15) * TJ, *row = vf + TJ * ((Hv + 15) & ~(int64_t)15);
+  float *vf = kt + ((H + 15) & ~(int64_t)15) * SA_DECODE_TILE_WIDE;
+  float *row = vf + SA_DECODE_TILE * ((Hv + 15) & ~(int64_t)15);
   /* Rounded up to 8 bytes: the float count before it may be odd (UBSan: misaligned int64 store). The
      rounding adds at most one float, which the scratch size reserves. */
   uintptr_t rng_at = ((uintptr_t)(row + (H > Hv ? H : Hv)) + 7) & ~(uintptr_t)7;
@@ -326,28 +367,41 @@ void SA_DECODE_PARTIAL(const sa_decode_plan *p, int64_t b, int64_t c, float *scr
       }
   }
 
-  /* pass 2: online softmax over tiles of 16 keys (running max m, sum l, unnormalised acc). All kv heads
+  /* pass 2: online softmax over tiles of TJ keys (running max m, sum l, unnormalised acc). All kv heads
      of a tile are done together so the cache is read front to back: one head's rows alone are K * H
      elements apart (1 KiB at gpt-oss bf16), a stride that ran at 0.3 GB/s on the 2-core Zen 4 VM. */
   const size_t es = sa_dtype_size(a->dtype);
   for (int64_t j0 = jlo; j0 < jhi; j0 += TJ) {
     const int64_t nj = jhi - j0 < TJ ? jhi - j0 : TJ;
     const int64_t jp = j0 + SA_DEC_PREFETCH_TILES * TJ, np = jhi - jp < TJ ? jhi - jp : TJ;
-    for (int64_t jj = 0; jj < np; jj++) {  /* K * (H + Hv) contiguous elements per key */
+#if defined(__AVX512F__)
+    for (int64_t kh = 0; kh < K; kh++) {
+      for (int64_t jj = kh * np / K; jj < (kh + 1) * np / K; jj++) {  /* next tile, all heads: L2 */
+        const char *kp = (const char *)a->k + (size_t)((b * S + jp + jj) * K * H) * es;
+        const char *vp = (const char *)a->v + (size_t)((b * S + jp + jj) * K * Hv) * es;
+        for (size_t x = 0; x < (size_t)(K * H) * es; x += 64) __builtin_prefetch(kp + x, 0, 2);
+        for (size_t x = 0; x < (size_t)(K * Hv) * es; x += 64) __builtin_prefetch(vp + x, 0, 2);
+      }
+      if (kh + 1 < K)  /* this tile, next head: L1 */
+        for (int64_t jj = 0; jj < nj; jj++) {
+          const char *kp = (const char *)a->k + (size_t)(((b * S + j0 + jj) * K + kh + 1) * H) * es;
+          const char *vp = (const char *)a->v + (size_t)(((b * S + j0 + jj) * K + kh + 1) * Hv) * es;
+          for (size_t x = 0; x < (size_t)H * es; x += 64) __builtin_prefetch(kp + x, 0, 3);
+          for (size_t x = 0; x < (size_t)Hv * es; x += 64) __builtin_prefetch(vp + x, 0, 3);
+        }
+      float *qk = qs + kh * R * H, *ak = acc + kh * R * Hv, *mk = m + kh * R, *lk = l + kh * R;
+      if (p->bf16_dot)
+        sa_dec_tile_bf16(a, p->qscale, R, b, kh, j0, nj, qk, ak, mk, lk, rng, kt);
+      else
+        sa_dec_tile_f32(a, R, b, kh, j0, nj, qk, ak, mk, lk, rng, kt);
+    }
+#else
+    for (int64_t jj = 0; jj < np; jj++) {
       const char *kp = (const char *)a->k + (size_t)((b * S + jp + jj) * K * H) * es;
       const char *vp = (const char *)a->v + (size_t)((b * S + jp + jj) * K * Hv) * es;
       for (size_t x = 0; x < (size_t)(K * H) * es; x += 64) __builtin_prefetch(kp + x, 0, 2);
       for (size_t x = 0; x < (size_t)(K * Hv) * es; x += 64) __builtin_prefetch(vp + x, 0, 2);
     }
-#if defined(__AVX512F__)
-    for (int64_t kh = 0; kh < K; kh++) {
-      float *qk = qs + kh * R * H, *ak = acc + kh * R * Hv, *mk = m + kh * R, *lk = l + kh * R;
-      if (p->bf16_dot)
-        sa_dec_tile_bf16(a, p->qscale, R, b, kh, j0, nj, qk, ak, mk, lk, rng, kt, vf);
-      else
-        sa_dec_tile_f32(a, R, b, kh, j0, nj, qk, ak, mk, lk, rng, kt, vf);
-    }
-#else
     for (int64_t kh = 0; kh < K; kh++) {
       for (int64_t jj = 0; jj < TJ; jj++) {
         if (jj < nj) {
