@@ -21,13 +21,14 @@
      rows are converted once per item, so more rows mean fewer passes over K/V (each row of K/V sits on
      its own page): 64 -> 128 -> 256 rows gave 68% -> 72% -> 76% of the FMA peak without a mask.
    SA_CPU_ROWS_DIAG: the same with a causal / window / segment mask, where a taller block wastes more on
-     its diagonal tiles: 128 rows 66%, 256 rows 60% (causal).
+     its diagonal tiles: causal 64 and 128 rows 72%, 256 rows 60%; gpt-oss's 128-key window (T = 4096,
+     N/K = 64/8, H = 64) fwd 59% at 64 rows, 55% at 128.
    SA_CPU_BK: keys per tile in the forward and dq passes (rows of S^T).
    SA_CPU_BK2, SA_CPU_BQ2: keys per dk/dv item and query positions per tile in that pass. 64 and 128 keys
      tie at T = 2048 (causal or not); with gpt-oss's 128-key window 64 wastes less on the window's edges
      (fwd+bwd 35% -> 40% of peak at T = 4096, N/K = 64/8, H = 64). */
 #define SA_CPU_ROWS 256
-#define SA_CPU_ROWS_DIAG 128
+#define SA_CPU_ROWS_DIAG 64
 #define SA_CPU_BK 64
 #define SA_CPU_BK2 64
 #define SA_CPU_BQ2 64
