@@ -40,6 +40,9 @@ GRIDS = {
     "cpu": [(1, 512, 8, 8, 128, False, None), (1, 1024, 8, 8, 128, False, None),
             (1, 2048, 8, 8, 128, False, None), (1, 2048, 8, 8, 128, True, None),
             (1, 2048, 64, 8, 64, True, (127, 0))],
+    # the other softmax types, on the rows the targets name (H=128 T=4096) and the gpt-oss layers
+    "h200_types": [(4, 4096, 16, 16, 128, False, None), (4, 4096, 16, 16, 128, True, None),
+                   (1, 4096, 64, 8, 64, True, None), (1, 4096, 64, 8, 64, True, (127, 0))],
     "tiny": [(1, 128, 4, 2, 64, False, None), (1, 256, 4, 2, 64, True, (31, 0))],
 }
 

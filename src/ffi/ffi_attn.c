@@ -124,10 +124,10 @@ static XLA_FFI_Error *sa_ffi_decode(XLA_FFI_CallFrame *f, sa_ffi_call *c, int cu
     if (c->has_dlse &&
         (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_DLSE), "dlse", SA_F32T, 3, lw, NULL, &v[V_DLSE])))
       return e;
-    const int64_t dkw[4] = {B, S, K, H};
+    const int64_t dkw[4] = {B, S, K, H}, dvw[4] = {B, S, K, Hv}; /* dv: Hv is known now (vw leaves it open) */
     if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, 0), "dq", dt, 4, qd, NULL, &v[V_DQ])) ||
         (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, 1), "dk", dt, 4, dkw, NULL, &v[V_DK])) ||
-        (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, 2), "dv", dt, 4, vw, NULL, &v[V_DV])))
+        (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, 2), "dv", dt, 4, dvw, NULL, &v[V_DV])))
       return e;
     if (learn &&
         (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, 3), "dsinks", SA_F32T, 1, nw, NULL, &v[V_DSINKS])))

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# gpu_session.sh — one H200 session's worth of checks in two device calls (each must end well inside the
+# device tool's 10-minute limit; the build in build-gpu/ survives between calls on a warm machine).
+#
+#   PART=check bash bench/gpu_session.sh   build (CUDA sm_90a + FFI), test_cuda + the other C tests, the
+#                                           whole pytest suite on the GPU, compute-sanitizer (gpu_sanitize.sh)
+#   PART=bench bash bench/gpu_session.sh   python -m sinkattn.bench on the performance.md grid (learnable;
+#                                           vanilla and off_by_one on the H=128 T=4096 rows), the decode
+#                                           bandwidth table, the Hopper dev variants (dev/run_hopper.sh)
+#
+# Everything lands in one tarball $OUT/session-$PART.tgz plus $OUT/summary-$PART.txt (the device tool
+# returns at most 8 files). Each step has its own time limit so one hang cannot eat the call.
+set -u
+cd "$(dirname "$0")/.."
+PART=${PART:-check}
+OUT=${OUT:-gpu_out}
+STAGE=$(mktemp -d)/$PART
+mkdir -p "$OUT" "$STAGE"
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 PYTHONPATH=python
+PY=$(command -v python3)
+summary=()
+step() { # name, limit seconds, command...
+  local name=$1 lim=$2; shift 2
+  local t0=$SECONDS
+  timeout "$lim" "$@" > "$STAGE/$name.log" 2>&1
+  local rc=$?
+  summary+=("$name rc=$rc $((SECONDS - t0))s")
+  echo "== $name rc=$rc ($((SECONDS - t0))s)"; tail -n 6 "$STAGE/$name.log"
+}
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; git rev-parse HEAD;
+  "$PY" -c 'import jax, jaxlib; print("jax", jax.__version__, "jaxlib", jaxlib.__version__)'; } \
+  > "$STAGE/machine.txt" 2>&1
+
+if [ "$PART" = check ]; then
+  step build 240 bash -c "cmake -S . -B build-gpu -DPython_EXECUTABLE=$PY -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES=90a && cmake --build build-gpu -j16"
+  step test_cuda 90 build-gpu/test_cuda
+  step ctest 90 ctest --test-dir build-gpu --output-on-failure -j8 -E test_cuda
+  step pytest 240 "$PY" -m pytest tests -q -x -p no:cacheprovider -rs
+  step sanitize 150 env OUT="$STAGE/sanitize" SA_TEST_CUDA_STRIDE=12 bash bench/gpu_sanitize.sh
+else
+  step bench_learnable 230 "$PY" -m sinkattn.bench --grid h200 --softmax learnable \
+    --out "$STAGE/h200-jax-learnable.json"
+  step bench_types 90 "$PY" -m sinkattn.bench --grid h200_types --softmax vanilla,off_by_one \
+    --out "$STAGE/h200-jax-types.json"
+  step decode 150 "$PY" bench/decode_bench.py --no-build
+  cp bench/results/decode_*.json "$STAGE/" 2>/dev/null
+  step hopper 100 env OUT="$STAGE/hopper" bash dev/run_hopper.sh
+fi
+printf '%s\n' "${summary[@]}" | tee "$OUT/summary-$PART.txt"
+tar -C "$(dirname "$STAGE")" -czf "$OUT/session-$PART.tgz" "$PART"
