@@ -19,11 +19,13 @@
      all heads is 64 KiB here (32 keys x K 8 x (H + Hv) 128 x bf16), twice the L1D, and L1 prefetches of a
      whole tile evicted lines before use (3.7 -> 7.3 GB/s, 2 threads, moving to L2); 1 tile ahead beat 2
      and 4 (5.7 vs 5.5 vs 5.2 GB/s, 1 thread);
-   - the next kv head's rows of the current tile (8 KiB) into L1 (locality 3): loads then hit L1 while
-     the core computes, 5.9 -> 6.8 GB/s on 1 thread, 12-13 GB/s on 2 (L3-resident: 10.5 per thread).
+   - the rows of the kv head 2 steps ahead in the current tile (8 KiB) into L1 (locality 3): 1 thread
+     5.9 (none) -> 6.0-6.3 (next head) -> 6.6-6.9 (2 ahead; 3 ahead the same; wrapping into the next
+     tile's first heads 6.0), 2 threads 11.7 -> 13.2 GB/s (L3-resident: 10.1-10.5 per thread).
    Written inline in the loop: the same prefetches in two small helper functions ran at 4.3 GB/s (gcc
    12 kept them out of line) and at 6.3 forced inline, against 6.8 for the loops below. */
 #define SA_DEC_PREFETCH_TILES 1
+#define SA_DEC_L1_HEADS_AHEAD 2
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -382,10 +384,11 @@ void SA_DECODE_PARTIAL(const sa_decode_plan *p, int64_t b, int64_t c, float *scr
         for (size_t x = 0; x < (size_t)(K * H) * es; x += 64) __builtin_prefetch(kp + x, 0, 2);
         for (size_t x = 0; x < (size_t)(K * Hv) * es; x += 64) __builtin_prefetch(vp + x, 0, 2);
       }
-      if (kh + 1 < K)  /* this tile, next head: L1 */
+      if (kh + SA_DEC_L1_HEADS_AHEAD < K)  /* this tile, a later head: L1 */
         for (int64_t jj = 0; jj < nj; jj++) {
-          const char *kp = (const char *)a->k + (size_t)(((b * S + j0 + jj) * K + kh + 1) * H) * es;
-          const char *vp = (const char *)a->v + (size_t)(((b * S + j0 + jj) * K + kh + 1) * Hv) * es;
+          const int64_t crow = (b * S + j0 + jj) * K + kh + SA_DEC_L1_HEADS_AHEAD;  /* cache row */
+          const char *kp = (const char *)a->k + (size_t)(crow * H) * es;
+          const char *vp = (const char *)a->v + (size_t)(crow * Hv) * es;
           for (size_t x = 0; x < (size_t)H * es; x += 64) __builtin_prefetch(kp + x, 0, 3);
           for (size_t x = 0; x < (size_t)Hv * es; x += 64) __builtin_prefetch(vp + x, 0, 3);
         }
