@@ -61,6 +61,12 @@ static void sa_cpu_ctx_init(sa_cpu_ctx *c, const sa_attn *a, const sa_attn_grad 
   c->scale2 = c->scale * SA_LOG2E;
 }
 
+/* Upper bound of one pass's FLOPs (masks ignored): 2 T S (H + Hv) per query head. */
+static double sa_cpu_flops(const sa_attn *a) {
+  return 2.0 * (double)a->batch * (double)a->q_heads * (double)a->q_len * (double)a->kv_len *
+         (double)(a->head_dim + a->v_head_dim);
+}
+
 /* Every valid problem is supported: any head dims (padded in the tiles), G, dtype, mask and lengths. */
 sa_status sa_cpu_attn_supported(const sa_attn *a) {
   (void)a;
@@ -72,7 +78,8 @@ sa_status sa_cpu_attn_fwd(const sa_attn *a) {
   sa_cpu_ctx c;
   sa_cpu_ctx_init(&c, a, NULL);
   const sa_cpu_kernels *k = sa_cpu_kernels_pick();
-  return sa_cpu_parallel(k, &c, SA_CPU_FWD, a->batch * a->kv_heads * c.nqb, k->scratch(&c, SA_CPU_FWD));
+  return sa_cpu_parallel(k, &c, SA_CPU_FWD, a->batch * a->kv_heads * c.nqb, k->scratch(&c, SA_CPU_FWD),
+                         sa_cpu_flops(a));
 }
 
 /* ---- backward -------------------------------------------------------------------------------- */
@@ -106,10 +113,12 @@ sa_status sa_cpu_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspa
   const sa_cpu_kernels *k = sa_cpu_kernels_pick();
   sa_status s = SA_OK;
   if (B > 0 && a->q_len > 0)
-    s = sa_cpu_parallel(k, &c, SA_CPU_BWD_DQ, B * a->kv_heads * c.nqb, k->scratch(&c, SA_CPU_BWD_DQ));
+    s = sa_cpu_parallel(k, &c, SA_CPU_BWD_DQ, B * a->kv_heads * c.nqb, k->scratch(&c, SA_CPU_BWD_DQ),
+                        1.5 * sa_cpu_flops(a));
   /* dk/dv read every D of pass 1, so the passes run one after the other. */
   if (s == SA_OK && B > 0 && a->kv_len > 0)
-    s = sa_cpu_parallel(k, &c, SA_CPU_BWD_DKDV, B * a->kv_heads * c.nkb, k->scratch(&c, SA_CPU_BWD_DKDV));
+    s = sa_cpu_parallel(k, &c, SA_CPU_BWD_DKDV, B * a->kv_heads * c.nkb, k->scratch(&c, SA_CPU_BWD_DKDV),
+                        2.0 * sa_cpu_flops(a));
 
   /* dsinks[n] = -sum over (b, query block) of the per-block partials, in that fixed order (double, so
      the sum of up to B*T/bq partials adds no error beyond the partials' own). */

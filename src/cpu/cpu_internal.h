@@ -66,9 +66,10 @@ extern const sa_cpu_kernels sa_cpu_kernels_avx512;
 extern const sa_cpu_kernels sa_cpu_kernels_avx2;
 extern const sa_cpu_kernels sa_cpu_kernels_scalar;
 
-/* Runs items [0, n) over the thread pool, each with its own scratch of scratch_floats floats;
-   SA_ERR_NO_MEMORY when a worker's scratch cannot be allocated. */
+/* Runs items [0, n) over the threads, each worker with its own scratch of scratch_floats floats; flops
+   (an estimate of the pass's work) caps the threads for small calls. SA_ERR_NO_MEMORY when no worker's
+   scratch can be allocated. */
 sa_status sa_cpu_parallel(const sa_cpu_kernels *k, const sa_cpu_ctx *c, sa_cpu_pass pass, int64_t n,
-                          size_t scratch_floats);
+                          size_t scratch_floats, double flops);
 
 #endif /* SA_CPU_INTERNAL_H */
