@@ -84,11 +84,15 @@ sa_status sa_cpu_attn_fwd(const sa_attn *a) {
 
 /* ---- backward -------------------------------------------------------------------------------- */
 
-/* D [B,N,T] then the dsinks partials [N,B,nqb], each rounded to 64 bytes. */
+/* D [B,N,T] then the dsinks partials [N,B,nqb], each rounded to 64 bytes. The partials are sized for the
+   shorter query blocks of masked problems whatever this call's masks, so that the size depends on shapes
+   only (the FFI layer asks at trace time, when segment ids are not known). */
 static size_t sa_cpu_bwd_bytes(const sa_cpu_ctx *c, size_t *part_off) {
   const sa_attn *a = c->a;
+  int64_t bq_min = c->G >= SA_CPU_ROWS_DIAG ? 1 : SA_CPU_ROWS_DIAG / c->G;
+  int64_t nqb_max = (a->q_len + bq_min - 1) / bq_min;
   size_t d = ((size_t)(a->batch * a->q_heads * a->q_len) * sizeof(float) + 63) & ~(size_t)63;
-  size_t p = ((size_t)(a->q_heads * a->batch * c->nqb) * sizeof(float) + 63) & ~(size_t)63;
+  size_t p = ((size_t)(a->q_heads * a->batch * nqb_max) * sizeof(float) + 63) & ~(size_t)63;
   if (part_off) *part_off = d;
   return d + p;
 }
