@@ -111,7 +111,10 @@ def test_bad_inputs():
 @pytest.mark.skipif(not any(dv.platform == "gpu" for dv in jax.devices()), reason="no GPU visible to jax")
 @pytest.mark.parametrize("case", CASES + [(8, 1, 32768, 64, 8, 64, 64, jnp.bfloat16, "learnable", None),
                                           (2, 1, 4096, 64, 8, 64, 64, jnp.float16, "learnable", (127, 0))])
-def test_cuda_matches_reference(case):
+@pytest.mark.parametrize("kernel", ["default", "register"])
+def test_cuda_matches_reference(case, kernel, monkeypatch):
+  # "register": the register split kernel also on the shapes the cp.async pipeline kernel takes by default
+  monkeypatch.setenv("SINKATTN_CUDA_DECODE", kernel)
   B, T, S, N, K, H, Hv, dtype, softmax, window = case
   with jax.default_device(jax.devices("gpu")[0]):
     q, kc, vc, sinks, lens = _inputs(B, T, S, N, K, H, Hv, dtype)
@@ -123,3 +126,38 @@ def test_cuda_matches_reference(case):
     rs = None if s is None else jax.device_put(s, jax.devices("cpu")[0])
     rout, rlse = sinkattn.decode_attention(*cpu, rs, implementation="reference", **kw)
   _close(out, lse, rout, rlse, dtype)
+
+
+def _targets(f, *args):
+  """The sinkattn FFI targets in the lowered HLO of jit(f)(*args)."""
+  import re
+  return set(re.findall(r"sinkattn_\w+", jax.jit(f).lower(*args).as_text()))
+
+
+def test_flax_kv_cache_calls_decode_for_short_steps():
+  """linen and nnx MultiHeadAttention: a cached call of T <= 16 new tokens runs decode_attention, longer
+  ones (prefill) and non-causal T > 1 calls dot_product_attention."""
+  from flax import nnx
+  from sinkattn.flax import MultiHeadAttention
+  from sinkattn.nnx import MultiHeadAttention as NnxMHA
+
+  x = jnp.ones((2, 40, 16))
+  for causal in (True, False):
+    mha = MultiHeadAttention(num_heads=4, num_kv_heads=2, head_dim=8, softmax_type="learnable",
+                             is_causal=causal, decode=True)
+    v = mha.init(jax.random.key(0), x)
+    step = lambda c, xt: mha.apply({"params": v["params"], "cache": c}, xt, mutable=["cache"])  # noqa: E731
+    for t, want in ((1, "sinkattn_decode"), (16, "sinkattn_decode" if causal else "sinkattn_fwd"),
+                    (17, "sinkattn_fwd")):
+      assert want in _targets(step, v["cache"], x[:, :t]), (causal, t)
+      assert len(_targets(step, v["cache"], x[:, :t])) == 1
+
+  m = NnxMHA(16, 4, 8, num_kv_heads=2, softmax_type="learnable", is_causal=True, rngs=nnx.Rngs(0))
+  m.init_cache(2, 40)
+  graph, state = nnx.split(m)
+
+  def nnx_step(state, xt):
+    return nnx.merge(graph, state)(xt, decode=True)
+
+  assert _targets(nnx_step, state, x[:, :1]) == {"sinkattn_decode"}
+  assert _targets(nnx_step, state, x[:, :17]) == {"sinkattn_fwd"}
