@@ -36,7 +36,7 @@ if [ "$PART" = check ]; then
     -DCMAKE_CUDA_ARCHITECTURES=90a && cmake --build build-gpu -j16"
   step test_cuda 90 build-gpu/test_cuda
   step ctest 90 ctest --test-dir build-gpu --output-on-failure -j8 -E test_cuda
-  step pytest 240 "$PY" -m pytest tests -q -x -p no:cacheprovider -rs
+  step pytest 240 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=200 -n 4
   step sanitize 150 env OUT="$STAGE/sanitize" SA_TEST_CUDA_STRIDE=12 bash bench/gpu_sanitize.sh
 else
   step bench_learnable 230 "$PY" -m sinkattn.bench --grid h200 --softmax learnable \
