@@ -26,8 +26,8 @@ __all__ = ["DotProductAttention", "MultiHeadAttention", "apply_rope", "normalize
 
 # A KV-cache call with at most this many new tokens runs `sinkattn.decode_attention` (split-KV: the cache is
 # cut into chunks over threads / thread blocks); longer calls (prefill) keep `dot_product_attention`. On the
-# 2-core CPU, decode vs fwd at T = 1 / 16 / 32 / 64: 0.36 vs 0.41, 1.06 vs 1.61, 1.76 vs 1.74, 6.7 vs 3.4 ms
-# (B 1, S 4k, N/K 8/2, f32); 3.1 vs 6.2, 22 vs 28, 44 vs 52, 84 vs 97 ms (B 8, S 2k, N/K 64/8, bf16).
+# 2-core CPU, decode vs fwd at T = 1 / 16 / 32 / 64: 0.26 vs 0.38, 0.98 vs 1.50, 1.77 vs 2.77, 3.5 vs 3.2 ms
+# (B 1, S 4k, N/K 8/2, f32); 3.1 vs 6.5, 22 vs 29, 44 vs 52, 86 vs 99 ms (B 8, S 2k, N/K 64/8, bf16).
 DECODE_MAX_TOKENS = 16
 
 SOFTMAX_OFFSET_AXES = (None, "heads", None, None)

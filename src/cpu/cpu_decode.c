@@ -28,6 +28,15 @@ static void sa_cpu_decode_plan_make(const sa_attn *a, sa_decode_plan *p) {
   p->rows = p->group * a->q_len;
   int64_t r = p->rows < 32 ? 32 : p->rows > 256 ? 256 : p->rows;
   p->chunk = SA_DECODE_TILE * r;
+  /* At least 8 work items (batch x chunks) while chunks stay >= 256 keys (shape only, like the rule above):
+     many rows (T = 64 tokens x G = 4: a 4096-key chunk) made a B = 1, 4k cache one item, one thread's work,
+     and decode took 6.7 ms against 3.4 for sa_attn_fwd on 2 cores (N/K 8/2, H 64, f32). Splitting whatever
+     the batch instead made B = 8 slower (44 -> 60 ms at T = 32, N/K 64/8, S 2k): 256 rows of partials per
+     256-key chunk are as many bytes as the chunk's cache. */
+  const int64_t want = a->batch >= 8 ? 1 : (8 + a->batch - 1) / (a->batch > 0 ? a->batch : 1);
+  int64_t part = ((a->kv_len + want - 1) / want + 31) / 32 * 32;
+  if (part < 256) part = 256;
+  if (part < p->chunk) p->chunk = part;
   p->splits = a->kv_len > 0 ? (a->kv_len + p->chunk - 1) / p->chunk : 1;
   p->qscale = sa_scale_of(a) * 1.4426950408889634f;
   p->bf16_dot = 0;
