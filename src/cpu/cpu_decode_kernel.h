@@ -5,10 +5,11 @@
  *
  * Portable build: plain loops over 16 keys or over a head dim; K is converted and transposed (Kt [H][16])
  * once per tile and reused by all R rows (the GQA packing: each cache byte is read once per work item).
- * AVX-512 build, per tile of 16 keys and kv head: K^T by in-register 16 x 16 transposes (fp32, or bf16
+ * AVX-512 build, per tile of 32 keys and kv head: K^T by in-register 16 x 16 transposes (fp32, or bf16
  * pairs for vdpbf16ps dot products on CPUs with AVX512-BF16), then the rows in register blocks of 8: one
- * K^T load feeds 8 rows' FMAs, one V load feeds 8 rows' P.V FMAs with the 8 x 16 accumulators in
- * registers. Measured in bench/NOTES.md (gpt-oss shape: 1.8 -> ~8 GB/s on 2 Zen 4 cores).
+ * K^T load feeds 8 rows' FMAs, one V load (converted from the cache in place) feeds 8 rows' P.V FMAs with
+ * the 8 x 16 accumulators in registers; two-level software prefetch. Measured in bench/NOTES.md (gpt-oss
+ * shape: 1.8 -> 12-13 GB/s on 2 Zen 4 cores).
  */
 #include <stdlib.h>
 
