@@ -6,7 +6,8 @@
 #                                           whole pytest suite on the GPU, compute-sanitizer (gpu_sanitize.sh)
 #   PART=bench bash bench/gpu_session.sh   python -m sinkattn.bench on the performance.md grid (learnable;
 #                                           vanilla and off_by_one on the H=128 T=4096 rows), the decode
-#                                           bandwidth table, the Hopper dev variants (dev/run_hopper.sh)
+#                                           bandwidth table, the Hopper dev variants (dev/run_hopper.sh),
+#                                           ring attention on 2 GPUs when there are two
 #
 # Everything lands in one tarball $OUT/session-$PART.tgz plus $OUT/summary-$PART.txt (the device tool
 # returns at most 8 files). Each step has its own time limit so one hang cannot eat the call.
@@ -46,6 +47,9 @@ else
   step decode 150 "$PY" bench/decode_bench.py --no-build
   cp bench/results/decode_*.json "$STAGE/" 2>/dev/null
   step hopper 100 env OUT="$STAGE/hopper" bash dev/run_hopper.sh
+  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    step ring 100 "$PY" bench/ring_bench.py --devices 2 --max-len 32768 --iters 3 --out "$STAGE/h200x2-ring.json"
+  fi
 fi
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary-$PART.txt"
 tar -C "$(dirname "$STAGE")" -czf "$OUT/session-$PART.tgz" "$PART"
