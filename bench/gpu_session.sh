@@ -40,7 +40,7 @@ if [ "$PART" = check ]; then
   step pytest 240 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=200 -n 4
   step sanitize 150 env OUT="$STAGE/sanitize" SA_TEST_CUDA_STRIDE=12 bash bench/gpu_sanitize.sh
 else
-  step bench_learnable 230 "$PY" -m sinkattn.bench --grid h200 --softmax learnable \
+  step bench_learnable 230 "$PY" -m sinkattn.bench --grid h200 --softmax learnable --max-ref-t 4096 \
     --out "$STAGE/h200-jax-learnable.json"
   step bench_types 90 "$PY" -m sinkattn.bench --grid h200_types --softmax vanilla,off_by_one \
     --out "$STAGE/h200-jax-types.json"

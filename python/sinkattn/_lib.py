@@ -50,6 +50,8 @@ def _declare(lib):
   lib.sa_jax_bwd_workspace_size.argtypes = [c_int] + [i64] * 7 + [c_int, c_int, i64, i64, i64, c_int, c_int,
                                                                    c_int]
   lib.sa_jax_ffi_api_version.restype = c_int
+  lib.sa_jax_cuda_supported.restype = c_int
+  lib.sa_jax_cuda_supported.argtypes = [c_int] + [i64] * 7 + [ctypes.c_char_p, ctypes.c_size_t]
   lib.sa_jax_decode_workspace_size.restype = ctypes.c_size_t
   lib.sa_jax_decode_workspace_size.argtypes = [c_int] + [i64] * 7 + [c_int]
   lib.sa_cpu_set_num_threads.argtypes = [c_int]
@@ -102,6 +104,14 @@ def available() -> bool:
 def has_cuda() -> bool:
   """The library was built with the CUDA backend (False when it is missing)."""
   return available() and bool(load().sa_has_cuda())
+
+
+def cuda_supported(dtype_code, B, T, S, N, K, H, Hv):
+  """(ok, reason): whether the CUDA kernels take this dtype and these sizes (f32 and head dims outside
+  16/32/64/96/128/192/256 they do not)."""
+  why = ctypes.create_string_buffer(512)
+  ok = bool(load().sa_jax_cuda_supported(dtype_code, B, T, S, N, K, H, Hv, why, len(why)))
+  return ok, why.value.decode()
 
 
 def bwd_workspace_size(dtype_code, B, T, S, N, K, H, Hv, softmax, causal, window_left, window_right,

@@ -61,6 +61,36 @@ def _use_reference(impl):
   return False
 
 
+@functools.lru_cache(maxsize=None)
+def _gpu_present():
+  try:
+    return bool(jax.devices("gpu"))
+  except RuntimeError:
+    return False
+
+
+_warned_fallback = set()
+
+
+def _cuda_fallback_reason(query, key, value):
+  """Why the CUDA kernels cannot take this call (f32 inputs, a head dim outside 16..256), or None."""
+  if not _gpu_present() or not _lib.has_cuda():
+    return None
+  (B, T, N, H), (S, K), Hv = query.shape, key.shape[1:3], value.shape[3]
+  code = {jnp.dtype(jnp.float32): 0, jnp.dtype(jnp.float16): 1, jnp.dtype(jnp.bfloat16): 2}.get(
+      jnp.dtype(query.dtype))
+  if code is None:
+    return None
+  ok, why = _lib.cuda_supported(code, B, T, S, N, K, H, Hv)
+  if ok:
+    return None
+  if why not in _warned_fallback:
+    _warned_fallback.add(why)
+    warnings.warn(f"sinkattn: {why}; on GPU such calls run the pure-jnp reference (O(T*S) memory, slower); "
+                  "on CPU they keep the fused kernel.", RuntimeWarning, stacklevel=3)
+  return why
+
+
 def dot_product_attention(query, key, value, sinks=None, *, softmax_type=None, scale=None, is_causal=False,
                           causal_alignment="top_left", local_window_size=None, query_seq_lengths=None,
                           key_value_seq_lengths=None, query_segment_ids=None, key_value_segment_ids=None,
@@ -84,7 +114,8 @@ def dot_product_attention(query, key, value, sinks=None, *, softmax_type=None, s
   Differentiable in query, key, value, sinks (gradient in sinks' shape and dtype) and through lse.
   implementation: None (the fused kernel of the platform; env SINKATTN_IMPLEMENTATION=reference picks the
   reference), 'fused', or 'reference' (pure jnp, O(T*S) memory: tells a kernel bug from a model bug;
-  it also accepts float64 inputs, e.g. for finite-difference checks).
+  it also accepts float64 inputs, e.g. for finite-difference checks). On GPU, what the CUDA kernels do not
+  take (float32 inputs, head dims other than 16/32/64/96/128/192/256) runs the reference, with one warning.
   """
   impl = _validate.implementation(implementation)
   ref = _use_reference(impl)
@@ -101,4 +132,13 @@ def dot_product_attention(query, key, value, sinks=None, *, softmax_type=None, s
   if ref:
     out, lse = reference.attention(query, key, value, s32, q_lens, kv_lens, q_seg, kv_seg, **_statics(o))
     return (out, lse) if o.return_residual else out
-  return _fused(o, query, key, value, s32, q_lens, kv_lens, q_seg, kv_seg)
+  args = (query, key, value, s32, q_lens, kv_lens, q_seg, kv_seg)
+  fused = lambda *a: _fused(o, *a)
+  if _cuda_fallback_reason(query, key, value) is None:
+    return fused(*args)
+
+  def ref_path(*a):
+    out, lse = reference.attention(*a, **_statics(o))
+    return (out, lse) if o.return_residual else out
+  # Chosen when the computation is lowered, per platform: the CPU kernel takes every dtype and head dim.
+  return jax.lax.platform_dependent(*args, cuda=ref_path, default=fused)

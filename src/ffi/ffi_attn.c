@@ -14,6 +14,7 @@
  * handler runs one call per grid cell, broadcasting the size-1 inputs. dsinks is per cell, so a
  * LEARNABLE backward under vmap always runs per cell.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "sa_ffi.h"
@@ -281,6 +282,22 @@ SA_FFI_EXPORT size_t sa_jax_bwd_workspace_size(int dtype, int64_t batch, int64_t
   if (has_lengths) { a.q_lens = &present; a.kv_lens = &present; }
   if (has_segments) { a.q_segment_ids = &present; a.kv_segment_ids = &present; }
   return sa_attn_bwd_workspace_size(&a, (sa_backend)backend);
+}
+
+/* Whether the CUDA backend takes a problem of this dtype and these sizes (shape-only: data pointers are
+   NULL, which every alignment check accepts). Writes the reason into why[why_len] when it does not, so
+   Python can fall back to the reference and say why. 1 = supported. */
+SA_FFI_EXPORT int sa_jax_cuda_supported(int dtype, int64_t batch, int64_t q_len, int64_t kv_len, int64_t q_heads,
+                                        int64_t kv_heads, int64_t head_dim, int64_t v_head_dim, char *why,
+                                        size_t why_len) {
+  sa_attn a;
+  sa_attn_init(&a);
+  a.dtype = (sa_dtype)dtype;
+  a.batch = batch; a.q_len = q_len; a.kv_len = kv_len; a.q_heads = q_heads; a.kv_heads = kv_heads;
+  a.head_dim = head_dim; a.v_head_dim = v_head_dim;
+  int ok = sa_has_cuda() && sa_cuda_attn_supported(&a) == SA_OK;
+  if (!ok && why && why_len) snprintf(why, why_len, "%s", sa_has_cuda() ? sa_last_error() : "built without CUDA");
+  return ok;
 }
 
 /* FFI API version of the jaxlib header this library was compiled against (major * 1000 + minor). */
