@@ -87,7 +87,8 @@ def bench():
             f"{100 * gbps / copy_gbps:5.1f}% of copy", flush=True)
     os.environ.pop("SINKATTN_CUDA_DECODE")
     del q, kc, vc
-  commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+  commit = os.environ.get("SINKATTN_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT,
+                                                                capture_output=True, text=True).stdout.strip()
   out = dict(commit=commit, gpu=dev.device_kind, jax=jax.__version__, copy_GBps=copy_gbps, dtype="bfloat16",
              Tq=1, softmax="learnable", rows=rows)
   path = os.path.join(ROOT, "bench", "results", "decode_%s.json" % dev.device_kind.replace(" ", "_"))

@@ -18,6 +18,8 @@ OUT=${OUT:-gpu_out}
 STAGE=$(mktemp -d)/$PART
 mkdir -p "$OUT" "$STAGE"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 PYTHONPATH=python
+# The device machine gets a copy of the tree without .git: the caller passes the commit to stamp results.
+export SINKATTN_COMMIT=${SINKATTN_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 PY=$(command -v python3)
 summary=()
 step() { # name, limit seconds, command...
@@ -28,7 +30,7 @@ step() { # name, limit seconds, command...
   summary+=("$name rc=$rc $((SECONDS - t0))s")
   echo "== $name rc=$rc ($((SECONDS - t0))s)"; tail -n 6 "$STAGE/$name.log"
 }
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; git rev-parse HEAD;
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; echo "commit $SINKATTN_COMMIT";
   "$PY" -c 'import jax, jaxlib; print("jax", jax.__version__, "jaxlib", jaxlib.__version__)'; } \
   > "$STAGE/machine.txt" 2>&1
 

@@ -116,6 +116,8 @@ def tflops(a, T, seconds):
 
 
 def git_commit():
+  if os.environ.get("SINKATTN_COMMIT"):
+    return os.environ["SINKATTN_COMMIT"]
   try:
     return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                           cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()

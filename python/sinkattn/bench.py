@@ -126,6 +126,8 @@ def measure(fn, args, inner, repeats, grad):
 
 
 def _git_commit():
+  if os.environ.get("SINKATTN_COMMIT"):  # set by bench/gpu_session.sh: the device's tree copy has no .git
+    return os.environ["SINKATTN_COMMIT"]
   try:
     return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                           cwd=os.path.dirname(os.path.abspath(__file__)), check=True).stdout.strip()
