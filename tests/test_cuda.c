@@ -4,8 +4,10 @@
  * three softmax types with sinks drawn from U(-10, 10) or U(-50, 50), empty rows, GQA, Hv != H, odd
  * sizes (37, 129), all head dims and both 16-bit dtypes. Outputs are NaN-poisoned before each call,
  * padding (q rows past q_len, k/v rows past kv_len) holds NaN, and the backward is run three times
- * (deterministic = 1 twice, 0 once): all three must agree bitwise. Exit 77 (skipped) without a GPU.
+ * (deterministic = 1 twice, 0 once): all three must agree bitwise. Cases inside the sm_90a forward's scope
+ * run with and without it (SINKATTN_CUDA_HOPPER=0). Exit 77 (skipped) without a GPU.
  */
+#define _POSIX_C_SOURCE 200112L /* setenv */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,7 +69,24 @@ static const tc_case tc_cases[] = {
     {"special sinks", SA_BF16, 1, 40, 40, 8, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 0},
 };
 
+/* Inside the sm_90a forward's scope (src/cuda/hopper_fwd.cu: bf16, H == Hv in {64, 128}, T and S multiples
+   of 128, no lengths / segments / window, causal none or top-left, bottom-right only with T == S). main runs
+   each twice: with the fast path (the default; on a CC 9.0 device the Hopper kernel must be the one that ran)
+   and with SINKATTN_CUDA_HOPPER=0 (the portable kernel), both against the reference. */
+static const tc_case tc_hopper_cases[] = {
+    {"hop H128 256 GQA2", SA_BF16, 2, 256, 256, 4, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
+    {"hop H128 256x512 causal +-50", SA_BF16, 1, 256, 512, 4, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 0, 50},
+    {"hop H128 512x256 causal obo", SA_BF16, 1, 512, 256, 4, 4, 128, 128, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 0, 10},
+    {"hop H128 256x512 vanilla", SA_BF16, 1, 256, 512, 2, 1, 128, 128, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
+    {"hop H64 256 causal vanilla", SA_BF16, 2, 256, 256, 4, 2, 64, 64, SA_SOFTMAX_VANILLA, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 0, 10},
+    {"hop H64 256x512 +-50", SA_BF16, 1, 256, 512, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 50},
+    {"hop H64 384 BR=TL GQA3 obo", SA_BF16, 1, 384, 384, 6, 2, 64, 64, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 0, 0, 0, 10},
+    {"hop H64 512x256 causal", SA_BF16, 1, 512, 256, 2, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 0, 10},
+    {"hop H128 special sinks", SA_BF16, 1, 128, 256, 8, 4, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 0},
+};
+
 static int tc_pass, tc_fail;
+static int tc_expect_kernel = -1; /* sa_cuda_last_fwd_kernel() after the forward; -1: not checked */
 
 #define TC_CUDA(x)                                                                  \
   do {                                                                              \
@@ -203,6 +222,9 @@ static void tc_run(const tc_case *c, uint64_t seed) {
   st = sa_attn_fwd(&d, SA_BACKEND_CUDA, NULL);
   tc_check(st == SA_OK, c, "CUDA forward status %g %g", (double)st, 0);
   if (st != SA_OK) printf("  %s\n", sa_last_error());
+  if (tc_expect_kernel >= 0)
+    tc_check(sa_cuda_last_fwd_kernel() == tc_expect_kernel, c, "forward ran kernel %g, expected %g",
+             sa_cuda_last_fwd_kernel(), tc_expect_kernel);
   TC_CUDA(cudaDeviceSynchronize());
   tc_get(out_c, d.out, no * es);
   tc_get(lse_c, d.lse, nl * 4);
@@ -319,7 +341,23 @@ int main(void) {
   const char *st = getenv("SA_TEST_CUDA_STRIDE");
   size_t stride = st && atoi(st) > 0 ? (size_t)atoi(st) : 1;
   for (size_t i = 0; i < sizeof tc_cases / sizeof tc_cases[0]; i += stride) tc_run(&tc_cases[i], 1234 + 77 * i);
-  printf("test_cuda: %d passed, %d failed (%zu cases)\n", tc_pass, tc_fail, sizeof tc_cases / sizeof tc_cases[0]);
+  /* 1: the portable mma.sync kernel, 2: the sm_90a one (only on a CC 9.0 device) */
+  int dev = 0, major = 0, minor = 0;
+  TC_CUDA(cudaGetDevice(&dev));
+  TC_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  TC_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  const size_t nh = sizeof tc_hopper_cases / sizeof tc_hopper_cases[0];
+  for (int portable = 0; portable < 2; portable++) {
+    if (portable) setenv("SINKATTN_CUDA_HOPPER", "0", 1);
+    else unsetenv("SINKATTN_CUDA_HOPPER");
+    tc_expect_kernel = portable || !(major == 9 && minor == 0) ? 1 : 2;
+    printf("-- in the Hopper scope, %s (expect kernel %d)\n", portable ? "SINKATTN_CUDA_HOPPER=0" : "default",
+           tc_expect_kernel);
+    for (size_t i = 0; i < nh; i += stride) tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
+  }
+  unsetenv("SINKATTN_CUDA_HOPPER");
+  printf("test_cuda: %d passed, %d failed (%zu cases, %zu of them twice)\n", tc_pass, tc_fail,
+         sizeof tc_cases / sizeof tc_cases[0] + nh, nh);
   return tc_fail ? 1 : 0;
 }
 #endif

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "cuda_common.cuh"
+#include "hopper_fwd.cuh"
 #include "sa_internal.h"
 
 extern "C" int sa_cuda_available(void) {
@@ -94,11 +95,19 @@ static int sa_cuda_hd(const sa_attn *a) {
   return sa_cuda_padded_dim(a->head_dim > a->v_head_dim ? a->head_dim : a->v_head_dim);
 }
 
+static thread_local int sa_cuda_last_fwd = 0; /* per thread: concurrent callers never share it */
+
+extern "C" int sa_cuda_last_fwd_kernel(void) { return sa_cuda_last_fwd; }
+
+/* The sm_90a kernel when the call is inside its scope (hopper_fwd.cu), else the portable one. */
 extern "C" sa_status sa_cuda_attn_fwd(const sa_attn *a, void *stream) {
   if (a->batch == 0 || a->q_len == 0) return SA_OK; /* nothing to write */
   sa_cuda_params p = sa_cuda_params_of(a);
-  return sa_cuda_status(sa_cuda_fwd_launch(p, a->dtype == SA_BF16, sa_cuda_hd(a), (cudaStream_t)stream),
-                        "forward launch");
+  int hopper = 0;
+  cudaError_t e = sa_hopper_fwd_try(p, a->dtype == SA_BF16, (cudaStream_t)stream, &hopper);
+  if (!hopper) e = sa_cuda_fwd_launch(p, a->dtype == SA_BF16, sa_cuda_hd(a), (cudaStream_t)stream);
+  sa_cuda_last_fwd = hopper ? 2 : 1;
+  return sa_cuda_status(e, "forward launch");
 }
 
 /* Workspace: D [B, N, T] fp32, then the sink-gradient partials [B, N, ceil(T / 64)] fp32, each

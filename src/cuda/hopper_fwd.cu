@@ -1,0 +1,495 @@
+/*
+ * hopper_fwd.cu — the sm_90a forward fast path: the kernel of dev/hopper_fwd_02.cu (with the PTX wrappers of
+ * dev/hopper_common.cuh), moved into the library. On the H200 dev/hopper_fwd_02 passed 24/24 checks against
+ * an fp32 GPU reference and reached 615 / 552 TFLOP/s (B4 T4096 N16 H128, non-causal / causal) and 331 / 360
+ * (H64), against 224 / 189 for the portable mma.sync kernel (cuda_fwd.cu) at H128. The ping-pong variant
+ * (02pp) was not taken: mixed (+5% / -3% non-causal / causal at H128 T4096, -5% / +1% at T16384, +6% / -5% at
+ * H64; bench/results/h200-hopper-dev.json) for two more named barriers whose turn count must stay exact.
+ *
+ * One CTA = 128 query rows of one (batch, head), 384 threads: warpgroup 0 is the producer (one thread issues
+ * TMA loads of Q once and of 128-key K, V tiles into a 2-stage mbarrier ring, 128-byte swizzle), warpgroups
+ * 1 and 2 each own 64 rows: S = Q K^T by wgmma (both operands in shared memory), online softmax in registers
+ * in the log2 domain, O += P V by wgmma with P from registers. Iteration j issues S_j and P_{j-1} V_{j-1} as
+ * two commit groups and runs the softmax of S_j while P_{j-1} V_{j-1} is on the tensor core.
+ *
+ * Scope (sa_hop_in_scope; everything else runs the portable kernel): a CC 9.0 device and sm_90a code in the
+ * binary, bf16, H == Hv in {64, 128}, T and S multiples of 128, no lengths / segments / window, diag_offset
+ * 0, causal none or top-left (bottom-right when T == S: the same mask), scale > 0 (the row max is taken
+ * before scaling), 16-byte aligned tensors. SINKATTN_CUDA_HOPPER=0 in the environment disables it.
+ * Output semantics are the portable kernel's: lse [B, N, T] includes the sink; the sink enters once, in the
+ * final normalisation (the running max is seeded with it: bf16 P has fp32's range, so 2^(s - a) for a sink
+ * far above the scores stays normal); a row without any key gives out 0, lse = sink (cannot occur in scope).
+ */
+#include <cuda.h>         /* CUtensorMap and its enums (types only: the driver is reached at run time) */
+#include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled_v12000 */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hopper_fwd.cuh"
+
+namespace {
+
+constexpr int BM = 128;   /* query rows per CTA: 2 consumer warpgroups x 64 (the wgmma M) */
+constexpr int BN = 128;   /* keys per tile: m64n128 for S, 8 k-steps for P V */
+constexpr int STAGES = 2; /* K/V ring depth: 160 KiB of 227 at H = 128; 3 stages would leave 3 KiB */
+constexpr int NC = 2;     /* consumer warpgroups */
+constexpr int THREADS = 128 * (NC + 1);
+
+struct sa_hop_params {
+  __nv_bfloat16 *out; /* [B, T, N, H] */
+  float *lse;         /* [B, N, T] or NULL */
+  const float *sinks; /* [N], learnable only */
+  int T, S, N, G, softmax;
+  float scale_l2; /* scale * log2(e) > 0 */
+};
+
+template <int HD>
+constexpr int sa_hop_smem() { return 1024 /* alignment slack */ + BM * HD * 2 + STAGES * 2 * BN * HD * 2; }
+static_assert(sa_hop_smem<128>() + 1024 <= 227 * 1024, "shared memory over the sm_90 limit");
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+/* Returns once the phase with this parity has completed. A fresh barrier is in phase 0, so waiting for
+   parity 1 returns at once: that is how the producer's first pass over the ring finds every slot empty. */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  } while (!done);
+}
+
+/* One TMA box {64 elements, 1 head, rows, 1 batch} into 128-byte swizzled rows at dst (1024-aligned). */
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1,
+                                         int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
+      ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
+
+/* wgmma shared-memory descriptor: start >> 4 in bits 0-13, leading byte offset >> 4 in 16-29, stride byte
+   offset >> 4 in 32-45, base offset 0 (every swizzle atom starts on a 1024-byte boundary), 128-byte swizzle
+   (1) in bits 62-63. K-major operands (Q, K): LBO unused (16), SBO = 1024 between 8-row groups.
+   N-major operand (V): LBO = distance between 64-column blocks, SBO = 1024 between 8-key groups. */
+__device__ __forceinline__ uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
+         ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
+
+/* Pins registers that an in-flight wgmma reads or writes: the compiler may not move other accesses to them
+   across this point (the wgmma asm statements themselves are only ordered among volatile asm). */
+template <int R>
+__device__ __forceinline__ void pin(float (&r)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int R>
+__device__ __forceinline__ void pin(uint32_t (&r)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+#define SA_F8(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
+                    "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define SA_F32(d) SA_F8(d, 0), SA_F8(d, 8), SA_F8(d, 16), SA_F8(d, 24)
+#define SA_F64(d) SA_F32(d), SA_F8(d, 32), SA_F8(d, 40), SA_F8(d, 48), SA_F8(d, 56)
+#define SA_REGS32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define SA_REGS64 SA_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, " \
+                  "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+
+/* D[64x128] (+)= A[64x16] B[16x128], A and B K-major in shared memory; scale_d 0 overwrites D. */
+__device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" SA_REGS64 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : SA_F64(d)
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+/* D[64xH] += A[64x16] B[16xH], A in registers (bf16x2), B N-major in shared memory (imm-trans-b = 1).
+   scale-d is a predicate operand, so the constant 1 goes through setp. */
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t *a, uint64_t db) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" SA_REGS64 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : SA_F64(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t *a, uint64_t db) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" SA_REGS32 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : SA_F32(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo: the lower column */
+  return *reinterpret_cast<uint32_t *>(&h);
+}
+
+/* Barrier slots in bar[]: 0 Q full; then per stage K full, V full, K empty, V empty. */
+__device__ __forceinline__ uint32_t bar_q(uint32_t b0) { return b0; }
+__device__ __forceinline__ uint32_t bar_kf(uint32_t b0, int s) { return b0 + 8 * (1 + s); }
+__device__ __forceinline__ uint32_t bar_vf(uint32_t b0, int s) { return b0 + 8 * (1 + STAGES + s); }
+__device__ __forceinline__ uint32_t bar_ke(uint32_t b0, int s) { return b0 + 8 * (1 + 2 * STAGES + s); }
+__device__ __forceinline__ uint32_t bar_ve(uint32_t b0, int s) { return b0 + 8 * (1 + 3 * STAGES + s); }
+
+/* S = Q K^T for one warpgroup: H / 16 k-steps, 32 bytes apart inside a 128-byte swizzled row, 4 per block. */
+template <int HD>
+__device__ __forceinline__ void gemm_qk(float (&sacc)[64], uint32_t sq_wg, uint32_t skb) {
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk)
+    wgmma_ss_n128(sacc, gmma_desc(sq_wg + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024),
+                  gmma_desc(skb + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024), kk > 0);
+}
+
+/* O += P V: V N-major; a k-step is 16 keys = 2048 bytes; 64-column blocks of V are BN * 128 bytes apart. */
+template <int HD>
+__device__ __forceinline__ void gemm_pv(float (&o)[HD / 2], const uint32_t (&pf)[32], uint32_t svb) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs(o, &pf[4 * kk], gmma_desc(svb + kk * 2048, BN * 128, 1024));
+}
+
+/* Top-left causal mask of a diagonal tile: key j valid for row i iff j <= i (rows r0, r0 + 8). */
+__device__ __forceinline__ void mask_causal(float (&sacc)[64], int key0, int r0) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      if (key0 + 8 * j + e > r0) sacc[4 * j + e] = -INFINITY;
+      if (key0 + 8 * j + e > r0 + 8) sacc[4 * j + 2 + e] = -INFINITY;
+    }
+}
+
+/* Online softmax of one tile, in place (scores -> fp32 probabilities relative to the new running max m_);
+   returns in corr the factor that rescales what was accumulated against the old max. */
+__device__ __forceinline__ void softmax_tile(float (&sacc)[64], float (&m_)[2], float (&l_)[2], float (&corr)[2],
+                                             float sl2) {
+  float mx[2] = {-INFINITY, -INFINITY}, base[2];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    mx[0] = fmaxf(mx[0], fmaxf(sacc[4 * j], sacc[4 * j + 1]));
+    mx[1] = fmaxf(mx[1], fmaxf(sacc[4 * j + 2], sacc[4 * j + 3]));
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    const float mnew = fmaxf(m_[h], mx[h] * sl2); /* scale > 0: max commutes with scaling */
+    base[h] = mnew == -INFINITY ? 0.f : mnew;      /* vanilla, nothing valid yet: keep exp2 finite */
+    corr[h] = ex2(m_[h] - base[h]);
+    m_[h] = mnew;
+    l_[h] *= corr[h]; /* per-thread partial sums; the quad sums at the end */
+  }
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      sacc[4 * j + e] = ex2(fmaf(sacc[4 * j + e], sl2, -base[e >> 1]));
+      l_[e >> 1] += sacc[4 * j + e];
+    }
+}
+
+/* P in bf16 as the A operand of m64nHk16: k-step kk = accumulator blocks 2kk, 2kk + 1, whose register order
+   (row g, row g + 8, row g cols + 8, row g + 8 cols + 8) is the A fragment order. */
+__device__ __forceinline__ void pack_p(uint32_t (&pf)[32], const float (&sacc)[64]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) pf[i] = pack_bf16(sacc[2 * i], sacc[2 * i + 1]);
+}
+
+#endif /* sm_90a */
+
+template <int HD, bool CAUSAL>
+__global__ void __launch_bounds__(THREADS, 1)
+    sa_hop_fwd_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
+                      const __grid_constant__ CUtensorMap tmv, const sa_hop_params p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int CB = HD / 64; /* 128-byte column blocks per row */
+  constexpr uint32_t Q_BYTES = BM * HD * 2, KV_BYTES = BN * HD * 2;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t bar[1 + 4 * STAGES];
+  __shared__ float anchor[4 * NC]; /* see the wait_group 0 of the main loop */
+
+  const uint32_t sq = (sa_smem_addr(smem_raw) + 1023u) & ~1023u; /* swizzle atoms need 1024-byte alignment */
+  const uint32_t sk = sq + Q_BYTES, sv = sk + STAGES * KV_BYTES, b0 = sa_smem_addr(bar);
+
+  /* Causal: the heaviest m-blocks (most key tiles) are launched first. */
+  const int mb = CAUSAL ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  const int n = blockIdx.y, b = blockIdx.z, kvh = n / p.G, m0 = mb * BM;
+  /* Top-left causal: key tiles past the CTA's last row (m0 + BM - 1) are fully masked and skipped.
+     The host guarantees S >= BN, so n_tiles >= 1 (the schedule below counts on one S and one P V at least). */
+  const int n_tiles = CAUSAL ? min(p.S / BN, (m0 + BM - 1) / BN + 1) : p.S / BN;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    mbar_init(bar_q(b0), 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(bar_kf(b0, s), 1);      /* the producer's arrive.expect_tx, then the TMA bytes */
+      mbar_init(bar_vf(b0, s), 1);
+      mbar_init(bar_ke(b0, s), 4 * NC); /* one arrive per consumer warp */
+      mbar_init(bar_ve(b0, s), 4 * NC);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    /* Producer: 24 registers; 128 x 24 + 256 x 240 = 64512 of the SM's 65536. K before V of each tile: the
+       consumers need K_j one step before V_j. */
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (threadIdx.x == 0) {
+      mbar_arrive_tx(bar_q(b0), Q_BYTES);
+      for (int c = 0; c < CB; ++c) tma_load(sq + c * BM * 128, &tmq, bar_q(b0), c * 64, n, m0, b);
+      for (int it = 0; it < n_tiles; ++it) {
+        const int s = it % STAGES;
+        const uint32_t ph = (it / STAGES) & 1;
+        mbar_wait(bar_ke(b0, s), ph ^ 1);
+        mbar_arrive_tx(bar_kf(b0, s), KV_BYTES);
+        for (int c = 0; c < CB; ++c)
+          tma_load(sk + s * KV_BYTES + c * BN * 128, &tmk, bar_kf(b0, s), c * 64, kvh, it * BN, b);
+        mbar_wait(bar_ve(b0, s), ph ^ 1);
+        mbar_arrive_tx(bar_vf(b0, s), KV_BYTES);
+        for (int c = 0; c < CB; ++c)
+          tma_load(sv + s * KV_BYTES + c * BN * 128, &tmv, bar_vf(b0, s), c * 64, kvh, it * BN, b);
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int cw = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, t = lane % 4;
+  const int wg_row0 = m0 + 64 * cw;              /* first row of this warpgroup */
+  const int r0 = wg_row0 + 16 * warp + lane / 4; /* this thread's rows: r0 and r0 + 8 */
+  const float sink = p.softmax == 2 ? p.sinks[n] : p.softmax == 1 ? 0.f : -INFINITY;
+  const float sink_l2 = sink * SA_LOG2E, sl2 = p.scale_l2;
+  const uint32_t sq_wg = sq + cw * 64 * 128; /* this warpgroup's 64 rows of each Q column block */
+
+  /* Accumulator layout of m64nN (per warp 16 rows): d[4j + e]: row lane/4 + 8 * (e >> 1),
+     column 8j + 2 * (lane % 4) + (e & 1). */
+  float o[HD / 2], sacc[64], corr[2];
+  uint32_t pf[32];
+  /* Running max seeded with the sink, capped below +inf so a +inf sink leaves exp2(m - m) = 1, not NaN
+     (fminf passes a NaN sink's cap on; the NaN returns in the normalisation). */
+  const float seed = fminf(sink_l2, 3.0e38f);
+  float m_[2] = {seed, seed}, l_[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
+  mbar_wait(bar_q(b0), 0);
+
+  /* Tile 0: S_0 alone, then its softmax (O is still 0: nothing to rescale). */
+  mbar_wait(bar_kf(b0, 0), 0);
+  pin(sacc);
+  wgmma_fence();
+  gemm_qk<HD>(sacc, sq_wg, sk);
+  wgmma_commit();
+  wgmma_wait0();
+  pin(sacc);
+  if (lane == 0) mbar_arrive(bar_ke(b0, 0));
+  if (CAUSAL && BN - 1 > wg_row0) mask_causal(sacc, 2 * t, r0);
+  softmax_tile(sacc, m_, l_, corr, sl2);
+  pack_p(pf, sacc);
+
+  for (int it = 1; it < n_tiles; ++it) {
+    const int s = it % STAGES, sp = (it - 1) % STAGES;
+    const uint32_t ph = (it / STAGES) & 1, php = ((it - 1) / STAGES) & 1;
+    mbar_wait(bar_kf(b0, s), ph);
+    mbar_wait(bar_vf(b0, sp), php);
+    pin(sacc);
+    pin(o);
+    pin(pf);
+    wgmma_fence();
+    gemm_qk<HD>(sacc, sq_wg, sk + s * KV_BYTES); /* group 1: S_j */
+    wgmma_commit();
+    gemm_pv<HD>(o, pf, sv + sp * KV_BYTES);      /* group 2: O += P_{j-1} V_{j-1} */
+    wgmma_commit();
+    wgmma_wait1();                                /* S_j has landed; P V may still run */
+    pin(sacc);
+    if (lane == 0) mbar_arrive(bar_ke(b0, s));
+    if (CAUSAL && it * BN + BN - 1 > wg_row0) mask_causal(sacc, it * BN + 2 * t, r0);
+    softmax_tile(sacc, m_, l_, corr, sl2);
+    /* ptxas schedules WARPGROUP.DEPBAR (wait_group 0) into the first stall slot after the row-max shuffle,
+       i.e. before the 64 exp2s, which then no longer overlap P V (seen in the SASS of nvcc 13.0). A shared
+       store of a value that depends on every exp2 (the row sums) is an anchor it does not cross: with it the
+       wait lands after the last MUFU.EX2. One 4-byte store per warp per tile, to a word nobody reads. */
+    if (lane == 0)
+      asm volatile("st.shared.f32 [%0], %1;" ::"r"(sa_smem_addr(&anchor[4 * cw + warp])), "f"(l_[0] + l_[1])
+                   : "memory");
+    wgmma_wait0(); /* P_{j-1} V_{j-1} has landed: O and pf are free */
+    pin(o);
+    pin(pf);
+    if (lane == 0) mbar_arrive(bar_ve(b0, sp));
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[4 * j + e] *= corr[e >> 1];
+    pack_p(pf, sacc);
+  }
+
+  { /* The last P V. */
+    const int sp = (n_tiles - 1) % STAGES;
+    const uint32_t php = ((n_tiles - 1) / STAGES) & 1;
+    mbar_wait(bar_vf(b0, sp), php);
+    pin(o);
+    pin(pf);
+    wgmma_fence();
+    gemm_pv<HD>(o, pf, sv + sp * KV_BYTES);
+    wgmma_commit();
+    wgmma_wait0();
+    pin(o);
+    if (lane == 0) mbar_arrive(bar_ve(b0, sp));
+  }
+
+  /* Final normalisation, the one place the sink enters, in the portable kernel's form: the larger of the
+     running max m and the sink a contributes 2^0 = 1 exactly, and lse is formed from it in the natural-log
+     domain (a dominant sink gives lse = a exactly, +inf included). m >= the seed, so a >= m means a is the
+     max. No valid key and no sink (m = -inf): out 0, lse = sink. */
+  const int T = p.T, N = p.N;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float mm = m_[h];
+    float f = 0.f, lse = sink;
+    if (mm != -INFINITY) {
+      const bool sink_max = sink_l2 >= mm;
+      const float w = sink_max ? ex2(mm - sink_l2) : 1.f;
+      const float ltot = l * w + (sink_max ? 1.f : ex2(sink_l2 - mm));
+      f = w / ltot;
+      lse = (sink_max ? sink : mm * SA_LN2) + logf(ltot);
+    }
+    const int row = r0 + 8 * h;
+    __nv_bfloat16 *orow = p.out + (((size_t)b * T + row) * N + n) * HD + 2 * t;
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j)
+      *reinterpret_cast<__nv_bfloat162 *>(orow + 8 * j) =
+          __floats2bfloat162_rn(o[4 * j + 2 * h] * f, o[4 * j + 2 * h + 1] * f);
+    if (p.lse && t == 0) p.lse[((size_t)b * N + n) * T + row] = lse;
+  }
+#endif /* sm_90a */
+}
+
+/* ---- host ------------------------------------------------------------------------------------------- */
+
+/* cuTensorMapEncodeTiled from the driver the runtime already loaded (no -lcuda at link time). */
+PFN_cuTensorMapEncodeTiled_v12000 sa_hop_encode_fn() {
+  void *fn = nullptr;
+  cudaDriverEntryPointQueryResult qr;
+#if CUDART_VERSION >= 12050
+  cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &qr);
+#else
+  cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &qr);
+#endif
+  if (e != cudaSuccess || qr != cudaDriverEntryPointSuccess) {
+    cudaGetLastError(); /* not sticky: clear it so the portable launch's cudaGetLastError starts clean */
+    return nullptr;
+  }
+  return (PFN_cuTensorMapEncodeTiled_v12000)fn;
+}
+
+/* [B, L, heads, HD] bf16 as a 4-D tensor {HD, heads, L, B} (innermost first; strides increase, as the driver
+   wants); one box is 64 elements (128 bytes, the swizzle span) x 1 head x rows x 1 batch. */
+bool sa_hop_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const void *base, int64_t B, int64_t L,
+                int64_t heads, int64_t HD, int rows) {
+  cuuint64_t dims[4] = {(cuuint64_t)HD, (cuuint64_t)heads, (cuuint64_t)L, (cuuint64_t)B};
+  cuuint64_t strides[3] = {(cuuint64_t)HD * 2, (cuuint64_t)(heads * HD * 2), (cuuint64_t)(L * heads * HD * 2)};
+  cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, estr[4] = {1, 1, 1, 1};
+  return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void *>(base), dims, strides, box, estr,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+bool sa_hop_disabled_by_env() {
+  const char *e = getenv("SINKATTN_CUDA_HOPPER");
+  return e && strcmp(e, "0") == 0;
+}
+
+bool sa_hop_aligned(const void *x) { return (uintptr_t)x % 16 == 0; }
+
+/* The validated scope of dev/hopper_fwd_02 (its harness's valid_case plus what its kernel hard-codes). */
+bool sa_hop_in_scope(const sa_cuda_params &p, int bf16) {
+  if (!bf16 || p.H != p.Hv || (p.H != 64 && p.H != 128)) return false;
+  if (p.q_lens || p.kv_lens || p.q_seg || p.kv_seg) return false;
+  if (p.wl >= 0 || p.wr >= 0 || p.diag_offset != 0) return false;
+  if (p.causal == 2 && p.T != p.S) return false; /* bottom-right is top-left only when T == S */
+  if (p.T <= 0 || p.S <= 0 || p.T % BM != 0 || p.S % BN != 0) return false;
+  if (!(p.scale_log2 > 0.f) || !isfinite(p.scale_log2)) return false;
+  if (!sa_hop_aligned(p.q) || !sa_hop_aligned(p.k) || !sa_hop_aligned(p.v) || !sa_hop_aligned(p.out)) return false;
+  if (sa_hop_disabled_by_env()) return false;
+#if !defined(SA_CUDA_HAVE_SM90A)
+  return false; /* built without sm_90a code (CMakeLists.txt): the kernel has no body */
+#else
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major == 9 && minor == 0; /* sm_90a code runs on CC 9.0 only */
+#endif
+}
+
+/* A refused shared-memory opt-in (164 KiB at H 128) leaves *used = 0: the portable kernel runs instead. */
+template <int HD, bool CAUSAL>
+cudaError_t sa_hop_run(const CUtensorMap &mq, const CUtensorMap &mk, const CUtensorMap &mv,
+                       const sa_hop_params &hp, int64_t B, cudaStream_t st, int *used) {
+  if (cudaFuncSetAttribute(sa_hop_fwd_kernel<HD, CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           sa_hop_smem<HD>()) != cudaSuccess) {
+    cudaGetLastError();
+    return cudaSuccess;
+  }
+  *used = 1;
+  dim3 grid((unsigned)(hp.T / BM), (unsigned)hp.N, (unsigned)B);
+  sa_hop_fwd_kernel<HD, CAUSAL><<<grid, THREADS, sa_hop_smem<HD>(), st>>>(mq, mk, mv, hp);
+  return cudaGetLastError();
+}
+
+} /* namespace */
+
+cudaError_t sa_hopper_fwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st, int *used) {
+  *used = 0;
+  if (!sa_hop_in_scope(p, bf16)) return cudaSuccess;
+  static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
+  if (!enc) return cudaSuccess;
+  CUtensorMap mq, mk, mv;
+  if (!sa_hop_map(enc, &mq, p.q, p.B, p.T, p.N, p.H, BM) || !sa_hop_map(enc, &mk, p.k, p.B, p.S, p.K, p.H, BN) ||
+      !sa_hop_map(enc, &mv, p.v, p.B, p.S, p.K, p.Hv, BN))
+    return cudaSuccess; /* the driver refused a map: the portable kernel runs instead */
+  sa_hop_params hp;
+  hp.out = (__nv_bfloat16 *)p.out;
+  hp.lse = p.lse;
+  hp.sinks = p.sinks;
+  hp.T = (int)p.T; hp.S = (int)p.S; hp.N = (int)p.N; hp.G = (int)p.G; hp.softmax = p.softmax;
+  hp.scale_l2 = p.scale_log2;
+  const bool causal = p.causal != 0;
+  if (p.H == 128)
+    return causal ? sa_hop_run<128, true>(mq, mk, mv, hp, p.B, st, used)
+                  : sa_hop_run<128, false>(mq, mk, mv, hp, p.B, st, used);
+  return causal ? sa_hop_run<64, true>(mq, mk, mv, hp, p.B, st, used)
+                : sa_hop_run<64, false>(mq, mk, mv, hp, p.B, st, used);
+}
