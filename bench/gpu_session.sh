@@ -4,6 +4,7 @@
 #
 #   PART=check bash bench/gpu_session.sh   build (CUDA sm_90a + FFI), test_cuda + the other C tests, the
 #                                           whole pytest suite on the GPU, compute-sanitizer (gpu_sanitize.sh)
+#   PART=final bash bench/gpu_session.sh   a short call: build, C tests, pytest, the learnable grid
 #   PART=bench bash bench/gpu_session.sh   python -m sinkattn.bench on the performance.md grid (learnable;
 #                                           vanilla and off_by_one on the H=128 T=4096 rows), the decode
 #                                           bandwidth table, the Hopper dev variants (dev/run_hopper.sh),
@@ -34,7 +35,18 @@ step() { # name, limit seconds, command...
   "$PY" -c 'import jax, jaxlib; print("jax", jax.__version__, "jaxlib", jaxlib.__version__)'; } \
   > "$STAGE/machine.txt" 2>&1
 
-if [ "$PART" = check ]; then
+if [ "$PART" = final ]; then
+  # One short call: build, the CUDA C tests (the Hopper fast path is checked here first: if test_cuda
+  # fails, the rest runs with SINKATTN_CUDA_HOPPER=0), the whole pytest suite, the learnable grid.
+  step build 150 bash -c "cmake -S . -B build-gpu -DPython_EXECUTABLE=$PY -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES=90a && cmake --build build-gpu -j32"
+  step test_cuda 60 build-gpu/test_cuda
+  grep -q "0 failed" "$STAGE/test_cuda.log" || export SINKATTN_CUDA_HOPPER=0
+  step ctest 40 ctest --test-dir build-gpu --output-on-failure -j8 -E test_cuda
+  step pytest 140 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=120 -n 8
+  step bench_learnable 150 "$PY" -m sinkattn.bench --grid h200 --softmax learnable --max-ref-t 4096 \
+    --repeats 2 --out "$STAGE/h200-jax-learnable.json"
+elif [ "$PART" = check ]; then
   step build 240 bash -c "cmake -S . -B build-gpu -DPython_EXECUTABLE=$PY -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES=90a && cmake --build build-gpu -j16"
   step test_cuda 90 build-gpu/test_cuda
