@@ -242,7 +242,7 @@ def _ring_backward(cfg, res, dout, dlse):
     kv = nxt
   dsinks = None
   if cfg.softmax == _LEARNABLE:
-    D = jnp.einsum('btnh,btnh->bnt', dout.astype(f32), out.astype(f32))
+    D = jnp.einsum('btnh,btnh->bnt', dout.astype(f32), out.astype(f32), precision=jax.lax.Precision.HIGHEST)
     if dlse is not None:
       D = D - dlse
     dsinks = -jnp.sum(jnp.exp(sinks[None, :, None] - lse) * D, axis=(0, 2))

@@ -50,7 +50,13 @@ def attention(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, *, softmax: int, c
   G = N // K
   f32 = jnp.promote_types(q.dtype, jnp.float32).type  # float32, or float64 for float64 inputs
   qf = q.astype(f32).reshape(B, T, K, G, H)
-  s = jnp.einsum("btkgh,bskh->bkgts", qf, k.astype(f32)) * f32(scale)          # [B,K,G,T,S]
+  kf, vf = k.astype(f32), v.astype(f32)
+  if kv_lens is not None:  # padding never reaches a result: 0 * NaN in P.V or dS.K would
+    valid = (jnp.arange(S)[None, :] < jnp.clip(kv_lens.astype(jnp.int32), 0, S)[:, None])[:, :, None, None]
+    kf, vf = jnp.where(valid, kf, 0), jnp.where(valid, vf, 0)
+  # HIGHEST: on GPU an f32 product defaults to TF32 (~1e-3 error), too coarse for a reference.
+  hi = jax.lax.Precision.HIGHEST
+  s = jnp.einsum("btkgh,bskh->bkgts", qf, kf, precision=hi) * f32(scale)       # [B,K,G,T,S]
   ok = mask(B, T, S, q_lens, kv_lens, q_seg, kv_seg, causal=causal, window_left=window_left,
             window_right=window_right, diag_offset=diag_offset)[:, None, None]   # [B,1,1,T,S]
   a = sink_logits(N, sinks, softmax).astype(f32).reshape(1, K, G, 1)                          # [1,K,G,1]
@@ -64,5 +70,5 @@ def attention(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, *, softmax: int, c
   l_safe = jnp.where(empty, 1.0, l)
   lse = jnp.where(empty, -jnp.inf, m + jnp.log(l_safe))                           # [B,K,G,T]
   p = e / l_safe[..., None]
-  out = jnp.einsum("bkgts,bske->btkge", p, v.astype(f32)).reshape(B, T, N, Hv)
+  out = jnp.einsum("bkgts,bske->btkge", p, vf, precision=hi).reshape(B, T, N, Hv)
   return out.astype(q.dtype), lse.reshape(B, N, T)
