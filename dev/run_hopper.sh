@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# dev/run_hopper.sh — build the Hopper forward variants (dev/hopper_fwd_NN.cu) for sm_90a, prove that they use
-# wgmma (HGMMA in the SASS), then validate and time them on the GPU. Everything lands in $OUT (./out if unset):
-#   build_NN.txt   nvcc -Xptxas -v report (registers, spills, stack frame, warnings), then the SASS summary:
+# dev/run_hopper.sh — build the Hopper forward and backward variants (dev/hopper_fwd_NN.cu, dev/hopper_bwd_NN.cu)
+# for sm_90a, prove that they use wgmma (HGMMA in the SASS), then validate and time them on the GPU. Everything
+# lands in $OUT (./out if unset); a forward variant is tagged NN, a backward one bwd_NN:
+#   build_TAG.txt  nvcc -Xptxas -v report (registers, spills, stack frame, warnings), then the SASS summary:
 #                  HGMMA / TMA / setmaxnreg / local-memory counts, the exp2s that overlap a product, and the
 #                  HGMMA and WARPGROUP lines (the full SASS is ~14k lines and stays behind)
-#   run_NN.jsonl   the program's JSON lines: device, one "check" per validation case, one "bench" per shape
+#   run_TAG.jsonl  the program's JSON lines: device, one "check" per validation case, one "bench" per shape
 #   summary.txt    one line per variant
-# Two files per variant plus the summary: the GPU runner returns at most 8 files.
-# Budget: ~5 s of compile per variant and ~10 s of run; each run is killed after 100 s (a pipeline deadlock
-# would otherwise hang the GPU job; the program itself gives up after 20 s per launch).
-# Usage: bash dev/run_hopper.sh [NN ...]   (default: every dev/hopper_fwd_*.cu)
+# Two files per variant plus the summary: the GPU runner returns at most 8 files, so at most 3 variants per run
+# (now: fwd 01, 02, bwd_01 = 7 files; name the variants to run when there are more).
+# Budget: ~5 s of compile per variant and ~10-30 s of run (the backward's naive reference takes most of it);
+# each run is killed after 100 s (a pipeline deadlock would otherwise hang the GPU job; the programs give up
+# after 20 s per launch).
+# Usage: bash dev/run_hopper.sh [NN | bwd_NN ...]   (default: every dev/hopper_fwd_*.cu, then every hopper_bwd_*.cu)
 set -u
 cd "$(dirname "$0")"
 OUT=${OUT:-./out}
@@ -20,6 +23,7 @@ CUOBJDUMP=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
 variants=("$@")
 if [ ${#variants[@]} -eq 0 ]; then
   for f in hopper_fwd_*.cu; do v=${f#hopper_fwd_}; variants+=("${v%.cu}"); done
+  for f in hopper_bwd_*.cu; do v=${f#hopper_}; variants+=("${v%.cu}"); done
 fi
 {
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet -- . 2>/dev/null || echo ' (dev/ modified)')"
@@ -29,12 +33,13 @@ fi
   fi
 } > "$OUT/summary.txt"
 for v in "${variants[@]}"; do
-  src=hopper_fwd_$v.cu bin=$BIN/hopper_fwd_$v
+  case $v in bwd_*) name=hopper_$v ;; *) name=hopper_fwd_$v ;; esac
+  src=$name.cu bin=$BIN/$name
   # -gencode with compute_90a/sm_90a: the -arch=sm_90a shorthand has been seen to add a plain sm_90 pass that
   # rejects wgmma and setmaxnreg.
   if ! "$NVCC" -gencode=arch=compute_90a,code=sm_90a -O3 -lineinfo -std=c++17 -Xptxas -v \
       -o "$bin" "$src" > "$OUT/build_$v.txt" 2>&1; then
-    echo "hopper_fwd_$v: BUILD FAILED (see build_$v.txt)" | tee -a "$OUT/summary.txt"
+    echo "$name: BUILD FAILED (see build_$v.txt)" | tee -a "$OUT/summary.txt"
     continue
   fi
   spills=$(grep -c "[1-9][0-9]* bytes spill" "$OUT/build_$v.txt")
@@ -58,7 +63,7 @@ for v in "${variants[@]}"; do
   pass=$(grep -c '"pass": true' "$OUT/run_$v.jsonl")
   fail=$(grep -c '"pass": false' "$OUT/run_$v.jsonl")
   tf=$(grep '"bench"' "$OUT/run_$v.jsonl" | sed -E 's/.*"bench": "([^"]+)", "B": ([0-9]+), "T": ([0-9]+).*"H": ([0-9]+), "causal": ([01]).*"tflops": ([0-9.]+).*/\1 B\2 T\3 H\4 c\5: \6/' | paste -sd ';' -)
-  echo "hopper_fwd_$v: rc=$rc checks pass=$pass fail=$fail spills=$spills $sass_head | TFLOP/s $tf" \
+  echo "$name: rc=$rc checks pass=$pass fail=$fail spills=$spills $sass_head | TFLOP/s $tf" \
     | tee -a "$OUT/summary.txt"
 done
 rm -rf "$BIN"
