@@ -35,6 +35,15 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64
       : "l"(da), "l"(db), "r"(scale_d));
 }
 
+/* D[64x64] (+)= A[64x16] B[16x64], A and B both N-major (M- resp. N-contiguous) in shared memory. */
+__device__ __forceinline__ void wgmma_ss_n64_tt(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" SA_REGS32 "}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+      : SA_F32(d)
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
 /* Plain bulk copy (no tensor map) of `bytes` (multiple of 16, 16-byte aligned) completing on bar. */
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
@@ -97,17 +106,25 @@ __device__ __forceinline__ void store_rows(__nv_bfloat16 *base, const float (&ac
 
 /* ---- 2. dK, dV -------------------------------------------------------------------------------------- */
 
-template <int HD>
-constexpr int dkdv_smem() { return 1024 + 2 * KB * HD * 2 + STAGES * 2 * QB * HD * 2 + STAGES * 2 * QB * 4; }
+constexpr uint32_t DS_BYTES = KB * QB * 2; /* one dS^T tile [128 keys][64 queries] bf16 (one-pass only) */
+template <int HD, bool ATOMIC>
+constexpr int dkdv_smem() {
+  return 1024 + 2 * KB * HD * 2 + STAGES * 2 * QB * HD * 2 + (ATOMIC ? 2 * DS_BYTES : 0) + STAGES * 2 * QB * 4;
+}
 template <int HD>
 constexpr int dq_smem() { return 1024 + 2 * QM * HD * 2 + STAGES * 2 * KT * HD * 2; }
 static_assert(QB == 64 && KT == 64, "gemm_rs and pack_frag read 64-row tiles");
-static_assert(dkdv_smem<128>() <= 227 * 1024 && dq_smem<128>() <= 227 * 1024, "shared memory over the sm_90 limit");
+static_assert(dkdv_smem<128, true>() <= 227 * 1024 && dq_smem<128>() <= 227 * 1024, "over the sm_90 limit");
 
-template <int HD, bool CAUSAL>
+/* ATOMIC: the one-pass form (FA3's): each tile's dS^T also goes to shared memory (swizzled, as wgmma reads
+   it), and after a barrier of the two consumer warpgroups each computes dQ^T for 64 of the head's columns,
+   K^T[64 x 128 keys] dS^T[128 keys x 64 queries] by 8 wgmma with both operands N-major, and adds it to the fp32
+   dq_acc [B, N, H, T] by red.global.add.v2.f32 (query pairs are adjacent there); bwd_dq is then not run. */
+template <int HD, bool CAUSAL, bool ATOMIC>
 __global__ void __launch_bounds__(THREADS, 1)
     bwd_dkdv(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
              const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv, const BwdParams p) {
+  static_assert(!ATOMIC || HD == 128, "one-pass: each consumer warpgroup takes one 64-column half of dQ^T");
   constexpr int CB = HD / 64;
   constexpr uint32_t KV_BYTES = KB * HD * 2, QT_BYTES = QB * HD * 2, LD_BYTES = 2 * QB * 4;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -115,7 +132,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   __shared__ float anchor[4 * NC];
 
   const uint32_t raw = smem_u32(smem_raw), sk = (raw + 1023u) & ~1023u, sv = sk + KV_BYTES;
-  const uint32_t sq = sv + KV_BYTES, sdo = sq + STAGES * QT_BYTES, sld = sdo + STAGES * QT_BYTES;
+  const uint32_t sq = sv + KV_BYTES, sdo = sq + STAGES * QT_BYTES, sds = sdo + STAGES * QT_BYTES;
+  const uint32_t sld = sds + (ATOMIC ? 2 * DS_BYTES : 0);
   const float *ld_f = reinterpret_cast<const float *>(smem_raw + (sld - raw)); /* per stage: lse2[QB], D[QB] */
   const uint32_t b0 = smem_u32(bar);
   auto bar_full = [&](int s) { return b0 + 8 * (1 + s); };
@@ -167,7 +185,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const uint32_t sk_wg = sk + cw * 64 * 128, sv_wg = sv + cw * 64 * 128;
   const float sl2 = p.scale_l2;
   /* Accumulators d[4j + e]: row (key) lane/4 + 8 (e >> 1) of the warp's 16, column 8j + 2t + (e & 1). */
-  float dk[HD / 2], dv[HD / 2], st[32], dpt[32];
+  float dk[HD / 2], dv[HD / 2], st[32], dpt[32], dqt[32]; /* dqt: one-pass only */
   uint32_t pf[16], df[16];
   zero(dk);
   zero(dv);
@@ -213,6 +231,24 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     pack_frag(pf, st);
     pack_frag(df, dpt);
+    /* One-pass: dS^T rows of this thread (keys kr - k0, + 8; df[2j + h] holds queries 8j + 2t, + 1 of row h)
+       into the 128-byte swizzled layout: 16-byte chunk j of row r lands at chunk j ^ (r % 8). Two buffers by
+       tile parity: a warpgroup passing tile j + 1's barrier knows the other finished tile j's products. */
+    const uint32_t sds_s = sds + (it & 1) * DS_BYTES;
+    if (ATOMIC) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = kr - k0 + 8 * h;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          asm volatile("st.shared.b32 [%0], %1;" ::"r"(sds_s + r * 128 + ((j ^ (r & 7)) << 4) + 4 * t),
+                       "r"(df[2 * j + h]) : "memory");
+      }
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* generic stores -> wgmma reads */
+      asm volatile("bar.sync 1, 256;" ::: "memory");                /* both warpgroups' dS^T are in */
+      zero(dqt);
+      pin(dqt);
+    }
     pin(dv);
     pin(dk);
     pin(pf);
@@ -220,12 +256,29 @@ __global__ void __launch_bounds__(THREADS, 1)
     wgmma_fence();
     gemm_rs<HD>(dv, pf, sdo_s); /* dV += P^T dO */
     gemm_rs<HD>(dk, df, sq_s);  /* dK += dS^T Q */
+    if (ATOMIC) /* dQ^T[64 cw + .., q] = K^T dS^T: K's column block cw read N-major, 16 keys = 2048 B per step */
+#pragma unroll
+      for (int kk = 0; kk < KB / 16; ++kk)
+        wgmma_ss_n64_tt(dqt, gmma_desc(sk + cw * KB * 128 + kk * 2048, KB * 128, 1024),
+                        gmma_desc(sds_s + kk * 2048, QB * 128, 1024), kk > 0);
     wgmma_commit();
     wgmma_wait0();
     pin(dv);
     pin(dk);
     pin(pf);
     pin(df);
+    if (ATOMIC) {
+      pin(dqt);
+      const int n = kvh * G + it / per_head;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float *row = p.dq_acc + (((size_t)b * p.N + n) * HD + 64 * cw + 16 * warp + lane / 4 + 8 * h) * T + i0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(row + 8 * j + 2 * t), "f"(dqt[4 * j + 2 * h]),
+                       "f"(dqt[4 * j + 2 * h + 1]) : "memory");
+      }
+    }
     if (lane == 0) mbar_arrive(bar_empty(s));
   }
 
@@ -365,16 +418,17 @@ static void prepare(Bwd &w) {
   w.maps[7] = make_map(w.pr.v, c.B, c.S, c.KH, c.H, KT);
 }
 
-template <int HD, bool CAUSAL>
+template <int HD, bool CAUSAL, bool ATOMIC>
 static void launch_dkdv_t(const Bwd &w) {
+  constexpr int smem = dkdv_smem<HD, ATOMIC>();
   static bool attr_set = false;
   if (!attr_set) {
-    CK(cudaFuncSetAttribute(bwd_dkdv<HD, CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize, dkdv_smem<HD>()));
+    CK(cudaFuncSetAttribute(bwd_dkdv<HD, CAUSAL, ATOMIC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     attr_set = true;
   }
   const Case &c = w.pr.c;
-  bwd_dkdv<HD, CAUSAL><<<dim3(c.S / KB, c.KH, c.B), THREADS, dkdv_smem<HD>()>>>(w.maps[0], w.maps[1], w.maps[2],
-                                                                               w.maps[3], w.p);
+  bwd_dkdv<HD, CAUSAL, ATOMIC><<<dim3(c.S / KB, c.KH, c.B), THREADS, smem>>>(w.maps[0], w.maps[1], w.maps[2],
+                                                                            w.maps[3], w.p);
 }
 
 template <int HD, bool CAUSAL>
@@ -391,8 +445,31 @@ static void launch_dq_t(const Bwd &w) {
 
 static void launch_dkdv(const Bwd &w) {
   const Case &c = w.pr.c;
-  if (c.H == 128) c.causal ? launch_dkdv_t<128, true>(w) : launch_dkdv_t<128, false>(w);
-  else c.causal ? launch_dkdv_t<64, true>(w) : launch_dkdv_t<64, false>(w);
+  if (c.H == 128) c.causal ? launch_dkdv_t<128, true, false>(w) : launch_dkdv_t<128, false, false>(w);
+  else c.causal ? launch_dkdv_t<64, true, false>(w) : launch_dkdv_t<64, false, false>(w);
+}
+
+/* One-pass (H 128 only): dq_acc zeroed, then dK/dV with the dQ^T atomics; the convert kernel is its "dq". */
+static void launch_dkdv_atomic(const Bwd &w) {
+  const Case &c = w.pr.c;
+  CK(cudaMemsetAsync(w.dq_acc, 0, (size_t)c.B * c.T * c.N * c.H * 4));
+  c.causal ? launch_dkdv_t<128, true, true>(w) : launch_dkdv_t<128, false, true>(w);
+}
+
+/* dq [B, T, N, H] bf16 = scale * dq_acc [B, N, H, T]: 32 x 32 tiles transposed through shared memory. */
+__global__ void dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N, int HD, float scale) {
+  __shared__ float tile[32][33];
+  const int i0 = blockIdx.x * 32, d0 = blockIdx.y * 32, bn = blockIdx.z, b = bn / N, n = bn % N;
+  for (int y = threadIdx.y; y < 32; y += 8)
+    tile[y][threadIdx.x] = acc[((size_t)bn * HD + d0 + y) * T + i0 + threadIdx.x];
+  __syncthreads();
+  for (int y = threadIdx.y; y < 32; y += 8)
+    dq[(((size_t)b * T + i0 + y) * N + n) * HD + d0 + threadIdx.x] = __float2bfloat16(tile[threadIdx.x][y] * scale);
+}
+
+static void launch_dq_convert(const Bwd &w) {
+  const Case &c = w.pr.c;
+  dq_convert<<<dim3(c.T / 32, c.H / 32, c.B * c.N), dim3(32, 8)>>>(w.dq_acc, w.dq, c.T, c.N, c.H, w.p.scale);
 }
 
 static void launch_dq(const Bwd &w) {
@@ -403,6 +480,8 @@ static void launch_dq(const Bwd &w) {
 
 int main() {
   harness_init();
-  const BwdVariant v = {"hopper_bwd_01", prepare, launch_dkdv, launch_dq};
-  return run_all(v) ? 1 : 0;
+  const BwdVariant two = {"hopper_bwd_01", prepare, launch_dkdv, launch_dq, 2.0, 1.5, true};
+  const BwdVariant one = {"hopper_bwd_01a", prepare, launch_dkdv_atomic, launch_dq_convert, 2.5, 0.0, false};
+  const int failed = run_all(two) + run_all(one);
+  return failed ? 1 : 0;
 }
