@@ -13,6 +13,8 @@
  *                 S, dP recomputed (SS), dQ += dS K (RS, K read N-major from the same tile);
  *   4. bwd_dsink  (hopper_bwd_common.cuh) dsinks[n] = sum of the row terms in a fixed order, one block per head.
  * No atomics: every output element has one writer, so the result is bitwise reproducible.
+ * "hopper_bwd_01a" (template flag ATOMIC, H 128): the one-pass form — bwd_dkdv also computes dQ^T from dS^T
+ * staged in shared memory and adds it to an fp32 buffer by atomics; dq_convert replaces bwd_dq. Both timed.
  * Scope: bf16, H = Hv in {64, 128}, T and S multiples of 128, N % K == 0, causal none or top-left.
  * The reference and the harness (checks, timing, JSON lines) live in dev/hopper_bwd_common.cuh, the PTX
  * wrappers in dev/hopper_common.cuh.
