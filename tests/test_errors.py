@@ -26,6 +26,7 @@ BAD = [
      ["K = 3", "N = 4"]),
     ("sinks_shape", dict(sinks=SINKS[:3]), ValueError, ["sinks", "(3,)", "(4,)", "(1, 4, 1, 1)"]),
     ("sinks_int", dict(sinks=jnp.zeros(4, jnp.int32)), TypeError, ["sinks", "int32"]),
+    ("sinks_list", dict(sinks=[0.0] * 4), TypeError, ["sinks", "list", "(4,)", "(1, 4, 1, 1)"]),
     ("sinks_with_vanilla", dict(softmax_type="vanilla"), ValueError, ["sinks", "vanilla", "learnable"]),
     ("learnable_without_sinks", dict(sinks=None, softmax_type="learnable"), ValueError, ["sinks", "None"]),
     ("softmax_type", dict(softmax_type="softmax1"), ValueError, ["softmax_type", "softmax1", "off_by_one"]),
@@ -62,6 +63,13 @@ def test_bad_arguments(case):
   msg = str(info.value)
   for w in words:
     assert w in msg, f"{w!r} not in {msg!r}"
+
+
+def test_window_minus_one_is_unbounded():
+  """DESIGN.md section 1: -1 = unbounded side, so the int -1 means (-1, -1), the same as None."""
+  want = sinkattn.dot_product_attention(Q, K, V, SINKS, is_causal=True)
+  got = sinkattn.dot_product_attention(Q, K, V, SINKS, is_causal=True, local_window_size=-1)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 def test_errors_at_trace_time():

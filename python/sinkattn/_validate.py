@@ -62,7 +62,7 @@ def _static_int(name, x):
 
 
 def window(local_window_size):
-  """None -> (-1, -1); w -> (w, w); (left, right) with None or -1 for an unbounded side."""
+  """None -> (-1, -1); w -> (w, w) (-1: unbounded); (left, right) with None or -1 for an unbounded side."""
   if local_window_size is None:
     return -1, -1
   if isinstance(local_window_size, (tuple, list)):
@@ -74,8 +74,9 @@ def window(local_window_size):
                        f"got {tuple(local_window_size)}")
     return sides[0], sides[1]
   w = _static_int("local_window_size", local_window_size)
-  if w < 0:
-    raise ValueError(f"local_window_size: expected an int >= 0 or a pair (left, right), got {w}")
+  if w < -1:
+    raise ValueError(f"local_window_size: expected an int >= 0 (or -1 for unbounded) or a pair (left, right), "
+                     f"got {w}")
   return w, w
 
 
@@ -123,6 +124,9 @@ def arguments(query, key, value, sinks, *, softmax_type, scale, is_causal, causa
   if softmax == 2:
     if sinks is None:
       raise ValueError("sinks: softmax_type='learnable' needs sinks of shape [N] or [1,N,1,1], got None")
+    if not hasattr(sinks, "shape") or not hasattr(sinks, "dtype"):
+      raise TypeError(f"sinks: expected an array of shape [N] = ({N},) or [1,N,1,1] = (1, {N}, 1, 1), "
+                      f"got {type(sinks).__name__}")
     _check_float("sinks", sinks, _FLOATS + (np.dtype(np.float64),))
     if tuple(sinks.shape) not in ((N,), (1, N, 1, 1)):
       raise ValueError(f"sinks: expected shape [N] = ({N},) or [1,N,1,1] = (1, {N}, 1, 1), "
