@@ -36,7 +36,7 @@ def test_learnable_param_name_shape_dtype_axes():
     assert tuple(spec) == (None, "heads", None, None)
 
 
-@pytest.mark.parametrize("softmax_type", ["vanilla", "off_by_one", "off-by-one"])
+@pytest.mark.parametrize("softmax_type", [None, "vanilla", "off_by_one", "off-by-one"])
 def test_no_param_without_learnable(softmax_type):
     q, k, v = _qkv()
     variables = DotProductAttention(softmax_type=softmax_type).init(jax.random.key(0), q, k, v)
@@ -45,6 +45,11 @@ def test_no_param_without_learnable(softmax_type):
 
 def test_softmax_type_names():
     assert normalize_softmax_type("off-by-one") == "off_by_one"
+    # DESIGN.md section 3: None means 'learnable' only when sinks are given; a module is given none
+    assert normalize_softmax_type(None) == "vanilla"
+    assert normalize_softmax_type("Learnable") == "learnable"    # as dot_product_attention accepts it
+    with pytest.raises(ValueError, match="softmax_type"):
+        normalize_softmax_type(2)
     with pytest.raises(ValueError, match="softmax_type"):
         normalize_softmax_type("sigmoid")
     q, k, v = _qkv()

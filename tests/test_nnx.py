@@ -42,9 +42,19 @@ def test_learnable_param_name_shape_dtype_sharding():
     assert tuple(nnx.get_partition_spec(params)["softmax_offset"].get_value()) == (None, "heads", None, None)
 
 
-@pytest.mark.parametrize("softmax_type", ["vanilla", "off_by_one", "off-by-one"])
+@pytest.mark.parametrize("softmax_type", [None, "vanilla", "off_by_one", "off-by-one"])
 def test_no_param_without_learnable(softmax_type):
     assert not jax.tree.leaves(nnx.state(DotProductAttention(N, softmax_type=softmax_type), nnx.Param))
+
+
+def test_num_heads_only_for_learnable():
+    """Like the linen module, a sink-less module needs no head count; 'learnable' needs it before a call."""
+    q, k, v = _qkv()
+    out = DotProductAttention(softmax_type="off_by_one")(q, k, v)
+    want = sinkattn.dot_product_attention(q, k, v, softmax_type="off_by_one")
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+    with pytest.raises(ValueError, match="num_heads"):
+        DotProductAttention(softmax_type="learnable")
 
 
 def test_bad_arguments():

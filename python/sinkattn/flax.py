@@ -36,11 +36,15 @@ _SOFTMAX_TYPES = {"vanilla": "vanilla", "off_by_one": "off_by_one", "off-by-one"
 Window = Optional[Union[int, Tuple[int, int]]]
 
 
-def normalize_softmax_type(softmax_type: str) -> str:
-    """'vanilla' | 'off_by_one' (alias 'off-by-one') | 'learnable' -> canonical name; else ValueError."""
+def normalize_softmax_type(softmax_type: Optional[str]) -> str:
+    """'vanilla' | 'off_by_one' (alias 'off-by-one') | 'learnable' (any case) -> canonical name; None ->
+    'vanilla' (DESIGN.md section 3: None means 'learnable' only when sinks are given, and a module is given
+    none); else ValueError."""
+    if softmax_type is None:
+        return "vanilla"
     try:
-        return _SOFTMAX_TYPES[softmax_type]
-    except (KeyError, TypeError):
+        return _SOFTMAX_TYPES[softmax_type.lower()]
+    except (KeyError, AttributeError):
         raise ValueError(f"softmax_type {softmax_type!r} unknown: use 'vanilla', 'off_by_one' "
                          "(or 'off-by-one') or 'learnable'") from None
 
@@ -71,8 +75,8 @@ class DotProductAttention(nn.Module):
     (the attention mass on the sink of row i is exp(a_n - lse_i)).
 
     Attributes:
-      softmax_type: 'vanilla' | 'off_by_one' | 'off-by-one' | 'learnable'. Only 'learnable' creates a
-        parameter: `softmax_offset` (1, N, 1, 1) fp32, zeros init, logical axes (None, 'heads', None, None).
+      softmax_type: 'vanilla' (or None) | 'off_by_one' | 'off-by-one' | 'learnable'. Only 'learnable'
+        creates a parameter: `softmax_offset` (1, N, 1, 1) fp32, zeros init, logical axes (None, 'heads', None, None).
       scale: logit scale, default 1/sqrt(H) (the sink is not scaled).
       is_causal, causal_alignment ('top_left' | 'bottom_right'), local_window_size (w -> (w, w), or
         (left, right), -1 unbounded): the mask, exactly as `sinkattn.dot_product_attention` takes it.
@@ -80,7 +84,7 @@ class DotProductAttention(nn.Module):
       dtype: cast q, k, v to this dtype before the op (None keeps theirs).
       implementation: None | 'fused' | 'reference', passed through.
     """
-    softmax_type: str = "vanilla"
+    softmax_type: Optional[str] = "vanilla"
     scale: Optional[float] = None
     is_causal: bool = False
     causal_alignment: str = "top_left"
@@ -143,7 +147,7 @@ class MultiHeadAttention(nn.Module):
     head_dim: int
     num_kv_heads: Optional[int] = None
     out_features: Optional[int] = None
-    softmax_type: str = "vanilla"
+    softmax_type: Optional[str] = "vanilla"
     scale: Optional[float] = None
     is_causal: bool = False
     causal_alignment: str = "top_left"

@@ -42,23 +42,28 @@ class DotProductAttention(nnx.Module):
     or (out, lse [B,N,T] fp32, including the sink) with return_residual=True.
 
     Args:
-      num_heads: N (sizes `softmax_offset`).
-      softmax_type: 'vanilla' | 'off_by_one' | 'off-by-one' | 'learnable'; only 'learnable' creates the
-        parameter `softmax_offset` (1, N, 1, 1) fp32, zeros init.
+      num_heads: N (sizes `softmax_offset`): needed with 'learnable' only (an nnx parameter exists before
+        the first call); when given, calls check query's heads against it.
+      softmax_type: 'vanilla' (or None) | 'off_by_one' | 'off-by-one' | 'learnable'; only 'learnable'
+        creates the parameter `softmax_offset` (1, N, 1, 1) fp32, zeros init.
       scale, is_causal, causal_alignment, local_window_size, implementation: passed through to
         `sinkattn.dot_product_attention`; dtype: cast q, k, v to it first (None keeps theirs).
       rngs: unused (the sink is zeros-initialised); accepted for symmetry with other nnx modules.
     """
 
-    def __init__(self, num_heads: int, *, softmax_type: str = "vanilla", scale: Optional[float] = None,
-                 is_causal: bool = False, causal_alignment: str = "top_left", local_window_size: Window = None,
-                 dtype: Any = None, implementation: Optional[str] = None, rngs: Optional[nnx.Rngs] = None):
+    def __init__(self, num_heads: Optional[int] = None, *, softmax_type: Optional[str] = "vanilla",
+                 scale: Optional[float] = None, is_causal: bool = False, causal_alignment: str = "top_left",
+                 local_window_size: Window = None, dtype: Any = None, implementation: Optional[str] = None,
+                 rngs: Optional[nnx.Rngs] = None):
         del rngs
         self.num_heads = num_heads
         self.softmax_type = normalize_softmax_type(softmax_type)
         self.scale, self.is_causal, self.causal_alignment = scale, is_causal, causal_alignment
         self.local_window_size, self.dtype, self.implementation = local_window_size, dtype, implementation
         if self.softmax_type == "learnable":
+            if num_heads is None:
+                raise ValueError("num_heads: None, but softmax_type='learnable' needs it to size softmax_offset "
+                                 "(1, num_heads, 1, 1)")
             init = _partitioned(nnx.initializers.zeros_init(), SOFTMAX_OFFSET_AXES)
             self.softmax_offset = nnx.Param(init(jax.random.key(0), (1, num_heads, 1, 1), jnp.float32))
         else:
@@ -70,7 +75,7 @@ class DotProductAttention(nnx.Module):
         """Lengths [B] int32, segment ids [B,T] / [B,S] int32; `causal_alignment` overrides the
         attribute for this call. `cache_lengths` [B] int32: key/value are KV caches filled up to it, the
         T <= 64 queries being the last T entries; runs `sinkattn.decode_attention` (causal, bottom-right)."""
-        if query.ndim != 4 or query.shape[2] != self.num_heads:
+        if query.ndim != 4 or self.num_heads not in (None, query.shape[2]):
             raise ValueError(f"query: expected [B,T,N={self.num_heads},H], got shape {query.shape}")
         sinks = None if self.softmax_offset is None else self.softmax_offset[...]
         if self.dtype is not None:
@@ -108,7 +113,7 @@ class MultiHeadAttention(nnx.Module):
 
     def __init__(self, in_features: int, num_heads: int, head_dim: int, *, num_kv_heads: Optional[int] = None,
                  in_kv_features: Optional[int] = None, out_features: Optional[int] = None,
-                 softmax_type: str = "vanilla", scale: Optional[float] = None, is_causal: bool = False,
+                 softmax_type: Optional[str] = "vanilla", scale: Optional[float] = None, is_causal: bool = False,
                  causal_alignment: str = "top_left", local_window_size: Window = None, use_rope: bool = False,
                  rope_base: float = 10000.0, use_bias: bool = False, dtype: Any = None,
                  param_dtype: Any = jnp.float32, kernel_init: Callable = nnx.initializers.lecun_normal(),
