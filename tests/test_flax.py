@@ -1,4 +1,8 @@
 """sinkattn.flax (linen): parameters, equality with the functional op, gradients, GQA/RoPE, KV cache."""
+import os
+import subprocess
+import sys
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -21,6 +25,18 @@ def _qkv(seed=0, t=T, s=T):
 def _wide_sinks(seed=1):
     # U(-5, 5): a zero sink changes the output by too little to see a wrong one (DESIGN.md section 1)
     return jax.random.uniform(jax.random.key(seed), (1, N, 1, 1), jnp.float32, -5.0, 5.0)
+
+
+def test_submodules_reachable_from_bare_import():
+    """DESIGN.md section 3 writes sinkattn.flax.DotProductAttention / sinkattn.nnx: a fresh interpreter
+    (this process has imported them already) must reach both after `import sinkattn` alone."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(sinkattn.__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    code = ("import sinkattn; print(sinkattn.flax.DotProductAttention.__name__, "
+            "sinkattn.nnx.MultiHeadAttention.__name__)")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["DotProductAttention", "MultiHeadAttention"]
 
 
 def test_learnable_param_name_shape_dtype_axes():

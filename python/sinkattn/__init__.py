@@ -12,6 +12,16 @@ from .ops import dot_product_attention
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+  """`sinkattn.flax` / `sinkattn.nnx` after a bare `import sinkattn` (DESIGN.md section 3 names them so),
+  imported on first use so that the core op does not import flax."""
+  if name in ("flax", "nnx"):
+    import importlib
+    return importlib.import_module(f"{__name__}.{name}")
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = ["dot_product_attention", "decode_attention", "ring_attention", "ring_attention_sharded", "zigzag_shard", "zigzag_unshard",
            "LibraryNotFoundError", "has_cuda", "set_num_threads", "get_num_threads",
            "simd_name", "__version__"]
