@@ -143,6 +143,21 @@ def test_empty_rows_and_huge_sinks(platform, impl):
     assert np.all(np.isfinite(np.asarray(lse[1, :, :4])))
 
 
+@pytest.mark.parametrize("impl", ["fused", "reference"])
+def test_no_keys_at_all(platform, impl):
+  """S = 0: every row is empty (out 0, lse = sink), in the forward and in the gradients."""
+  q, _, _, sinks = make_inputs(4, B=2, T=3, S=1, N=4, K=2)
+  k, v = jnp.zeros((2, 0, 2, q.shape[3]), q.dtype), jnp.zeros((2, 0, 2, 8), q.dtype)
+  out, lse = sinkattn.dot_product_attention(q, k, v, sinks, return_residual=True, implementation=impl)
+  assert out.shape == (2, 3, 4, 8) and np.all(np.asarray(out) == 0.0)
+  np.testing.assert_array_equal(np.asarray(lse), np.broadcast_to(np.asarray(sinks)[None, :, None], (2, 4, 3)))
+  loss = lambda q, s: jnp.sum(sinkattn.dot_product_attention(q, k, v, s, return_residual=True,
+                                                             implementation=impl)[1])
+  dq, ds = jax.grad(loss, argnums=(0, 1))(q, sinks)
+  np.testing.assert_array_equal(np.asarray(dq), 0.0)
+  np.testing.assert_allclose(np.asarray(ds), 6.0)    # d lse / d a_n = exp(a_n - lse) = 1, over B*T rows
+
+
 def test_sinks_shapes_and_dtypes(platform):
   q, k, v, sinks = make_inputs(3)
   base = sinkattn.dot_product_attention(q, k, v, sinks)

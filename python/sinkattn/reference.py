@@ -62,7 +62,8 @@ def attention(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, *, softmax: int, c
   a = sink_logits(N, sinks, softmax).astype(f32).reshape(1, K, G, 1)                          # [1,K,G,1]
   # Running max seeded with the sink (so huge sinks and empty rows stay finite); it cancels exactly in
   # lse and p, so no gradient flows through it.
-  m = jax.lax.stop_gradient(jnp.maximum(jnp.max(jnp.where(ok, s, -jnp.inf), axis=-1), a))
+  # (initial=-inf: with S = 0 every row is empty, and max of a zero-size axis needs a start value.)
+  m = jax.lax.stop_gradient(jnp.maximum(jnp.max(jnp.where(ok, s, -jnp.inf), axis=-1, initial=-jnp.inf), a))
   m = jnp.where(jnp.isfinite(m), m, 0.0)                                          # vanilla empty row
   e = jnp.exp(jnp.where(ok, s - m[..., None], -jnp.inf))                          # 0 where masked
   l = jnp.sum(e, axis=-1) + jnp.exp(a - m)
