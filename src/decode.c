@@ -32,14 +32,16 @@ static sa_status sa_decode_check(const sa_attn *a, sa_backend be, sa_backend *re
   if ((s = sa_decode_limit(a)) != SA_OK) return s;
   sa_backend r = sa_decode_resolve(a, be);
   sa_clear_error(); /* AUTO may have asked a backend that declined */
-  if ((s = sa_check_memory_kind(a, r)) != SA_OK) return s;
   switch (r) {
     case SA_BACKEND_CPU: s = sa_cpu_decode_supported(a); break;
-    case SA_BACKEND_CUDA: s = sa_cuda_decode_supported(a); break;
+    case SA_BACKEND_CUDA:
+      if ((s = sa_check_cuda_present()) == SA_OK) s = sa_cuda_decode_supported(a);
+      break;
     default: break;
   }
+  if (s != SA_OK) return s;
   *resolved = r;
-  return s;
+  return sa_check_memory_kind(a, r); /* after the shape rules, as in sa_attn_check */
 }
 
 size_t sa_attn_decode_workspace_size(const sa_attn *a, sa_backend be) {

@@ -162,6 +162,7 @@ static inline int sa_segment_ok(const sa_attn *a, int64_t b, int64_t i, int64_t 
 sa_status sa_check_backend_enum(sa_backend be);
 sa_status sa_check_dims(const sa_attn *a);    /* sizes, enums, options; no pointers */
 sa_status sa_check_shapes(const sa_attn *a);  /* sa_check_dims plus the pointers a call dereferences */
+sa_status sa_check_cuda_present(void);       /* SA_ERR_DEVICE unless built with CUDA and a device is present */
 sa_status sa_check_memory_kind(const sa_attn *a, sa_backend be);
 
 /* ---- backends -------------------------------------------------------------------------------- */

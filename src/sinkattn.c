@@ -70,6 +70,16 @@ static sa_status sa_check_count(const char *name, int64_t d0, int64_t d1, int64_
   return SA_OK;
 }
 
+/* Byte counts of q, k, v, out: part of the shape check (the workspace sizes multiply them too). */
+static sa_status sa_check_counts(const sa_attn *a, int64_t *nq, int64_t *nk, int64_t *nv, int64_t *no) {
+  size_t es = sa_dtype_size(a->dtype);
+  sa_status s;
+  if ((s = sa_check_count("q", a->batch, a->q_len, a->q_heads, a->head_dim, es, nq)) != SA_OK) return s;
+  if ((s = sa_check_count("k", a->batch, a->kv_len, a->kv_heads, a->head_dim, es, nk)) != SA_OK) return s;
+  if ((s = sa_check_count("v", a->batch, a->kv_len, a->kv_heads, a->v_head_dim, es, nv)) != SA_OK) return s;
+  return sa_check_count("out", a->batch, a->q_len, a->q_heads, a->v_head_dim, es, no);
+}
+
 #define SA_NEED_PTR(ptr, nonempty, name)                                                            \
   do {                                                                                              \
     if ((nonempty) && !(ptr)) return sa_error(SA_ERR_INVALID, name " is NULL (a non-empty buffer is required)"); \
@@ -110,7 +120,8 @@ sa_status sa_check_dims(const sa_attn *a) {
     return sa_error(SA_ERR_INVALID, "%s is NULL but %s is set: give both segment id arrays or neither",
                     a->q_segment_ids ? "kv_segment_ids" : "q_segment_ids",
                     a->q_segment_ids ? "q_segment_ids" : "kv_segment_ids");
-  return SA_OK;
+  int64_t nq = 0, nk = 0, nv = 0, no = 0;
+  return sa_check_counts(a, &nq, &nk, &nv, &no);
 }
 
 /* Everything sa_check_dims accepts, plus the pointers a call dereferences. */
@@ -119,12 +130,8 @@ sa_status sa_check_shapes(const sa_attn *a) {
   if (s != SA_OK) return s;
   if (a->softmax == SA_SOFTMAX_LEARNABLE && !a->sinks)
     return sa_error(SA_ERR_INVALID, "sinks is NULL: SA_SOFTMAX_LEARNABLE needs sinks [q_heads] fp32");
-  size_t es = sa_dtype_size(a->dtype);
   int64_t nq = 0, nk = 0, nv = 0, no = 0;
-  if ((s = sa_check_count("q", a->batch, a->q_len, a->q_heads, a->head_dim, es, &nq)) != SA_OK) return s;
-  if ((s = sa_check_count("k", a->batch, a->kv_len, a->kv_heads, a->head_dim, es, &nk)) != SA_OK) return s;
-  if ((s = sa_check_count("v", a->batch, a->kv_len, a->kv_heads, a->v_head_dim, es, &nv)) != SA_OK) return s;
-  if ((s = sa_check_count("out", a->batch, a->q_len, a->q_heads, a->v_head_dim, es, &no)) != SA_OK) return s;
+  if ((s = sa_check_counts(a, &nq, &nk, &nv, &no)) != SA_OK) return s;
   SA_NEED_PTR(a->q, nq > 0, "q");
   SA_NEED_PTR(a->k, nk > 0, "k");
   SA_NEED_PTR(a->v, nv > 0, "v");
@@ -147,7 +154,20 @@ sa_backend sa_backend_resolve(const sa_attn *a, sa_backend be) {
   return SA_BACKEND_REF;
 }
 
-/* Host backends must not get device memory, nor CUDA host memory: a wrong pointer kind would crash. */
+/* SA_BACKEND_CUDA without a usable device is SA_ERR_DEVICE before any other CUDA rule, so that a build
+   without nvcc and a CUDA build on a machine without a GPU answer alike (the stub's message names which). */
+sa_status sa_check_cuda_present(void) {
+  if (sa_cuda_available()) return SA_OK;
+  if (!sa_has_cuda())
+    return sa_error(SA_ERR_DEVICE, "backend SA_BACKEND_CUDA unavailable: sinkattn was built without CUDA "
+                    "(nvcc not found at configure time)");
+  return sa_error(SA_ERR_DEVICE, "backend SA_BACKEND_CUDA unavailable: sinkattn has the CUDA backend but "
+                  "no CUDA device was found (use SA_BACKEND_CPU, SA_BACKEND_REF or SA_BACKEND_AUTO)");
+}
+
+/* Host backends must not get device memory, nor CUDA host memory: a wrong pointer kind would crash.
+   Asked after the backend's own shape rules, so that an unsupported size is reported as such
+   (SA_ERR_UNSUPPORTED naming the field) whatever memory the pointers are in. */
 sa_status sa_check_memory_kind(const sa_attn *a, sa_backend be) {
   if (!sa_has_cuda() || !a->q) return SA_OK;
   int dev = sa_cuda_is_device_pointer(a->q);
@@ -162,12 +182,14 @@ sa_status sa_check_memory_kind(const sa_attn *a, sa_backend be) {
 static sa_status sa_check_for(const sa_attn *a, sa_backend be) {
   sa_status s;
   if ((s = sa_check_shapes(a)) != SA_OK) return s;
-  if ((s = sa_check_memory_kind(a, be)) != SA_OK) return s;
   switch (be) {
-    case SA_BACKEND_CPU: return sa_cpu_attn_supported(a);
-    case SA_BACKEND_CUDA: return sa_cuda_attn_supported(a);
-    default: return SA_OK;
+    case SA_BACKEND_CPU: s = sa_cpu_attn_supported(a); break;
+    case SA_BACKEND_CUDA:
+      if ((s = sa_check_cuda_present()) == SA_OK) s = sa_cuda_attn_supported(a);
+      break;
+    default: break;
   }
+  return s != SA_OK ? s : sa_check_memory_kind(a, be);
 }
 
 sa_status sa_attn_check(const sa_attn *a, sa_backend be) {

@@ -175,9 +175,17 @@ static void t_invalid_group(void) {
     size_t w_be = sa_attn_bwd_workspace_size(&a, (sa_backend)5);
     a.kv_heads = 3;
     size_t w_bad = sa_attn_bwd_workspace_size(&a, SA_BACKEND_CPU);
-    int ok = w_ref == 0 && w_null == 0 && w_be == 0 && w_bad == 0;
-    if (!ok) t_report("sa_attn_bwd_workspace_size: REF %zu, NULL attn %zu, bad backend %zu, bad kv_heads %zu (all must be 0)",
-                      w_ref, w_null, w_be, w_bad);
+    /* sizes whose element count overflows int64 are invalid for the size queries too (they once got
+       a wrapped product back) */
+    t_inv_base(&a, &g);
+    a.q_len = (int64_t)1 << 62;
+    size_t w_big = sa_attn_bwd_workspace_size(&a, SA_BACKEND_CPU) + sa_attn_bwd_workspace_size(&a, SA_BACKEND_AUTO);
+    a.q_len = 3;
+    a.kv_len = INT64_MAX;
+    w_big += sa_attn_decode_workspace_size(&a, SA_BACKEND_CPU) + sa_attn_bwd_workspace_size(&a, SA_BACKEND_CPU);
+    int ok = w_ref == 0 && w_null == 0 && w_be == 0 && w_bad == 0 && w_big == 0;
+    if (!ok) t_report("sa_attn_bwd_workspace_size: REF %zu, NULL attn %zu, bad backend %zu, bad kv_heads %zu, "
+                      "overflowing sizes %zu (all must be 0)", w_ref, w_null, w_be, w_bad, w_big);
     t_count(ok);
     ti_total++;
     ti_pass += ok;

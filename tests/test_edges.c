@@ -299,18 +299,23 @@ static void e_test_poison(sa_backend be) {
   e_free(&c);
 }
 
-/* A head dim the CUDA backend lacks is SA_ERR_UNSUPPORTED naming head_dim (when CUDA is built), and
-   without CUDA the backend is SA_ERR_DEVICE; AUTO never picks it for host memory. */
+/* A head dim the CUDA backend lacks is SA_ERR_UNSUPPORTED naming head_dim (when CUDA is built and a device
+   is present), reported before the pointers' memory kind is looked at (these are host pointers); without
+   the CUDA backend, or without a device, every SA_BACKEND_CUDA entry point is SA_ERR_DEVICE naming CUDA.
+   AUTO never picks CUDA for host memory. */
 static void e_test_cuda_unsupported(void) {
   e_case c;
   e_make(&c, 1, 4, 4, 2, 1, 72, 72, SA_SOFTMAX_OFF_BY_ONE, 51);
-  if (sa_has_cuda()) {
-    sa_status s = sa_cuda_attn_supported(&c.a);
+  sa_status s = sa_attn_check(&c.a, SA_BACKEND_CUDA);
+  if (sa_has_cuda() && sa_cuda_available()) {
     E_CHECK(s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "head_dim"), "CUDA head_dim 72: %s (%s)",
             sa_status_name(s), sa_last_error());
   } else {
-    sa_status s = sa_attn_check(&c.a, SA_BACKEND_CUDA);
-    E_CHECK(s == SA_ERR_DEVICE && sa_last_error()[0], "no CUDA: %s (%s)", sa_status_name(s), sa_last_error());
+    sa_status sb = sa_attn_bwd(&c.a, &c.g, NULL, 0, SA_BACKEND_CUDA, NULL);
+    sa_status sd = sa_attn_decode_fwd(&c.a, NULL, 0, SA_BACKEND_CUDA, NULL);
+    E_CHECK(s == SA_ERR_DEVICE && sb == SA_ERR_DEVICE && sd == SA_ERR_DEVICE && strstr(sa_last_error(), "CUDA"),
+            "no CUDA device: check %s, bwd %s, decode %s (%s)", sa_status_name(s), sa_status_name(sb),
+            sa_status_name(sd), sa_last_error());
   }
   E_CHECK(sa_backend_resolve(&c.a, SA_BACKEND_AUTO) != SA_BACKEND_CUDA, "AUTO picked CUDA for host memory");
   e_free(&c);
