@@ -57,7 +57,8 @@
  *                  the rows that read it and may reach every row of its (batch, kv head): causal,
  *                  window and segment masks are not guaranteed to isolate it (0 * NaN in a tile).
  *     Backends     A size or option one backend lacks is SA_ERR_UNSUPPORTED naming the field (e.g.
- *                  CUDA head_dim 72); SA_BACKEND_CUDA in a build without CUDA is SA_ERR_DEVICE.
+ *                  CUDA head_dim 72); SA_BACKEND_CUDA in a build without CUDA, or on a machine without a
+ *                  CUDA device, is SA_ERR_DEVICE (before any other CUDA rule).
  *     Threads      Every entry point may be called from many threads at once; CPU and REF results are
  *                  bitwise identical to a serial call and across sa_cpu_set_num_threads counts.
  *
@@ -113,23 +114,23 @@ typedef enum { SA_CAUSAL_NONE = 0, SA_CAUSAL_TOP_LEFT = 1, SA_CAUSAL_BOTTOM_RIGH
 typedef enum { SA_BACKEND_AUTO = 0, SA_BACKEND_REF = 1, SA_BACKEND_CPU = 2, SA_BACKEND_CUDA = 3 } sa_backend;
 typedef enum {
   SA_OK = 0,
-  SA_ERR_INVALID = 1,     /* an argument is wrong: the message names it */
+  SA_ERR_INVALID = 1,     /* an argument is wrong (a workspace below its size query too): the message names it */
   SA_ERR_UNSUPPORTED = 2, /* valid, but the chosen backend cannot do it (e.g. a head dim) */
-  SA_ERR_NO_MEMORY = 3,   /* host allocation failed, or the workspace is too small */
-  SA_ERR_DEVICE = 4       /* a CUDA error, or no CUDA backend compiled in */
+  SA_ERR_NO_MEMORY = 3,   /* a host allocation (REF / CPU scratch) failed */
+  SA_ERR_DEVICE = 4       /* a CUDA error, or SA_BACKEND_CUDA without the backend compiled in or a device */
 } sa_status;
 
 typedef struct sa_attn {
   sa_dtype dtype;                                 /* of q, k, v, out, dout, dq, dk, dv */
   int64_t batch, q_len, kv_len, q_heads, kv_heads, head_dim, v_head_dim; /* B T S N K H Hv */
   const void *q, *k, *v;                          /* host pointers for REF/CPU, device for CUDA */
-  const float *sinks;                             /* [N], LEARNABLE only, else NULL */
+  const float *sinks;                             /* [N], LEARNABLE only, else NULL (ignored there) */
   const int32_t *q_lens, *kv_lens;                /* [B] or NULL; clamped to [0,T] / [0,S] */
   const int32_t *q_segment_ids, *kv_segment_ids;  /* [B,T], [B,S] or NULL (both or neither) */
   float scale;                                    /* 0 = 1/sqrt(head_dim) */
   sa_softmax softmax;
   sa_causal causal;
-  int64_t window_left, window_right;              /* -1 = unbounded */
+  int64_t window_left, window_right;              /* -1 = unbounded; 0 = the diagonal only (see sa_attn_init) */
   void *out;                                      /* [B,T,N,Hv] */
   float *lse;                                     /* [B,N,T]; may be NULL in a forward-only call */
   /* Added to the aligned diagonal i' used by causal and window masks (0 by default): lets a caller run
@@ -142,7 +143,7 @@ typedef struct sa_attn_grad {
   const void *dout;    /* [B,T,N,Hv] */
   const float *dlse;   /* [B,N,T] or NULL */
   void *dq, *dk, *dv;  /* like q, k, v; fully overwritten */
-  float *dsinks;       /* [N] or NULL; LEARNABLE only; fully overwritten */
+  float *dsinks;       /* [N] or NULL; fully overwritten (zeros unless LEARNABLE) */
   int deterministic;   /* CUDA: 1 = dq reduced in a fixed order too (dsinks always is). CPU and REF are
                           always deterministic. 0 lets the CUDA backend use float atomics for dq. */
 } sa_attn_grad;

@@ -58,6 +58,7 @@ sa_status sa_attn_decode_fwd(const sa_attn *a, void *workspace, size_t workspace
   sa_backend r = SA_BACKEND_REF;
   sa_status s = sa_decode_check(a, be, &r);
   if (s != SA_OK) return s;
+  if (a->batch == 0) return SA_OK; /* nothing to write (see sa_attn_fwd) */
   if (r == SA_BACKEND_CUDA) {
     size_t need = sa_cuda_decode_workspace_size(a);
     if (workspace_size < need || (need && !workspace))

@@ -208,6 +208,9 @@ sa_status sa_attn_check(const sa_attn *a, sa_backend be) {
 sa_status sa_attn_fwd(const sa_attn *a, sa_backend be, void *stream) {
   sa_status s = sa_attn_check(a, be);
   if (s != SA_OK) return s;
+  /* B = 0: no output element exists. Answered here because the reference sizes its row buffers by S and
+     N alone, so B = 0 with S = 2^40 ran out of memory on an empty problem. */
+  if (a->batch == 0) return SA_OK;
   switch (sa_backend_resolve(a, be)) {
     case SA_BACKEND_CUDA: return sa_cuda_attn_fwd(a, stream);
     case SA_BACKEND_CPU: return sa_cpu_attn_fwd(a);
@@ -255,6 +258,10 @@ sa_status sa_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspace, 
       return sa_error(SA_ERR_INVALID, "workspace_size %zu too small: this call needs %zu bytes "
                       "(sa_attn_bwd_workspace_size)", workspace_size, need);
     return sa_cuda_attn_bwd(a, g, workspace, workspace_size, stream);
+  }
+  if (a->batch == 0) { /* as in sa_attn_fwd; dsinks [N] is a sum over no rows */
+    if (g->dsinks) memset(g->dsinks, 0, (size_t)a->q_heads * sizeof *g->dsinks);
+    return SA_OK;
   }
   if (r == SA_BACKEND_CPU) return sa_cpu_attn_bwd(a, g, workspace, workspace ? workspace_size : 0);
   return sa_ref_attn_bwd(a, g);

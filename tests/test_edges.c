@@ -197,6 +197,19 @@ static void e_test_empty(sa_backend be) {
   e_make(&c, 0, 0, 0, 2, 1, 8, 8, SA_SOFTMAX_OFF_BY_ONE, 5); /* B = T = S = 0 with NULL buffers */
   c.a.q = c.a.k = c.a.v = NULL; c.a.out = NULL; c.a.lse = NULL;
   E_CHECK(sa_attn_fwd(&c.a, be, NULL) == SA_OK, "%s empty problem: %s", e_be_name(be), sa_last_error());
+  /* B = 0 stays empty however long T and S are: no memory is needed (REF once sized a row by S), and
+     dsinks, the one result without a batch dimension, is 0 */
+  c.a.q_len = c.a.kv_len = (int64_t)1 << 40;
+  c.a.softmax = SA_SOFTMAX_LEARNABLE; c.a.sinks = c.sinks;
+  c.g.dout = c.g.dq = c.g.dk = c.g.dv = NULL; c.g.dsinks = c.dsinks;
+  c.dsinks[0] = c.dsinks[1] = NAN;
+  sa_status sf = sa_attn_fwd(&c.a, be, NULL), sb = sa_attn_bwd(&c.a, &c.g, NULL, 0, be, NULL);
+  E_CHECK(sf == SA_OK && sb == SA_OK && c.dsinks[0] == 0.0f && c.dsinks[1] == 0.0f,
+          "%s B = 0, T = S = 2^40: fwd %s, bwd %s, dsinks %g %g (%s)", e_be_name(be), sa_status_name(sf),
+          sa_status_name(sb), c.dsinks[0], c.dsinks[1], sa_last_error());
+  c.a.q_len = 3;
+  E_CHECK(sa_attn_decode_fwd(&c.a, NULL, 0, be, NULL) == SA_OK, "%s B = 0 decode, S = 2^40: %s", e_be_name(be),
+          sa_last_error());
   e_free(&c);
 }
 
