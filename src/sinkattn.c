@@ -259,7 +259,7 @@ sa_status sa_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspace, 
                       "(sa_attn_bwd_workspace_size)", workspace_size, need);
     return sa_cuda_attn_bwd(a, g, workspace, workspace_size, stream);
   }
-  if (a->batch == 0) { /* as in sa_attn_fwd; dsinks [N] is a sum over no rows */
+  if (a->batch == 0) { /* host memory (CUDA returned above); dsinks [N] is a sum over no rows */
     if (g->dsinks) memset(g->dsinks, 0, (size_t)a->q_heads * sizeof *g->dsinks);
     return SA_OK;
   }
