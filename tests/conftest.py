@@ -1,6 +1,8 @@
 """Shared pytest set-up: the `gpu` marker, the platform fixture (the same suite runs on CPU and, when
 present, on a GPU, where "fused" means the CUDA kernels), input builders and dtype tolerances."""
+import json
 import os
+import subprocess
 import sys
 
 import jax
@@ -68,3 +70,18 @@ def make_inputs(seed, B=2, T=16, S=16, N=4, K=2, H=16, Hv=None, dtype=jnp.float3
   v = jnp.asarray(rng.standard_normal((B, S, K, Hv)), dtype)
   sinks = jnp.asarray(rng.uniform(-sink_range, sink_range, N), jnp.float32)
   return q, k, v, sinks
+
+
+def run_on_cpu_devices(script, n=8, timeout=900):
+  """Runs a test module as a script on n virtual CPU devices and returns the JSON report it prints last.
+  XLA fixes its device count when it starts, so the sharded tests run in a subprocess: that keeps them
+  right whichever test module the pytest process imported first, and on a GPU machine too."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}").strip()
+  env["JAX_PLATFORMS"] = "cpu"
+  env["PYTHONPATH"] = os.path.join(root, "python") + os.pathsep + env.get("PYTHONPATH", "")
+  proc = subprocess.run([sys.executable, os.path.abspath(script)], env=env, capture_output=True, text=True,
+                        timeout=timeout)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -115,14 +115,8 @@ def _worker():
 
 @pytest.fixture(scope="module")
 def report():
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-  env["JAX_PLATFORMS"] = "cpu"
-  env["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
-  proc = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, capture_output=True, text=True,
-                        timeout=900)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  from conftest import run_on_cpu_devices
+  return run_on_cpu_devices(__file__)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
