@@ -4,6 +4,8 @@
 #
 #   PART=check bash bench/gpu_session.sh   build (CUDA sm_90a + FFI), test_cuda + the other C tests, the
 #                                           whole pytest suite on the GPU, compute-sanitizer (gpu_sanitize.sh)
+#   PART=probe bash bench/gpu_session.sh   builds while dev/run_hopper.sh runs (HOPPER_VARIANTS), test_cuda,
+#                                           pytest on the GPU, the pytest part of gpu_sanitize.sh
 #   PART=final bash bench/gpu_session.sh   a short call: build, C tests, pytest, the learnable grid
 #   PART=bench bash bench/gpu_session.sh   python -m sinkattn.bench on the performance.md grid (learnable;
 #                                           vanilla and off_by_one on the H=128 T=4096 rows), the decode
@@ -46,6 +48,23 @@ if [ "$PART" = final ]; then
   step pytest 140 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=120 -n 8
   step bench_learnable 150 "$PY" -m sinkattn.bench --grid h200 --softmax learnable --max-ref-t 4096 \
     --repeats 2 --out "$STAGE/h200-jax-learnable.json"
+elif [ "$PART" = probe ]; then
+  # One call: both builds in the background (build-gpu Release, build-gpusan RelWithDebInfo for the sanitizer)
+  # while dev/run_hopper.sh validates and times the Hopper backward variants; then test_cuda, the whole pytest
+  # suite on the GPU and the pytest part of the sanitizer run.
+  ( cmake -S . -B build-gpu -DPython_EXECUTABLE=$PY -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+      && cmake --build build-gpu -j8 ) > "$STAGE/build.log" 2>&1 &
+  bpid=$!
+  ( cmake -S . -B build-gpusan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSINKATTN_CUDA=ON -DSINKATTN_FFI=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90a -DPython_EXECUTABLE=$PY && cmake --build build-gpusan -j8 \
+      --target test_cuda sinkattn_jax ) > "$STAGE/build-san.log" 2>&1 &
+  spid=$!
+  step hopper 150 env OUT="$STAGE/hopper" bash dev/run_hopper.sh ${HOPPER_VARIANTS:-bwd_01}
+  t0=$SECONDS; wait $bpid; summary+=("build rc=$? waited $((SECONDS - t0))s"); wait $spid
+  summary+=("build-san rc=$?"); tail -n 3 "$STAGE/build.log"
+  step test_cuda 90 build-gpu/test_cuda
+  step pytest 200 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=150 -n 8
+  step sanitize 120 env OUT="$STAGE/sanitize" SAN_ONLY=pytest bash bench/gpu_sanitize.sh
 elif [ "$PART" = check ]; then
   step build 240 bash -c "cmake -S . -B build-gpu -DPython_EXECUTABLE=$PY -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES=90a && cmake --build build-gpu -j16"
