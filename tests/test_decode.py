@@ -142,10 +142,12 @@ def test_flax_kv_cache_calls_decode_for_short_steps():
   from sinkattn.flax import MultiHeadAttention
   from sinkattn.nnx import MultiHeadAttention as NnxMHA
 
-  x = jnp.ones((2, 40, 16))
+  # bf16 and head_dim 16: a shape the CUDA forward takes (f32 or head_dim 8 runs the jnp fallback on GPU, with
+  # no sinkattn_fwd call to find)
+  x = jnp.ones((2, 40, 16), jnp.bfloat16)
   for causal in (True, False):
-    mha = MultiHeadAttention(num_heads=4, num_kv_heads=2, head_dim=8, softmax_type="learnable",
-                             is_causal=causal, decode=True)
+    mha = MultiHeadAttention(num_heads=4, num_kv_heads=2, head_dim=16, softmax_type="learnable",
+                             is_causal=causal, decode=True, dtype=jnp.bfloat16)
     v = mha.init(jax.random.key(0), x)
     step = lambda c, xt: mha.apply({"params": v["params"], "cache": c}, xt, mutable=["cache"])  # noqa: E731
     for t, want in ((1, "sinkattn_decode"), (16, "sinkattn_decode" if causal else "sinkattn_fwd"),
@@ -153,7 +155,8 @@ def test_flax_kv_cache_calls_decode_for_short_steps():
       assert want in _targets(step, v["cache"], x[:, :t]), (causal, t)
       assert len(_targets(step, v["cache"], x[:, :t])) == 1
 
-  m = NnxMHA(16, 4, 8, num_kv_heads=2, softmax_type="learnable", is_causal=True, rngs=nnx.Rngs(0))
+  m = NnxMHA(16, 4, 16, num_kv_heads=2, softmax_type="learnable", is_causal=True, dtype=jnp.bfloat16,
+             rngs=nnx.Rngs(0))
   m.init_cache(2, 40)
   graph, state = nnx.split(m)
 
