@@ -6,7 +6,7 @@ dropped; notes/performance.md) and, on GPU, jax.nn.dot_product_attention(impleme
 sinks. FLOPs follow the FlashAttention convention: forward 2*B*N*P*(H + Hv) for P valid (query, key)
 pairs (4*B*N*T*S*H dense, half of it causal, in-window pairs only for a window), forward+backward 3.5x.
 Timing: `--inner` calls chained inside one jitted lax.fori_loop (each call depends on the previous one, so
-XLA cannot hoist it), median of `--repeats`; dispatch is amortised. Memory: the temp bytes XLA reserves
+XLA cannot hoist it; `--loop`, see _loop), median of `--repeats`; dispatch is amortised. Memory: the temp bytes XLA reserves
 for the jitted forward+backward (compiled.memory_analysis()), which shows the fused path linear in T and
 the jnp paths quadratic. Results go to bench/results/<platform>-jax-<time>.json with the git commit, the
 device and the jax/jaxlib versions.
@@ -94,25 +94,55 @@ def flops(B, T, N, H, causal, window):
   return 2.0 * B * N * float(ok.sum()) * (H + H)
 
 
-def _loop(fn, n, grad):
-  """n chained calls of fn (fwd) or of its gradient (fwd+bwd) in one jitted fori_loop."""
-  def one(q, k, v, s):
-    """A scalar that needs every result (so XLA can drop no part of the jnp contenders' work)."""
-    if not grad:
-      return jnp.sum(fn(q, k, v, s).astype(jnp.float32))
-    gs = jax.grad(lambda q, k, v, s: jnp.sum(fn(q, k, v, s).astype(jnp.float32)), argnums=(0, 1, 2, 3))(q, k, v, s)
-    return sum(jnp.sum(g.astype(jnp.float32)) for g in gs)
+def _loop(fn, n, grad, mode="barrier"):
+  """n calls of fn (fwd) or of its forward+backward in one jitted fori_loop, each call tied to the previous
+  one so XLA can neither hoist it out of the loop nor drop any part of its work.
 
-  def run(q, k, v, s):
-    def body(_, carry):
-      y = one(q + carry * 0.0, k, v, s)  # a data dependence on the previous call; x*0.0 is not folded
-      return y.astype(q.dtype)
-    return jax.lax.fori_loop(0, n, body, jnp.zeros((), q.dtype))
+  mode "barrier" (default): q passes through lax.optimization_barrier together with the loop carry (a
+  loop-variant value, so the call cannot be hoisted, and no copy of q is made), the backward takes a fixed
+  cotangent dout (an argument, as in training, where it comes from the layer above), and every result (the
+  output included: without it XLA drops the jnp contenders' forward P V, which training needs) passes
+  through a second barrier before one element of each feeds the carry: the barrier forces the whole result
+  to exist, so even the jnp contenders must compute all of it. What is timed is the attention alone.
+  mode "sum" (the method of the first sessions): q + carry * 0 and a full sum of every result per call: an
+  elementwise pass over q and a reduction over each output per call, the same for every contender, but up to
+  ~20% of a T=1024 call (bench/NOTES.md, "timing method").
+  """
+  if mode == "sum":
+    def one(q, k, v, s, dout):
+      if not grad:
+        return jnp.sum(fn(q, k, v, s).astype(jnp.float32))
+      gs = jax.grad(lambda q, k, v, s: jnp.sum(fn(q, k, v, s).astype(jnp.float32)), argnums=(0, 1, 2, 3))(q, k, v, s)
+      return sum(jnp.sum(g.astype(jnp.float32)) for g in gs)
+
+    def body_of(q, k, v, s, dout):
+      def body(_, carry):
+        y = one(q + carry * 0.0, k, v, s, dout)  # a data dependence on the previous call; x*0.0 is not folded
+        return y.astype(q.dtype)
+      return body
+    init = lambda q: jnp.zeros((), q.dtype)  # noqa: E731
+  else:
+    def one(q, k, v, s, dout):
+      if not grad:
+        return (fn(q, k, v, s),)
+      out, vjp = jax.vjp(fn, q, k, v, s)
+      return (out,) + tuple(vjp(dout))  # out too: training feeds it to the next layer
+
+    def body_of(q, k, v, s, dout):
+      def body(_, carry):
+        qq, carry = jax.lax.optimization_barrier((q, carry))
+        res = jax.lax.optimization_barrier(one(qq, k, v, s, dout))
+        return carry + sum(x.reshape(-1)[0].astype(jnp.float32) for x in res)
+      return body
+    init = lambda q: jnp.zeros((), jnp.float32)  # noqa: E731
+
+  def run(q, k, v, s, dout):
+    return jax.lax.fori_loop(0, n, body_of(q, k, v, s, dout), init(q))
   return jax.jit(run)
 
 
-def measure(fn, args, inner, repeats, grad):
-  f = _loop(fn, inner, grad)
+def measure(fn, args, inner, repeats, grad, mode="barrier"):
+  f = _loop(fn, inner, grad, mode)
   compiled = f.lower(*args).compile()
   jax.block_until_ready(compiled(*args))
   times = []
@@ -148,6 +178,8 @@ def main(argv=None):
   p.add_argument("--contenders", default=None, help="comma list (default: all for the platform)")
   p.add_argument("--inner", type=int, default=None, help="calls per timed loop (default 20 GPU, 1 CPU)")
   p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--loop", choices=("barrier", "sum"), default="barrier",
+                 help="how calls are chained and their results consumed (see _loop); the same for every contender")
   p.add_argument("--max-ref-t", type=int, default=None, help="skip the jnp contenders above this T "
                  "(they need O(T*S) memory; default 4096 on CPU, 16384 on GPU)")
   p.add_argument("--out", default=None, help="JSON path (default bench/results/<platform>-jax-<time>.json)")
@@ -175,14 +207,15 @@ def main(argv=None):
         k = jnp.asarray(rng.standard_normal((B, T, K, H)), dt)
         v = jnp.asarray(rng.standard_normal((B, T, K, H)), dt)
         s = jnp.asarray(rng.uniform(-3, 3, N), jnp.float32)
+        dout = jnp.asarray(rng.standard_normal((B, T, N, H)), dt)
         fl = flops(B, T, N, H, causal, window)
         shape = f"B{B} T{T} N{N}/{K} H{H}{' causal' if causal else ''}{' w' + str(window) if window else ''}"
         for name, fn in cons.items():
           if name != "fused" and T > max_ref_t:
             continue
           f = lambda q, k, v, s, fn=fn: fn(q, k, v, s, causal, window)
-          fwd_ms, _ = measure(f, (q, k, v, s), inner, a.repeats, grad=False)
-          fb_ms, temp = measure(f, (q, k, v, s), inner, a.repeats, grad=True)
+          fwd_ms, _ = measure(f, (q, k, v, s, dout), inner, a.repeats, grad=False, mode=a.loop)
+          fb_ms, temp = measure(f, (q, k, v, s, dout), inner, a.repeats, grad=True, mode=a.loop)
           row = dict(B=B, T=T, S=T, N=N, K=K, H=H, causal=causal, window=window, softmax=st, dtype=dt,
                      contender=name, fwd_ms=fwd_ms, fwd_tflops=fl / fwd_ms * 1e-9, fwdbwd_ms=fb_ms,
                      fwdbwd_tflops=3.5 * fl / fb_ms * 1e-9, fwdbwd_temp_bytes=temp)
@@ -198,7 +231,7 @@ def main(argv=None):
   stamp = datetime.datetime.now(datetime.timezone.utc)
   meta = dict(commit=_git_commit(), time=stamp.isoformat(), platform=platform, device=device,
               jax=jax.__version__, jaxlib=_jaxlib_version(),
-              cpu_simd=_lib.simd_name(), cpu_threads=_lib.get_num_threads(), inner=inner, repeats=a.repeats,
+              cpu_simd=_lib.simd_name(), cpu_threads=_lib.get_num_threads(), inner=inner, repeats=a.repeats, loop=a.loop,
               flop_convention="fwd 2*B*N*pairs*(H+Hv); fwd+bwd 3.5x fwd")
   path = a.out or os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                "bench", "results", f"{platform}-jax-{stamp.strftime('%Y%m%d-%H%M%S')}.json")
