@@ -1,7 +1,8 @@
 /*
  * cuda_bwd.cu — the backward kernels (FlashAttention-2 style), launched in this order on one stream:
  *   1. sa_bwd_pre_kernel   D_i = rowsum(dout * out) - dlse_i into the workspace, and per (b, n, block of
- *                          64 queries) partial sums of the sink gradient -exp(a_n - lse_i) D_i;
+ *                          64 queries) partial sums of the sink gradient -exp(a_n - lse_i) D_i; when the
+ *                          Hopper kernels run 2 and 3 (hopper_bwd.cu) also lse2_i = lse_i * log2(e);
  *   2. sa_bwd_dkdv_kernel  one CTA per block of 64 keys of one (b, kv head): walks the query blocks
  *                          (the G heads packed as in the forward) that can see its keys, accumulating
  *                          dK and dV in registers; no atomics;
@@ -10,6 +11,7 @@
  *                          reproducible whatever `deterministic` says;
  *   4. sa_bwd_dsink_kernel dsinks[n] = sum of the partials in a fixed order (b, then query block).
  * Every output element is written by exactly one thread, so all four are bitwise reproducible.
+ * cuda_attn.cu enqueues 1, then 2 and 3 (these or hopper_bwd.cu's), then 4: dsinks never depends on which.
  */
 #include "cuda_common.cuh"
 
@@ -32,10 +34,14 @@ __global__ void __launch_bounds__(SA_NT) sa_bwd_pre_kernel(const sa_cuda_params 
       for (int s = 16; s > 0; s >>= 1) d += __shfl_xor_sync(0xffffffffu, d, s);
       const int64_t li = (b * p.N + n) * p.T + i;
       if (p.dlse) d -= p.dlse[li];
-      if (lane == 0) p.D[li] = d;
       /* lse = -inf only for a vanilla row without keys, which has no gradient; a = lse (a +inf sink,
          or a row whose only mass is the sink) is weight 1 exactly, as in the reference */
       const float a = p.softmax == 2 ? p.sinks[n] : 0.0f, l = p.lse[li];
+      if (lane == 0) {
+        p.D[li] = d;
+        /* the Hopper kernels take P = exp2(s * scale * log2(e) - lse2): lse2 = +inf makes an empty row's P 0 */
+        if (p.lse2) p.lse2[li] = l == -INFINITY ? INFINITY : l * SA_LOG2E;
+      }
       if (p.softmax == 2 && l != -INFINITY) c = -(a == l ? 1.0f : expf(a - l)) * d;
     }
     if (lane == 0) part[r] = c;
@@ -346,16 +352,21 @@ __global__ void sa_bwd_dsink_kernel(const sa_cuda_params p) {
   p.dsinks[n] = s;
 }
 
-/* ---- launch -------------------------------------------------------------------------------------------- */
+/* ---- launch ------------------------------------------------------------------------------------------
+ * Three entry points, so that cuda_attn.cu can put the Hopper dK/dV and dQ between 1 and 4. */
+
+template <typename T> static cudaError_t sa_bwd_pre_run(const sa_cuda_params &p, cudaStream_t st) {
+  if (p.B > 0 && p.T > 0) {
+    dim3 g((unsigned)((p.T + SA_PRE_ROWS - 1) / SA_PRE_ROWS), (unsigned)p.N, (unsigned)p.B);
+    sa_bwd_pre_kernel<T><<<g, SA_NT, 0, st>>>(p);
+    return cudaGetLastError();
+  }
+  return cudaSuccess;
+}
 
 template <typename T, int HD> static cudaError_t sa_bwd_run(const sa_cuda_params &p, cudaStream_t st) {
   constexpr int BQ = sa_tile<HD>::BQ, DS = sa_tile<HD>::DSPLIT, BNK = SA_NW * 16, BNQ = sa_tile<HD>::DQ_BN;
   cudaError_t e;
-  if (p.B > 0 && p.T > 0) {
-    dim3 g((unsigned)((p.T + SA_PRE_ROWS - 1) / SA_PRE_ROWS), (unsigned)p.N, (unsigned)p.B);
-    sa_bwd_pre_kernel<T><<<g, SA_NT, 0, st>>>(p);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  }
   if (p.B > 0 && p.S > 0) {
     size_t smem = (size_t)(2 * BNK + 4 * BQ) * (HD + 8) * sizeof(uint16_t) + (size_t)2 * BQ * 5 * 4;
     e = cudaFuncSetAttribute(sa_bwd_dkdv_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -372,10 +383,6 @@ template <typename T, int HD> static cudaError_t sa_bwd_run(const sa_cuda_params
     sa_bwd_dq_kernel<T, HD><<<g, SA_NT, smem, st>>>(p);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
-  if (p.dsinks) {
-    sa_bwd_dsink_kernel<<<(unsigned)((p.N + 127) / 128), 128, 0, st>>>(p);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  }
   return cudaSuccess;
 }
 
@@ -388,6 +395,16 @@ template <typename T> static cudaError_t sa_bwd_dim(const sa_cuda_params &p, int
   }
 }
 
-cudaError_t sa_cuda_bwd_launch(const sa_cuda_params &p, int bf16, int hd, cudaStream_t st) {
+cudaError_t sa_cuda_bwd_pre_launch(const sa_cuda_params &p, int bf16, cudaStream_t st) {
+  return bf16 ? sa_bwd_pre_run<__nv_bfloat16>(p, st) : sa_bwd_pre_run<__half>(p, st);
+}
+
+cudaError_t sa_cuda_bwd_dkdv_dq_launch(const sa_cuda_params &p, int bf16, int hd, cudaStream_t st) {
   return bf16 ? sa_bwd_dim<__nv_bfloat16>(p, hd, st) : sa_bwd_dim<__half>(p, hd, st);
+}
+
+cudaError_t sa_cuda_bwd_dsink_launch(const sa_cuda_params &p, cudaStream_t st) {
+  if (!p.dsinks) return cudaSuccess;
+  sa_bwd_dsink_kernel<<<(unsigned)((p.N + 127) / 128), 128, 0, st>>>(p);
+  return cudaGetLastError();
 }

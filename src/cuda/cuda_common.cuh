@@ -38,6 +38,7 @@ struct sa_cuda_params {
   float *dsinks;
   float *D;          /* workspace [B, N, T]: rowsum(dout * out) - dlse */
   float *dsink_part; /* workspace [B, N, nqb]: per query block partial sums of the sink gradient */
+  float *lse2;       /* workspace [B, N, T] or NULL: lse * log2(e), +inf where lse = -inf (hopper_bwd.cu) */
   int64_t nqb;       /* query blocks of the preprocess kernel */
 };
 
@@ -239,6 +240,11 @@ __device__ __forceinline__ void sa_load_packed(uint16_t *s, const uint16_t *base
 /* ---- entry points of the kernel files (cuda_fwd.cu, cuda_bwd.cu), called by cuda_attn.cu -------- */
 int sa_cuda_padded_dim(int64_t h);
 cudaError_t sa_cuda_fwd_launch(const sa_cuda_params &p, int bf16, int hd, cudaStream_t st);
-cudaError_t sa_cuda_bwd_launch(const sa_cuda_params &p, int bf16, int hd, cudaStream_t st);
+/* The backward in its three steps (cuda_bwd.cu), enqueued in this order on one stream by cuda_attn.cu:
+   the preprocess (D, lse2 when p.lse2 is set, sink-gradient partials); dK/dV and dQ (or the Hopper
+   ones of hopper_bwd.cu instead); the fixed-order sink reduction. */
+cudaError_t sa_cuda_bwd_pre_launch(const sa_cuda_params &p, int bf16, cudaStream_t st);
+cudaError_t sa_cuda_bwd_dkdv_dq_launch(const sa_cuda_params &p, int bf16, int hd, cudaStream_t st);
+cudaError_t sa_cuda_bwd_dsink_launch(const sa_cuda_params &p, cudaStream_t st);
 
 #endif /* SA_CUDA_COMMON_CUH */

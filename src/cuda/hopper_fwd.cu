@@ -1,10 +1,11 @@
 /*
- * hopper_fwd.cu — the sm_90a forward fast path: the kernel of dev/hopper_fwd_02.cu (with the PTX wrappers of
- * dev/hopper_common.cuh), moved into the library. On the H200 dev/hopper_fwd_02 passed 24/24 checks against
- * an fp32 GPU reference and reached 615 / 552 TFLOP/s (B4 T4096 N16 H128, non-causal / causal) and 331 / 360
- * (H64), against 224 / 189 for the portable mma.sync kernel (cuda_fwd.cu) at H128. The ping-pong variant
- * (02pp) was not taken: mixed (+5% / -3% non-causal / causal at H128 T4096, -5% / +1% at T16384, +6% / -5% at
- * H64; bench/results/h200-hopper-dev.json) for two more named barriers whose turn count must stay exact.
+ * hopper_fwd.cu — the sm_90a forward fast path: the kernel of dev/hopper_fwd_02.cu, moved into the library
+ * (the PTX wrappers of dev/hopper_common.cuh are in hopper_ptx.cuh, shared with hopper_bwd.cu). On the H200
+ * dev/hopper_fwd_02 passed 24/24 checks against an fp32 GPU reference and reached 615 / 552 TFLOP/s (B4 T4096
+ * N16 H128, non-causal / causal) and 331 / 360 (H64), against 224 / 189 for the portable mma.sync kernel
+ * (cuda_fwd.cu) at H128. The ping-pong variant (02pp) was not taken: mixed (+5% / -3% non-causal / causal at
+ * H128 T4096, -5% / +1% at T16384, +6% / -5% at H64; bench/results/h200-hopper-dev.json) for two more named
+ * barriers whose turn count must stay exact.
  *
  * One CTA = 128 query rows of one (batch, head), 384 threads: warpgroup 0 is the producer (one thread issues
  * TMA loads of Q once and of 128-key K, V tiles into a 2-stage mbarrier ring, 128-byte swizzle), warpgroups
@@ -12,21 +13,17 @@
  * in the log2 domain, O += P V by wgmma with P from registers. Iteration j issues S_j and P_{j-1} V_{j-1} as
  * two commit groups and runs the softmax of S_j while P_{j-1} V_{j-1} is on the tensor core.
  *
- * Scope (sa_hop_in_scope; everything else runs the portable kernel): a CC 9.0 device and sm_90a code in the
- * binary, bf16, H == Hv in {64, 128}, T and S multiples of 128, no lengths / segments / window, diag_offset
- * 0, causal none or top-left (bottom-right when T == S: the same mask), scale > 0 (the row max is taken
- * before scaling), 16-byte aligned tensors. SINKATTN_CUDA_HOPPER=0 in the environment disables it.
+ * Scope (sa_hop_in_scope in hopper_ptx.cuh, plus an aligned out; everything else runs the portable kernel):
+ * a CC 9.0 device and sm_90a code in the binary, bf16, H == Hv in {64, 128}, T and S multiples of 128, no
+ * lengths / segments / window, diag_offset 0, causal none or top-left (bottom-right when T == S: the same
+ * mask), scale > 0 (the row max is taken before scaling), 16-byte aligned tensors. SINKATTN_CUDA_HOPPER=0 in
+ * the environment disables it.
  * Output semantics are the portable kernel's: lse [B, N, T] includes the sink; the sink enters once, in the
  * final normalisation (the running max is seeded with it: bf16 P has fp32's range, so 2^(s - a) for a sink
  * far above the scores stays normal); a row without any key gives out 0, lse = sink (cannot occur in scope).
  */
-#include <cuda.h>         /* CUtensorMap and its enums (types only: the driver is reached at run time) */
-#include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled_v12000 */
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
-
 #include "hopper_fwd.cuh"
+#include "hopper_ptx.cuh"
 
 namespace {
 
@@ -47,109 +44,9 @@ struct sa_hop_params {
 template <int HD>
 constexpr int sa_hop_smem() { return 1024 /* alignment slack */ + BM * HD * 2 + STAGES * 2 * BN * HD * 2; }
 static_assert(sa_hop_smem<128>() + 1024 <= 227 * 1024, "shared memory over the sm_90 limit");
+static_assert(128 % BM == 0 && 128 % BN == 0, "sa_hop_in_scope admits T and S that are multiples of 128");
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-/* Returns once the phase with this parity has completed. A fresh barrier is in phase 0, so waiting for
-   parity 1 returns at once: that is how the producer's first pass over the ring finds every slot empty. */
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  } while (!done);
-}
-
-/* One TMA box {64 elements, 1 head, rows, 1 batch} into 128-byte swizzled rows at dst (1024-aligned). */
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1,
-                                         int c2, int c3) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
-      ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
-}
-
-/* wgmma shared-memory descriptor: start >> 4 in bits 0-13, leading byte offset >> 4 in 16-29, stride byte
-   offset >> 4 in 32-45, base offset 0 (every swizzle atom starts on a 1024-byte boundary), 128-byte swizzle
-   (1) in bits 62-63. K-major operands (Q, K): LBO unused (16), SBO = 1024 between 8-row groups.
-   N-major operand (V): LBO = distance between 64-column blocks, SBO = 1024 between 8-key groups. */
-__device__ __forceinline__ uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
-         ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
-
-/* Pins registers that an in-flight wgmma reads or writes: the compiler may not move other accesses to them
-   across this point (the wgmma asm statements themselves are only ordered among volatile asm). */
-template <int R>
-__device__ __forceinline__ void pin(float (&r)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-template <int R>
-__device__ __forceinline__ void pin(uint32_t (&r)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(r[i])::"memory");
-}
-
-#define SA_F8(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
-                    "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-#define SA_F32(d) SA_F8(d, 0), SA_F8(d, 8), SA_F8(d, 16), SA_F8(d, 24)
-#define SA_F64(d) SA_F32(d), SA_F8(d, 32), SA_F8(d, 40), SA_F8(d, 48), SA_F8(d, 56)
-#define SA_REGS32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define SA_REGS64 SA_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, " \
-                  "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-
-/* D[64x128] (+)= A[64x16] B[16x128], A and B K-major in shared memory; scale_d 0 overwrites D. */
-__device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
-      " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" SA_REGS64 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : SA_F64(d)
-      : "l"(da), "l"(db), "r"(scale_d));
-}
-
-/* D[64xH] += A[64x16] B[16xH], A in registers (bf16x2), B N-major in shared memory (imm-trans-b = 1).
-   scale-d is a predicate operand, so the constant 1 goes through setp. */
-__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t *a, uint64_t db) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
-      " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" SA_REGS64 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : SA_F64(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t *a, uint64_t db) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
-      " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" SA_REGS32 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-      : SA_F32(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo: the lower column */
-  return *reinterpret_cast<uint32_t *>(&h);
-}
 
 /* Barrier slots in bar[]: 0 Q full; then per stage K full, V full, K empty, V empty. */
 __device__ __forceinline__ uint32_t bar_q(uint32_t b0) { return b0; }
@@ -234,8 +131,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   __shared__ __align__(8) uint64_t bar[1 + 4 * STAGES];
   __shared__ float anchor[4 * NC]; /* see the wait_group 0 of the main loop */
 
-  const uint32_t sq = (sa_smem_addr(smem_raw) + 1023u) & ~1023u; /* swizzle atoms need 1024-byte alignment */
-  const uint32_t sk = sq + Q_BYTES, sv = sk + STAGES * KV_BYTES, b0 = sa_smem_addr(bar);
+  const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u; /* swizzle atoms need 1024-byte alignment */
+  const uint32_t sk = sq + Q_BYTES, sv = sk + STAGES * KV_BYTES, b0 = smem_u32(bar);
 
   /* Causal: the heaviest m-blocks (most key tiles) are launched first. */
   const int mb = CAUSAL ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
@@ -336,7 +233,7 @@ __global__ void __launch_bounds__(THREADS, 1)
        store of a value that depends on every exp2 (the row sums) is an anchor it does not cross: with it the
        wait lands after the last MUFU.EX2. One 4-byte store per warp per tile, to a word nobody reads. */
     if (lane == 0)
-      asm volatile("st.shared.f32 [%0], %1;" ::"r"(sa_smem_addr(&anchor[4 * cw + warp])), "f"(l_[0] + l_[1])
+      asm volatile("st.shared.f32 [%0], %1;" ::"r"(smem_u32(&anchor[4 * cw + warp])), "f"(l_[0] + l_[1])
                    : "memory");
     wgmma_wait0(); /* P_{j-1} V_{j-1} has landed: O and pf are free */
     pin(o);
@@ -395,65 +292,6 @@ __global__ void __launch_bounds__(THREADS, 1)
 
 /* ---- host ------------------------------------------------------------------------------------------- */
 
-/* cuTensorMapEncodeTiled from the driver the runtime already loaded (no -lcuda at link time). */
-PFN_cuTensorMapEncodeTiled_v12000 sa_hop_encode_fn() {
-  void *fn = nullptr;
-  cudaDriverEntryPointQueryResult qr;
-#if CUDART_VERSION >= 12050
-  cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &qr);
-#else
-  cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &qr);
-#endif
-  if (e != cudaSuccess || qr != cudaDriverEntryPointSuccess) {
-    cudaGetLastError(); /* not sticky: clear it so the portable launch's cudaGetLastError starts clean */
-    return nullptr;
-  }
-  return (PFN_cuTensorMapEncodeTiled_v12000)fn;
-}
-
-/* [B, L, heads, HD] bf16 as a 4-D tensor {HD, heads, L, B} (innermost first; strides increase, as the driver
-   wants); one box is 64 elements (128 bytes, the swizzle span) x 1 head x rows x 1 batch. */
-bool sa_hop_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const void *base, int64_t B, int64_t L,
-                int64_t heads, int64_t HD, int rows) {
-  cuuint64_t dims[4] = {(cuuint64_t)HD, (cuuint64_t)heads, (cuuint64_t)L, (cuuint64_t)B};
-  cuuint64_t strides[3] = {(cuuint64_t)HD * 2, (cuuint64_t)(heads * HD * 2), (cuuint64_t)(L * heads * HD * 2)};
-  cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, estr[4] = {1, 1, 1, 1};
-  return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void *>(base), dims, strides, box, estr,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-bool sa_hop_disabled_by_env() {
-  const char *e = getenv("SINKATTN_CUDA_HOPPER");
-  return e && strcmp(e, "0") == 0;
-}
-
-bool sa_hop_aligned(const void *x) { return (uintptr_t)x % 16 == 0; }
-
-/* The validated scope of dev/hopper_fwd_02 (its harness's valid_case plus what its kernel hard-codes). */
-bool sa_hop_in_scope(const sa_cuda_params &p, int bf16) {
-  if (!bf16 || p.H != p.Hv || (p.H != 64 && p.H != 128)) return false;
-  if (p.q_lens || p.kv_lens || p.q_seg || p.kv_seg) return false;
-  if (p.wl >= 0 || p.wr >= 0 || p.diag_offset != 0) return false;
-  if (p.causal == 2 && p.T != p.S) return false; /* bottom-right is top-left only when T == S */
-  if (p.T <= 0 || p.S <= 0 || p.T % BM != 0 || p.S % BN != 0) return false;
-  if (!(p.scale_log2 > 0.f) || !isfinite(p.scale_log2)) return false;
-  if (!sa_hop_aligned(p.q) || !sa_hop_aligned(p.k) || !sa_hop_aligned(p.v) || !sa_hop_aligned(p.out)) return false;
-  if (sa_hop_disabled_by_env()) return false;
-#if !defined(SA_CUDA_HAVE_SM90A)
-  return false; /* built without sm_90a code (CMakeLists.txt): the kernel has no body */
-#else
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return major == 9 && minor == 0; /* sm_90a code runs on CC 9.0 only */
-#endif
-}
-
 /* A refused shared-memory opt-in (164 KiB at H 128) leaves *used = 0: the portable kernel runs instead. */
 template <int HD, bool CAUSAL>
 cudaError_t sa_hop_run(const CUtensorMap &mq, const CUtensorMap &mk, const CUtensorMap &mv,
@@ -473,7 +311,7 @@ cudaError_t sa_hop_run(const CUtensorMap &mq, const CUtensorMap &mk, const CUten
 
 cudaError_t sa_hopper_fwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st, int *used) {
   *used = 0;
-  if (!sa_hop_in_scope(p, bf16)) return cudaSuccess;
+  if (!sa_hop_in_scope(p, bf16) || !sa_hop_aligned(p.out)) return cudaSuccess;
   static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
   if (!enc) return cudaSuccess;
   CUtensorMap mq, mk, mv;

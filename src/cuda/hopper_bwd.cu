@@ -1,0 +1,455 @@
+/*
+ * hopper_bwd.cu — the sm_90a backward fast path: the two-pass kernels of dev/hopper_bwd_01.cu (not the one-pass
+ * variant 01a), moved into the library with the PTX wrappers of hopper_ptx.cuh. Kernel bodies are kept as in
+ * dev/hopper_bwd_01.cu (same structure and names) so that a fix made there ports by diff. The portable
+ * backward (cuda_bwd.cu) runs around them, in this order on one stream (sa_cuda_attn_bwd):
+ *   1. sa_bwd_pre_kernel  D = rowsum(dout * out) - dlse, lse2 = lse * log2(e) (+inf where lse = -inf, so P = 0)
+ *                         and the sink-gradient partials;
+ *   2. sa_hop_bwd_dkdv    one CTA per (b, kv head, 128 keys), 384 threads; K and V loaded once by TMA; Q, dO
+ *                         tiles of 64 rows and the matching lse2 / D (bulk copies) of each query block of the
+ *                         G heads streamed by a producer warpgroup through a 2-stage mbarrier ring; 2 consumer
+ *                         warpgroups of 64 keys compute S^T = K Q^T and dP^T = V dO^T with wgmma SS (m64n64),
+ *                         P^T = exp2(S^T sl2 - lse2), dS^T = P^T (dP^T - D), then dV += P^T dO and
+ *                         dK += dS^T Q with wgmma RS (P^T / dS^T straight from the accumulators: the
+ *                         transposed formulation needs no shared-memory round trip);
+ *   3. sa_hop_bwd_dq      one CTA per (b, head, 128 queries); Q, dO loaded once; K, V tiles of 64 keys
+ *                         streamed; S, dP recomputed (SS), dQ += dS K (RS, K read N-major from the same tile);
+ *   4. sa_bwd_dsink_kernel dsinks in a fixed order (the same partials whichever dK/dV, dQ ran: dsinks is
+ *                         bitwise the portable path's).
+ * No atomics: every output element has one writer, so dq, dk, dv are bitwise reproducible.
+ *
+ * Scope (sa_hopper_bwd_in_scope; everything else runs the portable kernels): the forward's (sa_hop_in_scope
+ * in hopper_ptx.cuh: CC 9.0 and sm_90a code, bf16, H == Hv in {64, 128}, T and S multiples of 128, no lengths
+ * / segments / window, diag_offset 0, causal none or top-left, bottom-right when T == S, scale > 0), 16-byte
+ * aligned dout, dq, dk, dv and workspace. SINKATTN_CUDA_HOPPER=0 disables it. Top-left causal with T != S:
+ * keys past the last query (S > T) are seen by no query and get dK = dV = 0 (such a dK/dV CTA gets no tile);
+ * queries past the last key (T > S) see every key.
+ * Compiled here (nvcc 13.0), not yet run on a GPU: the dev kernels are being validated on the H200.
+ */
+#include "hopper_bwd.cuh"
+#include "hopper_ptx.cuh"
+
+namespace {
+
+constexpr int KB = 128; /* keys per dK/dV CTA: 2 consumer warpgroups x 64 (the wgmma M) */
+constexpr int QB = 64;  /* query rows per streamed tile of dK/dV: N of S^T / dP^T, 4 k-steps of dV / dK */
+constexpr int QM = 128; /* query rows per dQ CTA: 2 consumer warpgroups x 64 */
+constexpr int KT = 64;  /* keys per streamed tile of dQ */
+constexpr int STAGES = 2; /* ring depth (Q, dO tiles of dK/dV; K, V tiles of dQ): 130 KiB at H 128 */
+constexpr int NC = 2;     /* consumer warpgroups */
+constexpr int THREADS = 128 * (NC + 1);
+/* Registers per consumer thread at H 128 (dK/dV): dK 64 + dV 64 + S^T 32 + dP^T 32 = 192 live accumulators,
+   plus 32 for the bf16 fragments of P^T and dS^T: a 128-row query tile (S^T, dP^T 64 each) would not fit 240. */
+
+/* What the dK/dV and dQ kernels take besides their tensor maps (outputs [B, L, heads, H] bf16). */
+struct sa_hop_bwd_params {
+  __nv_bfloat16 *dq, *dk, *dv;
+  const float *lse2, *D; /* [B, N, T], workspace written by sa_bwd_pre_kernel */
+  int T, S, N, KH;
+  float scale, scale_l2;
+};
+
+template <int HD>
+constexpr int dkdv_smem() { return 1024 + 2 * KB * HD * 2 + STAGES * 2 * QB * HD * 2 + STAGES * 2 * QB * 4; }
+template <int HD>
+constexpr int dq_smem() { return 1024 + 2 * QM * HD * 2 + STAGES * 2 * KT * HD * 2; }
+static_assert(QB == 64 && KT == 64, "gemm_rs and pack_frag read 64-row tiles");
+static_assert(dkdv_smem<128>() <= 227 * 1024 && dq_smem<128>() <= 227 * 1024, "over the sm_90 limit");
+static_assert(128 % KB == 0 && 128 % QB == 0 && 128 % QM == 0 && 128 % KT == 0,
+              "sa_hop_in_scope admits T and S that are multiples of 128");
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+/* D[64x64] (+)= A[64x16] B[16x64], both K-major in shared memory; scale_d 0 overwrites D. */
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" SA_REGS32 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : SA_F32(d)
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+/* Plain bulk copy (no tensor map) of `bytes` (multiple of 16, 16-byte aligned) completing on bar. */
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+/* acc[64x64] = A B^T over HD: A = 64 rows at a (K-major, its tile has a_rows rows per 64-column block),
+   B = 64 rows at b (K-major, b_rows rows per block); H / 16 k-steps of 32 bytes inside the swizzled row. */
+template <int HD>
+__device__ __forceinline__ void gemm_ss(float (&acc)[32], uint32_t a, int a_rows, uint32_t b, int b_rows) {
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk)
+    wgmma_ss_n64(acc, gmma_desc(a + (kk / 4) * a_rows * 128 + (kk % 4) * 32, 16, 1024),
+                 gmma_desc(b + (kk / 4) * b_rows * 128 + (kk % 4) * 32, 16, 1024), kk > 0);
+}
+
+/* acc[64xHD] += F[64x64] B[64xHD]: F bf16 fragments in registers (4 k-steps of 16), B a 64-row tile N-major
+   (imm-trans-b 1): a k-step is 16 rows = 2048 bytes, the 64-column blocks are 64 * 128 bytes apart. */
+template <int HD>
+__device__ __forceinline__ void gemm_rs(float (&acc)[HD / 2], const uint32_t (&f)[16], uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_rs(acc, &f[4 * kk], gmma_desc(b + kk * 2048, 64 * 128, 1024));
+}
+
+/* Accumulator [64 x 64] -> bf16 A fragments of 4 k-steps (accumulator blocks 2kk, 2kk + 1 per k-step). */
+__device__ __forceinline__ void pack_frag(uint32_t (&f)[16], const float (&a)[32]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) f[i] = pack_bf16(a[2 * i], a[2 * i + 1]);
+}
+
+/* ptxas hoists wgmma.wait_group 0 above the exp2s that follow a wait_group 1, so they stop overlapping the
+   second product (2-9 of 32 MUFU.EX2 inside the window without this, nvcc 13.0). As in hopper_fwd, a shared
+   store of a value that depends on every exp2 anchors the wait after them: one word per warp, never read. */
+__device__ __forceinline__ void anchor_exp2(const float (&x)[32], float *slot, int lane) {
+  float a = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) a += x[i];
+  if (lane == 0) asm volatile("st.shared.f32 [%0], %1;" ::"r"(smem_u32(slot)), "f"(a) : "memory");
+}
+
+template <int R>
+__device__ __forceinline__ void zero(float (&r)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) r[i] = 0.f;
+}
+
+/* This thread's rows r0, r0 + 8 of an accumulator, scaled, as bf16; base = row 0 of the head, rows row_stride apart. */
+template <int HD>
+__device__ __forceinline__ void store_rows(__nv_bfloat16 *base, const float (&acc)[HD / 2], size_t row_stride,
+                                           int r0, int t, float scale) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    __nv_bfloat16 *dst = base + (size_t)(r0 + 8 * h) * row_stride + 2 * t;
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j)
+      *reinterpret_cast<__nv_bfloat162 *>(dst + 8 * j) =
+          __floats2bfloat162_rn(acc[4 * j + 2 * h] * scale, acc[4 * j + 2 * h + 1] * scale);
+  }
+}
+
+#endif /* sm_90a */
+
+/* ---- 2. dK, dV -------------------------------------------------------------------------------------- */
+
+template <int HD, bool CAUSAL>
+__global__ void __launch_bounds__(THREADS, 1)
+    sa_hop_bwd_dkdv(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
+                    const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
+                    const sa_hop_bwd_params p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int CB = HD / 64;
+  constexpr uint32_t KV_BYTES = KB * HD * 2, QT_BYTES = QB * HD * 2, LD_BYTES = 2 * QB * 4;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t bar[1 + 2 * STAGES]; /* K+V full; per stage full; per stage empty */
+  __shared__ float anchor[4 * NC];
+
+  const uint32_t raw = smem_u32(smem_raw), sk = (raw + 1023u) & ~1023u, sv = sk + KV_BYTES;
+  const uint32_t sq = sv + KV_BYTES, sdo = sq + STAGES * QT_BYTES, sld = sdo + STAGES * QT_BYTES;
+  const float *ld_f = reinterpret_cast<const float *>(smem_raw + (sld - raw)); /* per stage: lse2[QB], D[QB] */
+  const uint32_t b0 = smem_u32(bar);
+  auto bar_full = [&](int s) { return b0 + 8 * (1 + s); };
+  auto bar_empty = [&](int s) { return b0 + 8 * (1 + STAGES + s); };
+
+  const int kb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, k0 = kb * KB, G = p.N / p.KH, T = p.T;
+  /* Top-left causal: query i sees key j iff j <= i, so query blocks ending before k0 are skipped. Key blocks
+     come in order of decreasing work (kb 0 sees every query). */
+  const int qb0 = CAUSAL ? k0 / QB : 0, per_head = max(0, T / QB - qb0), n_tiles = G * per_head;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    mbar_init(b0, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(bar_full(s), 1);
+      mbar_init(bar_empty(s), 4 * NC); /* one arrive per consumer warp */
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (threadIdx.x == 0 && n_tiles > 0) {
+      mbar_arrive_tx(b0, 2 * KV_BYTES);
+      for (int c = 0; c < CB; ++c) {
+        tma_load(sk + c * KB * 128, &tmk, b0, c * 64, kvh, k0, b);
+        tma_load(sv + c * KB * 128, &tmv, b0, c * 64, kvh, k0, b);
+      }
+      for (int it = 0; it < n_tiles; ++it) {
+        const int s = it % STAGES, n = kvh * G + it / per_head, i0 = (qb0 + it % per_head) * QB;
+        mbar_wait(bar_empty(s), ((it / STAGES) & 1) ^ 1);
+        mbar_arrive_tx(bar_full(s), 2 * QT_BYTES + LD_BYTES);
+        for (int c = 0; c < CB; ++c) {
+          tma_load(sq + s * QT_BYTES + c * QB * 128, &tmq, bar_full(s), c * 64, n, i0, b);
+          tma_load(sdo + s * QT_BYTES + c * QB * 128, &tmdo, bar_full(s), c * 64, n, i0, b);
+        }
+        const size_t li = ((size_t)b * p.N + n) * T + i0;
+        bulk_load(sld + s * LD_BYTES, p.lse2 + li, QB * 4, bar_full(s));
+        bulk_load(sld + s * LD_BYTES + QB * 4, p.D + li, QB * 4, bar_full(s));
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int cw = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, t = lane % 4;
+  const int kw0 = k0 + 64 * cw, kr = kw0 + 16 * warp + lane / 4; /* this thread's keys: kr, kr + 8 */
+  const uint32_t sk_wg = sk + cw * 64 * 128, sv_wg = sv + cw * 64 * 128;
+  const float sl2 = p.scale_l2;
+  /* Accumulators d[4j + e]: row (key) lane/4 + 8 (e >> 1) of the warp's 16, column 8j + 2t + (e & 1). */
+  float dk[HD / 2], dv[HD / 2], st[32], dpt[32];
+  uint32_t pf[16], df[16];
+  zero(dk);
+  zero(dv);
+  if (n_tiles > 0) mbar_wait(b0, 0);
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int s = it % STAGES, i0 = (qb0 + it % per_head) * QB;
+    const uint32_t sq_s = sq + s * QT_BYTES, sdo_s = sdo + s * QT_BYTES;
+    mbar_wait(bar_full(s), (it / STAGES) & 1);
+    /* Zeroed, so the previous tile's values are dead after packing: 192 live accumulators, not 224. */
+    zero(st);
+    zero(dpt);
+    pin(st);
+    pin(dpt);
+    wgmma_fence();
+    gemm_ss<HD>(st, sk_wg, KB, sq_s, QB); /* S^T = K Q^T */
+    wgmma_commit();
+    gemm_ss<HD>(dpt, sv_wg, KB, sdo_s, QB); /* dP^T = V dO^T */
+    wgmma_commit();
+    wgmma_wait1();
+    pin(st);
+    const float *lse2 = ld_f + s * 2 * QB, *Dq = lse2 + QB;
+    /* Only tiles with a query below one of the warpgroup's keys carry masked elements. */
+    const bool masked = CAUSAL && i0 < kw0 + 63;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 l2 = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = ex2(fmaf(st[4 * j + e], sl2, -((e & 1) ? l2.y : l2.x)));
+        if (masked && kr + 8 * (e >> 1) > i0 + 8 * j + 2 * t + (e & 1)) x = 0.f;
+        st[4 * j + e] = x;
+      }
+    }
+    anchor_exp2(st, &anchor[4 * cw + warp], lane);
+    wgmma_wait0();
+    pin(dpt);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 dd = *reinterpret_cast<const float2 *>(Dq + 8 * j + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? dd.y : dd.x));
+    }
+    pack_frag(pf, st);
+    pack_frag(df, dpt);
+    pin(dv);
+    pin(dk);
+    pin(pf);
+    pin(df);
+    wgmma_fence();
+    gemm_rs<HD>(dv, pf, sdo_s); /* dV += P^T dO */
+    gemm_rs<HD>(dk, df, sq_s);  /* dK += dS^T Q */
+    wgmma_commit();
+    wgmma_wait0();
+    pin(dv);
+    pin(dk);
+    pin(pf);
+    pin(df);
+    if (lane == 0) mbar_arrive(bar_empty(s));
+  }
+
+  const size_t rs = (size_t)p.KH * HD;
+  const size_t base = ((size_t)b * p.S * p.KH + kvh) * HD;
+  store_rows<HD>(p.dk + base, dk, rs, kr, t, p.scale); /* zeros where no query sees the keys */
+  store_rows<HD>(p.dv + base, dv, rs, kr, t, 1.f);
+#endif /* sm_90a */
+}
+
+/* ---- 3. dQ ------------------------------------------------------------------------------------------ */
+
+template <int HD, bool CAUSAL>
+__global__ void __launch_bounds__(THREADS, 1)
+    sa_hop_bwd_dq(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
+                  const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
+                  const sa_hop_bwd_params p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int CB = HD / 64;
+  constexpr uint32_t Q_BYTES = QM * HD * 2, KT_BYTES = KT * HD * 2;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t bar[1 + 2 * STAGES]; /* Q+dO full; per stage K+V full; per stage empty */
+  __shared__ float anchor[4 * NC];
+
+  const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u, sdo = sq + Q_BYTES;
+  const uint32_t sk = sdo + Q_BYTES, sv = sk + STAGES * KT_BYTES, b0 = smem_u32(bar);
+  auto bar_full = [&](int s) { return b0 + 8 * (1 + s); };
+  auto bar_empty = [&](int s) { return b0 + 8 * (1 + STAGES + s); };
+
+  /* Causal: the query blocks with the most key tiles are launched first. */
+  const int mb = CAUSAL ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  const int n = blockIdx.y, b = blockIdx.z, kvh = n / (p.N / p.KH), m0 = mb * QM, T = p.T;
+  const int n_tiles = CAUSAL ? min(p.S / KT, (m0 + QM - 1) / KT + 1) : p.S / KT; /* >= 1 */
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    mbar_init(b0, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(bar_full(s), 1);
+      mbar_init(bar_empty(s), 4 * NC);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (threadIdx.x == 0) {
+      mbar_arrive_tx(b0, 2 * Q_BYTES);
+      for (int c = 0; c < CB; ++c) {
+        tma_load(sq + c * QM * 128, &tmq, b0, c * 64, n, m0, b);
+        tma_load(sdo + c * QM * 128, &tmdo, b0, c * 64, n, m0, b);
+      }
+      for (int it = 0; it < n_tiles; ++it) {
+        const int s = it % STAGES;
+        mbar_wait(bar_empty(s), ((it / STAGES) & 1) ^ 1);
+        mbar_arrive_tx(bar_full(s), 2 * KT_BYTES);
+        for (int c = 0; c < CB; ++c) {
+          tma_load(sk + s * KT_BYTES + c * KT * 128, &tmk, bar_full(s), c * 64, kvh, it * KT, b);
+          tma_load(sv + s * KT_BYTES + c * KT * 128, &tmv, bar_full(s), c * 64, kvh, it * KT, b);
+        }
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int cw = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, t = lane % 4;
+  const int wg_row0 = m0 + 64 * cw, r0 = wg_row0 + 16 * warp + lane / 4; /* rows r0, r0 + 8 */
+  const uint32_t sq_wg = sq + cw * 64 * 128, sdo_wg = sdo + cw * 64 * 128;
+  const float sl2 = p.scale_l2;
+  float lr[2], Dr[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const size_t li = ((size_t)b * p.N + n) * T + r0 + 8 * h;
+    lr[h] = p.lse2[li];
+    Dr[h] = p.D[li];
+  }
+  float dq[HD / 2], sa[32], dpa[32];
+  uint32_t df[16];
+  zero(dq);
+  mbar_wait(b0, 0);
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int s = it % STAGES, key0 = it * KT;
+    const uint32_t sk_s = sk + s * KT_BYTES, sv_s = sv + s * KT_BYTES;
+    mbar_wait(bar_full(s), (it / STAGES) & 1);
+    zero(sa);
+    zero(dpa);
+    pin(sa);
+    pin(dpa);
+    wgmma_fence();
+    gemm_ss<HD>(sa, sq_wg, QM, sk_s, KT); /* S = Q K^T */
+    wgmma_commit();
+    gemm_ss<HD>(dpa, sdo_wg, QM, sv_s, KT); /* dP = dO V^T */
+    wgmma_commit();
+    wgmma_wait1();
+    pin(sa);
+    const bool masked = CAUSAL && key0 + KT - 1 > wg_row0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = ex2(fmaf(sa[4 * j + e], sl2, -lr[e >> 1]));
+        if (masked && key0 + 8 * j + 2 * t + (e & 1) > r0 + 8 * (e >> 1)) x = 0.f;
+        sa[4 * j + e] = x;
+      }
+    anchor_exp2(sa, &anchor[4 * cw + warp], lane);
+    wgmma_wait0();
+    pin(dpa);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dpa[4 * j + e] = sa[4 * j + e] * (dpa[4 * j + e] - Dr[e >> 1]);
+    pack_frag(df, dpa);
+    pin(dq);
+    pin(df);
+    wgmma_fence();
+    gemm_rs<HD>(dq, df, sk_s); /* dQ += dS K: K N-major from the same tile */
+    wgmma_commit();
+    wgmma_wait0();
+    pin(dq);
+    pin(df);
+    if (lane == 0) mbar_arrive(bar_empty(s));
+  }
+
+  store_rows<HD>(p.dq + ((size_t)b * T * p.N + n) * HD, dq, (size_t)p.N * HD, r0, t, p.scale);
+#endif /* sm_90a */
+}
+
+/* ---- host ------------------------------------------------------------------------------------------- */
+
+/* Tensor maps: dK/dV streams 64-row Q / dO tiles and loads 128-row K / V blocks; dQ the other way round. */
+enum { M_Q_QB, M_DO_QB, M_K_KB, M_V_KB, M_Q_QM, M_DO_QM, M_K_KT, M_V_KT, M_COUNT };
+
+/* A refused shared-memory opt-in (130 KiB at H 128) leaves *used = 0: the portable kernels run instead. */
+template <int HD, bool CAUSAL>
+cudaError_t sa_hop_bwd_run(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B,
+                           cudaStream_t st, int *used) {
+  if (cudaFuncSetAttribute(sa_hop_bwd_dkdv<HD, CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           dkdv_smem<HD>()) != cudaSuccess ||
+      cudaFuncSetAttribute(sa_hop_bwd_dq<HD, CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           dq_smem<HD>()) != cudaSuccess) {
+    cudaGetLastError();
+    return cudaSuccess;
+  }
+  *used = 1;
+  dim3 gk((unsigned)(hp.S / KB), (unsigned)hp.KH, (unsigned)B);
+  sa_hop_bwd_dkdv<HD, CAUSAL><<<gk, THREADS, dkdv_smem<HD>(), st>>>(m[M_Q_QB], m[M_DO_QB], m[M_K_KB], m[M_V_KB],
+                                                                    hp);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  dim3 gq((unsigned)(hp.T / QM), (unsigned)hp.N, (unsigned)B);
+  sa_hop_bwd_dq<HD, CAUSAL><<<gq, THREADS, dq_smem<HD>(), st>>>(m[M_Q_QM], m[M_DO_QM], m[M_K_KT], m[M_V_KT], hp);
+  return cudaGetLastError();
+}
+
+} /* namespace */
+
+bool sa_hopper_bwd_in_scope(const sa_cuda_params &p, int bf16) {
+  return sa_hop_aligned(p.dout) && sa_hop_aligned(p.dq) && sa_hop_aligned(p.dk) && sa_hop_aligned(p.dv) &&
+         sa_hop_in_scope(p, bf16);
+}
+
+cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st, int *used) {
+  *used = 0;
+  /* lse2 and D are read by 256-byte bulk copies: their bases must be 16-byte aligned (rows start at
+     multiples of 64 floats) */
+  if (!p.lse2 || !p.D || !sa_hop_aligned(p.lse2) || !sa_hop_aligned(p.D) || !sa_hopper_bwd_in_scope(p, bf16))
+    return cudaSuccess;
+  static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
+  if (!enc) return cudaSuccess;
+  CUtensorMap m[M_COUNT];
+  const bool ok = sa_hop_map(enc, &m[M_Q_QB], p.q, p.B, p.T, p.N, p.H, QB) &&
+                  sa_hop_map(enc, &m[M_DO_QB], p.dout, p.B, p.T, p.N, p.H, QB) &&
+                  sa_hop_map(enc, &m[M_K_KB], p.k, p.B, p.S, p.K, p.H, KB) &&
+                  sa_hop_map(enc, &m[M_V_KB], p.v, p.B, p.S, p.K, p.H, KB) &&
+                  sa_hop_map(enc, &m[M_Q_QM], p.q, p.B, p.T, p.N, p.H, QM) &&
+                  sa_hop_map(enc, &m[M_DO_QM], p.dout, p.B, p.T, p.N, p.H, QM) &&
+                  sa_hop_map(enc, &m[M_K_KT], p.k, p.B, p.S, p.K, p.H, KT) &&
+                  sa_hop_map(enc, &m[M_V_KT], p.v, p.B, p.S, p.K, p.H, KT);
+  if (!ok) return cudaSuccess; /* the driver refused a map: the portable kernels run instead */
+  sa_hop_bwd_params hp;
+  hp.dq = (__nv_bfloat16 *)p.dq;
+  hp.dk = (__nv_bfloat16 *)p.dk;
+  hp.dv = (__nv_bfloat16 *)p.dv;
+  hp.lse2 = p.lse2;
+  hp.D = p.D;
+  hp.T = (int)p.T; hp.S = (int)p.S; hp.N = (int)p.N; hp.KH = (int)p.K;
+  hp.scale = p.scale;
+  hp.scale_l2 = p.scale_log2;
+  const bool causal = p.causal != 0;
+  if (p.H == 128)
+    return causal ? sa_hop_bwd_run<128, true>(m, hp, p.B, st, used) : sa_hop_bwd_run<128, false>(m, hp, p.B, st, used);
+  return causal ? sa_hop_bwd_run<64, true>(m, hp, p.B, st, used) : sa_hop_bwd_run<64, false>(m, hp, p.B, st, used);
+}

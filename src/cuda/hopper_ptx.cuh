@@ -1,0 +1,194 @@
+/*
+ * hopper_ptx.cuh — what the sm_90a kernels (hopper_fwd.cu, hopper_bwd.cu) share: the PTX wrappers of
+ * dev/hopper_common.cuh (mbarrier, TMA, wgmma and its shared-memory descriptors, fences, ex2, bf16 packing),
+ * the tensor-map encoding (cuTensorMapEncodeTiled reached through the runtime, no -lcuda), and the part of
+ * the scope that the forward and the backward have in common. The names are the dev files' so that a fix
+ * made in dev/ ports by diff.
+ *
+ * The device wrappers only exist in sm_90a code (__CUDA_ARCH_FEAT_SM90_ALL): the sm_80 pass of the same
+ * file compiles the kernels with empty bodies, and the host never launches them there (sa_hop_in_scope).
+ */
+#ifndef SA_HOPPER_PTX_CUH
+#define SA_HOPPER_PTX_CUH
+
+#include <cuda.h>         /* CUtensorMap and its enums (types only: the driver is reached at run time) */
+#include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled_v12000 */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_common.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return sa_smem_addr(p); }
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+/* Returns once the phase with this parity has completed. A fresh barrier is in phase 0, so waiting for
+   parity 1 returns at once: that is how the producer's first pass over the ring finds every slot empty. */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  } while (!done);
+}
+
+/* One TMA box {64 elements, 1 head, rows, 1 batch} into 128-byte swizzled rows at dst (1024-aligned). */
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1,
+                                         int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
+      ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
+
+/* wgmma shared-memory descriptor: start >> 4 in bits 0-13, leading byte offset >> 4 in 16-29, stride byte
+   offset >> 4 in 32-45, base offset 0 (every swizzle atom starts on a 1024-byte boundary), 128-byte swizzle
+   (1) in bits 62-63. K-major operands (Q, K): LBO unused (16), SBO = 1024 between 8-row groups.
+   N-major operand (V): LBO = distance between 64-column blocks, SBO = 1024 between 8-key groups. */
+__device__ __forceinline__ uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
+         ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
+
+/* Pins registers that an in-flight wgmma reads or writes: the compiler may not move other accesses to them
+   across this point (the wgmma asm statements themselves are only ordered among volatile asm). */
+template <int R>
+__device__ __forceinline__ void pin(float (&r)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int R>
+__device__ __forceinline__ void pin(uint32_t (&r)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+#define SA_F8(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
+                    "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define SA_F32(d) SA_F8(d, 0), SA_F8(d, 8), SA_F8(d, 16), SA_F8(d, 24)
+#define SA_F64(d) SA_F32(d), SA_F8(d, 32), SA_F8(d, 40), SA_F8(d, 48), SA_F8(d, 56)
+#define SA_REGS32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define SA_REGS64 SA_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, " \
+                  "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+
+/* D[64x128] (+)= A[64x16] B[16x128], A and B K-major in shared memory; scale_d 0 overwrites D. */
+__device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" SA_REGS64 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : SA_F64(d)
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+/* D[64xH] += A[64x16] B[16xH], A in registers (bf16x2), B N-major in shared memory (imm-trans-b = 1).
+   scale-d is a predicate operand, so the constant 1 goes through setp. */
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t *a, uint64_t db) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" SA_REGS64 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : SA_F64(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t *a, uint64_t db) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" SA_REGS32 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : SA_F32(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo: the lower column */
+  return *reinterpret_cast<uint32_t *>(&h);
+}
+
+#endif /* sm_90a */
+
+/* ---- host ------------------------------------------------------------------------------------------- */
+
+/* cuTensorMapEncodeTiled from the driver the runtime already loaded (no -lcuda at link time). */
+static inline PFN_cuTensorMapEncodeTiled_v12000 sa_hop_encode_fn() {
+  void *fn = nullptr;
+  cudaDriverEntryPointQueryResult qr;
+#if CUDART_VERSION >= 12050
+  cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &qr);
+#else
+  cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &qr);
+#endif
+  if (e != cudaSuccess || qr != cudaDriverEntryPointSuccess) {
+    cudaGetLastError(); /* not sticky: clear it so the portable launch's cudaGetLastError starts clean */
+    return nullptr;
+  }
+  return (PFN_cuTensorMapEncodeTiled_v12000)fn;
+}
+
+/* [B, L, heads, HD] bf16 as a 4-D tensor {HD, heads, L, B} (innermost first; strides increase, as the driver
+   wants); one box is 64 elements (128 bytes, the swizzle span) x 1 head x rows x 1 batch. */
+static inline bool sa_hop_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const void *base, int64_t B,
+                              int64_t L, int64_t heads, int64_t HD, int rows) {
+  cuuint64_t dims[4] = {(cuuint64_t)HD, (cuuint64_t)heads, (cuuint64_t)L, (cuuint64_t)B};
+  cuuint64_t strides[3] = {(cuuint64_t)HD * 2, (cuuint64_t)(heads * HD * 2), (cuuint64_t)(L * heads * HD * 2)};
+  cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, estr[4] = {1, 1, 1, 1};
+  return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void *>(base), dims, strides, box, estr,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+static inline bool sa_hop_disabled_by_env() {
+  const char *e = getenv("SINKATTN_CUDA_HOPPER");
+  return e && strcmp(e, "0") == 0;
+}
+
+/* TMA, bulk copies and the 16-byte vector stores need 16-byte aligned bases. */
+static inline bool sa_hop_aligned(const void *x) { return (uintptr_t)x % 16 == 0; }
+
+/* The validated scope of dev/hopper_fwd_02 and dev/hopper_bwd_01 (their harnesses' cases plus what their
+   kernels hard-code), less the tensors each direction adds (out; dout, dq, dk, dv and the workspace), whose
+   alignment the caller checks. T and S multiples of 128: the forward's 128-row / 128-key tiles, the
+   backward's 128-key and 128-query blocks and 64-row streamed tiles all divide them. */
+static inline bool sa_hop_in_scope(const sa_cuda_params &p, int bf16) {
+  if (!bf16 || p.H != p.Hv || (p.H != 64 && p.H != 128)) return false;
+  if (p.q_lens || p.kv_lens || p.q_seg || p.kv_seg) return false;
+  if (p.wl >= 0 || p.wr >= 0 || p.diag_offset != 0) return false;
+  if (p.causal == 2 && p.T != p.S) return false; /* bottom-right is top-left only when T == S */
+  if (p.T <= 0 || p.S <= 0 || p.T % 128 != 0 || p.S % 128 != 0) return false;
+  if (!(p.scale_log2 > 0.f) || !isfinite(p.scale_log2)) return false; /* the row max is taken before scaling */
+  if (!sa_hop_aligned(p.q) || !sa_hop_aligned(p.k) || !sa_hop_aligned(p.v)) return false;
+  if (sa_hop_disabled_by_env()) return false;
+#if !defined(SA_CUDA_HAVE_SM90A)
+  return false; /* built without sm_90a code (CMakeLists.txt): the kernels have no body */
+#else
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major == 9 && minor == 0; /* sm_90a code runs on CC 9.0 only */
+#endif
+}
+
+#endif /* SA_HOPPER_PTX_CUH */
