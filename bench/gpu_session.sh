@@ -6,6 +6,7 @@
 #                                           whole pytest suite on the GPU, compute-sanitizer (gpu_sanitize.sh)
 #   PART=probe bash bench/gpu_session.sh   builds while dev/run_hopper.sh runs (HOPPER_VARIANTS), test_cuda,
 #                                           pytest on the GPU, the pytest part of gpu_sanitize.sh
+#   PART=lib bash bench/gpu_session.sh     build, test_cuda, ctest, pytest, the learnable grid, the other types
 #   PART=final bash bench/gpu_session.sh   a short call: build, C tests, pytest, the learnable grid
 #   PART=bench bash bench/gpu_session.sh   python -m sinkattn.bench on the performance.md grid (learnable;
 #                                           vanilla and off_by_one on the H=128 T=4096 rows), the decode
@@ -65,6 +66,19 @@ elif [ "$PART" = probe ]; then
   step test_cuda 90 build-gpu/test_cuda
   step pytest 200 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=150 -n 8
   step sanitize 120 env OUT="$STAGE/sanitize" SAN_ONLY=pytest bash bench/gpu_sanitize.sh
+elif [ "$PART" = lib ]; then
+  # One call: build, the CUDA C tests (Hopper forward and backward checked against fp64 there; if they fail the
+  # rest runs with SINKATTN_CUDA_HOPPER=0), pytest on the GPU, the learnable grid and the other softmax types.
+  step build 150 bash -c "cmake -S . -B build-gpu -DPython_EXECUTABLE=$PY -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES=90a && cmake --build build-gpu -j16"
+  step test_cuda 60 build-gpu/test_cuda
+  grep -q " 0 failed" "$STAGE/test_cuda.log" || export SINKATTN_CUDA_HOPPER=0
+  step ctest 40 ctest --test-dir build-gpu --output-on-failure -j8 -E test_cuda
+  step pytest 170 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=150 -n 8
+  step bench_learnable 200 "$PY" -m sinkattn.bench --grid h200 --softmax learnable --max-ref-t 4096 \
+    --repeats 2 --out "$STAGE/h200-jax-learnable.json"
+  step bench_types 80 "$PY" -m sinkattn.bench --grid h200_types --softmax vanilla,off_by_one --max-ref-t 4096 \
+    --repeats 2 --contenders fused,cudnn_no_sink --out "$STAGE/h200-jax-types.json"
 elif [ "$PART" = check ]; then
   step build 240 bash -c "cmake -S . -B build-gpu -DPython_EXECUTABLE=$PY -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES=90a && cmake --build build-gpu -j16"
