@@ -31,12 +31,26 @@ def _fused_fwd(o, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg):
   return ((out, lse) if o.return_residual else out), res
 
 
+def _typed_like(g, x):
+  """Cotangent g with its primal x's sharding type. Under an Explicit mesh the gradients come typed by
+  sharding.py's plan (batch and heads), but custom_vjp wants each typed like its primal, which may be
+  split otherwise (e.g. over T, or heads that the plan keeps whole): reshard to it."""
+  if g is None:
+    return None
+  want, have = jax.typeof(x).sharding, jax.typeof(g).sharding
+  if jax.sharding.AxisType.Explicit not in getattr(want.mesh, "axis_types", ()) or want.spec == have.spec:
+    return g
+  return jax.sharding.reshard(g, want)
+
+
 def _fused_bwd(o, res, ct):
   q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, out, lse = res
   dout, dlse = ct if o.return_residual else (ct, None)
   dq, dk, dv, dsinks = sharding.attn_bwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, out, lse, dout, dlse,
                                          **_statics(o))
-  return dq, dk, dv, (dsinks if sinks is not None else None), None, None, None, None
+  dsinks = dsinks if sinks is not None else None
+  dq, dk, dv, dsinks = (_typed_like(g, x) for g, x in zip((dq, dk, dv, dsinks), (q, k, v, sinks)))
+  return dq, dk, dv, dsinks, None, None, None, None
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)
@@ -72,6 +86,20 @@ def _gpu_present():
 _warned_fallback = set()
 
 
+def _likely_on_gpu(x):
+  """Whether a call on x will run on a GPU: x's devices when x is a concrete array, else (a tracer) the
+  default device (jax.default_device, then the default backend). Only the warning depends on it: the
+  kernel choice itself is made per platform when the computation is lowered."""
+  try:
+    return any(d.platform == "gpu" for d in x.devices())
+  except (AttributeError, TypeError, jax.errors.ConcretizationTypeError):
+    pass
+  d = jax.config.jax_default_device
+  if d is not None:
+    return (d if isinstance(d, str) else d.platform) in ("gpu", "cuda")
+  return jax.default_backend() == "gpu"
+
+
 def _cuda_fallback_reason(query, key, value):
   """Why the CUDA kernels cannot take this call (f32 inputs, a head dim outside 16..256), or None."""
   if not _gpu_present() or not _lib.has_cuda():
@@ -84,7 +112,7 @@ def _cuda_fallback_reason(query, key, value):
   ok, why = _lib.cuda_supported(code, B, T, S, N, K, H, Hv)
   if ok:
     return None
-  if why not in _warned_fallback:
+  if why not in _warned_fallback and _likely_on_gpu(query):
     _warned_fallback.add(why)
     warnings.warn(f"sinkattn: {why}; on GPU such calls run the pure-jnp reference (O(T*S) memory, slower); "
                   "on CPU they keep the fused kernel.", RuntimeWarning, stacklevel=3)
