@@ -76,7 +76,7 @@ elif [ "$PART" = lib ]; then
   step ctest 40 ctest --test-dir build-gpu --output-on-failure -j8 -E test_cuda
   step pytest 170 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=150 -n 8
   step bench_learnable 200 "$PY" -m sinkattn.bench --grid h200 --softmax learnable --max-ref-t 4096 \
-    --repeats 2 --out "$STAGE/h200-jax-learnable.json"
+    --repeats 2 --contenders fused,jnp_sinks,cudnn_no_sink --out "$STAGE/h200-jax-learnable.json"
   step bench_types 80 "$PY" -m sinkattn.bench --grid h200_types --softmax vanilla,off_by_one --max-ref-t 4096 \
     --repeats 2 --contenders fused,cudnn_no_sink --out "$STAGE/h200-jax-types.json"
 elif [ "$PART" = check ]; then

@@ -193,6 +193,18 @@ def main(argv=None):
   print(f"# sinkattn bench on {platform} ({device}), jax {jax.__version__}, "
         f"CPU SIMD {_lib.simd_name()} x{_lib.get_num_threads()} threads")
   rows = []
+  stamp = datetime.datetime.now(datetime.timezone.utc)
+  meta = dict(commit=_git_commit(), time=stamp.isoformat(), platform=platform, device=device,
+              jax=jax.__version__, jaxlib=_jaxlib_version(),
+              cpu_simd=_lib.simd_name(), cpu_threads=_lib.get_num_threads(), inner=inner, repeats=a.repeats, loop=a.loop,
+              flop_convention="fwd 2*B*N*pairs*(H+Hv); fwd+bwd 3.5x fwd")
+  path = a.out or os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                               "bench", "results", f"{platform}-jax-{stamp.strftime('%Y%m%d-%H%M%S')}.json")
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+  def save():  # after every row: a run cut short by a time limit keeps what it measured
+    with open(path, "w") as fh:
+      json.dump(dict(meta=meta, rows=rows), fh, indent=1)
   hdr = "%-34s %-14s %-10s %9s %8s %9s %8s %10s" % ("shape", "contender", "dtype", "fwd ms", "fwd TF/s", "f+b ms",
                                                       "f+b TF/s", "f+b tempMB")
   print(hdr)
@@ -220,6 +232,7 @@ def main(argv=None):
                      contender=name, fwd_ms=fwd_ms, fwd_tflops=fl / fwd_ms * 1e-9, fwdbwd_ms=fb_ms,
                      fwdbwd_tflops=3.5 * fl / fb_ms * 1e-9, fwdbwd_temp_bytes=temp)
           rows.append(row)
+          save()
           print("%-34s %-14s %-10s %9.2f %8.3f %9.2f %8.3f %10s" % (
               shape, name, dt, fwd_ms, row["fwd_tflops"], fb_ms, row["fwdbwd_tflops"],
               "-" if temp is None else "%.1f" % (temp / 2**20)), flush=True)
@@ -228,16 +241,7 @@ def main(argv=None):
           print("%-34s speed-up fused vs reference: fwd %.1fx, fwd+bwd %.1fx" % (
               "", base["reference"]["fwd_ms"] / base["fused"]["fwd_ms"],
               base["reference"]["fwdbwd_ms"] / base["fused"]["fwdbwd_ms"]))
-  stamp = datetime.datetime.now(datetime.timezone.utc)
-  meta = dict(commit=_git_commit(), time=stamp.isoformat(), platform=platform, device=device,
-              jax=jax.__version__, jaxlib=_jaxlib_version(),
-              cpu_simd=_lib.simd_name(), cpu_threads=_lib.get_num_threads(), inner=inner, repeats=a.repeats, loop=a.loop,
-              flop_convention="fwd 2*B*N*pairs*(H+Hv); fwd+bwd 3.5x fwd")
-  path = a.out or os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                               "bench", "results", f"{platform}-jax-{stamp.strftime('%Y%m%d-%H%M%S')}.json")
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as fh:
-    json.dump(dict(meta=meta, rows=rows), fh, indent=1)
+  save()
   print(f"# wrote {path}")
 
 
