@@ -159,13 +159,86 @@ def test_optimizer_steps_reduce_loss_and_move_sinks():
     assert float(jnp.abs(mha.attention.softmax_offset[...]).max()) > 0.05
 
 
-def test_sharding_applied_under_a_mesh():
-    """Without a mesh the metadata is only recorded; under one (with logical rules) flax shards eagerly."""
+@pytest.mark.parametrize("implementation", [None, "reference"])
+def test_sharding_applied_under_a_mesh(implementation):
+    """Without a mesh the metadata is only recorded; under one (with logical rules) flax shards eagerly.
+    The reference keeps q's heads sharding in its output (the fused CPU kernel's output is typed
+    replicated), so the out projection contracts N split on 'model' on both sides: under an Explicit mesh
+    JAX needs its out_sharding named (it raised ShardingTypeError). A GPU runs the reference for f32."""
+    x = jax.random.normal(jax.random.key(3), (B, T, D))
+    want = _mha(implementation=implementation)
+    want.attention.softmax_offset[...] = _wide_sinks()
     mesh = jax.make_mesh((1,), ("model",), axis_types=(jax.sharding.AxisType.Explicit,))
     rules = (("heads", "model"), ("kv_heads", "model"), ("embed", None), ("head_dim", None))
     with jax.sharding.set_mesh(mesh), nn.logical_axis_rules(rules):
-        mha = _mha()
+        mha = _mha(implementation=implementation)
         assert mha.attention.softmax_offset[...].sharding.spec == jax.sharding.PartitionSpec(None, "model", None,
                                                                                              None)
         assert mha.key.kernel[...].sharding.spec == jax.sharding.PartitionSpec(None, "model", None)
         assert mha(jnp.ones((B, T, D))).shape == (B, T, D)
+        sinks = mha.attention.softmax_offset[...]
+        mha.attention.softmax_offset[...] = jax.device_put(_wide_sinks(), sinks.sharding)
+        got = mha(x)
+        got_jit = nnx.jit(lambda m, x: m(x))(mha, x)
+    np.testing.assert_allclose(got, want(x), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(got_jit, want(x), atol=1e-5, rtol=1e-5)
+
+
+# The same under a real split: 8 virtual CPU devices as data 2 x model 4 (heads N = 8, kv heads K = 4 over
+# 'model', batch over 'data'), in a subprocess (XLA fixes its device count when it starts).
+MESH_N, MESH_K = 8, 4
+
+
+def _worker():
+    import json
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    explicit = jax.sharding.AxisType.Explicit
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(explicit, explicit))
+    rules = (("heads", "model"), ("kv_heads", "model"), ("embed", None), ("head_dim", None))
+    x = jax.random.normal(jax.random.key(3), (B, T, D))
+    sinks = jax.random.uniform(jax.random.key(1), (1, MESH_N, 1, 1), jnp.float32, -5.0, 5.0)
+    loss = lambda m, x: jnp.sum(m(x) ** 2)
+    report = {}
+    for impl in (None, "reference"):
+        make = lambda: MultiHeadAttention(D, MESH_N, H, num_kv_heads=MESH_K, softmax_type="learnable",
+                                          use_rope=True, is_causal=True, use_bias=True, implementation=impl,
+                                          rngs=nnx.Rngs(0))
+        plain = make()
+        plain.attention.softmax_offset[...] = sinks
+        want, want_g = plain(x), nnx.to_pure_dict(nnx.grad(loss)(plain, x))
+        try:  # an error is reported by the test of this implementation only
+            with jax.sharding.set_mesh(mesh), nn.logical_axis_rules(rules):
+                mha = make()
+                offset = mha.attention.softmax_offset[...]
+                mha.attention.softmax_offset[...] = jax.device_put(sinks, offset.sharding)
+                xs = jax.device_put(x, NamedSharding(mesh, P("data")))
+                got = mha(xs)
+                got_jit = nnx.jit(lambda m, x: m(x))(mha, xs)
+                got_g = nnx.to_pure_dict(nnx.jit(nnx.grad(loss))(mha, xs))
+                report[str(impl)] = dict(
+                    out_kernel_spec=str(mha.out.kernel[...].sharding.spec), out_spec=str(got.sharding.spec),
+                    err=float(jnp.max(jnp.abs(got - want))), err_jit=float(jnp.max(jnp.abs(got_jit - want))),
+                    err_grad=max(jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))),
+                                                              got_g, want_g))))
+        except Exception as e:  # noqa: BLE001
+            report[str(impl)] = dict(error=repr(e)[:2000])
+    print(json.dumps(report))
+
+
+@pytest.fixture(scope="module")
+def report():
+    from conftest import run_on_cpu_devices
+    return run_on_cpu_devices(__file__)
+
+
+@pytest.mark.parametrize("implementation", ["None", "reference"])
+def test_explicit_mesh_heads_split_over_4_devices(report, implementation):
+    r = report[implementation]
+    assert "error" not in r, r["error"]
+    assert r["out_kernel_spec"] == str(jax.sharding.PartitionSpec("model", None, None)), r  # heads really split
+    assert r["out_spec"] == str(jax.sharding.PartitionSpec("data", None, None)), r            # batch stays split
+    assert max(r["err"], r["err_jit"], r["err_grad"]) < 1e-4, r
+
+
+if __name__ == "__main__":
+    _worker()

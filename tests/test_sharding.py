@@ -70,6 +70,24 @@ def _worker():
                         dsinks_scale=float(jnp.max(jnp.abs(want[5]))),
                         moves={op: hlo.count(op) for op in MOVES},
                         out_batch_axes=got[0].sharding.spec[0])
+    # The same under an Explicit mesh (jax.sharding.set_mesh): sharding.py plans when tracing and runs
+    # shard_map; results are typed sharded (custom_partitioning typed them replicated: XLA gathered them,
+    # and custom_vjp rejected the gradients' types).
+    explicit = jax.sharding.AxisType.Explicit
+    emesh = Mesh(np.array(jax.devices()).reshape(shape), axes, axis_types=(explicit,) * len(axes))
+    try:  # an error here is reported by test_explicit_mesh, not by every test of this module
+      with jax.sharding.set_mesh(emesh):
+        eargs = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(emesh, x.sharding.spec)), args)
+        efn = jax.jit(run)
+        egot, eager = efn(*eargs), run(*eargs)
+        ehlo = efn.lower(*eargs).compile().as_text()
+      err = lambda got: {n: float(jnp.max(jnp.abs(a - b))) for n, a, b in zip(names, want, got)}
+      report[name + "/explicit"] = dict(err=err(egot), err_eager=err(eager),
+                                        moves={op: ehlo.count(op) for op in MOVES},
+                                        types=[str(jax.typeof(x).sharding.spec) for x in egot],
+                                        want_types=[str(x.sharding.spec) for x in eargs[:4]])
+    except Exception as e:  # noqa: BLE001
+      report[name + "/explicit"] = dict(error=repr(e)[:2000])
     if name == "data2_model4":  # control: the bare FFI call is opaque to XLA, which gathers q/k/v
       bare = lambda q, k, v, s: primitives.attn_fwd(q, k, v, s, None, None, None, None, softmax=2, causal=1,
                                                     window_left=-1, window_right=-1, diag_offset=0, scale=0.3)
@@ -112,6 +130,20 @@ def test_no_gather_of_qkv(report, name):
   assert all(c == 0 for c in r["moves"].values()), r
   b_ax = CASES[name][2]
   assert r["out_batch_axes"] == (b_ax if isinstance(b_ax, str) else list(b_ax)), r  # out stays sharded
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_explicit_mesh(report, name):
+  """Under an Explicit mesh: the same numbers, no gather or shuffle, and out/lse/dq/dk/dv/dsinks typed
+  like the sharded operands (dq like q, ... dsinks like sinks; out like q, lse [B,N,T] like q's b and n)."""
+  r = report[name + "/explicit"]
+  assert "error" not in r, r["error"]
+  for n, e in list(r["err"].items()) + list(r["err_eager"].items()):
+    assert e < TOL, (n, r)
+  assert all(c == 0 for c in r["moves"].values()), r
+  q_t, k_t, v_t, s_t = r["want_types"]
+  assert r["types"][2:] == [q_t, k_t, v_t, s_t], r
+  assert r["types"][0] == q_t, r
 
 
 def test_control_bare_ffi_call_is_gathered(report):

@@ -68,6 +68,50 @@ def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
+def _typed_spec(x):
+    """(spec padded to x.ndim, sharding) of x's type: under an Explicit mesh the type names the mesh axes
+    each dim is split over; elsewhere the spec is all None."""
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    spec = tuple(getattr(sharding, "spec", None) or ())
+    return spec + (None,) * (x.ndim - len(spec)), sharding
+
+
+def projection_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
+                           out_sharding=None):
+    """`jax.lax.dot_general` for the q/k/v/out projections, naming the output sharding where JAX's
+    explicit-sharding rule refuses to guess it.
+
+    Under an Explicit mesh with heads on a mesh axis, the out projection contracts [B,T,N,H] with its
+    kernel [N,H,D], both split over N on the same axis: each device holds a partial sum, and JAX raises
+    ShardingTypeError ("contracting dimensions are sharded") rather than pick all-reduce or
+    reduce-scatter. We pick all-reduce (Megatron's row-parallel layer): the output keeps the shardings of
+    the dims that survive (batch dims, then lhs's free dims, then rhs's), as JAX types every unambiguous
+    dot_general. Elsewhere (no mesh, Auto axes, a contraction split on one side only) out_sharding stays
+    None and JAX decides as it always did. (The fault first showed where the jnp reference ran, which
+    keeps q's heads sharding: implementation='reference', or f32 on a GPU, which the CUDA kernels do not
+    take. The fused op's output was typed replicated then; sharding.py now types it like q too.)
+    """
+    if out_sharding is None:
+        (l_con, r_con), (l_bat, r_bat) = dimension_numbers
+        l_con, l_bat = [d % lhs.ndim for d in l_con], [d % lhs.ndim for d in l_bat]
+        r_con, r_bat = [d % rhs.ndim for d in r_con], [d % rhs.ndim for d in r_bat]
+        l_spec, l_sharding = _typed_spec(lhs)
+        r_spec, _ = _typed_spec(rhs)
+        if any(l_spec[i] is not None and r_spec[j] is not None for i, j in zip(l_con, r_con)):
+            dims = ([l_spec[i] for i in l_bat] +
+                    [l_spec[i] for i in range(lhs.ndim) if i not in l_con and i not in l_bat] +
+                    [r_spec[i] for i in range(rhs.ndim) if i not in r_con and i not in r_bat])
+            used, out = set(), []
+            for d in dims:            # a mesh axis may split one output dim only: the first keeps it
+                axes = tuple(a for a in ((d,) if isinstance(d, str) else (d or ())) if a not in used)
+                used.update(axes)
+                out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+            out_sharding = jax.sharding.NamedSharding(l_sharding.mesh, jax.sharding.PartitionSpec(*out))
+    kw = {} if preferred_element_type is None else dict(preferred_element_type=preferred_element_type)
+    return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision, out_sharding=out_sharding,
+                               **kw)
+
+
 class DotProductAttention(nn.Module):
     """Fused attention with sinks: query [B,T,N,H], key [B,S,K,H], value [B,S,K,Hv] -> out [B,T,N,Hv].
 
@@ -164,7 +208,7 @@ class MultiHeadAttention(nn.Module):
     def _dense(self, features: Sequence[int], axis, axes: Tuple[str, ...], name: str):
         return nn.DenseGeneral(
             features=tuple(features), axis=axis, use_bias=self.use_bias, dtype=self.dtype,
-            param_dtype=self.param_dtype, name=name,
+            param_dtype=self.param_dtype, name=name, dot_general=projection_dot_general,
             kernel_init=nn.with_logical_partitioning(self.kernel_init, axes))
 
     @nn.compact

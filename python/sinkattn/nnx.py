@@ -20,7 +20,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import decode_attention, dot_product_attention
-from .flax import DECODE_MAX_TOKENS, SOFTMAX_OFFSET_AXES, Window, apply_rope, normalize_softmax_type
+from .flax import (DECODE_MAX_TOKENS, SOFTMAX_OFFSET_AXES, Window, apply_rope, normalize_softmax_type,
+                    projection_dot_general)
 
 __all__ = ["DotProductAttention", "MultiHeadAttention"]
 
@@ -128,7 +129,7 @@ class MultiHeadAttention(nnx.Module):
         def dense(fin, fout, axis, axes):
             return nnx.LinearGeneral(fin, fout, axis=axis, use_bias=use_bias, dtype=dtype,
                                      param_dtype=param_dtype, kernel_init=_partitioned(kernel_init, axes),
-                                     rngs=rngs)
+                                     dot_general=projection_dot_general, rngs=rngs)
 
         self.query = dense(in_features, (num_heads, head_dim), -1, ("embed", "heads", "head_dim"))
         self.key = dense(kv_in, (kvh, head_dim), -1, ("embed", "kv_heads", "head_dim"))

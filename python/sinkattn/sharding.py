@@ -23,6 +23,10 @@ device and runs the whole problem everywhere. `attn_fwd` / `attn_bwd` here have 
   sinks, or k/v replicated over a head axis) is psum-ed over the rest, so custom_vjp accepts it.
 - Under jax.vmap the call goes to the primitive's own batching rule (custom_vmap): custom_partitioning
   has no batching rule of its own.
+- Under an Explicit mesh (jax.sharding.AxisType.Explicit, set_mesh) the operands' types carry their
+  shardings, so the same plan is made when tracing and the call runs under shard_map with the same
+  per-shard body: results are typed sharded like q (custom_partitioning types them replicated, which
+  made XLA all-gather the output and custom_vjp reject the gradients' types).
 The GSPMD partitioner (jax_use_shardy_partitioner=False) gets the same decision through
 infer_sharding_from_operands.
 """
@@ -114,38 +118,43 @@ def _raw(kind, present, statics, *args):
   return tuple(primitives.attn_bwd(*full, **kw))
 
 
+def _dims(kind, present):
+  """Logical dims of the present operands and of the results."""
+  dims_in = tuple(d for d, p in zip(_FWD_IN if kind == 'fwd' else _BWD_IN, present) if p)
+  return dims_in, (_FWD_OUT if kind == 'fwd' else _BWD_OUT)
+
+
+def _local(kind, present, statics, mesh, plan, kv_heads, *args):
+  """The call on one shard's block of a `plan` (under partition() or shard_map, axes manual)."""
+  batch, qheads, kvheads = plan
+  split = bool(qheads) and not kvheads
+  if split:  # this shard's q heads all read kv head `kvh`: run on that head alone
+    shard = 0
+    for a in qheads:
+      shard = shard * mesh.shape[a] + jax.lax.axis_index(a)
+    kvh = shard // (_size(mesh, qheads) // kv_heads)
+    args = (args[0],) + tuple(jax.lax.dynamic_slice_in_dim(x, kvh, 1, 2) for x in args[1:3]) + args[3:]
+  outs = _raw(kind, present, statics, *args)
+  if kind == 'bwd' and split:  # put dk/dv back at kv head kvh, summed over the group's shards
+    full = [jax.lax.dynamic_update_slice_in_dim(jnp.zeros(x.shape[:2] + (kv_heads,) + x.shape[3:],
+                                                          x.dtype), x, kvh, 2) for x in outs[1:3]]
+    outs = (outs[0],) + tuple(jax.lax.psum(x, qheads) for x in full) + outs[3:]
+  if kind == 'bwd' and dict(statics)['softmax'] == _LEARNABLE and batch:
+    outs = outs[:3] + (jax.lax.psum(outs[3], batch),)
+  return outs
+
+
 @functools.lru_cache(maxsize=None)
 def _build(kind, present, statics):
   """A custom-partitioned, vmap-able call of one primitive for one set of present arguments/attributes."""
-  dims_in = tuple(d for d, p in zip(_FWD_IN if kind == 'fwd' else _BWD_IN, present) if p)
-  dims_out = _FWD_OUT if kind == 'fwd' else _BWD_OUT
-  learnable = dict(statics)['softmax'] == _LEARNABLE
+  dims_in, dims_out = _dims(kind, present)
 
   def fn(*args):
     return _raw(kind, present, statics, *args)
 
   def partition(mesh, arg_shapes, result_shape):
     plan = _plan(mesh, arg_shapes[0], arg_shapes[1])
-    batch, qheads, kvheads = plan
-    kv_heads = arg_shapes[1].shape[2]
-    split = bool(qheads) and not kvheads
-
-    def lower(*args):
-      if split:  # this shard's q heads all read kv head `kvh`: run on that head alone
-        shard = 0
-        for a in qheads:
-          shard = shard * mesh.shape[a] + jax.lax.axis_index(a)
-        kvh = shard // (_size(mesh, qheads) // kv_heads)
-        args = (args[0],) + tuple(jax.lax.dynamic_slice_in_dim(x, kvh, 1, 2) for x in args[1:3]) + args[3:]
-      outs = _raw(kind, present, statics, *args)
-      if kind == 'bwd' and split:  # put dk/dv back at kv head kvh, summed over the group's shards
-        full = [jax.lax.dynamic_update_slice_in_dim(jnp.zeros(x.shape[:2] + (kv_heads,) + x.shape[3:],
-                                                              x.dtype), x, kvh, 2) for x in outs[1:3]]
-        outs = (outs[0],) + tuple(jax.lax.psum(x, qheads) for x in full) + outs[3:]
-      if kind == 'bwd' and learnable and batch:
-        outs = outs[:3] + (jax.lax.psum(outs[3], batch),)
-      return outs
-
+    lower = functools.partial(_local, kind, present, statics, mesh, plan, arg_shapes[1].shape[2])
     return (mesh, lower, _shardings(mesh, plan, dims_out)[:len(result_shape)],
             _shardings(mesh, plan, dims_in))
 
@@ -191,8 +200,48 @@ def to_varying(x, axes):
   return jax.lax.pvary(x, axes)
 
 
+def _explicit_mesh(x):
+  """The mesh of x's type when it has Explicit axes and no Manual ones (not inside shard_map), else None."""
+  mesh = getattr(getattr(jax.typeof(x), 'sharding', None), 'mesh', None)
+  types = getattr(mesh, 'axis_types', ())
+  if mesh is None or mesh.empty or jax.sharding.AxisType.Explicit not in types or \
+     jax.sharding.AxisType.Manual in types:
+    return None
+  return mesh
+
+
+def _call_explicit(kind, present, statics, mesh, args):
+  """Under an Explicit mesh the operands' types name their shardings at trace time, so the plan is made
+  here and the call runs under shard_map: results typed by the plan (custom_partitioning would type them
+  from the unpartitioned call, replicated, and XLA would all-gather them), and no psum inside a
+  partitioning callback (jax 0.11 lowers its reducer with a sharding annotation that XLA:CPU rejects:
+  'Unsupported reduction computation')."""
+  dims_in, dims_out = _dims(kind, present)
+  q, k = jax.typeof(args[0]), jax.typeof(args[1])
+  plan = _plan(mesh, q, k)
+  in_specs = tuple(_spec(d, *plan) for d in dims_in)
+  out_specs = tuple(_spec(d, *plan) for d in dims_out)
+  args = [a if jax.typeof(a).sharding.spec == s else jax.sharding.reshard(a, NamedSharding(mesh, s))
+          for a, s in zip(args, in_specs)]
+  return _explicit_fn(kind, present, statics, mesh, plan, k.shape[2], in_specs, out_specs)(*args)
+
+
+@functools.lru_cache(maxsize=None)
+def _explicit_fn(kind, present, statics, mesh, plan, kv_heads, in_specs, out_specs):
+  body = functools.partial(_local, kind, present, statics, mesh, plan, kv_heads)
+  # check_vma=False: the primitives' results carry no varying-axes type; out_specs say what _local makes
+  # (dk/dv psum-ed over the q head axes when split, dsinks over the batch axes). jit: called eagerly, a
+  # shard_map runs op by op, and jax 0.11.2's Shardy crashes (SIGSEGV in ManualComputationUnusedInputs-
+  # Pattern) compiling the lone FFI call; compiled whole it does not (and it is one dispatch, not many).
+  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
+
+
 def _call(kind, args, statics):
   present = tuple(a is not None for a in args)
+  mesh = _explicit_mesh(args[0])
+  if mesh is not None:
+    return _call_explicit(kind, present, tuple(sorted(statics.items())), mesh,
+                          [a for a in args if a is not None])
   fn = _build(kind, present, tuple(sorted(statics.items())))
   outs = fn(*[a for a in args if a is not None])
   # Inside shard_map an FFI call's results are typed as varying over no axis. Type them like their
