@@ -69,11 +69,14 @@ static const tc_case tc_cases[] = {
     {"gpt-oss window", SA_BF16, 1, 300, 300, 8, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, 127, 0, 0, 0, 0, 0, 10},
     {"300x700 BR window lens", SA_BF16, 1, 300, 700, 4, 1, 64, 64, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_BOTTOM_RIGHT, 128, 0, 0, 1, 0, 0, 10},
     {"special sinks", SA_BF16, 1, 40, 40, 8, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 0},
+    /* a window wider than the problem with a large negative diag_offset: the kernels' cap of "unbounded" windows
+       must count the shift (it did not: hi = i - 500 + 402 cut every key of rows < 98) */
+    {"diag_offset -500 window 1000", SA_BF16, 1, 100, 300, 2, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, 1000, 1000, -500, 0, 0, 1, 10},
 };
 
 /* Inside the scope of the sm_90a forward and backward (src/cuda/hopper_fwd.cu, hopper_bwd.cu: bf16, H == Hv
-   in {64, 128}, T and S multiples of 128, no lengths / segments / window, causal none or top-left,
-   bottom-right only with T == S). main runs each twice: with the fast paths (the default; on a CC 9.0
+   in {64, 128}, T and S multiples of 128, no lengths / segments,
+   any causal alignment, window and diag_offset). main runs each twice: with the fast paths (the default; on a CC 9.0
    device, with sm_90a code built, the Hopper forward and backward must be the ones that ran) and with
    SINKATTN_CUDA_HOPPER=0 (the portable kernels), both against the reference: out, lse, and dq, dk, dv,
    dsinks of three backward runs that must agree bitwise. The backward covers GQA 1 to 8 (64 / 8 heads),
@@ -94,6 +97,16 @@ static const tc_case tc_hopper_cases[] = {
     {"hop H64 128x384 causal obo dlse", SA_BF16, 2, 128, 384, 4, 2, 64, 64, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 10},
     {"hop H128 256 causal van GQA4 dlse", SA_BF16, 1, 256, 256, 4, 1, 128, 128, SA_SOFTMAX_VANILLA, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 10},
     {"hop H64 384x256 obo GQA4 dlse", SA_BF16, 1, 384, 256, 8, 2, 64, 64, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 1, 10},
+    /* position masks (sa_hop_mask): windows, bottom-right with T != S, diag_offset (ring attention's blocks) */
+    {"hop gpt-oss window 127,0 GQA8", SA_BF16, 1, 512, 512, 16, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, 127, 0, 0, 0, 0, 1, -10},
+    {"hop H128 window 64,32", SA_BF16, 2, 384, 384, 4, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, 64, 32, 0, 0, 0, 1, 10},
+    {"hop H64 BR 256x512 causal", SA_BF16, 1, 256, 512, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 0, 0, 1, 10},
+    {"hop H128 BR 512x256 causal van", SA_BF16, 1, 512, 256, 4, 4, 128, 128, SA_SOFTMAX_VANILLA, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 0, 0, 1, 10},
+    {"hop H64 BR 128x384 window 100,0 obo", SA_BF16, 1, 128, 384, 4, 1, 64, 64, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_BOTTOM_RIGHT, 100, 0, 0, 0, 0, 0, 10},
+    {"hop H64 diag -200 causal (empty rows)", SA_BF16, 1, 512, 512, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, -200, 0, 0, 1, 10},
+    {"hop H128 diag -300 vanilla (empty rows)", SA_BF16, 1, 384, 384, 2, 1, 128, 128, SA_SOFTMAX_VANILLA, SA_CAUSAL_TOP_LEFT, -1, -1, -300, 0, 0, 0, 10},
+    {"hop H64 diag 200 window 50,20", SA_BF16, 2, 256, 640, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, 50, 20, 200, 0, 0, 1, 50},
+    {"hop H128 diag 5000 causal (full)", SA_BF16, 1, 256, 256, 2, 2, 128, 128, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_TOP_LEFT, -1, -1, 5000, 0, 0, 0, 10},
 };
 
 static int tc_pass, tc_fail;

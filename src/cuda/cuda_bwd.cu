@@ -79,7 +79,8 @@ __global__ void __launch_bounds__(SA_NT) sa_bwd_dkdv_kernel(const sa_cuda_params
      unclamped bounds of sa_dev_key_range (a superset is harmless: the per-element mask is exact). */
   int64_t i_beg = 0, i_end = k0 < kl ? ql : 0;
   {
-    int64_t big = ql + kl + 1, wl = p.wl > big ? big : p.wl, wr = p.wr > big ? big : p.wr;
+    int64_t big = ql + kl + (p.diag_offset < 0 ? -p.diag_offset : p.diag_offset) + 1; /* as sa_dev_key_range */
+    int64_t wl = p.wl > big ? big : p.wl, wr = p.wr > big ? big : p.wr;
     int64_t off = (p.causal == 2 ? kl - ql : 0) + p.diag_offset;
     if (p.causal != 0 && k0 - off > i_beg) i_beg = k0 - off;
     if (wr >= 0 && k0 - off - wr > i_beg) i_beg = k0 - off - wr;

@@ -86,7 +86,9 @@ __device__ __forceinline__ sa_krange sa_dev_key_range(const sa_cuda_params &p, i
                                                       int64_t i) {
   sa_krange r = {0, kl};
   if (i >= ql) { r.hi = 0; return r; }
-  int64_t big = ql + kl + 1;
+  /* as sa_key_range: "wider than the problem" counts the diagonal's shift, else with diag_offset -500 a
+     right window of 1000 over 300 keys would be capped to 301 and cut keys it reaches */
+  int64_t big = ql + kl + (p.diag_offset < 0 ? -p.diag_offset : p.diag_offset) + 1;
   int64_t wl = p.wl > big ? big : p.wl;
   int64_t wr = p.wr > big ? big : p.wr;
   int64_t diag = (p.causal == 2 ? i + kl - ql : i) + p.diag_offset;

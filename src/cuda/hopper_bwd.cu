@@ -20,11 +20,11 @@
  *
  * Scope (sa_hopper_bwd_in_scope; everything else runs the portable kernels): the forward's (sa_hop_in_scope
  * in hopper_ptx.cuh: CC 9.0 and sm_90a code, bf16, H == Hv in {64, 128}, T and S multiples of 128, no lengths
- * / segments / window, diag_offset 0, causal none or top-left, bottom-right when T == S, scale > 0), 16-byte
- * aligned dout, dq, dk, dv and workspace. SINKATTN_CUDA_HOPPER=0 disables it. Top-left causal with T != S:
- * keys past the last query (S > T) are seen by no query and get dK = dV = 0 (such a dK/dV CTA gets no tile);
- * queries past the last key (T > S) see every key.
- * Compiled here (nvcc 13.0), not yet run on a GPU: the dev kernels are being validated on the H200.
+ * / segments, scale > 0; any causal alignment, window and diag_offset through sa_hop_mask), 16-byte aligned
+ * dout, dq, dk, dv and workspace. SINKATTN_CUDA_HOPPER=0 disables it. With a mask (the MASK kernels) a dK/dV
+ * CTA streams only the query blocks holding a row that sees one of its keys (found by binary search: the
+ * key range bounds never decrease with the row), a dQ CTA only the key tiles its rows see, and only tiles on
+ * a mask boundary test positions; keys no query sees get dK = dV = 0 and rows that see no key dQ = 0.
  */
 #include "hopper_bwd.cuh"
 #include "hopper_ptx.cuh"
@@ -47,6 +47,7 @@ struct sa_hop_bwd_params {
   const float *lse2, *D; /* [B, N, T], workspace written by sa_bwd_pre_kernel */
   int T, S, N, KH;
   float scale, scale_l2;
+  sa_hop_mask mask; /* causal / window / offset (MASK kernels only) */
 };
 
 template <int HD>
@@ -133,7 +134,29 @@ __device__ __forceinline__ void store_rows(__nv_bfloat16 *base, const float (&ac
 
 /* ---- 2. dK, dV -------------------------------------------------------------------------------------- */
 
-template <int HD, bool CAUSAL>
+/* The first row i in [0, T] with hi(i) > k (T: none), resp. with lo(i) >= k: rows [first_row_hi_above(k0),
+   first_row_lo_from(k0 + KB)) are all that can see a key of [k0, k0 + KB) (a superset: rows with an empty
+   range may be in it; the per-element test is exact). Binary searches: lo and hi never decrease with i. */
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ int first_row_hi_above(const sa_hop_mask &m, int T, int k) {
+  int a = 0, z = T;
+  while (a < z) {
+    const int mid = (a + z) / 2;
+    if (sa_hop_hi(m, mid) > k) z = mid; else a = mid + 1;
+  }
+  return a;
+}
+__device__ __forceinline__ int first_row_lo_from(const sa_hop_mask &m, int T, int k) {
+  int a = 0, z = T;
+  while (a < z) {
+    const int mid = (a + z) / 2;
+    if (sa_hop_lo(m, mid) >= k) z = mid; else a = mid + 1;
+  }
+  return a;
+}
+#endif
+
+template <int HD, bool MASK>
 __global__ void __launch_bounds__(THREADS, 1)
     sa_hop_bwd_dkdv(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
                     const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
@@ -153,9 +176,16 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto bar_empty = [&](int s) { return b0 + 8 * (1 + STAGES + s); };
 
   const int kb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, k0 = kb * KB, G = p.N / p.KH, T = p.T;
-  /* Top-left causal: query i sees key j iff j <= i, so query blocks ending before k0 are skipped. Key blocks
-     come in order of decreasing work (kb 0 sees every query). */
-  const int qb0 = CAUSAL ? k0 / QB : 0, per_head = max(0, T / QB - qb0), n_tiles = G * per_head;
+  /* The query blocks qb0 .. qb0 + per_head - 1 (of each of the G heads) hold every row that sees a key of
+     [k0, k0 + KB); the others are skipped. Causal top-left: key block 0 sees every query, and key blocks come
+     in order of decreasing work. */
+  int qb0 = 0, per_head = T / QB;
+  if (MASK) {
+    const int i_beg = first_row_hi_above(p.mask, T, k0), i_end = first_row_lo_from(p.mask, T, k0 + KB);
+    qb0 = i_beg / QB;
+    per_head = i_end > i_beg ? (i_end + QB - 1) / QB - qb0 : 0;
+  }
+  const int n_tiles = G * per_head;
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -221,16 +251,27 @@ __global__ void __launch_bounds__(THREADS, 1)
     wgmma_wait1();
     pin(st);
     const float *lse2 = ld_f + s * 2 * QB, *Dq = lse2 + QB;
-    /* Only tiles with a query below one of the warpgroup's keys carry masked elements. */
-    const bool masked = CAUSAL && i0 < kw0 + 63;
+    /* Only tiles on a mask boundary test positions: the warpgroup's keys [kw0, kw0 + 64) are visible to all
+       the tile's queries [i0, i0 + 64) iff lo(i0 + 63) <= kw0 and kw0 + 64 <= hi(i0). */
+    const bool masked = MASK && (sa_hop_lo(p.mask, i0 + QB - 1) > kw0 || sa_hop_hi(p.mask, i0) < kw0 + 64);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const float2 l2 = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = ex2(fmaf(st[4 * j + e], sl2, -((e & 1) ? l2.y : l2.x)));
-        if (masked && kr + 8 * (e >> 1) > i0 + 8 * j + 2 * t + (e & 1)) x = 0.f;
-        st[4 * j + e] = x;
+      for (int c = 0; c < 2; ++c) { /* query column i0 + 8j + 2t + c: elements e = c (key kr), c + 2 (kr + 8) */
+        const int q = i0 + 8 * j + 2 * t + c;
+        int lo = 0, hi = 0;
+        if (masked) {
+          lo = sa_hop_lo(p.mask, q);
+          hi = sa_hop_hi(p.mask, q);
+        }
+#pragma unroll
+        for (int e = c; e < 4; e += 2) {
+          float x = ex2(fmaf(st[4 * j + e], sl2, -(c ? l2.y : l2.x)));
+          const int key = kr + 8 * (e >> 1);
+          if (masked && (key < lo || key >= hi)) x = 0.f;
+          st[4 * j + e] = x;
+        }
       }
     }
     anchor_exp2(st, &anchor[4 * cw + warp], lane);
@@ -269,7 +310,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 
 /* ---- 3. dQ ------------------------------------------------------------------------------------------ */
 
-template <int HD, bool CAUSAL>
+template <int HD, bool MASK>
 __global__ void __launch_bounds__(THREADS, 1)
     sa_hop_bwd_dq(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
                   const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
@@ -287,9 +328,15 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto bar_empty = [&](int s) { return b0 + 8 * (1 + STAGES + s); };
 
   /* Causal: the query blocks with the most key tiles are launched first. */
-  const int mb = CAUSAL ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  const int mb = MASK ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
   const int n = blockIdx.y, b = blockIdx.z, kvh = n / (p.N / p.KH), m0 = mb * QM, T = p.T;
-  const int n_tiles = CAUSAL ? min(p.S / KT, (m0 + QM - 1) / KT + 1) : p.S / KT; /* >= 1 */
+  /* Key tiles t0 .. t0 + n_tiles - 1: those holding a key some row of [m0, m0 + QM) sees (none: dq = 0). */
+  int t0 = 0, n_tiles = p.S / KT;
+  if (MASK) {
+    const int lo = sa_hop_lo(p.mask, m0), hi = sa_hop_hi(p.mask, m0 + QM - 1);
+    t0 = lo / KT;
+    n_tiles = hi > lo ? (hi + KT - 1) / KT - t0 : 0;
+  }
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -304,7 +351,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && n_tiles > 0) {
       mbar_arrive_tx(b0, 2 * Q_BYTES);
       for (int c = 0; c < CB; ++c) {
         tma_load(sq + c * QM * 128, &tmq, b0, c * 64, n, m0, b);
@@ -315,8 +362,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_wait(bar_empty(s), ((it / STAGES) & 1) ^ 1);
         mbar_arrive_tx(bar_full(s), 2 * KT_BYTES);
         for (int c = 0; c < CB; ++c) {
-          tma_load(sk + s * KT_BYTES + c * KT * 128, &tmk, bar_full(s), c * 64, kvh, it * KT, b);
-          tma_load(sv + s * KT_BYTES + c * KT * 128, &tmv, bar_full(s), c * 64, kvh, it * KT, b);
+          tma_load(sk + s * KT_BYTES + c * KT * 128, &tmk, bar_full(s), c * 64, kvh, (t0 + it) * KT, b);
+          tma_load(sv + s * KT_BYTES + c * KT * 128, &tmv, bar_full(s), c * 64, kvh, (t0 + it) * KT, b);
         }
       }
     }
@@ -338,10 +385,21 @@ __global__ void __launch_bounds__(THREADS, 1)
   float dq[HD / 2], sa[32], dpa[32];
   uint32_t df[16];
   zero(dq);
-  mbar_wait(b0, 0);
+  /* The mask: this thread's rows' key ranges and the keys visible to every row of the warpgroup. */
+  int lo_r[2] = {0, 0}, hi_r[2] = {p.S, p.S}, wlo = 0, whi = p.S;
+  if (MASK) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      lo_r[h] = sa_hop_lo(p.mask, r0 + 8 * h);
+      hi_r[h] = sa_hop_hi(p.mask, r0 + 8 * h);
+    }
+    wlo = sa_hop_lo(p.mask, wg_row0 + 63);
+    whi = sa_hop_hi(p.mask, wg_row0);
+  }
+  if (n_tiles > 0) mbar_wait(b0, 0);
 
   for (int it = 0; it < n_tiles; ++it) {
-    const int s = it % STAGES, key0 = it * KT;
+    const int s = it % STAGES, key0 = (t0 + it) * KT;
     const uint32_t sk_s = sk + s * KT_BYTES, sv_s = sv + s * KT_BYTES;
     mbar_wait(bar_full(s), (it / STAGES) & 1);
     zero(sa);
@@ -355,13 +413,14 @@ __global__ void __launch_bounds__(THREADS, 1)
     wgmma_commit();
     wgmma_wait1();
     pin(sa);
-    const bool masked = CAUSAL && key0 + KT - 1 > wg_row0;
+    const bool masked = MASK && (key0 < wlo || key0 + KT > whi);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = ex2(fmaf(sa[4 * j + e], sl2, -lr[e >> 1]));
-        if (masked && key0 + 8 * j + 2 * t + (e & 1) > r0 + 8 * (e >> 1)) x = 0.f;
+        const int key = key0 + 8 * j + 2 * t + (e & 1);
+        if (masked && (key < lo_r[e >> 1] || key >= hi_r[e >> 1])) x = 0.f;
         sa[4 * j + e] = x;
       }
     anchor_exp2(sa, &anchor[4 * cw + warp], lane);
@@ -393,24 +452,24 @@ __global__ void __launch_bounds__(THREADS, 1)
 enum { M_Q_QB, M_DO_QB, M_K_KB, M_V_KB, M_Q_QM, M_DO_QM, M_K_KT, M_V_KT, M_COUNT };
 
 /* A refused shared-memory opt-in (130 KiB at H 128) leaves *used = 0: the portable kernels run instead. */
-template <int HD, bool CAUSAL>
+template <int HD, bool MASK>
 cudaError_t sa_hop_bwd_run(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B,
                            cudaStream_t st, int *used) {
-  if (cudaFuncSetAttribute(sa_hop_bwd_dkdv<HD, CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  if (cudaFuncSetAttribute(sa_hop_bwd_dkdv<HD, MASK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            dkdv_smem<HD>()) != cudaSuccess ||
-      cudaFuncSetAttribute(sa_hop_bwd_dq<HD, CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      cudaFuncSetAttribute(sa_hop_bwd_dq<HD, MASK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            dq_smem<HD>()) != cudaSuccess) {
     cudaGetLastError();
     return cudaSuccess;
   }
   *used = 1;
   dim3 gk((unsigned)(hp.S / KB), (unsigned)hp.KH, (unsigned)B);
-  sa_hop_bwd_dkdv<HD, CAUSAL><<<gk, THREADS, dkdv_smem<HD>(), st>>>(m[M_Q_QB], m[M_DO_QB], m[M_K_KB], m[M_V_KB],
+  sa_hop_bwd_dkdv<HD, MASK><<<gk, THREADS, dkdv_smem<HD>(), st>>>(m[M_Q_QB], m[M_DO_QB], m[M_K_KB], m[M_V_KB],
                                                                     hp);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   dim3 gq((unsigned)(hp.T / QM), (unsigned)hp.N, (unsigned)B);
-  sa_hop_bwd_dq<HD, CAUSAL><<<gq, THREADS, dq_smem<HD>(), st>>>(m[M_Q_QM], m[M_DO_QM], m[M_K_KT], m[M_V_KT], hp);
+  sa_hop_bwd_dq<HD, MASK><<<gq, THREADS, dq_smem<HD>(), st>>>(m[M_Q_QM], m[M_DO_QM], m[M_K_KT], m[M_V_KT], hp);
   return cudaGetLastError();
 }
 
@@ -448,8 +507,9 @@ cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   hp.T = (int)p.T; hp.S = (int)p.S; hp.N = (int)p.N; hp.KH = (int)p.K;
   hp.scale = p.scale;
   hp.scale_l2 = p.scale_log2;
-  const bool causal = p.causal != 0;
+  hp.mask = sa_hop_mask_of(p);
+  const bool masked = sa_hop_masked(p);
   if (p.H == 128)
-    return causal ? sa_hop_bwd_run<128, true>(m, hp, p.B, st, used) : sa_hop_bwd_run<128, false>(m, hp, p.B, st, used);
-  return causal ? sa_hop_bwd_run<64, true>(m, hp, p.B, st, used) : sa_hop_bwd_run<64, false>(m, hp, p.B, st, used);
+    return masked ? sa_hop_bwd_run<128, true>(m, hp, p.B, st, used) : sa_hop_bwd_run<128, false>(m, hp, p.B, st, used);
+  return masked ? sa_hop_bwd_run<64, true>(m, hp, p.B, st, used) : sa_hop_bwd_run<64, false>(m, hp, p.B, st, used);
 }

@@ -15,12 +15,14 @@
  *
  * Scope (sa_hop_in_scope in hopper_ptx.cuh, plus an aligned out; everything else runs the portable kernel):
  * a CC 9.0 device and sm_90a code in the binary, bf16, H == Hv in {64, 128}, T and S multiples of 128, no
- * lengths / segments / window, diag_offset 0, causal none or top-left (bottom-right when T == S: the same
- * mask), scale > 0 (the row max is taken before scaling), 16-byte aligned tensors. SINKATTN_CUDA_HOPPER=0 in
- * the environment disables it.
+ * lengths / segments, scale > 0 (the row max is taken before scaling), 16-byte aligned tensors; any causal
+ * alignment, window and diag_offset (the MASK kernels: only the key tiles some row of the CTA sees are loaded,
+ * and only tiles on a mask boundary test positions, by sa_hop_mask). SINKATTN_CUDA_HOPPER=0 in the
+ * environment disables it.
  * Output semantics are the portable kernel's: lse [B, N, T] includes the sink; the sink enters once, in the
  * final normalisation (the running max is seeded with it: bf16 P has fp32's range, so 2^(s - a) for a sink
- * far above the scores stays normal); a row without any key gives out 0, lse = sink (cannot occur in scope).
+ * far above the scores stays normal); a row without any key gives out 0, lse = sink (a CTA none of whose rows
+ * sees a key loads nothing).
  */
 #include "hopper_fwd.cuh"
 #include "hopper_ptx.cuh"
@@ -38,7 +40,8 @@ struct sa_hop_params {
   float *lse;         /* [B, N, T] or NULL */
   const float *sinks; /* [N], learnable only */
   int T, S, N, G, softmax;
-  float scale_l2; /* scale * log2(e) > 0 */
+  float scale_l2;   /* scale * log2(e) > 0 */
+  sa_hop_mask mask; /* causal / window / offset (MASK kernels only) */
 };
 
 template <int HD>
@@ -71,14 +74,16 @@ __device__ __forceinline__ void gemm_pv(float (&o)[HD / 2], const uint32_t (&pf)
   for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs(o, &pf[4 * kk], gmma_desc(svb + kk * 2048, BN * 128, 1024));
 }
 
-/* Top-left causal mask of a diagonal tile: key j valid for row i iff j <= i (rows r0, r0 + 8). */
-__device__ __forceinline__ void mask_causal(float (&sacc)[64], int key0, int r0) {
+/* Scores of keys outside [lo[h], hi[h]) of this thread's rows r0 + 8h become -inf; key0 is the key of the
+   thread's first column (the tile's first key + 2 * (lane % 4)). Only tiles on a mask boundary call it. */
+__device__ __forceinline__ void mask_range(float (&sacc)[64], int key0, const int (&lo)[2], const int (&hi)[2]) {
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      if (key0 + 8 * j + e > r0) sacc[4 * j + e] = -INFINITY;
-      if (key0 + 8 * j + e > r0 + 8) sacc[4 * j + 2 + e] = -INFINITY;
+      const int key = key0 + 8 * j + e;
+      if (key < lo[0] || key >= hi[0]) sacc[4 * j + e] = -INFINITY;
+      if (key < lo[1] || key >= hi[1]) sacc[4 * j + 2 + e] = -INFINITY;
     }
 }
 
@@ -120,7 +125,7 @@ __device__ __forceinline__ void pack_p(uint32_t (&pf)[32], const float (&sacc)[6
 
 #endif /* sm_90a */
 
-template <int HD, bool CAUSAL>
+template <int HD, bool MASK>
 __global__ void __launch_bounds__(THREADS, 1)
     sa_hop_fwd_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
                       const __grid_constant__ CUtensorMap tmv, const sa_hop_params p) {
@@ -135,11 +140,16 @@ __global__ void __launch_bounds__(THREADS, 1)
   const uint32_t sk = sq + Q_BYTES, sv = sk + STAGES * KV_BYTES, b0 = smem_u32(bar);
 
   /* Causal: the heaviest m-blocks (most key tiles) are launched first. */
-  const int mb = CAUSAL ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  const int mb = MASK ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
   const int n = blockIdx.y, b = blockIdx.z, kvh = n / p.G, m0 = mb * BM;
-  /* Top-left causal: key tiles past the CTA's last row (m0 + BM - 1) are fully masked and skipped.
-     The host guarantees S >= BN, so n_tiles >= 1 (the schedule below counts on one S and one P V at least). */
-  const int n_tiles = CAUSAL ? min(p.S / BN, (m0 + BM - 1) / BN + 1) : p.S / BN;
+  /* Key tiles t0 .. t0 + n_tiles - 1: those holding a key some row of [m0, m0 + BM) sees; the rest are fully
+     masked and skipped. n_tiles = 0 (no row sees a key, e.g. a negative diag_offset): out 0, lse = sink. */
+  int t0 = 0, n_tiles = p.S / BN;
+  if (MASK) {
+    const int lo = sa_hop_lo(p.mask, m0), hi = sa_hop_hi(p.mask, m0 + BM - 1);
+    t0 = lo / BN;
+    n_tiles = hi > lo ? (hi + BN - 1) / BN - t0 : 0;
+  }
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -158,7 +168,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     /* Producer: 24 registers; 128 x 24 + 256 x 240 = 64512 of the SM's 65536. K before V of each tile: the
        consumers need K_j one step before V_j. */
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && n_tiles > 0) {
       mbar_arrive_tx(bar_q(b0), Q_BYTES);
       for (int c = 0; c < CB; ++c) tma_load(sq + c * BM * 128, &tmq, bar_q(b0), c * 64, n, m0, b);
       for (int it = 0; it < n_tiles; ++it) {
@@ -167,11 +177,11 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_wait(bar_ke(b0, s), ph ^ 1);
         mbar_arrive_tx(bar_kf(b0, s), KV_BYTES);
         for (int c = 0; c < CB; ++c)
-          tma_load(sk + s * KV_BYTES + c * BN * 128, &tmk, bar_kf(b0, s), c * 64, kvh, it * BN, b);
+          tma_load(sk + s * KV_BYTES + c * BN * 128, &tmk, bar_kf(b0, s), c * 64, kvh, (t0 + it) * BN, b);
         mbar_wait(bar_ve(b0, s), ph ^ 1);
         mbar_arrive_tx(bar_vf(b0, s), KV_BYTES);
         for (int c = 0; c < CB; ++c)
-          tma_load(sv + s * KV_BYTES + c * BN * 128, &tmv, bar_vf(b0, s), c * 64, kvh, it * BN, b);
+          tma_load(sv + s * KV_BYTES + c * BN * 128, &tmv, bar_vf(b0, s), c * 64, kvh, (t0 + it) * BN, b);
       }
     }
     return;
@@ -195,6 +205,19 @@ __global__ void __launch_bounds__(THREADS, 1)
   float m_[2] = {seed, seed}, l_[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
+  /* The mask: this thread's rows' key ranges, and the keys visible to every row of the warpgroup ([wlo, whi)):
+     a tile inside them needs no per-element test. */
+  int lo_r[2] = {0, 0}, hi_r[2] = {p.S, p.S}, wlo = 0, whi = p.S;
+  if (MASK) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      lo_r[h] = sa_hop_lo(p.mask, r0 + 8 * h);
+      hi_r[h] = sa_hop_hi(p.mask, r0 + 8 * h);
+    }
+    wlo = sa_hop_lo(p.mask, wg_row0 + 63);
+    whi = sa_hop_hi(p.mask, wg_row0);
+  }
+  if (n_tiles > 0) {
   mbar_wait(bar_q(b0), 0);
 
   /* Tile 0: S_0 alone, then its softmax (O is still 0: nothing to rescale). */
@@ -206,7 +229,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   wgmma_wait0();
   pin(sacc);
   if (lane == 0) mbar_arrive(bar_ke(b0, 0));
-  if (CAUSAL && BN - 1 > wg_row0) mask_causal(sacc, 2 * t, r0);
+  if (MASK && (t0 * BN < wlo || t0 * BN + BN > whi)) mask_range(sacc, t0 * BN + 2 * t, lo_r, hi_r);
   softmax_tile(sacc, m_, l_, corr, sl2);
   pack_p(pf, sacc);
 
@@ -226,7 +249,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     wgmma_wait1();                                /* S_j has landed; P V may still run */
     pin(sacc);
     if (lane == 0) mbar_arrive(bar_ke(b0, s));
-    if (CAUSAL && it * BN + BN - 1 > wg_row0) mask_causal(sacc, it * BN + 2 * t, r0);
+    const int key0 = (t0 + it) * BN;
+    if (MASK && (key0 < wlo || key0 + BN > whi)) mask_range(sacc, key0 + 2 * t, lo_r, hi_r);
     softmax_tile(sacc, m_, l_, corr, sl2);
     /* ptxas schedules WARPGROUP.DEPBAR (wait_group 0) into the first stall slot after the row-max shuffle,
        i.e. before the 64 exp2s, which then no longer overlap P V (seen in the SASS of nvcc 13.0). A shared
@@ -259,6 +283,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     pin(o);
     if (lane == 0) mbar_arrive(bar_ve(b0, sp));
   }
+  } /* n_tiles > 0 */
 
   /* Final normalisation, the one place the sink enters, in the portable kernel's form: the larger of the
      running max m and the sink a contributes 2^0 = 1 exactly, and lse is formed from it in the natural-log
@@ -293,17 +318,17 @@ __global__ void __launch_bounds__(THREADS, 1)
 /* ---- host ------------------------------------------------------------------------------------------- */
 
 /* A refused shared-memory opt-in (164 KiB at H 128) leaves *used = 0: the portable kernel runs instead. */
-template <int HD, bool CAUSAL>
+template <int HD, bool MASK>
 cudaError_t sa_hop_run(const CUtensorMap &mq, const CUtensorMap &mk, const CUtensorMap &mv,
                        const sa_hop_params &hp, int64_t B, cudaStream_t st, int *used) {
-  if (cudaFuncSetAttribute(sa_hop_fwd_kernel<HD, CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  if (cudaFuncSetAttribute(sa_hop_fwd_kernel<HD, MASK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            sa_hop_smem<HD>()) != cudaSuccess) {
     cudaGetLastError();
     return cudaSuccess;
   }
   *used = 1;
   dim3 grid((unsigned)(hp.T / BM), (unsigned)hp.N, (unsigned)B);
-  sa_hop_fwd_kernel<HD, CAUSAL><<<grid, THREADS, sa_hop_smem<HD>(), st>>>(mq, mk, mv, hp);
+  sa_hop_fwd_kernel<HD, MASK><<<grid, THREADS, sa_hop_smem<HD>(), st>>>(mq, mk, mv, hp);
   return cudaGetLastError();
 }
 
@@ -324,10 +349,11 @@ cudaError_t sa_hopper_fwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   hp.sinks = p.sinks;
   hp.T = (int)p.T; hp.S = (int)p.S; hp.N = (int)p.N; hp.G = (int)p.G; hp.softmax = p.softmax;
   hp.scale_l2 = p.scale_log2;
-  const bool causal = p.causal != 0;
+  hp.mask = sa_hop_mask_of(p);
+  const bool masked = sa_hop_masked(p);
   if (p.H == 128)
-    return causal ? sa_hop_run<128, true>(mq, mk, mv, hp, p.B, st, used)
+    return masked ? sa_hop_run<128, true>(mq, mk, mv, hp, p.B, st, used)
                   : sa_hop_run<128, false>(mq, mk, mv, hp, p.B, st, used);
-  return causal ? sa_hop_run<64, true>(mq, mk, mv, hp, p.B, st, used)
+  return masked ? sa_hop_run<64, true>(mq, mk, mv, hp, p.B, st, used)
                 : sa_hop_run<64, false>(mq, mk, mv, hp, p.B, st, used);
 }

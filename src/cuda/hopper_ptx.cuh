@@ -156,6 +156,45 @@ static inline bool sa_hop_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+/* The position mask of the Hopper kernels, which take no lengths or segments (every row i < T, keys < S): key j
+   is visible to query i iff lo(i) <= j < hi(i), the range sa_dev_key_range gives with ql = T, kl = S. The row's
+   diagonal is d = i + off (off = S - T for bottom-right, plus diag_offset); lo = max(0, d - wl) when wl >= 0;
+   hi = min(S, d + 1 when causal, d + wr + 1 when wr >= 0), never below lo. Both never decrease with i, so the
+   rows [i0, i1] together see keys [lo(i0), hi(i1)), and a tile of keys [k0, k1) is visible to every row of
+   [i0, i1] iff lo(i1) <= k0 and k1 <= hi(i0). 64-bit sums: T + S + |off| passes 2^31. */
+struct sa_hop_mask {
+  long long off, wl, wr; /* wl, wr < 0: unbounded; capped at T + S + |off| + 1 like sa_dev_key_range */
+  int S, causal;
+};
+
+__host__ __device__ __forceinline__ int sa_hop_lo(const sa_hop_mask &m, int i) {
+  const long long lo = m.wl >= 0 ? i + m.off - m.wl : 0;
+  return lo < 0 ? 0 : lo > m.S ? m.S : (int)lo;
+}
+
+__host__ __device__ __forceinline__ int sa_hop_hi(const sa_hop_mask &m, int i) {
+  const long long d = i + m.off;
+  long long hi = m.S;
+  if (m.causal && d + 1 < hi) hi = d + 1;
+  if (m.wr >= 0 && d + m.wr + 1 < hi) hi = d + m.wr + 1;
+  const int lo = sa_hop_lo(m, i);
+  return hi < lo ? lo : (int)hi;
+}
+
+/* Whether a kernel must test positions at all (else every key is visible to every row). */
+static inline bool sa_hop_masked(const sa_cuda_params &p) { return p.causal != 0 || p.wl >= 0 || p.wr >= 0; }
+
+static inline sa_hop_mask sa_hop_mask_of(const sa_cuda_params &p) {
+  sa_hop_mask m;
+  m.off = (p.causal == 2 ? p.S - p.T : 0) + p.diag_offset;
+  const long long big = p.T + p.S + (m.off < 0 ? -m.off : m.off) + 1;
+  m.wl = p.wl > big ? big : p.wl;
+  m.wr = p.wr > big ? big : p.wr;
+  m.S = (int)p.S;
+  m.causal = p.causal != 0;
+  return m;
+}
+
 static inline bool sa_hop_disabled_by_env() {
   const char *e = getenv("SINKATTN_CUDA_HOPPER");
   return e && strcmp(e, "0") == 0;
@@ -165,14 +204,14 @@ static inline bool sa_hop_disabled_by_env() {
 static inline bool sa_hop_aligned(const void *x) { return (uintptr_t)x % 16 == 0; }
 
 /* The validated scope of dev/hopper_fwd_02 and dev/hopper_bwd_01 (their harnesses' cases plus what their
-   kernels hard-code), less the tensors each direction adds (out; dout, dq, dk, dv and the workspace), whose
+   kernels hard-code), widened to every position mask (sa_hop_mask; validated by test_cuda's Hopper cases), less the tensors each direction adds (out; dout, dq, dk, dv and the workspace), whose
    alignment the caller checks. T and S multiples of 128: the forward's 128-row / 128-key tiles, the
    backward's 128-key and 128-query blocks and 64-row streamed tiles all divide them. */
 static inline bool sa_hop_in_scope(const sa_cuda_params &p, int bf16) {
   if (!bf16 || p.H != p.Hv || (p.H != 64 && p.H != 128)) return false;
   if (p.q_lens || p.kv_lens || p.q_seg || p.kv_seg) return false;
-  if (p.wl >= 0 || p.wr >= 0 || p.diag_offset != 0) return false;
-  if (p.causal == 2 && p.T != p.S) return false; /* bottom-right is top-left only when T == S */
+  /* windows, both causal alignments and diag_offset: the position mask above (a diag_offset alone, without
+     causal or window, changes nothing) */
   if (p.T <= 0 || p.S <= 0 || p.T % 128 != 0 || p.S % 128 != 0) return false;
   if (!(p.scale_log2 > 0.f) || !isfinite(p.scale_log2)) return false; /* the row max is taken before scaling */
   if (!sa_hop_aligned(p.q) || !sa_hop_aligned(p.k) || !sa_hop_aligned(p.v)) return false;
