@@ -13,7 +13,7 @@
 # 4. writes $OUT/summary.txt (one line per run: tool, target, ERROR SUMMARY) and exits 1 if any run
 #    reported an error or failed.
 # Env: OUT (default bench/results/sanitize), SA_TEST_CUDA_STRIDE (8), PYTEST_K ("grad or gpu or cuda or reproducible"),
-#      SAN_ONLY (pytest: skip the test_cuda runs), PYTHON (python3), SANITIZER (compute-sanitizer on PATH, else /usr/local/cuda/bin/compute-sanitizer).
+#      SAN_ONLY (pytest: skip the test_cuda runs; test_cuda: skip the pytest runs), PYTHON (python3), SANITIZER (compute-sanitizer on PATH, else /usr/local/cuda/bin/compute-sanitizer).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/sanitize}
@@ -56,6 +56,7 @@ if [ "${SAN_ONLY:-}" != pytest ]; then  # SAN_ONLY=pytest: the pytest part alone
   done
 fi
 
+[ "${SAN_ONLY:-}" = test_cuda ] && { echo "logs in $OUT; status $status"; exit $status; }  # SAN_ONLY=test_cuda
 # XLA: no preallocated pool and plain cudaMalloc per buffer, so memcheck sees each buffer's bounds.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform PYTHONPATH=python
 export SINKATTN_LIBRARY=${SINKATTN_LIBRARY:-$(ls "$PWD"/build-gpusan/libsinkattn_jax.* 2>/dev/null | head -n 1)}

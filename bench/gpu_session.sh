@@ -7,6 +7,8 @@
 #   PART=probe bash bench/gpu_session.sh   builds while dev/run_hopper.sh runs (HOPPER_VARIANTS), test_cuda,
 #                                           pytest on the GPU, the pytest part of gpu_sanitize.sh
 #   PART=lib bash bench/gpu_session.sh     build, test_cuda, ctest, pytest, the learnable grid, the other types
+#   PART=x2 bash bench/gpu_session.sh      (2 GPUs) test_cuda, compute-sanitizer over test_cuda on GPU 1 while GPU 0
+#                                           times the target rows (grid h200_targets), ring_reach.py
 #   PART=final bash bench/gpu_session.sh   a short call: build, C tests, pytest, the learnable grid
 #   PART=bench bash bench/gpu_session.sh   python -m sinkattn.bench on the performance.md grid (learnable;
 #                                           vanilla and off_by_one on the H=128 T=4096 rows), the decode
@@ -79,6 +81,24 @@ elif [ "$PART" = lib ]; then
     --repeats 2 --contenders fused,jnp_sinks,cudnn_no_sink --out "$STAGE/h200-jax-learnable.json"
   step bench_types 80 "$PY" -m sinkattn.bench --grid h200_types --softmax vanilla,off_by_one --max-ref-t 4096 \
     --repeats 2 --contenders fused,cudnn_no_sink --out "$STAGE/h200-jax-types.json"
+elif [ "$PART" = x2 ]; then
+  # Two GPUs, one call: both builds at once; test_cuda; compute-sanitizer over test_cuda on GPU 1 while GPU 0
+  # times the rows the issue targets name; then ring_reach.py on both GPUs (issue #7: the longest sequence).
+  ( cmake -S . -B build-gpu -DPython_EXECUTABLE=$PY -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+      && cmake --build build-gpu -j16 ) > "$STAGE/build.log" 2>&1 &
+  ( cmake -S . -B build-gpusan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSINKATTN_CUDA=ON -DSINKATTN_FFI=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90a -DPython_EXECUTABLE=$PY && cmake --build build-gpusan -j16 \
+      --target test_cuda sinkattn_jax ) > "$STAGE/build-san.log" 2>&1 &
+  wait
+  step test_cuda 60 build-gpu/test_cuda
+  ( CUDA_VISIBLE_DEVICES=1 OUT="$STAGE/sanitize" SA_TEST_CUDA_STRIDE=${STRIDE:-16} SAN_ONLY=test_cuda \
+      timeout ${SAN_LIMIT:-150} bash bench/gpu_sanitize.sh > "$STAGE/sanitize.log" 2>&1; echo "rc=$?" >> "$STAGE/sanitize.log" ) &
+  san=$!
+  step bench 140 env CUDA_VISIBLE_DEVICES=0 "$PY" -m sinkattn.bench --grid h200_targets --softmax learnable \
+    --max-ref-t 16384 --repeats 2 --contenders fused,cudnn_no_sink --out "$STAGE/h200-jax-targets.json"
+  t0=$SECONDS; wait $san; summary+=("sanitize (GPU 1, in parallel) waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
+  cat "$STAGE/sanitize/summary.txt" 2>/dev/null
+  step reach ${REACH_LIMIT:-150} "$PY" bench/ring_reach.py --time-budget ${REACH_BUDGET:-50} --out "$STAGE/h200x2-reach.json"
 elif [ "$PART" = check ]; then
   step build 240 bash -c "cmake -S . -B build-gpu -DPython_EXECUTABLE=$PY -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES=90a && cmake --build build-gpu -j16"

@@ -43,6 +43,12 @@ GRIDS = {
     # the other softmax types, on the rows the issue's targets name (H=128 T=4096) and the gpt-oss layers
     "h200_types": [(4, 4096, 16, 16, 128, False, None), (4, 4096, 16, 16, 128, True, None),
                    (1, 4096, 64, 8, 64, True, None), (1, 4096, 64, 8, 64, True, (127, 0))],
+    # the rows the issues' targets name: H128 T4096 (causal and not), H128 T16384 (600 TFLOP/s forward), H64,
+    # the gpt-oss layers
+    "h200_targets": [(4, 4096, 16, 16, 128, False, None), (4, 4096, 16, 16, 128, True, None),
+                     (1, 16384, 16, 16, 128, False, None), (4, 4096, 32, 32, 64, True, None),
+                     (16, 1024, 32, 32, 64, True, None), (1, 4096, 64, 8, 64, True, None),
+                     (1, 4096, 64, 8, 64, True, (127, 0))],
     "tiny": [(1, 128, 4, 2, 64, False, None), (1, 256, 4, 2, 64, True, (31, 0))],
 }
 

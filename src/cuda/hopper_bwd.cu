@@ -251,27 +251,20 @@ __global__ void __launch_bounds__(THREADS, 1)
     wgmma_wait1();
     pin(st);
     const float *lse2 = ld_f + s * 2 * QB, *Dq = lse2 + QB;
-    /* Only tiles on a mask boundary test positions: the warpgroup's keys [kw0, kw0 + 64) are visible to all
-       the tile's queries [i0, i0 + 64) iff lo(i0 + 63) <= kw0 and kw0 + 64 <= hi(i0). */
-    const bool masked = MASK && (sa_hop_lo(p.mask, i0 + QB - 1) > kw0 || sa_hop_hi(p.mask, i0) < kw0 + 64);
+    /* Only tiles on a mask boundary test positions (sa_hop_mask: visible iff dlo <= key - query <= dhi): the
+       warpgroup's keys [kw0, kw0 + 64) and the tile's queries [i0, i0 + 64) span key - query from
+       kw0 - i0 - 63 to kw0 - i0 + 63. */
+    const int dlo = p.mask.dlo, dhi = p.mask.dhi, x0 = kr - i0 - 2 * t; /* key - query of element j = 0, e = 0 */
+    const bool masked = MASK && (kw0 - i0 - 63 < dlo || kw0 - i0 + 63 > dhi);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const float2 l2 = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t);
 #pragma unroll
-      for (int c = 0; c < 2; ++c) { /* query column i0 + 8j + 2t + c: elements e = c (key kr), c + 2 (kr + 8) */
-        const int q = i0 + 8 * j + 2 * t + c;
-        int lo = 0, hi = 0;
-        if (masked) {
-          lo = sa_hop_lo(p.mask, q);
-          hi = sa_hop_hi(p.mask, q);
-        }
-#pragma unroll
-        for (int e = c; e < 4; e += 2) {
-          float x = ex2(fmaf(st[4 * j + e], sl2, -(c ? l2.y : l2.x)));
-          const int key = kr + 8 * (e >> 1);
-          if (masked && (key < lo || key >= hi)) x = 0.f;
-          st[4 * j + e] = x;
-        }
+      for (int e = 0; e < 4; ++e) {
+        float x = ex2(fmaf(st[4 * j + e], sl2, -((e & 1) ? l2.y : l2.x)));
+        const int d = x0 + 8 * (e >> 1) - 8 * j - (e & 1); /* key kr + 8 (e >> 1), query i0 + 8j + 2t + (e & 1) */
+        if (masked && (d < dlo || d > dhi)) x = 0.f;
+        st[4 * j + e] = x;
       }
     }
     anchor_exp2(st, &anchor[4 * cw + warp], lane);
@@ -385,17 +378,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   float dq[HD / 2], sa[32], dpa[32];
   uint32_t df[16];
   zero(dq);
-  /* The mask: this thread's rows' key ranges and the keys visible to every row of the warpgroup. */
-  int lo_r[2] = {0, 0}, hi_r[2] = {p.S, p.S}, wlo = 0, whi = p.S;
-  if (MASK) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      lo_r[h] = sa_hop_lo(p.mask, r0 + 8 * h);
-      hi_r[h] = sa_hop_hi(p.mask, r0 + 8 * h);
-    }
-    wlo = sa_hop_lo(p.mask, wg_row0 + 63);
-    whi = sa_hop_hi(p.mask, wg_row0);
-  }
+  const int dlo = p.mask.dlo, dhi = p.mask.dhi; /* visible iff dlo <= key - row <= dhi (sa_hop_mask) */
   if (n_tiles > 0) mbar_wait(b0, 0);
 
   for (int it = 0; it < n_tiles; ++it) {
@@ -413,14 +396,16 @@ __global__ void __launch_bounds__(THREADS, 1)
     wgmma_commit();
     wgmma_wait1();
     pin(sa);
-    const bool masked = MASK && (key0 < wlo || key0 + KT > whi);
+    /* keys [key0, key0 + KT) against the warpgroup's rows [wg_row0, wg_row0 + 64) */
+    const bool masked = MASK && (key0 - wg_row0 - 63 < dlo || key0 + KT - 1 - wg_row0 > dhi);
+    const int x0 = key0 + 2 * t - r0; /* key - row of element j = 0, e = 0 */
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = ex2(fmaf(sa[4 * j + e], sl2, -lr[e >> 1]));
-        const int key = key0 + 8 * j + 2 * t + (e & 1);
-        if (masked && (key < lo_r[e >> 1] || key >= hi_r[e >> 1])) x = 0.f;
+        const int d = x0 + 8 * j + (e & 1) - 8 * (e >> 1); /* key key0 + 8j + 2t + (e & 1), row r0 + 8 (e >> 1) */
+        if (masked && (d < dlo || d > dhi)) x = 0.f;
         sa[4 * j + e] = x;
       }
     anchor_exp2(sa, &anchor[4 * cw + warp], lane);

@@ -74,16 +74,17 @@ __device__ __forceinline__ void gemm_pv(float (&o)[HD / 2], const uint32_t (&pf)
   for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs(o, &pf[4 * kk], gmma_desc(svb + kk * 2048, BN * 128, 1024));
 }
 
-/* Scores of keys outside [lo[h], hi[h]) of this thread's rows r0 + 8h become -inf; key0 is the key of the
-   thread's first column (the tile's first key + 2 * (lane % 4)). Only tiles on a mask boundary call it. */
-__device__ __forceinline__ void mask_range(float (&sacc)[64], int key0, const int (&lo)[2], const int (&hi)[2]) {
+/* Scores of invisible (key, row) pairs become -inf: visible iff dlo <= key - row <= dhi (sa_hop_mask); x0 is
+   key - row of the thread's first element (the tile's first key + 2 * (lane % 4) - r0). Only tiles on a mask
+   boundary call it. */
+__device__ __forceinline__ void mask_range(float (&sacc)[64], int x0, int dlo, int dhi) {
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int key = key0 + 8 * j + e;
-      if (key < lo[0] || key >= hi[0]) sacc[4 * j + e] = -INFINITY;
-      if (key < lo[1] || key >= hi[1]) sacc[4 * j + 2 + e] = -INFINITY;
+      const int x = x0 + 8 * j + e; /* row r0; row r0 + 8 is x - 8 */
+      if (x < dlo || x > dhi) sacc[4 * j + e] = -INFINITY;
+      if (x - 8 < dlo || x - 8 > dhi) sacc[4 * j + 2 + e] = -INFINITY;
     }
 }
 
@@ -205,18 +206,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   float m_[2] = {seed, seed}, l_[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
-  /* The mask: this thread's rows' key ranges, and the keys visible to every row of the warpgroup ([wlo, whi)):
-     a tile inside them needs no per-element test. */
-  int lo_r[2] = {0, 0}, hi_r[2] = {p.S, p.S}, wlo = 0, whi = p.S;
-  if (MASK) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      lo_r[h] = sa_hop_lo(p.mask, r0 + 8 * h);
-      hi_r[h] = sa_hop_hi(p.mask, r0 + 8 * h);
-    }
-    wlo = sa_hop_lo(p.mask, wg_row0 + 63);
-    whi = sa_hop_hi(p.mask, wg_row0);
-  }
+  /* A tile of keys [k, k + BN) is visible to every row of the warpgroup iff its smallest key - row, k - wg_row0
+     - 63, is >= dlo and its largest, k + BN - 1 - wg_row0, is <= dhi: then no per-element test. */
+  const int dlo = p.mask.dlo, dhi = p.mask.dhi;
+  auto boundary = [&](int k) { return k - wg_row0 - 63 < dlo || k + BN - 1 - wg_row0 > dhi; };
   if (n_tiles > 0) {
   mbar_wait(bar_q(b0), 0);
 
@@ -229,7 +222,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   wgmma_wait0();
   pin(sacc);
   if (lane == 0) mbar_arrive(bar_ke(b0, 0));
-  if (MASK && (t0 * BN < wlo || t0 * BN + BN > whi)) mask_range(sacc, t0 * BN + 2 * t, lo_r, hi_r);
+  if (MASK && boundary(t0 * BN)) mask_range(sacc, t0 * BN + 2 * t - r0, dlo, dhi);
   softmax_tile(sacc, m_, l_, corr, sl2);
   pack_p(pf, sacc);
 
@@ -250,7 +243,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     pin(sacc);
     if (lane == 0) mbar_arrive(bar_ke(b0, s));
     const int key0 = (t0 + it) * BN;
-    if (MASK && (key0 < wlo || key0 + BN > whi)) mask_range(sacc, key0 + 2 * t, lo_r, hi_r);
+    if (MASK && boundary(key0)) mask_range(sacc, key0 + 2 * t - r0, dlo, dhi);
     softmax_tile(sacc, m_, l_, corr, sl2);
     /* ptxas schedules WARPGROUP.DEPBAR (wait_group 0) into the first stall slot after the row-max shuffle,
        i.e. before the 64 exp2s, which then no longer overlap P V (seen in the SASS of nvcc 13.0). A shared

@@ -161,10 +161,14 @@ static inline bool sa_hop_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap
    diagonal is d = i + off (off = S - T for bottom-right, plus diag_offset); lo = max(0, d - wl) when wl >= 0;
    hi = min(S, d + 1 when causal, d + wr + 1 when wr >= 0), never below lo. Both never decrease with i, so the
    rows [i0, i1] together see keys [lo(i0), hi(i1)), and a tile of keys [k0, k1) is visible to every row of
-   [i0, i1] iff lo(i1) <= k0 and k1 <= hi(i0). 64-bit sums: T + S + |off| passes 2^31. */
+   [i0, i1] iff lo(i1) <= k0 and k1 <= hi(i0). 64-bit sums: T + S + |off| passes 2^31.
+   Per element the kernels use the equivalent test on x = j - i alone (keys < S, rows < T): visible iff
+   dlo <= x <= dhi, with dlo = off - wl (wl >= 0) and dhi = off + min(0 if causal, wr if wr >= 0), clamped to
+   int (|x| < 2^30, so clamping keeps every answer): two int compares per score, no per-row bounds. */
 struct sa_hop_mask {
   long long off, wl, wr; /* wl, wr < 0: unbounded; capped at T + S + |off| + 1 like sa_dev_key_range */
   int S, causal;
+  int dlo, dhi;
 };
 
 __host__ __device__ __forceinline__ int sa_hop_lo(const sa_hop_mask &m, int i) {
@@ -192,6 +196,13 @@ static inline sa_hop_mask sa_hop_mask_of(const sa_cuda_params &p) {
   m.wr = p.wr > big ? big : p.wr;
   m.S = (int)p.S;
   m.causal = p.causal != 0;
+  const long long inf = 1LL << 40, lim = 0x7fffffffLL;
+  long long dmax = inf;
+  if (m.causal) dmax = 0;
+  if (m.wr >= 0 && m.wr < dmax) dmax = m.wr;
+  const long long dlo = m.wl >= 0 ? m.off - m.wl : -inf, dhi = m.off + dmax;
+  m.dlo = (int)(dlo < -lim ? -lim : dlo > lim ? lim : dlo);
+  m.dhi = (int)(dhi < -lim ? -lim : dhi > lim ? lim : dhi);
   return m;
 }
 
