@@ -8,7 +8,8 @@
 #                                           pytest on the GPU, the pytest part of gpu_sanitize.sh
 #   PART=lib bash bench/gpu_session.sh     build, test_cuda, ctest, pytest, the learnable grid, the other types
 #   PART=x2 bash bench/gpu_session.sh      (2 GPUs) test_cuda, compute-sanitizer over test_cuda on GPU 1 while GPU 0
-#                                           times the target rows (grid h200_targets), ring_reach.py
+#                                           times the target rows (grid h200_targets), ring_reach.py (REACH=0:
+#                                           not), pytest (PYTEST=1)
 #   PART=final bash bench/gpu_session.sh   a short call: build, C tests, pytest, the learnable grid
 #   PART=bench bash bench/gpu_session.sh   python -m sinkattn.bench on the performance.md grid (learnable;
 #                                           vanilla and off_by_one on the H=128 T=4096 rows), the decode
@@ -98,7 +99,9 @@ elif [ "$PART" = x2 ]; then
     --max-ref-t 16384 --repeats 2 --contenders fused,cudnn_no_sink --out "$STAGE/h200-jax-targets.json"
   t0=$SECONDS; wait $san; summary+=("sanitize (GPU 1, in parallel) waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
   cat "$STAGE/sanitize/summary.txt" 2>/dev/null
-  step reach ${REACH_LIMIT:-150} "$PY" bench/ring_reach.py --time-budget ${REACH_BUDGET:-50} --out "$STAGE/h200x2-reach.json"
+  [ "${REACH:-1}" = 1 ] && step reach ${REACH_LIMIT:-150} "$PY" bench/ring_reach.py --time-budget ${REACH_BUDGET:-50} \
+    --out "$STAGE/h200x2-reach.json"
+  [ "${PYTEST:-0}" = 1 ] && step pytest 150 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=140 -n 8
 elif [ "$PART" = check ]; then
   step build 240 bash -c "cmake -S . -B build-gpu -DPython_EXECUTABLE=$PY -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES=90a && cmake --build build-gpu -j16"

@@ -156,7 +156,7 @@ __device__ __forceinline__ int first_row_lo_from(const sa_hop_mask &m, int T, in
 }
 #endif
 
-template <int HD, bool MASK>
+template <int HD, int MASK>
 __global__ void __launch_bounds__(THREADS, 1)
     sa_hop_bwd_dkdv(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
                     const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
@@ -256,14 +256,15 @@ __global__ void __launch_bounds__(THREADS, 1)
        kw0 - i0 - 63 to kw0 - i0 + 63. */
     const int dlo = p.mask.dlo, dhi = p.mask.dhi, x0 = kr - i0 - 2 * t; /* key - query of element j = 0, e = 0 */
     const bool masked = MASK && (kw0 - i0 - 63 < dlo || kw0 - i0 + 63 > dhi);
+    const int xh = x0 - dhi, xl = x0 - dlo; /* element c (below) invisible iff xh > -c or xl < -c */
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const float2 l2 = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = ex2(fmaf(st[4 * j + e], sl2, -((e & 1) ? l2.y : l2.x)));
-        const int d = x0 + 8 * (e >> 1) - 8 * j - (e & 1); /* key kr + 8 (e >> 1), query i0 + 8j + 2t + (e & 1) */
-        if (masked && (d < dlo || d > dhi)) x = 0.f;
+        const int c = 8 * (e >> 1) - 8 * j - (e & 1); /* key kr + 8 (e >> 1), query i0 + 8j + 2t + (e & 1) */
+        if (masked && (xh > -c || (MASK == 2 && xl < -c))) x = 0.f;
         st[4 * j + e] = x;
       }
     }
@@ -291,6 +292,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     pin(dk);
     pin(pf);
     pin(df);
+    /* lse2 / D of this stage were read by every lane with plain loads; mbarrier.arrive releases only the
+       arriving thread's accesses, so the warp synchronises first (compute-sanitizer racecheck flagged the
+       producer's next bulk copy into the stage against lanes 1..31's reads without it). */
+    __syncwarp();
     if (lane == 0) mbar_arrive(bar_empty(s));
   }
 
@@ -303,7 +308,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 
 /* ---- 3. dQ ------------------------------------------------------------------------------------------ */
 
-template <int HD, bool MASK>
+template <int HD, int MASK>
 __global__ void __launch_bounds__(THREADS, 1)
     sa_hop_bwd_dq(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
                   const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
@@ -399,13 +404,14 @@ __global__ void __launch_bounds__(THREADS, 1)
     /* keys [key0, key0 + KT) against the warpgroup's rows [wg_row0, wg_row0 + 64) */
     const bool masked = MASK && (key0 - wg_row0 - 63 < dlo || key0 + KT - 1 - wg_row0 > dhi);
     const int x0 = key0 + 2 * t - r0; /* key - row of element j = 0, e = 0 */
+    const int xh = x0 - dhi, xl = x0 - dlo; /* element c (below) invisible iff xh > -c or xl < -c */
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = ex2(fmaf(sa[4 * j + e], sl2, -lr[e >> 1]));
-        const int d = x0 + 8 * j + (e & 1) - 8 * (e >> 1); /* key key0 + 8j + 2t + (e & 1), row r0 + 8 (e >> 1) */
-        if (masked && (d < dlo || d > dhi)) x = 0.f;
+        const int c = 8 * j + (e & 1) - 8 * (e >> 1); /* key key0 + 8j + 2t + (e & 1), row r0 + 8 (e >> 1) */
+        if (masked && (xh > -c || (MASK == 2 && xl < -c))) x = 0.f;
         sa[4 * j + e] = x;
       }
     anchor_exp2(sa, &anchor[4 * cw + warp], lane);
@@ -437,7 +443,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 enum { M_Q_QB, M_DO_QB, M_K_KB, M_V_KB, M_Q_QM, M_DO_QM, M_K_KT, M_V_KT, M_COUNT };
 
 /* A refused shared-memory opt-in (130 KiB at H 128) leaves *used = 0: the portable kernels run instead. */
-template <int HD, bool MASK>
+template <int HD, int MASK>
 cudaError_t sa_hop_bwd_run(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B,
                            cudaStream_t st, int *used) {
   if (cudaFuncSetAttribute(sa_hop_bwd_dkdv<HD, MASK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -493,8 +499,12 @@ cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   hp.scale = p.scale;
   hp.scale_l2 = p.scale_log2;
   hp.mask = sa_hop_mask_of(p);
-  const bool masked = sa_hop_masked(p);
-  if (p.H == 128)
-    return masked ? sa_hop_bwd_run<128, true>(m, hp, p.B, st, used) : sa_hop_bwd_run<128, false>(m, hp, p.B, st, used);
-  return masked ? sa_hop_bwd_run<64, true>(m, hp, p.B, st, used) : sa_hop_bwd_run<64, false>(m, hp, p.B, st, used);
+  switch (sa_hop_mask_kind(p) + 3 * (p.H == 128)) {
+    case 0: return sa_hop_bwd_run<64, 0>(m, hp, p.B, st, used);
+    case 1: return sa_hop_bwd_run<64, 1>(m, hp, p.B, st, used);
+    case 2: return sa_hop_bwd_run<64, 2>(m, hp, p.B, st, used);
+    case 3: return sa_hop_bwd_run<128, 0>(m, hp, p.B, st, used);
+    case 4: return sa_hop_bwd_run<128, 1>(m, hp, p.B, st, used);
+    default: return sa_hop_bwd_run<128, 2>(m, hp, p.B, st, used);
+  }
 }

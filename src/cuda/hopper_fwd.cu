@@ -74,17 +74,19 @@ __device__ __forceinline__ void gemm_pv(float (&o)[HD / 2], const uint32_t (&pf)
   for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs(o, &pf[4 * kk], gmma_desc(svb + kk * 2048, BN * 128, 1024));
 }
 
-/* Scores of invisible (key, row) pairs become -inf: visible iff dlo <= key - row <= dhi (sa_hop_mask); x0 is
-   key - row of the thread's first element (the tile's first key + 2 * (lane % 4) - r0). Only tiles on a mask
-   boundary call it. */
-__device__ __forceinline__ void mask_range(float (&sacc)[64], int x0, int dlo, int dhi) {
+/* Scores of invisible (key, row) pairs become -inf: visible iff dlo <= key - row <= dhi (sa_hop_mask). With x0
+   the key - row of the thread's first element (the tile's first key + 2 * (lane % 4) - r0), element (j, e) of
+   row r0 is x0 + c with c = 8j + e (row r0 + 8: c - 8), so it is invisible iff xh = x0 - dhi > -c or (KIND 2)
+   xl = x0 - dlo < -c: one compare with an immediate per bound. Only tiles on a mask boundary call it. */
+template <int KIND>
+__device__ __forceinline__ void mask_range(float (&sacc)[64], int xh, int xl) {
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int x = x0 + 8 * j + e; /* row r0; row r0 + 8 is x - 8 */
-      if (x < dlo || x > dhi) sacc[4 * j + e] = -INFINITY;
-      if (x - 8 < dlo || x - 8 > dhi) sacc[4 * j + 2 + e] = -INFINITY;
+      const int c = 8 * j + e;
+      if (xh > -c || (KIND == 2 && xl < -c)) sacc[4 * j + e] = -INFINITY;
+      if (xh > 8 - c || (KIND == 2 && xl < 8 - c)) sacc[4 * j + 2 + e] = -INFINITY;
     }
 }
 
@@ -126,7 +128,7 @@ __device__ __forceinline__ void pack_p(uint32_t (&pf)[32], const float (&sacc)[6
 
 #endif /* sm_90a */
 
-template <int HD, bool MASK>
+template <int HD, int MASK>
 __global__ void __launch_bounds__(THREADS, 1)
     sa_hop_fwd_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
                       const __grid_constant__ CUtensorMap tmv, const sa_hop_params p) {
@@ -222,7 +224,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   wgmma_wait0();
   pin(sacc);
   if (lane == 0) mbar_arrive(bar_ke(b0, 0));
-  if (MASK && boundary(t0 * BN)) mask_range(sacc, t0 * BN + 2 * t - r0, dlo, dhi);
+  if (MASK && boundary(t0 * BN)) mask_range<MASK>(sacc, t0 * BN + 2 * t - r0 - dhi, t0 * BN + 2 * t - r0 - dlo);
   softmax_tile(sacc, m_, l_, corr, sl2);
   pack_p(pf, sacc);
 
@@ -243,7 +245,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     pin(sacc);
     if (lane == 0) mbar_arrive(bar_ke(b0, s));
     const int key0 = (t0 + it) * BN;
-    if (MASK && boundary(key0)) mask_range(sacc, key0 + 2 * t - r0, dlo, dhi);
+    if (MASK && boundary(key0)) mask_range<MASK>(sacc, key0 + 2 * t - r0 - dhi, key0 + 2 * t - r0 - dlo);
     softmax_tile(sacc, m_, l_, corr, sl2);
     /* ptxas schedules WARPGROUP.DEPBAR (wait_group 0) into the first stall slot after the row-max shuffle,
        i.e. before the 64 exp2s, which then no longer overlap P V (seen in the SASS of nvcc 13.0). A shared
@@ -311,7 +313,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 /* ---- host ------------------------------------------------------------------------------------------- */
 
 /* A refused shared-memory opt-in (164 KiB at H 128) leaves *used = 0: the portable kernel runs instead. */
-template <int HD, bool MASK>
+template <int HD, int MASK>
 cudaError_t sa_hop_run(const CUtensorMap &mq, const CUtensorMap &mk, const CUtensorMap &mv,
                        const sa_hop_params &hp, int64_t B, cudaStream_t st, int *used) {
   if (cudaFuncSetAttribute(sa_hop_fwd_kernel<HD, MASK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -343,10 +345,12 @@ cudaError_t sa_hopper_fwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   hp.T = (int)p.T; hp.S = (int)p.S; hp.N = (int)p.N; hp.G = (int)p.G; hp.softmax = p.softmax;
   hp.scale_l2 = p.scale_log2;
   hp.mask = sa_hop_mask_of(p);
-  const bool masked = sa_hop_masked(p);
-  if (p.H == 128)
-    return masked ? sa_hop_run<128, true>(mq, mk, mv, hp, p.B, st, used)
-                  : sa_hop_run<128, false>(mq, mk, mv, hp, p.B, st, used);
-  return masked ? sa_hop_run<64, true>(mq, mk, mv, hp, p.B, st, used)
-                : sa_hop_run<64, false>(mq, mk, mv, hp, p.B, st, used);
+  switch (sa_hop_mask_kind(p) + 3 * (p.H == 128)) {
+    case 0: return sa_hop_run<64, 0>(mq, mk, mv, hp, p.B, st, used);
+    case 1: return sa_hop_run<64, 1>(mq, mk, mv, hp, p.B, st, used);
+    case 2: return sa_hop_run<64, 2>(mq, mk, mv, hp, p.B, st, used);
+    case 3: return sa_hop_run<128, 0>(mq, mk, mv, hp, p.B, st, used);
+    case 4: return sa_hop_run<128, 1>(mq, mk, mv, hp, p.B, st, used);
+    default: return sa_hop_run<128, 2>(mq, mk, mv, hp, p.B, st, used);
+  }
 }

@@ -164,7 +164,10 @@ static inline bool sa_hop_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap
    [i0, i1] iff lo(i1) <= k0 and k1 <= hi(i0). 64-bit sums: T + S + |off| passes 2^31.
    Per element the kernels use the equivalent test on x = j - i alone (keys < S, rows < T): visible iff
    dlo <= x <= dhi, with dlo = off - wl (wl >= 0) and dhi = off + min(0 if causal, wr if wr >= 0), clamped to
-   int (|x| < 2^30, so clamping keeps every answer): two int compares per score, no per-row bounds. */
+   +-(2^30 + 256) (|x| < 2^30, so clamping keeps every answer and x - dlo, x - dhi fit an int). A kernel
+   forms x0 - dhi and x0 - dlo once per tile (x0: its first element's x) and tests each element against an
+   immediate: one compare per bound, as cheap as a causal-only test; kernels are compiled per mask kind
+   (sa_hop_mask_kind) so a causal mask pays no lower-bound compare. */
 struct sa_hop_mask {
   long long off, wl, wr; /* wl, wr < 0: unbounded; capped at T + S + |off| + 1 like sa_dev_key_range */
   int S, causal;
@@ -185,8 +188,11 @@ __host__ __device__ __forceinline__ int sa_hop_hi(const sa_hop_mask &m, int i) {
   return hi < lo ? lo : (int)hi;
 }
 
-/* Whether a kernel must test positions at all (else every key is visible to every row). */
-static inline bool sa_hop_masked(const sa_cuda_params &p) { return p.causal != 0 || p.wl >= 0 || p.wr >= 0; }
+/* The mask kind a call needs: 0 none (every key visible to every row), 1 an upper bound on key - row only
+   (causal in either alignment, a right window, with any diag_offset), 2 a lower bound too (a left window). */
+static inline int sa_hop_mask_kind(const sa_cuda_params &p) {
+  return p.wl >= 0 ? 2 : (p.causal != 0 || p.wr >= 0) ? 1 : 0;
+}
 
 static inline sa_hop_mask sa_hop_mask_of(const sa_cuda_params &p) {
   sa_hop_mask m;
@@ -196,7 +202,7 @@ static inline sa_hop_mask sa_hop_mask_of(const sa_cuda_params &p) {
   m.wr = p.wr > big ? big : p.wr;
   m.S = (int)p.S;
   m.causal = p.causal != 0;
-  const long long inf = 1LL << 40, lim = 0x7fffffffLL;
+  const long long inf = 1LL << 40, lim = (1LL << 30) + 256;
   long long dmax = inf;
   if (m.causal) dmax = 0;
   if (m.wr >= 0 && m.wr < dmax) dmax = m.wr;
