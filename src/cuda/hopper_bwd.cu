@@ -1,8 +1,11 @@
 /*
  * hopper_bwd.cu — the sm_90a backward fast path: the two-pass kernels of dev/hopper_bwd_01.cu (not the one-pass
- * variant 01a), moved into the library with the PTX wrappers of hopper_ptx.cuh. Kernel bodies are kept as in
- * dev/hopper_bwd_01.cu (same structure and names) so that a fix made there ports by diff. The portable
- * backward (cuda_bwd.cu) runs around them, in this order on one stream (sa_cuda_attn_bwd):
+ * variant 01a, slower: 366 vs 437 TFLOP/s), moved into the library with the PTX wrappers of hopper_ptx.cuh.
+ * On the H200 dev/hopper_bwd_01 reached 437 / 334 TFLOP/s (B4 T4096 N16 H128, non-causal / causal; dK/dV 562,
+ * dQ 633 of their own products) against ~124 for the portable backward. Structure and names are dev's so a
+ * fix made there ports by diff; the library adds the position masks (sa_hop_mask, per mask kind) and the
+ * __syncwarp before the empty-barrier arrive. The portable backward (cuda_bwd.cu) runs around them, in this
+ * order on one stream (sa_cuda_attn_bwd):
  *   1. sa_bwd_pre_kernel  D = rowsum(dout * out) - dlse, lse2 = lse * log2(e) (+inf where lse = -inf, so P = 0)
  *                         and the sink-gradient partials;
  *   2. sa_hop_bwd_dkdv    one CTA per (b, kv head, 128 keys), 384 threads; K and V loaded once by TMA; Q, dO
