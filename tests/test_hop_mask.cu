@@ -68,8 +68,8 @@ static void one_case(int T, int S, int causal, long long wl, long long wr, long 
   for (int tile = 64; tile <= 128; tile += 64)
     for (int m0 = 0; m0 < T; m0 += 128) {
       const int m1 = m0 + 128 < T ? m0 + 128 : T;
-      const int blo = sa_hop_lo(m, m0), bhi = sa_hop_hi(m, m1 - 1);
-      const int t0 = blo / tile, n_tiles = bhi > blo ? (bhi + tile - 1) / tile - t0 : 0;
+      int n_tiles;
+      const int t0 = sa_hop_key_tiles(m, m0, m1 - m0, tile, &n_tiles); /* the kernels' own function */
       for (int i = m0; i < m1; ++i) {
         const sa_range r = sa_key_range(&a, T, S, i);
         for (int64_t j = r.lo; j < r.hi; ++j) /* an empty range may sit past S (lo = hi = i' - wl): int64 */

@@ -333,11 +333,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int n = blockIdx.y, b = blockIdx.z, kvh = n / (p.N / p.KH), m0 = mb * QM, T = p.T;
   /* Key tiles t0 .. t0 + n_tiles - 1: those holding a key some row of [m0, m0 + QM) sees (none: dq = 0). */
   int t0 = 0, n_tiles = p.S / KT;
-  if (MASK) {
-    const int lo = sa_hop_lo(p.mask, m0), hi = sa_hop_hi(p.mask, m0 + QM - 1);
-    t0 = lo / KT;
-    n_tiles = hi > lo ? (hi + KT - 1) / KT - t0 : 0;
-  }
+  if (MASK) t0 = sa_hop_key_tiles(p.mask, m0, QM, KT, &n_tiles);
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {

@@ -148,11 +148,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   /* Key tiles t0 .. t0 + n_tiles - 1: those holding a key some row of [m0, m0 + BM) sees; the rest are fully
      masked and skipped. n_tiles = 0 (no row sees a key, e.g. a negative diag_offset): out 0, lse = sink. */
   int t0 = 0, n_tiles = p.S / BN;
-  if (MASK) {
-    const int lo = sa_hop_lo(p.mask, m0), hi = sa_hop_hi(p.mask, m0 + BM - 1);
-    t0 = lo / BN;
-    n_tiles = hi > lo ? (hi + BN - 1) / BN - t0 : 0;
-  }
+  if (MASK) t0 = sa_hop_key_tiles(p.mask, m0, BM, BN, &n_tiles);
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {

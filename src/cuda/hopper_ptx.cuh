@@ -188,6 +188,16 @@ __host__ __device__ __forceinline__ int sa_hop_hi(const sa_hop_mask &m, int i) {
   return hi < lo ? lo : (int)hi;
 }
 
+/* The key tiles (of `tile` keys) a block of rows [r0, r0 + rows) needs: t0 .. t0 + *n_tiles - 1 hold every key
+   one of its rows sees (*n_tiles = 0: no row sees a key); the forward's and dQ's CTAs load only those. */
+__host__ __device__ __forceinline__ int sa_hop_key_tiles(const sa_hop_mask &m, int r0, int rows, int tile,
+                                                         int *n_tiles) {
+  const int lo = sa_hop_lo(m, r0), hi = sa_hop_hi(m, r0 + rows - 1);
+  const int t0 = lo / tile;
+  *n_tiles = hi > lo ? (hi + tile - 1) / tile - t0 : 0;
+  return t0;
+}
+
 /* The mask kind a call needs: 0 none (every key visible to every row), 1 an upper bound on key - row only
    (causal in either alignment, a right window, with any diag_offset), 2 a lower bound too (a left window). */
 static inline int sa_hop_mask_kind(const sa_cuda_params &p) {
