@@ -12,7 +12,7 @@
  *   5. the forward / dQ tile range of a block of rows holds every key its rows see, and a tile the kernels
  *      call interior (smallest key - row >= dlo, largest <= dhi) has no invisible pair;
  *   6. the dK/dV row range [first i with hi(i) > k0, first i with lo(i) >= k0 + KB) holds every row that
- *      sees a key of [k0, k0 + KB).
+ *      sees a key of [k0, k0 + KB), and sa_hop_query_rows' binary searches find it (= a linear scan).
  * Exit status 0 when every check passes.
  */
 #include <stdio.h>
@@ -88,11 +88,14 @@ static void one_case(int T, int S, int causal, long long wl, long long wr, long 
     }
   /* 6: key blocks of 128 (the dK/dV CTA) */
   for (int k0 = 0; k0 < S; k0 += 128) {
-    int i_beg = T, i_end = T;
+    int i_beg = T, i_end = T; /* by linear scan: the definitions */
     for (int i = T - 1; i >= 0; --i) {
       if (sa_hop_hi(m, i) > k0) i_beg = i;
       if (sa_hop_lo(m, i) >= k0 + 128) i_end = i;
     }
+    int k_end; /* the kernels' binary searches must find the same rows */
+    const int k_beg = sa_hop_query_rows(m, T, k0, 128, &k_end);
+    CHECK(k_beg == i_beg && k_end == i_end, fmt, T, S, causal, wl, wr, diag, k_beg, k_end);
     for (int i = 0; i < T; ++i) {
       const sa_range r = sa_key_range(&a, T, S, i);
       const bool sees = r.lo < r.hi && r.lo < k0 + 128 && r.hi > k0;

@@ -137,27 +137,6 @@ __device__ __forceinline__ void store_rows(__nv_bfloat16 *base, const float (&ac
 
 /* ---- 2. dK, dV -------------------------------------------------------------------------------------- */
 
-/* The first row i in [0, T] with hi(i) > k (T: none), resp. with lo(i) >= k: rows [first_row_hi_above(k0),
-   first_row_lo_from(k0 + KB)) are all that can see a key of [k0, k0 + KB) (a superset: rows with an empty
-   range may be in it; the per-element test is exact). Binary searches: lo and hi never decrease with i. */
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ int first_row_hi_above(const sa_hop_mask &m, int T, int k) {
-  int a = 0, z = T;
-  while (a < z) {
-    const int mid = (a + z) / 2;
-    if (sa_hop_hi(m, mid) > k) z = mid; else a = mid + 1;
-  }
-  return a;
-}
-__device__ __forceinline__ int first_row_lo_from(const sa_hop_mask &m, int T, int k) {
-  int a = 0, z = T;
-  while (a < z) {
-    const int mid = (a + z) / 2;
-    if (sa_hop_lo(m, mid) >= k) z = mid; else a = mid + 1;
-  }
-  return a;
-}
-#endif
 
 template <int HD, int MASK>
 __global__ void __launch_bounds__(THREADS, 1)
@@ -184,7 +163,8 @@ __global__ void __launch_bounds__(THREADS, 1)
      in order of decreasing work. */
   int qb0 = 0, per_head = T / QB;
   if (MASK) {
-    const int i_beg = first_row_hi_above(p.mask, T, k0), i_end = first_row_lo_from(p.mask, T, k0 + KB);
+    int i_end;
+    const int i_beg = sa_hop_query_rows(p.mask, T, k0, KB, &i_end);
     qb0 = i_beg / QB;
     per_head = i_end > i_beg ? (i_end + QB - 1) / QB - qb0 : 0;
   }

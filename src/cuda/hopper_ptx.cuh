@@ -198,6 +198,27 @@ __host__ __device__ __forceinline__ int sa_hop_key_tiles(const sa_hop_mask &m, i
   return t0;
 }
 
+/* The rows [i_beg, *i_end) that can see a key of [k0, k0 + keys) (a superset: rows with an empty range may be
+   in it; the per-element test is exact): i_beg is the first row with hi(i) > k0, *i_end the first with
+   lo(i) >= k0 + keys (T: none). Binary searches, as lo and hi never decrease with i; a dK/dV CTA streams
+   only the query blocks of these rows. */
+__host__ __device__ __forceinline__ int sa_hop_query_rows(const sa_hop_mask &m, int T, int k0, int keys,
+                                                          int *i_end) {
+  int a = 0, z = T;
+  while (a < z) {
+    const int mid = (a + z) / 2;
+    if (sa_hop_hi(m, mid) > k0) z = mid; else a = mid + 1;
+  }
+  const int i_beg = a;
+  a = 0, z = T;
+  while (a < z) {
+    const int mid = (a + z) / 2;
+    if (sa_hop_lo(m, mid) >= k0 + keys) z = mid; else a = mid + 1;
+  }
+  *i_end = a;
+  return i_beg;
+}
+
 /* The mask kind a call needs: 0 none (every key visible to every row), 1 an upper bound on key - row only
    (causal in either alignment, a right window, with any diag_offset), 2 a lower bound too (a left window). */
 static inline int sa_hop_mask_kind(const sa_cuda_params &p) {
