@@ -7,11 +7,14 @@
 #                  HGMMA and WARPGROUP lines (the full SASS is ~14k lines and stays behind)
 #   run_TAG.jsonl  the program's JSON lines: device, one "check" per validation case, one "bench" per shape
 #   summary.txt    one line per variant
-# Two files per variant plus the summary: the GPU runner returns at most 8 files, so at most 3 variants per run
-# (now: fwd 01, 02, bwd_01 = 7 files; name the variants to run when there are more).
-# Budget: ~5 s of compile per variant and ~10-30 s of run (the backward's naive reference takes most of it);
-# each run is killed after 100 s (a pipeline deadlock would otherwise hang the GPU job; the programs give up
-# after 20 s per launch).
+# Two files per variant plus the summary: the GPU runner returns at most 8 files, so at most 3 variants per run.
+# The default (every variant: fwd 01, 02, bwd_01, 02, 03 = 11 files) is over that when $OUT comes back file by
+# file: name the variants, e.g. `bash dev/run_hopper.sh bwd_01 bwd_02` (5 files: the A/B of the lse2 / D
+# staging) or `bwd_02 bwd_03` (5). bench/gpu_session.sh tars $OUT, so the file count does not bind there, but its
+# PART=bench step (the default, 100 s for all) fits ~3 variants of the budget below.
+# Budget: ~5-7 s of compile per variant and ~10-30 s of run (the backward's naive reference takes most of it;
+# bwd_01 also checks and times the one-pass 01a); each run is killed after 100 s (a pipeline deadlock would
+# otherwise hang the GPU job; the programs give up after 20 s per launch).
 # Usage: bash dev/run_hopper.sh [NN | bwd_NN ...]   (default: every dev/hopper_fwd_*.cu, then every hopper_bwd_*.cu)
 set -u
 cd "$(dirname "$0")"
