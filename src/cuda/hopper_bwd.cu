@@ -34,13 +34,14 @@
 
 namespace {
 
-constexpr int KB = 128; /* keys per dK/dV CTA: 2 consumer warpgroups x 64 (the wgmma M) */
-constexpr int QB = 64;  /* query rows per streamed tile of dK/dV: N of S^T / dP^T, 4 k-steps of dV / dK */
-constexpr int QM = 128; /* query rows per dQ CTA: 2 consumer warpgroups x 64 */
-constexpr int KT = 64;  /* keys per streamed tile of dQ */
-constexpr int STAGES = 2; /* ring depth (Q, dO tiles of dK/dV; K, V tiles of dQ): 130 KiB at H 128 */
-constexpr int NC = 2;     /* consumer warpgroups */
-constexpr int THREADS = 128 * (NC + 1);
+/* from the tile table (hopper_ptx.cuh), where the reasons are */
+constexpr int KB = sa_hop_tiles::BWD_KB;     /* keys per dK/dV CTA: 2 consumer warpgroups x 64 (the wgmma M) */
+constexpr int QB = sa_hop_tiles::BWD_QB;     /* query rows per streamed tile of dK/dV: N of S^T / dP^T */
+constexpr int QM = sa_hop_tiles::BWD_QM;     /* query rows per dQ CTA */
+constexpr int KT = sa_hop_tiles::BWD_KT;     /* keys per streamed tile of dQ */
+constexpr int STAGES = sa_hop_tiles::STAGES; /* ring depth (Q, dO tiles of dK/dV; K, V tiles of dQ): 130 KiB at H 128 */
+constexpr int NC = sa_hop_tiles::NC;         /* consumer warpgroups */
+constexpr int THREADS = 128 * (NC + 1);       /* = sa_hop_tiles::THREADS */
 /* Registers per consumer thread at H 128 (dK/dV): dK 64 + dV 64 + S^T 32 + dP^T 32 = 192 live accumulators,
    plus 32 for the bf16 fragments of P^T and dS^T: a 128-row query tile (S^T, dP^T 64 each) would not fit 240. */
 

@@ -29,11 +29,12 @@
 
 namespace {
 
-constexpr int BM = 128;   /* query rows per CTA: 2 consumer warpgroups x 64 (the wgmma M) */
-constexpr int BN = 128;   /* keys per tile: m64n128 for S, 8 k-steps for P V */
-constexpr int STAGES = 2; /* K/V ring depth: 160 KiB of 227 at H = 128; 3 stages would leave 3 KiB */
-constexpr int NC = 2;     /* consumer warpgroups */
-constexpr int THREADS = 128 * (NC + 1);
+/* from the tile table (hopper_ptx.cuh), where the reasons are */
+constexpr int BM = sa_hop_tiles::FWD_BM;         /* query rows per CTA: 2 consumer warpgroups x 64 */
+constexpr int BN = sa_hop_tiles::FWD_BN;         /* keys per tile: m64n128 for S, 8 k-steps for P V */
+constexpr int STAGES = sa_hop_tiles::STAGES;     /* K/V ring depth */
+constexpr int NC = sa_hop_tiles::NC;             /* consumer warpgroups */
+constexpr int THREADS = 128 * (NC + 1);       /* = sa_hop_tiles::THREADS */
 
 struct sa_hop_params {
   __nv_bfloat16 *out; /* [B, T, N, H] */
