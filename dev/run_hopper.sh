@@ -8,10 +8,11 @@
 #   run_TAG.jsonl  the program's JSON lines: device, one "check" per validation case, one "bench" per shape
 #   summary.txt    one line per variant
 # Two files per variant plus the summary: the GPU runner returns at most 8 files, so at most 3 variants per run.
-# The default (every variant: fwd 01, 02, bwd_01, 02, 03 = 11 files) is over that when $OUT comes back file by
-# file: name the variants, e.g. `bash dev/run_hopper.sh bwd_01 bwd_02` (5 files: the A/B of the lse2 / D
-# staging) or `bwd_02 bwd_03` (5). bench/gpu_session.sh tars $OUT, so the file count does not bind there, but its
-# PART=bench step (the default, 100 s for all) fits ~3 variants of the budget below.
+# The default (every variant: fwd 01, 02, bwd_01, 02, 03, 04 = 13 files) is over that when $OUT comes back file
+# by file: name the variants, e.g. `bash dev/run_hopper.sh bwd_01 bwd_02 bwd_04` (7 files: 01 against the two
+# fixes of its lse2 / D staging, per-thread loads and tensor-map copies) or `bwd_02 bwd_03` (5).
+# bench/gpu_session.sh tars $OUT, so the file count does not bind there, but its PART=bench step (the default,
+# 100 s for all) fits ~3 variants of the budget below.
 # Budget: ~5-7 s of compile per variant and ~10-30 s of run (the backward's naive reference takes most of it;
 # bwd_01 also checks and times the one-pass 01a); each run is killed after 100 s (a pipeline deadlock would
 # otherwise hang the GPU job; the programs give up after 20 s per launch).
