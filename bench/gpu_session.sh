@@ -63,7 +63,7 @@ elif [ "$PART" = probe ]; then
       -DCMAKE_CUDA_ARCHITECTURES=90a -DPython_EXECUTABLE=$PY && cmake --build build-gpusan -j8 \
       --target test_cuda sinkattn_jax ) > "$STAGE/build-san.log" 2>&1 &
   spid=$!
-  step hopper 240 env OUT="$STAGE/hopper" bash dev/run_hopper.sh ${HOPPER_VARIANTS:-bwd_01 bwd_02 bwd_03}
+  step hopper 240 env OUT="$STAGE/hopper" bash dev/run_hopper.sh ${HOPPER_VARIANTS:-bwd_01 bwd_02 bwd_03 bwd_04}
   t0=$SECONDS; wait $bpid; summary+=("build rc=$? waited $((SECONDS - t0))s"); wait $spid
   summary+=("build-san rc=$?"); tail -n 3 "$STAGE/build.log"
   step test_cuda 90 build-gpu/test_cuda
