@@ -37,6 +37,19 @@ step() { # name, limit seconds, command...
   summary+=("$name rc=$rc $((SECONDS - t0))s")
   echo "== $name rc=$rc ($((SECONDS - t0))s)"; tail -n 6 "$STAGE/$name.log"
 }
+# The two builds every PART uses: build-gpu (Release, what the tests and benchmarks load) and build-gpusan
+# (RelWithDebInfo with -lineinfo, test_cuda and the FFI library only, for compute-sanitizer's source lines).
+build_gpu() {
+  cmake -S . -B build-gpu -DPython_EXECUTABLE="$PY" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+    && cmake --build build-gpu -j16
+}
+build_gpusan() {
+  cmake -S . -B build-gpusan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSINKATTN_CUDA=ON -DSINKATTN_FFI=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DPython_EXECUTABLE="$PY" && cmake --build build-gpusan -j16 --target test_cuda sinkattn_jax
+}
+export -f build_gpu build_gpusan
+export PY
+
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; echo "commit $SINKATTN_COMMIT";
   "$PY" -c 'import jax, jaxlib; print("jax", jax.__version__, "jaxlib", jaxlib.__version__)'; } \
   > "$STAGE/machine.txt" 2>&1
@@ -44,8 +57,7 @@ step() { # name, limit seconds, command...
 if [ "$PART" = final ]; then
   # One short call: build, the CUDA C tests (the Hopper fast path is checked here first: if test_cuda
   # fails, the rest runs with SINKATTN_CUDA_HOPPER=0), the whole pytest suite, the learnable grid.
-  step build 150 bash -c "cmake -S . -B build-gpu -DPython_EXECUTABLE=$PY -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES=90a && cmake --build build-gpu -j32"
+  step build 150 bash -c build_gpu
   step test_cuda 60 build-gpu/test_cuda
   grep -q "0 failed" "$STAGE/test_cuda.log" || export SINKATTN_CUDA_HOPPER=0
   step ctest 40 ctest --test-dir build-gpu --output-on-failure -j8 -E test_cuda
@@ -56,12 +68,9 @@ elif [ "$PART" = probe ]; then
   # One call: both builds in the background (build-gpu Release, build-gpusan RelWithDebInfo for the sanitizer)
   # while dev/run_hopper.sh validates and times the Hopper backward variants; then test_cuda, the whole pytest
   # suite on the GPU and the pytest part of the sanitizer run.
-  ( cmake -S . -B build-gpu -DPython_EXECUTABLE=$PY -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-      && cmake --build build-gpu -j8 ) > "$STAGE/build.log" 2>&1 &
+  ( build_gpu ) > "$STAGE/build.log" 2>&1 &
   bpid=$!
-  ( cmake -S . -B build-gpusan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSINKATTN_CUDA=ON -DSINKATTN_FFI=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90a -DPython_EXECUTABLE=$PY && cmake --build build-gpusan -j8 \
-      --target test_cuda sinkattn_jax ) > "$STAGE/build-san.log" 2>&1 &
+  ( build_gpusan ) > "$STAGE/build-san.log" 2>&1 &
   spid=$!
   step hopper 240 env OUT="$STAGE/hopper" bash dev/run_hopper.sh ${HOPPER_VARIANTS:-bwd_01 bwd_02 bwd_03 bwd_04}
   t0=$SECONDS; wait $bpid; summary+=("build rc=$? waited $((SECONDS - t0))s"); wait $spid
@@ -72,8 +81,7 @@ elif [ "$PART" = probe ]; then
 elif [ "$PART" = lib ]; then
   # One call: build, the CUDA C tests (Hopper forward and backward checked against fp64 there; if they fail the
   # rest runs with SINKATTN_CUDA_HOPPER=0), pytest on the GPU, the learnable grid and the other softmax types.
-  step build 150 bash -c "cmake -S . -B build-gpu -DPython_EXECUTABLE=$PY -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES=90a && cmake --build build-gpu -j16"
+  step build 150 bash -c build_gpu
   step test_cuda 60 build-gpu/test_cuda
   grep -q " 0 failed" "$STAGE/test_cuda.log" || export SINKATTN_CUDA_HOPPER=0
   step ctest 40 ctest --test-dir build-gpu --output-on-failure -j8 -E test_cuda
@@ -85,11 +93,8 @@ elif [ "$PART" = lib ]; then
 elif [ "$PART" = x2 ]; then
   # Two GPUs, one call: both builds at once; test_cuda; compute-sanitizer over test_cuda on GPU 1 while GPU 0
   # times the rows the issue targets name; then ring_reach.py on both GPUs (issue #7: the longest sequence).
-  ( cmake -S . -B build-gpu -DPython_EXECUTABLE=$PY -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-      && cmake --build build-gpu -j16 ) > "$STAGE/build.log" 2>&1 &
-  ( cmake -S . -B build-gpusan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSINKATTN_CUDA=ON -DSINKATTN_FFI=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90a -DPython_EXECUTABLE=$PY && cmake --build build-gpusan -j16 \
-      --target test_cuda sinkattn_jax ) > "$STAGE/build-san.log" 2>&1 &
+  ( build_gpu ) > "$STAGE/build.log" 2>&1 &
+  ( build_gpusan ) > "$STAGE/build-san.log" 2>&1 &
   wait
   step test_cuda 60 build-gpu/test_cuda
   ( CUDA_VISIBLE_DEVICES=1 OUT="$STAGE/sanitize" SA_TEST_CUDA_STRIDE=${STRIDE:-16} SAN_ONLY=test_cuda \
@@ -103,8 +108,7 @@ elif [ "$PART" = x2 ]; then
     --out "$STAGE/h200x2-reach.json"
   [ "${PYTEST:-0}" = 1 ] && step pytest 150 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=140 -n 8
 elif [ "$PART" = check ]; then
-  step build 240 bash -c "cmake -S . -B build-gpu -DPython_EXECUTABLE=$PY -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES=90a && cmake --build build-gpu -j16"
+  step build 240 bash -c build_gpu
   step test_cuda 90 build-gpu/test_cuda
   step ctest 90 ctest --test-dir build-gpu --output-on-failure -j8 -E test_cuda
   step pytest 240 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=200 -n 4
