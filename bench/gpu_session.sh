@@ -4,8 +4,9 @@
 #
 #   PART=check bash bench/gpu_session.sh   build (CUDA sm_90a + FFI), test_cuda + the other C tests, the
 #                                           whole pytest suite on the GPU, compute-sanitizer (gpu_sanitize.sh)
-#   PART=probe bash bench/gpu_session.sh   builds while dev/run_hopper.sh runs (HOPPER_VARIANTS), test_cuda,
-#                                           pytest on the GPU, the pytest part of gpu_sanitize.sh
+#   PART=probe bash bench/gpu_session.sh   builds while dev/run_hopper.sh runs (HOPPER_VARIANTS; RACECHECK=1),
+#                                           test_cuda, pytest on the GPU (PYTEST=0: not), the pytest part of
+#                                           gpu_sanitize.sh (on GPU 1 when there are two)
 #   PART=lib bash bench/gpu_session.sh     build, test_cuda, ctest, pytest, the learnable grid, the other types
 #   PART=x2 bash bench/gpu_session.sh      (2 GPUs) test_cuda, compute-sanitizer over test_cuda on GPU 1 while GPU 0
 #                                           times the target rows (grid h200_targets), ring_reach.py (REACH=0:
@@ -66,18 +67,27 @@ if [ "$PART" = final ]; then
     --repeats 2 --out "$STAGE/h200-jax-learnable.json"
 elif [ "$PART" = probe ]; then
   # One call: both builds in the background (build-gpu Release, build-gpusan RelWithDebInfo for the sanitizer)
-  # while dev/run_hopper.sh validates and times the Hopper backward variants; then test_cuda, the whole pytest
-  # suite on the GPU and the pytest part of the sanitizer run.
+  # while dev/run_hopper.sh validates and times the Hopper backward variants (RACECHECK=1: and racechecks them,
+  # on GPU 1 when there are two); then test_cuda, the pytest part of the sanitizer run (on GPU 1 when there are
+  # two, beside the rest) and the whole pytest suite on the GPU (PYTEST=0: not).
+  ngpu=$(nvidia-smi -L | wc -l)
   ( build_gpu ) > "$STAGE/build.log" 2>&1 &
   bpid=$!
   ( build_gpusan ) > "$STAGE/build-san.log" 2>&1 &
   spid=$!
-  step hopper 240 env OUT="$STAGE/hopper" bash dev/run_hopper.sh ${HOPPER_VARIANTS:-bwd_01 bwd_02 bwd_03 bwd_04}
+  step hopper ${HOPPER_LIMIT:-240} env OUT="$STAGE/hopper" RACECHECK_GPU=$((ngpu - 1)) CUDA_VISIBLE_DEVICES=0 \
+    bash dev/run_hopper.sh ${HOPPER_VARIANTS:-bwd_01 bwd_02 bwd_03 bwd_04}
   t0=$SECONDS; wait $bpid; summary+=("build rc=$? waited $((SECONDS - t0))s"); wait $spid
   summary+=("build-san rc=$?"); tail -n 3 "$STAGE/build.log"
-  step test_cuda 90 build-gpu/test_cuda
-  step pytest 200 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=150 -n 8
-  step sanitize 120 env OUT="$STAGE/sanitize" SAN_ONLY=pytest bash bench/gpu_sanitize.sh
+  ( CUDA_VISIBLE_DEVICES=$((ngpu - 1)) OUT="$STAGE/sanitize" SAN_ONLY=pytest timeout ${SAN_LIMIT:-150} \
+      bash bench/gpu_sanitize.sh > "$STAGE/sanitize.log" 2>&1; echo "rc=$?" >> "$STAGE/sanitize.log" ) &
+  san=$!
+  [ "$ngpu" -ge 2 ] || wait $san
+  step test_cuda 90 env CUDA_VISIBLE_DEVICES=0 build-gpu/test_cuda
+  [ "${PYTEST:-1}" = 1 ] && step pytest 200 env CUDA_VISIBLE_DEVICES=0 "$PY" -m pytest tests -q -p no:cacheprovider \
+    -rs --timeout=150 -n 8
+  t0=$SECONDS; wait $san; summary+=("sanitize pytest part waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
+  cat "$STAGE/sanitize/summary.txt" 2>/dev/null
 elif [ "$PART" = lib ]; then
   # One call: build, the CUDA C tests (Hopper forward and backward checked against fp64 there; if they fail the
   # rest runs with SINKATTN_CUDA_HOPPER=0), pytest on the GPU, the learnable grid and the other softmax types.

@@ -266,9 +266,11 @@ static void launch_dq_convert(const Bwd &w) {
   dq_convert<<<dim3(c.T / 32, c.H / 32, c.B * c.N), dim3(32, 8)>>>(w.dq_acc, w.dq, c.T, c.N, c.H, w.p.scale);
 }
 
-int main() {
+int main(int argc, char **argv) {
   harness_init();
   const BwdVariant two = {"hopper_bwd_01", prepare, launch_dkdv, launch_dq, 2.0, 1.5, true};
+  const int rc = racecheck_checks(argc, argv, two); /* `hopper_bwd_01 racecheck`: two checks, no timing */
+  if (rc >= 0) return rc ? 1 : 0;
   const BwdVariant one = {"hopper_bwd_01a", prepare, launch_dkdv_atomic, launch_dq_convert, 2.5, 0.0, false};
   const int failed = run_all(two) + run_all(one);
   return failed ? 1 : 0;

@@ -216,8 +216,10 @@ static void launch_dkdv(const Bwd &w) {
   else c.causal ? launch_dkdv_t<64, true>(w) : launch_dkdv_t<64, false>(w);
 }
 
-int main() {
+int main(int argc, char **argv) {
   harness_init();
   const BwdVariant two = {"hopper_bwd_02", prepare, launch_dkdv, launch_dq, 2.0, 1.5, true};
+  const int rc = racecheck_checks(argc, argv, two); /* `hopper_bwd_02 racecheck`: two checks, no timing */
+  if (rc >= 0) return rc ? 1 : 0;
   return run_all(two) ? 1 : 0;
 }

@@ -354,13 +354,15 @@ static void bench_reduce(const Case &c, int split) {
   bwd_free(w);
 }
 
-int main() {
+int main(int argc, char **argv) {
   harness_init();
   CK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0));
   /* The variant: split by the rule (the harness's small checks get split G: 2 on its GQA cases, 1 elsewhere),
      heaviest key blocks first; run_all checks it and times it at the H128 shapes (G = 1: the launch order is
      the only change from 01 there, so 01's figures in bench/NOTES.md compare directly). */
   const BwdVariant v03 = {"hopper_bwd_03", prepare, launch_dkdv, launch_dq, 2.0, 1.5, true};
+  const int rc = racecheck_checks(argc, argv, v03); /* `hopper_bwd_03 racecheck`: two checks, no timing */
+  if (rc >= 0) return rc ? 1 : 0;
   int failed = run_all(v03);
 
   /* Forced splits (each also checked) and 01's launch order, on G = 8 and G = 4 cases: both workspace paths

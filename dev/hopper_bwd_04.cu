@@ -245,20 +245,12 @@ static void launch_dkdv(const Bwd &w) {
   else c.causal ? launch_dkdv_t<64, true>(w) : launch_dkdv_t<64, false>(w);
 }
 
-/* `hopper_bwd_04 racecheck`: two of run_all's checks only, no timing, for `compute-sanitizer --tool racecheck`
-   (which slows every kernel by orders of magnitude: the timed shapes would not finish). H128 causal GQA 2:1 with
-   T < S (16 tiles per CTA through the 2-stage ring: each stage refilled 8 times; key blocks past T idle) and
-   H64 non-causal. Without an argument: every check, then the timings (dev/run_hopper.sh). */
+/* `hopper_bwd_04 racecheck`: racecheck_checks (hopper_bwd_common.cuh); without an argument every check, then the
+   timings (dev/run_hopper.sh). */
 int main(int argc, char **argv) {
   harness_init();
   const BwdVariant two = {"hopper_bwd_04", prepare, launch_dkdv, launch_dq, 2.0, 1.5, true};
-  if (argc > 1 && strcmp(argv[1], "racecheck") == 0) {
-    g_var = &two;
-    const Case cases[] = {{1, 512, 1024, 4, 2, 128, 1, SM_LEARNABLE, 1}, {1, 256, 512, 2, 1, 64, 0, SM_OFF_BY_ONE, 1}};
-    int failed = 0;
-    const uint32_t seeds[] = {21, 46}; /* run_all's seeds for these two cases (its checks 2 and 7) */
-    for (int i = 0; i < 2; ++i) failed += !bwd_check(cases[i], seeds[i]);
-    return failed ? 1 : 0;
-  }
+  const int rc = racecheck_checks(argc, argv, two);
+  if (rc >= 0) return rc ? 1 : 0;
   return run_all(two) ? 1 : 0;
 }

@@ -410,4 +410,19 @@ static int run_all(const BwdVariant &v) {
   return failed;
 }
 
+/* `hopper_bwd_NN racecheck`: two of run_all's checks only, no timing, for `compute-sanitizer --tool racecheck`
+   (which slows every kernel by orders of magnitude: the timed shapes would not finish). H128 causal GQA 2:1 with
+   T < S (16 tiles per CTA through the 2-stage ring: each stage refilled 8 times; key blocks past T idle) and
+   H64 non-causal. Returns -1 without the argument (the caller then runs run_all), else the failed count. */
+static int racecheck_checks(int argc, char **argv, const BwdVariant &v) {
+  if (argc < 2 || strcmp(argv[1], "racecheck") != 0) return -1;
+  g_var = &v;
+  const Case cases[] = {{1, 512, 1024, 4, 2, 128, 1, SM_LEARNABLE, 1}, {1, 256, 512, 2, 1, 64, 0, SM_OFF_BY_ONE, 1}};
+  const uint32_t seeds[] = {21, 46}; /* run_all's seeds for these two cases (its checks 2 and 7) */
+  int failed = 0;
+  for (int i = 0; i < 2; ++i)
+    if (cases[i].H == 128 || v.h64) failed += !bwd_check(cases[i], seeds[i]);
+  return failed;
+}
+
 #endif /* HOPPER_BWD_COMMON_CUH */
