@@ -10,7 +10,7 @@
 #   PART=lib bash bench/gpu_session.sh     build, test_cuda, ctest, pytest, the learnable grid, the other types
 #   PART=x2 bash bench/gpu_session.sh      (2 GPUs) test_cuda, compute-sanitizer over test_cuda on GPU 1 while GPU 0
 #                                           times the target rows (grid h200_targets), ring_reach.py (REACH=0:
-#                                           not), pytest (PYTEST=1)
+#                                           not), pytest (PYTEST=1), gpu_sanitize_probe.sh (SANPROBE=1)
 #   PART=final bash bench/gpu_session.sh   a short call: build, C tests, pytest, the learnable grid
 #   PART=bench bash bench/gpu_session.sh   python -m sinkattn.bench on the performance.md grid (learnable;
 #                                           vanilla and off_by_one on the H=128 T=4096 rows), the decode
@@ -117,6 +117,7 @@ elif [ "$PART" = x2 ]; then
   [ "${REACH:-1}" = 1 ] && step reach ${REACH_LIMIT:-150} "$PY" bench/ring_reach.py --time-budget ${REACH_BUDGET:-50} \
     --out "$STAGE/h200x2-reach.json"
   [ "${PYTEST:-0}" = 1 ] && step pytest 150 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=140 -n 8
+  [ "${SANPROBE:-0}" = 1 ] && step sanprobe 200 env OUT="$STAGE/sanprobe" PROBE_LIMIT=60 bash bench/gpu_sanitize_probe.sh
 elif [ "$PART" = check ]; then
   step build 240 bash -c build_gpu
   step test_cuda 90 build-gpu/test_cuda

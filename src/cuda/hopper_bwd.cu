@@ -4,12 +4,16 @@
  * On the H200 dev/hopper_bwd_01 reached 437 / 334 TFLOP/s (B4 T4096 N16 H128, non-causal / causal; dK/dV 562,
  * dQ 633 of their own products) against ~124 for the portable backward. Structure and names are dev's so a
  * fix made there ports by diff; the library adds the position masks (sa_hop_mask, per mask kind) and the
- * __syncwarp before the empty-barrier arrive. The portable backward (cuda_bwd.cu) runs around them, in this
- * order on one stream (sa_cuda_attn_bwd):
+ * __syncwarp before the empty-barrier arrive. Two changes from dev/hopper_bwd_01 were measured in later dev
+ * variants and taken: lse2 / D are staged by tensor-map copies (dev/hopper_bwd_04: compute-sanitizer racecheck
+ * reported 45056 hazards on 01's raw bulk copies, a false positive of that tool which flash-attention documents,
+ * and 0 on 04; dK/dV 575 vs 561 TFLOP/s at B4 T4096 H128), and under a causal mask with few dK/dV CTAs the key
+ * block is the slowest grid index so the heaviest CTAs start first (dev/hopper_bwd_03: gpt-oss 211 -> 276).
+ * The portable backward (cuda_bwd.cu) runs around them, in this order on one stream (sa_cuda_attn_bwd):
  *   1. sa_bwd_pre_kernel  D = rowsum(dout * out) - dlse, lse2 = lse * log2(e) (+inf where lse = -inf, so P = 0)
  *                         and the sink-gradient partials;
  *   2. sa_hop_bwd_dkdv    one CTA per (b, kv head, 128 keys), 384 threads; K and V loaded once by TMA; Q, dO
- *                         tiles of 64 rows and the matching lse2 / D (bulk copies) of each query block of the
+ *                         tiles of 64 rows and the matching lse2 / D (TMA boxes) of each query block of the
  *                         G heads streamed by a producer warpgroup through a 2-stage mbarrier ring; 2 consumer
  *                         warpgroups of 64 keys compute S^T = K Q^T and dP^T = V dO^T with wgmma SS (m64n64),
  *                         P^T = exp2(S^T sl2 - lse2), dS^T = P^T (dP^T - D), then dV += P^T dO and
@@ -52,6 +56,7 @@ struct sa_hop_bwd_params {
   int T, S, N, KH;
   float scale, scale_l2;
   sa_hop_mask mask; /* causal / window / offset (MASK kernels only) */
+  int kb_slowest;   /* dK/dV grid (KH, B, S / KB) instead of (S / KB, KH, B): heaviest key blocks first */
 };
 
 template <int HD>
@@ -59,6 +64,10 @@ constexpr int dkdv_smem() { return 1024 + 2 * KB * HD * 2 + STAGES * 2 * QB * HD
 template <int HD>
 constexpr int dq_smem() { return 1024 + 2 * QM * HD * 2 + STAGES * 2 * KT * HD * 2; }
 static_assert(QB == 64 && KT == 64, "gemm_rs and pack_frag read 64-row tiles");
+/* lse2 / D boxes: inner extent a multiple of 16 bytes and <= 256 elements; shared destinations 128-byte aligned
+   (the region follows K, V and the Q / dO ring from a 1024-byte boundary, boxes QB * 4 = 256 B apart). */
+static_assert(QB * 4 % 128 == 0 && QB <= 256 && (KB * 64 * 2) % 128 == 0 && (QB * 64 * 2) % 128 == 0,
+              "lse2 / D box destinations must be 128-byte aligned");
 static_assert(dkdv_smem<128>() <= 227 * 1024 && dq_smem<128>() <= 227 * 1024, "over the sm_90 limit");
 static_assert(128 % KB == 0 && 128 % QB == 0 && 128 % QM == 0 && 128 % KT == 0,
               "sa_hop_in_scope admits T and S that are multiples of 128");
@@ -74,10 +83,14 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64
       : "l"(da), "l"(db), "r"(scale_d));
 }
 
-/* Plain bulk copy (no tensor map) of `bytes` (multiple of 16, 16-byte aligned) completing on bar. */
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+/* One box of a 2-D fp32 tensor map (lse2 / D) at {c0 (innermost), c1} into dst (128-byte aligned), completing
+   on bar; no swizzle: the box lands as laid out in global memory. A tensor copy rather than a raw bulk copy
+   (cp.async.bulk) of the same 256 B: racecheck takes the raw copy's shared write for the issuing thread's and
+   reports it against the consumers' loads despite the mbarrier (dev/hopper_bwd_04, bench/NOTES.md). */
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+      ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
 
 /* acc[64x64] = A B^T over HD: A = 64 rows at a (K-major, its tile has a_rows rows per 64-column block),
@@ -143,6 +156,7 @@ template <int HD, int MASK>
 __global__ void __launch_bounds__(THREADS, 1)
     sa_hop_bwd_dkdv(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
                     const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
+                    const __grid_constant__ CUtensorMap tml, const __grid_constant__ CUtensorMap tmd,
                     const sa_hop_bwd_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int CB = HD / 64;
@@ -158,7 +172,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto bar_full = [&](int s) { return b0 + 8 * (1 + s); };
   auto bar_empty = [&](int s) { return b0 + 8 * (1 + STAGES + s); };
 
-  const int kb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, k0 = kb * KB, G = p.N / p.KH, T = p.T;
+  const int kb = p.kb_slowest ? blockIdx.z : blockIdx.x, kvh = p.kb_slowest ? blockIdx.x : blockIdx.y;
+  const int b = p.kb_slowest ? blockIdx.y : blockIdx.z, k0 = kb * KB, G = p.N / p.KH, T = p.T;
   /* The query blocks qb0 .. qb0 + per_head - 1 (of each of the G heads) hold every row that sees a key of
      [k0, k0 + KB); the others are skipped. Causal top-left: key block 0 sees every query, and key blocks come
      in order of decreasing work. */
@@ -198,9 +213,8 @@ __global__ void __launch_bounds__(THREADS, 1)
           tma_load(sq + s * QT_BYTES + c * QB * 128, &tmq, bar_full(s), c * 64, n, i0, b);
           tma_load(sdo + s * QT_BYTES + c * QB * 128, &tmdo, bar_full(s), c * 64, n, i0, b);
         }
-        const size_t li = ((size_t)b * p.N + n) * T + i0;
-        bulk_load(sld + s * LD_BYTES, p.lse2 + li, QB * 4, bar_full(s));
-        bulk_load(sld + s * LD_BYTES + QB * 4, p.D + li, QB * 4, bar_full(s));
+        tma_load_2d(sld + s * LD_BYTES, &tml, bar_full(s), i0, b * p.N + n);
+        tma_load_2d(sld + s * LD_BYTES + QB * 4, &tmd, bar_full(s), i0, b * p.N + n);
       }
     }
     return;
@@ -419,8 +433,45 @@ __global__ void __launch_bounds__(THREADS, 1)
 
 /* ---- host ------------------------------------------------------------------------------------------- */
 
-/* Tensor maps: dK/dV streams 64-row Q / dO tiles and loads 128-row K / V blocks; dQ the other way round. */
-enum { M_Q_QB, M_DO_QB, M_K_KB, M_V_KB, M_Q_QM, M_DO_QM, M_K_KT, M_V_KT, M_COUNT };
+/* Tensor maps: dK/dV streams 64-row Q / dO tiles and loads 128-row K / V blocks; dQ the other way round; dK/dV
+   also streams the 64-query boxes of lse2 and D. */
+enum { M_Q_QB, M_DO_QB, M_K_KB, M_V_KB, M_Q_QM, M_DO_QM, M_K_KT, M_V_KT, M_LSE2, M_D, M_COUNT };
+
+/* lse2 / D [B N, T] fp32 as a 2-D tensor {T, B N} (innermost first), box {QB queries, 1 row}, no swizzle. TMA
+   wants a 16-byte aligned base and a row stride (T * 4) that is a multiple of 16: T % 128 == 0 in scope. */
+static bool sa_hop_map_rows(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const float *base, int64_t rows,
+                            int64_t T) {
+  cuuint64_t dims[2] = {(cuuint64_t)T, (cuuint64_t)rows};
+  cuuint64_t strides[1] = {(cuuint64_t)T * 4};
+  cuuint32_t box[2] = {(cuuint32_t)QB, 1}, estr[2] = {1, 1};
+  return enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float *>(base), dims, strides, box, estr,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* The dK/dV launch order. A causal (or bottom-right, or offset) mask gives key block kb less work the further
+   right it is (block 0 streams every query block, the last only the diagonal). With the key block fastest
+   (the grid's x) the CTAs start in order (kb, kv head, batch): each head's heaviest block starts only after the
+   previous heads' blocks, and when the whole grid is a few waves the last heads' heaviest CTAs start late and
+   set the end. dev/hopper_bwd_03 at gpt-oss (B1 T4096 N/K 64/8 H64: 256 CTAs on 132 SMs, the heaviest = 512
+   tiles, the same as the balanced share 67584 / 132): 211 -> 276 TFLOP/s with the key block slowest. With many
+   CTAs the heaviest are a small fraction of an SM's share and the fast order keeps the CTAs of one head (the
+   same Q / dO tiles) together in L2: at B1 T16384 N16 H128 causal (2048 CTAs) the slow order lost 5% (382 ->
+   363). The heaviest CTA is 2 x the mean (T = S), so with n CTAs it is 2 x SMs / n of an SM's share: slow
+   order while that is above 1/4 (n < 8 x SMs; B4 T4096 N32 H64, 4096 CTAs: either order 268.6). */
+static int sa_hop_kb_slowest(int mask_kind, int64_t ctas) {
+  if (mask_kind != 1) return 0; /* no mask: equal work; windows: nearly equal */
+  static int sms = 0;           /* benign race: every thread stores the same value */
+  if (sms == 0) {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    sms = n;
+  }
+  return ctas < 8LL * sms;
+}
 
 /* A refused shared-memory opt-in (130 KiB at H 128) leaves *used = 0: the portable kernels run instead. */
 template <int HD, int MASK>
@@ -434,9 +485,10 @@ cudaError_t sa_hop_bwd_run(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_par
     return cudaSuccess;
   }
   *used = 1;
-  dim3 gk((unsigned)(hp.S / KB), (unsigned)hp.KH, (unsigned)B);
+  const dim3 gk = hp.kb_slowest ? dim3((unsigned)hp.KH, (unsigned)B, (unsigned)(hp.S / KB))
+                                : dim3((unsigned)(hp.S / KB), (unsigned)hp.KH, (unsigned)B);
   sa_hop_bwd_dkdv<HD, MASK><<<gk, THREADS, dkdv_smem<HD>(), st>>>(m[M_Q_QB], m[M_DO_QB], m[M_K_KB], m[M_V_KB],
-                                                                    hp);
+                                                                    m[M_LSE2], m[M_D], hp);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   dim3 gq((unsigned)(hp.T / QM), (unsigned)hp.N, (unsigned)B);
@@ -453,8 +505,8 @@ bool sa_hopper_bwd_in_scope(const sa_cuda_params &p, int bf16) {
 
 cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st, int *used) {
   *used = 0;
-  /* lse2 and D are read by 256-byte bulk copies: their bases must be 16-byte aligned (rows start at
-     multiples of 64 floats) */
+  /* lse2 and D are read by TMA boxes: their bases must be 16-byte aligned (rows start at multiples of 128
+     floats) */
   if (!p.lse2 || !p.D || !sa_hop_aligned(p.lse2) || !sa_hop_aligned(p.D) || !sa_hopper_bwd_in_scope(p, bf16))
     return cudaSuccess;
   static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
@@ -467,7 +519,9 @@ cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
                   sa_hop_map(enc, &m[M_Q_QM], p.q, p.B, p.T, p.N, p.H, QM) &&
                   sa_hop_map(enc, &m[M_DO_QM], p.dout, p.B, p.T, p.N, p.H, QM) &&
                   sa_hop_map(enc, &m[M_K_KT], p.k, p.B, p.S, p.K, p.H, KT) &&
-                  sa_hop_map(enc, &m[M_V_KT], p.v, p.B, p.S, p.K, p.H, KT);
+                  sa_hop_map(enc, &m[M_V_KT], p.v, p.B, p.S, p.K, p.H, KT) &&
+                  sa_hop_map_rows(enc, &m[M_LSE2], p.lse2, p.B * p.N, p.T) &&
+                  sa_hop_map_rows(enc, &m[M_D], p.D, p.B * p.N, p.T);
   if (!ok) return cudaSuccess; /* the driver refused a map: the portable kernels run instead */
   sa_hop_bwd_params hp;
   hp.dq = (__nv_bfloat16 *)p.dq;
@@ -479,6 +533,7 @@ cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   hp.scale = p.scale;
   hp.scale_l2 = p.scale_log2;
   hp.mask = sa_hop_mask_of(p);
+  hp.kb_slowest = sa_hop_kb_slowest(sa_hop_mask_kind(p), (p.S / KB) * p.K * p.B);
   switch (sa_hop_mask_kind(p) + 3 * (p.H == 128)) {
     case 0: return sa_hop_bwd_run<64, 0>(m, hp, p.B, st, used);
     case 1: return sa_hop_bwd_run<64, 1>(m, hp, p.B, st, used);
