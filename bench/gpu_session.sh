@@ -116,8 +116,9 @@ elif [ "$PART" = x2 ]; then
   cat "$STAGE/sanitize/summary.txt" 2>/dev/null
   [ "${REACH:-1}" = 1 ] && step reach ${REACH_LIMIT:-150} "$PY" bench/ring_reach.py --time-budget ${REACH_BUDGET:-50} \
     --out "$STAGE/h200x2-reach.json"
+  [ "${SANPROBE:-0}" = 1 ] && step sanprobe 150 env OUT="$STAGE/sanprobe" PROBE_LIMIT=${PROBE_LIMIT:-40} \
+    bash bench/gpu_sanitize_probe.sh
   [ "${PYTEST:-0}" = 1 ] && step pytest 150 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=140 -n 8
-  [ "${SANPROBE:-0}" = 1 ] && step sanprobe 200 env OUT="$STAGE/sanprobe" PROBE_LIMIT=60 bash bench/gpu_sanitize_probe.sh
 elif [ "$PART" = check ]; then
   step build 240 bash -c build_gpu
   step test_cuda 90 build-gpu/test_cuda
