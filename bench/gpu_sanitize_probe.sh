@@ -38,3 +38,9 @@ try "sinkattn fwd, initcheck" --tool initcheck "$PYTHON" -c '
 import jax, jax.numpy as jnp, sinkattn
 q = jnp.ones((1, 128, 2, 64), jnp.bfloat16)
 print(float(sinkattn.dot_product_attention(q, q, q, softmax_type="off_by_one").astype(jnp.float32).sum()))'
+try "jnp op, --target-processes all" --tool memcheck --target-processes all "$PYTHON" -c \
+  'import jax.numpy as jnp; print(float((jnp.ones(8) * 2).sum()))'
+try "pytest collect only" --tool memcheck --kernel-name kns=sa_ "$PYTHON" -m pytest -q -p no:cacheprovider --co \
+  tests/test_hardening.py
+try "pytest one gpu test" --tool memcheck --kernel-name kns=sa_ "$PYTHON" -m pytest -q -p no:cacheprovider -x \
+  tests/test_ops.py -k "grad" --maxfail=1
