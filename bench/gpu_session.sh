@@ -88,6 +88,8 @@ elif [ "$PART" = probe ]; then
     -rs --timeout=150 -n 8
   t0=$SECONDS; wait $san; summary+=("sanitize pytest part waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
   cat "$STAGE/sanitize/summary.txt" 2>/dev/null
+  [ "${SANPROBE:-0}" = 1 ] && step sanprobe 150 env CUDA_VISIBLE_DEVICES=$((ngpu - 1)) OUT="$STAGE/sanprobe" \
+    PROBE_LIMIT=${PROBE_LIMIT:-40} bash bench/gpu_sanitize_probe.sh
 elif [ "$PART" = lib ]; then
   # One call: build, the CUDA C tests (Hopper forward and backward checked against fp64 there; if they fail the
   # rest runs with SINKATTN_CUDA_HOPPER=0), pytest on the GPU, the learnable grid and the other softmax types.
