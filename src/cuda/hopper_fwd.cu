@@ -14,11 +14,12 @@
  * two commit groups and runs the softmax of S_j while P_{j-1} V_{j-1} is on the tensor core.
  *
  * Scope (sa_hop_in_scope in hopper_ptx.cuh, plus an aligned out; everything else runs the portable kernel):
- * a CC 9.0 device and sm_90a code in the binary, bf16, H == Hv in {64, 128}, T and S multiples of 128, no
- * lengths / segments, scale > 0 (the row max is taken before scaling), 16-byte aligned tensors; any causal
- * alignment, window and diag_offset (the MASK kernels: only the key tiles some row of the CTA sees are loaded,
- * and only tiles on a mask boundary test positions, by sa_hop_mask). SINKATTN_CUDA_HOPPER=0 in the
- * environment disables it.
+ * a CC 9.0 device and sm_90a code in the binary, bf16, H == Hv in {64, 128}, T and S multiples of 128 (the
+ * buffers; lengths may be anything), no segments, scale > 0 (the row max is taken before scaling), 16-byte
+ * aligned tensors; any causal alignment, window and diag_offset (the MASK kernels: only the key tiles some row
+ * of the CTA sees are loaded, and only tiles on a mask boundary test positions, by sa_hop_mask), and per-batch
+ * lengths (MASK 3: each CTA builds its batch's mask; V rows past kv_len in the last tile are zeroed in shared
+ * memory before P V, rows past q_len are written as 0). SINKATTN_CUDA_HOPPER=0 in the environment disables it.
  * Output semantics are the portable kernel's: lse [B, N, T] includes the sink; the sink enters once, in the
  * final normalisation (the running max is seeded with it: bf16 P has fp32's range, so 2^(s - a) for a sink
  * far above the scores stays normal); a row without any key gives out 0, lse = sink (a CTA none of whose rows
@@ -42,7 +43,8 @@ struct sa_hop_params {
   const float *sinks; /* [N], learnable only */
   int T, S, N, G, softmax;
   float scale_l2;   /* scale * log2(e) > 0 */
-  sa_hop_mask mask; /* causal / window / offset (MASK kernels only) */
+  sa_hop_mask mask;   /* causal / window / offset (MASK kernels only) */
+  sa_hop_shape shape; /* lengths and the raw mask parameters (MASK 3: each CTA builds its batch's mask) */
 };
 
 template <int HD>
@@ -78,17 +80,33 @@ __device__ __forceinline__ void gemm_pv(float (&o)[HD / 2], const uint32_t (&pf)
 /* Scores of invisible (key, row) pairs become -inf: visible iff dlo <= key - row <= dhi (sa_hop_mask). With x0
    the key - row of the thread's first element (the tile's first key + 2 * (lane % 4) - r0), element (j, e) of
    row r0 is x0 + c with c = 8j + e (row r0 + 8: c - 8), so it is invisible iff xh = x0 - dhi > -c or (KIND 2)
-   xl = x0 - dlo < -c: one compare with an immediate per bound. Only tiles on a mask boundary call it. */
+   xl = x0 - dlo < -c: one compare with an immediate per bound. Only tiles on a mask boundary call it. With
+   lengths (KIND 3) the upper bound is per row (sa_hop_row_bounds): xh0 for row r0, xh1 for r0 + 8; without,
+   both are the same value. */
 template <int KIND>
-__device__ __forceinline__ void mask_range(float (&sacc)[64], int xh, int xl) {
+__device__ __forceinline__ void mask_range(float (&sacc)[64], int xh0, int xh1, int xl) {
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int c = 8 * j + e;
-      if (xh > -c || (KIND == 2 && xl < -c)) sacc[4 * j + e] = -INFINITY;
-      if (xh > 8 - c || (KIND == 2 && xl < 8 - c)) sacc[4 * j + 2 + e] = -INFINITY;
+      if (xh0 > -c || (KIND >= 2 && xl < -c)) sacc[4 * j + e] = -INFINITY;
+      if (xh1 > 8 - c || (KIND >= 2 && xl < 8 - c)) sacc[4 * j + 2 + e] = -INFINITY;
     }
+}
+
+/* Rows [r_from, rows) of a [rows x 64-column block] bf16 tile, CB blocks (128-byte swizzled rows: the swizzle
+   permutes 16-byte chunks inside a row, so a whole row is bytes [r * 128, r * 128 + 128) whatever it does),
+   set to zero by `nthr` threads, then made visible to the async proxy (wgmma, the next TMA). The caller syncs
+   the threads that read the tile. Lengths: a key row past kv_len may hold anything (NaN included), and
+   0 x NaN = NaN in a product even where P = 0. */
+__device__ __forceinline__ void zero_rows(uint32_t tile, int rows, int r_from, int cb, int tid, int nthr) {
+  const int chunks = (rows - r_from) * 8; /* 16-byte chunks per column block */
+  for (int c = 0; c < cb; ++c)
+    for (int x = tid; x < chunks; x += nthr)
+      asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(tile + c * rows * 128 + r_from * 128 + 16 * x),
+                   "r"(0) : "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
 /* Online softmax of one tile, in place (scores -> fp32 probabilities relative to the new running max m_);
@@ -146,10 +164,23 @@ __global__ void __launch_bounds__(THREADS, 1)
   /* Causal: the heaviest m-blocks (most key tiles) are launched first. */
   const int mb = MASK ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
   const int n = blockIdx.y, b = blockIdx.z, kvh = n / p.G, m0 = mb * BM;
+  /* Lengths (MASK 3): batch b is the problem q_len[b] x kv_len[b], with its own mask (bottom-right's diagonal
+     moves with the lengths); rows past q_len see no key, keys past kv_len are never loaded but in the tile that
+     holds kv_len. */
+  sa_hop_mask mk = p.mask;
+  int ql = p.T, kl = p.S;
+  if (MASK == 3) {
+    sa_hop_lens(p.shape, b, p.T, p.S, &ql, &kl);
+    mk = sa_hop_mask_make(ql, kl, p.shape.causal, p.shape.wl, p.shape.wr, p.shape.diag);
+  }
   /* Key tiles t0 .. t0 + n_tiles - 1: those holding a key some row of [m0, m0 + BM) sees; the rest are fully
      masked and skipped. n_tiles = 0 (no row sees a key, e.g. a negative diag_offset): out 0, lse = sink. */
   int t0 = 0, n_tiles = p.S / BN;
-  if (MASK) t0 = sa_hop_key_tiles(p.mask, m0, BM, BN, &n_tiles);
+  if (MASK) {
+    const int rows = ql - m0 < BM ? ql - m0 : BM; /* BM without lengths */
+    if (rows > 0) t0 = sa_hop_key_tiles(mk, m0, rows, BN, &n_tiles);
+    else n_tiles = 0;
+  }
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -206,9 +237,17 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
   for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
   /* A tile of keys [k, k + BN) is visible to every row of the warpgroup iff its smallest key - row, k - wg_row0
-     - 63, is >= dlo and its largest, k + BN - 1 - wg_row0, is <= dhi: then no per-element test. */
-  const int dlo = p.mask.dlo, dhi = p.mask.dhi;
-  auto boundary = [&](int k) { return k - wg_row0 - 63 < dlo || k + BN - 1 - wg_row0 > dhi; };
+     - 63, is >= dlo and its largest, k + BN - 1 - wg_row0, is <= dhi (and, with lengths, it ends by kv_len and
+     the warpgroup's rows by q_len): then no per-element test. */
+  const int dlo = mk.dlo, dhi = mk.dhi;
+  int dhi0 = dhi, dhi1 = dhi, unused;
+  if (MASK == 3) {
+    sa_hop_row_bounds(mk, ql, kl, r0, &unused, &dhi0);
+    sa_hop_row_bounds(mk, ql, kl, r0 + 8, &unused, &dhi1);
+  }
+  auto boundary = [&](int k) {
+    return k - wg_row0 - 63 < dlo || k + BN - 1 - wg_row0 > dhi || (MASK == 3 && (k + BN > kl || wg_row0 + 64 > ql));
+  };
   if (n_tiles > 0) {
   mbar_wait(bar_q(b0), 0);
 
@@ -221,7 +260,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   wgmma_wait0();
   pin(sacc);
   if (lane == 0) mbar_arrive(bar_ke(b0, 0));
-  if (MASK && boundary(t0 * BN)) mask_range<MASK>(sacc, t0 * BN + 2 * t - r0 - dhi, t0 * BN + 2 * t - r0 - dlo);
+  if (MASK && boundary(t0 * BN))
+    mask_range<MASK>(sacc, t0 * BN + 2 * t - r0 - dhi0, t0 * BN + 2 * t - r0 - dhi1, t0 * BN + 2 * t - r0 - dlo);
   softmax_tile(sacc, m_, l_, corr, sl2);
   pack_p(pf, sacc);
 
@@ -242,7 +282,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     pin(sacc);
     if (lane == 0) mbar_arrive(bar_ke(b0, s));
     const int key0 = (t0 + it) * BN;
-    if (MASK && boundary(key0)) mask_range<MASK>(sacc, key0 + 2 * t - r0 - dhi, key0 + 2 * t - r0 - dlo);
+    if (MASK && boundary(key0))
+      mask_range<MASK>(sacc, key0 + 2 * t - r0 - dhi0, key0 + 2 * t - r0 - dhi1, key0 + 2 * t - r0 - dlo);
     softmax_tile(sacc, m_, l_, corr, sl2);
     /* ptxas schedules WARPGROUP.DEPBAR (wait_group 0) into the first stall slot after the row-max shuffle,
        i.e. before the 64 exp2s, which then no longer overlap P V (seen in the SASS of nvcc 13.0). A shared
@@ -262,10 +303,16 @@ __global__ void __launch_bounds__(THREADS, 1)
     pack_p(pf, sacc);
   }
 
-  { /* The last P V. */
+  { /* The last P V. With lengths the last tile is the only one that can hold keys past kv_len: their V rows
+       become 0 first (both warpgroups read the whole tile: they zero half each, then meet at barrier 1). */
     const int sp = (n_tiles - 1) % STAGES;
     const uint32_t php = ((n_tiles - 1) / STAGES) & 1;
     mbar_wait(bar_vf(b0, sp), php);
+    const int kend = (t0 + n_tiles) * BN; /* CTA-uniform */
+    if (MASK == 3 && kend > kl) {
+      zero_rows(sv + sp * KV_BYTES, BN, kl - (kend - BN), CB, threadIdx.x - 128, 128 * NC);
+      asm volatile("bar.sync 1, %0;" ::"n"(128 * NC) : "memory");
+    }
     pin(o);
     pin(pf);
     wgmma_fence();
@@ -297,11 +344,14 @@ __global__ void __launch_bounds__(THREADS, 1)
       lse = (sink_max ? sink : mm * SA_LN2) + logf(ltot);
     }
     const int row = r0 + 8 * h;
+    /* A row past q_len is exactly 0 (its Q row, padding, may hold NaN; P is 0 there, but not 0 x NaN). */
+    const bool dead = MASK == 3 && row >= ql;
     __nv_bfloat16 *orow = p.out + (((size_t)b * T + row) * N + n) * HD + 2 * t;
 #pragma unroll
     for (int j = 0; j < HD / 8; ++j)
-      *reinterpret_cast<__nv_bfloat162 *>(orow + 8 * j) =
-          __floats2bfloat162_rn(o[4 * j + 2 * h] * f, o[4 * j + 2 * h + 1] * f);
+      *reinterpret_cast<__nv_bfloat162 *>(orow + 8 * j) = dead ? __floats2bfloat162_rn(0.f, 0.f)
+                                                               : __floats2bfloat162_rn(o[4 * j + 2 * h] * f,
+                                                                                       o[4 * j + 2 * h + 1] * f);
     if (p.lse && t == 0) p.lse[((size_t)b * N + n) * T + row] = lse;
   }
 #endif /* sm_90a */
@@ -342,12 +392,15 @@ cudaError_t sa_hopper_fwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   hp.T = (int)p.T; hp.S = (int)p.S; hp.N = (int)p.N; hp.G = (int)p.G; hp.softmax = p.softmax;
   hp.scale_l2 = p.scale_log2;
   hp.mask = sa_hop_mask_of(p);
-  switch (sa_hop_mask_kind(p) + 3 * (p.H == 128)) {
+  hp.shape = sa_hop_shape_of(p);
+  switch (sa_hop_mask_kind(p) + 4 * (p.H == 128)) {
     case 0: return sa_hop_run<64, 0>(mq, mk, mv, hp, p.B, st, used);
     case 1: return sa_hop_run<64, 1>(mq, mk, mv, hp, p.B, st, used);
     case 2: return sa_hop_run<64, 2>(mq, mk, mv, hp, p.B, st, used);
-    case 3: return sa_hop_run<128, 0>(mq, mk, mv, hp, p.B, st, used);
-    case 4: return sa_hop_run<128, 1>(mq, mk, mv, hp, p.B, st, used);
-    default: return sa_hop_run<128, 2>(mq, mk, mv, hp, p.B, st, used);
+    case 3: return sa_hop_run<64, 3>(mq, mk, mv, hp, p.B, st, used);
+    case 4: return sa_hop_run<128, 0>(mq, mk, mv, hp, p.B, st, used);
+    case 5: return sa_hop_run<128, 1>(mq, mk, mv, hp, p.B, st, used);
+    case 6: return sa_hop_run<128, 2>(mq, mk, mv, hp, p.B, st, used);
+    default: return sa_hop_run<128, 3>(mq, mk, mv, hp, p.B, st, used);
   }
 }

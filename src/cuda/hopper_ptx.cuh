@@ -176,7 +176,7 @@ static inline bool sa_hop_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-/* The position mask of the Hopper kernels, which take no lengths or segments (every row i < T, keys < S): key j
+/* The position mask of the Hopper kernels (no segments; lengths below): key j
    is visible to query i iff lo(i) <= j < hi(i), the range sa_dev_key_range gives with ql = T, kl = S. The row's
    diagonal is d = i + off (off = S - T for bottom-right, plus diag_offset); lo = max(0, d - wl) when wl >= 0;
    hi = min(S, d + 1 when causal, d + wr + 1 when wr >= 0), never below lo. Both never decrease with i, so the
@@ -187,12 +187,69 @@ static inline bool sa_hop_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap
    +-(2^30 + 256) (|x| < 2^30, so clamping keeps every answer and x - dlo, x - dhi fit an int). A kernel
    forms x0 - dhi and x0 - dlo once per tile (x0: its first element's x) and tests each element against an
    immediate: one compare per bound, as cheap as a causal-only test; kernels are compiled per mask kind
-   (sa_hop_mask_kind) so a causal mask pays no lower-bound compare. */
+   (sa_hop_mask_kind) so a causal mask pays no lower-bound compare.
+   Lengths (kind 3): batch b is the problem T = q_len[b], S = kv_len[b] (clamped to the buffers' T, S, as
+   sa_dev_q_len / sa_dev_kv_len do): its mask is sa_hop_mask_make of those, built by each CTA from `shape`, and
+   each thread folds the length bounds into per-row bounds: a query row i sees keys j < kv_len only, i.e.
+   x <= kv_len - 1 - i, and a row past q_len sees nothing (sa_hop_row_bounds). */
 struct sa_hop_mask {
   long long off, wl, wr; /* wl, wr < 0: unbounded; capped at T + S + |off| + 1 like sa_dev_key_range */
   int S, causal;
   int dlo, dhi;
 };
+
+/* What a kind-3 kernel needs to build a batch's mask: the lengths and the unclamped mask parameters. */
+struct sa_hop_shape {
+  const int32_t *q_lens, *kv_lens; /* [B] device pointers or NULL (= T, S) */
+  int causal;                      /* sa_causal: 0 none, 1 top-left, 2 bottom-right */
+  long long wl, wr, diag;          /* as sa_cuda_params */
+};
+
+/* x = key - row is always inside +-2^30 (T, S < 2^30 in scope), so these bounds decide nothing / everything. */
+#define SA_HOP_XLIM ((1 << 30) + 256)
+
+__host__ __device__ __forceinline__ sa_hop_mask sa_hop_mask_make(long long T, long long S, int causal, long long wl,
+                                                                 long long wr, long long diag) {
+  sa_hop_mask m;
+  m.off = (causal == 2 ? S - T : 0) + diag;
+  const long long big = T + S + (m.off < 0 ? -m.off : m.off) + 1;
+  m.wl = wl > big ? big : wl;
+  m.wr = wr > big ? big : wr;
+  m.S = (int)S;
+  m.causal = causal != 0;
+  const long long inf = 1LL << 40, lim = SA_HOP_XLIM;
+  long long dmax = inf;
+  if (m.causal) dmax = 0;
+  if (m.wr >= 0 && m.wr < dmax) dmax = m.wr;
+  const long long dlo = m.wl >= 0 ? m.off - m.wl : -inf, dhi = m.off + dmax;
+  m.dlo = (int)(dlo < -lim ? -lim : dlo > lim ? lim : dlo);
+  m.dhi = (int)(dhi < -lim ? -lim : dhi > lim ? lim : dhi);
+  return m;
+}
+
+/* Batch b's lengths, clamped to [0, T] and [0, S] (NULL: the whole buffer). */
+__host__ __device__ __forceinline__ void sa_hop_lens(const sa_hop_shape &sh, int b, int T, int S, int *ql, int *kl) {
+  const int q = sh.q_lens ? sh.q_lens[b] : T, k = sh.kv_lens ? sh.kv_lens[b] : S;
+  *ql = q < 0 ? 0 : q > T ? T : q;
+  *kl = k < 0 ? 0 : k > S ? S : k;
+}
+
+/* The bounds dlo <= key - row <= dhi for one query row i of a batch with lengths ql, kl: keys j < kl means
+   x <= kl - 1 - i; a row i >= ql sees no key (dhi below every x). Without lengths (ql = T, kl = S) they are
+   the mask's own: keys < S and rows < T always hold. */
+__host__ __device__ __forceinline__ void sa_hop_row_bounds(const sa_hop_mask &m, int ql, int kl, int i, int *dlo,
+                                                           int *dhi) {
+  *dlo = m.dlo;
+  *dhi = i >= ql ? -SA_HOP_XLIM : (kl - 1 - i < m.dhi ? kl - 1 - i : m.dhi);
+}
+
+/* The same for one key j (the dK/dV kernel's rows): rows i < ql means x = j - i >= j - ql + 1; a key j >= kl
+   is seen by no row. */
+__host__ __device__ __forceinline__ void sa_hop_key_bounds(const sa_hop_mask &m, int ql, int kl, int j, int *dlo,
+                                                           int *dhi) {
+  *dlo = j - ql + 1 > m.dlo ? j - ql + 1 : m.dlo;
+  *dhi = j >= kl ? -SA_HOP_XLIM : m.dhi;
+}
 
 __host__ __device__ __forceinline__ int sa_hop_lo(const sa_hop_mask &m, int i) {
   const long long lo = m.wl >= 0 ? i + m.off - m.wl : 0;
@@ -240,27 +297,26 @@ __host__ __device__ __forceinline__ int sa_hop_query_rows(const sa_hop_mask &m, 
 }
 
 /* The mask kind a call needs: 0 none (every key visible to every row), 1 an upper bound on key - row only
-   (causal in either alignment, a right window, with any diag_offset), 2 a lower bound too (a left window). */
+   (causal in either alignment, a right window, with any diag_offset), 2 a lower bound too (a left window),
+   3 per-batch lengths (both bounds, per row: sa_hop_row_bounds / sa_hop_key_bounds). */
 static inline int sa_hop_mask_kind(const sa_cuda_params &p) {
+  if (p.q_lens || p.kv_lens) return 3;
   return p.wl >= 0 ? 2 : (p.causal != 0 || p.wr >= 0) ? 1 : 0;
 }
 
 static inline sa_hop_mask sa_hop_mask_of(const sa_cuda_params &p) {
-  sa_hop_mask m;
-  m.off = (p.causal == 2 ? p.S - p.T : 0) + p.diag_offset;
-  const long long big = p.T + p.S + (m.off < 0 ? -m.off : m.off) + 1;
-  m.wl = p.wl > big ? big : p.wl;
-  m.wr = p.wr > big ? big : p.wr;
-  m.S = (int)p.S;
-  m.causal = p.causal != 0;
-  const long long inf = 1LL << 40, lim = (1LL << 30) + 256;
-  long long dmax = inf;
-  if (m.causal) dmax = 0;
-  if (m.wr >= 0 && m.wr < dmax) dmax = m.wr;
-  const long long dlo = m.wl >= 0 ? m.off - m.wl : -inf, dhi = m.off + dmax;
-  m.dlo = (int)(dlo < -lim ? -lim : dlo > lim ? lim : dlo);
-  m.dhi = (int)(dhi < -lim ? -lim : dhi > lim ? lim : dhi);
-  return m;
+  return sa_hop_mask_make(p.T, p.S, p.causal, p.wl, p.wr, p.diag_offset);
+}
+
+static inline sa_hop_shape sa_hop_shape_of(const sa_cuda_params &p) {
+  sa_hop_shape sh;
+  sh.q_lens = p.q_lens;
+  sh.kv_lens = p.kv_lens;
+  sh.causal = p.causal;
+  sh.wl = p.wl;
+  sh.wr = p.wr;
+  sh.diag = p.diag_offset;
+  return sh;
 }
 
 static inline bool sa_hop_disabled_by_env() {
@@ -277,10 +333,12 @@ static inline bool sa_hop_aligned(const void *x) { return (uintptr_t)x % 16 == 0
    backward's 128-key and 128-query blocks and 64-row streamed tiles all divide them. */
 static inline bool sa_hop_in_scope(const sa_cuda_params &p, int bf16) {
   if (!bf16 || p.H != p.Hv || (p.H != 64 && p.H != 128)) return false;
-  if (p.q_lens || p.kv_lens || p.q_seg || p.kv_seg) return false;
+  if (p.q_seg || p.kv_seg) return false;
+  if (p.q_lens || p.kv_lens) return false; /* lengths: the kind-3 forward is written, the backward not yet */
   /* windows, both causal alignments and diag_offset: the position mask above (a diag_offset alone, without
      causal or window, changes nothing) */
   if (p.T <= 0 || p.S <= 0 || p.T % 128 != 0 || p.S % 128 != 0) return false;
+  if (p.T >= (1 << 29) || p.S >= (1 << 29)) return false; /* key - row inside +-2^30 (SA_HOP_XLIM) */
   if (!(p.scale_log2 > 0.f) || !isfinite(p.scale_log2)) return false; /* the row max is taken before scaling */
   if (!sa_hop_aligned(p.q) || !sa_hop_aligned(p.k) || !sa_hop_aligned(p.v)) return false;
   if (sa_hop_disabled_by_env()) return false;
