@@ -75,8 +75,7 @@ static const tc_case tc_cases[] = {
 };
 
 /* Inside the scope of the sm_90a forward and backward (src/cuda/hopper_fwd.cu, hopper_bwd.cu: bf16, H == Hv
-   in {64, 128}, T and S multiples of 128, no lengths / segments,
-   any causal alignment, window and diag_offset). main runs each twice: with the fast paths (the default; on a CC 9.0
+   in {64, 128}, T and S multiples of 128, no segments; any causal alignment, window, diag_offset and lengths). main runs each twice: with the fast paths (the default; on a CC 9.0
    device, with sm_90a code built, the Hopper forward and backward must be the ones that ran) and with
    SINKATTN_CUDA_HOPPER=0 (the portable kernels), both against the reference: out, lse, and dq, dk, dv,
    dsinks of three backward runs that must agree bitwise. The backward covers GQA 1 to 8 (64 / 8 heads),
@@ -107,6 +106,15 @@ static const tc_case tc_hopper_cases[] = {
     {"hop H128 diag -300 vanilla (empty rows)", SA_BF16, 1, 384, 384, 2, 1, 128, 128, SA_SOFTMAX_VANILLA, SA_CAUSAL_TOP_LEFT, -1, -1, -300, 0, 0, 0, 10},
     {"hop H64 diag 200 window 50,20", SA_BF16, 2, 256, 640, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, 50, 20, 200, 0, 0, 1, 50},
     {"hop H128 diag 5000 causal (full)", SA_BF16, 1, 256, 256, 2, 2, 128, 128, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_TOP_LEFT, -1, -1, 5000, 0, 0, 0, 10},
+    /* per-batch lengths (mask kind 3): random q_len / kv_len in [0.3, 1) of T / S (lens 1), or -3, 1e9, -5
+       clamped (lens 2: a batch without rows, one full, one without keys); padding is NaN */
+    {"hop H128 lens 256x384 +-50", SA_BF16, 2, 256, 384, 4, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 1, 0, 1, 50},
+    {"hop H64 lens causal GQA4 dlse", SA_BF16, 3, 384, 384, 8, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 1, 0, 1, -10},
+    {"hop H64 lens BR window 100,0 obo", SA_BF16, 2, 256, 512, 4, 1, 64, 64, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_BOTTOM_RIGHT, 100, 0, 0, 1, 0, 0, 10},
+    {"hop H128 clamped lens BR causal", SA_BF16, 3, 256, 384, 4, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 2, 0, 1, 10},
+    {"hop H64 lens vanilla window 64,32", SA_BF16, 2, 512, 256, 2, 2, 64, 64, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, 64, 32, 0, 1, 0, 1, 10},
+    {"hop H128 lens causal diag -50 obo", SA_BF16, 2, 384, 256, 4, 4, 128, 128, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_TOP_LEFT, -1, -1, -50, 1, 0, 1, 10},
+    {"hop H64 clamped lens", SA_BF16, 3, 128, 256, 2, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 2, 0, 0, 10},
 };
 
 static int tc_pass, tc_fail;

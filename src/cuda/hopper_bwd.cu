@@ -55,8 +55,9 @@ struct sa_hop_bwd_params {
   const float *lse2, *D; /* [B, N, T], workspace written by sa_bwd_pre_kernel */
   int T, S, N, KH;
   float scale, scale_l2;
-  sa_hop_mask mask; /* causal / window / offset (MASK kernels only) */
-  int kb_slowest;   /* dK/dV grid (KH, B, S / KB) instead of (S / KB, KH, B): heaviest key blocks first */
+  sa_hop_mask mask;   /* causal / window / offset (MASK kernels only) */
+  sa_hop_shape shape; /* lengths and the raw mask parameters (MASK 3: each CTA builds its batch's mask) */
+  int kb_slowest;     /* dK/dV grid (KH, B, S / KB) instead of (S / KB, KH, B): heaviest key blocks first */
 };
 
 template <int HD>
@@ -174,13 +175,22 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   const int kb = p.kb_slowest ? blockIdx.z : blockIdx.x, kvh = p.kb_slowest ? blockIdx.x : blockIdx.y;
   const int b = p.kb_slowest ? blockIdx.y : blockIdx.z, k0 = kb * KB, G = p.N / p.KH, T = p.T;
+  /* Lengths (MASK 3): batch b is the problem q_len[b] x kv_len[b] with its own mask. Rows past q_len are never
+     streamed but in the query block that holds q_len, whose rows past it (Q, dO, D) are zeroed in shared memory;
+     keys past kv_len see no row and get dK = dV = 0 (their S^T / dP^T rows are never used). */
+  sa_hop_mask mk = p.mask;
+  int ql = T, kl = p.S;
+  if (MASK == 3) {
+    sa_hop_lens(p.shape, b, T, p.S, &ql, &kl);
+    mk = sa_hop_mask_make(ql, kl, p.shape.causal, p.shape.wl, p.shape.wr, p.shape.diag);
+  }
   /* The query blocks qb0 .. qb0 + per_head - 1 (of each of the G heads) hold every row that sees a key of
      [k0, k0 + KB); the others are skipped. Causal top-left: key block 0 sees every query, and key blocks come
      in order of decreasing work. */
   int qb0 = 0, per_head = T / QB;
   if (MASK) {
     int i_end;
-    const int i_beg = sa_hop_query_rows(p.mask, T, k0, KB, &i_end);
+    const int i_beg = sa_hop_query_rows(mk, ql, k0, KB, &i_end);
     qb0 = i_beg / QB;
     per_head = i_end > i_beg ? (i_end + QB - 1) / QB - qb0 : 0;
   }
@@ -230,12 +240,28 @@ __global__ void __launch_bounds__(THREADS, 1)
   uint32_t pf[16], df[16];
   zero(dk);
   zero(dv);
+  /* Per key-row bounds on key - query (sa_hop_key_bounds: lengths make them depend on the key); without lengths
+     both rows take the mask's own. */
+  int dlo0 = mk.dlo, dhi0 = mk.dhi, dlo1 = dlo0, dhi1 = dhi0;
+  if (MASK == 3) {
+    sa_hop_key_bounds(mk, ql, kl, kr, &dlo0, &dhi0);
+    sa_hop_key_bounds(mk, ql, kl, kr + 8, &dlo1, &dhi1);
+  }
   if (n_tiles > 0) mbar_wait(b0, 0);
 
   for (int it = 0; it < n_tiles; ++it) {
     const int s = it % STAGES, i0 = (qb0 + it % per_head) * QB;
     const uint32_t sq_s = sq + s * QT_BYTES, sdo_s = sdo + s * QT_BYTES;
     mbar_wait(bar_full(s), (it / STAGES) & 1);
+    if (MASK == 3 && i0 + QB > ql) { /* the block holding q_len (CTA-uniform): rows past it may be NaN padding */
+      const int r = ql - i0, tid = threadIdx.x - 128;
+      float *dz = const_cast<float *>(ld_f) + s * 2 * QB + QB; /* D of this stage (the fences below order it
+                                                                 before the stage's next TMA write too) */
+      for (int x = r + tid; x < QB; x += 128 * NC) dz[x] = 0.f;
+      zero_tile_rows(sq_s, QB, r, CB, tid, 128 * NC);
+      zero_tile_rows(sdo_s, QB, r, CB, tid, 128 * NC);
+      asm volatile("bar.sync 1, %0;" ::"n"(128 * NC) : "memory");
+    }
     /* Zeroed, so the previous tile's values are dead after packing: 192 live accumulators, not 224. */
     zero(st);
     zero(dpt);
@@ -252,9 +278,11 @@ __global__ void __launch_bounds__(THREADS, 1)
     /* Only tiles on a mask boundary test positions (sa_hop_mask: visible iff dlo <= key - query <= dhi): the
        warpgroup's keys [kw0, kw0 + 64) and the tile's queries [i0, i0 + 64) span key - query from
        kw0 - i0 - 63 to kw0 - i0 + 63. */
-    const int dlo = p.mask.dlo, dhi = p.mask.dhi, x0 = kr - i0 - 2 * t; /* key - query of element j = 0, e = 0 */
-    const bool masked = MASK && (kw0 - i0 - 63 < dlo || kw0 - i0 + 63 > dhi);
-    const int xh = x0 - dhi, xl = x0 - dlo; /* element c (below) invisible iff xh > -c or xl < -c */
+    const int dlo = mk.dlo, dhi = mk.dhi, x0 = kr - i0 - 2 * t; /* key - query of element j = 0, e = 0 */
+    const bool masked = MASK && (kw0 - i0 - 63 < dlo || kw0 - i0 + 63 > dhi ||
+                                 (MASK == 3 && (i0 + QB > ql || kw0 + 64 > kl)));
+    /* element c (below) of key row h invisible iff xh_h > -c or xl_h < -c */
+    const int xh0 = x0 - dhi0, xl0 = x0 - dlo0, xh1 = x0 - dhi1, xl1 = x0 - dlo1;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const float2 l2 = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t);
@@ -262,7 +290,8 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int e = 0; e < 4; ++e) {
         float x = ex2(fmaf(st[4 * j + e], sl2, -((e & 1) ? l2.y : l2.x)));
         const int c = 8 * (e >> 1) - 8 * j - (e & 1); /* key kr + 8 (e >> 1), query i0 + 8j + 2t + (e & 1) */
-        if (masked && (xh > -c || (MASK == 2 && xl < -c))) x = 0.f;
+        const int xh = (e >> 1) ? xh1 : xh0, xl = (e >> 1) ? xl1 : xl0;
+        if (masked && (xh > -c || (MASK >= 2 && xl < -c))) x = 0.f;
         st[4 * j + e] = x;
       }
     }
@@ -297,6 +326,15 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (lane == 0) mbar_arrive(bar_empty(s));
   }
 
+  if (MASK == 3) /* keys past kv_len: 0 (their dP^T rows came from padding V, maybe NaN) */
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (kr + 8 * h >= kl)
+#pragma unroll
+        for (int j = 0; j < HD / 8; ++j) {
+          dk[4 * j + 2 * h] = dk[4 * j + 2 * h + 1] = 0.f;
+          dv[4 * j + 2 * h] = dv[4 * j + 2 * h + 1] = 0.f;
+        }
   const size_t rs = (size_t)p.KH * HD;
   const size_t base = ((size_t)b * p.S * p.KH + kvh) * HD;
   store_rows<HD>(p.dk + base, dk, rs, kr, t, p.scale); /* zeros where no query sees the keys */
@@ -326,9 +364,21 @@ __global__ void __launch_bounds__(THREADS, 1)
   /* Causal: the query blocks with the most key tiles are launched first. */
   const int mb = MASK ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
   const int n = blockIdx.y, b = blockIdx.z, kvh = n / (p.N / p.KH), m0 = mb * QM, T = p.T;
+  /* Lengths (MASK 3): the batch's own mask; keys past kv_len in the tile that holds kv_len are zeroed in shared
+     memory (K and V: padding may be NaN), rows past q_len get dq = 0. */
+  sa_hop_mask mk = p.mask;
+  int ql = T, kl = p.S;
+  if (MASK == 3) {
+    sa_hop_lens(p.shape, b, T, p.S, &ql, &kl);
+    mk = sa_hop_mask_make(ql, kl, p.shape.causal, p.shape.wl, p.shape.wr, p.shape.diag);
+  }
   /* Key tiles t0 .. t0 + n_tiles - 1: those holding a key some row of [m0, m0 + QM) sees (none: dq = 0). */
   int t0 = 0, n_tiles = p.S / KT;
-  if (MASK) t0 = sa_hop_key_tiles(p.mask, m0, QM, KT, &n_tiles);
+  if (MASK) {
+    const int rows = ql - m0 < QM ? ql - m0 : QM; /* QM without lengths */
+    if (rows > 0) t0 = sa_hop_key_tiles(mk, m0, rows, KT, &n_tiles);
+    else n_tiles = 0;
+  }
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -377,13 +427,24 @@ __global__ void __launch_bounds__(THREADS, 1)
   float dq[HD / 2], sa[32], dpa[32];
   uint32_t df[16];
   zero(dq);
-  const int dlo = p.mask.dlo, dhi = p.mask.dhi; /* visible iff dlo <= key - row <= dhi (sa_hop_mask) */
+  const int dlo = mk.dlo, dhi = mk.dhi; /* visible iff dlo <= key - row <= dhi (sa_hop_mask) */
+  int dhi0 = dhi, dhi1 = dhi, unused; /* per row with lengths (sa_hop_row_bounds) */
+  if (MASK == 3) {
+    sa_hop_row_bounds(mk, ql, kl, r0, &unused, &dhi0);
+    sa_hop_row_bounds(mk, ql, kl, r0 + 8, &unused, &dhi1);
+  }
   if (n_tiles > 0) mbar_wait(b0, 0);
 
   for (int it = 0; it < n_tiles; ++it) {
     const int s = it % STAGES, key0 = (t0 + it) * KT;
     const uint32_t sk_s = sk + s * KT_BYTES, sv_s = sv + s * KT_BYTES;
     mbar_wait(bar_full(s), (it / STAGES) & 1);
+    if (MASK == 3 && key0 + KT > kl) { /* the tile holding kv_len (CTA-uniform): keys past it may be NaN padding */
+      const int tid = threadIdx.x - 128;
+      zero_tile_rows(sk_s, KT, kl - key0, CB, tid, 128 * NC);
+      zero_tile_rows(sv_s, KT, kl - key0, CB, tid, 128 * NC);
+      asm volatile("bar.sync 1, %0;" ::"n"(128 * NC) : "memory");
+    }
     zero(sa);
     zero(dpa);
     pin(sa);
@@ -396,16 +457,19 @@ __global__ void __launch_bounds__(THREADS, 1)
     wgmma_wait1();
     pin(sa);
     /* keys [key0, key0 + KT) against the warpgroup's rows [wg_row0, wg_row0 + 64) */
-    const bool masked = MASK && (key0 - wg_row0 - 63 < dlo || key0 + KT - 1 - wg_row0 > dhi);
+    const bool masked = MASK && (key0 - wg_row0 - 63 < dlo || key0 + KT - 1 - wg_row0 > dhi ||
+                                 (MASK == 3 && (key0 + KT > kl || wg_row0 + 64 > ql)));
     const int x0 = key0 + 2 * t - r0; /* key - row of element j = 0, e = 0 */
-    const int xh = x0 - dhi, xl = x0 - dlo; /* element c (below) invisible iff xh > -c or xl < -c */
+    /* element c (below) of row h invisible iff xh_h > -c or xl < -c */
+    const int xh0 = x0 - dhi0, xh1 = x0 - dhi1, xl = x0 - dlo;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = ex2(fmaf(sa[4 * j + e], sl2, -lr[e >> 1]));
         const int c = 8 * j + (e & 1) - 8 * (e >> 1); /* key key0 + 8j + 2t + (e & 1), row r0 + 8 (e >> 1) */
-        if (masked && (xh > -c || (MASK == 2 && xl < -c))) x = 0.f;
+        const int xh = (e >> 1) ? xh1 : xh0;
+        if (masked && (xh > -c || (MASK >= 2 && xl < -c))) x = 0.f;
         sa[4 * j + e] = x;
       }
     anchor_exp2(sa, &anchor[4 * cw + warp], lane);
@@ -427,6 +491,12 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (lane == 0) mbar_arrive(bar_empty(s));
   }
 
+  if (MASK == 3) /* rows past q_len: 0 (their Q / dO rows are padding, maybe NaN) */
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (r0 + 8 * h >= ql)
+#pragma unroll
+        for (int j = 0; j < HD / 8; ++j) dq[4 * j + 2 * h] = dq[4 * j + 2 * h + 1] = 0.f;
   store_rows<HD>(p.dq + ((size_t)b * T * p.N + n) * HD, dq, (size_t)p.N * HD, r0, t, p.scale);
 #endif /* sm_90a */
 }
@@ -459,8 +529,8 @@ static bool sa_hop_map_rows(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *
    same Q / dO tiles) together in L2: at B1 T16384 N16 H128 causal (2048 CTAs) the slow order lost 5% (382 ->
    363). The heaviest CTA is 2 x the mean (T = S), so with n CTAs it is 2 x SMs / n of an SM's share: slow
    order while that is above 1/4 (n < 8 x SMs; B4 T4096 N32 H64, 4096 CTAs: either order 268.6). */
-static int sa_hop_kb_slowest(int mask_kind, int64_t ctas) {
-  if (mask_kind != 1) return 0; /* no mask: equal work; windows: nearly equal */
+static int sa_hop_kb_slowest(bool work_falls, int64_t ctas) {
+  if (!work_falls) return 0; /* no mask: equal work; windows: nearly equal */
   static int sms = 0;           /* benign race: every thread stores the same value */
   if (sms == 0) {
     int dev = 0, n = 0;
@@ -533,13 +603,19 @@ cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   hp.scale = p.scale;
   hp.scale_l2 = p.scale_log2;
   hp.mask = sa_hop_mask_of(p);
-  hp.kb_slowest = sa_hop_kb_slowest(sa_hop_mask_kind(p), (p.S / KB) * p.K * p.B);
-  switch (sa_hop_mask_kind(p) + 3 * (p.H == 128)) {
+  hp.shape = sa_hop_shape_of(p);
+  /* key block work falls with kb under an upper bound alone (kind 1), or lengths with one and no left window */
+  const int kind = sa_hop_mask_kind(p);
+  const bool falls = kind == 1 || (kind == 3 && (p.causal != 0 || p.wr >= 0) && p.wl < 0);
+  hp.kb_slowest = sa_hop_kb_slowest(falls, (p.S / KB) * p.K * p.B);
+  switch (kind + 4 * (p.H == 128)) {
     case 0: return sa_hop_bwd_run<64, 0>(m, hp, p.B, st, used);
     case 1: return sa_hop_bwd_run<64, 1>(m, hp, p.B, st, used);
     case 2: return sa_hop_bwd_run<64, 2>(m, hp, p.B, st, used);
-    case 3: return sa_hop_bwd_run<128, 0>(m, hp, p.B, st, used);
-    case 4: return sa_hop_bwd_run<128, 1>(m, hp, p.B, st, used);
-    default: return sa_hop_bwd_run<128, 2>(m, hp, p.B, st, used);
+    case 3: return sa_hop_bwd_run<64, 3>(m, hp, p.B, st, used);
+    case 4: return sa_hop_bwd_run<128, 0>(m, hp, p.B, st, used);
+    case 5: return sa_hop_bwd_run<128, 1>(m, hp, p.B, st, used);
+    case 6: return sa_hop_bwd_run<128, 2>(m, hp, p.B, st, used);
+    default: return sa_hop_bwd_run<128, 3>(m, hp, p.B, st, used);
   }
 }

@@ -71,6 +71,20 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, u
       ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
 }
 
+/* Rows [r_from, rows) of a [rows x 64-column block] bf16 tile of cb blocks, set to zero by `nthr` threads
+   (tid 0 .. nthr - 1) and made visible to the async proxy (wgmma reads, the next TMA write). The 128-byte
+   swizzle permutes the 16-byte chunks inside a row, so a whole row is bytes [r * 128, r * 128 + 128) of its
+   block whatever the swizzle. The caller then syncs the threads that read the tile. Used with lengths: a row
+   past q_len / kv_len may hold anything, NaN included, and 0 x NaN = NaN in a product even where P = 0. */
+__device__ __forceinline__ void zero_tile_rows(uint32_t tile, int rows, int r_from, int cb, int tid, int nthr) {
+  const int chunks = (rows - r_from) * 8; /* 16-byte chunks per column block */
+  for (int c = 0; c < cb; ++c)
+    for (int x = tid; x < chunks; x += nthr)
+      asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(tile + c * rows * 128 + r_from * 128 + 16 * x),
+                   "r"(0) : "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 /* wgmma shared-memory descriptor: start >> 4 in bits 0-13, leading byte offset >> 4 in 16-29, stride byte
    offset >> 4 in 32-45, base offset 0 (every swizzle atom starts on a 1024-byte boundary), 128-byte swizzle
    (1) in bits 62-63. K-major operands (Q, K): LBO unused (16), SBO = 1024 between 8-row groups.
@@ -333,8 +347,7 @@ static inline bool sa_hop_aligned(const void *x) { return (uintptr_t)x % 16 == 0
    backward's 128-key and 128-query blocks and 64-row streamed tiles all divide them. */
 static inline bool sa_hop_in_scope(const sa_cuda_params &p, int bf16) {
   if (!bf16 || p.H != p.Hv || (p.H != 64 && p.H != 128)) return false;
-  if (p.q_seg || p.kv_seg) return false;
-  if (p.q_lens || p.kv_lens) return false; /* lengths: the kind-3 forward is written, the backward not yet */
+  if (p.q_seg || p.kv_seg) return false; /* lengths: the kind-3 kernels */
   /* windows, both causal alignments and diag_offset: the position mask above (a diag_offset alone, without
      causal or window, changes nothing) */
   if (p.T <= 0 || p.S <= 0 || p.T % 128 != 0 || p.S % 128 != 0) return false;
