@@ -12,6 +12,8 @@
 #                                           times the target rows (grid h200_targets), ring_reach.py (REACH=0:
 #                                           not), pytest (PYTEST=1), gpu_sanitize_probe.sh (SANPROBE=1)
 #   PART=final bash bench/gpu_session.sh   a short call: build, C tests, pytest, the learnable grid
+#   PART=close bash bench/gpu_session.sh   (2 GPUs) the sanitizer (test_cuda, pytest) on GPU 1 while GPU 0 runs
+#                                           test_cuda, the target rows, pytest and ncu over one jax f+b
 #   PART=bench bash bench/gpu_session.sh   python -m sinkattn.bench on the performance.md grid (learnable;
 #                                           vanilla and off_by_one on the H=128 T=4096 rows), the decode
 #                                           bandwidth table, the Hopper dev variants (dev/run_hopper.sh),
@@ -121,6 +123,25 @@ elif [ "$PART" = x2 ]; then
   [ "${SANPROBE:-0}" = 1 ] && step sanprobe 150 env OUT="$STAGE/sanprobe" PROBE_LIMIT=${PROBE_LIMIT:-40} \
     bash bench/gpu_sanitize_probe.sh
   [ "${PYTEST:-0}" = 1 ] && step pytest 150 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=140 -n 8
+elif [ "$PART" = close ]; then
+  # Two GPUs, one call, everything a closing note needs: both builds; GPU 1: compute-sanitizer over test_cuda (4
+  # tools) then over the pytest subset; GPU 0 meanwhile: test_cuda, the target rows, the whole pytest suite, and
+  # ncu's kernel-by-kernel timing of one jax forward+backward (bench/profile_fb.py).
+  ( build_gpu ) > "$STAGE/build.log" 2>&1 &
+  ( build_gpusan ) > "$STAGE/build-san.log" 2>&1 &
+  wait
+  ( CUDA_VISIBLE_DEVICES=1 OUT="$STAGE/sanitize" SA_TEST_CUDA_STRIDE=${STRIDE:-16} \
+      timeout ${SAN_LIMIT:-400} bash bench/gpu_sanitize.sh > "$STAGE/sanitize.log" 2>&1; echo "rc=$?" >> "$STAGE/sanitize.log" ) &
+  san=$!
+  export CUDA_VISIBLE_DEVICES=0
+  step test_cuda 60 build-gpu/test_cuda
+  step bench 150 "$PY" -m sinkattn.bench --grid h200_targets --softmax learnable --max-ref-t 16384 --repeats 2 \
+    --contenders fused,cudnn_no_sink --out "$STAGE/h200-jax-targets.json"
+  step pytest 150 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=140 -n 8
+  step profile 90 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+    --log-file "$STAGE/profile_fb.csv" "$PY" bench/profile_fb.py
+  t0=$SECONDS; wait $san; summary+=("sanitize (GPU 1, in parallel) waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
+  cat "$STAGE/sanitize/summary.txt" 2>/dev/null
 elif [ "$PART" = check ]; then
   step build 240 bash -c build_gpu
   step test_cuda 90 build-gpu/test_cuda

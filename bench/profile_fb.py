@@ -1,0 +1,47 @@
+"""One forward+backward of the fused sink attention through jax, for a kernel-by-kernel timing under ncu.
+
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+        python3 bench/profile_fb.py [--B 4 --T 4096 --N 16 --K 16 --H 128 --causal]
+
+The call runs three times (compile + warm-up, then two timed the same way); ncu lists every kernel launch in
+order with its duration, so the last call's kernels, read off the end of the list, are what the bench's
+forward+backward row spends its time on (bench/NOTES.md compares their sum with the row's wall time).
+"""
+import argparse
+
+import jax
+import jax.numpy as jnp
+
+import sinkattn
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--B", type=int, default=4)
+  ap.add_argument("--T", type=int, default=4096)
+  ap.add_argument("--N", type=int, default=16)
+  ap.add_argument("--K", type=int, default=16)
+  ap.add_argument("--H", type=int, default=128)
+  ap.add_argument("--causal", action="store_true")
+  a = ap.parse_args()
+  ks = jax.random.split(jax.random.PRNGKey(0), 5)
+  q = jax.random.normal(ks[0], (a.B, a.T, a.N, a.H), jnp.bfloat16)
+  k = jax.random.normal(ks[1], (a.B, a.T, a.K, a.H), jnp.bfloat16)
+  v = jax.random.normal(ks[2], (a.B, a.T, a.K, a.H), jnp.bfloat16)
+  s = jax.random.uniform(ks[3], (a.N,), jnp.float32, -3, 3)
+  dout = jax.random.normal(ks[4], q.shape, jnp.bfloat16)
+
+  def fb(q, k, v, s, dout):
+    f = lambda q, k, v, s: sinkattn.dot_product_attention(q, k, v, s, softmax_type="learnable",  # noqa: E731
+                                                          is_causal=a.causal)
+    out, vjp = jax.vjp(f, q, k, v, s)
+    return (out,) + tuple(vjp(dout))
+
+  step = jax.jit(fb)
+  for _ in range(3):
+    jax.block_until_ready(step(q, k, v, s, dout))
+  print("done", a)
+
+
+if __name__ == "__main__":
+  main()
