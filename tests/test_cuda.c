@@ -115,6 +115,16 @@ static const tc_case tc_hopper_cases[] = {
     {"hop H64 lens vanilla window 64,32", SA_BF16, 2, 512, 256, 2, 2, 64, 64, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, 64, 32, 0, 1, 0, 1, 10},
     {"hop H128 lens causal diag -50 obo", SA_BF16, 2, 384, 256, 4, 4, 128, 128, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_TOP_LEFT, -1, -1, -50, 1, 0, 1, 10},
     {"hop H64 clamped lens", SA_BF16, 3, 128, 256, 2, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 2, 0, 0, 10},
+    /* the forward's tiles: 192-row CTAs at H64 (T = 640 = 3 x 192 + 64: a last CTA of one warpgroup), 176-key
+       tiles at H128 without a mask (S = 128: one partial tile; 384 = 176 + 176 + 32; 1408 = 8 x 176 exactly) */
+    {"hop H64 640 causal window 127,0 GQA2", SA_BF16, 1, 640, 640, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, 127, 0, 0, 0, 0, 1, 10},
+    {"hop H64 640x384 obo (1-wg last CTA)", SA_BF16, 2, 640, 384, 4, 1, 64, 64, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
+    {"hop H64 lens causal 640 partial", SA_BF16, 3, 640, 640, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 1, 0, 1, 10},
+    {"hop H64 lens BR window 200,0 640x768", SA_BF16, 2, 640, 768, 4, 4, 64, 64, SA_SOFTMAX_VANILLA, SA_CAUSAL_BOTTOM_RIGHT, 200, 0, 0, 1, 0, 0, 10},
+    {"hop H128 384 (176+176+32)", SA_BF16, 1, 384, 384, 6, 3, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 1, -10},
+    {"hop H128 256x640 vanilla (3x176+112)", SA_BF16, 2, 256, 640, 4, 4, 128, 128, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
+    {"hop H128 128x128 one 176-key tile", SA_BF16, 1, 128, 128, 2, 1, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 1, 50},
+    {"hop H128 256x1408 (8x176 exact)", SA_BF16, 1, 256, 1408, 4, 2, 128, 128, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
 };
 
 static int tc_pass, tc_fail;

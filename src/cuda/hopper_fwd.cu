@@ -37,8 +37,7 @@ namespace {
 
 constexpr int STAGES = sa_hop_tiles::STAGES; /* K/V ring depth: 2 in every configuration */
 
-/* The forward's tile per (head dim, mask kind). The tile table of hopper_ptx.cuh still lists 02's 128 x 128
-   (FWD_BM, FWD_BN), which remains the H128 masked tile; these are measured on the H200 (dev/run_hopper.sh,
+/* The forward's tile per (head dim, mask kind) (the table of hopper_ptx.cuh points here), measured on the H200 (dev/run_hopper.sh,
    commit 667373e, standalone TFLOP/s, all checks passed; bench/NOTES.md):
    - H64, every mask: 3 consumer warpgroups, BM 192 (dev 03's configuration "03s2", 2 stages). At k = 64 one warpgroup's
      two products (512 tensor clocks per 128-key tile) cost as much as its 8192 exp2 (512 MUFU clocks): with a

@@ -20,14 +20,14 @@
 #include "cuda_common.cuh"
 
 /* ---- the Hopper tile table ------------------------------------------------------------------------
- * Both directions: 384 threads = 1 producer warpgroup (setmaxnreg 24) + NC = 2 consumer warpgroups (240
+ * Both directions (the forward at H128): 384 threads = 1 producer warpgroup (setmaxnreg 24) + NC = 2 consumer warpgroups (240
  * registers each: 128 x 24 + 256 x 240 = 64512 of 65536), each consumer owning 64 rows (the wgmma M), so a CTA
  * covers 128 rows; K/V (forward, dQ) or Q/dO (dK/dV) stream through a 2-stage mbarrier ring. Measured on the
  * H200 (bench/NOTES.md; B4 T4096 N16 H128, bf16):
- *  forward  BM 128 query rows, BN 128 keys: S is m64n128 (64 accumulators), O 64 at H128, P 32 packed: 168
- *           registers at launch, no spills; 2 stages = 160 KiB of 227 at H128 (3 would leave 3 KiB for
- *           nothing). 615 / 552 TFLOP/s standalone (non-causal / causal); the ping-pong schedule between the
- *           two consumers was mixed (-5%..+6%) and not taken.
+ *  forward  per (head dim, mask kind): sa_hop_fwd_tile in hopper_fwd.cu, with its measured reasons. H128 with a
+ *           mask: BM 128 query rows, BN 128 keys (S is m64n128: 64 accumulators, O 64, P 32 packed; 2 stages
+ *           = 160 KiB of 227; 615 / 552 TFLOP/s standalone, non-causal / causal); H128 without a mask: BN 176
+ *           (630 / 654 at T 4096 / 16384); H64: 3 consumer warpgroups, BM 192 (468 / 410 at T4096).
  *  dK/dV    KB 128 keys per CTA, Q / dO streamed in QB 64-row tiles: dK 64 + dV 64 + S^T 32 + dP^T 32 = 192
  *           live accumulators at H128 (R216 of 240); 128-row tiles would need 256. 562 TFLOP/s of its products.
  *  dQ       QM 128 queries per CTA, K / V streamed in KT 64-key tiles: dQ 64 + S 32 + dP 32. 633 TFLOP/s.
@@ -35,7 +35,6 @@
  *  passes, and would not be deterministic. */
 struct sa_hop_tiles {
   static constexpr int NC = 2, THREADS = 128 * (NC + 1), STAGES = 2;
-  static constexpr int FWD_BM = 128, FWD_BN = 128;
   static constexpr int BWD_KB = 128, BWD_QB = 64, BWD_QM = 128, BWD_KT = 64;
 };
 
