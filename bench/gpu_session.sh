@@ -142,6 +142,28 @@ elif [ "$PART" = close ]; then
     --log-file "$STAGE/profile_fb.csv" "$PY" bench/profile_fb.py
   t0=$SECONDS; wait $san; summary+=("sanitize (GPU 1, in parallel) waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
   cat "$STAGE/sanitize/summary.txt" 2>/dev/null
+elif [ "$PART" = diag ]; then
+  # A short call: where the benchmark's f+b time goes (wall per call without the timing loop, fused and cuDNN,
+  # against ncu's kernel sum) on GPU 0, and which pytest test the sanitizer dies in on GPU 1.
+  ( build_gpu ) > "$STAGE/build.log" 2>&1 &
+  ( build_gpusan ) > "$STAGE/build-san.log" 2>&1 &
+  wait
+  ( export CUDA_VISIBLE_DEVICES=1 SINKATTN_LIBRARY=$(ls "$PWD"/build-gpusan/libsinkattn_jax.* | head -n 1)
+    for f in test_hardening test_ops; do
+      timeout 100 compute-sanitizer --tool memcheck --kernel-name kns=sa_ "$PY" -m pytest -v -p no:cacheprovider \
+        tests/$f.py -k gpu > "$STAGE/san_$f.log" 2>&1; echo "rc=$?" >> "$STAGE/san_$f.log"
+    done ) &
+  san=$!
+  export CUDA_VISIBLE_DEVICES=0
+  for c in "" "--causal"; do for who in fused cudnn; do
+    step "wall_${who}${c}" 60 "$PY" bench/profile_fb.py --wall 20 --contender $who $c
+  done; done
+  step wall_oss 60 "$PY" bench/profile_fb.py --wall 20 --B 1 --N 64 --K 8 --H 64 --causal
+  step wall_oss_cudnn 60 "$PY" bench/profile_fb.py --wall 20 --B 1 --N 64 --K 8 --H 64 --causal --contender cudnn
+  step profile_cudnn 90 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+    --log-file "$STAGE/profile_cudnn.csv" "$PY" bench/profile_fb.py --contender cudnn
+  wait $san
+  for f in test_hardening test_ops; do summary+=("san $f: $(tail -n 3 "$STAGE/san_$f.log" | tr '\n' ' ')"); done
 elif [ "$PART" = check ]; then
   step build 240 bash -c build_gpu
   step test_cuda 90 build-gpu/test_cuda
