@@ -1,0 +1,90 @@
+/*
+ * hopper_bwd_parts.cuh — the device helpers of the Hopper backward (hopper_bwd.cu): the m64n64 wgmma with both
+ * operands in shared memory, the 2-D TMA box of lse2 / D, the two product loops (SS over the head dim, RS from
+ * register fragments), fragment packing, the exp2 anchor, and the accumulator row store. Split from
+ * hopper_bwd.cu to keep each file readable (under 600 lines); the kernels, their parameters and the launches stay
+ * there. sm_90a only, like the wrappers of hopper_ptx.cuh they use.
+ */
+#ifndef SA_HOPPER_BWD_PARTS_CUH
+#define SA_HOPPER_BWD_PARTS_CUH
+
+#include "hopper_ptx.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+/* D[64x64] (+)= A[64x16] B[16x64], both K-major in shared memory; scale_d 0 overwrites D. */
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" SA_REGS32 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : SA_F32(d)
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+/* One box of a 2-D fp32 tensor map (lse2 / D) at {c0 (innermost), c1} into dst (128-byte aligned), completing
+   on bar; no swizzle: the box lands as laid out in global memory. A tensor copy rather than a raw bulk copy
+   (cp.async.bulk) of the same 256 B: racecheck takes the raw copy's shared write for the issuing thread's and
+   reports it against the consumers' loads despite the mbarrier (dev/hopper_bwd_04, bench/NOTES.md). */
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+      ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+
+/* acc[64x64] = A B^T over HD: A = 64 rows at a (K-major, its tile has a_rows rows per 64-column block),
+   B = 64 rows at b (K-major, b_rows rows per block); H / 16 k-steps of 32 bytes inside the swizzled row. */
+template <int HD>
+__device__ __forceinline__ void gemm_ss(float (&acc)[32], uint32_t a, int a_rows, uint32_t b, int b_rows) {
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk)
+    wgmma_ss_n64(acc, gmma_desc(a + (kk / 4) * a_rows * 128 + (kk % 4) * 32, 16, 1024),
+                 gmma_desc(b + (kk / 4) * b_rows * 128 + (kk % 4) * 32, 16, 1024), kk > 0);
+}
+
+/* acc[64xHD] += F[64x64] B[64xHD]: F bf16 fragments in registers (4 k-steps of 16), B a 64-row tile N-major
+   (imm-trans-b 1): a k-step is 16 rows = 2048 bytes, the 64-column blocks are 64 * 128 bytes apart. */
+template <int HD>
+__device__ __forceinline__ void gemm_rs(float (&acc)[HD / 2], const uint32_t (&f)[16], uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_rs(acc, &f[4 * kk], gmma_desc(b + kk * 2048, 64 * 128, 1024));
+}
+
+/* Accumulator [64 x 64] -> bf16 A fragments of 4 k-steps (accumulator blocks 2kk, 2kk + 1 per k-step). */
+__device__ __forceinline__ void pack_frag(uint32_t (&f)[16], const float (&a)[32]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) f[i] = pack_bf16(a[2 * i], a[2 * i + 1]);
+}
+
+/* ptxas hoists wgmma.wait_group 0 above the exp2s that follow a wait_group 1, so they stop overlapping the
+   second product (2-9 of 32 MUFU.EX2 inside the window without this, nvcc 13.0). As in hopper_fwd, a shared
+   store of a value that depends on every exp2 anchors the wait after them: one word per warp, never read. */
+__device__ __forceinline__ void anchor_exp2(const float (&x)[32], float *slot, int lane) {
+  float a = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) a += x[i];
+  if (lane == 0) asm volatile("st.shared.f32 [%0], %1;" ::"r"(smem_u32(slot)), "f"(a) : "memory");
+}
+
+template <int R>
+__device__ __forceinline__ void zero(float (&r)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) r[i] = 0.f;
+}
+
+/* This thread's rows r0, r0 + 8 of an accumulator, scaled, as bf16; base = row 0 of the head, rows row_stride apart. */
+template <int HD>
+__device__ __forceinline__ void store_rows(__nv_bfloat16 *base, const float (&acc)[HD / 2], size_t row_stride,
+                                           int r0, int t, float scale) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    __nv_bfloat16 *dst = base + (size_t)(r0 + 8 * h) * row_stride + 2 * t;
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j)
+      *reinterpret_cast<__nv_bfloat162 *>(dst + 8 * j) =
+          __floats2bfloat162_rn(acc[4 * j + 2 * h] * scale, acc[4 * j + 2 * h + 1] * scale);
+  }
+}
+
+#endif /* sm_90a */
+
+#endif /* SA_HOPPER_BWD_PARTS_CUH */
