@@ -12,6 +12,7 @@
 #                                           times the target rows (grid h200_targets), ring_reach.py (REACH=0:
 #                                           not), pytest (PYTEST=1), gpu_sanitize_probe.sh (SANPROBE=1)
 #   PART=final bash bench/gpu_session.sh   a short call: build, C tests, pytest, the learnable grid
+#   PART=quick bash bench/gpu_session.sh   build, test_cuda, the target rows: the shortest check of a kernel change
 #   PART=close bash bench/gpu_session.sh   (2 GPUs) the sanitizer (test_cuda, pytest) on GPU 1 while GPU 0 runs
 #                                           test_cuda, the target rows, pytest and ncu over one jax f+b
 #   PART=bench bash bench/gpu_session.sh   python -m sinkattn.bench on the performance.md grid (learnable;
@@ -164,6 +165,12 @@ elif [ "$PART" = diag ]; then
     --log-file "$STAGE/profile_cudnn.csv" "$PY" bench/profile_fb.py --contender cudnn
   wait $san
   for f in test_hardening test_ops; do summary+=("san $f: $(tail -n 3 "$STAGE/san_$f.log" | tr '\n' ' ')"); done
+elif [ "$PART" = quick ]; then
+  # The shortest check of a kernel change: build, test_cuda, the target rows (fused and cuDNN).
+  step build 150 bash -c build_gpu
+  step test_cuda 60 build-gpu/test_cuda
+  step bench 100 "$PY" -m sinkattn.bench --grid h200_targets --softmax learnable --max-ref-t 16384 --repeats 2 \
+    --contenders fused,cudnn_no_sink --out "$STAGE/h200-jax-targets.json"
 elif [ "$PART" = check ]; then
   step build 240 bash -c build_gpu
   step test_cuda 90 build-gpu/test_cuda
