@@ -125,6 +125,12 @@ static const tc_case tc_hopper_cases[] = {
     {"hop H128 256x640 vanilla (3x176+112)", SA_BF16, 2, 256, 640, 4, 4, 128, 128, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
     {"hop H128 128x128 one 176-key tile", SA_BF16, 1, 128, 128, 2, 1, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 1, 50},
     {"hop H128 256x1408 (8x176 exact)", SA_BF16, 1, 256, 1408, 4, 2, 128, 128, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
+    /* the one-pass backward (hopper_bwd1.cu: H128, no lengths / window, causal none or top-left on the diagonal,
+       S / 128 <= SMs and, without a mask, G T / 64 >= S / 128) takes the H128 cases above that fit that scope
+       (10 of them; 256x640 and 256x1408 have fewer query tiles than key blocks and keep the two passes) and
+       these: 4 key blocks a head in the causal order, 5 in staggered starts (d = 20 / 5 = 4 tiles apart) */
+    {"hop H128 512 causal GQA2 dlse (1 pass)", SA_BF16, 1, 512, 512, 4, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 10},
+    {"hop H128 640 vanilla GQA2 (1 pass)", SA_BF16, 2, 640, 640, 4, 2, 128, 128, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
 };
 
 static int tc_pass, tc_fail;

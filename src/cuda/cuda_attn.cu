@@ -1,8 +1,8 @@
 /*
  * cuda_attn.cu — the CUDA backend's entry points (declared in sa_internal.h): what it supports, the
  * parameter block, the backward workspace layout, and error translation. The kernels live in
- * cuda_fwd.cu and cuda_bwd.cu (portable) and hopper_fwd.cu, hopper_bwd.cu (sm_90a fast paths); the tile
- * table in cuda_common.cuh.
+ * cuda_fwd.cu and cuda_bwd.cu (portable) and hopper_fwd.cu, hopper_bwd.cu, hopper_bwd1.cu (sm_90a fast
+ * paths); the tile table in cuda_common.cuh.
  *
  * Every call only enqueues work on the caller's stream: no allocation, no synchronisation, no host
  * read of device data (lengths and segment ids are read by the kernels), so it is CUDA-graph safe.
@@ -11,6 +11,7 @@
 
 #include "cuda_common.cuh"
 #include "hopper_bwd.cuh"
+#include "hopper_bwd1.cuh"
 #include "hopper_fwd.cuh"
 #include "sa_internal.h"
 
@@ -114,24 +115,35 @@ extern "C" sa_status sa_cuda_attn_fwd(const sa_attn *a, void *stream) {
 
 /* Workspace: D [B, N, T] fp32, then the sink-gradient partials [B, N, ceil(T / 64)] fp32, then lse2
    [B, N, T] fp32 (read by the Hopper backward only, reserved always: 4 bytes per row, against the 2 * Hv
-   bytes each of dout and out that the preprocess reads), each 256-byte aligned. The same for both values of
-   `deterministic`: no kernel uses atomics. */
+   bytes each of dout and out that the preprocess reads), each 256-byte aligned. Then, only when the shape is
+   in the one-pass scope (sa_hopper_bwd1_in_scope, asked on the machine that runs the call: it reads the SM
+   count), the one pass's regions (sa_hopper_bwd1_workspace): dq_acc [B, N, T, H] fp32 and the ticket + one
+   semaphore per (b, head, 64 queries), 256-byte aligned: B4 T4096 N16 H128 adds 128 MiB + 16 KiB to the
+   2 MiB + 16 KiB of the others (dq_acc is twice dq's bf16 bytes).
+   The same for both values of `deterministic`: the one pass orders its adds, the other kernels use no atomics. */
 static size_t sa_cuda_round256(size_t x) { return (x + 255) & ~(size_t)255; }
 
-extern "C" size_t sa_cuda_attn_bwd_workspace_size(const sa_attn *a, int deterministic) {
-  (void)deterministic;
+static size_t sa_cuda_bwd_common_ws(const sa_attn *a) {
   size_t rows = (size_t)a->batch * (size_t)a->q_heads * (size_t)a->q_len;
   size_t nqb = (size_t)((a->q_len + SA_PRE_ROWS - 1) / SA_PRE_ROWS);
   size_t parts = (size_t)a->batch * (size_t)a->q_heads * nqb;
   return 2 * sa_cuda_round256(rows * sizeof(float)) + sa_cuda_round256(parts * sizeof(float));
 }
 
+extern "C" size_t sa_cuda_attn_bwd_workspace_size(const sa_attn *a, int deterministic) {
+  (void)deterministic;
+  const sa_cuda_params p = sa_cuda_params_of(a); /* data pointers may be NULL: every alignment check takes it */
+  const size_t one_pass = sa_hopper_bwd1_in_scope(p, a->dtype == SA_BF16) ? sa_hopper_bwd1_workspace(p) : 0;
+  return sa_cuda_bwd_common_ws(a) + one_pass;
+}
+
 static thread_local int sa_cuda_last_bwd = 0; /* as sa_cuda_last_fwd */
 
 extern "C" int sa_cuda_last_bwd_kernel(void) { return sa_cuda_last_bwd; }
 
-/* Preprocess, then the sm_90a dK/dV and dQ when the call is inside their scope (hopper_bwd.cu) else the
-   portable ones, then the sink reduction: dsinks comes from the preprocess's partials either way. */
+/* Preprocess, then the sm_90a one pass when the call is inside its scope and the workspace holds its regions
+   (hopper_bwd1.cu), else the sm_90a dK/dV and dQ when inside theirs (hopper_bwd.cu), else the portable ones,
+   then the sink reduction: dsinks comes from the preprocess's partials either way. */
 extern "C" sa_status sa_cuda_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspace,
                                       size_t workspace_size, void *stream) {
   sa_status s;
@@ -145,7 +157,8 @@ extern "C" sa_status sa_cuda_attn_bwd(const sa_attn *a, const sa_attn_grad *g, v
   p.dsink_part = (float *)((char *)workspace + sa_cuda_round256(rows * sizeof(float)));
   p.nqb = (a->q_len + SA_PRE_ROWS - 1) / SA_PRE_ROWS;
   size_t parts = (size_t)a->batch * (size_t)a->q_heads * (size_t)p.nqb;
-  (void)workspace_size; /* checked against sa_cuda_attn_bwd_workspace_size by sa_attn_bwd */
+  /* workspace_size: checked against sa_cuda_attn_bwd_workspace_size by sa_attn_bwd; the one pass checks it
+     again for its own regions */
   if (rows == 0 && a->batch * a->kv_len == 0 && !g->dsinks) return SA_OK; /* nothing to write */
   const int bf16 = a->dtype == SA_BF16;
   const cudaStream_t st = (cudaStream_t)stream;
@@ -153,7 +166,10 @@ extern "C" sa_status sa_cuda_attn_bwd(const sa_attn *a, const sa_attn_grad *g, v
     p.lse2 = (float *)((char *)p.dsink_part + sa_cuda_round256(parts * sizeof(float)));
   int hopper = 0;
   cudaError_t e = sa_cuda_bwd_pre_launch(p, bf16, st);
-  if (e == cudaSuccess && p.lse2) e = sa_hopper_bwd_try(p, bf16, st, &hopper);
+  const size_t common = sa_cuda_bwd_common_ws(a); /* the one pass's regions follow; never past workspace_size */
+  if (e == cudaSuccess && p.lse2 && workspace_size >= common)
+    e = sa_hopper_bwd1_try(p, bf16, (char *)workspace + common, workspace_size - common, st, &hopper);
+  if (e == cudaSuccess && p.lse2 && !hopper) e = sa_hopper_bwd_try(p, bf16, st, &hopper);
   if (e == cudaSuccess && !hopper) e = sa_cuda_bwd_dkdv_dq_launch(p, bf16, sa_cuda_hd(a), st);
   if (e == cudaSuccess) e = sa_cuda_bwd_dsink_launch(p, st);
   sa_cuda_last_bwd = hopper ? 2 : 1;
