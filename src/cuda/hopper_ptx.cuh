@@ -31,8 +31,9 @@
  *  dK/dV    KB 128 keys per CTA, Q / dO streamed in QB 64-row tiles: dK 64 + dV 64 + S^T 32 + dP^T 32 = 192
  *           live accumulators at H128 (R216 of 240); 128-row tiles would need 256. 562 TFLOP/s of its products.
  *  dQ       QM 128 queries per CTA, K / V streamed in KT 64-key tiles: dQ 64 + S 32 + dP 32. 633 TFLOP/s.
- *  The one-pass backward (dQ by float atomics from the dK/dV kernel) ran at 366 against 437 for these two
- *  passes, and would not be deterministic. */
+ *  A one-pass backward with dQ by per-element float atomics (dev 01a) ran at 366 against 437 for these two
+ *  passes and was not deterministic; the one pass of hopper_bwd1.cu (dev 05: dQ staged in shared memory, one
+ *  TMA reduce-add per tile, ordered by semaphores) runs at 484 / 501 (T4096 / T16384) and is, at H128. */
 struct sa_hop_tiles {
   static constexpr int NC = 2, THREADS = 128 * (NC + 1), STAGES = 2;
   static constexpr int BWD_KB = 128, BWD_QB = 64, BWD_QM = 128, BWD_KT = 64;
