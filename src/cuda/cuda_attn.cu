@@ -121,7 +121,6 @@ extern "C" sa_status sa_cuda_attn_fwd(const sa_attn *a, void *stream) {
    semaphore per (b, head, 64 queries), 256-byte aligned: B4 T4096 N16 H128 adds 128 MiB + 16 KiB to the
    2 MiB + 16 KiB of the others (dq_acc is twice dq's bf16 bytes).
    The same for both values of `deterministic`: the one pass orders its adds, the other kernels use no atomics. */
-static size_t sa_cuda_round256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 static size_t sa_cuda_bwd_common_ws(const sa_attn *a) {
   size_t rows = (size_t)a->batch * (size_t)a->q_heads * (size_t)a->q_len;

@@ -45,6 +45,20 @@ struct sa_cuda_params {
 #define SA_LOG2E 1.4426950408889634f
 #define SA_LN2 0.6931471805599453f
 
+/* Workspace regions start on 256-byte boundaries (TMA and 16-byte vector accesses need 16). */
+static inline size_t sa_cuda_round256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+/* SMs of the current device, 0 when it cannot be read (each caller picks its own fallback). Asked per call,
+   not cached: a process may drive GPUs of different sizes. */
+static inline int sa_cuda_sm_count(void) {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 /* ---- the tile table -------------------------------------------------------------------------------
  * HD is the padded head dim max(H, Hv) rounded up to 32, 64, 128 or 256 (16 runs as 32, 96 as 128 and
  * 192 as 256 with zero-filled columns: 4 instantiations per kernel instead of 6 keeps the CUDA compile under

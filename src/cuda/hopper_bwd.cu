@@ -434,18 +434,6 @@ __global__ void __launch_bounds__(THREADS, 1)
    also streams the 64-query boxes of lse2 and D. */
 enum { M_Q_QB, M_DO_QB, M_K_KB, M_V_KB, M_Q_QM, M_DO_QM, M_K_KT, M_V_KT, M_LSE2, M_D, M_COUNT };
 
-/* lse2 / D [B N, T] fp32 as a 2-D tensor {T, B N} (innermost first), box {QB queries, 1 row}, no swizzle. TMA
-   wants a 16-byte aligned base and a row stride (T * 4) that is a multiple of 16: T % 128 == 0 in scope. */
-static bool sa_hop_map_rows(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const float *base, int64_t rows,
-                            int64_t T) {
-  cuuint64_t dims[2] = {(cuuint64_t)T, (cuuint64_t)rows};
-  cuuint64_t strides[1] = {(cuuint64_t)T * 4};
-  cuuint32_t box[2] = {(cuuint32_t)QB, 1}, estr[2] = {1, 1};
-  return enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float *>(base), dims, strides, box, estr,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 /* The dK/dV launch order. A causal (or bottom-right, or offset) mask gives key block kb less work the further
    right it is (block 0 streams every query block, the last only the diagonal). With the key block fastest
    (the grid's x) the CTAs start in order (kb, kv head, batch): each head's heaviest block starts only after the
@@ -458,16 +446,7 @@ static bool sa_hop_map_rows(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *
    order while that is above 1/4 (n < 8 x SMs; B4 T4096 N32 H64, 4096 CTAs: either order 268.6). */
 static int sa_hop_kb_slowest(bool work_falls, int64_t ctas) {
   if (!work_falls) return 0; /* no mask: equal work; windows: nearly equal */
-  static int sms = 0;           /* benign race: every thread stores the same value */
-  if (sms == 0) {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    sms = n;
-  }
-  return ctas < 8LL * sms;
+  return ctas < 8LL * sa_cuda_sm_count(); /* unreadable (0): the fast order */
 }
 
 /* A refused shared-memory opt-in (130 KiB at H 128) leaves *used = 0: the portable kernels run instead. */
@@ -517,8 +496,8 @@ cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
                   sa_hop_map(enc, &m[M_DO_QM], p.dout, p.B, p.T, p.N, p.H, QM) &&
                   sa_hop_map(enc, &m[M_K_KT], p.k, p.B, p.S, p.K, p.H, KT) &&
                   sa_hop_map(enc, &m[M_V_KT], p.v, p.B, p.S, p.K, p.H, KT) &&
-                  sa_hop_map_rows(enc, &m[M_LSE2], p.lse2, p.B * p.N, p.T) &&
-                  sa_hop_map_rows(enc, &m[M_D], p.D, p.B * p.N, p.T);
+                  sa_hop_map_rows(enc, &m[M_LSE2], p.lse2, p.B * p.N, p.T, QB) &&
+                  sa_hop_map_rows(enc, &m[M_D], p.D, p.B * p.N, p.T, QB);
   if (!ok) return cudaSuccess; /* the driver refused a map: the portable kernels run instead */
   sa_hop_bwd_params hp;
   hp.dq = (__nv_bfloat16 *)p.dq;

@@ -421,27 +421,6 @@ __global__ void dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N, in
 
 /* ---- host ------------------------------------------------------------------------------------------- */
 
-/* An fp32 tensor of rank 2 or 3 (innermost first), no interleave, L2 promotion as the other maps. */
-static bool sa_hop1_map_f32(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const float *base, int rank,
-                            const cuuint64_t *dims, const cuuint64_t *strides, const cuuint32_t *box,
-                            CUtensorMapSwizzle sw) {
-  const cuuint32_t estr[3] = {1, 1, 1};
-  return enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, rank, const_cast<float *>(base), dims, strides, box, estr,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-static int sa_hop1_sms() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-static size_t sa_hop1_round256(size_t x) { return (x + 255) & ~(size_t)255; }
 static size_t sa_hop1_acc_bytes(const sa_cuda_params &p) { return (size_t)(p.B * p.N * p.T * p.H) * 4; }
 static size_t sa_hop1_sync_bytes(const sa_cuda_params &p) { return (size_t)(1 + p.B * p.N * (p.T / QB)) * 4; }
 
@@ -477,11 +456,11 @@ bool sa_hopper_bwd1_in_scope(const sa_cuda_params &p, int bf16) {
   if (!sa_hopper_bwd_in_scope(p, bf16)) return false; /* bf16, T, S multiples of 128, CC 9.0, sm_90a code */
   const int64_t nkb = p.S / KB, n_all = p.G * (p.T / QB);
   if (p.causal == 0 && n_all < nkb) return false; /* NAT's start tiles kb * d must be distinct */
-  return nkb <= sa_hop1_sms(); /* NAT: a head's key blocks co-resident, one CTA per SM */
+  return nkb <= sa_cuda_sm_count(); /* NAT: a head's key blocks co-resident, one CTA per SM */
 }
 
 size_t sa_hopper_bwd1_workspace(const sa_cuda_params &p) {
-  return sa_hop1_round256(sa_hop1_acc_bytes(p)) + sa_hop1_round256(sa_hop1_sync_bytes(p));
+  return sa_cuda_round256(sa_hop1_acc_bytes(p)) + sa_cuda_round256(sa_hop1_sync_bytes(p));
 }
 
 cudaError_t sa_hopper_bwd1_try(const sa_cuda_params &p, int bf16, void *ws, size_t ws_bytes, cudaStream_t st,
@@ -492,14 +471,12 @@ cudaError_t sa_hopper_bwd1_try(const sa_cuda_params &p, int bf16, void *ws, size
     return cudaSuccess;
   static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
   if (!enc) return cudaSuccess;
-  const int sms = sa_hop1_sms();
+  const int sms = sa_cuda_sm_count();
   float *acc = (float *)ws;
-  int *sync = (int *)((char *)ws + sa_hop1_round256(sa_hop1_acc_bytes(p)));
+  int *sync = (int *)((char *)ws + sa_cuda_round256(sa_hop1_acc_bytes(p)));
   /* As dev 05: Q / dO 64-row boxes, K / V 128-row boxes, lse2 / D as {T, B N} fp32 boxes of 64 (no swizzle), and
      dq_acc as the reduce target {H, T, B N} fp32, box {32, 64, 1}: 128 B inner (the 128-byte swizzle's limit),
      row stride 4 H. TMA wants 16-byte aligned bases and strides: T % 128 == 0, H = 128. */
-  const cuuint64_t ld_dims[2] = {(cuuint64_t)p.T, (cuuint64_t)(p.B * p.N)}, ld_str[1] = {(cuuint64_t)p.T * 4};
-  const cuuint32_t ld_box[2] = {(cuuint32_t)QB, 1};
   const cuuint64_t a_dims[3] = {(cuuint64_t)p.H, (cuuint64_t)p.T, (cuuint64_t)(p.B * p.N)};
   const cuuint64_t a_str[2] = {(cuuint64_t)p.H * 4, (cuuint64_t)(p.T * p.H) * 4};
   const cuuint32_t a_box[3] = {32, (cuuint32_t)QB, 1};
@@ -508,9 +485,9 @@ cudaError_t sa_hopper_bwd1_try(const sa_cuda_params &p, int bf16, void *ws, size
                   sa_hop_map(enc, &m[1], p.dout, p.B, p.T, p.N, p.H, QB) &&
                   sa_hop_map(enc, &m[2], p.k, p.B, p.S, p.K, p.H, KB) &&
                   sa_hop_map(enc, &m[3], p.v, p.B, p.S, p.K, p.H, KB) &&
-                  sa_hop1_map_f32(enc, &m[4], p.lse2, 2, ld_dims, ld_str, ld_box, CU_TENSOR_MAP_SWIZZLE_NONE) &&
-                  sa_hop1_map_f32(enc, &m[5], p.D, 2, ld_dims, ld_str, ld_box, CU_TENSOR_MAP_SWIZZLE_NONE) &&
-                  sa_hop1_map_f32(enc, &m[6], acc, 3, a_dims, a_str, a_box, CU_TENSOR_MAP_SWIZZLE_128B);
+                  sa_hop_map_rows(enc, &m[4], p.lse2, p.B * p.N, p.T, QB) &&
+                  sa_hop_map_rows(enc, &m[5], p.D, p.B * p.N, p.T, QB) &&
+                  sa_hop_map_f32(enc, &m[6], acc, 3, a_dims, a_str, a_box, CU_TENSOR_MAP_SWIZZLE_128B);
   if (!ok) return cudaSuccess; /* the driver refused a map: the two passes run instead */
   BwdParams bp;
   bp.dq = (__nv_bfloat16 *)p.dq;

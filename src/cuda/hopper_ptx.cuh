@@ -190,6 +190,26 @@ static inline bool sa_hop_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+/* An fp32 tensor of rank 2 or 3 (dims and box innermost first), no interleave, L2 promotion as the bf16 maps. */
+static inline bool sa_hop_map_f32(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const float *base, int rank,
+                                  const cuuint64_t *dims, const cuuint64_t *strides, const cuuint32_t *box,
+                                  CUtensorMapSwizzle sw) {
+  const cuuint32_t estr[3] = {1, 1, 1};
+  return enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, rank, const_cast<float *>(base), dims, strides, box, estr,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* lse2 / D [B N, T] fp32 (the backward's workspace rows) as a 2-D tensor {T, B N}, box {box_rows queries, 1 row},
+   no swizzle: a box lands as laid out in global memory. TMA wants a 16-byte aligned base and a row stride
+   (T * 4) that is a multiple of 16: T % 128 == 0 in scope. */
+static inline bool sa_hop_map_rows(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const float *base,
+                                   int64_t rows, int64_t T, int box_rows) {
+  const cuuint64_t dims[2] = {(cuuint64_t)T, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)T * 4};
+  const cuuint32_t box[2] = {(cuuint32_t)box_rows, 1};
+  return sa_hop_map_f32(enc, m, base, 2, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
+}
+
 /* The position mask of the Hopper kernels (no segments; lengths below): key j
    is visible to query i iff lo(i) <= j < hi(i), the range sa_dev_key_range gives with ql = T, kl = S. The row's
    diagonal is d = i + off (off = S - T for bottom-right, plus diag_offset); lo = max(0, d - wl) when wl >= 0;
