@@ -2,8 +2,6 @@
 # gpu_session.sh — one H200 session's worth of checks in two device calls (each must end well inside the
 # device tool's 10-minute limit; the build in build-gpu/ survives between calls on a warm machine).
 #
-#   PART=check bash bench/gpu_session.sh   build (CUDA sm_90a + FFI), test_cuda + the other C tests, the
-#                                           whole pytest suite on the GPU, compute-sanitizer (gpu_sanitize.sh)
 #   PART=probe bash bench/gpu_session.sh   builds while dev/run_hopper.sh runs (HOPPER_VARIANTS; RACECHECK=1),
 #                                           test_cuda, pytest on the GPU (PYTEST=0: not), the pytest part of
 #                                           gpu_sanitize.sh (on GPU 1 when there are two)
@@ -11,7 +9,6 @@
 #   PART=x2 bash bench/gpu_session.sh      (2 GPUs) test_cuda, compute-sanitizer over test_cuda on GPU 1 while GPU 0
 #                                           times the target rows (grid h200_targets), ring_reach.py (REACH=0:
 #                                           not), pytest (PYTEST=1), gpu_sanitize_probe.sh (SANPROBE=1)
-#   PART=final bash bench/gpu_session.sh   a short call: build, C tests, pytest, the learnable grid
 #   PART=quick bash bench/gpu_session.sh   build, test_cuda, the target rows: the shortest check of a kernel change
 #   PART=close bash bench/gpu_session.sh   (2 GPUs) the sanitizer (test_cuda, pytest) on GPU 1 while GPU 0 runs
 #                                           test_cuda, the target rows, pytest and ncu over one jax f+b
@@ -24,7 +21,7 @@
 # returns at most 8 files). Each step has its own time limit so one hang cannot eat the call.
 set -u
 cd "$(dirname "$0")/.."
-PART=${PART:-check}
+PART=${PART:-close}
 OUT=${OUT:-gpu_out}
 STAGE=$(mktemp -d)/$PART
 mkdir -p "$OUT" "$STAGE"
@@ -58,17 +55,7 @@ export PY
   "$PY" -c 'import jax, jaxlib; print("jax", jax.__version__, "jaxlib", jaxlib.__version__)'; } \
   > "$STAGE/machine.txt" 2>&1
 
-if [ "$PART" = final ]; then
-  # One short call: build, the CUDA C tests (the Hopper fast path is checked here first: if test_cuda
-  # fails, the rest runs with SINKATTN_CUDA_HOPPER=0), the whole pytest suite, the learnable grid.
-  step build 150 bash -c build_gpu
-  step test_cuda 60 build-gpu/test_cuda
-  grep -q "0 failed" "$STAGE/test_cuda.log" || export SINKATTN_CUDA_HOPPER=0
-  step ctest 40 ctest --test-dir build-gpu --output-on-failure -j8 -E test_cuda
-  step pytest 140 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=120 -n 8
-  step bench_learnable 150 "$PY" -m sinkattn.bench --grid h200 --softmax learnable --max-ref-t 4096 \
-    --repeats 2 --out "$STAGE/h200-jax-learnable.json"
-elif [ "$PART" = probe ]; then
+if [ "$PART" = probe ]; then
   # One call: both builds in the background (build-gpu Release, build-gpusan RelWithDebInfo for the sanitizer)
   # while dev/run_hopper.sh validates and times the Hopper backward variants (RACECHECK=1: and racechecks them,
   # on GPU 1 when there are two); then test_cuda, the pytest part of the sanitizer run (on GPU 1 when there are
@@ -143,40 +130,12 @@ elif [ "$PART" = close ]; then
     --log-file "$STAGE/profile_fb.csv" "$PY" bench/profile_fb.py
   t0=$SECONDS; wait $san; summary+=("sanitize (GPU 1, in parallel) waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
   cat "$STAGE/sanitize/summary.txt" 2>/dev/null
-elif [ "$PART" = diag ]; then
-  # A short call: where the benchmark's f+b time goes (wall per call without the timing loop, fused and cuDNN,
-  # against ncu's kernel sum) on GPU 0, and which pytest test the sanitizer dies in on GPU 1.
-  ( build_gpu ) > "$STAGE/build.log" 2>&1 &
-  ( build_gpusan ) > "$STAGE/build-san.log" 2>&1 &
-  wait
-  ( export CUDA_VISIBLE_DEVICES=1 SINKATTN_LIBRARY=$(ls "$PWD"/build-gpusan/libsinkattn_jax.* | head -n 1)
-    for f in test_hardening test_ops; do
-      timeout 100 compute-sanitizer --tool memcheck --kernel-name kns=sa_ "$PY" -m pytest -v -p no:cacheprovider \
-        tests/$f.py -k gpu > "$STAGE/san_$f.log" 2>&1; echo "rc=$?" >> "$STAGE/san_$f.log"
-    done ) &
-  san=$!
-  export CUDA_VISIBLE_DEVICES=0
-  for c in "" "--causal"; do for who in fused cudnn; do
-    step "wall_${who}${c}" 60 "$PY" bench/profile_fb.py --wall 20 --contender $who $c
-  done; done
-  step wall_oss 60 "$PY" bench/profile_fb.py --wall 20 --B 1 --N 64 --K 8 --H 64 --causal
-  step wall_oss_cudnn 60 "$PY" bench/profile_fb.py --wall 20 --B 1 --N 64 --K 8 --H 64 --causal --contender cudnn
-  step profile_cudnn 90 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
-    --log-file "$STAGE/profile_cudnn.csv" "$PY" bench/profile_fb.py --contender cudnn
-  wait $san
-  for f in test_hardening test_ops; do summary+=("san $f: $(tail -n 3 "$STAGE/san_$f.log" | tr '\n' ' ')"); done
 elif [ "$PART" = quick ]; then
   # The shortest check of a kernel change: build, test_cuda, the target rows (fused and cuDNN).
   step build 150 bash -c build_gpu
   step test_cuda 60 build-gpu/test_cuda
   step bench 100 "$PY" -m sinkattn.bench --grid h200_targets --softmax learnable --max-ref-t 16384 --repeats 2 \
     --contenders fused,cudnn_no_sink --out "$STAGE/h200-jax-targets.json"
-elif [ "$PART" = check ]; then
-  step build 240 bash -c build_gpu
-  step test_cuda 90 build-gpu/test_cuda
-  step ctest 90 ctest --test-dir build-gpu --output-on-failure -j8 -E test_cuda
-  step pytest 240 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=200 -n 4
-  step sanitize 150 env OUT="$STAGE/sanitize" SA_TEST_CUDA_STRIDE=12 bash bench/gpu_sanitize.sh
 else
   step bench_learnable 230 "$PY" -m sinkattn.bench --grid h200 --softmax learnable --max-ref-t 4096 \
     --out "$STAGE/h200-jax-learnable.json"
