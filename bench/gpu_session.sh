@@ -12,6 +12,8 @@
 #   PART=quick bash bench/gpu_session.sh   build, test_cuda, the target rows: the shortest check of a kernel change
 #   PART=close bash bench/gpu_session.sh   (2 GPUs) the sanitizer (test_cuda, pytest) on GPU 1 while GPU 0 runs
 #                                           test_cuda, the target rows, pytest and ncu over one jax f+b
+#                                           (GRID=h200: the whole performance.md grid; PROFILE=0: no ncu;
+#                                           SAN_ONLY=test_cuda: the sanitizer over test_cuda only)
 #   PART=bench bash bench/gpu_session.sh   python -m sinkattn.bench on the performance.md grid (learnable;
 #                                           vanilla and off_by_one on the H=128 T=4096 rows), the decode
 #                                           bandwidth table, the Hopper dev variants (dev/run_hopper.sh),
@@ -118,15 +120,16 @@ elif [ "$PART" = close ]; then
   ( build_gpu ) > "$STAGE/build.log" 2>&1 &
   ( build_gpusan ) > "$STAGE/build-san.log" 2>&1 &
   wait
-  ( CUDA_VISIBLE_DEVICES=1 OUT="$STAGE/sanitize" SA_TEST_CUDA_STRIDE=${STRIDE:-16} \
+  ( CUDA_VISIBLE_DEVICES=1 OUT="$STAGE/sanitize" SA_TEST_CUDA_STRIDE=${STRIDE:-16} SAN_ONLY=${SAN_ONLY:-} \
+      SA_TEST_CUDA_HOPPER_STRIDE=${HOPPER_STRIDE:-5} \
       timeout ${SAN_LIMIT:-400} bash bench/gpu_sanitize.sh > "$STAGE/sanitize.log" 2>&1; echo "rc=$?" >> "$STAGE/sanitize.log" ) &
   san=$!
   export CUDA_VISIBLE_DEVICES=0
   step test_cuda 60 build-gpu/test_cuda
-  step bench 150 "$PY" -m sinkattn.bench --grid h200_targets --softmax learnable --max-ref-t 16384 --repeats 2 \
-    --contenders fused,cudnn_no_sink --out "$STAGE/h200-jax-targets.json"
+  step bench ${BENCH_LIMIT:-150} "$PY" -m sinkattn.bench --grid ${GRID:-h200_targets} --softmax learnable \
+    --max-ref-t 16384 --repeats 2 --contenders fused,cudnn_no_sink --out "$STAGE/h200-jax-${GRID:-h200_targets}.json"
   step pytest 150 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=140 -n 8
-  step profile 90 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+  [ "${PROFILE:-1}" = 1 ] && step profile 90 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
     --log-file "$STAGE/profile_fb.csv" "$PY" bench/profile_fb.py
   t0=$SECONDS; wait $san; summary+=("sanitize (GPU 1, in parallel) waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
   cat "$STAGE/sanitize/summary.txt" 2>/dev/null

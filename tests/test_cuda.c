@@ -396,6 +396,9 @@ int main(void) {
   /* SA_TEST_CUDA_STRIDE=k runs every k-th case (compute-sanitizer runs are ~100x slower) */
   const char *st = getenv("SA_TEST_CUDA_STRIDE");
   size_t stride = st && atoi(st) > 0 ? (size_t)atoi(st) : 1;
+  /* SA_TEST_CUDA_HOPPER_STRIDE=k: every k-th Hopper case instead (the sanitizer's share of the sm_90a kernels) */
+  const char *hst = getenv("SA_TEST_CUDA_HOPPER_STRIDE");
+  const size_t hstride = hst && atoi(hst) > 0 ? (size_t)atoi(hst) : stride;
   for (size_t i = 0; i < sizeof tc_cases / sizeof tc_cases[0]; i += stride) tc_run(&tc_cases[i], 1234 + 77 * i);
   /* 1: the portable mma.sync kernels, 2: the sm_90a ones (only on a CC 9.0 device, and only when the
      library was built with sm_90a code: CMakeLists.txt defines SA_CUDA_HAVE_SM90A for this test then) */
@@ -415,7 +418,7 @@ int main(void) {
 #endif
     printf("-- in the Hopper scope, %s (expect kernel %d)\n", portable ? "SINKATTN_CUDA_HOPPER=0" : "default",
            tc_expect_kernel);
-    for (size_t i = 0; i < nh; i += stride) tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
+    for (size_t i = 0; i < nh; i += hstride) tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
   }
   unsetenv("SINKATTN_CUDA_HOPPER");
   printf("test_cuda: %d passed, %d failed (%zu cases, %zu of them twice)\n", tc_pass, tc_fail,
