@@ -14,6 +14,7 @@
 #    reported an error or failed.
 # Env: OUT (default bench/results/sanitize), SA_TEST_CUDA_STRIDE (8), PYTEST_K ("gpu and not f32"),
 #      PYTEST_TOOLS ("memcheck initcheck"), SAN_NOBUILD (1: build-gpusan is already built),
+#      SAN_TOOLS (the tools over test_cuda: "memcheck racecheck initcheck synccheck"),
 #      SAN_ONLY (pytest: skip the test_cuda runs; test_cuda: skip the pytest runs), PYTHON (python3), SANITIZER (compute-sanitizer on PATH, else /usr/local/cuda/bin/compute-sanitizer).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,7 +58,7 @@ run() {
 
 export SA_TEST_CUDA_STRIDE=$STRIDE
 if [ "${SAN_ONLY:-}" != pytest ]; then  # SAN_ONLY=pytest: the pytest part alone
-  for tool in memcheck racecheck initcheck synccheck; do
+  for tool in ${SAN_TOOLS:-memcheck racecheck initcheck synccheck}; do
     run "$tool" test_cuda build-gpusan/test_cuda
   done
 fi

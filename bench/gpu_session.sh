@@ -14,6 +14,8 @@
 #                                           test_cuda, the target rows, pytest and ncu over one jax f+b
 #                                           (GRID=h200: the whole performance.md grid; PROFILE=0: no ncu;
 #                                           SAN_ONLY=test_cuda: the sanitizer over test_cuda only)
+#   PART=ncu bash bench/gpu_session.sh     (2 GPUs) the sanitizer over test_cuda on GPU 1 (SAN_TOOLS, HOPPER_STRIDE);
+#                                           GPU 0: test_cuda, ncu's detailed sections over NCU_SHAPES (ours, cuDNN)
 #   PART=bench bash bench/gpu_session.sh   python -m sinkattn.bench on the performance.md grid (learnable;
 #                                           vanilla and off_by_one on the H=128 T=4096 rows), the decode
 #                                           bandwidth table, the Hopper dev variants (dev/run_hopper.sh),
@@ -131,6 +133,36 @@ elif [ "$PART" = close ]; then
   step pytest 150 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=140 -n 8
   [ "${PROFILE:-1}" = 1 ] && step profile 90 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
     --log-file "$STAGE/profile_fb.csv" "$PY" bench/profile_fb.py
+  t0=$SECONDS; wait $san; summary+=("sanitize (GPU 1, in parallel) waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
+  cat "$STAGE/sanitize/summary.txt" 2>/dev/null
+elif [ "$PART" = ncu ]; then
+  # Two GPUs: where a kernel's time goes. GPU 1: compute-sanitizer over test_cuda (SAN_TOOLS, HOPPER_STRIDE);
+  # GPU 0: test_cuda, then ncu's detailed sections (pipes, shared memory, stalls) over one jax f+b of each shape
+  # in NCU_SHAPES ("B T N K H causal" separated by commas), ours and cuDNN's kernels.
+  ( build_gpu ) > "$STAGE/build.log" 2>&1 &
+  ( build_gpusan ) > "$STAGE/build-san.log" 2>&1 &
+  wait
+  ( CUDA_VISIBLE_DEVICES=1 OUT="$STAGE/sanitize" SA_TEST_CUDA_STRIDE=${STRIDE:-16} SAN_ONLY=test_cuda \
+      SA_TEST_CUDA_HOPPER_STRIDE=${HOPPER_STRIDE:-5} SAN_NOBUILD=1 \
+      timeout ${SAN_LIMIT:-400} bash bench/gpu_sanitize.sh > "$STAGE/sanitize.log" 2>&1; echo "rc=$?" >> "$STAGE/sanitize.log" ) &
+  san=$!
+  export CUDA_VISIBLE_DEVICES=0
+  step test_cuda 60 build-gpu/test_cuda
+  IFS=, read -ra shapes <<< "${NCU_SHAPES:-4 4096 32 32 64 1}"
+  i=0
+  for sh in "${shapes[@]}"; do
+    read -r B T N K H C <<< "$sh"
+    c=(); [ "$C" = 1 ] && c=(--causal)
+    for who in fused cudnn; do
+      kre='regex:sa_hop|sa_bwd'; [ $who = cudnn ] && kre='regex:sdpa|flash|fmha|cudnn'
+      step ncu$i-$who ${NCU_LIMIT:-100} ncu --section SpeedOfLight --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section LaunchStats \
+        --section Occupancy --section InstructionStats -k "$kre" --launch-count ${NCU_COUNT:-6} \
+        --log-file "$STAGE/ncu$i-$who.txt" "$PY" bench/profile_fb.py --B $B --T $T --N $N --K $K --H $H "${c[@]}" \
+        --contender $who
+    done
+    i=$((i + 1))
+  done
   t0=$SECONDS; wait $san; summary+=("sanitize (GPU 1, in parallel) waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
   cat "$STAGE/sanitize/summary.txt" 2>/dev/null
 elif [ "$PART" = quick ]; then

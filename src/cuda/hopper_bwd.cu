@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int x = r + tid; x < QB; x += 128 * NC) dz[x] = 0.f;
       zero_tile_rows(sq_s, QB, r, CB, tid, 128 * NC);
       zero_tile_rows(sdo_s, QB, r, CB, tid, 128 * NC);
-      asm volatile("bar.sync 1, %0;" ::"n"(128 * NC) : "memory");
+      named_bar_sync(1, 128 * NC);
     }
     /* Zeroed, so the previous tile's values are dead after packing: 192 live accumulators, not 224. */
     zero(st);
@@ -370,7 +370,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       const int tid = threadIdx.x - 128;
       zero_tile_rows(sk_s, KT, kl - key0, CB, tid, 128 * NC);
       zero_tile_rows(sv_s, KT, kl - key0, CB, tid, 128 * NC);
-      asm volatile("bar.sync 1, %0;" ::"n"(128 * NC) : "memory");
+      named_bar_sync(1, 128 * NC);
     }
     zero(sa);
     zero(dpa);

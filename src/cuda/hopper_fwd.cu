@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
   auto zero_tail = [&](int s) {
     if (MASK == 3 && kend > kl) {
       zero_tile_rows(sv + s * KV_BYTES, BN, kl - (kend - BN), CB, threadIdx.x - 128, 128 * n_wg);
-      asm volatile("bar.sync 1, %0;" ::"r"(128 * n_wg) : "memory");
+      named_bar_sync(1, 128 * n_wg);
     }
   };
   /* This warpgroup's tiles: [a, e) of the CTA's 0 .. n_tiles - 1, those holding a key one of its real rows sees

@@ -63,6 +63,17 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   } while (!done);
 }
 
+/* Named barrier `id` over `count` threads that may arrive divergent: bar.sync is barrier.sync.aligned, which
+   requires every thread of a warp at the same instruction, and the spin of mbar_wait or the strided loop of
+   zero_tile_rows before it may leave a warp diverged. compute-sanitizer's synccheck flagged exactly that (654
+   "divergent thread(s)" at the lengths kernels' tail barrier, and racecheck 3 hazards on the stores it should
+   order; H200 session 4). __syncwarp reconverges the warp; the non-aligned form is then legal either way.
+   Only the boundary tile of a lengths mask takes it: no measurable cost. */
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+  __syncwarp();
+  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
 /* One TMA box {64 elements, 1 head, rows, 1 batch} into 128-byte swizzled rows at dst (1024-aligned). */
 __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1,
                                          int c2, int c3) {
