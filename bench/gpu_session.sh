@@ -16,6 +16,8 @@
 #                                           SAN_ONLY=test_cuda: the sanitizer over test_cuda only)
 #   PART=ncu bash bench/gpu_session.sh     (2 GPUs) the sanitizer over test_cuda on GPU 1 (SAN_TOOLS, HOPPER_STRIDE);
 #                                           GPU 0: test_cuda, ncu's detailed sections over NCU_SHAPES (ours, cuDNN)
+#   PART=ab bash bench/gpu_session.sh      (2 GPUs) the sanitizer over test_cuda on GPU 1; GPU 0: test_cuda, the grid
+#                                           with the new default and with AB_ENV (the previous form), DEV_VARIANTS
 #   PART=bench bash bench/gpu_session.sh   python -m sinkattn.bench on the performance.md grid (learnable;
 #                                           vanilla and off_by_one on the H=128 T=4096 rows), the decode
 #                                           bandwidth table, the Hopper dev variants (dev/run_hopper.sh),
@@ -163,6 +165,27 @@ elif [ "$PART" = ncu ]; then
     done
     i=$((i + 1))
   done
+  t0=$SECONDS; wait $san; summary+=("sanitize (GPU 1, in parallel) waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
+  cat "$STAGE/sanitize/summary.txt" 2>/dev/null
+elif [ "$PART" = ab ]; then
+  # Two GPUs: a kernel change checked and measured against its previous form in one call. GPU 1: compute-sanitizer
+  # over test_cuda (SAN_TOOLS, HOPPER_STRIDE); GPU 0: test_cuda, then the grid GRID (default h200) with the new
+  # default and again with AB_ENV (e.g. SINKATTN_HOP_BWD_NC=2: the previous form), rows AB_ROWS (a grep -E on the
+  # row text; default every row) of the second run only.
+  ( build_gpu ) > "$STAGE/build.log" 2>&1 &
+  ( build_gpusan ) > "$STAGE/build-san.log" 2>&1 &
+  wait
+  ( CUDA_VISIBLE_DEVICES=1 OUT="$STAGE/sanitize" SA_TEST_CUDA_STRIDE=${STRIDE:-16} SAN_ONLY=test_cuda \
+      SA_TEST_CUDA_HOPPER_STRIDE=${HOPPER_STRIDE:-2} SAN_NOBUILD=1 \
+      timeout ${SAN_LIMIT:-400} bash bench/gpu_sanitize.sh > "$STAGE/sanitize.log" 2>&1; echo "rc=$?" >> "$STAGE/sanitize.log" ) &
+  san=$!
+  export CUDA_VISIBLE_DEVICES=0
+  step test_cuda 60 build-gpu/test_cuda
+  step bench_new ${BENCH_LIMIT:-150} "$PY" -m sinkattn.bench --grid ${GRID:-h200} --softmax learnable \
+    --max-ref-t 16384 --repeats 2 --contenders fused,cudnn_no_sink --out "$STAGE/h200-jax-${GRID:-h200}-new.json"
+  step bench_old ${BENCH_LIMIT:-150} env ${AB_ENV:-SINKATTN_AB=0} "$PY" -m sinkattn.bench --grid ${GRID:-h200} \
+    --softmax learnable --max-ref-t 16384 --repeats 2 --contenders fused --out "$STAGE/h200-jax-${GRID:-h200}-old.json"
+  [ -n "${DEV_VARIANTS:-}" ] && step dev ${DEV_LIMIT:-150} env OUT="$STAGE/dev" bash dev/run_hopper.sh $DEV_VARIANTS
   t0=$SECONDS; wait $san; summary+=("sanitize (GPU 1, in parallel) waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
   cat "$STAGE/sanitize/summary.txt" 2>/dev/null
 elif [ "$PART" = quick ]; then

@@ -40,13 +40,12 @@
 namespace {
 
 /* from the tile table (hopper_ptx.cuh), where the reasons are */
-constexpr int KB = sa_hop_tiles::BWD_KB;     /* keys per dK/dV CTA: 2 consumer warpgroups x 64 (the wgmma M) */
+constexpr int KB = sa_hop_tiles::BWD_KB;     /* keys per dK/dV CTA at H128 (dkdv_tile below: 192 at H64) */
 constexpr int QB = sa_hop_tiles::BWD_QB;     /* query rows per streamed tile of dK/dV: N of S^T / dP^T */
-constexpr int QM = sa_hop_tiles::BWD_QM;     /* query rows per dQ CTA */
+constexpr int QM = sa_hop_tiles::BWD_QM;     /* query rows per dQ CTA at H128 (dq_tile below: 192 at H64) */
 constexpr int KT = sa_hop_tiles::BWD_KT;     /* keys per streamed tile of dQ */
 constexpr int STAGES = sa_hop_tiles::STAGES; /* ring depth (Q, dO tiles of dK/dV; K, V tiles of dQ): 130 KiB at H 128 */
-constexpr int NC = sa_hop_tiles::NC;         /* consumer warpgroups */
-constexpr int THREADS = 128 * (NC + 1);       /* = sa_hop_tiles::THREADS */
+/* consumer warpgroups and threads per CTA: dkdv_tile / dq_tile below (2 + producer at H128, 3 + producer at H64) */
 /* Registers per consumer thread at H 128 (dK/dV): dK 64 + dV 64 + S^T 32 + dP^T 32 = 192 live accumulators,
    plus 32 for the bf16 fragments of P^T and dS^T: a 128-row query tile (S^T, dP^T 64 each) would not fit 240. */
 
@@ -61,16 +60,39 @@ struct sa_hop_bwd_params {
   int kb_slowest;     /* dK/dV grid (KH, B, S / KB) instead of (S / KB, KH, B): heaviest key blocks first */
 };
 
-template <int HD>
-constexpr int dkdv_smem() { return 1024 + 2 * KB * HD * 2 + STAGES * 2 * QB * HD * 2 + STAGES * 2 * QB * 4; }
-template <int HD>
-constexpr int dq_smem() { return 1024 + 2 * QM * HD * 2 + STAGES * 2 * KT * HD * 2; }
+/* dK/dV's warpgroups (the tile table of hopper_ptx.cuh points here). H128: 2 consumer warpgroups of 64 keys (KB
+   128), 240 registers each. H64: 3 (KB 192), 160 registers each (128 x 24 + 384 x 160 = 64512; the consumer
+   needs R152 at H64): at k = 64 a warpgroup's four m64n64 products per tile are 512 tensor clocks against its
+   4096 exp2 (256 MUFU clocks) plus the dS arithmetic, and with two warpgroups waiting on the same tile both are
+   often in their softmax at once; ncu at B4 T4096 N32 H64 (NC 2): tensor pipe 51%, 0.60 eligible warps per
+   scheduler, 56% of cycles with none. A third warpgroup is the forward's H64 remedy (+15%, hopper_fwd.cu); here
+   it also loads each Q / dO tile once for 192 keys instead of 128. S is a multiple of 128, not of 192: the last
+   CTA of a head may hold 64 or 128 keys (n_wg warpgroups; the others leave at once). */
+template <int HD, int NCK>
+struct dkdv_tile {
+  static constexpr int NC = NCK, KB = 64 * NC, THREADS = 128 * (NC + 1), REGS = NC == 3 ? 160 : 240;
+  static_assert(128 * 24 + 128 * NC * REGS <= 65536, "register file: producer 24 + consumers");
+  static constexpr int SMEM = 1024 + 2 * KB * HD * 2 + STAGES * 2 * QB * HD * 2 + STAGES * 2 * QB * 4;
+  static_assert(SMEM <= 227 * 1024, "over the sm_90 limit");
+};
+/* dQ likewise: NCQ consumer warpgroups of 64 query rows (QM 128 at H128, 192 at H64: 3 products per 64-key tile
+   against the same exp2s, each K / V tile loaded once for 192 rows); T is a multiple of 128, so the last CTA of a
+   head may hold 64 or 128 rows. */
+template <int HD, int NCQ>
+struct dq_tile {
+  static constexpr int NC = NCQ, QM = 64 * NC, THREADS = 128 * (NC + 1), REGS = NC == 3 ? 160 : 240;
+  static_assert(128 * 24 + 128 * NC * REGS <= 65536, "register file: producer 24 + consumers");
+  static constexpr int SMEM = 1024 + 2 * QM * HD * 2 + STAGES * 2 * KT * HD * 2;
+  static_assert(SMEM <= 227 * 1024, "over the sm_90 limit");
+};
+/* The default per head dim: 3 at H64 but with lengths (at 160 registers their kernels spilled 28 bytes), else 2;
+   SINKATTN_HOP_BWD_NC=2 runs H64 with 2 in both kernels (the A/B of bench/NOTES.md). */
+template <int HD> constexpr int hop_bwd_nc() { return HD == 64 ? 3 : 2; }
 static_assert(QB == 64 && KT == 64, "gemm_rs and pack_frag read 64-row tiles");
 /* lse2 / D boxes: inner extent a multiple of 16 bytes and <= 256 elements; shared destinations 128-byte aligned
    (the region follows K, V and the Q / dO ring from a 1024-byte boundary, boxes QB * 4 = 256 B apart). */
 static_assert(QB * 4 % 128 == 0 && QB <= 256 && (KB * 64 * 2) % 128 == 0 && (QB * 64 * 2) % 128 == 0,
               "lse2 / D box destinations must be 128-byte aligned");
-static_assert(dkdv_smem<128>() <= 227 * 1024 && dq_smem<128>() <= 227 * 1024, "over the sm_90 limit");
 static_assert(128 % KB == 0 && 128 % QB == 0 && 128 % QM == 0 && 128 % KT == 0,
               "sa_hop_in_scope admits T and S that are multiples of 128");
 
@@ -80,14 +102,15 @@ static_assert(128 % KB == 0 && 128 % QB == 0 && 128 % QM == 0 && 128 % KT == 0,
 /* ---- 2. dK, dV -------------------------------------------------------------------------------------- */
 
 
-template <int HD, int MASK>
-__global__ void __launch_bounds__(THREADS, 1)
+template <int HD, int MASK, int NCK>
+__global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
     sa_hop_bwd_dkdv(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
                     const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
                     const __grid_constant__ CUtensorMap tml, const __grid_constant__ CUtensorMap tmd,
                     const sa_hop_bwd_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int CB = HD / 64;
+  using TL = dkdv_tile<HD, NCK>;
+  constexpr int CB = HD / 64, NC = TL::NC, KB = TL::KB;
   constexpr uint32_t KV_BYTES = KB * HD * 2, QT_BYTES = QB * HD * 2, LD_BYTES = 2 * QB * 4;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bar[1 + 2 * STAGES]; /* K+V full; per stage full; per stage empty */
@@ -114,10 +137,12 @@ __global__ void __launch_bounds__(THREADS, 1)
   /* The query blocks qb0 .. qb0 + per_head - 1 (of each of the G heads) hold every row that sees a key of
      [k0, k0 + KB); the others are skipped. Causal top-left: key block 0 sees every query, and key blocks come
      in order of decreasing work. */
+  /* Warpgroups with keys: S - k0 is a positive multiple of 64 (S % 128 == 0). */
+  const int n_wg = min(NC, (p.S - k0) / 64);
   int qb0 = 0, per_head = T / QB;
   if (MASK) {
     int i_end;
-    const int i_beg = sa_hop_query_rows(mk, ql, k0, KB, &i_end);
+    const int i_beg = sa_hop_query_rows(mk, ql, k0, 64 * n_wg, &i_end);
     qb0 = i_beg / QB;
     per_head = i_end > i_beg ? (i_end + QB - 1) / QB - qb0 : 0;
   }
@@ -128,7 +153,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     mbar_init(b0, 1);
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(bar_full(s), 1);
-      mbar_init(bar_empty(s), 4 * NC); /* one arrive per consumer warp */
+      mbar_init(bar_empty(s), 4 * n_wg); /* one arrive per warp of a consumer warpgroup with keys */
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -157,9 +182,17 @@ __global__ void __launch_bounds__(THREADS, 1)
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-  const int cw = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, t = lane % 4;
+  /* A warpgroup past S leaves before setmaxnreg.inc (a per-warpgroup instruction); no barrier counts it. */
+  const int cw = wg - 1;
+  if (cw >= n_wg) return;
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(TL::REGS) : "memory");
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, t = lane % 4;
   const int kw0 = k0 + 64 * cw, kr = kw0 + 16 * warp + lane / 4; /* this thread's keys: kr, kr + 8 */
+  /* The rows [w_beg, w_end) that see one of this warpgroup's keys: a tile outside them is released unread (a
+     192-key causal CTA's first tiles are invisible to its second and third warpgroups: without this H64 causal
+     would do ~3% (T4096) / ~12% (T1024) more tensor work than 64-key warpgroups need). */
+  int w_beg = 0, w_end = T;
+  if (MASK) w_beg = sa_hop_query_rows(mk, ql, kw0, 64, &w_end);
   const uint32_t sk_wg = sk + cw * 64 * 128, sv_wg = sv + cw * 64 * 128;
   const float sl2 = p.scale_l2;
   /* Accumulators d[4j + e]: row (key) lane/4 + 8 (e >> 1) of the warp's 16, column 8j + 2t + (e & 1). */
@@ -182,12 +215,14 @@ __global__ void __launch_bounds__(THREADS, 1)
     mbar_wait(bar_full(s), (it / STAGES) & 1);
     if (MASK == 3 && i0 + QB > ql) { /* the block holding q_len (CTA-uniform): rows past it may be NaN padding */
       const int r = ql - i0, tid = threadIdx.x - 128;
-      float *dz = const_cast<float *>(ld_f) + s * 2 * QB + QB; /* D of this stage (the fences below order it
-                                                                 before the stage's next TMA write too) */
-      for (int x = r + tid; x < QB; x += 128 * NC) dz[x] = 0.f;
-      zero_tile_rows(sq_s, QB, r, CB, tid, 128 * NC);
-      zero_tile_rows(sdo_s, QB, r, CB, tid, 128 * NC);
-      named_bar_sync(1, 128 * NC);
+      zero_tile_rows(sq_s, QB, r, CB, tid, 128 * n_wg);
+      zero_tile_rows(sdo_s, QB, r, CB, tid, 128 * n_wg);
+      named_bar_sync(1, 128 * n_wg);
+    }
+    if (MASK && (i0 + QB <= w_beg || i0 >= w_end)) { /* no row of the tile sees this warpgroup's keys */
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_empty(s));
+      continue;
     }
     /* Zeroed, so the previous tile's values are dead after packing: 192 live accumulators, not 224. */
     zero(st);
@@ -227,7 +262,14 @@ __global__ void __launch_bounds__(THREADS, 1)
     pin(dpt);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const float2 dd = *reinterpret_cast<const float2 *>(Dq + 8 * j + 2 * t);
+      float2 dd = *reinterpret_cast<const float2 *>(Dq + 8 * j + 2 * t);
+      /* D of a row past q_len may be NaN (padding dO / out), and P = 0 times NaN is NaN: 0 in registers. Not by
+         a store into the stage: a plain store there races (compute-sanitizer racecheck, H200 session 4) with
+         the reads of lanes 1..31 in the stage's previous tile, which only lane 0's empty arrive releases. */
+      if (MASK == 3 && i0 + 8 * j + 2 * t + 1 >= ql) {
+        if (i0 + 8 * j + 2 * t >= ql) dd.x = 0.f;
+        dd.y = 0.f;
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? dd.y : dd.x));
     }
@@ -271,13 +313,14 @@ __global__ void __launch_bounds__(THREADS, 1)
 
 /* ---- 3. dQ ------------------------------------------------------------------------------------------ */
 
-template <int HD, int MASK>
-__global__ void __launch_bounds__(THREADS, 1)
+template <int HD, int MASK, int NCQ>
+__global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
     sa_hop_bwd_dq(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
                   const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
                   const sa_hop_bwd_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int CB = HD / 64;
+  using TL = dq_tile<HD, NCQ>;
+  constexpr int CB = HD / 64, NC = TL::NC, QM = TL::QM;
   constexpr uint32_t Q_BYTES = QM * HD * 2, KT_BYTES = KT * HD * 2;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bar[1 + 2 * STAGES]; /* Q+dO full; per stage K+V full; per stage empty */
@@ -299,10 +342,12 @@ __global__ void __launch_bounds__(THREADS, 1)
     sa_hop_lens(p.shape, b, T, p.S, &ql, &kl);
     mk = sa_hop_mask_make(ql, kl, p.shape.causal, p.shape.wl, p.shape.wr, p.shape.diag);
   }
-  /* Key tiles t0 .. t0 + n_tiles - 1: those holding a key some row of [m0, m0 + QM) sees (none: dq = 0). */
+  /* Warpgroups with rows: T - m0 is a positive multiple of 64 (T % 128 == 0). */
+  const int n_wg = min(NC, (T - m0) / 64);
+  /* Key tiles t0 .. t0 + n_tiles - 1: those holding a key some row of [m0, m0 + 64 n_wg) sees (none: dq = 0). */
   int t0 = 0, n_tiles = p.S / KT;
   if (MASK) {
-    const int rows = ql - m0 < QM ? ql - m0 : QM; /* QM without lengths */
+    const int rows = min(ql - m0, 64 * n_wg); /* 64 n_wg without lengths */
     if (rows > 0) t0 = sa_hop_key_tiles(mk, m0, rows, KT, &n_tiles);
     else n_tiles = 0;
   }
@@ -312,7 +357,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     mbar_init(b0, 1);
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(bar_full(s), 1);
-      mbar_init(bar_empty(s), 4 * NC);
+      mbar_init(bar_empty(s), 4 * n_wg); /* one arrive per warp of a consumer warpgroup with rows */
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -321,7 +366,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (threadIdx.x == 0 && n_tiles > 0) {
-      mbar_arrive_tx(b0, 2 * Q_BYTES);
+      mbar_arrive_tx(b0, 2 * Q_BYTES); /* rows past T (a partial CTA) are TMA's zero fill, counted in the bytes */
       for (int c = 0; c < CB; ++c) {
         tma_load(sq + c * QM * 128, &tmq, b0, c * 64, n, m0, b);
         tma_load(sdo + c * QM * 128, &tmdo, b0, c * 64, n, m0, b);
@@ -339,9 +384,22 @@ __global__ void __launch_bounds__(THREADS, 1)
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-  const int cw = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, t = lane % 4;
+  /* A warpgroup past T leaves before setmaxnreg.inc; no barrier counts it. */
+  const int cw = wg - 1;
+  if (cw >= n_wg) return;
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(TL::REGS) : "memory");
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, t = lane % 4;
   const int wg_row0 = m0 + 64 * cw, r0 = wg_row0 + 16 * warp + lane / 4; /* rows r0, r0 + 8 */
+  /* The key tiles [w_a, w_e) of the CTA's that hold a key one of this warpgroup's rows sees; the others are
+     released unread (a 192-row causal CTA's first warpgroups skip its last 1-2 tiles). */
+  int w_a = 0, w_e = n_tiles;
+  if (MASK && n_tiles > 0) {
+    const int rows = min(ql - wg_row0, 64);
+    int nw = 0;
+    const int tw = rows > 0 ? sa_hop_key_tiles(mk, wg_row0, rows, KT, &nw) : 0;
+    w_a = nw > 0 ? tw - t0 : 0;
+    w_e = nw > 0 ? w_a + nw : 0;
+  }
   const uint32_t sq_wg = sq + cw * 64 * 128, sdo_wg = sdo + cw * 64 * 128;
   const float sl2 = p.scale_l2;
   float lr[2], Dr[2];
@@ -368,9 +426,14 @@ __global__ void __launch_bounds__(THREADS, 1)
     mbar_wait(bar_full(s), (it / STAGES) & 1);
     if (MASK == 3 && key0 + KT > kl) { /* the tile holding kv_len (CTA-uniform): keys past it may be NaN padding */
       const int tid = threadIdx.x - 128;
-      zero_tile_rows(sk_s, KT, kl - key0, CB, tid, 128 * NC);
-      zero_tile_rows(sv_s, KT, kl - key0, CB, tid, 128 * NC);
-      named_bar_sync(1, 128 * NC);
+      zero_tile_rows(sk_s, KT, kl - key0, CB, tid, 128 * n_wg);
+      zero_tile_rows(sv_s, KT, kl - key0, CB, tid, 128 * n_wg);
+      named_bar_sync(1, 128 * n_wg);
+    }
+    if (MASK && (it < w_a || it >= w_e)) { /* no key of the tile is seen by this warpgroup's rows */
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_empty(s));
+      continue;
     }
     zero(sa);
     zero(dpa);
@@ -449,27 +512,48 @@ static int sa_hop_kb_slowest(bool work_falls, int64_t ctas) {
   return ctas < 8LL * sa_cuda_sm_count(); /* unreadable (0): the fast order */
 }
 
+/* The dK/dV kernel with NCK consumer warpgroups (ceil(S / KB) key blocks a head); false if the shared-memory
+   opt-in was refused. */
+template <int HD, int MASK, int NCK>
+bool sa_hop_dkdv_launch(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B, cudaStream_t st) {
+  using TL = dkdv_tile<HD, NCK>;
+  if (cudaFuncSetAttribute(sa_hop_bwd_dkdv<HD, MASK, NCK>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM) !=
+      cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  const unsigned nkb = (unsigned)((hp.S + TL::KB - 1) / TL::KB);
+  const dim3 gk = hp.kb_slowest ? dim3((unsigned)hp.KH, (unsigned)B, nkb) : dim3(nkb, (unsigned)hp.KH, (unsigned)B);
+  sa_hop_bwd_dkdv<HD, MASK, NCK><<<gk, TL::THREADS, TL::SMEM, st>>>(m[M_Q_QB], m[M_DO_QB], m[M_K_KB], m[M_V_KB],
+                                                                     m[M_LSE2], m[M_D], hp);
+  return true;
+}
+
 /* A refused shared-memory opt-in (130 KiB at H 128) leaves *used = 0: the portable kernels run instead. */
-template <int HD, int MASK>
-cudaError_t sa_hop_bwd_run(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B,
-                           cudaStream_t st, int *used) {
-  if (cudaFuncSetAttribute(sa_hop_bwd_dkdv<HD, MASK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           dkdv_smem<HD>()) != cudaSuccess ||
-      cudaFuncSetAttribute(sa_hop_bwd_dq<HD, MASK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           dq_smem<HD>()) != cudaSuccess) {
+template <int HD, int MASK, int NC>
+cudaError_t sa_hop_bwd_run_nc(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B,
+                              cudaStream_t st, int *used) {
+  using TQ = dq_tile<HD, NC>;
+  if (cudaFuncSetAttribute(sa_hop_bwd_dq<HD, MASK, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, TQ::SMEM) !=
+          cudaSuccess ||
+      !sa_hop_dkdv_launch<HD, MASK, NC>(m, hp, B, st)) {
     cudaGetLastError();
     return cudaSuccess;
   }
   *used = 1;
-  const dim3 gk = hp.kb_slowest ? dim3((unsigned)hp.KH, (unsigned)B, (unsigned)(hp.S / KB))
-                                : dim3((unsigned)(hp.S / KB), (unsigned)hp.KH, (unsigned)B);
-  sa_hop_bwd_dkdv<HD, MASK><<<gk, THREADS, dkdv_smem<HD>(), st>>>(m[M_Q_QB], m[M_DO_QB], m[M_K_KB], m[M_V_KB],
-                                                                    m[M_LSE2], m[M_D], hp);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  dim3 gq((unsigned)(hp.T / QM), (unsigned)hp.N, (unsigned)B);
-  sa_hop_bwd_dq<HD, MASK><<<gq, THREADS, dq_smem<HD>(), st>>>(m[M_Q_QM], m[M_DO_QM], m[M_K_KT], m[M_V_KT], hp);
+  dim3 gq((unsigned)((hp.T + TQ::QM - 1) / TQ::QM), (unsigned)hp.N, (unsigned)B);
+  sa_hop_bwd_dq<HD, MASK, NC><<<gq, TQ::THREADS, TQ::SMEM, st>>>(m[M_Q_QM], m[M_DO_QM], m[M_K_KT], m[M_V_KT], hp);
   return cudaGetLastError();
+}
+
+template <int HD, int MASK>
+cudaError_t sa_hop_bwd_run(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B, int nc,
+                           cudaStream_t st, int *used) {
+  if constexpr (HD == 64 && MASK != 3)
+    if (nc == 3) return sa_hop_bwd_run_nc<HD, MASK, 3>(m, hp, B, st, used);
+  return sa_hop_bwd_run_nc<HD, MASK, 2>(m, hp, B, st, used);
 }
 
 } /* namespace */
@@ -487,13 +571,17 @@ cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
     return cudaSuccess;
   static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
   if (!enc) return cudaSuccess;
+  /* consumer warpgroups of both kernels (hop_bwd_nc: 3 at H64 but with lengths); SINKATTN_HOP_BWD_NC=2: 2 */
+  const int kind = sa_hop_mask_kind(p);
+  const char *env_nc = getenv("SINKATTN_HOP_BWD_NC");
+  const int nck = p.H == 64 && kind != 3 && !(env_nc && atoi(env_nc) == 2) ? hop_bwd_nc<64>() : 2, kbk = 64 * nck;
   CUtensorMap m[M_COUNT];
   const bool ok = sa_hop_map(enc, &m[M_Q_QB], p.q, p.B, p.T, p.N, p.H, QB) &&
                   sa_hop_map(enc, &m[M_DO_QB], p.dout, p.B, p.T, p.N, p.H, QB) &&
-                  sa_hop_map(enc, &m[M_K_KB], p.k, p.B, p.S, p.K, p.H, KB) &&
-                  sa_hop_map(enc, &m[M_V_KB], p.v, p.B, p.S, p.K, p.H, KB) &&
-                  sa_hop_map(enc, &m[M_Q_QM], p.q, p.B, p.T, p.N, p.H, QM) &&
-                  sa_hop_map(enc, &m[M_DO_QM], p.dout, p.B, p.T, p.N, p.H, QM) &&
+                  sa_hop_map(enc, &m[M_K_KB], p.k, p.B, p.S, p.K, p.H, kbk) &&
+                  sa_hop_map(enc, &m[M_V_KB], p.v, p.B, p.S, p.K, p.H, kbk) &&
+                  sa_hop_map(enc, &m[M_Q_QM], p.q, p.B, p.T, p.N, p.H, kbk) &&
+                  sa_hop_map(enc, &m[M_DO_QM], p.dout, p.B, p.T, p.N, p.H, kbk) &&
                   sa_hop_map(enc, &m[M_K_KT], p.k, p.B, p.S, p.K, p.H, KT) &&
                   sa_hop_map(enc, &m[M_V_KT], p.v, p.B, p.S, p.K, p.H, KT) &&
                   sa_hop_map_rows(enc, &m[M_LSE2], p.lse2, p.B * p.N, p.T, QB) &&
@@ -511,17 +599,16 @@ cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   hp.mask = sa_hop_mask_of(p);
   hp.shape = sa_hop_shape_of(p);
   /* key block work falls with kb under an upper bound alone (kind 1), or lengths with one and no left window */
-  const int kind = sa_hop_mask_kind(p);
   const bool falls = kind == 1 || (kind == 3 && (p.causal != 0 || p.wr >= 0) && p.wl < 0);
-  hp.kb_slowest = sa_hop_kb_slowest(falls, (p.S / KB) * p.K * p.B);
+  hp.kb_slowest = sa_hop_kb_slowest(falls, ((p.S + kbk - 1) / kbk) * p.K * p.B);
   switch (kind + 4 * (p.H == 128)) {
-    case 0: return sa_hop_bwd_run<64, 0>(m, hp, p.B, st, used);
-    case 1: return sa_hop_bwd_run<64, 1>(m, hp, p.B, st, used);
-    case 2: return sa_hop_bwd_run<64, 2>(m, hp, p.B, st, used);
-    case 3: return sa_hop_bwd_run<64, 3>(m, hp, p.B, st, used);
-    case 4: return sa_hop_bwd_run<128, 0>(m, hp, p.B, st, used);
-    case 5: return sa_hop_bwd_run<128, 1>(m, hp, p.B, st, used);
-    case 6: return sa_hop_bwd_run<128, 2>(m, hp, p.B, st, used);
-    default: return sa_hop_bwd_run<128, 3>(m, hp, p.B, st, used);
+    case 0: return sa_hop_bwd_run<64, 0>(m, hp, p.B, nck, st, used);
+    case 1: return sa_hop_bwd_run<64, 1>(m, hp, p.B, nck, st, used);
+    case 2: return sa_hop_bwd_run<64, 2>(m, hp, p.B, nck, st, used);
+    case 3: return sa_hop_bwd_run<64, 3>(m, hp, p.B, nck, st, used);
+    case 4: return sa_hop_bwd_run<128, 0>(m, hp, p.B, nck, st, used);
+    case 5: return sa_hop_bwd_run<128, 1>(m, hp, p.B, nck, st, used);
+    case 6: return sa_hop_bwd_run<128, 2>(m, hp, p.B, nck, st, used);
+    default: return sa_hop_bwd_run<128, 3>(m, hp, p.B, nck, st, used);
   }
 }
