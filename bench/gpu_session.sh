@@ -17,7 +17,8 @@
 #   PART=ncu bash bench/gpu_session.sh     (2 GPUs) the sanitizer over test_cuda on GPU 1 (SAN_TOOLS, HOPPER_STRIDE);
 #                                           GPU 0: test_cuda, ncu's detailed sections over NCU_SHAPES (ours, cuDNN)
 #   PART=ab bash bench/gpu_session.sh      (2 GPUs) the sanitizer over test_cuda on GPU 1; GPU 0: test_cuda, the grid
-#                                           with the new default and with AB_ENV (the previous form), DEV_VARIANTS
+#                                           with the new default and with AB_ENV (the previous form), DEV_VARIANTS,
+#                                           NCU_SHAPES
 #   PART=bench bash bench/gpu_session.sh   python -m sinkattn.bench on the performance.md grid (learnable;
 #                                           vanilla and off_by_one on the H=128 T=4096 rows), the decode
 #                                           bandwidth table, the Hopper dev variants (dev/run_hopper.sh),
@@ -56,6 +57,24 @@ build_gpusan() {
 }
 export -f build_gpu build_gpusan
 export PY
+# ncu_shapes "B T N K H causal, ...": ncu's detailed sections over one jax f+b of each shape, ours and cuDNN's kernels.
+ncu_shapes() {
+  local shapes sh B T N K H C who kre i=0
+  IFS=, read -ra shapes <<< "$1"
+  for sh in "${shapes[@]}"; do
+    read -r B T N K H C <<< "$sh"
+    c=(); [ "$C" = 1 ] && c=(--causal)
+    for who in fused cudnn; do
+      kre='regex:sa_hop|sa_bwd|bwd_onepass|dq_convert'; [ $who = cudnn ] && kre='regex:sdpa|flash|fmha|cudnn'
+      step ncu$i-$who ${NCU_LIMIT:-100} ncu --section SpeedOfLight --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section LaunchStats \
+        --section Occupancy --section InstructionStats -k "$kre" --launch-count ${NCU_COUNT:-6} \
+        --log-file "$STAGE/ncu$i-$who.txt" "$PY" bench/profile_fb.py --B $B --T $T --N $N --K $K --H $H "${c[@]}" \
+        --contender $who
+    done
+    i=$((i + 1))
+  done
+}
 
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; echo "commit $SINKATTN_COMMIT";
   "$PY" -c 'import jax, jaxlib; print("jax", jax.__version__, "jaxlib", jaxlib.__version__)'; } \
@@ -150,21 +169,7 @@ elif [ "$PART" = ncu ]; then
   san=$!
   export CUDA_VISIBLE_DEVICES=0
   step test_cuda 60 build-gpu/test_cuda
-  IFS=, read -ra shapes <<< "${NCU_SHAPES:-4 4096 32 32 64 1}"
-  i=0
-  for sh in "${shapes[@]}"; do
-    read -r B T N K H C <<< "$sh"
-    c=(); [ "$C" = 1 ] && c=(--causal)
-    for who in fused cudnn; do
-      kre='regex:sa_hop|sa_bwd'; [ $who = cudnn ] && kre='regex:sdpa|flash|fmha|cudnn'
-      step ncu$i-$who ${NCU_LIMIT:-100} ncu --section SpeedOfLight --section ComputeWorkloadAnalysis \
-        --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section LaunchStats \
-        --section Occupancy --section InstructionStats -k "$kre" --launch-count ${NCU_COUNT:-6} \
-        --log-file "$STAGE/ncu$i-$who.txt" "$PY" bench/profile_fb.py --B $B --T $T --N $N --K $K --H $H "${c[@]}" \
-        --contender $who
-    done
-    i=$((i + 1))
-  done
+  ncu_shapes "${NCU_SHAPES:-4 4096 32 32 64 1}"
   t0=$SECONDS; wait $san; summary+=("sanitize (GPU 1, in parallel) waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
   cat "$STAGE/sanitize/summary.txt" 2>/dev/null
 elif [ "$PART" = ab ]; then
@@ -186,6 +191,7 @@ elif [ "$PART" = ab ]; then
   step bench_old ${BENCH_LIMIT:-150} env ${AB_ENV:-SINKATTN_AB=0} "$PY" -m sinkattn.bench --grid ${GRID:-h200} \
     --softmax learnable --max-ref-t 16384 --repeats 2 --contenders fused --out "$STAGE/h200-jax-${GRID:-h200}-old.json"
   [ -n "${DEV_VARIANTS:-}" ] && step dev ${DEV_LIMIT:-150} env OUT="$STAGE/dev" bash dev/run_hopper.sh $DEV_VARIANTS
+  [ -n "${NCU_SHAPES:-}" ] && ncu_shapes "$NCU_SHAPES"
   t0=$SECONDS; wait $san; summary+=("sanitize (GPU 1, in parallel) waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
   cat "$STAGE/sanitize/summary.txt" 2>/dev/null
 elif [ "$PART" = quick ]; then

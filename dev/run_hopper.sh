@@ -16,9 +16,10 @@
 # Budget: ~5-7 s of compile per variant and ~10-30 s of run (the backward's naive reference takes most of it;
 # bwd_01 also checks and times the one-pass 01a); each run is killed after 100 s (a pipeline deadlock would
 # otherwise hang the GPU job; the programs give up after 20 s per launch).
-# RACECHECK=1: after a backward variant's run, `compute-sanitizer --tool racecheck <bin> racecheck` (two small
-# checks, ~10-40 s) into racecheck_TAG.txt and its hazard count into the summary; RACECHECK_GPU picks the GPU
-# (compute-sanitizer crashes under the one-GPU machine's gVisor: run it on the two-GPU kind).
+# RACECHECK=1: after a backward variant's run (or a forward one with the mode: fwd 05),
+# `compute-sanitizer --tool racecheck <bin> racecheck` (two small checks, ~10-40 s) into racecheck_TAG.txt and
+# its hazard count into the summary; RACECHECK_GPU picks the GPU (compute-sanitizer crashes under the one-GPU
+# machine's gVisor: run it on the two-GPU kind).
 # Usage: bash dev/run_hopper.sh [NN | bwd_NN ...]   (default: every dev/hopper_fwd_*.cu, then every hopper_bwd_*.cu)
 set -u
 cd "$(dirname "$0")"
@@ -71,7 +72,8 @@ for v in "${variants[@]}"; do
   fail=$(grep -c '"pass": false' "$OUT/run_$v.jsonl")
   tf=$(grep '"bench"' "$OUT/run_$v.jsonl" | sed -E 's/.*"bench": "([^"]+)", "B": ([0-9]+), "T": ([0-9]+).*"H": ([0-9]+), "causal": ([01]).*"tflops": ([0-9.]+).*/\1 B\2 T\3 H\4 c\5: \6/' | paste -sd ';' -)
   race=""
-  if [ "${RACECHECK:-0}" = 1 ] && [ "${v#bwd_}" != "$v" ]; then
+  # Backward variants all have the racecheck mode; a forward one only if its source handles the argument (05).
+  if [ "${RACECHECK:-0}" = 1 ] && { [ "${v#bwd_}" != "$v" ] || grep -q '"racecheck"' "$src"; }; then
     CUDA_VISIBLE_DEVICES=${RACECHECK_GPU:-0} timeout -s KILL ${RACECHECK_LIMIT:-120} \
       compute-sanitizer --tool racecheck --racecheck-report hazard "$bin" racecheck > "$OUT/racecheck_$v.txt" 2>&1
     race=" racecheck rc=$? '$(grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$OUT/racecheck_$v.txt" | tail -n 1)'"

@@ -85,8 +85,8 @@ struct dq_tile {
   static constexpr int SMEM = 1024 + 2 * QM * HD * 2 + STAGES * 2 * KT * HD * 2;
   static_assert(SMEM <= 227 * 1024, "over the sm_90 limit");
 };
-/* The default per head dim: 3 at H64 but with lengths (at 160 registers their kernels spilled 28 bytes), else 2;
-   SINKATTN_HOP_BWD_NC=2 runs H64 with 2 in both kernels (the A/B of bench/NOTES.md). */
+/* The default per head dim: 3 at H64 but with lengths (at 160 registers their kernels spilled 28 bytes) and
+   for grids of >= 4 CTAs an SM (sa_hop_many_ctas), else 2. */
 template <int HD> constexpr int hop_bwd_nc() { return HD == 64 ? 3 : 2; }
 static_assert(QB == 64 && KT == 64, "gemm_rs and pack_frag read 64-row tiles");
 /* lse2 / D boxes: inner extent a multiple of 16 bytes and <= 256 elements; shared destinations 128-byte aligned
@@ -507,6 +507,12 @@ enum { M_Q_QB, M_DO_QB, M_K_KB, M_V_KB, M_Q_QM, M_DO_QM, M_K_KT, M_V_KT, M_LSE2,
    same Q / dO tiles) together in L2: at B1 T16384 N16 H128 causal (2048 CTAs) the slow order lost 5% (382 ->
    363). The heaviest CTA is 2 x the mean (T = S), so with n CTAs it is 2 x SMs / n of an SM's share: slow
    order while that is above 1/4 (n < 8 x SMs; B4 T4096 N32 H64, 4096 CTAs: either order 268.6). */
+/* 3 consumer warpgroups (192 keys or rows a CTA) only with at least 4 CTAs an SM: at gpt-oss (B1 T4096 N/K 64/8
+   H64 causal) dK/dV would have 176 CTAs of 192 keys for 132 SMs, the heaviest (22 key tiles of work) 1.44x an
+   SM's share, against 256 CTAs of 128 keys whose heaviest is one share: f+b 297 -> 272 TFLOP/s (2 -> 3 in both
+   kernels, H200 session 4), while with 2700-3100 CTAs (B4 T4096 / B16 T1024 / B1 T16384, N32) it gained 5-15%. */
+static bool sa_hop_many_ctas(int64_t ctas) { return ctas >= 4LL * sa_cuda_sm_count(); }
+
 static int sa_hop_kb_slowest(bool work_falls, int64_t ctas) {
   if (!work_falls) return 0; /* no mask: equal work; windows: nearly equal */
   return ctas < 8LL * sa_cuda_sm_count(); /* unreadable (0): the fast order */
@@ -530,13 +536,13 @@ bool sa_hop_dkdv_launch(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params
 }
 
 /* A refused shared-memory opt-in (130 KiB at H 128) leaves *used = 0: the portable kernels run instead. */
-template <int HD, int MASK, int NC>
+template <int HD, int MASK, int NCK, int NCQ>
 cudaError_t sa_hop_bwd_run_nc(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B,
                               cudaStream_t st, int *used) {
-  using TQ = dq_tile<HD, NC>;
-  if (cudaFuncSetAttribute(sa_hop_bwd_dq<HD, MASK, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, TQ::SMEM) !=
+  using TQ = dq_tile<HD, NCQ>;
+  if (cudaFuncSetAttribute(sa_hop_bwd_dq<HD, MASK, NCQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, TQ::SMEM) !=
           cudaSuccess ||
-      !sa_hop_dkdv_launch<HD, MASK, NC>(m, hp, B, st)) {
+      !sa_hop_dkdv_launch<HD, MASK, NCK>(m, hp, B, st)) {
     cudaGetLastError();
     return cudaSuccess;
   }
@@ -544,16 +550,19 @@ cudaError_t sa_hop_bwd_run_nc(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   dim3 gq((unsigned)((hp.T + TQ::QM - 1) / TQ::QM), (unsigned)hp.N, (unsigned)B);
-  sa_hop_bwd_dq<HD, MASK, NC><<<gq, TQ::THREADS, TQ::SMEM, st>>>(m[M_Q_QM], m[M_DO_QM], m[M_K_KT], m[M_V_KT], hp);
+  sa_hop_bwd_dq<HD, MASK, NCQ><<<gq, TQ::THREADS, TQ::SMEM, st>>>(m[M_Q_QM], m[M_DO_QM], m[M_K_KT], m[M_V_KT], hp);
   return cudaGetLastError();
 }
 
 template <int HD, int MASK>
-cudaError_t sa_hop_bwd_run(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B, int nc,
-                           cudaStream_t st, int *used) {
-  if constexpr (HD == 64 && MASK != 3)
-    if (nc == 3) return sa_hop_bwd_run_nc<HD, MASK, 3>(m, hp, B, st, used);
-  return sa_hop_bwd_run_nc<HD, MASK, 2>(m, hp, B, st, used);
+cudaError_t sa_hop_bwd_run(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B, int nck,
+                           int ncq, cudaStream_t st, int *used) {
+  if constexpr (HD == 64 && MASK != 3) {
+    if (nck == 3) return ncq == 3 ? sa_hop_bwd_run_nc<HD, MASK, 3, 3>(m, hp, B, st, used)
+                                  : sa_hop_bwd_run_nc<HD, MASK, 3, 2>(m, hp, B, st, used);
+    if (ncq == 3) return sa_hop_bwd_run_nc<HD, MASK, 2, 3>(m, hp, B, st, used);
+  }
+  return sa_hop_bwd_run_nc<HD, MASK, 2, 2>(m, hp, B, st, used);
 }
 
 } /* namespace */
@@ -571,17 +580,22 @@ cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
     return cudaSuccess;
   static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
   if (!enc) return cudaSuccess;
-  /* consumer warpgroups of both kernels (hop_bwd_nc: 3 at H64 but with lengths); SINKATTN_HOP_BWD_NC=2: 2 */
+  /* consumer warpgroups of each kernel (hop_bwd_nc: 3 at H64 but with lengths, for grids of >= 4 CTAs an SM);
+     SINKATTN_HOP_BWD_NC=2 forces 2 (the A/B), =3 forces 3 where allowed (test_cuda's small shapes) */
   const int kind = sa_hop_mask_kind(p);
   const char *env_nc = getenv("SINKATTN_HOP_BWD_NC");
-  const int nck = p.H == 64 && kind != 3 && !(env_nc && atoi(env_nc) == 2) ? hop_bwd_nc<64>() : 2, kbk = 64 * nck;
+  const int force = env_nc ? atoi(env_nc) : 0;
+  const bool may3 = p.H == 64 && kind != 3 && force != 2;
+  const int nck = may3 && (force == 3 || sa_hop_many_ctas((p.S + 191) / 192 * p.K * p.B)) ? hop_bwd_nc<64>() : 2;
+  const int ncq = may3 && (force == 3 || sa_hop_many_ctas((p.T + 191) / 192 * p.N * p.B)) ? hop_bwd_nc<64>() : 2;
+  const int kbk = 64 * nck, qmk = 64 * ncq;
   CUtensorMap m[M_COUNT];
   const bool ok = sa_hop_map(enc, &m[M_Q_QB], p.q, p.B, p.T, p.N, p.H, QB) &&
                   sa_hop_map(enc, &m[M_DO_QB], p.dout, p.B, p.T, p.N, p.H, QB) &&
                   sa_hop_map(enc, &m[M_K_KB], p.k, p.B, p.S, p.K, p.H, kbk) &&
                   sa_hop_map(enc, &m[M_V_KB], p.v, p.B, p.S, p.K, p.H, kbk) &&
-                  sa_hop_map(enc, &m[M_Q_QM], p.q, p.B, p.T, p.N, p.H, kbk) &&
-                  sa_hop_map(enc, &m[M_DO_QM], p.dout, p.B, p.T, p.N, p.H, kbk) &&
+                  sa_hop_map(enc, &m[M_Q_QM], p.q, p.B, p.T, p.N, p.H, qmk) &&
+                  sa_hop_map(enc, &m[M_DO_QM], p.dout, p.B, p.T, p.N, p.H, qmk) &&
                   sa_hop_map(enc, &m[M_K_KT], p.k, p.B, p.S, p.K, p.H, KT) &&
                   sa_hop_map(enc, &m[M_V_KT], p.v, p.B, p.S, p.K, p.H, KT) &&
                   sa_hop_map_rows(enc, &m[M_LSE2], p.lse2, p.B * p.N, p.T, QB) &&
@@ -602,13 +616,13 @@ cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   const bool falls = kind == 1 || (kind == 3 && (p.causal != 0 || p.wr >= 0) && p.wl < 0);
   hp.kb_slowest = sa_hop_kb_slowest(falls, ((p.S + kbk - 1) / kbk) * p.K * p.B);
   switch (kind + 4 * (p.H == 128)) {
-    case 0: return sa_hop_bwd_run<64, 0>(m, hp, p.B, nck, st, used);
-    case 1: return sa_hop_bwd_run<64, 1>(m, hp, p.B, nck, st, used);
-    case 2: return sa_hop_bwd_run<64, 2>(m, hp, p.B, nck, st, used);
-    case 3: return sa_hop_bwd_run<64, 3>(m, hp, p.B, nck, st, used);
-    case 4: return sa_hop_bwd_run<128, 0>(m, hp, p.B, nck, st, used);
-    case 5: return sa_hop_bwd_run<128, 1>(m, hp, p.B, nck, st, used);
-    case 6: return sa_hop_bwd_run<128, 2>(m, hp, p.B, nck, st, used);
-    default: return sa_hop_bwd_run<128, 3>(m, hp, p.B, nck, st, used);
+    case 0: return sa_hop_bwd_run<64, 0>(m, hp, p.B, nck, ncq, st, used);
+    case 1: return sa_hop_bwd_run<64, 1>(m, hp, p.B, nck, ncq, st, used);
+    case 2: return sa_hop_bwd_run<64, 2>(m, hp, p.B, nck, ncq, st, used);
+    case 3: return sa_hop_bwd_run<64, 3>(m, hp, p.B, nck, ncq, st, used);
+    case 4: return sa_hop_bwd_run<128, 0>(m, hp, p.B, nck, ncq, st, used);
+    case 5: return sa_hop_bwd_run<128, 1>(m, hp, p.B, nck, ncq, st, used);
+    case 6: return sa_hop_bwd_run<128, 2>(m, hp, p.B, nck, ncq, st, used);
+    default: return sa_hop_bwd_run<128, 3>(m, hp, p.B, nck, ncq, st, used);
   }
 }
