@@ -25,6 +25,16 @@
  *   the same counters, and main reads them back as 0 at the end.
  * - non-persistent mode ("05np"): grid = all tiles, tile = blockIdx.x, no atomics: the library's launch with
  *   this file's code: the fair A/B, timed in the same run, alternating launch by launch.
+ * - SA05_HG / SA05_DYNAMIC in the environment override the section size (0: library order) and the counter.
+ *
+ * MERGE (template switch, "05m", H128 only): persistence hides the next tile's loads, not a warpgroup's own
+ * fill and drain: S_0 of a work tile has no P V under its softmax and the last P V has no softmax over it
+ * (~1 key tile of tensor time per work tile, 1/6 at T1024). With MERGE the last P V of work tile j is issued
+ * with S_0 of work tile j + 1 as the loop body's two commit groups, the softmax of S_0 runs under it, then
+ * tile j's epilogue (O, m, l of tile j kept: pb / pn / pr0 / psink / pm / pl); the CTA's last tile drains at
+ * the end. Deferred only when the warpgroup releases no key tile after its last one (always at H128): a
+ * release would arrive on V empty for a later key tile of the same stage first. At H64 (160 registers) the
+ * pending state spills (4-12 B), so "05m" rows at H64 run the 05 kernel.
  *
  * Barriers (initialised once per CTA, phases continue across work tiles):
  * - Q full (count 1): the producer writes the tile index into shared memory (tile_slot), then arrive.expect_tx
@@ -566,6 +576,10 @@ static v05::Sched sched_for(const Case &c, int *grid) {
     sc.dynamic = C::CAUSAL ? 1 : 0;
     const double head_kv = 4.0 * c.S * c.H / (c.N / c.KH);
     sc.hg = C::CAUSAL ? std::max(1, std::min(c.B * c.N, (int)(L2_SECTION_BYTES / head_kv))) : 0;
+    /* Experiments without a rebuild: SA05_HG = heads per L2 section (0: the library's order, heaviest first
+       within a head only), SA05_DYNAMIC = 0 / 1 (static stride / counter, any mask). */
+    if (const char *e = getenv("SA05_HG")) sc.hg = C::CAUSAL ? std::max(0, std::min(c.B * c.N, atoi(e))) : 0;
+    if (const char *e = getenv("SA05_DYNAMIC")) sc.dynamic = atoi(e) != 0;
   } else {
     *grid = sc.total;
     sc.dynamic = 0;
@@ -589,8 +603,17 @@ static void launch_cfg(const Problem &pr) {
   const Maps &m = maps_for<C>(pr);
   int grid = 0;
   const v05::Sched sc = sched_for<C>(pr.c, &grid);
-  if (g_merge) launch_kernel<C, true>(m, pr.p, sc, grid);
-  else launch_kernel<C, false>(m, pr.p, sc, grid);
+  /* MERGE at H128 only: at H64 (3 consumers, 160 registers) ptxas spills 4-12 bytes with the pending tile's
+     state, and there the other two warpgroups' products already cover one warpgroup's fill / drain. The "05m"
+     rows at H64 run the 05 kernel. */
+  if constexpr (C::NC == 2) {
+    if (g_merge) {
+      launch_kernel<C, true>(m, pr.p, sc, grid);
+      CK(cudaGetLastError());
+      return;
+    }
+  }
+  launch_kernel<C, false>(m, pr.p, sc, grid);
   CK(cudaGetLastError());
 }
 
@@ -611,7 +634,8 @@ static void print_launch(const Case &c) {
   else c.causal ? get(Cfg64c{}) : get(Cfg64{});
   printf("{\"launch\": \"%s\", \"B\": %d, \"T\": %d, \"H\": %d, \"causal\": %d, \"BM\": %d, \"BN\": %d, "
          "\"smem\": %d, \"work_tiles\": %d, \"grid\": %d, \"dynamic\": %d, \"heads_per_l2_section\": %d}\n",
-         g_persist ? (g_merge ? "persistent, merged tails" : "persistent") : "one tile per CTA", c.B, c.T, c.H, c.causal, bm, bn, smem, total, grid, dyn, hg);
+         g_persist ? (g_merge ? "persistent, merged tails" : "persistent") : "one tile per CTA", c.B, c.T, c.H,
+         c.causal, bm, bn, smem, total, grid, dyn, hg);
 }
 
 /* 05, 05m and 05np on one problem, launch by launch in turn (same clocks, same L2 state pattern), CUDA events,
