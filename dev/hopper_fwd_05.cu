@@ -374,7 +374,12 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 
   for (;;) {
     mbar_wait(b_qf(b0), jq & 1);
-    const int tile = __shfl_sync(0xffffffffu, *(volatile int *)&tile_slot, 0);
+    /* Lane 0 alone reads the slot: the Q-empty arrive that lets the producer overwrite it is lane 0's, and an
+       mbarrier arrive releases only the arriving thread's accesses (racecheck, H200 session 4: 112 WAR hazards
+       between lanes 1..31's reads here and the producer's next write when every lane read it). */
+    int slot = 0;
+    if (lane == 0) slot = *(volatile int *)&tile_slot;
+    const int tile = __shfl_sync(0xffffffffu, slot, 0);
     if (tile >= sc.total) break;
     int bh, mb;
     decode_tile(tile, sc, BH, C::CAUSAL, bh, mb);
