@@ -30,7 +30,9 @@
  *           (630 / 654 at T 4096 / 16384); H64: 3 consumer warpgroups, BM 192 (468 / 410 at T4096).
  *  dK/dV    KB 128 keys per CTA, Q / dO streamed in QB 64-row tiles: dK 64 + dV 64 + S^T 32 + dP^T 32 = 192
  *           live accumulators at H128 (R216 of 240); 128-row tiles would need 256. 562 TFLOP/s of its products.
+ *           H64: 3 consumer warpgroups, KB 192 (dkdv_tile in hopper_bwd.cu) when the grid has >= 4 CTAs an SM.
  *  dQ       QM 128 queries per CTA, K / V streamed in KT 64-key tiles: dQ 64 + S 32 + dP 32. 633 TFLOP/s.
+ *           H64: 3 consumer warpgroups, QM 192 likewise (f+b +11-15% non-causal, +4-7% causal, bench/NOTES.md).
  *  A one-pass backward with dQ by per-element float atomics (dev 01a) ran at 366 against 437 for these two
  *  passes and was not deterministic; the one pass of hopper_bwd1.cu (dev 05: dQ staged in shared memory, one
  *  TMA reduce-add per tile, ordered by semaphores) runs at 484 / 501 (T4096 / T16384) and is, at H128. */
