@@ -18,7 +18,7 @@
 #                                           GPU 0: test_cuda, ncu's detailed sections over NCU_SHAPES (ours, cuDNN)
 #   PART=ab bash bench/gpu_session.sh      (2 GPUs) the sanitizer over test_cuda on GPU 1; GPU 0: test_cuda, the grid
 #                                           with the new default and with AB_ENV (the previous form), DEV_VARIANTS,
-#                                           NCU_SHAPES
+#                                           NCU_SHAPES, pytest (PYTEST=1)
 #   PART=bench bash bench/gpu_session.sh   python -m sinkattn.bench on the performance.md grid (learnable;
 #                                           vanilla and off_by_one on the H=128 T=4096 rows), the decode
 #                                           bandwidth table, the Hopper dev variants (dev/run_hopper.sh),
@@ -192,6 +192,7 @@ elif [ "$PART" = ab ]; then
     --softmax learnable --max-ref-t 16384 --repeats 2 --contenders fused --out "$STAGE/h200-jax-${GRID:-h200}-old.json"
   [ -n "${DEV_VARIANTS:-}" ] && step dev ${DEV_LIMIT:-150} env OUT="$STAGE/dev" bash dev/run_hopper.sh $DEV_VARIANTS
   [ -n "${NCU_SHAPES:-}" ] && ncu_shapes "$NCU_SHAPES"
+  [ "${PYTEST:-0}" = 1 ] && step pytest 150 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=140 -n 8
   t0=$SECONDS; wait $san; summary+=("sanitize (GPU 1, in parallel) waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
   cat "$STAGE/sanitize/summary.txt" 2>/dev/null
 elif [ "$PART" = quick ]; then
