@@ -136,6 +136,7 @@ static const tc_case tc_hopper_cases[] = {
 static int tc_pass, tc_fail;
 static int tc_expect_kernel = -1; /* sa_cuda_last_fwd_kernel() after the forward and sa_cuda_last_bwd_kernel()
                                      after each backward; -1: not checked */
+static int tc_fwd_only; /* 1: the forward alone (the passes over the Hopper forward's launch variants) */
 
 #define TC_CUDA(x)                                                                  \
   do {                                                                              \
@@ -262,7 +263,7 @@ static void tc_run(const tc_case *c, uint64_t seed) {
   sa_attn_grad g = {0};
   g.dout = dout; g.dlse = c->dlse ? dlse : NULL; g.dq = g_r[0]; g.dk = g_r[1]; g.dv = g_r[2];
   g.dsinks = c->sm == SA_SOFTMAX_LEARNABLE ? ds_r : NULL;
-  if (st == SA_OK) st = sa_attn_bwd(&a, &g, NULL, 0, SA_BACKEND_REF, NULL);
+  if (st == SA_OK && !tc_fwd_only) st = sa_attn_bwd(&a, &g, NULL, 0, SA_BACKEND_REF, NULL);
   tc_check(st == SA_OK, c, "reference failed %g %g", (double)st, 0);
 
   /* CUDA: device copies, outputs poisoned */
@@ -307,10 +308,12 @@ static void tc_run(const tc_case *c, uint64_t seed) {
       }
   tc_check(ebad == 0, c, "empty rows: %g elements not exactly out 0 / lse sink (tol %g)", ebad, 0);
 
+  sa_attn_grad dg = {0};
+  if (tc_fwd_only) goto done;
+
   /* backward from the reference's out and lse, so only the backward kernels are compared */
   TC_CUDA(cudaMemcpy(d.out, out_r, no * es, cudaMemcpyHostToDevice));
   TC_CUDA(cudaMemcpy(d.lse, lse_r, nl * 4, cudaMemcpyHostToDevice));
-  sa_attn_grad dg = {0};
   dg.dout = tc_dev(no * es, dout);
   dg.dlse = c->dlse ? tc_dev(nl * 4, dlse) : NULL;
   for (int rep = 0; rep < 3; rep++) {
@@ -356,11 +359,13 @@ static void tc_run(const tc_case *c, uint64_t seed) {
     tc_check(memcmp(ds_c, ds_c2, N * 4) == 0 && memcmp(ds_c, ds_c3, N * 4) == 0, c,
              "dsinks differ bitwise between runs (%g %g)", 0, 0);
   }
+done:;
   const void *dp[] = {d.q, d.k, d.v, d.out, d.lse, d.sinks, d.q_lens, d.kv_lens, d.q_segment_ids,
                       d.kv_segment_ids, dg.dout, dg.dlse};
   for (size_t x = 0; x < sizeof dp / sizeof dp[0]; x++)
     if (dp[x]) TC_CUDA(cudaFree((void *)dp[x]));
-  printf("%-28s out %.2e  lse %.2e  dq %.2e  dk %.2e  dv %.2e\n", c->name, tc_relerr(out_c, out_r, c->dt, no), lerr,
+  if (tc_fwd_only) printf("%-28s out %.2e  lse %.2e\n", c->name, tc_relerr(out_c, out_r, c->dt, no), lerr);
+  else printf("%-28s out %.2e  lse %.2e  dq %.2e  dk %.2e  dv %.2e\n", c->name, tc_relerr(out_c, out_r, c->dt, no), lerr,
          tc_relerr(g_c[0][0], g_r[0], c->dt, nq), tc_relerr(g_c[0][1], g_r[1], c->dt, nk),
          tc_relerr(g_c[0][2], g_r[2], c->dt, nv));
   free(q); free(k); free(v); free(dout); free(out_r); free(out_c); free(lse_r); free(lse_c); free(dlse);
@@ -435,8 +440,31 @@ int main(void) {
       n64++;
     }
   unsetenv("SINKATTN_HOP_BWD_NC");
-  printf("test_cuda: %d passed, %d failed (%zu cases, %zu of them twice, %zu of those three times)\n", tc_pass,
-         tc_fail, sizeof tc_cases / sizeof tc_cases[0] + nh, nh, n64);
+  /* The Hopper forward's launch variants (hopper_fwd.cu; the default pass above takes its persistent launch, on
+     grids of <= 128 work tiles: one a CTA), the forward alone: one work tile per CTA on a grid of all of them
+     (SINKATTN_HOP_FWD_PERSISTENT=0: masked calls past 8 key tiles), then persistent CTAs on a grid of 3
+     (SINKATTN_HOP_FWD_GRID=3: each CTA loops over up to 43 work tiles here, so the Q and K/V ring phases, the
+     tile slot, the H64 partial m-blocks, masks and lengths all cross work tiles). */
+  size_t nvar = 0;
+#ifdef SA_CUDA_HAVE_SM90A
+  if (major == 9 && minor == 0) {
+    tc_expect_kernel = 2;
+    tc_fwd_only = 1;
+    for (int v = 0; v < 2; v++, nvar++) {
+      setenv("SINKATTN_HOP_FWD_PERSISTENT", v ? "1" : "0", 1);
+      if (v) setenv("SINKATTN_HOP_FWD_GRID", "3", 1);
+      printf("-- the Hopper cases, forward only, %s (expect kernel 2)\n",
+             v ? "SINKATTN_HOP_FWD_PERSISTENT=1 SINKATTN_HOP_FWD_GRID=3" : "SINKATTN_HOP_FWD_PERSISTENT=0");
+      for (size_t i = 0; i < nh; i += hstride) tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
+    }
+    unsetenv("SINKATTN_HOP_FWD_PERSISTENT");
+    unsetenv("SINKATTN_HOP_FWD_GRID");
+    tc_fwd_only = 0;
+  }
+#endif
+  printf("test_cuda: %d passed, %d failed (%zu cases, %zu of them twice, %zu of those three times; the Hopper "
+         "forward in %zu more launch variants)\n", tc_pass, tc_fail, sizeof tc_cases / sizeof tc_cases[0] + nh, nh,
+         n64, nvar);
   return tc_fail ? 1 : 0;
 }
 #endif

@@ -1,0 +1,197 @@
+/*
+ * hopper_fwd_parts.cuh — the Hopper forward's (hopper_fwd.cu) tile table, parameters, barrier slots, work-tile
+ * order and device helpers: the m64n176 wgmma, the two products, the mask tests, the online softmax and P's
+ * packing. Split from hopper_fwd.cu to keep each file under 600 lines; the kernel and its launch stay there.
+ * Included by hopper_fwd.cu only (an anonymous namespace: one translation unit).
+ */
+#ifndef SA_HOPPER_FWD_PARTS_CUH
+#define SA_HOPPER_FWD_PARTS_CUH
+
+#include "hopper_ptx.cuh"
+
+namespace {
+
+constexpr int STAGES = sa_hop_tiles::STAGES; /* K/V ring depth: 2 in every configuration */
+
+/* The forward's tile per (head dim, mask kind) (the table of hopper_ptx.cuh points here), measured on the H200 (dev/run_hopper.sh,
+   commit 667373e, standalone TFLOP/s, all checks passed; bench/NOTES.md):
+   - H64, every mask: 3 consumer warpgroups, BM 192 (dev 03's configuration "03s2", 2 stages). At k = 64 one warpgroup's
+     two products (512 tensor clocks per 128-key tile) cost as much as its 8192 exp2 (512 MUFU clocks): with a
+     third warpgroup two products cover the third's softmax. B4 T4096 N32 468 non-causal / 410 causal (02's
+     128-row tile: 331..407 / 364), B16 T1024 causal 263 (244), gpt-oss B1 T4096 N64/8 causal 386 (346), B1
+     T16384 causal 471 (417); cuDNN 398 / 273 / 361-374 on the same rows. Registers: 512 threads, setmaxnreg
+     160 / 24 (128 x 24 + 384 x 160 = 64512 of 65536); the consumers need R151 of 160 (ptxas, nvcc 13.0).
+   - H128 without a mask: BN 176 (dev 04, FlashAttention-3's 128 x 176): the per-tile costs (shuffles, the
+     rescale of O, barrier handshakes, two commit groups) over 1.375x the keys. B4 T4096 N16 630 (02: 611;
+     cuDNN 628), B1 T16384 654 (614; issue target >= 600), B2 T8192 607. S is a multiple of 128, not of 176:
+     the last tile holds 16..176 keys, TMA zero-fills the rest and the tile masks keys >= S. 210 KiB of 227.
+   - H128 with a mask (kinds 1..3): 02's 2 warpgroups x 128 keys (552 causal at B4 T4096). 176 keys were
+     measured without a mask only; mask_range and the tile ranges take tiles that divide S, and FlashAttention-3
+     also keeps 128 keys for causal / local masks at head dim 128. */
+template <int HD, int MASK>
+struct sa_hop_fwd_tile {
+  static constexpr int NC = HD == 64 ? 3 : 2;                  /* consumer warpgroups */
+  static constexpr int BM = 64 * NC;                           /* query rows per CTA */
+  static constexpr int BN = HD == 128 && MASK == 0 ? 176 : 128; /* keys per tile */
+  static constexpr int THREADS = 128 * (NC + 1);
+  static constexpr int REGS = NC == 3 ? 160 : 240;             /* consumer registers after setmaxnreg */
+  /* Q's TMA box: one per warpgroup when a CTA can be partial (BM 192), else one BM-row box per column block */
+  static constexpr int QBOX = 128 % BM == 0 ? BM : 64;
+  static constexpr int SMEM = 1024 /* alignment slack */ + BM * HD * 2 + STAGES * 2 * BN * HD * 2;
+  static_assert(128 * 24 + 128 * NC * REGS <= 65536 && REGS % 8 == 0, "register file: producer 24 + consumers");
+  static_assert(SMEM + 1024 <= 227 * 1024, "shared memory over the sm_90 limit (+1 KiB of static barriers)");
+  static_assert(BN % 16 == 0 && BN <= 256 && (BN * 128) % 1024 == 0, "k16 steps, TMA box, swizzle atoms");
+  static_assert(MASK == 0 || 128 % BN == 0, "mask_range reads 128-key tiles; keys >= S only in kind 0");
+};
+
+struct sa_hop_params {
+  __nv_bfloat16 *out; /* [B, T, N, H] */
+  float *lse;         /* [B, N, T] or NULL */
+  const float *sinks; /* [N], learnable only */
+  int T, S, N, G, softmax;
+  float scale_l2;     /* scale * log2(e) > 0 */
+  sa_hop_mask mask;   /* causal / window / offset (MASK kernels only) */
+  sa_hop_shape shape; /* lengths and the raw mask parameters (MASK 3: each CTA builds its batch's mask) */
+  /* Work tiles (sa_hop_work_tile): B N n_mb of them, n_mb = ceil(T / BM); CTA c takes c, c + gridDim.x, ...
+     (one each when the grid holds them all). hg > 0: the L2-section order with hg heads a section. */
+  int BH, n_mb, total, hg;
+};
+
+/* Work tile i -> (b N + head, m-block). hg = 0: the one-tile-per-CTA grid's order (m-block fastest, reversed
+   under a mask: heaviest first within a head, as blockIdx.x = n_mb - 1 - mb did). hg > 0 (persistent, masked;
+   dev/hopper_fwd_05): sections of hg heads (their K/V <= 16 MiB, a third of the H200's L2), inside a section
+   every head's heaviest m-block, then the next lighter level: with the static stride a CTA's successive tiles
+   get lighter (the balance of a global heaviest-first order) while the K/V read at one time stays in L2. The
+   last section may hold fewer heads. */
+__device__ __forceinline__ void sa_hop_work_tile(const sa_hop_params &p, bool masked, int i, int *bh, int *mb) {
+  if (masked && p.hg > 0) {
+    const int span = p.hg * p.n_mb, sec = i / span, r = i - sec * span;
+    const int left = p.BH - sec * p.hg, hg = p.hg < left ? p.hg : left, lvl = r / hg;
+    *mb = p.n_mb - 1 - lvl;
+    *bh = sec * p.hg + (r - lvl * hg);
+  } else {
+    *bh = i / p.n_mb;
+    const int r = i - *bh * p.n_mb;
+    *mb = masked ? p.n_mb - 1 - r : r;
+  }
+}
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+/* Barrier slots in bar[]: 0 Q full, 1 Q empty; then per stage K full, V full, K empty, V empty. */
+constexpr int N_BARS = 2 + 4 * STAGES;
+__device__ __forceinline__ uint32_t bar_qf(uint32_t b0) { return b0; }
+__device__ __forceinline__ uint32_t bar_qe(uint32_t b0) { return b0 + 8; }
+__device__ __forceinline__ uint32_t bar_kf(uint32_t b0, int s) { return b0 + 8 * (2 + s); }
+__device__ __forceinline__ uint32_t bar_vf(uint32_t b0, int s) { return b0 + 8 * (2 + STAGES + s); }
+__device__ __forceinline__ uint32_t bar_ke(uint32_t b0, int s) { return b0 + 8 * (2 + 2 * STAGES + s); }
+__device__ __forceinline__ uint32_t bar_ve(uint32_t b0, int s) { return b0 + 8 * (2 + 3 * STAGES + s); }
+
+#define SA_F88(d) SA_F64(d), SA_F8(d, 64), SA_F8(d, 72), SA_F8(d, 80)
+#define SA_REGS88 SA_REGS64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, " \
+                  "%79, %80, %81, %82, %83, %84, %85, %86, %87"
+
+/* D[64x176] (+)= A[64x16] B[16x176], A and B K-major in shared memory; scale_d 0 overwrites D (the 176-key S
+   of H128 without a mask: 88 fp32 per thread). */
+__device__ __forceinline__ void wgmma_ss_n176(float (&d)[88], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %90, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16 {" SA_REGS88 "}, %88, %89, p, 1, 1, 0, 0;\n}\n"
+      : SA_F88(d)
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+/* S = Q K^T for one warpgroup: H / 16 k-steps, 32 bytes apart inside a 128-byte swizzled row, 4 per block;
+   Q's column blocks are BM x 128 bytes apart, K's BN x 128 (176 rows = 22 swizzle atoms: still 1024-aligned). */
+template <int HD, int BM, int BN>
+__device__ __forceinline__ void gemm_qk(float (&sacc)[BN / 2], uint32_t sq_wg, uint32_t skb) {
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    const uint64_t da = gmma_desc(sq_wg + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024);
+    const uint64_t db = gmma_desc(skb + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
+    if constexpr (BN == 176) wgmma_ss_n176(sacc, da, db, kk > 0);
+    else wgmma_ss_n128(sacc, da, db, kk > 0);
+  }
+}
+
+/* O += P V: V N-major; a k-step is 16 keys = 2048 bytes (BN / 16 of them); the 64-column blocks of V are
+   BN * 128 bytes apart (the LBO: 16384 at 128 keys, 22528 at 176). */
+template <int HD, int BN>
+__device__ __forceinline__ void gemm_pv(float (&o)[HD / 2], const uint32_t (&pf)[BN / 4], uint32_t svb) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs(o, &pf[4 * kk], gmma_desc(svb + kk * 2048, BN * 128, 1024));
+}
+
+/* Scores of invisible (key, row) pairs become -inf: visible iff dlo <= key - row <= dhi (sa_hop_mask). With x0
+   the key - row of the thread's first element (the tile's first key + 2 * (lane % 4) - r0), element (j, e) of
+   row r0 is x0 + c with c = 8j + e (row r0 + 8: c - 8), so it is invisible iff xh = x0 - dhi > -c or (KIND 2)
+   xl = x0 - dlo < -c: one compare with an immediate per bound. Only tiles on a mask boundary call it. With
+   lengths (KIND 3) the upper bound is per row (sa_hop_row_bounds): xh0 for row r0, xh1 for r0 + 8; without,
+   both are the same value. 128-key tiles (the masked kinds' BN). */
+template <int KIND>
+__device__ __forceinline__ void mask_range(float (&sacc)[64], int xh0, int xh1, int xl) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int c = 8 * j + e;
+      if (xh0 > -c || (KIND >= 2 && xl < -c)) sacc[4 * j + e] = -INFINITY;
+      if (xh1 > 8 - c || (KIND >= 2 && xl < 8 - c)) sacc[4 * j + 2 + e] = -INFINITY;
+    }
+}
+
+/* Keys past S in the last 176-key tile (kind 0): TMA filled their K and V rows with zeros, so they would score
+   0, not -inf. lim = S - key0 - 2 (lane % 4): column 8j + 2 (lane % 4) + e is a key < S iff 8j + e < lim, one
+   compare with an immediate for both rows (r0 and r0 + 8 see the same keys). */
+template <int SN>
+__device__ __forceinline__ void mask_keys(float (&sacc)[SN], int lim) {
+#pragma unroll
+  for (int j = 0; j < SN / 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      if (8 * j + e >= lim) sacc[4 * j + e] = sacc[4 * j + 2 + e] = -INFINITY;
+}
+
+/* Online softmax of one tile, in place (scores -> fp32 probabilities relative to the new running max m_);
+   returns in corr the factor that rescales what was accumulated against the old max. SN = BN / 2 scores. */
+template <int SN>
+__device__ __forceinline__ void softmax_tile(float (&sacc)[SN], float (&m_)[2], float (&l_)[2], float (&corr)[2],
+                                             float sl2) {
+  float mx[2] = {-INFINITY, -INFINITY}, base[2];
+#pragma unroll
+  for (int j = 0; j < SN / 4; ++j) {
+    mx[0] = fmaxf(mx[0], fmaxf(sacc[4 * j], sacc[4 * j + 1]));
+    mx[1] = fmaxf(mx[1], fmaxf(sacc[4 * j + 2], sacc[4 * j + 3]));
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    const float mnew = fmaxf(m_[h], mx[h] * sl2); /* scale > 0: max commutes with scaling */
+    base[h] = mnew == -INFINITY ? 0.f : mnew;      /* vanilla, nothing valid yet: keep exp2 finite */
+    corr[h] = ex2(m_[h] - base[h]);
+    m_[h] = mnew;
+    l_[h] *= corr[h]; /* per-thread partial sums; the quad sums at the end */
+  }
+#pragma unroll
+  for (int j = 0; j < SN / 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      sacc[4 * j + e] = ex2(fmaf(sacc[4 * j + e], sl2, -base[e >> 1]));
+      l_[e >> 1] += sacc[4 * j + e];
+    }
+}
+
+/* P in bf16 as the A operand of m64nHk16: k-step kk = accumulator blocks 2kk, 2kk + 1, whose register order
+   (row g, row g + 8, row g cols + 8, row g + 8 cols + 8) is the A fragment order. */
+template <int SN>
+__device__ __forceinline__ void pack_p(uint32_t (&pf)[SN / 2], const float (&sacc)[SN]) {
+#pragma unroll
+  for (int i = 0; i < SN / 2; ++i) pf[i] = pack_bf16(sacc[2 * i], sacc[2 * i + 1]);
+}
+
+#endif /* sm_90a */
+
+} /* namespace */
+
+#endif /* SA_HOPPER_FWD_PARTS_CUH */
