@@ -425,7 +425,10 @@ cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_para
   hp.total = (int)total;
   const int keyt = (hp.S + TL::BN - 1) / TL::BN;
   const int env = sa_hop_env_int("SINKATTN_HOP_FWD_PERSISTENT", -1);
-  const bool persist = env >= 0 ? env != 0 : MASK == 0 || keyt <= SA_HOP_PERSIST_MAX_KEY_TILES;
+  /* A band (a left window and an upper bound: gpt-oss's (127, 0)) gives every m-block nearly the same few key
+     tiles, so the static stride balances as without a mask, and the turnover is the largest share there. */
+  const bool band = p.wl >= 0 && (p.causal != 0 || p.wr >= 0);
+  const bool persist = env >= 0 ? env != 0 : MASK == 0 || band || keyt <= SA_HOP_PERSIST_MAX_KEY_TILES;
   int grid = hp.total;
   hp.hg = 0;
   if (persist) {
