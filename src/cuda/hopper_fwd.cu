@@ -18,7 +18,7 @@
  * warpgroups with rows (n_wg) compute and store; the others walk its barriers and release every key tile.
  *
  * Persistent (dev/hopper_fwd_05): CTA c takes work tiles c, c + gridDim.x, ... (static stride; the order is
- * sa_hop_work_tile's), on min(SMs, tiles) CTAs where the host picks it (sa_hop_run: no mask always, masks for
+ * sa_hop_work_tile's), on min(SMs, tiles) CTAs where the host picks it (sa_hop_run: no mask at H128, masks for
  * S <= 8 key tiles), else on a grid of all tiles (one each: the same kernel, the previous launch). Why: every
  * CTA paid a prologue (barrier init, Q and first K latency, the first S without overlap) and an epilogue (last
  * P V, normalise, stores) with the tensor core idle, ~1-2 us, 20% at T1024; the producer now loads the next
@@ -386,13 +386,14 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
    static stride) against the same code on a grid of all work tiles (05np), TFLOP/s ratios:
    - no mask: B16 T1024 N16 H128 1.21x (499 / 404), B4 T4096 1.04-1.06x, B2 T8192 1.04x, B1 T16384 1.02x:
      every work tile costs the same, the static stride balances, and the hidden prologue / epilogue (~1-2 us a
-     work tile) matters most where a tile has few key tiles (6 at T1024). Always.
+     work tile) matters most where a tile has few key tiles (6 at T1024). At H128 (H64: below).
    - masks, static stride (the L2-section heaviest-first order): B16 T1024 H128 causal 1.04x, H64 1.15x; but
      B4 T4096 0.88x, B1 T16384 0.79x, H64 B4 T4096 1.00x: with 32 key tiles at the heaviest m-block a static
      share of unequal tiles leaves SMs idle at the end (a dynamic counter fixed it, 1.08x / 0.97x, but needs
      per-call memory the forward does not have: no workspace, no cudaMalloc inside a call XLA may capture in
      a CUDA graph, and a global counter would race between streams). So only while ceil(S / BN) <= 8 key
-     tiles (S <= 1024 at BN 128), where the static stride measured >= 1.04x.
+     tiles (S <= 1024 at BN 128), where the static stride measured >= 1.04x. And without a mask only at H128
+     (below).
    SINKATTN_HOP_FWD_PERSISTENT=0 / 1 forces it off / on (A/B, tests); SINKATTN_HOP_FWD_GRID=n caps the
    persistent grid at n CTAs (tests: many work tiles a CTA). Both read per call. */
 static const int SA_HOP_PERSIST_MAX_KEY_TILES = 8;
@@ -425,10 +426,12 @@ cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_para
   hp.total = (int)total;
   const int keyt = (hp.S + TL::BN - 1) / TL::BN;
   const int env = sa_hop_env_int("SINKATTN_HOP_FWD_PERSISTENT", -1);
-  /* A band (a left window and an upper bound: gpt-oss's (127, 0)) gives every m-block nearly the same few key
-     tiles, so the static stride balances as without a mask, and the turnover is the largest share there. */
-  const bool band = p.wl >= 0 && (p.causal != 0 || p.wr >= 0);
-  const bool persist = env >= 0 ? env != 0 : MASK == 0 || band || keyt <= SA_HOP_PERSIST_MAX_KEY_TILES;
+  /* In the library (H200 session 4, bench rows, persistent vs SINKATTN_HOP_FWD_PERSISTENT=0 in one run): H128
+     without a mask B16 T1024 514 vs 406 (1.27x), B4 T4096 1.02x, B1 T16384 1.03x; masks with S <= 1024: B16
+     T1024 causal 1.06x (H128), 1.07x (H64); but H64 without a mask 0.94x / 0.98x / 1.01x at T1024 / 4096 /
+     16384 (not measured in dev, and not understood yet: the tile order or the partial 192-row m-blocks), and
+     gpt-oss's window (127, 0) 0.97x (74 vs 76, within noise): so neither is persistent. */
+  const bool persist = env >= 0 ? env != 0 : MASK == 0 ? HD == 128 : keyt <= SA_HOP_PERSIST_MAX_KEY_TILES;
   int grid = hp.total;
   hp.hg = 0;
   if (persist) {
