@@ -16,6 +16,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 /* Everything a kernel needs, passed by value. Lengths and segment ids are device arrays read in the
    kernels (clamped there), so the host never synchronises to learn them. */
@@ -57,6 +58,12 @@ static inline int sa_cuda_sm_count(void) {
     return 0;
   }
   return n;
+}
+
+/* An integer tuning knob from the environment (SINKATTN_HOP_*), read per call; dflt when unset or empty. */
+static inline int sa_cuda_env_int(const char *name, int dflt) {
+  const char *e = getenv(name);
+  return e && *e ? atoi(e) : dflt;
 }
 
 /* ---- the tile table -------------------------------------------------------------------------------

@@ -405,8 +405,7 @@ cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   /* consumer warpgroups of each kernel (hop_bwd_nc: 3 at H64 but with lengths, for grids of >= 4 CTAs an SM);
      SINKATTN_HOP_BWD_NC=2 forces 2 (the A/B), =3 forces 3 where allowed (test_cuda's small shapes) */
   const int kind = sa_hop_mask_kind(p);
-  const char *env_nc = getenv("SINKATTN_HOP_BWD_NC");
-  const int force = env_nc ? atoi(env_nc) : 0;
+  const int force = sa_cuda_env_int("SINKATTN_HOP_BWD_NC", 0);
   const bool may3 = p.H == 64 && kind != 3 && force != 2;
   const int nck = may3 && (force == 3 || sa_hop_many_ctas((p.S + 191) / 192 * p.K * p.B)) ? hop_bwd_nc<64>() : 2;
   const int ncq = may3 && (force == 3 || sa_hop_many_ctas((p.T + 191) / 192 * p.N * p.B)) ? hop_bwd_nc<64>() : 2;

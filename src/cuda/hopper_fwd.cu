@@ -399,11 +399,6 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
 static const int SA_HOP_PERSIST_MAX_KEY_TILES = 8;
 static const double SA_HOP_L2_SECTION_BYTES = 16.0 * 1024 * 1024; /* a third of the H200's 50 MiB L2 */
 
-static int sa_hop_env_int(const char *name, int dflt) {
-  const char *e = getenv(name);
-  return e && *e ? atoi(e) : dflt;
-}
-
 /* The maps take the configuration's boxes (Q: QBOX rows, K / V: BN rows). A map the driver refuses, or a
    refused shared-memory opt-in (up to 210 KiB at H 128), leaves *used = 0: the portable kernel runs instead. */
 template <int HD, int MASK>
@@ -425,7 +420,7 @@ cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_para
   hp.BH = (int)(p.B * p.N);
   hp.total = (int)total;
   const int keyt = (hp.S + TL::BN - 1) / TL::BN;
-  const int env = sa_hop_env_int("SINKATTN_HOP_FWD_PERSISTENT", -1);
+  const int env = sa_cuda_env_int("SINKATTN_HOP_FWD_PERSISTENT", -1);
   /* In the library (H200 session 4, bench rows, persistent vs SINKATTN_HOP_FWD_PERSISTENT=0 in one run): H128
      without a mask B16 T1024 514 vs 406 (1.27x), B4 T4096 1.02x, B1 T16384 1.03x; masks with S <= 1024: B16
      T1024 causal 1.06x (H128), 1.07x (H64); but H64 without a mask 0.94x / 0.98x / 1.01x at T1024 / 4096 /
@@ -435,7 +430,7 @@ cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_para
   int grid = hp.total;
   hp.hg = 0;
   if (persist) {
-    const int sms = sa_cuda_sm_count(), cap = sa_hop_env_int("SINKATTN_HOP_FWD_GRID", 0);
+    const int sms = sa_cuda_sm_count(), cap = sa_cuda_env_int("SINKATTN_HOP_FWD_GRID", 0);
     const int g = cap > 0 ? cap : sms > 0 ? sms : hp.total;
     grid = g < hp.total ? g : hp.total;
     /* L2 sections (masks only; without one every order balances): heads whose K and V (2 x 2 bytes x S x H,
