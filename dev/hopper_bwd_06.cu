@@ -25,7 +25,7 @@
  *   warps. Three buffers (not 05's two) so that a buffer has one reader per use and the writers of dS(k + 3) wait
  *   for dQ(k) only, which its owner ran two iterations before they need the buffer.
  *   Staging and the adds as 05: the owner writes its fp32 dQ tile into staging slot k & 1 (two 32-column boxes
- *   [64 rows][128 B], TMA's 128-byte swizzle), arrives on dq_full (4 warps); the writer thread waits for its turn
+ *   [64 rows][128 B], TMA's 128-byte swizzle), arrives on dq_full (128 threads); the writer thread waits for its turn
  *   on the (b, head, query tile) semaphore (DET), issues two TMA reduce-adds into dq_acc, frees the slot (dq_empty,
  *   1 arrival) and releases the semaphore.
  *   Phases never two apart (the case a parity wait cannot tell): the owner of k waits dq_empty(k & 1) for the
@@ -178,7 +178,8 @@ __global__ void __launch_bounds__(THREADS3, 1)
       mbar_init(ds_empty(x), 4);     /* the owner's 4 warps, after its dQ product */
     }
     for (int x = 0; x < 2; ++x) {
-      mbar_init(dq_full(x), 4); /* the owner's 4 warps */
+      mbar_init(dq_full(x), 128); /* every thread of the owner: racecheck does not carry a __syncwarp through an
+                                     elected arrive (1.2 M WAW reports between owners, lanes 1-31 only) */
       mbar_init(dq_empty(x), 1); /* the writer */
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -358,8 +359,7 @@ __global__ void __launch_bounds__(THREADS3, 1)
       mbar_wait(dq_empty(k & 1), ((k >> 1) & 1) ^ 1); /* the writer's reduce of dQ(k - 2) has read the slot */
       stage_dq64(dq, sdq + (k & 1) * DQ_BYTES, warp, lane);
       fence_async_shared(); /* generic stores -> the TMA reduce's reads */
-      __syncwarp();
-      if (lane == 0) mbar_arrive(dq_full(k & 1));
+      mbar_arrive(dq_full(k & 1)); /* each thread its own stores (see dq_full's count) */
     }
     ow = ow + 1 == n_wg ? 0 : ow + 1; /* owner of tile it */
   }
