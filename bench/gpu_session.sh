@@ -148,7 +148,7 @@ elif [ "$PART" = close ]; then
       timeout ${SAN_LIMIT:-400} bash bench/gpu_sanitize.sh > "$STAGE/sanitize.log" 2>&1; echo "rc=$?" >> "$STAGE/sanitize.log" ) &
   san=$!
   export CUDA_VISIBLE_DEVICES=0
-  step test_cuda 60 build-gpu/test_cuda
+  step test_cuda 120 build-gpu/test_cuda
   step bench ${BENCH_LIMIT:-150} "$PY" -m sinkattn.bench --grid ${GRID:-h200_targets} --softmax learnable \
     --max-ref-t 16384 --repeats 2 --contenders fused,cudnn_no_sink --out "$STAGE/h200-jax-${GRID:-h200_targets}.json"
   step pytest 150 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=140 -n 8
@@ -168,7 +168,7 @@ elif [ "$PART" = ncu ]; then
       timeout ${SAN_LIMIT:-400} bash bench/gpu_sanitize.sh > "$STAGE/sanitize.log" 2>&1; echo "rc=$?" >> "$STAGE/sanitize.log" ) &
   san=$!
   export CUDA_VISIBLE_DEVICES=0
-  step test_cuda 60 build-gpu/test_cuda
+  step test_cuda 120 build-gpu/test_cuda
   ncu_shapes "${NCU_SHAPES:-4 4096 32 32 64 1}"
   t0=$SECONDS; wait $san; summary+=("sanitize (GPU 1, in parallel) waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
   cat "$STAGE/sanitize/summary.txt" 2>/dev/null
@@ -185,7 +185,7 @@ elif [ "$PART" = ab ]; then
       timeout ${SAN_LIMIT:-400} bash bench/gpu_sanitize.sh > "$STAGE/sanitize.log" 2>&1; echo "rc=$?" >> "$STAGE/sanitize.log" ) &
   san=$!
   export CUDA_VISIBLE_DEVICES=0
-  step test_cuda 60 build-gpu/test_cuda
+  step test_cuda 120 build-gpu/test_cuda
   step bench_new ${BENCH_LIMIT:-150} "$PY" -m sinkattn.bench --grid ${GRID:-h200} --softmax learnable \
     --max-ref-t 16384 --repeats 2 --contenders fused,cudnn_no_sink --out "$STAGE/h200-jax-${GRID:-h200}-new.json"
   step bench_old ${BENCH_LIMIT:-150} env ${AB_ENV:-SINKATTN_AB=0} "$PY" -m sinkattn.bench --grid ${GRID:-h200} \

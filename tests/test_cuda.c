@@ -131,6 +131,16 @@ static const tc_case tc_hopper_cases[] = {
        these: 4 key blocks a head in the causal order, 5 in staggered starts (d = 20 / 5 = 4 tiles apart) */
     {"hop H128 512 causal GQA2 dlse (1 pass)", SA_BF16, 1, 512, 512, 4, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 10},
     {"hop H128 640 vanilla GQA2 (1 pass)", SA_BF16, 2, 640, 640, 4, 2, 128, 128, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
+    /* the H64 one pass (hopper_bwd3.cu: 192-key CTAs of 3 warpgroups, the head split hs = 2 when G is even on
+       these small grids) takes the H64 cases above without lengths / window / BR / diag_offset, and these: a
+       head's last key block of 64 keys (S 1024, 640: 1 warpgroup) or 128 (S 512: 2), 6 whole blocks with and
+       without the split (G 8, G 3), causal T > S and T < S (keys past T: zero dk, dv; skipped warpgroups) */
+    {"hop H64 512x1024 causal GQA2 dlse (1 pass)", SA_BF16, 1, 512, 1024, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 10},
+    {"hop H64 384x640 vanilla (1 pass)", SA_BF16, 1, 384, 640, 4, 2, 64, 64, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
+    {"hop H64 512 causal B2 +-50 (1 pass)", SA_BF16, 2, 512, 512, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, -10},
+    {"hop H64 1152 GQA8 (1 pass, split)", SA_BF16, 1, 1152, 1152, 8, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 50},
+    {"hop H64 1152 causal GQA3 van (1 pass)", SA_BF16, 1, 1152, 1152, 6, 2, 64, 64, SA_SOFTMAX_VANILLA, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 10},
+    {"hop H64 768x256 causal obo (1 pass)", SA_BF16, 1, 768, 256, 4, 2, 64, 64, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 0, 10},
 };
 
 static int tc_pass, tc_fail;
@@ -426,20 +436,23 @@ int main(void) {
     for (size_t i = 0; i < nh; i += hstride) tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
   }
   unsetenv("SINKATTN_CUDA_HOPPER");
-  /* The H64 backward picks 3 consumer warpgroups only for grids of >= 4 CTAs an SM (hopper_bwd.cu), which no
-     case here reaches: SINKATTN_HOP_BWD_NC=3 forces them (lengths keep 2), a third run of the H64 cases. */
+  /* The H64 two passes pick 3 consumer warpgroups only for grids of >= 4 CTAs an SM (hopper_bwd.cu), which no
+     case here reaches: SINKATTN_HOP_BWD_NC=3 forces them (lengths keep 2), a third run of the H64 cases, with
+     SINKATTN_HOP_BWD_ONEPASS=0 so that the cases the H64 one pass (hopper_bwd3.cu) took above run them too. */
   setenv("SINKATTN_HOP_BWD_NC", "3", 1);
+  setenv("SINKATTN_HOP_BWD_ONEPASS", "0", 1);
 #ifdef SA_CUDA_HAVE_SM90A
   tc_expect_kernel = major == 9 && minor == 0 ? 2 : 1;
 #endif
   size_t n64 = 0;
-  printf("-- the H64 cases with SINKATTN_HOP_BWD_NC=3 (expect kernel %d)\n", tc_expect_kernel);
+  printf("-- the H64 cases with SINKATTN_HOP_BWD_NC=3 SINKATTN_HOP_BWD_ONEPASS=0 (expect kernel %d)\n", tc_expect_kernel);
   for (size_t i = 0; i < nh; i += hstride)
     if (tc_hopper_cases[i].H == 64 && !tc_hopper_cases[i].lens) {
       tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
       n64++;
     }
   unsetenv("SINKATTN_HOP_BWD_NC");
+  unsetenv("SINKATTN_HOP_BWD_ONEPASS");
   /* The Hopper forward's launch variants (hopper_fwd.cu; the default pass above takes its persistent launch, on
      grids of <= 128 work tiles: one a CTA), the forward alone: one work tile per CTA on a grid of all of them
      (SINKATTN_HOP_FWD_PERSISTENT=0: masked calls past 8 key tiles), then persistent CTAs on a grid of 3

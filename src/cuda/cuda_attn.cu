@@ -119,7 +119,8 @@ extern "C" sa_status sa_cuda_attn_fwd(const sa_attn *a, void *stream) {
    in the one-pass scope (sa_hopper_bwd1_in_scope, asked on the machine that runs the call: it reads the SM
    count), the one pass's regions (sa_hopper_bwd1_workspace): dq_acc [B, N, T, H] fp32 and the ticket + one
    semaphore per (b, head, 64 queries), 256-byte aligned: B4 T4096 N16 H128 adds 128 MiB + 16 KiB to the
-   2 MiB + 16 KiB of the others (dq_acc is twice dq's bf16 bytes).
+   2 MiB + 16 KiB of the others (dq_acc is twice dq's bf16 bytes); at H64 with the head split (hopper_bwd3.cu)
+   also fp32 partial dK, dV per split: gpt-oss (B1 S4096 K8, hs 2) adds 32 MiB.
    The same for both values of `deterministic`: the one pass orders its adds, the other kernels use no atomics. */
 
 static size_t sa_cuda_bwd_common_ws(const sa_attn *a) {

@@ -30,8 +30,7 @@
 #include <algorithm>
 
 #include "hopper_bwd1.cuh"
-#include "hopper_bwd_parts.cuh"
-#include "hopper_ptx.cuh"
+#include "hopper_bwd1_parts.cuh"
 
 namespace {
 
@@ -43,16 +42,6 @@ constexpr int NC = sa_hop_tiles::NC;         /* consumer warpgroups */
 constexpr int THREADS = 128 * (NC + 1);       /* = sa_hop_tiles::THREADS */
 static_assert(KB == 2 * QB, "nat_rank (causal): key block kb starts at query tile 2 kb");
 
-/* dev/hopper_bwd_common.cuh's parameters (outputs [B, L, heads, H] bf16); the kernel reads dk, dv, T, S, N, KH,
-   the scales (dq_acc, lse2, D go by tensor map, dq by dq_convert). */
-struct BwdParams {
-  __nv_bfloat16 *dq, *dk, *dv;
-  float *dq_acc;         /* [B, N, T, H] fp32 */
-  const float *lse2, *D; /* [B, N, T] */
-  int T, S, N, KH;
-  float scale, scale_l2;
-};
-
 /* How the CTAs of a launch find their work and their turn. */
 struct Sched {
   int *sync;  /* [0]: CTA ticket counter; then one semaphore per (b, head, 64-query tile); zeroed per call */
@@ -61,41 +50,6 @@ struct Sched {
   int n_all;  /* G T / QB: tiles of a key block without a mask (a constant-bank loop bound: no register) */
   int d;      /* non-causal NAT: key block kb starts at tile kb * d of its G T / QB */
 };
-
-/* ---- PTX wrappers not in hopper_ptx.cuh / hopper_bwd_parts.cuh ------------------------------------ */
-
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-/* global[box at {c0, c1, c2}] += shared[src] (fp32, element type from the map), tracked by bulk async-groups. */
-__device__ __forceinline__ void tma_reduce_add(const CUtensorMap *map, uint32_t src, int c0, int c1, int c2) {
-  asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];"
-               ::"l"((uint64_t)map), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-/* .read: the source shared memory may be rewritten; without it: the global writes are complete. */
-__device__ __forceinline__ void bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait0() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-__device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
-__device__ __forceinline__ int ld_acquire(const int *p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void red_release_add(int *p, int v) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-/* D[64xN] (+)= A[64x16] B[16xN], A and B both MN-major in shared memory (imm-trans-a = imm-trans-b = 1). */
-__device__ __forceinline__ void wgmma_ss_tt(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
-      " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" SA_REGS32 "}, %32, %33, p, 1, 1, 1, 1;\n}\n"
-      : SA_F32(d)
-      : "l"(da), "l"(db), "r"(scale_d));
-}
-
-#endif /* sm_90a */
 
 /* ---- the one-pass kernel ----------------------------------------------------------------------------- */
 
@@ -110,22 +64,6 @@ constexpr int op_smem() {
 static_assert(op_smem<128>() + 1024 <= 227 * 1024, "over the sm_90 limit");
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-/* The CTA's query tiles in visiting order: head g of the kv head's G, query block q in [qb0, PT); a rotation
-   start t0 wraps around the G (PT - qb0) tiles. Stepped, not divided out of the loop counter. */
-struct Walk {
-  int g, q, qb0, PT, G;
-  __host__ __device__ Walk(int t0, int qb0_, int PT_, int G_) : qb0(qb0_), PT(PT_), G(G_) {
-    g = t0 / (PT - qb0);
-    q = qb0 + t0 % (PT - qb0);
-  }
-  __host__ __device__ void next() {
-    if (++q == PT) {
-      q = qb0;
-      if (++g == G) g = 0;
-    }
-  }
-};
 
 /* NAT rank of key block kb's visit to tile (g, q): how many key blocks visit it at an earlier step of their walk
    (ties cannot occur). Causal: the visitors are key blocks 0..m, m = min(nkb - 1, q / 2), and key block j reaches
@@ -441,14 +379,19 @@ cudaError_t sa_hop1_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sc
                                                                                   m[6], bp, sc);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   const int rows = (int)(B * bp.T * bp.N); /* < 2^27 in scope: rows * 16 fits dq_convert's int */
-  dq_convert<<<std::min((rows * (128 / 8) + 255) / 256, sms * 16), 256, 0, st>>>(bp.dq_acc, bp.dq, bp.T, bp.N, 128,
-                                                                                bp.scale, rows);
-  return cudaGetLastError();
+  return sa_hop1_dq_convert(bp.dq_acc, bp.dq, bp.T, bp.N, 128, bp.scale, rows, sms, st);
 }
 
 } /* namespace */
 
+cudaError_t sa_hop1_dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N, int HD, float scale, int rows,
+                               int sms, cudaStream_t st) {
+  dq_convert<<<std::min((rows * (HD / 8) + 255) / 256, sms * 16), 256, 0, st>>>(acc, dq, T, N, HD, scale, rows);
+  return cudaGetLastError();
+}
+
 bool sa_hopper_bwd1_in_scope(const sa_cuda_params &p, int bf16) {
+  if (p.H == 64) return sa_hopper_bwd3_in_scope(p, bf16);
   if (p.H != 128 || p.Hv != 128 || p.q_lens || p.kv_lens || p.wl >= 0 || p.wr >= 0) return false;
   /* causal none (a diag_offset alone changes nothing) or top-left on the main diagonal: the kernel's mask */
   if (!(p.causal == 0 || (p.causal == 1 && p.diag_offset == 0))) return false;
@@ -460,11 +403,13 @@ bool sa_hopper_bwd1_in_scope(const sa_cuda_params &p, int bf16) {
 }
 
 size_t sa_hopper_bwd1_workspace(const sa_cuda_params &p) {
+  if (p.H == 64) return sa_hopper_bwd3_workspace(p);
   return sa_cuda_round256(sa_hop1_acc_bytes(p)) + sa_cuda_round256(sa_hop1_sync_bytes(p));
 }
 
 cudaError_t sa_hopper_bwd1_try(const sa_cuda_params &p, int bf16, void *ws, size_t ws_bytes, cudaStream_t st,
                                int *used) {
+  if (p.H == 64) return sa_hopper_bwd3_try(p, bf16, ws, ws_bytes, st, used);
   *used = 0;
   if (!p.lse2 || !p.D || !sa_hop_aligned(p.lse2) || !sa_hop_aligned(p.D) || !ws || !sa_hop_aligned(ws) ||
       !sa_hopper_bwd1_in_scope(p, bf16) || ws_bytes < sa_hopper_bwd1_workspace(p))

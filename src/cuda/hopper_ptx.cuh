@@ -35,10 +35,13 @@
  *           H64: 3 consumer warpgroups, QM 192 likewise (f+b +11-15% non-causal, +4-7% causal, bench/NOTES.md).
  *  A one-pass backward with dQ by per-element float atomics (dev 01a) ran at 366 against 437 for these two
  *  passes and was not deterministic; the one pass of hopper_bwd1.cu (dev 05: dQ staged in shared memory, one
- *  TMA reduce-add per tile, ordered by semaphores) runs at 484 / 501 (T4096 / T16384) and is, at H128. */
+ *  TMA reduce-add per tile, ordered by semaphores) runs at 484 / 501 (T4096 / T16384) and is, at H128.
+ *  At H64 the one pass (hopper_bwd3.cu, dev 06) has BWD1_NC64 = 3 consumer warpgroups, 192 keys a CTA: dK 32 +
+ *           dV 32 + S^T 32 + dP^T 32 + fragments 32 in 160 registers; dQ by one owner warpgroup per tile. Against
+ *           dev 05's one pass with 2 (128 keys): 1.19-1.32x on the H64 rows, 1.39x at gpt-oss with its head split. */
 struct sa_hop_tiles {
   static constexpr int NC = 2, THREADS = 128 * (NC + 1), STAGES = 2;
-  static constexpr int BWD_KB = 128, BWD_QB = 64, BWD_QM = 128, BWD_KT = 64;
+  static constexpr int BWD_KB = 128, BWD_QB = 64, BWD_QM = 128, BWD_KT = 64, BWD1_NC64 = 3;
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -1,0 +1,76 @@
+/*
+ * hopper_bwd1_parts.cuh — what the two one-pass backward kernels share: hopper_bwd1.cu (H128, 2 consumer
+ * warpgroups, dev/hopper_bwd_05) and hopper_bwd3.cu (H64, 3 consumer warpgroups, dev/hopper_bwd_06). Their
+ * parameters, the PTX of the dQ adds (TMA reduce-add, bulk async-groups, proxy fences, the semaphore's acquire
+ * load and release add), the transposed-operand wgmma of dQ, the query-tile walk, and the dq_acc -> dq convert.
+ */
+#ifndef SA_HOPPER_BWD1_PARTS_CUH
+#define SA_HOPPER_BWD1_PARTS_CUH
+
+#include "hopper_bwd_parts.cuh"
+#include "hopper_ptx.cuh"
+
+/* dev/hopper_bwd_common.cuh's parameters (outputs [B, L, heads, H] bf16); the kernel reads dk, dv, T, S, N, KH,
+   the scales (dq_acc, lse2, D go by tensor map, dq by dq_convert). */
+struct BwdParams {
+  __nv_bfloat16 *dq, *dk, *dv;
+  float *dq_acc;         /* [B, N, T, H] fp32 */
+  const float *lse2, *D; /* [B, N, T] */
+  int T, S, N, KH;
+  float scale, scale_l2;
+};
+
+/* The CTA's query tiles in visiting order: head g of the kv head's G, query block q in [qb0, PT); a rotation
+   start t0 wraps around the G (PT - qb0) tiles. Stepped, not divided out of the loop counter. */
+struct Walk {
+  int g, q, qb0, PT, G;
+  __host__ __device__ Walk(int t0, int qb0_, int PT_, int G_) : qb0(qb0_), PT(PT_), G(G_) {
+    g = t0 / (PT - qb0);
+    q = qb0 + t0 % (PT - qb0);
+  }
+  __host__ __device__ void next() {
+    if (++q == PT) {
+      q = qb0;
+      if (++g == G) g = 0;
+    }
+  }
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+/* global[box at {c0, c1, c2}] += shared[src] (fp32, element type from the map), tracked by bulk async-groups. */
+__device__ __forceinline__ void tma_reduce_add(const CUtensorMap *map, uint32_t src, int c0, int c1, int c2) {
+  asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];"
+               ::"l"((uint64_t)map), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+/* .read: the source shared memory may be rewritten; without it: the global writes are complete. */
+__device__ __forceinline__ void bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait0() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+__device__ __forceinline__ int ld_acquire(const int *p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_add(int *p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+/* D[64xN] (+)= A[64x16] B[16xN], A and B both MN-major in shared memory (imm-trans-a = imm-trans-b = 1). */
+__device__ __forceinline__ void wgmma_ss_tt(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" SA_REGS32 "}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+      : SA_F32(d)
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+#endif /* sm_90a */
+
+/* dq [B, T, N, H] bf16 = scale * dq_acc [B, N, T, H] on st (hopper_bwd1.cu); rows = B T N < 2^27. */
+cudaError_t sa_hop1_dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N, int HD, float scale, int rows,
+                               int sms, cudaStream_t st);
+
+#endif /* SA_HOPPER_BWD1_PARTS_CUH */

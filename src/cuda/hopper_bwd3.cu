@@ -1,0 +1,495 @@
+/*
+ * hopper_bwd3.cu — the sm_90a ONE-pass backward at H64 with THREE consumer warpgroups: dev/hopper_bwd_06.cu
+ * (deterministic mode, order NAT) moved into the library. Measured on the H200 (bench/NOTES.md, H200 session 5):
+ * 46/46 checks; the whole backward against dev 05's one pass at H64 (2 warpgroups, 128 keys) 1.22x at B4 T4096
+ * N32 causal, 1.32x non-causal, 1.21x B1 T16384 causal, 1.19x B16 T1024 causal, 1.39x gpt-oss (B1 T4096 N64/8
+ * causal, head split 2). At H64 the two passes of hopper_bwd.cu do 7 products to cuDNN's 5.
+ *   CTA: (b, kv head, [head split,] 192 keys), 512 threads = producer warpgroup (setmaxnreg 24: TMA thread 0, dQ
+ *   writer thread 32) + 3 consumer warpgroups of 64 keys (setmaxnreg 160: 128 x 24 + 384 x 160 = 64512). Per
+ *   warpgroup and 64-query tile, as hopper_bwd1.cu: S^T = K Q^T, dP^T = V dO^T (wgmma SS m64n64), P^T and dS^T in
+ *   registers, dV += P^T dO, dK += dS^T Q (RS): dK 32 + dV 32 + S^T 32 + dP^T 32 accumulators + 32 fragments.
+ *   S is a multiple of 128, not 192: a head's last CTA may hold 64 or 128 keys (n_wg = 1 or 2 warpgroups; the
+ *   others leave before setmaxnreg.inc; every barrier count is n_wg's, from the ticket).
+ *   dQ [64 q x 64] = dS [64 q x 192 keys] K [192 keys x 64]: M 64 is wgmma's minimum and 64 columns do not split
+ *   in three, so one warpgroup computes the whole tile: the OWNER of tile k is warpgroup k % n_wg, in its
+ *   iteration k + 1 (the others' dS^T(k) are then a tile old): 12 wgmma m64n64k16, both operands MN-major. The
+ *   bursts of 12 every third tile also stagger the warpgroups' softmax phases, the point of a third warpgroup.
+ *   dS^T: each warpgroup stores its [64 keys x 64 q] slice into buffer k % 3 of three [192][64] bf16 buffers, so
+ *   each buffer has one reader per use. Staging and adds as hopper_bwd1.cu: the owner writes its fp32 tile into
+ *   slot k & 1, every owner thread arrives on dq_full (racecheck does not carry a __syncwarp through an elected
+ *   arrive: 1.2 M WAW reports between rotating owners when 4 warps arrived); the writer waits for its NAT rank on
+ *   the (b, head, 64-query tile) semaphore, two TMA reduce-adds, .read wait, dq_empty, completion, release.
+ *   Phases never two apart: the owner of k waits dq_empty(k & 1) after ds_full(k), whose completion means the
+ *   owner of k - 2 staged k - 2 already (it saw k - 4 read first), so the barrier is never at k - 4's phase.
+ *   Causal top-left: key block kb starts at query tile 3 kb; a warpgroup that no row of a tile sees skips its
+ *   products and stores a zero dS^T slice (the owner's dQ reads all 192 keys).
+ *   GQA head split: the G heads of a kv head over hs = 2 CTAs per key block when G is even and the grid is under
+ *   2 CTAs an SM (gpt-oss: 176 CTAs whose heaviest carries 1.48x an SM's share become 352 at 0.74x; measured
+ *   1.20x against hs = 1). Each writes fp32 partial dK / dV into the workspace; dkdv_sum adds them in head-split
+ *   order (deterministic) into bf16.
+ * Per call, on the caller's stream (no allocation, no sync): memset (dq_acc, ticket, semaphores), bwd_onepass3,
+ * [dkdv_sum,] dq convert; between the preprocess and the sink reduction of cuda_bwd.cu, as hopper_bwd1.cu.
+ * Scope (sa_hopper_bwd3_in_scope): sa_hopper_bwd_in_scope, H == Hv == 64, no lengths / segments / window, causal
+ * none or top-left with diag_offset 0, ceil(S / 192) <= SMs (NAT: a head's CTAs co-resident, one per SM: 187 KiB
+ * of shared memory), without a mask G / hs T / 64 >= ceil(S / 192) (distinct NAT start tiles), B N T < 2^27.
+ * SINKATTN_HOP_BWD_ONEPASS=0 in the environment runs the two passes instead (A/B, tests); the workspace stays
+ * reserved.
+ */
+#include <algorithm>
+
+#include "hopper_bwd1.cuh"
+#include "hopper_bwd1_parts.cuh"
+
+namespace {
+
+/* from the tile table (hopper_ptx.cuh), where the reasons are */
+constexpr int QB = sa_hop_tiles::BWD_QB;     /* query rows per streamed tile: N of S^T / dP^T, M of dQ */
+constexpr int STAGES = sa_hop_tiles::STAGES; /* Q / dO ring depth */
+constexpr int NC3 = sa_hop_tiles::BWD1_NC64; /* consumer warpgroups */
+constexpr int KB3 = 64 * NC3;                /* keys per CTA */
+constexpr int THREADS3 = 128 * (NC3 + 1);
+constexpr int REGS3 = 160;                   /* consumers; (65536 - 128 x 24) / 384 = 162, rounded down to 8 */
+constexpr int NDS = 3;                       /* dS^T buffers: tile k in buffer k % 3 */
+static_assert(128 * 24 + 128 * NC3 * REGS3 <= 65536, "register file: producer 24 + consumers");
+constexpr uint32_t DS3_BYTES = KB3 * QB * 2; /* one dS^T tile [192 keys][64 queries] bf16: 24 KiB */
+
+/* K, V; the Q / dO ring; 3 dS^T tiles; 2 dQ staging slots [2 boxes][64 rows][32 fp32]; per stage lse2, D:
+   190464 B, + 1 KiB for the static part's alignment padding. */
+constexpr int op_smem3() {
+  return 1024 + 2 * KB3 * 64 * 2 + STAGES * 2 * QB * 64 * 2 + NDS * DS3_BYTES + 2 * QB * 64 * 4 + STAGES * 2 * QB * 4;
+}
+static_assert(op_smem3() + 1024 <= 227 * 1024, "over the sm_90 limit");
+
+/* How the CTAs of a launch find their work and their turn (hopper_bwd1.cu's Sched plus the head split). */
+struct Sched3 {
+  int *sync;    /* [0]: CTA ticket counter; then one semaphore per (b, head, 64-query tile); zeroed per call */
+  float *part;  /* hs > 1: partial dK (hs slices), then dV (hs slices), fp32 [B, S, KH, 64] each */
+  int nkb;      /* key blocks per kv head: ceil(S / 192) */
+  int Gc;       /* query heads per CTA: G / hs */
+  int hs;       /* CTAs per (key block, kv head) */
+  int n_all;    /* Gc T / QB: tiles of a key block without a mask */
+  int d;        /* non-causal NAT: key block kb starts at tile kb * d */
+  size_t slice; /* elements of one partial: B S KH 64 */
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+/* 05's nat_rank with 192-key blocks: causal key block j sees query tile q iff q >= 3 j (q 64 + 63 >= 192 j), and
+   reaches tile (g, q) at step g (PT - 3j) + q - 3j, earlier for larger j: rank m - kb, m = min(nkb - 1, q / 3). */
+template <bool CAUSAL>
+__host__ __device__ __forceinline__ int nat_rank3(int kb, int g, int q, int nkb, int PT, int d) {
+  const int x = CAUSAL ? q * QB / KB3 : (g * PT + q) / d, m = x < nkb - 1 ? x : nkb - 1;
+  return m >= kb ? m - kb : m + nkb - kb;
+}
+
+/* dQ [64 q x 64] = dS [64 q x 16 NKS keys] K [16 NKS keys x 64]: A = dS^T buffer read MN-major (rows are keys),
+   B = K read MN-major (one 64-column block); 16 keys = 2048 B a step. A whole fence / commit / wait section, so
+   it can sit under a (warpgroup-uniform) branch without ptxas serialising the other wgmmas. */
+template <int NKS>
+__device__ __forceinline__ void dq_product(float (&dq)[32], uint32_t sds_x, uint32_t sk) {
+  zero(dq);
+  pin(dq);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < NKS; ++kk)
+    wgmma_ss_tt(dq, gmma_desc(sds_x + kk * 2048, QB * 128, 1024), gmma_desc(sk + kk * 2048, KB3 * 128, 1024), kk > 0);
+  wgmma_commit();
+  wgmma_wait0();
+  pin(dq);
+}
+
+/* The owner's whole dQ tile [64 rows][64 fp32] into staging slot dst: box c = columns [32 c, 32 c + 32) as
+   [64 rows][128 B], 16-byte unit u of row r at u ^ (r % 8) (05's stage_dq for warpgroup 0 at H128: 2 wavefronts
+   per float2 warp store). */
+__device__ __forceinline__ void stage_dq64(const float (&dq)[32], uint32_t dst, int warp, int lane) {
+  const int t = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = 16 * warp + lane / 4 + 8 * h;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int c = j / 4, u = 2 * (j % 4) + (t >> 1);
+      const uint32_t a = dst + c * QB * 128 + r * 128 + ((u ^ (r & 7)) << 4) + 8 * (t & 1);
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(a), "f"(dq[4 * j + 2 * h]), "f"(dq[4 * j + 2 * h + 1])
+                   : "memory");
+    }
+  }
+}
+
+/* This thread's rows r0, r0 + 8 of an accumulator as fp32 (the head split's partial dK / dV). */
+__device__ __forceinline__ void store_rows_f32(float *base, const float (&acc)[32], size_t row_stride, int r0, int t) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float *dst = base + (size_t)(r0 + 8 * h) * row_stride + 2 * t;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      *reinterpret_cast<float2 *>(dst + 8 * j) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+  }
+}
+
+#endif /* sm_90a */
+
+/* tml / tmd: lse2, D [B N, T] fp32 (box 64); tma: dq_acc {H, T, B N} fp32 (box {32, 64, 1}, 128-byte swizzle);
+   tmk / tmv: 192-row boxes (past S: TMA's zero fill, counted in the transaction bytes). */
+template <bool CAUSAL>
+__global__ void __launch_bounds__(THREADS3, 1)
+    bwd_onepass3(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
+                 const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
+                 const __grid_constant__ CUtensorMap tml, const __grid_constant__ CUtensorMap tmd,
+                 const __grid_constant__ CUtensorMap tma, const BwdParams p, const Sched3 sc) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int HD = 64;
+  constexpr uint32_t KV_BYTES = KB3 * HD * 2, QT_BYTES = QB * HD * 2, LD_BYTES = 2 * QB * 4, DQ_BYTES = QB * HD * 4;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  /* K+V full; per stage full, empty; per dS^T buffer full, empty; per dQ slot full, empty */
+  __shared__ __align__(8) uint64_t bar[1 + 2 * STAGES + 2 * NDS + 4];
+  __shared__ float anchor[4 * NC3];
+  __shared__ int ticket;
+
+  const uint32_t raw = smem_u32(smem_raw), sk = (raw + 1023u) & ~1023u, sv = sk + KV_BYTES;
+  const uint32_t sq = sv + KV_BYTES, sdo = sq + STAGES * QT_BYTES, sds = sdo + STAGES * QT_BYTES;
+  const uint32_t sdq = sds + NDS * DS3_BYTES, sld = sdq + 2 * DQ_BYTES;
+  const float *ld_f = reinterpret_cast<const float *>(smem_raw + (sld - raw)); /* per stage: lse2[QB], D[QB] */
+  const uint32_t b0 = smem_u32(bar);
+  auto bar_full = [&](int s) { return b0 + 8 * (1 + s); };
+  auto bar_empty = [&](int s) { return b0 + 8 * (1 + STAGES + s); };
+  auto ds_full = [&](int x) { return b0 + 8 * (1 + 2 * STAGES + x); };
+  auto ds_empty = [&](int x) { return b0 + 8 * (1 + 2 * STAGES + NDS + x); };
+  auto dq_full = [&](int x) { return b0 + 8 * (1 + 2 * STAGES + 2 * NDS + x); };
+  auto dq_empty = [&](int x) { return b0 + 8 * (3 + 2 * STAGES + 2 * NDS + x); };
+
+  if (threadIdx.x == 0) {
+    /* Tickets in start order (05): the waits are then on CTAs that hold an SM or are done. The counts need
+       the CTA's warpgroups with keys, so the ticket comes first. */
+    const int v = atomicAdd(sc.sync, 1);
+    ticket = v;
+    const int nw = min(NC3, (p.S - (v % sc.nkb) * KB3) / 64); /* S - k0: a positive multiple of 64 */
+    mbar_init(b0, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(bar_full(s), 1);
+      mbar_init(bar_empty(s), 4 * nw); /* one arrive per warp of a warpgroup with keys */
+    }
+    for (int x = 0; x < NDS; ++x) {
+      mbar_init(ds_full(x), 4 * nw); /* every warpgroup stores its slice of every dS^T */
+      mbar_init(ds_empty(x), 4);     /* the owner's 4 warps, after its dQ product */
+    }
+    for (int x = 0; x < 2; ++x) {
+      mbar_init(dq_full(x), 128); /* every thread of the owner: racecheck does not carry a __syncwarp through an
+                                     elected arrive (1.2 M WAW reports between owners, lanes 1-31 only) */
+      mbar_init(dq_empty(x), 1); /* the writer */
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  /* Key block fastest, then the head split: a head's key blocks start together (05). Through __shfl_sync so ptxas
+     knows it is warp-uniform (05: else n_tiles is spilled). */
+  const int vid = __shfl_sync(0xffffffffu, ticket, 0);
+  const int kb = vid % sc.nkb, hh = (vid / sc.nkb) % sc.hs, kvh = (vid / (sc.nkb * sc.hs)) % p.KH;
+  const int b = vid / (sc.nkb * sc.hs * p.KH);
+  const int k0 = kb * KB3, G = sc.Gc, T = p.T, PT = T / QB;
+  const int n_wg = min(NC3, (p.S - k0) / 64);
+  /* Top-left causal: query i sees key j iff j <= i, so query blocks ending before k0 are skipped. */
+  const int qb0 = CAUSAL ? k0 / QB : 0, per_head = max(0, PT - qb0), n_tiles = CAUSAL ? G * per_head : sc.n_all;
+  const int rot = (!CAUSAL && n_tiles > 0) ? kb * sc.d % n_tiles : 0;
+  const int hd0 = kvh * (p.N / p.KH) + hh * G; /* the CTA's first query head */
+  const int wg = threadIdx.x / 128;
+
+  if (wg == 0) {
+    /* 128 x 24 + 384 x 160 = 64512 <= 512 x 128, the CTA's registers at launch: the pool setmaxnreg.inc draws on */
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (n_tiles > 0 && threadIdx.x == 0) { /* the TMA producer (05's, 192-row K / V boxes) */
+      mbar_arrive_tx(b0, 2 * KV_BYTES);
+      tma_load(sk, &tmk, b0, 0, kvh, k0, b);
+      tma_load(sv, &tmv, b0, 0, kvh, k0, b);
+      Walk w(rot, qb0, PT, G);
+      for (int it = 0; it < n_tiles; ++it, w.next()) {
+        const int s = it % STAGES, n = hd0 + w.g, i0 = w.q * QB;
+        mbar_wait(bar_empty(s), ((it / STAGES) & 1) ^ 1);
+        mbar_arrive_tx(bar_full(s), 2 * QT_BYTES + LD_BYTES);
+        tma_load(sq + s * QT_BYTES, &tmq, bar_full(s), 0, n, i0, b);
+        tma_load(sdo + s * QT_BYTES, &tmdo, bar_full(s), 0, n, i0, b);
+        tma_load_2d(sld + s * LD_BYTES, &tml, bar_full(s), i0, b * p.N + n);
+        tma_load_2d(sld + s * LD_BYTES + QB * 4, &tmd, bar_full(s), i0, b * p.N + n);
+      }
+    } else if (n_tiles > 0 && threadIdx.x == 32) { /* the dQ writer (warp 1), 05's */
+      Walk w(rot, qb0, PT, G);
+      const int bn0 = b * p.N + hd0; /* row (b N + n) of the CTA's head g: bn0 + g */
+      for (int k = 0; k < n_tiles; ++k, w.next()) {
+        const int x = k & 1;
+        int *sem = sc.sync + 1 + (size_t)(bn0 + w.g) * PT + w.q;
+        mbar_wait(dq_full(x), (k >> 1) & 1);
+        const int rank = nat_rank3<CAUSAL>(kb, w.g, w.q, sc.nkb, PT, sc.d);
+        while (ld_acquire(sem) != rank) {
+        }
+        fence_async_global(); /* the reduce (async proxy) after the acquire that saw the previous adds */
+        for (int c = 0; c < HD / 32; ++c)
+          tma_reduce_add(&tma, sdq + x * DQ_BYTES + c * QB * 128, c * 32, w.q * QB, bn0 + w.g);
+        bulk_commit();
+        bulk_wait_read0();
+        mbar_arrive(dq_empty(x));
+        bulk_wait0();         /* this tile's adds are done in L2 ... */
+        fence_async_global(); /* ... and ordered before the release */
+        red_release_add(sem, 1);
+      }
+      bulk_wait0();
+    }
+    return;
+  }
+
+  /* A warpgroup past S leaves before setmaxnreg.inc (a per-warpgroup instruction); no barrier counts it. Warp-
+     uniform through __shfl_sync: the owner's branch holds wgmma. */
+  const int cw = __shfl_sync(0xffffffffu, wg - 1, 0);
+  if (cw >= n_wg) return;
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS3) : "memory");
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, t = lane % 4;
+  const int kw0 = k0 + 64 * cw, kr = kw0 + 16 * warp + lane / 4; /* this thread's keys: kr, kr + 8 */
+  const uint32_t sk_wg = sk + cw * 64 * 128, sv_wg = sv + cw * 64 * 128;
+  const float sl2 = p.scale_l2;
+  /* Accumulators d[4j + e]: row lane/4 + 8 (e >> 1) of the warp's 16, column 8j + 2t + (e & 1). */
+  float dk[HD / 2], dv[HD / 2];
+  zero(dk);
+  zero(dv);
+  if (n_tiles > 0) mbar_wait(b0, 0);
+
+  /* Iteration it: tile it (if it < n_tiles), then dQ(it - 1) if this warpgroup owns it; one loop so the dQ
+     section exists once (the last tile's dQ is iteration n_tiles). ow: owner of tile it - 1. */
+  int ow = n_wg - 1;
+  for (int it = 0; it <= n_tiles; ++it) {
+    if (it < n_tiles) {
+      const int s = it % STAGES, i0 = (qb0 + it % per_head) * QB; /* i0: causal only (no rotation there) */
+      const uint32_t sq_s = sq + s * QT_BYTES, sdo_s = sdo + s * QT_BYTES;
+      /* No row of the tile sees this warpgroup's keys (causal: the CTA's first tiles, keys past T). */
+      const bool skip = CAUSAL && i0 + QB <= kw0;
+      float st[32], dpt[32];
+      uint32_t pf[16], df[16];
+      mbar_wait(bar_full(s), (it / STAGES) & 1);
+      if (!skip) {
+        /* ---- 05's tile: S^T, dP^T, P^T, dS^T ---- */
+        zero(st);
+        zero(dpt);
+        pin(st);
+        pin(dpt);
+        wgmma_fence();
+        gemm_ss<HD>(st, sk_wg, KB3, sq_s, QB); /* S^T = K Q^T */
+        wgmma_commit();
+        gemm_ss<HD>(dpt, sv_wg, KB3, sdo_s, QB); /* dP^T = V dO^T */
+        wgmma_commit();
+        wgmma_wait1();
+        pin(st);
+        const float *lse2 = ld_f + s * 2 * QB, *Dq = lse2 + QB;
+        const bool masked = CAUSAL && i0 < kw0 + 63;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float2 l2 = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float x = ex2(fmaf(st[4 * j + e], sl2, -((e & 1) ? l2.y : l2.x)));
+            if (masked && kr + 8 * (e >> 1) > i0 + 8 * j + 2 * t + (e & 1)) x = 0.f;
+            st[4 * j + e] = x;
+          }
+        }
+        anchor_exp2(st, &anchor[4 * cw + warp], lane);
+        wgmma_wait0();
+        pin(dpt);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float2 dd = *reinterpret_cast<const float2 *>(Dq + 8 * j + 2 * t);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? dd.y : dd.x));
+        }
+        pack_frag(pf, st);
+        pack_frag(df, dpt);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) df[i] = 0u; /* bf16 +0: the owner's dQ reads all 192 keys */
+      }
+      /* ---- this warpgroup's slice of dS^T(it) into buffer it % 3, once dQ(it - 3) has read it ---- */
+      const int x = it % NDS;
+      const uint32_t sds_x = sds + x * DS3_BYTES;
+      mbar_wait(ds_empty(x), ((it / NDS) & 1) ^ 1);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = kr - k0 + 8 * h; /* 0 .. 191 */
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          asm volatile("st.shared.b32 [%0], %1;" ::"r"(sds_x + r * 128 + ((j ^ (r & 7)) << 4) + 4 * t),
+                       "r"(df[2 * j + h]) : "memory");
+      }
+      fence_async_shared(); /* generic stores -> the owner's wgmma reads */
+      __syncwarp();
+      if (lane == 0) mbar_arrive(ds_full(x));
+      if (!skip) { /* ---- dV, dK of this tile ---- */
+        pin(dv);
+        pin(dk);
+        pin(pf);
+        pin(df);
+        wgmma_fence();
+        gemm_rs<HD>(dv, pf, sdo_s); /* dV += P^T dO */
+        gemm_rs<HD>(dk, df, sq_s);  /* dK += dS^T Q */
+        wgmma_commit();
+        wgmma_wait0();
+        pin(dv);
+        pin(dk);
+        pin(pf);
+        pin(df);
+      }
+      /* lse2 / D of this stage were read by every lane with plain loads: the warp synchronises before the elected
+         arrive (mbarrier.arrive releases only the arriving thread's accesses). */
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_empty(s));
+    }
+    if (it > 0 && ow == cw) { /* ---- dQ(it - 1): every warpgroup's dS^T(it - 1) is a tile old ---- */
+      const int k = it - 1, xk = k % NDS;
+      const uint32_t sds_k = sds + xk * DS3_BYTES;
+      float dq[32];
+      mbar_wait(ds_full(xk), (k / NDS) & 1);
+      if (n_wg == 3) dq_product<12>(dq, sds_k, sk);
+      else if (n_wg == 2) dq_product<8>(dq, sds_k, sk);
+      else dq_product<4>(dq, sds_k, sk);
+      if (lane == 0) mbar_arrive(ds_empty(xk));
+      mbar_wait(dq_empty(k & 1), ((k >> 1) & 1) ^ 1); /* the writer's reduce of dQ(k - 2) has read the slot */
+      stage_dq64(dq, sdq + (k & 1) * DQ_BYTES, warp, lane);
+      fence_async_shared(); /* generic stores -> the TMA reduce's reads */
+      mbar_arrive(dq_full(k & 1)); /* each thread its own stores (see dq_full's count) */
+    }
+    ow = ow + 1 == n_wg ? 0 : ow + 1; /* owner of tile it */
+  }
+
+  const size_t rs = (size_t)p.KH * HD;
+  const size_t base = ((size_t)b * p.S * p.KH + kvh) * HD;
+  if (sc.hs == 1) {
+    store_rows<HD>(p.dk + base, dk, rs, kr, t, p.scale); /* zeros where no query sees the keys */
+    store_rows<HD>(p.dv + base, dv, rs, kr, t, 1.f);
+  } else { /* partial sums of this CTA's G / hs heads, unscaled; dkdv_sum adds them in hh order */
+    const size_t slice = sc.slice; /* B S KH H */
+    store_rows_f32(sc.part + hh * slice + base, dk, rs, kr, t);
+    store_rows_f32(sc.part + (sc.hs + hh) * slice + base, dv, rs, kr, t);
+  }
+#endif /* sm_90a */
+}
+
+/* dk = scale sum_hh part[hh], dv = sum_hh part[hs + hh] in bf16, hh ascending: the head split's fixed order. */
+__global__ void dkdv_sum(const float *part, __nv_bfloat16 *dk, __nv_bfloat16 *dv, size_t n, int hs, float scale) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  for (size_t i = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) * 4; i < n; i += (size_t)gridDim.x * blockDim.x * 4) {
+    float4 a = *reinterpret_cast<const float4 *>(part + i), c = *reinterpret_cast<const float4 *>(part + hs * n + i);
+    for (int h = 1; h < hs; ++h) {
+      const float4 a1 = *reinterpret_cast<const float4 *>(part + h * n + i);
+      const float4 c1 = *reinterpret_cast<const float4 *>(part + (hs + h) * n + i);
+      a.x += a1.x, a.y += a1.y, a.z += a1.z, a.w += a1.w;
+      c.x += c1.x, c.y += c1.y, c.z += c1.z, c.w += c1.w;
+    }
+    uint2 ok, ov;
+    ok.x = pack_bf16(a.x * scale, a.y * scale);
+    ok.y = pack_bf16(a.z * scale, a.w * scale);
+    ov.x = pack_bf16(c.x, c.y);
+    ov.y = pack_bf16(c.z, c.w);
+    *reinterpret_cast<uint2 *>(dk + i) = ok;
+    *reinterpret_cast<uint2 *>(dv + i) = ov;
+  }
+#endif /* sm_90a */
+}
+
+/* ---- host ------------------------------------------------------------------------------------------- */
+
+static int64_t sa_hop3_nkb(const sa_cuda_params &p) { return (p.S + KB3 - 1) / KB3; }
+
+/* The head split: 2 when G is even and the grid would be under 2 CTAs an SM (gpt-oss: 176 CTAs for 132 SMs, the
+   heaviest 1.48x a share; split: 352, 0.74x; measured 286 against 238 TFLOP/s for the whole backward), else 1. */
+static int sa_hop3_split(const sa_cuda_params &p) {
+  return p.G % 2 == 0 && sa_hop3_nkb(p) * p.K * p.B < 2 * (int64_t)sa_cuda_sm_count() ? 2 : 1;
+}
+
+static size_t sa_hop3_acc_bytes(const sa_cuda_params &p) { return (size_t)(p.B * p.N * p.T * p.H) * 4; }
+static size_t sa_hop3_sync_bytes(const sa_cuda_params &p) { return (size_t)(1 + p.B * p.N * (p.T / QB)) * 4; }
+static size_t sa_hop3_slice(const sa_cuda_params &p) { return (size_t)(p.B * p.S * p.K * p.H); }
+static size_t sa_hop3_part_bytes(const sa_cuda_params &p, int hs) {
+  return hs > 1 ? 2 * (size_t)hs * sa_hop3_slice(p) * 4 : 0;
+}
+
+/* A refused shared-memory opt-in leaves *used = 0: the two passes run instead. */
+template <bool CAUSAL>
+cudaError_t sa_hop3_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sched3 &sc, int64_t B, void *ws,
+                        size_t zero_span, int sms, cudaStream_t st, int *used) {
+  constexpr int smem = op_smem3();
+  if (cudaFuncSetAttribute(bwd_onepass3<CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
+    cudaGetLastError();
+    return cudaSuccess;
+  }
+  *used = 1;
+  cudaError_t e = cudaMemsetAsync(ws, 0, zero_span, st); /* dq_acc, the ticket, the semaphores */
+  if (e != cudaSuccess) return e;
+  bwd_onepass3<CAUSAL><<<(unsigned)(sc.nkb * sc.hs * bp.KH * B), THREADS3, smem, st>>>(m[0], m[1], m[2], m[3], m[4],
+                                                                                      m[5], m[6], bp, sc);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  if (sc.hs > 1) { /* every element of every partial was written by its CTA: no memset */
+    dkdv_sum<<<(unsigned)std::min<size_t>((sc.slice / 4 + 255) / 256, (size_t)sms * 8), 256, 0, st>>>(
+        sc.part, bp.dk, bp.dv, sc.slice, sc.hs, bp.scale);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  const int rows = (int)(B * bp.T * bp.N); /* < 2^27 in scope */
+  return sa_hop1_dq_convert(bp.dq_acc, bp.dq, bp.T, bp.N, 64, bp.scale, rows, sms, st);
+}
+
+} /* namespace */
+
+bool sa_hopper_bwd3_in_scope(const sa_cuda_params &p, int bf16) {
+  if (p.H != 64 || p.Hv != 64 || p.q_lens || p.kv_lens || p.q_seg || p.kv_seg || p.wl >= 0 || p.wr >= 0)
+    return false;
+  /* causal none (a diag_offset alone changes nothing) or top-left on the main diagonal: the kernel's mask */
+  if (!(p.causal == 0 || (p.causal == 1 && p.diag_offset == 0))) return false;
+  if (p.B * p.N * p.T >= ((int64_t)1 << 27)) return false; /* dq_convert's int index */
+  if (!sa_hopper_bwd_in_scope(p, bf16)) return false; /* bf16, T, S multiples of 128, CC 9.0, sm_90a code */
+  const int64_t nkb = sa_hop3_nkb(p), n_all = p.G / sa_hop3_split(p) * (p.T / QB);
+  if (p.causal == 0 && n_all < nkb) return false; /* NAT's start tiles kb * d must be distinct */
+  return nkb <= sa_cuda_sm_count(); /* NAT: a head's key blocks co-resident, one CTA per SM */
+}
+
+size_t sa_hopper_bwd3_workspace(const sa_cuda_params &p) {
+  return sa_cuda_round256(sa_hop3_acc_bytes(p)) + sa_cuda_round256(sa_hop3_sync_bytes(p)) +
+         sa_cuda_round256(sa_hop3_part_bytes(p, sa_hop3_split(p)));
+}
+
+cudaError_t sa_hopper_bwd3_try(const sa_cuda_params &p, int bf16, void *ws, size_t ws_bytes, cudaStream_t st,
+                               int *used) {
+  *used = 0;
+  if (!p.lse2 || !p.D || !sa_hop_aligned(p.lse2) || !sa_hop_aligned(p.D) || !ws || !sa_hop_aligned(ws) ||
+      !sa_hopper_bwd3_in_scope(p, bf16) || ws_bytes < sa_hopper_bwd3_workspace(p) ||
+      sa_cuda_env_int("SINKATTN_HOP_BWD_ONEPASS", 1) == 0)
+    return cudaSuccess;
+  static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
+  if (!enc) return cudaSuccess;
+  const int sms = sa_cuda_sm_count(), hs = sa_hop3_split(p);
+  float *acc = (float *)ws;
+  int *sync = (int *)((char *)ws + sa_cuda_round256(sa_hop3_acc_bytes(p)));
+  float *part = (float *)((char *)sync + sa_cuda_round256(sa_hop3_sync_bytes(p)));
+  /* As hopper_bwd1.cu, with K / V as 192-row boxes (past S: TMA's zero fill, counted in the transaction bytes). */
+  const cuuint64_t a_dims[3] = {(cuuint64_t)p.H, (cuuint64_t)p.T, (cuuint64_t)(p.B * p.N)};
+  const cuuint64_t a_str[2] = {(cuuint64_t)p.H * 4, (cuuint64_t)(p.T * p.H) * 4};
+  const cuuint32_t a_box[3] = {32, (cuuint32_t)QB, 1};
+  CUtensorMap m[7];
+  const bool ok = sa_hop_map(enc, &m[0], p.q, p.B, p.T, p.N, p.H, QB) &&
+                  sa_hop_map(enc, &m[1], p.dout, p.B, p.T, p.N, p.H, QB) &&
+                  sa_hop_map(enc, &m[2], p.k, p.B, p.S, p.K, p.H, KB3) &&
+                  sa_hop_map(enc, &m[3], p.v, p.B, p.S, p.K, p.H, KB3) &&
+                  sa_hop_map_rows(enc, &m[4], p.lse2, p.B * p.N, p.T, QB) &&
+                  sa_hop_map_rows(enc, &m[5], p.D, p.B * p.N, p.T, QB) &&
+                  sa_hop_map_f32(enc, &m[6], acc, 3, a_dims, a_str, a_box, CU_TENSOR_MAP_SWIZZLE_128B);
+  if (!ok) return cudaSuccess; /* the driver refused a map: the two passes run instead */
+  BwdParams bp;
+  bp.dq = (__nv_bfloat16 *)p.dq;
+  bp.dk = (__nv_bfloat16 *)p.dk;
+  bp.dv = (__nv_bfloat16 *)p.dv;
+  bp.dq_acc = acc;
+  bp.lse2 = p.lse2;
+  bp.D = p.D;
+  bp.T = (int)p.T; bp.S = (int)p.S; bp.N = (int)p.N; bp.KH = (int)p.K;
+  bp.scale = p.scale;
+  bp.scale_l2 = p.scale_log2;
+  const int nkb = (int)sa_hop3_nkb(p), Gc = (int)(p.G / hs), n_all = Gc * (int)(p.T / QB);
+  const Sched3 sc = {sync, hs > 1 ? part : nullptr, nkb, Gc, hs, n_all, std::max(1, n_all / nkb), sa_hop3_slice(p)};
+  const size_t span = (size_t)((char *)sync - (char *)ws) + sa_hop3_sync_bytes(p);
+  return p.causal ? sa_hop3_run<true>(m, bp, sc, p.B, ws, span, sms, st, used)
+                  : sa_hop3_run<false>(m, bp, sc, p.B, ws, span, sms, st, used);
+}
