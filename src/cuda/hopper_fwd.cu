@@ -29,13 +29,15 @@
  *   Q boxes (a plain arrive for a tile without key tiles, and for the end: an index >= total). The j-th work
  *   tile of a CTA completes phase j: consumers wait parity j & 1; lane 0 alone reads the slot (arrive =
  *   release, try_wait = acquire) and shuffles it.
- * - Q empty (count 4 NC): each consumer warp arrives once per work tile, after its last S has landed (or at
- *   once without one). The producer waits parity (j & 1) ^ 1 before the j-th slot / Q write (j = 0: a fresh
- *   barrier, at once). So Q and the slot are overwritten only after every warp's last read of them, and Q full
- *   of j + 1 needs every warp past Q full of j: no phase is skipped.
+ * - Q empty (count 4 NC): each consumer warp arrives once per work tile, after its key-tile loop (its last S
+ *   has landed; no test inside the loop), or at once without an S. The producer waits parity (j & 1) ^ 1
+ *   before the j-th slot / Q write (j = 0: a fresh barrier, at once). So Q and the slot are overwritten only
+ *   after every warp's last read of them, and Q full of j + 1 needs every warp past Q full of j: no phase is
+ *   skipped.
  * - K/V ring: producer and consumers walk one sequence x = 0, 1, ... of key tiles over all the CTA's work
- *   tiles (x0 += n_tiles per tile), stage x % 2, parity (x / 2) & 1: the single key loop of a one-tile CTA,
- *   continued; the next tile's K_0 lands once S_{n-2} has released its stage, V_0 after P_{n-2} V_{n-2}.
+ *   tiles (x0 += n_tiles per tile), stage x % 2, parity (x / 2) & 1 (the consumers' key-tile loop carries
+ *   both, advanced by one a tile): the single key loop of a one-tile CTA, continued; the next tile's K_0
+ *   lands once S_{n-2} has released its stage, V_0 after P_{n-2} V_{n-2}.
  * - lengths: barrier 1 (V rows past kv_len zeroed) counts all 128 NC consumer threads, each meets it once per
  *   such work tile (computing or releasing the tile).
  *
@@ -180,7 +182,16 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(TL::REGS) : "memory");
   const int cw = wg - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, t = lane % 4;
-  const uint32_t sq_wg = sq + cw * 64 * 128; /* this warpgroup's 64 rows of each Q column block */
+  /* Made once, not per key tile (the key-tile loop's SASS: at its ring position). The warp's anchor word (see the wait_group 0 of the
+     key-tile loop), warp-uniform through a shuffle (else rebuilt from threadIdx every tile: 6 instructions at
+     H64). wgmma descriptors (desc_add): this warpgroup's 64 rows of each Q column block, K's stage 0 (stage s:
+     + s KV_DESC), and V's as K's moved by a constant (start + STAGES KV_BYTES, LBO BN * 128 instead of 16),
+     which ptxas folds into the k-steps' immediates instead of rebuilding gmma_desc(sv, ...) from the shared
+     window every tile (7 instructions at H64). */
+  constexpr uint32_t KV_DESC = KV_BYTES / 16;
+  const uint32_t anchor_w = __shfl_sync(0xffffffffu, smem_u32(&anchor[4 * cw + warp]), 0);
+  const uint64_t dq = gmma_desc(sq + cw * 64 * 128, 16, 1024), dk0 = gmma_desc(sk, 16, 1024);
+  const uint64_t dv0 = dk0 + STAGES * KV_DESC + ((uint64_t)(BN * 128 / 16 - 16 / 16) << 16);
   const float sl2 = p.scale_l2;
 
   /* Accumulator layout of m64nN (per warp 16 rows): d[4j + e]: row lane/4 + 8 * (e >> 1),
@@ -265,46 +276,53 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
         if (lane == 0) mbar_arrive(bar_ve(b0, s));
       }
     };
-    /* Q empty: after the warp's last S of the work tile has landed (the next work tile's Q may then land
-       under this one's last P V and epilogue), or at once without one. */
+    /* Q empty: exactly once per work tile and warp, and never inside the key-tile loop (a test there cost 3
+       instructions a tile): at once without an S (a >= e), else after the loop, when the warp's last S of the
+       work tile has landed (and been through its softmax); the next work tile's Q then lands under this one's
+       last P V and epilogue. Lane 0 arrives: it read the slot. */
     if (a >= e && lane == 0) mbar_arrive(bar_qe(b0));
     release(0, a);
 
     if (a < e) {
+    /* The ring position as (stage, parity) = (x % STAGES, (x / STAGES) & 1), carried through the loop and
+       advanced by one per key tile instead of derived from x = x0 + it in each (the port's form cost ~8
+       integer instructions a tile). Invariant: (sp, pp) is the position of x0 + it - 1 at the top of iteration
+       it (the tile whose V is pending), of x0 + a after tile a and of x0 + e - 1 after the loop, i.e. exactly
+       the values release() and the producer derive from x. The key-tile loop in SASS (nvcc 13.0, sm_90a),
+       instructions at H64 / H128 without a mask, H128 causal: 400 / 718 / 570, old kernel (f08c8da, one tile
+       a CTA) 452 / 782 / 620, the persistent port 478 / 806 / 642; HGMMA and MUFU.EX2 the same. */
+    static_assert(STAGES == 2, "the advance below: the stage toggles, the parity flips as it wraps 1 -> 0");
+    uint32_t sp = (x0 + a) % STAGES, pp = ((x0 + a) / STAGES) & 1;
     { /* Tile a: S_a alone, then its softmax (O is still 0: nothing to rescale). */
-      const uint32_t x = x0 + a;
-      const int s = x % STAGES;
-      mbar_wait(bar_kf(b0, s), (x / STAGES) & 1);
+      mbar_wait(bar_kf(b0, sp), pp);
       pin(sacc);
       wgmma_fence();
-      gemm_qk<HD, BM, BN>(sacc, sq_wg, sk + s * KV_BYTES);
+      gemm_qk<HD, BM, BN>(sacc, dq, dk0 + sp * KV_DESC);
       wgmma_commit();
       wgmma_wait0();
       pin(sacc);
-      if (lane == 0) mbar_arrive(bar_ke(b0, s));
-      if (e == a + 1 && lane == 0) mbar_arrive(bar_qe(b0));
+      if (lane == 0) mbar_arrive(bar_ke(b0, sp));
       mask_tile((t0 + a) * BN);
       softmax_tile(sacc, m_, l_, corr, sl2);
       pack_p(pf, sacc);
     }
 
     for (int it = a + 1; it < e; ++it) {
-      const uint32_t x = x0 + it, xp = x - 1;
-      const int s = x % STAGES, sp = xp % STAGES;
-      mbar_wait(bar_kf(b0, s), (x / STAGES) & 1);
-      mbar_wait(bar_vf(b0, sp), (xp / STAGES) & 1);
+      /* K of tile it at the next position (s, ps); V of tile it - 1 at the previous one (sp, pp) */
+      const uint32_t s = sp ^ 1, ps = pp ^ sp; /* x0 + it */
+      mbar_wait(bar_kf(b0, s), ps);
+      mbar_wait(bar_vf(b0, sp), pp);
       pin(sacc);
       pin(o);
       pin(pf);
       wgmma_fence();
-      gemm_qk<HD, BM, BN>(sacc, sq_wg, sk + s * KV_BYTES); /* group 1: S_j */
+      gemm_qk<HD, BM, BN>(sacc, dq, dk0 + s * KV_DESC); /* group 1: S_j */
       wgmma_commit();
-      gemm_pv<HD, BN>(o, pf, sv + sp * KV_BYTES);         /* group 2: O += P_{j-1} V_{j-1} */
+      gemm_pv<HD, BN>(o, pf, dv0 + sp * KV_DESC);          /* group 2: O += P_{j-1} V_{j-1} */
       wgmma_commit();
       wgmma_wait1();                                       /* S_j has landed; P V may still run */
       pin(sacc);
       if (lane == 0) mbar_arrive(bar_ke(b0, s));
-      if (it == e - 1 && lane == 0) mbar_arrive(bar_qe(b0)); /* the warp's last S of the work tile */
       mask_tile((t0 + it) * BN);
       softmax_tile(sacc, m_, l_, corr, sl2);
       /* ptxas schedules WARPGROUP.DEPBAR (wait_group 0) into the first stall slot after the row-max shuffle,
@@ -312,7 +330,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
          store of a value that depends on every exp2 (the row sums) is an anchor it does not cross: with it the
          wait lands after the last MUFU.EX2. One 4-byte store per warp per tile, to a word nobody reads. */
       if (lane == 0)
-        asm volatile("st.shared.f32 [%0], %1;" ::"r"(smem_u32(&anchor[4 * cw + warp])), "f"(l_[0] + l_[1])
+        asm volatile("st.shared.f32 [%0], %1;" ::"r"(anchor_w), "f"(l_[0] + l_[1])
                      : "memory");
       wgmma_wait0(); /* P_{j-1} V_{j-1} has landed: O and pf are free */
       pin(o);
@@ -323,17 +341,17 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
 #pragma unroll
         for (int q = 0; q < 4; ++q) o[4 * j + q] *= corr[q >> 1];
       pack_p(pf, sacc);
+      sp = s, pp = ps;
     }
+    if (lane == 0) mbar_arrive(bar_qe(b0)); /* the warp's last S (tile e - 1) has landed: Q is dead */
 
     { /* The last P V (of tile e - 1; with lengths the work tile's last key tile is zeroed past kv_len first). */
-      const uint32_t xp = x0 + e - 1;
-      const int sp = xp % STAGES;
-      mbar_wait(bar_vf(b0, sp), (xp / STAGES) & 1);
+      mbar_wait(bar_vf(b0, sp), pp);
       if (e == n_tiles) zero_tail(sp);
       pin(o);
       pin(pf);
       wgmma_fence();
-      gemm_pv<HD, BN>(o, pf, sv + sp * KV_BYTES);
+      gemm_pv<HD, BN>(o, pf, dv0 + sp * KV_DESC);
       wgmma_commit();
       wgmma_wait0();
       pin(o);

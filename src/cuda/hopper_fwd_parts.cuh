@@ -101,25 +101,33 @@ __device__ __forceinline__ void wgmma_ss_n176(float (&d)[88], uint64_t da, uint6
       : "l"(da), "l"(db), "r"(scale_d));
 }
 
+/* Descriptors by offset: a descriptor's start field is (address & 0x3FFFF) >> 4 in bits 0-13, and every
+   operand here lies inside the CTA's shared memory (< 228 KiB < 2^18 from the window's base), so for a
+   16-byte multiple off, gmma_desc(a + off) = gmma_desc(a) + off / 16 (no carry out of the field). The key-tile
+   loop then forms each k-step's descriptor with one add to a base made once, not a mask-shift-or of an
+   address per k-step (-3 uniform instructions per descriptor: 36 a tile at H64, 57 at H128 with 176 keys). */
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t off) { return d + (off >> 4); }
+
 /* S = Q K^T for one warpgroup: H / 16 k-steps, 32 bytes apart inside a 128-byte swizzled row, 4 per block;
-   Q's column blocks are BM x 128 bytes apart, K's BN x 128 (176 rows = 22 swizzle atoms: still 1024-aligned). */
+   Q's column blocks are BM x 128 bytes apart, K's BN x 128 (176 rows = 22 swizzle atoms: still 1024-aligned).
+   dq, dk: the descriptors of the warpgroup's Q rows and of the K stage (K-major, LBO 16, SBO 1024). */
 template <int HD, int BM, int BN>
-__device__ __forceinline__ void gemm_qk(float (&sacc)[BN / 2], uint32_t sq_wg, uint32_t skb) {
+__device__ __forceinline__ void gemm_qk(float (&sacc)[BN / 2], uint64_t dq, uint64_t dk) {
 #pragma unroll
   for (int kk = 0; kk < HD / 16; ++kk) {
-    const uint64_t da = gmma_desc(sq_wg + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024);
-    const uint64_t db = gmma_desc(skb + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
+    const uint64_t da = desc_add(dq, (kk / 4) * BM * 128 + (kk % 4) * 32);
+    const uint64_t db = desc_add(dk, (kk / 4) * BN * 128 + (kk % 4) * 32);
     if constexpr (BN == 176) wgmma_ss_n176(sacc, da, db, kk > 0);
     else wgmma_ss_n128(sacc, da, db, kk > 0);
   }
 }
 
 /* O += P V: V N-major; a k-step is 16 keys = 2048 bytes (BN / 16 of them); the 64-column blocks of V are
-   BN * 128 bytes apart (the LBO: 16384 at 128 keys, 22528 at 176). */
+   BN * 128 bytes apart (dv: the V stage's descriptor with that LBO, 16384 at 128 keys, 22528 at 176). */
 template <int HD, int BN>
-__device__ __forceinline__ void gemm_pv(float (&o)[HD / 2], const uint32_t (&pf)[BN / 4], uint32_t svb) {
+__device__ __forceinline__ void gemm_pv(float (&o)[HD / 2], const uint32_t (&pf)[BN / 4], uint64_t dv) {
 #pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs(o, &pf[4 * kk], gmma_desc(svb + kk * 2048, BN * 128, 1024));
+  for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs(o, &pf[4 * kk], desc_add(dv, kk * 2048));
 }
 
 /* Scores of invisible (key, row) pairs become -inf: visible iff dlo <= key - row <= dhi (sa_hop_mask). With x0
