@@ -23,10 +23,9 @@
  *   owner of k - 2 staged k - 2 already (it saw k - 4 read first), so the barrier is never at k - 4's phase.
  *   Causal top-left: key block kb starts at query tile 3 kb; a warpgroup that no row of a tile sees skips its
  *   products and stores a zero dS^T slice (the owner's dQ reads all 192 keys).
- *   GQA head split: the G heads of a kv head over hs = 2 CTAs per key block when G is even and the grid is under
- *   2 CTAs an SM (gpt-oss: 176 CTAs whose heaviest carries 1.48x an SM's share become 352 at 0.74x; measured
- *   1.20x against hs = 1). Each writes fp32 partial dK / dV into the workspace; dkdv_sum adds them in head-split
- *   order (deterministic) into bf16.
+ *   GQA head split: the G heads of a kv head over hs CTAs per key block while the grid is under 4 CTAs an SM
+ *   (sa_hop3_split; gpt-oss: 176 CTAs become 704, hs 4). Each writes fp32 partial dK / dV into the workspace;
+ *   dkdv_sum adds them in head-split order (deterministic) into bf16.
  * Per call, on the caller's stream (no allocation, no sync): memset (dq_acc, ticket, semaphores), bwd_onepass3,
  * [dkdv_sum,] dq convert; between the preprocess and the sink reduction of cuda_bwd.cu, as hopper_bwd1.cu.
  * Scope (sa_hopper_bwd3_in_scope): sa_hopper_bwd_in_scope, H == Hv == 64, no lengths / segments / window, causal
@@ -395,10 +394,20 @@ __global__ void dkdv_sum(const float *part, __nv_bfloat16 *dk, __nv_bfloat16 *dv
 
 static int64_t sa_hop3_nkb(const sa_cuda_params &p) { return (p.S + KB3 - 1) / KB3; }
 
-/* The head split: 2 when G is even and the grid would be under 2 CTAs an SM (gpt-oss: 176 CTAs for 132 SMs, the
-   heaviest 1.48x a share; split: 352, 0.74x; measured 286 against 238 TFLOP/s for the whole backward), else 1. */
+/* The head split hs: the G heads of a kv head over hs CTAs per key block, doubled while G allows and the grid is
+   under 4 CTAs an SM. Causal CTAs differ in length (key block kb of 22 at T4096 walks 64 - 3 kb query tiles a
+   head) and the tickets start a head's key blocks together, heaviest first, so a short grid ends on a tail:
+   gpt-oss (B1 T4096 N64/8) has 176 CTAs for 132 SMs; a list-scheduling model of the tickets gives the busy share
+   of the SMs as 0.59 / 0.70 / 0.82 / 0.90 for hs 1 / 2 / 4 / 8 (dev 06 measured hs 2 against 1: 286 / 238 TFLOP/s,
+   the whole backward). The partials cost 2 hs fp32 copies of dK, dV: 8 MiB each at gpt-oss.
+   SINKATTN_HOP_BWD_SPLIT=n forces hs = n where n divides G (A/B, tests). */
 static int sa_hop3_split(const sa_cuda_params &p) {
-  return p.G % 2 == 0 && sa_hop3_nkb(p) * p.K * p.B < 2 * (int64_t)sa_cuda_sm_count() ? 2 : 1;
+  const int64_t force = sa_cuda_env_int("SINKATTN_HOP_BWD_SPLIT", 0);
+  if (force > 0) return p.G % force == 0 ? (int)force : 1;
+  const int64_t grid = sa_hop3_nkb(p) * p.K * p.B, target = 4 * (int64_t)sa_cuda_sm_count();
+  int hs = 1;
+  while (p.G % (2 * hs) == 0 && grid * hs < target) hs *= 2;
+  return hs;
 }
 
 static size_t sa_hop3_acc_bytes(const sa_cuda_params &p) { return (size_t)(p.B * p.N * p.T * p.H) * 4; }
