@@ -27,15 +27,10 @@ constexpr int STAGES = sa_hop_tiles::STAGES; /* K/V ring depth: 2 in every confi
      the last tile holds 16..176 keys, TMA zero-fills the rest and the tile masks keys >= S. 210 KiB of 227.
    - H128 with a mask (kinds 1..3): 02's 2 warpgroups x 128 keys (552 causal at B4 T4096). 176 keys were
      measured without a mask only; mask_range and the tile ranges take tiles that divide S, and FlashAttention-3
-     also keeps 128 keys for causal / local masks at head dim 128.
-   - H64 with a window's lower bound (kind 2; gpt-oss's (127, 0)): 2 warpgroups, BM 128. Every warpgroup walks
-     every key tile of its CTA, and a 128-key band over a 192-row tile spans 3 aligned 128-key tiles (m0 = 192:
-     keys 65..383) of which each warpgroup's rows see 2; at BM 128 it spans 2 (keys m0 - 127 .. m0 + 127), all
-     seen: 2/3 of the products and exp2s per row. The window row was the one forward row below cuDNN at T4096
-     (0.92-0.97x; H200 session 5 measures this entry). */
+     also keeps 128 keys for causal / local masks at head dim 128. */
 template <int HD, int MASK>
 struct sa_hop_fwd_tile {
-  static constexpr int NC = HD == 64 && MASK != 2 ? 3 : 2;     /* consumer warpgroups */
+  static constexpr int NC = HD == 64 ? 3 : 2;                  /* consumer warpgroups */
   static constexpr int BM = 64 * NC;                           /* query rows per CTA */
   static constexpr int BN = HD == 128 && MASK == 0 ? 176 : 128; /* keys per tile */
   static constexpr int THREADS = 128 * (NC + 1);
