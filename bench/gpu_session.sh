@@ -17,8 +17,8 @@
 #   PART=ncu bash bench/gpu_session.sh     (2 GPUs) the sanitizer over test_cuda on GPU 1 (SAN_TOOLS, HOPPER_STRIDE);
 #                                           GPU 0: test_cuda, ncu's detailed sections over NCU_SHAPES (ours, cuDNN)
 #   PART=ab bash bench/gpu_session.sh      (2 GPUs) the sanitizer over test_cuda on GPU 1; GPU 0: test_cuda, the grid
-#                                           with the new default and with AB_ENV (the previous form), DEV_VARIANTS,
-#                                           NCU_SHAPES, pytest (PYTEST=1)
+#                                           with the new default and with AB_ENV (the previous form), AB_EXTRA runs
+#                                           on GRID2, DEV_VARIANTS, NCU_SHAPES, pytest (PYTEST=1)
 #   PART=bench bash bench/gpu_session.sh   python -m sinkattn.bench on the performance.md grid (learnable;
 #                                           vanilla and off_by_one on the H=128 T=4096 rows), the decode
 #                                           bandwidth table, the Hopper dev variants (dev/run_hopper.sh),
@@ -190,6 +190,20 @@ elif [ "$PART" = ab ]; then
     --max-ref-t 16384 --repeats 2 --contenders fused,cudnn_no_sink --out "$STAGE/h200-jax-${GRID:-h200}-new.json"
   step bench_old ${BENCH_LIMIT:-150} env ${AB_ENV:-SINKATTN_AB=0} "$PY" -m sinkattn.bench --grid ${GRID:-h200} \
     --softmax learnable --max-ref-t 16384 --repeats 2 --contenders fused --out "$STAGE/h200-jax-${GRID:-h200}-old.json"
+  # AB_EXTRA="A=1 B=2;A=3": more runs of the fused kernels, one per ';'-separated environment, on grid GRID2
+  # (default gptoss: the gpt-oss layers), fused and cuDNN again at the end (the drift of the run).
+  if [ -n "${AB_EXTRA:-}" ]; then
+    IFS=';' read -ra extras <<< "$AB_EXTRA"
+    i=0
+    for ex in "${extras[@]}"; do
+      step bench_x$i ${BENCH_LIMIT:-150} env $ex "$PY" -m sinkattn.bench --grid ${GRID2:-gptoss} --softmax learnable \
+        --max-ref-t 16384 --repeats 2 --contenders fused --out "$STAGE/h200-jax-${GRID2:-gptoss}-x$i.json"
+      echo "$ex" > "$STAGE/h200-jax-${GRID2:-gptoss}-x$i.env"
+      i=$((i + 1))
+    done
+    step bench_xend ${BENCH_LIMIT:-150} "$PY" -m sinkattn.bench --grid ${GRID2:-gptoss} --softmax learnable \
+      --max-ref-t 16384 --repeats 2 --contenders fused,cudnn_no_sink --out "$STAGE/h200-jax-${GRID2:-gptoss}-xend.json"
+  fi
   [ -n "${DEV_VARIANTS:-}" ] && step dev ${DEV_LIMIT:-150} env OUT="$STAGE/dev" bash dev/run_hopper.sh $DEV_VARIANTS
   [ -n "${NCU_SHAPES:-}" ] && ncu_shapes "$NCU_SHAPES"
   [ "${PYTEST:-0}" = 1 ] && step pytest 150 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=140 -n 8
