@@ -9,17 +9,19 @@
  *   G heads' 64-row query tiles streamed; S^T, dP^T by wgmma SS; dV += P^T dO, dK += dS^T Q by wgmma RS. It also
  *   computes each tile's dQ[64 q x H] = dS K (dS^T staged in shared memory, 8 wgmma m64n64k16 with both operands
  *   transposed, one tile late) and adds it to dq_acc [B, N, T, H] fp32 by four TMA reduces (cp.reduce.async.bulk
- *   .tensor .add) from one writer thread: 5 products per tile where the two passes take 7.
+ *   .tensor .add) from one writer thread: 5 products per tile where the two passes take 7. The tile's first
+ *   visitor (rank 0) stores instead (cp.async.bulk.tensor), so dq_acc is not zeroed (coverage: above nat_rank).
  *   Deterministic: the key blocks of a kv head add into a query tile in a fixed order. One int semaphore per
  *   (b, head, 64-query tile): the writer waits until it equals its rank (NAT: the order of the staggered walks'
- *   visit steps, closed form in nat_rank), adds, waits for completion and increments it (red.release.gpu). NAT
+ *   visit steps, closed form in nat_rank), stores / adds, waits for completion and increments it (red.release). NAT
  *   needs a head's S / 128 CTAs co-resident (one per SM: 227 KiB of shared memory); CTA tickets from an atomic
  *   counter make the started CTAs a prefix of the ticket order, so at most one head is part-started. Hence the
  *   scope S / 128 <= SMs (beyond it the two passes run, not dev's ASC order: a model gave ~1.8x slower causal).
  * Per call, all on the caller's stream (no allocation, no sync: CUDA-graph safe), between the preprocess (D,
  * lse2) and the sink reduction of cuda_bwd.cu, which stay as they are (dsinks bitwise the two passes'):
- *   1. one cudaMemsetAsync: dq_acc, the ticket counter and the semaphores (one workspace span);
- *   2. bwd_onepass<128, CAUSAL>: dK, dV (bf16, written once) and dq_acc (fp32, ordered adds);
+ *   1. one cudaMemsetAsync: the ticket counter and the semaphores, 4 (1 + B N T / 64) bytes (dq_acc is not
+ *      zeroed: its fill of 128 MiB took 0.038 ms on the H200 at B4 T4096 N32 H64, 4% of B16 T1024 N16's 0.94);
+ *   2. bwd_onepass<128, CAUSAL>: dK, dV (bf16, written once) and dq_acc (fp32: rank 0 stores, then ordered adds);
  *   3. dq_convert: dq = scale * dq_acc in bf16.
  * Scope (sa_hopper_bwd1_in_scope): sa_hopper_bwd_in_scope, H == 128, no lengths, no window, causal none or
  * top-left with diag_offset 0 (dev 05's own scope: its checks ran T 512 / S 1024 and T 768 / S 256 causal),
@@ -70,7 +72,18 @@ static_assert(op_smem<128>() + 1024 <= 227 * 1024, "over the sm_90 limit");
    (g, q) at step g (PT - 2j) + q - 2j: descending j, rank m - kb. Non-causal: key block j starts at tile j d
    (distinct offsets below n_all = G PT when n_all >= nkb, which the host ensures), so tile t = g PT + q comes at
    step t - j d for j <= m = min(nkb - 1, t / d), else t - j d + n_all: the order m, m - 1, .., 0, nkb - 1, .., m + 1,
-   rank (m - kb) mod nkb. Equal to counting the earlier visits (15.1 M visits checked on the host, T, S <= 4096). */
+   rank (m - kb) mod nkb. Equal to counting the earlier visits (15.1 M visits checked on the host, T, S <= 4096).
+   dq_acc is not zeroed: every (b, head, 64-query tile) has exactly one rank-0 visit, which stores the whole tile
+   before any add to it. The grid is one CTA per (b, kv head, key block kb < nkb), nkb = S / 128 >= 1 (S > 0 in
+   sa_hop_in_scope); a CTA's walk visits n_tiles distinct tiles of heads kvh G + g, g < G (all N heads over the kv
+   heads). Causal top-left: key block j visits (g, q) iff q >= 2 j; key block 0 visits every tile, so the visitors
+   of (g, q) are 0..m (T > S: all nkb from q = 2 nkb - 2 on; T < S: key blocks with 2 kb >= T / 64 have no tile
+   and no writer, but 2 m <= q < T / 64), ranks m - kb: a bijection onto 0..m, rank 0 is key block m. Non-causal: every
+   key block visits all n_all tiles, (m - kb) mod nkb is a bijection of kb onto 0..nkb-1, rank 0 is key block m.
+   The semaphores start at 0 and rank r waits for r: rank 0 goes first, and the next rank's acquire sees its store
+   complete (bulk_wait0 + fence.proxy.async.global before the release, as for an add). H / 32 boxes {32, 64} cover
+   the 64 x H tile, none clipped (64 | T). Results as with a zeroed buffer (+0 + x == x), except x == -0 (+0 +
+   -0 == +0; a rank-0 -0 now stays -0 unless a later partial is +0 or nonzero). */
 template <bool CAUSAL>
 __host__ __device__ __forceinline__ int nat_rank(int kb, int g, int q, int nkb, int PT, int d) {
   const int x = CAUSAL ? q * QB / KB : (g * PT + q) / d, m = x < nkb - 1 ? x : nkb - 1;
@@ -198,12 +211,15 @@ __global__ void __launch_bounds__(THREADS, 1)
         while (ld_acquire(sem) != rank) {
         }
         fence_async_global(); /* the reduce (async proxy) after the acquire that saw the previous adds */
-        for (int c = 0; c < HD / 32; ++c)
-          tma_reduce_add(&tma, sdq + x * DQ_BYTES + c * QB * 128, c * 32, w.q * QB, bn0 + w.g);
+        const uint32_t src = sdq + x * DQ_BYTES;
+        if (rank == 0) /* the tile's first visit stores: dq_acc is not zeroed (coverage: above nat_rank) */
+          for (int c = 0; c < HD / 32; ++c) tma_store_3d(&tma, src + c * QB * 128, c * 32, w.q * QB, bn0 + w.g);
+        else
+          for (int c = 0; c < HD / 32; ++c) tma_reduce_add(&tma, src + c * QB * 128, c * 32, w.q * QB, bn0 + w.g);
         bulk_commit();
         bulk_wait_read0();
         mbar_arrive(dq_empty(x));
-        bulk_wait0();         /* this tile's adds are done in L2 ... */
+        bulk_wait0();         /* this tile's store / adds are done in L2 ... */
         fence_async_global(); /* ... and ordered before the release */
         red_release_add(sem, 1);
       }
@@ -364,8 +380,8 @@ static size_t sa_hop1_sync_bytes(const sa_cuda_params &p) { return (size_t)(1 + 
 
 /* A refused shared-memory opt-in (227 KiB) leaves *used = 0: the two passes run instead. */
 template <bool CAUSAL>
-cudaError_t sa_hop1_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sched &sc, int64_t B, void *ws,
-                        size_t ws_span, int sms, cudaStream_t st, int *used) {
+cudaError_t sa_hop1_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sched &sc, int64_t B, size_t sync_bytes,
+                        int sms, cudaStream_t st, int *used) {
   constexpr int smem = op_smem<128>();
   if (cudaFuncSetAttribute(bwd_onepass<128, CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
       cudaSuccess) {
@@ -373,7 +389,7 @@ cudaError_t sa_hop1_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sc
     return cudaSuccess;
   }
   *used = 1;
-  cudaError_t e = cudaMemsetAsync(ws, 0, ws_span, st); /* dq_acc, the ticket, the semaphores */
+  cudaError_t e = cudaMemsetAsync(sc.sync, 0, sync_bytes, st); /* the ticket, the semaphores (not dq_acc) */
   if (e != cudaSuccess) return e;
   bwd_onepass<128, CAUSAL><<<(unsigned)(sc.nkb * bp.KH * B), THREADS, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5],
                                                                                   m[6], bp, sc);
@@ -446,7 +462,7 @@ cudaError_t sa_hopper_bwd1_try(const sa_cuda_params &p, int bf16, void *ws, size
   bp.scale_l2 = p.scale_log2;
   const int nkb = (int)(p.S / KB), n_all = (int)(p.G * (p.T / QB));
   const Sched sc = {sync, nkb, (int)p.G, n_all, std::max(1, n_all / nkb)};
-  const size_t span = (size_t)((char *)sync - (char *)ws) + sa_hop1_sync_bytes(p);
-  return p.causal ? sa_hop1_run<true>(m, bp, sc, p.B, ws, span, sms, st, used)
-                  : sa_hop1_run<false>(m, bp, sc, p.B, ws, span, sms, st, used);
+  const size_t sb = sa_hop1_sync_bytes(p);
+  return p.causal ? sa_hop1_run<true>(m, bp, sc, p.B, sb, sms, st, used)
+                  : sa_hop1_run<false>(m, bp, sc, p.B, sb, sms, st, used);
 }

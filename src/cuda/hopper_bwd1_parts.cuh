@@ -1,8 +1,9 @@
 /*
  * hopper_bwd1_parts.cuh — what the two one-pass backward kernels share: hopper_bwd1.cu (H128, 2 consumer
  * warpgroups, dev/hopper_bwd_05) and hopper_bwd3.cu (H64, 3 consumer warpgroups, dev/hopper_bwd_06). Their
- * parameters, the PTX of the dQ adds (TMA reduce-add, bulk async-groups, proxy fences, the semaphore's acquire
- * load and release add), the transposed-operand wgmma of dQ, the query-tile walk, and the dq_acc -> dq convert.
+ * parameters, the PTX of the dQ adds (TMA store and reduce-add, bulk async-groups, proxy fences, the semaphore's
+ * acquire load and release add), the transposed-operand wgmma of dQ, the query-tile walk, and the dq_acc -> dq
+ * convert.
  */
 #ifndef SA_HOPPER_BWD1_PARTS_CUH
 #define SA_HOPPER_BWD1_PARTS_CUH
@@ -41,6 +42,12 @@ struct Walk {
 /* global[box at {c0, c1, c2}] += shared[src] (fp32, element type from the map), tracked by bulk async-groups. */
 __device__ __forceinline__ void tma_reduce_add(const CUtensorMap *map, uint32_t src, int c0, int c1, int c2) {
   asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];"
+               ::"l"((uint64_t)map), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+/* global[box at {c0, c1, c2}] = shared[src]: tma_reduce_add's store (same map, same shared layout, same groups);
+   a tile's first visitor stores, so dq_acc needs no memset. */
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap *map, uint32_t src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];"
                ::"l"((uint64_t)map), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }

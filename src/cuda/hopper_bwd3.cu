@@ -18,7 +18,8 @@
  *   each buffer has one reader per use. Staging and adds as hopper_bwd1.cu: the owner writes its fp32 tile into
  *   slot k & 1, every owner thread arrives on dq_full (racecheck does not carry a __syncwarp through an elected
  *   arrive: 1.2 M WAW reports between rotating owners when 4 warps arrived); the writer waits for its NAT rank on
- *   the (b, head, 64-query tile) semaphore, two TMA reduce-adds, .read wait, dq_empty, completion, release.
+ *   the (b, head, 64-query tile) semaphore, two TMA reduce-adds (rank 0: two TMA stores, so dq_acc is not zeroed;
+ *   coverage above nat_rank3), .read wait, dq_empty, completion, release.
  *   Phases never two apart: the owner of k waits dq_empty(k & 1) after ds_full(k), whose completion means the
  *   owner of k - 2 staged k - 2 already (it saw k - 4 read first), so the barrier is never at k - 4's phase.
  *   Causal top-left: key block kb starts at query tile 3 kb; a warpgroup that no row of a tile sees skips its
@@ -26,8 +27,9 @@
  *   GQA head split: the G heads of a kv head over hs CTAs per key block while the grid is under 4 CTAs an SM
  *   (sa_hop3_split; gpt-oss: 176 CTAs become 704, hs 4). Each writes fp32 partial dK / dV into the workspace;
  *   dkdv_sum adds them in head-split order (deterministic) into bf16.
- * Per call, on the caller's stream (no allocation, no sync): memset (dq_acc, ticket, semaphores), bwd_onepass3,
- * [dkdv_sum,] dq convert; between the preprocess and the sink reduction of cuda_bwd.cu, as hopper_bwd1.cu.
+ * Per call, on the caller's stream (no allocation, no sync): memset of the ticket and the semaphores (4 (1 + B N T /
+ * 64) bytes; not dq_acc: 0.038 ms for its 128 MiB at B4 T4096 N32), bwd_onepass3, [dkdv_sum,] dq convert; between
+ * the preprocess and the sink reduction of cuda_bwd.cu, as hopper_bwd1.cu.
  * Scope (sa_hopper_bwd3_in_scope): sa_hopper_bwd_in_scope, H == Hv == 64, no lengths / segments / window, causal
  * none or top-left with diag_offset 0, ceil(S / 192) <= SMs (NAT: a head's CTAs co-resident, one per SM: 187 KiB
  * of shared memory), without a mask G / hs T / 64 >= ceil(S / 192) (distinct NAT start tiles), B N T < 2^27.
@@ -74,7 +76,17 @@ struct Sched3 {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 /* 05's nat_rank with 192-key blocks: causal key block j sees query tile q iff q >= 3 j (q 64 + 63 >= 192 j), and
-   reaches tile (g, q) at step g (PT - 3j) + q - 3j, earlier for larger j: rank m - kb, m = min(nkb - 1, q / 3). */
+   reaches tile (g, q) at step g (PT - 3j) + q - 3j, earlier for larger j: rank m - kb, m = min(nkb - 1, q / 3).
+   dq_acc is not zeroed: each (b, head, 64-query tile) has exactly one rank-0 visit, which stores the tile before
+   any add (hopper_bwd1.cu's nat_rank has the ordering argument). The grid is one CTA per (b, kv head, head split
+   hh < hs, key block kb < nkb), nkb = ceil(S / 192) >= 1 (S > 0 in sa_hop_in_scope); CTA hh walks n_tiles
+   distinct tiles of heads kvh G + hh Gc + g, g < Gc = G / hs (hs | G): each head's tiles are visited by the nkb
+   CTAs of one hh only, and the semaphores are per query head. Causal top-left: key block j visits (g, q) iff
+   q >= 3 j (its first query block k0 / 64); key block 0 visits every tile, the visitors of (g, q) are 0..m
+   (T > S: all nkb from q = 3 nkb - 3 on; T < S: key blocks with 3 kb >= T / 64 have no tile and no writer, but
+   3 m <= q < T / 64), ranks m - kb: a bijection onto 0..m. Non-causal: every key block visits all n_all tiles,
+   (m - kb) mod nkb is a bijection onto 0..nkb-1. Either way rank 0 is key block m, whatever its n_wg (a last CTA
+   of 64 or 128 keys visits the same tiles). 2 boxes {32, 64} cover the 64 x 64 tile, none clipped (64 | T). */
 template <bool CAUSAL>
 __host__ __device__ __forceinline__ int nat_rank3(int kb, int g, int q, int nkb, int PT, int d) {
   const int x = CAUSAL ? q * QB / KB3 : (g * PT + q) / d, m = x < nkb - 1 ? x : nkb - 1;
@@ -222,12 +234,15 @@ __global__ void __launch_bounds__(THREADS3, 1)
         while (ld_acquire(sem) != rank) {
         }
         fence_async_global(); /* the reduce (async proxy) after the acquire that saw the previous adds */
-        for (int c = 0; c < HD / 32; ++c)
-          tma_reduce_add(&tma, sdq + x * DQ_BYTES + c * QB * 128, c * 32, w.q * QB, bn0 + w.g);
+        const uint32_t src = sdq + x * DQ_BYTES;
+        if (rank == 0) /* the tile's first visit stores: dq_acc is not zeroed (coverage: above nat_rank3) */
+          for (int c = 0; c < HD / 32; ++c) tma_store_3d(&tma, src + c * QB * 128, c * 32, w.q * QB, bn0 + w.g);
+        else
+          for (int c = 0; c < HD / 32; ++c) tma_reduce_add(&tma, src + c * QB * 128, c * 32, w.q * QB, bn0 + w.g);
         bulk_commit();
         bulk_wait_read0();
         mbar_arrive(dq_empty(x));
-        bulk_wait0();         /* this tile's adds are done in L2 ... */
+        bulk_wait0();         /* this tile's store / adds are done in L2 ... */
         fence_async_global(); /* ... and ordered before the release */
         red_release_add(sem, 1);
       }
@@ -419,15 +434,15 @@ static size_t sa_hop3_part_bytes(const sa_cuda_params &p, int hs) {
 
 /* A refused shared-memory opt-in leaves *used = 0: the two passes run instead. */
 template <bool CAUSAL>
-cudaError_t sa_hop3_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sched3 &sc, int64_t B, void *ws,
-                        size_t zero_span, int sms, cudaStream_t st, int *used) {
+cudaError_t sa_hop3_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sched3 &sc, int64_t B,
+                        size_t sync_bytes, int sms, cudaStream_t st, int *used) {
   constexpr int smem = op_smem3();
   if (cudaFuncSetAttribute(bwd_onepass3<CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
     cudaGetLastError();
     return cudaSuccess;
   }
   *used = 1;
-  cudaError_t e = cudaMemsetAsync(ws, 0, zero_span, st); /* dq_acc, the ticket, the semaphores */
+  cudaError_t e = cudaMemsetAsync(sc.sync, 0, sync_bytes, st); /* the ticket, the semaphores (not dq_acc) */
   if (e != cudaSuccess) return e;
   bwd_onepass3<CAUSAL><<<(unsigned)(sc.nkb * sc.hs * bp.KH * B), THREADS3, smem, st>>>(m[0], m[1], m[2], m[3], m[4],
                                                                                       m[5], m[6], bp, sc);
@@ -498,7 +513,7 @@ cudaError_t sa_hopper_bwd3_try(const sa_cuda_params &p, int bf16, void *ws, size
   bp.scale_l2 = p.scale_log2;
   const int nkb = (int)sa_hop3_nkb(p), Gc = (int)(p.G / hs), n_all = Gc * (int)(p.T / QB);
   const Sched3 sc = {sync, hs > 1 ? part : nullptr, nkb, Gc, hs, n_all, std::max(1, n_all / nkb), sa_hop3_slice(p)};
-  const size_t span = (size_t)((char *)sync - (char *)ws) + sa_hop3_sync_bytes(p);
-  return p.causal ? sa_hop3_run<true>(m, bp, sc, p.B, ws, span, sms, st, used)
-                  : sa_hop3_run<false>(m, bp, sc, p.B, ws, span, sms, st, used);
+  const size_t sb = sa_hop3_sync_bytes(p);
+  return p.causal ? sa_hop3_run<true>(m, bp, sc, p.B, sb, sms, st, used)
+                  : sa_hop3_run<false>(m, bp, sc, p.B, sb, sms, st, used);
 }
