@@ -19,7 +19,7 @@ bool sa_hopper_bwd1_in_scope(const sa_cuda_params &p, int bf16);
    semaphores (1 + B N T / 64 ints), each rounded up to 256 bytes. */
 size_t sa_hopper_bwd1_workspace(const sa_cuda_params &p);
 
-/* Launches memset (ticket, semaphores; not dq_acc), one-pass kernel and dq convert on st when the call is in
+/* Launches memset (ticket, semaphores; not dq_acc), one-pass kernel and (H128) dq convert on st when the call is in
    scope, p.lse2 and p.D are set and 16-byte aligned, ws (the one pass's regions) is 16-byte aligned (TMA) and
    ws_bytes >= sa_hopper_bwd1_workspace(p), and sets *used = 1. Otherwise launches nothing, sets *used = 0 and
    returns cudaSuccess (the caller then runs the two passes). Reads p.D and p.lse2: the preprocess must be enqueued

@@ -4,10 +4,11 @@
  * 46/46 checks; the whole backward against dev 05's one pass at H64 (2 warpgroups, 128 keys) 1.22x at B4 T4096
  * N32 causal, 1.32x non-causal, 1.21x B1 T16384 causal, 1.19x B16 T1024 causal, 1.39x gpt-oss (B1 T4096 N64/8
  * causal, head split 2). At H64 the two passes of hopper_bwd.cu do 7 products to cuDNN's 5.
- *   CTA: (b, kv head, [head split,] 192 keys), 512 threads = producer warpgroup (setmaxnreg 24: TMA thread 0, dQ
- *   writer thread 32) + 3 consumer warpgroups of 64 keys (setmaxnreg 160: 128 x 24 + 384 x 160 = 64512). Per
- *   warpgroup and 64-query tile, as hopper_bwd1.cu: S^T = K Q^T, dP^T = V dO^T (wgmma SS m64n64), P^T and dS^T in
- *   registers, dV += P^T dO, dK += dS^T Q (RS): dK 32 + dV 32 + S^T 32 + dP^T 32 accumulators + 32 fragments.
+ *   CTA: (b, kv head, [head split,] 192 keys), 512 threads = producer warpgroup (setmaxnreg 32: TMA thread 0, dQ
+ *   writer thread 32, dq converter warps 2-3) + 3 consumer warpgroups of 64 keys (setmaxnreg 160: 128 x 32 + 384
+ *   x 160 = 65536). Per warpgroup and 64-query tile, as hopper_bwd1.cu: S^T = K Q^T, dP^T = V dO^T (wgmma SS
+ *   m64n64), P^T and dS^T in registers, dV += P^T dO, dK += dS^T Q (RS): dK 32 + dV 32 + S^T 32 + dP^T 32
+ *   accumulators + 32 fragments.
  *   S is a multiple of 128, not 192: a head's last CTA may hold 64 or 128 keys (n_wg = 1 or 2 warpgroups; the
  *   others leave before setmaxnreg.inc; every barrier count is n_wg's, from the ticket).
  *   dQ [64 q x 64] = dS [64 q x 192 keys] K [192 keys x 64]: M 64 is wgmma's minimum and 64 columns do not split
@@ -28,10 +29,12 @@
  *   (sa_hop3_split; gpt-oss: 176 CTAs become 704, hs 4). Each writes fp32 partial dK / dV into the workspace;
  *   dkdv_sum adds them in head-split order (deterministic) into bf16.
  * Per call, on the caller's stream (no allocation, no sync): memset of the ticket and the semaphores (4 (1 + B N T /
- * 64) bytes; not dq_acc: 0.038 ms for its 128 MiB at B4 T4096 N32), bwd_onepass3, [dkdv_sum,] dq convert; between
- * the preprocess and the sink reduction of cuda_bwd.cu, as hopper_bwd1.cu.
+ * 64) bytes; not dq_acc: 0.038 ms for its 128 MiB at B4 T4096 N32), bwd_onepass3, [dkdv_sum]; between the
+ * preprocess and the sink reduction of cuda_bwd.cu, as hopper_bwd1.cu. No dq convert kernel (0.055 ms at B4 T4096
+ * N32): the last visit of a tile (nat_last3) TMA-loads the final fp32 tile into one of 2 spare 16 KiB slots and
+ * the producer warpgroup's idle warps 2-3 write dq = scale dq_acc in bf16 from there.
  * Scope (sa_hopper_bwd3_in_scope): sa_hopper_bwd_in_scope, H == Hv == 64, no lengths / segments / window, causal
- * none or top-left with diag_offset 0, ceil(S / 192) <= SMs (NAT: a head's CTAs co-resident, one per SM: 187 KiB
+ * none or top-left with diag_offset 0, ceil(S / 192) <= SMs (NAT: a head's CTAs co-resident, one per SM: 219 KiB
  * of shared memory), without a mask G / hs T / 64 >= ceil(S / 192) (distinct NAT start tiles), B N T < 2^27.
  * SINKATTN_HOP_BWD_ONEPASS=0 in the environment runs the two passes instead (A/B, tests); the workspace stays
  * reserved.
@@ -49,16 +52,19 @@ constexpr int STAGES = sa_hop_tiles::STAGES; /* Q / dO ring depth */
 constexpr int NC3 = sa_hop_tiles::BWD1_NC64; /* consumer warpgroups */
 constexpr int KB3 = 64 * NC3;                /* keys per CTA */
 constexpr int THREADS3 = 128 * (NC3 + 1);
-constexpr int REGS3 = 160;                   /* consumers; (65536 - 128 x 24) / 384 = 162, rounded down to 8 */
+constexpr int REGS3P = 32;                   /* producer warpgroup: the dq converter spills at 24 (LDL/STL 13-48) */
+constexpr int REGS3 = 160;                   /* consumers: (65536 - 128 x 32) / 384 */
 constexpr int NDS = 3;                       /* dS^T buffers: tile k in buffer k % 3 */
-static_assert(128 * 24 + 128 * NC3 * REGS3 <= 65536, "register file: producer 24 + consumers");
+static_assert(128 * REGS3P + 128 * NC3 * REGS3 <= 65536, "register file: producer + consumers");
 constexpr uint32_t DS3_BYTES = KB3 * QB * 2; /* one dS^T tile [192 keys][64 queries] bf16: 24 KiB */
 
-/* K, V; the Q / dO ring; 3 dS^T tiles; 2 dQ staging slots [2 boxes][64 rows][32 fp32]; per stage lse2, D:
-   190464 B, + 1 KiB for the static part's alignment padding. */
+/* K, V; the Q / dO ring; 3 dS^T tiles; 2 dQ staging slots [2 boxes][64 rows][32 fp32]; per stage lse2, D; 2
+   converter slots as the staging slots: 223232 B, + 1 KiB for the static part's alignment padding. */
 constexpr int op_smem3() {
-  return 1024 + 2 * KB3 * 64 * 2 + STAGES * 2 * QB * 64 * 2 + NDS * DS3_BYTES + 2 * QB * 64 * 4 + STAGES * 2 * QB * 4;
+  return 1024 + 2 * KB3 * 64 * 2 + STAGES * 2 * QB * 64 * 2 + NDS * DS3_BYTES + 2 * QB * 64 * 4 + STAGES * 2 * QB * 4 +
+         2 * QB * 64 * 4;
 }
+static_assert(STAGES * 2 * QB * 4 % 1024 == 0, "the converter slots (128-byte swizzle) 1024-aligned after lse2 / D");
 static_assert(op_smem3() + 1024 <= 227 * 1024, "over the sm_90 limit");
 
 /* How the CTAs of a launch find their work and their turn (hopper_bwd1.cu's Sched plus the head split). */
@@ -91,6 +97,14 @@ template <bool CAUSAL>
 __host__ __device__ __forceinline__ int nat_rank3(int kb, int g, int q, int nkb, int PT, int d) {
   const int x = CAUSAL ? q * QB / KB3 : (g * PT + q) / d, m = x < nkb - 1 ? x : nkb - 1;
   return m >= kb ? m - kb : m + nkb - kb;
+}
+
+/* Whether key block kb's visit to (g, q) is the tile's last (rank V - 1 of its V visitors), after which the tile
+   is final: causal V = m + 1 and rank m - kb, so key block 0 (the last visitor of every tile); non-causal V = nkb.
+   By the bijections above, exactly one visit per tile, so the converter covers dq whole (no dq_convert). */
+template <bool CAUSAL>
+__device__ __forceinline__ bool nat_last3(int kb, int g, int q, int nkb, int PT, int d) {
+  return CAUSAL ? kb == 0 : nat_rank3<false>(kb, g, q, nkb, PT, d) == nkb - 1;
 }
 
 /* dQ [64 q x 64] = dS [64 q x 16 NKS keys] K [16 NKS keys x 64]: A = dS^T buffer read MN-major (rows are keys),
@@ -152,14 +166,15 @@ __global__ void __launch_bounds__(THREADS3, 1)
   constexpr int HD = 64;
   constexpr uint32_t KV_BYTES = KB3 * HD * 2, QT_BYTES = QB * HD * 2, LD_BYTES = 2 * QB * 4, DQ_BYTES = QB * HD * 4;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  /* K+V full; per stage full, empty; per dS^T buffer full, empty; per dQ slot full, empty */
-  __shared__ __align__(8) uint64_t bar[1 + 2 * STAGES + 2 * NDS + 4];
+  /* K+V full; per stage full, empty; per dS^T buffer full, empty; per dQ slot full, empty; per converter slot
+     full, empty */
+  __shared__ __align__(8) uint64_t bar[1 + 2 * STAGES + 2 * NDS + 8];
   __shared__ float anchor[4 * NC3];
   __shared__ int ticket;
 
   const uint32_t raw = smem_u32(smem_raw), sk = (raw + 1023u) & ~1023u, sv = sk + KV_BYTES;
   const uint32_t sq = sv + KV_BYTES, sdo = sq + STAGES * QT_BYTES, sds = sdo + STAGES * QT_BYTES;
-  const uint32_t sdq = sds + NDS * DS3_BYTES, sld = sdq + 2 * DQ_BYTES;
+  const uint32_t sdq = sds + NDS * DS3_BYTES, sld = sdq + 2 * DQ_BYTES, scv = sld + STAGES * LD_BYTES;
   const float *ld_f = reinterpret_cast<const float *>(smem_raw + (sld - raw)); /* per stage: lse2[QB], D[QB] */
   const uint32_t b0 = smem_u32(bar);
   auto bar_full = [&](int s) { return b0 + 8 * (1 + s); };
@@ -168,6 +183,8 @@ __global__ void __launch_bounds__(THREADS3, 1)
   auto ds_empty = [&](int x) { return b0 + 8 * (1 + 2 * STAGES + NDS + x); };
   auto dq_full = [&](int x) { return b0 + 8 * (1 + 2 * STAGES + 2 * NDS + x); };
   auto dq_empty = [&](int x) { return b0 + 8 * (3 + 2 * STAGES + 2 * NDS + x); };
+  auto cv_full = [&](int x) { return b0 + 8 * (5 + 2 * STAGES + 2 * NDS + x); };
+  auto cv_empty = [&](int x) { return b0 + 8 * (7 + 2 * STAGES + 2 * NDS + x); };
 
   if (threadIdx.x == 0) {
     /* Tickets in start order (05): the waits are then on CTAs that hold an SM or are done. The counts need
@@ -188,6 +205,8 @@ __global__ void __launch_bounds__(THREADS3, 1)
       mbar_init(dq_full(x), 128); /* every thread of the owner: racecheck does not carry a __syncwarp through an
                                      elected arrive (1.2 M WAW reports between owners, lanes 1-31 only) */
       mbar_init(dq_empty(x), 1); /* the writer */
+      mbar_init(cv_full(x), 1);   /* the writer's load */
+      mbar_init(cv_empty(x), 64); /* every converter thread, after its shared reads */
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -207,8 +226,8 @@ __global__ void __launch_bounds__(THREADS3, 1)
   const int wg = threadIdx.x / 128;
 
   if (wg == 0) {
-    /* 128 x 24 + 384 x 160 = 64512 <= 512 x 128, the CTA's registers at launch: the pool setmaxnreg.inc draws on */
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    /* 128 x 32 + 384 x 160 = 65536 = 512 x 128, the CTA's registers at launch: the pool setmaxnreg.inc draws on */
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS3P) : "memory");
     if (n_tiles > 0 && threadIdx.x == 0) { /* the TMA producer (05's, 192-row K / V boxes) */
       mbar_arrive_tx(b0, 2 * KV_BYTES);
       tma_load(sk, &tmk, b0, 0, kvh, k0, b);
@@ -226,6 +245,7 @@ __global__ void __launch_bounds__(THREADS3, 1)
     } else if (n_tiles > 0 && threadIdx.x == 32) { /* the dQ writer (warp 1), 05's */
       Walk w(rot, qb0, PT, G);
       const int bn0 = b * p.N + hd0; /* row (b N + n) of the CTA's head g: bn0 + g */
+      int nv = 0;                    /* tiles handed to the converter */
       for (int k = 0; k < n_tiles; ++k, w.next()) {
         const int x = k & 1;
         int *sem = sc.sync + 1 + (size_t)(bn0 + w.g) * PT + w.q;
@@ -245,8 +265,50 @@ __global__ void __launch_bounds__(THREADS3, 1)
         bulk_wait0();         /* this tile's store / adds are done in L2 ... */
         fence_async_global(); /* ... and ordered before the release */
         red_release_add(sem, 1);
+        if (nat_last3<CAUSAL>(kb, w.g, w.q, sc.nkb, PT, sc.d)) { /* final: back to shared for the converter */
+          const int cb = nv & 1;
+          mbar_wait(cv_empty(cb), ((nv >> 1) & 1) ^ 1);
+          mbar_arrive_tx(cv_full(cb), DQ_BYTES);
+          for (int c = 0; c < HD / 32; ++c)
+            tma_load_3d(scv + cb * DQ_BYTES + c * QB * 128, &tma, cv_full(cb), c * 32, w.q * QB, bn0 + w.g);
+          ++nv;
+        }
       }
       bulk_wait0();
+    } else if (n_tiles > 0 && threadIdx.x >= 64) { /* warps 2-3: the dq converter */
+      /* dq [B, T, N, 64] bf16 = scale * the tiles this CTA finishes (dq_convert's products, bitwise): 8 fp32 of
+         row r of box c (16-byte units 2 v, 2 v + 1 at u ^ (r % 8)) -> one 16-byte store; a thread's 8 rows r0 + 8 i
+         share r % 8; 8 threads write a row's 128 B. Per tile and thread 16 LDS.128, 64 FMUL, 32 F2FP, 8 STG.128
+         (~180 instructions a warp) on the producer's otherwise idle warps; dq_convert re-read the tile from DRAM. */
+      const int tid = threadIdx.x - 64, r0 = tid / 8, c = tid % 8 / 4, v = tid % 4;
+      const uint32_t off = c * QB * 128 + r0 * 128 + (((2 * v) ^ r0) << 4); /* unit 2 v; 2 v + 1: off ^ 16 */
+      const float scale = p.scale;
+      Walk w(rot, qb0, PT, G);
+      int nv = 0;
+      for (int k = 0; k < n_tiles; ++k, w.next()) {
+        if (!nat_last3<CAUSAL>(kb, w.g, w.q, sc.nkb, PT, sc.d)) continue;
+        const int cb = nv & 1;
+        mbar_wait(cv_full(cb), (nv >> 1) & 1);
+        uint32_t box = scv + cb * DQ_BYTES + off;
+        uint4 *dst = reinterpret_cast<uint4 *>(p.dq + (((size_t)b * T + w.q * QB + r0) * p.N + hd0 + w.g) * HD +
+                                               8 * (tid % 8));
+#pragma unroll 1 /* unrolled, ptxas keeps 8 row addresses live (spills at 24 registers) */
+        for (int i = 0; i < 8; ++i, box += 8 * 128, dst += p.N * HD) { /* row r0 + 8 i: 8 rows of N heads on */
+          float4 a, e;
+          asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                       : "=f"(a.x), "=f"(a.y), "=f"(a.z), "=f"(a.w) : "r"(box) : "memory");
+          asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                       : "=f"(e.x), "=f"(e.y), "=f"(e.z), "=f"(e.w) : "r"(box ^ 16u) : "memory");
+          uint4 o;
+          o.x = pack_bf16(a.x * scale, a.y * scale);
+          o.y = pack_bf16(a.z * scale, a.w * scale);
+          o.z = pack_bf16(e.x * scale, e.y * scale);
+          o.w = pack_bf16(e.z * scale, e.w * scale);
+          *dst = o;
+        }
+        mbar_arrive(cv_empty(cb)); /* releases this thread's shared reads before the writer's next load */
+        ++nv;
+      }
     }
     return;
   }
@@ -452,8 +514,7 @@ cudaError_t sa_hop3_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sc
         sc.part, bp.dk, bp.dv, sc.slice, sc.hs, bp.scale);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
-  const int rows = (int)(B * bp.T * bp.N); /* < 2^27 in scope */
-  return sa_hop1_dq_convert(bp.dq_acc, bp.dq, bp.T, bp.N, 64, bp.scale, rows, sms, st);
+  return cudaSuccess; /* dq: written by the kernel's converter warps (nat_last3), no dq_convert */
 }
 
 } /* namespace */
@@ -463,7 +524,7 @@ bool sa_hopper_bwd3_in_scope(const sa_cuda_params &p, int bf16) {
     return false;
   /* causal none (a diag_offset alone changes nothing) or top-left on the main diagonal: the kernel's mask */
   if (!(p.causal == 0 || (p.causal == 1 && p.diag_offset == 0))) return false;
-  if (p.B * p.N * p.T >= ((int64_t)1 << 27)) return false; /* dq_convert's int index */
+  if (p.B * p.N * p.T >= ((int64_t)1 << 27)) return false; /* hopper_bwd1.cu's bound (dq_convert), kept */
   if (!sa_hopper_bwd_in_scope(p, bf16)) return false; /* bf16, T, S multiples of 128, CC 9.0, sm_90a code */
   const int64_t nkb = sa_hop3_nkb(p), n_all = p.G / sa_hop3_split(p) * (p.T / QB);
   if (p.causal == 0 && n_all < nkb) return false; /* NAT's start tiles kb * d must be distinct */
