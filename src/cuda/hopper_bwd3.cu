@@ -25,8 +25,8 @@
  *   owner of k - 2 staged k - 2 already (it saw k - 4 read first), so the barrier is never at k - 4's phase.
  *   Causal top-left: key block kb starts at query tile 3 kb; a warpgroup that no row of a tile sees skips its
  *   products and stores a zero dS^T slice (the owner's dQ reads all 192 keys).
- *   GQA head split: the G heads of a kv head over hs CTAs per key block while the grid is under 4 CTAs an SM
- *   (sa_hop3_split; gpt-oss: 176 CTAs become 704, hs 4). Each writes fp32 partial dK / dV into the workspace;
+ *   GQA head split: the G heads of a kv head over hs CTAs per key block while the grid is under 8 CTAs an SM
+ *   (sa_hop3_split; gpt-oss: 176 CTAs become 1408, hs 8). Each writes fp32 partial dK / dV into the workspace;
  *   dkdv_sum adds them in head-split order (deterministic) into bf16.
  * Per call, on the caller's stream (no allocation, no sync): memset of the ticket and the semaphores (4 (1 + B N T /
  * 64) bytes; not dq_acc: 0.038 ms for its 128 MiB at B4 T4096 N32), bwd_onepass3, [dkdv_sum]; between the
@@ -472,16 +472,17 @@ __global__ void dkdv_sum(const float *part, __nv_bfloat16 *dk, __nv_bfloat16 *dv
 static int64_t sa_hop3_nkb(const sa_cuda_params &p) { return (p.S + KB3 - 1) / KB3; }
 
 /* The head split hs: the G heads of a kv head over hs CTAs per key block, doubled while G allows and the grid is
-   under 4 CTAs an SM. Causal CTAs differ in length (key block kb of 22 at T4096 walks 64 - 3 kb query tiles a
+   under 8 CTAs an SM. Causal CTAs differ in length (key block kb of 22 at T4096 walks 64 - 3 kb query tiles a
    head) and the tickets start a head's key blocks together, heaviest first, so a short grid ends on a tail:
    gpt-oss (B1 T4096 N64/8) has 176 CTAs for 132 SMs; a list-scheduling model of the tickets gives the busy share
-   of the SMs as 0.59 / 0.70 / 0.82 / 0.90 for hs 1 / 2 / 4 / 8 (dev 06 measured hs 2 against 1: 286 / 238 TFLOP/s,
-   the whole backward). The partials cost 2 hs fp32 copies of dK, dV: 8 MiB each at gpt-oss.
+   of the SMs as 0.59 / 0.70 / 0.82 / 0.90 for hs 1 / 2 / 4 / 8. Measured (f+b TFLOP/s at gpt-oss, one run, H200
+   session 5): hs 2 / 4 / 8 = 318 / 353 / 362 (dev 06: hs 1 / 2 = 238 / 286 for the backward alone). The
+   partials cost 2 hs fp32 copies of dK, dV: 8 MiB each at gpt-oss (hs 8: 128 MiB of workspace).
    SINKATTN_HOP_BWD_SPLIT=n forces hs = n where n divides G (A/B, tests). */
 static int sa_hop3_split(const sa_cuda_params &p) {
   const int64_t force = sa_cuda_env_int("SINKATTN_HOP_BWD_SPLIT", 0);
   if (force > 0) return p.G % force == 0 ? (int)force : 1;
-  const int64_t grid = sa_hop3_nkb(p) * p.K * p.B, target = 4 * (int64_t)sa_cuda_sm_count();
+  const int64_t grid = sa_hop3_nkb(p) * p.K * p.B, target = 8 * (int64_t)sa_cuda_sm_count();
   int hs = 1;
   while (p.G % (2 * hs) == 0 && grid * hs < target) hs *= 2;
   return hs;
