@@ -18,8 +18,9 @@
  * warpgroups with rows (n_wg) compute and store; the others walk its barriers and release every key tile.
  *
  * Persistent (dev/hopper_fwd_05): CTA c takes work tiles c, c + gridDim.x, ... (static stride; the order is
- * sa_hop_work_tile's), on min(SMs, tiles) CTAs where the host picks it (sa_hop_run: no mask at H128, masks for
- * S <= 8 key tiles), else on a grid of all tiles (one each: the same kernel, the previous launch). Why: every
+ * sa_hop_work_tile's: causal m-blocks in heavy / light pairs of one head), on min(SMs, tiles) CTAs where the
+ * host picks it (sa_hop_run: no mask at H128, causal at every S, other masks for S <= 8 key tiles), else on a
+ * grid of all tiles (one each: the same kernel, the previous launch). Why: every
  * CTA paid a prologue (barrier init, Q and first K latency, the first S without overlap) and an epilogue (last
  * P V, normalise, stores) with the tensor core idle, ~1-2 us, 20% at T1024; the producer now loads the next
  * work tile's Q and first K/V stages under the current one's last P V and epilogue. Protocol:
@@ -88,6 +89,10 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
     work w;
     int bh, mb;
     sa_hop_work_tile(p, MASK != 0, tile, &bh, &mb);
+    if (mb < 0) { /* the pair order's padding: no rows, no key tiles (a plain Q-full arrive, nothing stored) */
+      w.b = 0, w.n = 0, w.m0 = 0, w.n_wg = 0, w.ql = 0, w.kl = 0, w.t0 = 0, w.n_tiles = 0, w.mk = p.mask;
+      return w;
+    }
     w.b = bh / p.N, w.n = bh - w.b * p.N, w.m0 = mb * BM;
     /* Warpgroups with rows: T - m0 is a positive multiple of 64 (T % 128 == 0), so a warpgroup's 64 rows are
        all below T or all at or past it; at BM 192 the last m-block of a head has 1, 2 or 3 (T / 128 % 3 = 2,
@@ -444,18 +449,31 @@ cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_para
      T1024 causal 1.06x (H128), 1.07x (H64); but H64 without a mask 0.94x / 0.98x / 1.01x at T1024 / 4096 /
      16384 (not measured in dev, and not understood yet: the tile order or the partial 192-row m-blocks), and
      gpt-oss's window (127, 0) 0.97x (74 vs 76, within noise): so neither is persistent. */
-  const bool persist = env >= 0 ? env != 0 : MASK == 0 ? HD == 128 : keyt <= SA_HOP_PERSIST_MAX_KEY_TILES;
+  /* Causal (kind 1): the pair order (sa_hop_work_tile) balances the static stride at every length, so kind 1 is
+     persistent at every S; SINKATTN_HOP_FWD_PAIRS=0 restores the L2-section order and its S <= 1024 rule. */
+  const bool pairs = MASK == 1 && sa_cuda_env_int("SINKATTN_HOP_FWD_PAIRS", 1) != 0;
+  const bool persist = env >= 0 ? env != 0
+                       : MASK == 0 ? HD == 128
+                                   : pairs || keyt <= SA_HOP_PERSIST_MAX_KEY_TILES;
   int grid = hp.total;
   hp.hg = 0;
+  hp.nph = 0;
   if (persist) {
     const int sms = sa_cuda_sm_count(), cap = sa_cuda_env_int("SINKATTN_HOP_FWD_GRID", 0);
     const int g = cap > 0 ? cap : sms > 0 ? sms : hp.total;
     grid = g < hp.total ? g : hp.total;
-    /* L2 sections (masks only; without one every order balances): heads whose K and V (2 x 2 bytes x S x H,
-       shared by G query heads) add up to 16 MiB; T1024 H128 G1: 32 heads a section. */
-    const double head_kv = 4.0 * hp.S * HD / hp.G;
-    const double hg = SA_HOP_L2_SECTION_BYTES / head_kv;
-    hp.hg = MASK == 0 ? 0 : hg < 1 ? 1 : hg > hp.BH ? hp.BH : (int)hg;
+    if (pairs) {
+      hp.nph = (hp.n_mb + 1) / 2;
+      const int np = hp.BH * hp.nph; /* < total: fits an int */
+      grid = grid < np ? grid : np;
+      hp.total = 2 * grid * ((np + grid - 1) / grid); /* CTA c's walk: 2 ceil(np / grid) indices */
+    } else {
+      /* L2 sections (masks only; without one every order balances): heads whose K and V (2 x 2 bytes x S x
+         H, shared by G query heads) add up to 16 MiB; T1024 H128 G1: 32 heads a section. */
+      const double head_kv = 4.0 * hp.S * HD / hp.G;
+      const double hg = SA_HOP_L2_SECTION_BYTES / head_kv;
+      hp.hg = MASK == 0 ? 0 : hg < 1 ? 1 : hg > hp.BH ? hp.BH : (int)hg;
+    }
   }
   *used = 1;
   sa_hop_fwd_kernel<HD, MASK><<<(unsigned)grid, TL::THREADS, TL::SMEM, st>>>(mq, mk, mv, hp);
