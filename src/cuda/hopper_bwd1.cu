@@ -11,8 +11,6 @@
  *   transposed, one tile late) and adds it to dq_acc [B, N, T, H] fp32 by four TMA reduces (cp.reduce.async.bulk
  *   .tensor .add) from one writer thread: 5 products per tile where the two passes take 7. The tile's first
  *   visitor (rank 0) stores instead (cp.async.bulk.tensor), so dq_acc is not zeroed (coverage: above nat_rank).
- *   Its last visitor (nat_last), once its reduce completed, hands it to the producer warpgroup's warps 2-3 (TMA
- *   thread 0, writer thread 32), which write dq = scale dq_acc in bf16 from L2: no dq_convert kernel.
  *   Deterministic: the key blocks of a kv head add into a query tile in a fixed order. One int semaphore per
  *   (b, head, 64-query tile): the writer waits until it equals its rank (NAT: the order of the staggered walks'
  *   visit steps, closed form in nat_rank), stores / adds, waits for completion and increments it (red.release). NAT
@@ -23,14 +21,13 @@
  * lse2) and the sink reduction of cuda_bwd.cu, which stay as they are (dsinks bitwise the two passes'):
  *   1. one cudaMemsetAsync: the ticket counter and the semaphores, 4 (1 + B N T / 64) bytes (dq_acc is not
  *      zeroed: its fill of 128 MiB took 0.038 ms on the H200 at B4 T4096 N32 H64, 4% of B16 T1024 N16's 0.94);
- *   2. bwd_onepass<128, CAUSAL>: dK, dV (bf16, written once), dq_acc (fp32: rank 0 stores, then ordered adds)
- *      and dq (bf16, from each tile once final; dq_convert took ~0.055 ms of B16 T1024 N16's 0.94 reading the
- *      128 MiB of dq_acc back from DRAM).
+ *   2. bwd_onepass<128, CAUSAL>: dK, dV (bf16, written once) and dq_acc (fp32: rank 0 stores, then ordered adds);
+ *   3. dq_convert: dq = scale * dq_acc in bf16.
  * Scope (sa_hopper_bwd1_in_scope): sa_hopper_bwd_in_scope, H == 128, no lengths, no window, causal none or
  * top-left with diag_offset 0 (dev 05's own scope: its checks ran T 512 / S 1024 and T 768 / S 256 causal),
  * S / 128 <= SMs, without a mask at least as many query tiles per CTA (G T / 64) as key blocks (NAT's distinct
- * start tiles), and B N T < 2^27 (int tile / row indices of the converter, as of dq_convert); the caller also checks
- * that the workspace holds sa_hopper_bwd1_workspace bytes.
+ * start tiles), and B N T < 2^27 (dq_convert's int index); the caller also checks that the workspace holds
+ * sa_hopper_bwd1_workspace bytes.
  */
 #include <algorithm>
 
@@ -46,13 +43,6 @@ constexpr int STAGES = sa_hop_tiles::STAGES; /* Q / dO ring depth */
 constexpr int NC = sa_hop_tiles::NC;         /* consumer warpgroups */
 constexpr int THREADS = 128 * (NC + 1);       /* = sa_hop_tiles::THREADS */
 static_assert(KB == 2 * QB, "nat_rank (causal): key block kb starts at query tile 2 kb");
-constexpr int CVD = 4; /* converter ring: final tiles handed to the producer warpgroup's warps 2-3 */
-/* The converter's 16-byte dq units a thread and step (convert_tile's U). 1: 2 float4 in flight a thread, 16 L2
-   round trips a tile, within the producer warpgroup's 24 registers (consumers 240). 2: 4 in flight, 8 round
-   trips, needs 32 (ptxas spills at 24), so consumers 232 (nvcc 13.0: 0 spills, consumers max R228 of 232). */
-constexpr int CVU = 1;
-constexpr int REGP = CVU == 1 ? 24 : 32, REGC = CVU == 1 ? 240 : 232;
-static_assert(128 * REGP + 128 * NC * REGC <= 64512, "the register pool at launch: 384 x 168");
 
 /* How the CTAs of a launch find their work and their turn. */
 struct Sched {
@@ -71,10 +61,9 @@ template <int HD>
 constexpr int op_smem() {
   return 1024 + 2 * KB * HD * 2 + STAGES * 2 * QB * HD * 2 + 2 * DS_BYTES + 2 * QB * HD * 4 + STAGES * 2 * QB * 4;
 }
-/* 231424 B at H128; the static part (22 barriers, 8 anchors, the ticket, 5 converter int2: 252 B) is padded to 1 KiB
-   by smem_raw's 1024-byte alignment: 232448 B in all, exactly the opt-in limit (sharedMemPerBlockOptin, H200). */
+/* 231424 B at H128; the static part (13 barriers, 8 anchors, the ticket: 140 B) is padded to 1 KiB by smem_raw's
+   1024-byte alignment: 232448 B in all, exactly the opt-in limit (sharedMemPerBlockOptin on the H200). */
 static_assert(op_smem<128>() + 1024 <= 227 * 1024, "over the sm_90 limit");
-static_assert(8 * (1 + 2 * STAGES + 8 + 2 * CVD + 1) + 4 * (4 * NC + 1) + 8 * (CVD + 1) <= 1024, "static part");
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -99,20 +88,6 @@ template <bool CAUSAL>
 __host__ __device__ __forceinline__ int nat_rank(int kb, int g, int q, int nkb, int PT, int d) {
   const int x = CAUSAL ? q * QB / KB : (g * PT + q) / d, m = x < nkb - 1 ? x : nkb - 1;
   return m >= kb ? m - kb : m + nkb - kb; /* causal: always m >= kb */
-}
-
-/* Whether the visit of rank `rank` by key block kb is its tile's last (rank V - 1 of V visitors), after which the
-   tile is final: rank V - 1 waits for the semaphore to reach V - 1, i.e. for every other visit's store / adds to
-   have completed, and adds last. Causal: V = m + 1 and rank m - kb, so key block 0 (which visits every tile, as
-   above) is the last visitor of every tile; non-causal: V = nkb, rank nkb - 1 (key block m + 1, or 0 when m =
-   nkb - 1). Ranks are a bijection onto 0..V-1 (above), so every (b, head, 64-query tile) has exactly one last
-   visit: the kernel converts dq_acc -> dq there (the converter warps, or the consumers for the CTA's final walk
-   tile), which covers dq [B, T, N, H] whole, each element once: no dq_convert launch. In walk order the last
-   visits are a CTA's last d tiles (non-causal kb >= 1: t in [(kb - 1) d, kb d), the walk's end; kb 0: t >=
-   (nkb - 1) d) or all of key block 0's (causal), so its final walk tile is always one (non-causal, or kb 0). */
-template <bool CAUSAL>
-__host__ __device__ __forceinline__ bool nat_last(int kb, int rank, int nkb) {
-  return CAUSAL ? kb == 0 : rank == nkb - 1;
 }
 
 /* dQ half [64 q x NQ] = dS [64 q x 128 keys] K[128 keys x this warpgroup's NQ columns]; 16 keys = 2048 B a step. */
@@ -144,50 +119,6 @@ __device__ __forceinline__ void stage_dq(const float (&dq)[HD / 4], uint32_t dst
   }
 }
 
-/* dq rows of a final tile: dq[b, 64 q + r, n, :] = scale dq_acc[b, n, 64 q + r, :] in bf16, dq_convert's products
-   (bitwise: FMUL.FTZ, F2FP.BF16 both). t = {i, row}: i = (b N + n) PT + q, the tile's semaphore index (dq_acc tile
-   i starts at i 64 H), row = (b T + 64 q) N + n, its first dq row (both < B N T < 2^27; from the writer, so no
-   division here: ptxas interleaved its temporaries with the loads and spilled at 24 registers). NT threads from
-   thread TID0, 16 / U a row; a thread's step: U 16-byte units of dq (8 bf16, 64 fp32 columns apart) from 2 U
-   float4 of dq_acc, in RT rows NT U / 16 apart, every load of the step before its first store. Loads .cg (L2,
-   where the async proxy put the tile): the tile is read once, and an L1 line could straddle a neighbouring tile
-   (the workspace is 16-byte aligned only) cached before that tile was final. */
-template <int NT, int TID0, int U, int RT>
-__device__ __forceinline__ void convert_tile(const BwdParams &p, int2 t) {
-  constexpr int TPR = 16 / U, RR = NT / TPR, STEPS = QB / (RR * RT); /* threads a row; rows a step and RT */
-  static_assert(STEPS * RR * RT == QB, "whole steps over the 64 rows");
-  /* volatile: read per tile, not hoisted out of the caller's tile loop (a register less across it at 24) */
-  int tid;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-  tid -= TID0;
-  const int w = tid % TPR, r0 = tid / TPR;
-  const float4 *src = reinterpret_cast<const float4 *>(p.dq_acc) + (size_t)t.x * (QB * 32) + (r0 * 32 + 2 * w);
-  uint4 *dst = reinterpret_cast<uint4 *>(p.dq) + (size_t)(t.y + r0 * p.N) * 16 + w;
-  const float s = p.scale;
-#pragma unroll 1
-  for (int step = 0; step < STEPS; ++step) {
-    float4 a[2 * U * RT];
-#pragma unroll
-    for (int j = 0; j < RT; ++j)
-#pragma unroll
-      for (int e = 0; e < 2 * U; ++e) a[2 * U * j + e] = __ldcg(src + j * RR * 32 + 2 * TPR * (e >> 1) + (e & 1));
-#pragma unroll
-    for (int j = 0; j < RT; ++j)
-#pragma unroll
-      for (int h = 0; h < U; ++h) {
-        const float4 x = a[2 * U * j + 2 * h], y = a[2 * U * j + 2 * h + 1];
-        uint4 o;
-        o.x = pack_bf16(x.x * s, x.y * s);
-        o.y = pack_bf16(x.z * s, x.w * s);
-        o.z = pack_bf16(y.x * s, y.y * s);
-        o.w = pack_bf16(y.z * s, y.w * s);
-        dst[(size_t)j * RR * p.N * 16 + TPR * h] = o;
-      }
-    src += RT * RR * 32;
-    dst += (size_t)RT * RR * p.N * 16;
-  }
-}
-
 #endif /* sm_90a */
 
 /* tml / tmd: lse2, D [B N, T] fp32 (box 64); tma: dq_acc {H, T, B N} fp32 (box {32, 64, 1}, 128-byte swizzle). */
@@ -199,15 +130,12 @@ __global__ void __launch_bounds__(THREADS, 1)
                 const __grid_constant__ CUtensorMap tma, const BwdParams p, const Sched sc) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int CB = HD / 64;
-  static_assert(HD == 128, "convert_tile's row of 32 float4 / 16 uint4");
   constexpr uint32_t KV_BYTES = KB * HD * 2, QT_BYTES = QB * HD * 2, LD_BYTES = 2 * QB * 4, DQ_BYTES = QB * HD * 4;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  /* K+V full; per stage full, empty; per dS^T buffer full, empty; per dQ slot full, empty; per converter ring slot
-     full, empty; the final tile's hand-over */
-  __shared__ __align__(8) uint64_t bar[1 + 2 * STAGES + 8 + 2 * CVD + 1];
+  /* K+V full; per stage full, empty; per dS^T buffer full, empty; per dQ slot full, empty */
+  __shared__ __align__(8) uint64_t bar[1 + 2 * STAGES + 8];
   __shared__ float anchor[4 * NC];
   __shared__ int ticket;
-  __shared__ int2 cv_tile[CVD + 1]; /* ring of final tiles for warps 2-3 (i = -1: the end), the consumers' one */
 
   const uint32_t raw = smem_u32(smem_raw), sk = (raw + 1023u) & ~1023u, sv = sk + KV_BYTES;
   const uint32_t sq = sv + KV_BYTES, sdo = sq + STAGES * QT_BYTES, sds = sdo + STAGES * QT_BYTES;
@@ -220,9 +148,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto ds_empty = [&](int x) { return b0 + 8 * (3 + 2 * STAGES + x); };
   auto dq_full = [&](int x) { return b0 + 8 * (5 + 2 * STAGES + x); };
   auto dq_empty = [&](int x) { return b0 + 8 * (7 + 2 * STAGES + x); };
-  auto cv_full = [&](int x) { return b0 + 8 * (9 + 2 * STAGES + x); };
-  auto cv_empty = [&](int x) { return b0 + 8 * (9 + 2 * STAGES + CVD + x); };
-  const uint32_t fin_full = b0 + 8 * (9 + 2 * STAGES + 2 * CVD);
 
   if (threadIdx.x == 0) {
     mbar_init(b0, 1);
@@ -236,12 +161,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(dq_full(x), 4 * NC);
       mbar_init(dq_empty(x), 1); /* the writer */
     }
-    for (int x = 0; x < CVD; ++x) {
-      mbar_init(cv_full(x), 1);   /* the writer, after the slot's tile index */
-      mbar_init(cv_empty(x), 64); /* every converter thread, once it holds the index (racecheck: no elected arrive) */
-    }
-    mbar_init(fin_full, 1);
-    cv_tile[CVD].x = -1; /* the final walk tile is not its last visit, unless the writer says so */
     /* Tickets in start order, so every CTA with a smaller ticket has started (CUB's decoupled look-back
        does the same): the waits below are then on CTAs that hold an SM or are done, whatever order the
        hardware launches blocks in. */
@@ -261,8 +180,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int wg = threadIdx.x / 128;
 
   if (wg == 0) {
-    /* 128 x 24 + 256 x 240 = 64512 = 384 x 168 (CVU 1), the CTA's registers at launch: setmaxnreg.inc's pool */
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGP) : "memory");
+    /* 128 x 24 + 256 x 240 = 64512 = 384 x 168, the CTA's registers at launch: the pool setmaxnreg.inc draws on */
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (n_tiles > 0 && threadIdx.x == 0) { /* the TMA producer (04's, in visiting order) */
       mbar_arrive_tx(b0, 2 * KV_BYTES);
       for (int c = 0; c < CB; ++c) {
@@ -284,26 +203,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     } else if (n_tiles > 0 && threadIdx.x == 32) { /* the dQ writer (warp 1) */
       Walk w(rot, qb0, PT, G);
       const int bn0 = b * p.N + kvh * G; /* row (b N + n) of head g: bn0 + g */
-      int nv = 0; /* tiles handed to warps 2-3 */
-      /* Tile t = {i, row} (i = -1: the end) into ring slot nv % CVD. The slot is free again once all 64 converter
-         threads took it (cv_empty's phase nv / CVD - 1), which they do before converting, so the writer waits
-         only while CVD tiles are untaken: never where the converter keeps up (non-causal: ~d - 1 ring tiles a CTA;
-         causal: every tile of key block 0, one every ~3.5 us, ~16 L2 round trips a conversion at CVU 1).
-         Parities: cv_full[x] completes phase u on the writer's arrive for use u, which follows cv_empty[x]'s phase
-         u - 1, which needs every converter thread's arrive after its wait for cv_full[x] phase u - 1: so a waiter
-         for phase u finds u or u + 1 phases done, never u + 2; and cv_empty[x] phase u needs cv_full[x] phase u,
-         after the writer's wait for cv_empty[x] phase u - 1: no two phases apart either way. */
-      auto push = [&](int2 t) {
-        const int x = nv % CVD;
-        mbar_wait(cv_empty(x), ((nv / CVD) & 1) ^ 1);
-        cv_tile[x] = t;
-        mbar_arrive(cv_full(x)); /* release (.cta): t, and the tile's adds before it (below) */
-        ++nv;
-      };
       for (int k = 0; k < n_tiles; ++k, w.next()) {
         const int x = k & 1;
-        const int i = (bn0 + w.g) * PT + w.q; /* the tile's index: < B N T / 64 < 2^21 */
-        int *sem = sc.sync + 1 + i;
+        int *sem = sc.sync + 1 + (size_t)(bn0 + w.g) * PT + w.q;
         mbar_wait(dq_full(x), (k >> 1) & 1);
         const int rank = nat_rank<CAUSAL>(kb, w.g, w.q, sc.nkb, PT, sc.d);
         while (ld_acquire(sem) != rank) {
@@ -318,41 +220,15 @@ __global__ void __launch_bounds__(THREADS, 1)
         bulk_wait_read0();
         mbar_arrive(dq_empty(x));
         bulk_wait0();         /* this tile's store / adds are done in L2 ... */
-        fence_async_global(); /* ... and ordered before the release (and the converters' hand-over below) */
+        fence_async_global(); /* ... and ordered before the release */
         red_release_add(sem, 1);
-        /* The last visit (nat_last): the tile is final once this reduce completed, which bulk_wait0 waited for;
-           fence.proxy.async.global orders those async-proxy writes before this thread's later generic operations,
-           the mbarrier arrive (release.cta) among them, so the converters' generic loads after their wait
-           (acquire.cta) see the final tile. The arrive could precede red.release (both follow the fence), but no
-           one waits on a last visit's semaphore and after it the non-final path is unchanged. */
-        if (nat_last<CAUSAL>(kb, rank, sc.nkb)) {
-          const int2 t = make_int2(i, (b * T + QB * w.q) * p.N + kvh * G + w.g); /* convert_tile's {i, row} */
-          if (k + 1 < n_tiles)
-            push(t);
-          else
-            cv_tile[CVD] = t; /* the CTA's last: the consumers are done by then and convert it 4x faster */
-        }
       }
       bulk_wait0();
-      mbar_arrive(fin_full); /* cv_tile[CVD]: the final tile, or i = -1 from the start */
-      push(make_int2(-1, 0)); /* warps 2-3 leave after the tiles before it */
-    } else if (n_tiles > 0 && threadIdx.x >= 64) { /* warps 2-3: the dq converter */
-      /* Per tile and thread (CVU 1) 16 steps of 2 LDG.128 + 1 STG.128 (~20 instructions): 16 L2 round trips
-         (~3 us) on the producer's otherwise idle warps, where dq_convert re-read 32 KiB from DRAM in a kernel of
-         its own. They leave after the end mark, which the writer pushes after every tile of the CTA. */
-      for (int nv = 0;; ++nv) {
-        const int x = nv % CVD;
-        mbar_wait(cv_full(x), (nv / CVD) & 1);
-        const int2 t = cv_tile[x];
-        mbar_arrive(cv_empty(x)); /* the tile is in registers: the slot is the writer's again */
-        if (t.x < 0) break;
-        convert_tile<64, 64, CVU, 1>(p, t);
-      }
     }
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGC) : "memory");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
   const int cw = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, t = lane % 4;
   const int kw0 = k0 + 64 * cw, kr = kw0 + 16 * warp + lane / 4; /* this thread's keys: kr, kr + 8 */
   const uint32_t sk_wg = sk + cw * 64 * 128, sv_wg = sv + cw * 64 * 128;
@@ -475,21 +351,11 @@ __global__ void __launch_bounds__(THREADS, 1)
   const size_t base = ((size_t)b * p.S * p.KH + kvh) * HD;
   store_rows<HD>(p.dk + base, dk, rs, kr, t, p.scale); /* zeros where no query sees the keys */
   store_rows<HD>(p.dv + base, dv, rs, kr, t, 1.f);
-  /* The CTA's final walk tile, when it is its last visit (always non-causal, key block 0 causal): no later tile
-     hides its conversion, which so lengthens the CTA (15.5 CTAs an SM in turn at B16 T1024 N16). The 256
-     consumer threads, idle now, take it: 8 float4 in flight a thread, the 32 KiB in about one L2 round trip
-     instead of warps 2-3's 16. They wait for the writer's last reduce, which the CTA's exit waits for anyway. */
-  if (n_tiles > 0) {
-    mbar_wait(fin_full, 0); /* one phase a launch */
-    const int2 t = cv_tile[CVD];
-    if (t.x >= 0) convert_tile<128 * NC, 128, 2, 2>(p, t);
-  }
 #endif /* sm_90a */
 }
 
 /* dq [B, T, N, H] bf16 = scale * dq_acc [B, N, T, H]: 8 elements per thread (two float4 in, one 16-byte store),
-   consecutive threads along H then N, so the stores are contiguous. Rows (b, i, n) in 32 bits (B T N < 2^31).
-   No caller: the one passes write dq in-kernel with its products (convert_tile); kept as their reference. */
+   consecutive threads along H then N, so the stores are contiguous. Rows (b, i, n) in 32 bits (B T N < 2^31). */
 __global__ void dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N, int HD, float scale, int rows) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const int per_row = HD / 8;
@@ -515,7 +381,7 @@ static size_t sa_hop1_sync_bytes(const sa_cuda_params &p) { return (size_t)(1 + 
 /* A refused shared-memory opt-in (227 KiB) leaves *used = 0: the two passes run instead. */
 template <bool CAUSAL>
 cudaError_t sa_hop1_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sched &sc, int64_t B, size_t sync_bytes,
-                        cudaStream_t st, int *used) {
+                        int sms, cudaStream_t st, int *used) {
   constexpr int smem = op_smem<128>();
   if (cudaFuncSetAttribute(bwd_onepass<128, CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
       cudaSuccess) {
@@ -527,7 +393,9 @@ cudaError_t sa_hop1_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sc
   if (e != cudaSuccess) return e;
   bwd_onepass<128, CAUSAL><<<(unsigned)(sc.nkb * bp.KH * B), THREADS, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5],
                                                                                   m[6], bp, sc);
-  return cudaGetLastError(); /* dq: written by the kernel (nat_last), no dq_convert */
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  const int rows = (int)(B * bp.T * bp.N); /* < 2^27 in scope: rows * 16 fits dq_convert's int */
+  return sa_hop1_dq_convert(bp.dq_acc, bp.dq, bp.T, bp.N, 128, bp.scale, rows, sms, st);
 }
 
 } /* namespace */
@@ -564,6 +432,7 @@ cudaError_t sa_hopper_bwd1_try(const sa_cuda_params &p, int bf16, void *ws, size
     return cudaSuccess;
   static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
   if (!enc) return cudaSuccess;
+  const int sms = sa_cuda_sm_count();
   float *acc = (float *)ws;
   int *sync = (int *)((char *)ws + sa_cuda_round256(sa_hop1_acc_bytes(p)));
   /* As dev 05: Q / dO 64-row boxes, K / V 128-row boxes, lse2 / D as {T, B N} fp32 boxes of 64 (no swizzle), and
@@ -594,5 +463,6 @@ cudaError_t sa_hopper_bwd1_try(const sa_cuda_params &p, int bf16, void *ws, size
   const int nkb = (int)(p.S / KB), n_all = (int)(p.G * (p.T / QB));
   const Sched sc = {sync, nkb, (int)p.G, n_all, std::max(1, n_all / nkb)};
   const size_t sb = sa_hop1_sync_bytes(p);
-  return p.causal ? sa_hop1_run<true>(m, bp, sc, p.B, sb, st, used) : sa_hop1_run<false>(m, bp, sc, p.B, sb, st, used);
+  return p.causal ? sa_hop1_run<true>(m, bp, sc, p.B, sb, sms, st, used)
+                  : sa_hop1_run<false>(m, bp, sc, p.B, sb, sms, st, used);
 }

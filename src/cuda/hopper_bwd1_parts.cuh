@@ -12,7 +12,7 @@
 #include "hopper_ptx.cuh"
 
 /* dev/hopper_bwd_common.cuh's parameters (outputs [B, L, heads, H] bf16); the kernel reads dk, dv, T, S, N, KH,
-   dq_acc, dq, the scales (lse2, D and dq_acc's reduces go by tensor map; dq is written from dq_acc once final). */
+   the scales (dq_acc, lse2, D go by tensor map, dq by dq_convert). */
 struct BwdParams {
   __nv_bfloat16 *dq, *dk, *dv;
   float *dq_acc;         /* [B, N, T, H] fp32 */
@@ -84,8 +84,7 @@ __device__ __forceinline__ void wgmma_ss_tt(float (&d)[32], uint64_t da, uint64_
 
 #endif /* sm_90a */
 
-/* dq [B, T, N, H] bf16 = scale * dq_acc [B, N, T, H] on st (hopper_bwd1.cu); rows = B T N < 2^27. No caller since
-   the one passes write dq in-kernel; kept as the reference of their converters. */
+/* dq [B, T, N, H] bf16 = scale * dq_acc [B, N, T, H] on st (hopper_bwd1.cu); rows = B T N < 2^27. */
 cudaError_t sa_hop1_dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N, int HD, float scale, int rows,
                                int sms, cudaStream_t st);
 
