@@ -177,13 +177,18 @@ elif [ "$PART" = ab ]; then
   # over test_cuda (SAN_TOOLS, HOPPER_STRIDE); GPU 0: test_cuda, then the grid GRID (default h200) with the new
   # default and again with AB_ENV (e.g. SINKATTN_HOP_BWD_NC=2: the previous form), rows AB_ROWS (a grep -E on the
   # row text; default every row) of the second run only.
+  # SAN_AFTER=1: the sanitizer starts after the benches (its fp64 references load the host's cores: a bench beside
+  # it reads its short rows low, H200 session 5 section 6), beside pytest.
   ( build_gpu ) > "$STAGE/build.log" 2>&1 &
   ( build_gpusan ) > "$STAGE/build-san.log" 2>&1 &
   wait
-  ( CUDA_VISIBLE_DEVICES=1 OUT="$STAGE/sanitize" SA_TEST_CUDA_STRIDE=${STRIDE:-16} SAN_ONLY=test_cuda \
-      SA_TEST_CUDA_HOPPER_STRIDE=${HOPPER_STRIDE:-2} SAN_NOBUILD=1 \
-      timeout ${SAN_LIMIT:-400} bash bench/gpu_sanitize.sh > "$STAGE/sanitize.log" 2>&1; echo "rc=$?" >> "$STAGE/sanitize.log" ) &
-  san=$!
+  start_san() {
+    ( CUDA_VISIBLE_DEVICES=1 OUT="$STAGE/sanitize" SA_TEST_CUDA_STRIDE=${STRIDE:-16} SAN_ONLY=test_cuda \
+        SA_TEST_CUDA_HOPPER_STRIDE=${HOPPER_STRIDE:-2} SAN_NOBUILD=1 \
+        timeout ${SAN_LIMIT:-400} bash bench/gpu_sanitize.sh > "$STAGE/sanitize.log" 2>&1; echo "rc=$?" >> "$STAGE/sanitize.log" ) &
+    san=$!
+  }
+  [ "${SAN_AFTER:-0}" = 1 ] || start_san
   export CUDA_VISIBLE_DEVICES=0
   step test_cuda 120 build-gpu/test_cuda
   step bench_new ${BENCH_LIMIT:-150} "$PY" -m sinkattn.bench --grid ${GRID:-h200} --softmax learnable \
@@ -206,6 +211,7 @@ elif [ "$PART" = ab ]; then
   fi
   [ -n "${DEV_VARIANTS:-}" ] && step dev ${DEV_LIMIT:-150} env OUT="$STAGE/dev" bash dev/run_hopper.sh $DEV_VARIANTS
   [ -n "${NCU_SHAPES:-}" ] && ncu_shapes "$NCU_SHAPES"
+  [ "${SAN_AFTER:-0}" = 1 ] && start_san
   [ "${PYTEST:-0}" = 1 ] && step pytest 150 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=140 -n 8
   t0=$SECONDS; wait $san; summary+=("sanitize (GPU 1, in parallel) waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
   cat "$STAGE/sanitize/summary.txt" 2>/dev/null

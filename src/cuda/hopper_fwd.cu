@@ -18,9 +18,9 @@
  * warpgroups with rows (n_wg) compute and store; the others walk its barriers and release every key tile.
  *
  * Persistent (dev/hopper_fwd_05): CTA c takes work tiles c, c + gridDim.x, ... (static stride; the order is
- * sa_hop_work_tile's: causal m-blocks in heavy / light pairs of one head), on min(SMs, tiles) CTAs where the
- * host picks it (sa_hop_run: no mask at H128, causal at every S, other masks for S <= 8 key tiles), else on a
- * grid of all tiles (one each: the same kernel, the previous launch). Why: every
+ * sa_hop_work_tile's: causal m-blocks in heavy / light pairs of one head at H128), on min(SMs, tiles) CTAs
+ * where the host picks it (sa_hop_run: no mask at H128, causal at H128 for S <= 4096, other masks for S <= 8
+ * key tiles), else on a grid of all tiles (one each: the same kernel, the previous launch). Why: every
  * CTA paid a prologue (barrier init, Q and first K latency, the first S without overlap) and an epilogue (last
  * P V, normalise, stores) with the tensor core idle, ~1-2 us, 20% at T1024; the producer now loads the next
  * work tile's Q and first K/V stages under the current one's last P V and epilogue. Protocol:
@@ -449,9 +449,14 @@ cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_para
      T1024 causal 1.06x (H128), 1.07x (H64); but H64 without a mask 0.94x / 0.98x / 1.01x at T1024 / 4096 /
      16384 (not measured in dev, and not understood yet: the tile order or the partial 192-row m-blocks), and
      gpt-oss's window (127, 0) 0.97x (74 vs 76, within noise): so neither is persistent. */
-  /* Causal (kind 1): the pair order (sa_hop_work_tile) balances the static stride at every length, so kind 1 is
-     persistent at every S; SINKATTN_HOP_FWD_PAIRS=0 restores the L2-section order and its S <= 1024 rule. */
-  const bool pairs = MASK == 1 && sa_cuda_env_int("SINKATTN_HOP_FWD_PAIRS", 1) != 0;
+  /* Causal (kind 1) at H128 up to S = 4096 (32 key tiles): persistent in the pair order (sa_hop_work_tile),
+     which balances the static stride. Measured against the previous form (H200 session 5, bench/NOTES.md section
+     6): H128 causal T1024 +9%, T4096 +4%, but T16384 -4% (a dynamic counter measured -3% there in session 4: the
+     persistent loop's own cost on long work tiles) and every H64 causal row -2..-9% (BM 192: not understood
+     yet). SINKATTN_HOP_FWD_PAIRS=0 restores the previous form (the L2-section order while S <= 1024), =1 takes
+     the pairs for every kind-1 call. */
+  const int pairs_env = sa_cuda_env_int("SINKATTN_HOP_FWD_PAIRS", -1);
+  const bool pairs = MASK == 1 && (pairs_env >= 0 ? pairs_env != 0 : HD == 128 && keyt <= 32);
   const bool persist = env >= 0 ? env != 0
                        : MASK == 0 ? HD == 128
                                    : pairs || keyt <= SA_HOP_PERSIST_MAX_KEY_TILES;
