@@ -57,15 +57,18 @@ build_gpusan() {
 }
 export -f build_gpu build_gpusan
 export PY
-# ncu_shapes "B T N K H causal, ...": ncu's detailed sections over one jax f+b of each shape, ours and cuDNN's kernels.
+# ncu_shapes "B T N K H causal [window [fwd]], ...": ncu's detailed sections over one jax f+b of each shape (a left
+# window w >= 0: local_window_size (w, 0); fwd 1: the forward alone), ours and cuDNN's kernels.
 ncu_shapes() {
-  local shapes sh B T N K H C who kre i=0
+  local shapes sh B T N K H C W F who kre i=0
   IFS=, read -ra shapes <<< "$1"
   for sh in "${shapes[@]}"; do
-    read -r B T N K H C <<< "$sh"
+    read -r B T N K H C W F <<< "$sh"
     c=(); [ "$C" = 1 ] && c=(--causal)
+    [ -n "$W" ] && [ "$W" -ge 0 ] && c+=(--window "$W")
+    [ "$F" = 1 ] && c+=(--fwd)
     for who in fused cudnn; do
-      kre='regex:sa_hop|sa_bwd|bwd_onepass|dq_convert'; [ $who = cudnn ] && kre='regex:sdpa|flash|fmha|cudnn'
+      kre='regex:sa_hop|sa_bwd|bwd_onepass|dq_convert|dkdv_sum'; [ $who = cudnn ] && kre='regex:sdpa|flash|fmha|cudnn'
       step ncu$i-$who ${NCU_LIMIT:-100} ncu --section SpeedOfLight --section ComputeWorkloadAnalysis \
         --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section LaunchStats \
         --section Occupancy --section InstructionStats -k "$kre" --launch-count ${NCU_COUNT:-6} \
