@@ -10,12 +10,13 @@
  * must stay exact.
  *
  * A work tile = BM = 64 x NC query rows of one (batch, head), 128 x (NC + 1) threads a CTA: warpgroup 0 is the
- * producer (one thread issues TMA loads of Q and of BN-key K, V tiles into a 2-stage mbarrier ring, 128-byte
- * swizzle), consumer warpgroups 1..NC each own 64 rows: S = Q K^T by wgmma (both operands in shared memory),
- * online softmax in registers in the log2 domain, O += P V by wgmma with P from registers. Iteration j issues
- * S_j and P_{j-1} V_{j-1} as two commit groups and runs the softmax of S_j while P_{j-1} V_{j-1} is on the
- * tensor core. T is a multiple of 128, so a 192-row work tile can be partial (T - m0 = 64 or 128): only its
- * warpgroups with rows (n_wg) compute and store; the others walk its barriers and release every key tile.
+ * producer (one thread issues TMA loads of Q and of BN-key K, V tiles into an ST-stage mbarrier ring, 128-byte
+ * swizzle; ST 2, or 4 at H64 with SINKATTN_HOP_FWD_STAGES=4), consumer warpgroups 1..NC each own 64 rows:
+ * S = Q K^T by wgmma (both operands in shared memory), online softmax in registers in the log2 domain, O += P V
+ * by wgmma with P from registers. Iteration j issues S_j and P_{j-1} V_{j-1} as two commit groups and runs the
+ * softmax of S_j while P_{j-1} V_{j-1} is on the tensor core. T is a multiple of 128, so a 192-row work tile
+ * can be partial (T - m0 = 64 or 128): only its warpgroups with rows (n_wg) compute and store; the others walk
+ * its barriers and release every key tile.
  *
  * Persistent (dev/hopper_fwd_05): CTA c takes work tiles c, c + gridDim.x, ... (static stride; the order is
  * sa_hop_work_tile's: causal m-blocks in heavy / light pairs of one head at H128), on min(SMs, tiles) CTAs
@@ -36,9 +37,10 @@
  *   after every warp's last read of them, and Q full of j + 1 needs every warp past Q full of j: no phase is
  *   skipped.
  * - K/V ring: producer and consumers walk one sequence x = 0, 1, ... of key tiles over all the CTA's work
- *   tiles (x0 += n_tiles per tile), stage x % 2, parity (x / 2) & 1 (the consumers' key-tile loop carries
- *   both, advanced by one a tile): the single key loop of a one-tile CTA, continued; the next tile's K_0
- *   lands once S_{n-2} has released its stage, V_0 after P_{n-2} V_{n-2}.
+ *   tiles (x0 += n_tiles per tile), stage x % ST, parity (x / ST) & 1 (the consumers' key-tile loop carries
+ *   both, advanced by one a tile): the single key loop of a one-tile CTA, continued; the producer runs up to
+ *   ST key tiles ahead, so the next tile's K_0 lands once S_{n-ST} has released its stage, V_0 after
+ *   P_{n-ST} V_{n-ST} (ST 4: the next tile's first min(4, n) K / V under this tile's last 4 products).
  * - lengths: barrier 1 (V rows past kv_len zeroed) counts all 128 NC consumer threads, each meets it once per
  *   such work tile (computing or releasing the tile).
  *
@@ -60,24 +62,24 @@
 
 namespace {
 
-template <int HD, int MASK>
-__global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
+template <int HD, int MASK, int ST>
+__global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
     sa_hop_fwd_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
                       const __grid_constant__ CUtensorMap tmv, const sa_hop_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using TL = sa_hop_fwd_tile<HD, MASK>;
+  using TL = sa_hop_fwd_tile<HD, MASK, ST>;
   constexpr int NC = TL::NC, BM = TL::BM, BN = TL::BN, QBOX = TL::QBOX;
   constexpr int CB = HD / 64; /* 128-byte column blocks per row */
   constexpr uint32_t KV_BYTES = BN * HD * 2;
   /* Keys past S can sit in a tile only when BN does not divide S (176: the last tile; S % 128 == 0). */
   constexpr bool KEY_TAIL = 128 % BN != 0;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  __shared__ __align__(8) uint64_t bar[N_BARS];
+  __shared__ __align__(8) uint64_t bar[N_BARS<ST>];
   __shared__ float anchor[4 * NC]; /* see the wait_group 0 of the main loop */
   __shared__ int tile_slot;        /* the work tile, written by the producer before Q full, read after it */
 
   const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u; /* swizzle atoms need 1024-byte alignment */
-  const uint32_t sk = sq + BM * HD * 2, sv = sk + STAGES * KV_BYTES, b0 = smem_u32(bar);
+  const uint32_t sk = sq + BM * HD * 2, sv = sk + ST * KV_BYTES, b0 = smem_u32(bar);
 
   /* A work tile's geometry, the same in the producer and every consumer warp: (b, head, m-block), the warpgroups
      with rows, the batch's lengths and mask, the key tiles t0 .. t0 + n_tiles - 1. */
@@ -128,11 +130,11 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
   if (threadIdx.x == 0) {
     mbar_init(bar_qf(b0), 1);      /* the producer's arrive(.expect_tx), then Q's bytes */
     mbar_init(bar_qe(b0), 4 * NC); /* one arrive per consumer warp and work tile, after its last S */
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(bar_kf(b0, s), 1); /* the producer's arrive.expect_tx, then the TMA bytes */
-      mbar_init(bar_vf(b0, s), 1);
-      mbar_init(bar_ke(b0, s), 4 * NC);
-      mbar_init(bar_ve(b0, s), 4 * NC);
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(bar_kf<ST>(b0, s), 1); /* the producer's arrive.expect_tx, then the TMA bytes */
+      mbar_init(bar_vf<ST>(b0, s), 1);
+      mbar_init(bar_ke<ST>(b0, s), 4 * NC);
+      mbar_init(bar_ve<ST>(b0, s), 4 * NC);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -141,7 +143,8 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
   if (wg == 0) {
     /* Producer: 24 registers. Per work tile: wait Q empty of the previous one (parity (j & 1) ^ 1 for the j-th:
        a fresh barrier returns at once for j = 0), write the slot, then Q and the key tiles, K before V (the
-       consumers need K_j one step before V_j), at ring position x, which runs on across work tiles. Q: only
+       consumers need K_j one step before V_j), at ring position x, which runs on across work tiles (up to ST
+       key tiles ahead of the consumers' releases; the expect_tx bytes of a stage do not depend on ST). Q: only
        the boxes of warpgroups with rows (no box is ever past T). A 176-key box past S: TMA fills the rows past
        S with zeros and counts them in complete_tx, so expect_tx is the whole box. The end, and a work tile
        without key tiles: a plain arrive (the slot only). */
@@ -166,16 +169,16 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
           for (int q = 0; q < q_boxes; ++q)
             tma_load(sq + c * BM * 128 + q * QBOX * 128, &tmq, bar_qf(b0), c * 64, w.n, w.m0 + q * QBOX, w.b);
         for (int it = 0; it < w.n_tiles; ++it, ++x) {
-          const int s = x % STAGES, key0 = (w.t0 + it) * BN;
-          const uint32_t ph = (x / STAGES) & 1;
-          mbar_wait(bar_ke(b0, s), ph ^ 1);
-          mbar_arrive_tx(bar_kf(b0, s), KV_BYTES);
+          const int s = x % ST, key0 = (w.t0 + it) * BN;
+          const uint32_t ph = (x / ST) & 1;
+          mbar_wait(bar_ke<ST>(b0, s), ph ^ 1);
+          mbar_arrive_tx(bar_kf<ST>(b0, s), KV_BYTES);
           for (int c = 0; c < CB; ++c)
-            tma_load(sk + s * KV_BYTES + c * BN * 128, &tmk, bar_kf(b0, s), c * 64, kvh, key0, w.b);
-          mbar_wait(bar_ve(b0, s), ph ^ 1);
-          mbar_arrive_tx(bar_vf(b0, s), KV_BYTES);
+            tma_load(sk + s * KV_BYTES + c * BN * 128, &tmk, bar_kf<ST>(b0, s), c * 64, kvh, key0, w.b);
+          mbar_wait(bar_ve<ST>(b0, s), ph ^ 1);
+          mbar_arrive_tx(bar_vf<ST>(b0, s), KV_BYTES);
           for (int c = 0; c < CB; ++c)
-            tma_load(sv + s * KV_BYTES + c * BN * 128, &tmv, bar_vf(b0, s), c * 64, kvh, key0, w.b);
+            tma_load(sv + s * KV_BYTES + c * BN * 128, &tmv, bar_vf<ST>(b0, s), c * 64, kvh, key0, w.b);
         }
       }
     }
@@ -190,13 +193,13 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
   /* Made once, not per key tile (the key-tile loop's SASS: at its ring position). The warp's anchor word (see the wait_group 0 of the
      key-tile loop), warp-uniform through a shuffle (else rebuilt from threadIdx every tile: 6 instructions at
      H64). wgmma descriptors (desc_add): this warpgroup's 64 rows of each Q column block, K's stage 0 (stage s:
-     + s KV_DESC), and V's as K's moved by a constant (start + STAGES KV_BYTES, LBO BN * 128 instead of 16),
+     + s KV_DESC), and V's as K's moved by a constant (start + ST KV_BYTES, LBO BN * 128 instead of 16),
      which ptxas folds into the k-steps' immediates instead of rebuilding gmma_desc(sv, ...) from the shared
      window every tile (7 instructions at H64). */
   constexpr uint32_t KV_DESC = KV_BYTES / 16;
   const uint32_t anchor_w = __shfl_sync(0xffffffffu, smem_u32(&anchor[4 * cw + warp]), 0);
   const uint64_t dq = gmma_desc(sq + cw * 64 * 128, 16, 1024), dk0 = gmma_desc(sk, 16, 1024);
-  const uint64_t dv0 = dk0 + STAGES * KV_DESC + ((uint64_t)(BN * 128 / 16 - 16 / 16) << 16);
+  const uint64_t dv0 = dk0 + ST * KV_DESC + ((uint64_t)(BN * 128 / 16 - 16 / 16) << 16);
   const float sl2 = p.scale_l2;
 
   /* Accumulator layout of m64nN (per warp 16 rows): d[4j + e]: row lane/4 + 8 * (e >> 1),
@@ -272,13 +275,13 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
     auto release = [&](int from, int to) {
       for (int it = from; it < to; ++it) {
         const uint32_t x = x0 + it;
-        const int s = x % STAGES;
-        const uint32_t ph = (x / STAGES) & 1;
-        mbar_wait(bar_kf(b0, s), ph);
-        if (lane == 0) mbar_arrive(bar_ke(b0, s));
-        mbar_wait(bar_vf(b0, s), ph);
+        const int s = x % ST;
+        const uint32_t ph = (x / ST) & 1;
+        mbar_wait(bar_kf<ST>(b0, s), ph);
+        if (lane == 0) mbar_arrive(bar_ke<ST>(b0, s));
+        mbar_wait(bar_vf<ST>(b0, s), ph);
         if (it == n_tiles - 1) zero_tail(s);
-        if (lane == 0) mbar_arrive(bar_ve(b0, s));
+        if (lane == 0) mbar_arrive(bar_ve<ST>(b0, s));
       }
     };
     /* Q empty: exactly once per work tile and warp, and never inside the key-tile loop (a test there cost 3
@@ -289,34 +292,37 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
     release(0, a);
 
     if (a < e) {
-    /* The ring position as (stage, parity) = (x % STAGES, (x / STAGES) & 1), carried through the loop and
+    /* The ring position as (stage, parity) = (x % ST, (x / ST) & 1), carried through the loop and
        advanced by one per key tile instead of derived from x = x0 + it in each (the port's form cost ~8
        integer instructions a tile). Invariant: (sp, pp) is the position of x0 + it - 1 at the top of iteration
        it (the tile whose V is pending), of x0 + a after tile a and of x0 + e - 1 after the loop, i.e. exactly
-       the values release() and the producer derive from x. The key-tile loop in SASS (nvcc 13.0, sm_90a),
-       instructions at H64 / H128 without a mask, H128 causal: 400 / 718 / 570, old kernel (f08c8da, one tile
-       a CTA) 452 / 782 / 620, the persistent port 478 / 806 / 642; HGMMA and MUFU.EX2 the same. */
-    static_assert(STAGES == 2, "the advance below: the stage toggles, the parity flips as it wraps 1 -> 0");
-    uint32_t sp = (x0 + a) % STAGES, pp = ((x0 + a) / STAGES) & 1;
+       the values release() and the producer derive from x. The advance: the stage steps and wraps ST - 1 -> 0,
+       the parity flips as it wraps; at ST 2 (sp is 0 or 1) in the toggle form, which the general one costs 1 / 5
+       more loop instructions at H64 / H128 (ptxas does not know sp < 2); ST 4 pays that 1 (every H64 kind).
+       The key-tile loop in SASS (nvcc 13.0, sm_90a), instructions at H64 / H128 without a mask, H128 causal:
+       400 / 718 / 570, old kernel (f08c8da, one tile a CTA) 452 / 782 / 620, the persistent port 478 / 806 /
+       642; HGMMA and MUFU.EX2 the same. */
+    uint32_t sp = (x0 + a) % ST, pp = ((x0 + a) / ST) & 1;
     { /* Tile a: S_a alone, then its softmax (O is still 0: nothing to rescale). */
-      mbar_wait(bar_kf(b0, sp), pp);
+      mbar_wait(bar_kf<ST>(b0, sp), pp);
       pin(sacc);
       wgmma_fence();
       gemm_qk<HD, BM, BN>(sacc, dq, dk0 + sp * KV_DESC);
       wgmma_commit();
       wgmma_wait0();
       pin(sacc);
-      if (lane == 0) mbar_arrive(bar_ke(b0, sp));
+      if (lane == 0) mbar_arrive(bar_ke<ST>(b0, sp));
       mask_tile((t0 + a) * BN);
       softmax_tile(sacc, m_, l_, corr, sl2);
       pack_p(pf, sacc);
     }
 
     for (int it = a + 1; it < e; ++it) {
-      /* K of tile it at the next position (s, ps); V of tile it - 1 at the previous one (sp, pp) */
-      const uint32_t s = sp ^ 1, ps = pp ^ sp; /* x0 + it */
-      mbar_wait(bar_kf(b0, s), ps);
-      mbar_wait(bar_vf(b0, sp), pp);
+      /* K of tile it at the next position (s, ps) = that of x0 + it; V of tile it - 1 at the previous (sp, pp) */
+      const uint32_t s = ST == 2 ? sp ^ 1 : sp + 1 == ST ? 0 : sp + 1;
+      const uint32_t ps = ST == 2 ? pp ^ sp : pp ^ (s == 0);
+      mbar_wait(bar_kf<ST>(b0, s), ps);
+      mbar_wait(bar_vf<ST>(b0, sp), pp);
       pin(sacc);
       pin(o);
       pin(pf);
@@ -327,7 +333,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
       wgmma_commit();
       wgmma_wait1();                                       /* S_j has landed; P V may still run */
       pin(sacc);
-      if (lane == 0) mbar_arrive(bar_ke(b0, s));
+      if (lane == 0) mbar_arrive(bar_ke<ST>(b0, s));
       mask_tile((t0 + it) * BN);
       softmax_tile(sacc, m_, l_, corr, sl2);
       /* ptxas schedules WARPGROUP.DEPBAR (wait_group 0) into the first stall slot after the row-max shuffle,
@@ -340,7 +346,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
       wgmma_wait0(); /* P_{j-1} V_{j-1} has landed: O and pf are free */
       pin(o);
       pin(pf);
-      if (lane == 0) mbar_arrive(bar_ve(b0, sp));
+      if (lane == 0) mbar_arrive(bar_ve<ST>(b0, sp));
 #pragma unroll
       for (int j = 0; j < HD / 8; ++j)
 #pragma unroll
@@ -351,7 +357,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
     if (lane == 0) mbar_arrive(bar_qe(b0)); /* the warp's last S (tile e - 1) has landed: Q is dead */
 
     { /* The last P V (of tile e - 1; with lengths the work tile's last key tile is zeroed past kv_len first). */
-      mbar_wait(bar_vf(b0, sp), pp);
+      mbar_wait(bar_vf<ST>(b0, sp), pp);
       if (e == n_tiles) zero_tail(sp);
       pin(o);
       pin(pf);
@@ -360,7 +366,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
       wgmma_commit();
       wgmma_wait0();
       pin(o);
-      if (lane == 0) mbar_arrive(bar_ve(b0, sp));
+      if (lane == 0) mbar_arrive(bar_ve<ST>(b0, sp));
     }
     } /* a < e */
     release(e, n_tiles);
@@ -424,15 +430,15 @@ static const double SA_HOP_L2_SECTION_BYTES = 16.0 * 1024 * 1024; /* a third of 
 
 /* The maps take the configuration's boxes (Q: QBOX rows, K / V: BN rows). A map the driver refuses, or a
    refused shared-memory opt-in (up to 210 KiB at H 128), leaves *used = 0: the portable kernel runs instead. */
-template <int HD, int MASK>
+template <int HD, int MASK, int ST>
 cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_params &p, sa_hop_params hp,
                        cudaStream_t st, int *used) {
-  using TL = sa_hop_fwd_tile<HD, MASK>;
+  using TL = sa_hop_fwd_tile<HD, MASK, ST>;
   CUtensorMap mq, mk, mv;
   if (!sa_hop_map(enc, &mq, p.q, p.B, p.T, p.N, p.H, TL::QBOX) ||
       !sa_hop_map(enc, &mk, p.k, p.B, p.S, p.K, p.H, TL::BN) || !sa_hop_map(enc, &mv, p.v, p.B, p.S, p.K, p.Hv, TL::BN))
     return cudaSuccess;
-  if (cudaFuncSetAttribute(sa_hop_fwd_kernel<HD, MASK>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM) !=
+  if (cudaFuncSetAttribute(sa_hop_fwd_kernel<HD, MASK, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM) !=
       cudaSuccess) {
     cudaGetLastError();
     return cudaSuccess;
@@ -481,7 +487,7 @@ cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_para
     }
   }
   *used = 1;
-  sa_hop_fwd_kernel<HD, MASK><<<(unsigned)grid, TL::THREADS, TL::SMEM, st>>>(mq, mk, mv, hp);
+  sa_hop_fwd_kernel<HD, MASK, ST><<<(unsigned)grid, TL::THREADS, TL::SMEM, st>>>(mq, mk, mv, hp);
   return cudaGetLastError();
 }
 
@@ -500,14 +506,24 @@ cudaError_t sa_hopper_fwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   hp.scale_l2 = p.scale_log2;
   hp.mask = sa_hop_mask_of(p);
   hp.shape = sa_hop_shape_of(p);
+  /* SINKATTN_HOP_FWD_STAGES=4: the 4-stage K/V ring at H64 (ST_DEEP; 153 KiB of dynamic shared memory against 89),
+     read per call; any other value, and H128 (no room), keep 2 stages. An A/B switch until measured. */
+  if (p.H == 64 && sa_cuda_env_int("SINKATTN_HOP_FWD_STAGES", ST_DEF) == ST_DEEP) {
+    switch (sa_hop_mask_kind(p)) {
+      case 0: return sa_hop_run<64, 0, ST_DEEP>(enc, p, hp, st, used);
+      case 1: return sa_hop_run<64, 1, ST_DEEP>(enc, p, hp, st, used);
+      case 2: return sa_hop_run<64, 2, ST_DEEP>(enc, p, hp, st, used);
+      default: return sa_hop_run<64, 3, ST_DEEP>(enc, p, hp, st, used);
+    }
+  }
   switch (sa_hop_mask_kind(p) + 4 * (p.H == 128)) {
-    case 0: return sa_hop_run<64, 0>(enc, p, hp, st, used);
-    case 1: return sa_hop_run<64, 1>(enc, p, hp, st, used);
-    case 2: return sa_hop_run<64, 2>(enc, p, hp, st, used);
-    case 3: return sa_hop_run<64, 3>(enc, p, hp, st, used);
-    case 4: return sa_hop_run<128, 0>(enc, p, hp, st, used);
-    case 5: return sa_hop_run<128, 1>(enc, p, hp, st, used);
-    case 6: return sa_hop_run<128, 2>(enc, p, hp, st, used);
-    default: return sa_hop_run<128, 3>(enc, p, hp, st, used);
+    case 0: return sa_hop_run<64, 0, ST_DEF>(enc, p, hp, st, used);
+    case 1: return sa_hop_run<64, 1, ST_DEF>(enc, p, hp, st, used);
+    case 2: return sa_hop_run<64, 2, ST_DEF>(enc, p, hp, st, used);
+    case 3: return sa_hop_run<64, 3, ST_DEF>(enc, p, hp, st, used);
+    case 4: return sa_hop_run<128, 0, ST_DEF>(enc, p, hp, st, used);
+    case 5: return sa_hop_run<128, 1, ST_DEF>(enc, p, hp, st, used);
+    case 6: return sa_hop_run<128, 2, ST_DEF>(enc, p, hp, st, used);
+    default: return sa_hop_run<128, 3, ST_DEF>(enc, p, hp, st, used);
   }
 }

@@ -11,7 +11,13 @@
 
 namespace {
 
-constexpr int STAGES = sa_hop_tiles::STAGES; /* K/V ring depth: 2 in every configuration */
+/* K/V ring depth, the kernel's third template parameter ST: sa_hop_tiles::STAGES = 2 by default everywhere;
+   ST_DEEP = 4 at H64 behind SINKATTN_HOP_FWD_STAGES=4 (sa_hopper_fwd_try). ncu on the H200 (bench/NOTES.md, session
+   5 section 8): our forward issues 8-18% fewer instructions than cuDNN's but waits 7.3-8.8 cycles per issued
+   instruction against 4.4-5.3, and cuDNN holds 134 KiB of shared memory at H64 (a deeper ring) against our 91.
+   At H64 4 stages take 24 + 4 x 32 = 152 KiB (1 CTA an SM either way: 512 threads x 128 registers = the file).
+   H128 keeps 2: 209 KiB without a mask (3 stages: 297); masked 161 KiB (3 stages would fit at 225, 4 not). */
+constexpr int ST_DEF = sa_hop_tiles::STAGES, ST_DEEP = 4;
 
 /* The forward's tile per (head dim, mask kind) (the table of hopper_ptx.cuh points here), measured on the H200 (dev/run_hopper.sh,
    commit 667373e, standalone TFLOP/s, all checks passed; bench/NOTES.md):
@@ -28,7 +34,7 @@ constexpr int STAGES = sa_hop_tiles::STAGES; /* K/V ring depth: 2 in every confi
    - H128 with a mask (kinds 1..3): 02's 2 warpgroups x 128 keys (552 causal at B4 T4096). 176 keys were
      measured without a mask only; mask_range and the tile ranges take tiles that divide S, and FlashAttention-3
      also keeps 128 keys for causal / local masks at head dim 128. */
-template <int HD, int MASK>
+template <int HD, int MASK, int ST>
 struct sa_hop_fwd_tile {
   static constexpr int NC = HD == 64 ? 3 : 2;                  /* consumer warpgroups */
   static constexpr int BM = 64 * NC;                           /* query rows per CTA */
@@ -37,9 +43,13 @@ struct sa_hop_fwd_tile {
   static constexpr int REGS = NC == 3 ? 160 : 240;             /* consumer registers after setmaxnreg */
   /* Q's TMA box: one per warpgroup when a CTA can be partial (BM 192), else one BM-row box per column block */
   static constexpr int QBOX = 128 % BM == 0 ? BM : 64;
-  static constexpr int SMEM = 1024 /* alignment slack */ + BM * HD * 2 + STAGES * 2 * BN * HD * 2;
+  static constexpr int SMEM = 1024 /* alignment slack */ + BM * HD * 2 + ST * 2 * BN * HD * 2;
   static_assert(128 * 24 + 128 * NC * REGS <= 65536 && REGS % 8 == 0, "register file: producer 24 + consumers");
+  /* 91136 B at H64 ST 2, 156672 at H64 ST 4; H128 (ST 2) 214016 without a mask, 164864 with one */
   static_assert(SMEM + 1024 <= 227 * 1024, "shared memory over the sm_90 limit (+1 KiB of static barriers)");
+  /* >= 2: the key-tile loop holds V_{j-1}'s stage while S_j reads K_j's; a power of two: x % ST and x / ST
+     are shifts, and the ring position stays continuous as the uint32 tile counter x wraps */
+  static_assert(ST >= 2 && (ST & (ST - 1)) == 0, "ring depth");
   static_assert(BN % 16 == 0 && BN <= 256 && (BN * 128) % 1024 == 0, "k16 steps, TMA box, swizzle atoms");
   static_assert(MASK == 0 || 128 % BN == 0, "mask_range reads 128-key tiles; keys >= S only in kind 0");
 };
@@ -94,14 +104,14 @@ __device__ __forceinline__ void sa_hop_work_tile(const sa_hop_params &p, bool ma
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-/* Barrier slots in bar[]: 0 Q full, 1 Q empty; then per stage K full, V full, K empty, V empty. */
-constexpr int N_BARS = 2 + 4 * STAGES;
+/* Barrier slots in bar[]: 0 Q full, 1 Q empty; then ST each of K full, V full, K empty, V empty (stage s). */
+template <int ST> constexpr int N_BARS = 2 + 4 * ST;
 __device__ __forceinline__ uint32_t bar_qf(uint32_t b0) { return b0; }
 __device__ __forceinline__ uint32_t bar_qe(uint32_t b0) { return b0 + 8; }
-__device__ __forceinline__ uint32_t bar_kf(uint32_t b0, int s) { return b0 + 8 * (2 + s); }
-__device__ __forceinline__ uint32_t bar_vf(uint32_t b0, int s) { return b0 + 8 * (2 + STAGES + s); }
-__device__ __forceinline__ uint32_t bar_ke(uint32_t b0, int s) { return b0 + 8 * (2 + 2 * STAGES + s); }
-__device__ __forceinline__ uint32_t bar_ve(uint32_t b0, int s) { return b0 + 8 * (2 + 3 * STAGES + s); }
+template <int ST> __device__ __forceinline__ uint32_t bar_kf(uint32_t b0, int s) { return b0 + 8 * (2 + s); }
+template <int ST> __device__ __forceinline__ uint32_t bar_vf(uint32_t b0, int s) { return b0 + 8 * (2 + ST + s); }
+template <int ST> __device__ __forceinline__ uint32_t bar_ke(uint32_t b0, int s) { return b0 + 8 * (2 + 2 * ST + s); }
+template <int ST> __device__ __forceinline__ uint32_t bar_ve(uint32_t b0, int s) { return b0 + 8 * (2 + 3 * ST + s); }
 
 #define SA_F88(d) SA_F64(d), SA_F8(d, 64), SA_F8(d, 72), SA_F8(d, 80)
 #define SA_REGS88 SA_REGS64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, " \
