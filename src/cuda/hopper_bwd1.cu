@@ -245,52 +245,13 @@ __global__ void __launch_bounds__(THREADS, 1)
     const uint32_t sq_s = sq + s * QT_BYTES, sdo_s = sdo + s * QT_BYTES;
     mbar_wait(bar_full(s), (it / STAGES) & 1);
     /* ---- 04's tile: S^T, dP^T, P^T, dS^T ---- */
-    zero(st);
-    zero(dpt);
-    pin(st);
-    pin(dpt);
-    wgmma_fence();
-    gemm_ss<HD>(st, sk_wg, KB, sq_s, QB); /* S^T = K Q^T */
-    wgmma_commit();
-    gemm_ss<HD>(dpt, sv_wg, KB, sdo_s, QB); /* dP^T = V dO^T */
-    wgmma_commit();
-    wgmma_wait1();
-    pin(st);
-    const float *lse2 = ld_f + s * 2 * QB, *Dq = lse2 + QB;
-    const bool masked = CAUSAL && i0 < kw0 + 63;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float2 l2 = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = ex2(fmaf(st[4 * j + e], sl2, -((e & 1) ? l2.y : l2.x)));
-        if (masked && kr + 8 * (e >> 1) > i0 + 8 * j + 2 * t + (e & 1)) x = 0.f;
-        st[4 * j + e] = x;
-      }
-    }
-    anchor_exp2(st, &anchor[4 * cw + warp], lane);
-    wgmma_wait0();
-    pin(dpt);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float2 dd = *reinterpret_cast<const float2 *>(Dq + 8 * j + 2 * t);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? dd.y : dd.x));
-    }
-    pack_frag(pf, st);
-    pack_frag(df, dpt);
+    onepass_tile<HD, CAUSAL>(st, dpt, pf, df, sk_wg, sv_wg, KB, sq_s, sdo_s, ld_f + s * 2 * QB, sl2, i0, kw0, kr, t,
+                             &anchor[4 * cw + warp], lane);
     /* ---- dS^T(it) to shared memory (01a's swizzled store), for both warpgroups' dQ halves ---- */
     const int x = it & 1;
     const uint32_t sds_x = sds + x * DS_BYTES;
     mbar_wait(ds_empty(x), ((it >> 1) & 1) ^ 1); /* both halves of dQ(it - 2) have read this buffer */
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = kr - k0 + 8 * h;
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        asm volatile("st.shared.b32 [%0], %1;" ::"r"(sds_x + r * 128 + ((j ^ (r & 7)) << 4) + 4 * t),
-                     "r"(df[2 * j + h]) : "memory");
-    }
+    store_ds_rows(sds_x, df, kr - k0, t);
     fence_async_shared(); /* generic stores -> wgmma reads */
     __syncwarp();
     if (lane == 0) mbar_arrive(ds_full(x));

@@ -82,6 +82,66 @@ __device__ __forceinline__ void wgmma_ss_tt(float (&d)[32], uint64_t da, uint64_
       : "l"(da), "l"(db), "r"(scale_d));
 }
 
+/* One key block's share of a 64-query tile, the same in both one-pass kernels: S^T = K Q^T and dP^T = V dO^T
+   (wgmma SS, this warpgroup's 64 keys of a kv_rows-key block), P^T = exp2(S^T scale_l2 - lse2) (0 above the
+   causal diagonal), dS^T = P^T (dP^T - D), both packed to bf16 fragments. ld_s: this stage's lse2[64], D[64];
+   rows i0 .. i0 + 63, keys kw0 .. kw0 + 63, this thread's keys kr, kr + 8; the exp2s overlap dP^T (anchor_exp2). */
+template <int HD, bool CAUSAL>
+__device__ __forceinline__ void onepass_tile(float (&st)[32], float (&dpt)[32], uint32_t (&pf)[16], uint32_t (&df)[16],
+                                             uint32_t sk_wg, uint32_t sv_wg, int kv_rows, uint32_t sq_s,
+                                             uint32_t sdo_s, const float *ld_s, float sl2, int i0, int kw0, int kr,
+                                             int t, float *anchor_slot, int lane) {
+  constexpr int QB = sa_hop_tiles::BWD_QB;
+  zero(st);
+  zero(dpt);
+  pin(st);
+  pin(dpt);
+  wgmma_fence();
+  gemm_ss<HD>(st, sk_wg, kv_rows, sq_s, QB); /* S^T = K Q^T */
+  wgmma_commit();
+  gemm_ss<HD>(dpt, sv_wg, kv_rows, sdo_s, QB); /* dP^T = V dO^T */
+  wgmma_commit();
+  wgmma_wait1();
+  pin(st);
+  const float *lse2 = ld_s, *Dq = ld_s + QB;
+  const bool masked = CAUSAL && i0 < kw0 + 63;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float2 l2 = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = ex2(fmaf(st[4 * j + e], sl2, -((e & 1) ? l2.y : l2.x)));
+      if (masked && kr + 8 * (e >> 1) > i0 + 8 * j + 2 * t + (e & 1)) x = 0.f;
+      st[4 * j + e] = x;
+    }
+  }
+  anchor_exp2(st, anchor_slot, lane);
+  wgmma_wait0();
+  pin(dpt);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float2 dd = *reinterpret_cast<const float2 *>(Dq + 8 * j + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? dd.y : dd.x));
+  }
+  pack_frag(pf, st);
+  pack_frag(df, dpt);
+}
+
+/* This thread's rows r0, r0 + 8 (keys from the block's first) of dS^T into a [keys][64 q] bf16 buffer: 128-byte
+   rows, 16-byte unit j of row r at j ^ (r % 8) (the swizzle wgmma reads it with). */
+__device__ __forceinline__ void store_ds_rows(uint32_t sds_x, const uint32_t (&df)[16], int r0, int t) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = r0 + 8 * h;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(sds_x + r * 128 + ((j ^ (r & 7)) << 4) + 4 * t),
+                   "r"(df[2 * j + h]) : "memory");
+  }
+}
+
+
 #endif /* sm_90a */
 
 /* dq [B, T, N, H] bf16 = scale * dq_acc [B, N, T, H] on st (hopper_bwd1.cu); rows = B T N < 2^27. */
