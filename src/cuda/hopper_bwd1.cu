@@ -336,8 +336,6 @@ __global__ void dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N, in
 
 /* ---- host ------------------------------------------------------------------------------------------- */
 
-static size_t sa_hop1_acc_bytes(const sa_cuda_params &p) { return (size_t)(p.B * p.N * p.T * p.H) * 4; }
-static size_t sa_hop1_sync_bytes(const sa_cuda_params &p) { return (size_t)(1 + p.B * p.N * (p.T / QB)) * 4; }
 
 /* A refused shared-memory opt-in (227 KiB) leaves *used = 0: the two passes run instead. */
 template <bool CAUSAL>
@@ -360,6 +358,38 @@ cudaError_t sa_hop1_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sc
 }
 
 } /* namespace */
+
+size_t sa_hop1_acc_bytes(const sa_cuda_params &p) { return (size_t)(p.B * p.N * p.T * p.H) * 4; }
+size_t sa_hop1_sync_bytes(const sa_cuda_params &p) { return (size_t)(1 + p.B * p.N * (p.T / QB)) * 4; }
+
+bool sa_hop1_prepare(const sa_cuda_params &p, float *acc, int kv_rows, CUtensorMap (&m)[7], BwdParams *bp) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
+  if (!enc) return false;
+  /* As dev 05: Q / dO 64-row boxes, K / V kv_rows-row boxes (past S: TMA's zero fill, counted in the transaction
+     bytes), lse2 / D as {T, B N} fp32 boxes of 64 (no swizzle), and dq_acc as the reduce target {H, T, B N} fp32,
+     box {32, 64, 1}: 128 B inner (the 128-byte swizzle's limit), row stride 4 H. TMA wants 16-byte aligned bases
+     and strides: T % 128 == 0, H in {64, 128}. */
+  const cuuint64_t a_dims[3] = {(cuuint64_t)p.H, (cuuint64_t)p.T, (cuuint64_t)(p.B * p.N)};
+  const cuuint64_t a_str[2] = {(cuuint64_t)p.H * 4, (cuuint64_t)(p.T * p.H) * 4};
+  const cuuint32_t a_box[3] = {32, (cuuint32_t)QB, 1};
+  if (!(sa_hop_map(enc, &m[0], p.q, p.B, p.T, p.N, p.H, QB) && sa_hop_map(enc, &m[1], p.dout, p.B, p.T, p.N, p.H, QB) &&
+        sa_hop_map(enc, &m[2], p.k, p.B, p.S, p.K, p.H, kv_rows) &&
+        sa_hop_map(enc, &m[3], p.v, p.B, p.S, p.K, p.H, kv_rows) &&
+        sa_hop_map_rows(enc, &m[4], p.lse2, p.B * p.N, p.T, QB) &&
+        sa_hop_map_rows(enc, &m[5], p.D, p.B * p.N, p.T, QB) &&
+        sa_hop_map_f32(enc, &m[6], acc, 3, a_dims, a_str, a_box, CU_TENSOR_MAP_SWIZZLE_128B)))
+    return false;
+  bp->dq = (__nv_bfloat16 *)p.dq;
+  bp->dk = (__nv_bfloat16 *)p.dk;
+  bp->dv = (__nv_bfloat16 *)p.dv;
+  bp->dq_acc = acc;
+  bp->lse2 = p.lse2;
+  bp->D = p.D;
+  bp->T = (int)p.T; bp->S = (int)p.S; bp->N = (int)p.N; bp->KH = (int)p.K;
+  bp->scale = p.scale;
+  bp->scale_l2 = p.scale_log2;
+  return true;
+}
 
 cudaError_t sa_hop1_dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N, int HD, float scale, int rows,
                                int sms, cudaStream_t st) {
@@ -391,36 +421,12 @@ cudaError_t sa_hopper_bwd1_try(const sa_cuda_params &p, int bf16, void *ws, size
   if (!p.lse2 || !p.D || !sa_hop_aligned(p.lse2) || !sa_hop_aligned(p.D) || !ws || !sa_hop_aligned(ws) ||
       !sa_hopper_bwd1_in_scope(p, bf16) || ws_bytes < sa_hopper_bwd1_workspace(p))
     return cudaSuccess;
-  static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
-  if (!enc) return cudaSuccess;
   const int sms = sa_cuda_sm_count();
   float *acc = (float *)ws;
   int *sync = (int *)((char *)ws + sa_cuda_round256(sa_hop1_acc_bytes(p)));
-  /* As dev 05: Q / dO 64-row boxes, K / V 128-row boxes, lse2 / D as {T, B N} fp32 boxes of 64 (no swizzle), and
-     dq_acc as the reduce target {H, T, B N} fp32, box {32, 64, 1}: 128 B inner (the 128-byte swizzle's limit),
-     row stride 4 H. TMA wants 16-byte aligned bases and strides: T % 128 == 0, H = 128. */
-  const cuuint64_t a_dims[3] = {(cuuint64_t)p.H, (cuuint64_t)p.T, (cuuint64_t)(p.B * p.N)};
-  const cuuint64_t a_str[2] = {(cuuint64_t)p.H * 4, (cuuint64_t)(p.T * p.H) * 4};
-  const cuuint32_t a_box[3] = {32, (cuuint32_t)QB, 1};
   CUtensorMap m[7];
-  const bool ok = sa_hop_map(enc, &m[0], p.q, p.B, p.T, p.N, p.H, QB) &&
-                  sa_hop_map(enc, &m[1], p.dout, p.B, p.T, p.N, p.H, QB) &&
-                  sa_hop_map(enc, &m[2], p.k, p.B, p.S, p.K, p.H, KB) &&
-                  sa_hop_map(enc, &m[3], p.v, p.B, p.S, p.K, p.H, KB) &&
-                  sa_hop_map_rows(enc, &m[4], p.lse2, p.B * p.N, p.T, QB) &&
-                  sa_hop_map_rows(enc, &m[5], p.D, p.B * p.N, p.T, QB) &&
-                  sa_hop_map_f32(enc, &m[6], acc, 3, a_dims, a_str, a_box, CU_TENSOR_MAP_SWIZZLE_128B);
-  if (!ok) return cudaSuccess; /* the driver refused a map: the two passes run instead */
   BwdParams bp;
-  bp.dq = (__nv_bfloat16 *)p.dq;
-  bp.dk = (__nv_bfloat16 *)p.dk;
-  bp.dv = (__nv_bfloat16 *)p.dv;
-  bp.dq_acc = acc;
-  bp.lse2 = p.lse2;
-  bp.D = p.D;
-  bp.T = (int)p.T; bp.S = (int)p.S; bp.N = (int)p.N; bp.KH = (int)p.K;
-  bp.scale = p.scale;
-  bp.scale_l2 = p.scale_log2;
+  if (!sa_hop1_prepare(p, acc, KB, m, &bp)) return cudaSuccess;
   const int nkb = (int)(p.S / KB), n_all = (int)(p.G * (p.T / QB));
   const Sched sc = {sync, nkb, (int)p.G, n_all, std::max(1, n_all / nkb)};
   const size_t sb = sa_hop1_sync_bytes(p);

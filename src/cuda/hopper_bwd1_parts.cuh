@@ -144,6 +144,18 @@ __device__ __forceinline__ void store_ds_rows(uint32_t sds_x, const uint32_t (&d
 
 #endif /* sm_90a */
 
+/* ---- host (hopper_bwd1.cu) ---- */
+
+/* The one pass's workspace regions: dq_acc [B, N, T, H] fp32, then the ticket and one semaphore per (b, head,
+   64-query tile); each rounded up to 256 bytes where they are laid out. */
+size_t sa_hop1_acc_bytes(const sa_cuda_params &p);
+size_t sa_hop1_sync_bytes(const sa_cuda_params &p);
+
+/* The tensor maps of both one-pass kernels (Q / dO 64-row boxes, K / V kv_rows-row boxes, lse2 / D rows, dq_acc as
+   the reduce target) and their parameters; false when the driver has no encoder or refuses a map (the two passes
+   run instead). */
+bool sa_hop1_prepare(const sa_cuda_params &p, float *acc, int kv_rows, CUtensorMap (&m)[7], BwdParams *bp);
+
 /* dq [B, T, N, H] bf16 = scale * dq_acc [B, N, T, H] on st (hopper_bwd1.cu); rows = B T N < 2^27. */
 cudaError_t sa_hop1_dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N, int HD, float scale, int rows,
                                int sms, cudaStream_t st);

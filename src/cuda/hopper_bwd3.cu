@@ -449,8 +449,6 @@ static int sa_hop3_split(const sa_cuda_params &p) {
   return hs;
 }
 
-static size_t sa_hop3_acc_bytes(const sa_cuda_params &p) { return (size_t)(p.B * p.N * p.T * p.H) * 4; }
-static size_t sa_hop3_sync_bytes(const sa_cuda_params &p) { return (size_t)(1 + p.B * p.N * (p.T / QB)) * 4; }
 static size_t sa_hop3_slice(const sa_cuda_params &p) { return (size_t)(p.B * p.S * p.K * p.H); }
 static size_t sa_hop3_part_bytes(const sa_cuda_params &p, int hs) {
   return hs > 1 ? 2 * (size_t)hs * sa_hop3_slice(p) * 4 : 0;
@@ -494,7 +492,7 @@ bool sa_hopper_bwd3_in_scope(const sa_cuda_params &p, int bf16) {
 }
 
 size_t sa_hopper_bwd3_workspace(const sa_cuda_params &p) {
-  return sa_cuda_round256(sa_hop3_acc_bytes(p)) + sa_cuda_round256(sa_hop3_sync_bytes(p)) +
+  return sa_cuda_round256(sa_hop1_acc_bytes(p)) + sa_cuda_round256(sa_hop1_sync_bytes(p)) +
          sa_cuda_round256(sa_hop3_part_bytes(p, sa_hop3_split(p)));
 }
 
@@ -505,38 +503,16 @@ cudaError_t sa_hopper_bwd3_try(const sa_cuda_params &p, int bf16, void *ws, size
       !sa_hopper_bwd3_in_scope(p, bf16) || ws_bytes < sa_hopper_bwd3_workspace(p) ||
       sa_cuda_env_int("SINKATTN_HOP_BWD_ONEPASS", 1) == 0)
     return cudaSuccess;
-  static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
-  if (!enc) return cudaSuccess;
   const int sms = sa_cuda_sm_count(), hs = sa_hop3_split(p);
   float *acc = (float *)ws;
-  int *sync = (int *)((char *)ws + sa_cuda_round256(sa_hop3_acc_bytes(p)));
-  float *part = (float *)((char *)sync + sa_cuda_round256(sa_hop3_sync_bytes(p)));
-  /* As hopper_bwd1.cu, with K / V as 192-row boxes (past S: TMA's zero fill, counted in the transaction bytes). */
-  const cuuint64_t a_dims[3] = {(cuuint64_t)p.H, (cuuint64_t)p.T, (cuuint64_t)(p.B * p.N)};
-  const cuuint64_t a_str[2] = {(cuuint64_t)p.H * 4, (cuuint64_t)(p.T * p.H) * 4};
-  const cuuint32_t a_box[3] = {32, (cuuint32_t)QB, 1};
+  int *sync = (int *)((char *)ws + sa_cuda_round256(sa_hop1_acc_bytes(p)));
+  float *part = (float *)((char *)sync + sa_cuda_round256(sa_hop1_sync_bytes(p)));
   CUtensorMap m[7];
-  const bool ok = sa_hop_map(enc, &m[0], p.q, p.B, p.T, p.N, p.H, QB) &&
-                  sa_hop_map(enc, &m[1], p.dout, p.B, p.T, p.N, p.H, QB) &&
-                  sa_hop_map(enc, &m[2], p.k, p.B, p.S, p.K, p.H, KB3) &&
-                  sa_hop_map(enc, &m[3], p.v, p.B, p.S, p.K, p.H, KB3) &&
-                  sa_hop_map_rows(enc, &m[4], p.lse2, p.B * p.N, p.T, QB) &&
-                  sa_hop_map_rows(enc, &m[5], p.D, p.B * p.N, p.T, QB) &&
-                  sa_hop_map_f32(enc, &m[6], acc, 3, a_dims, a_str, a_box, CU_TENSOR_MAP_SWIZZLE_128B);
-  if (!ok) return cudaSuccess; /* the driver refused a map: the two passes run instead */
   BwdParams bp;
-  bp.dq = (__nv_bfloat16 *)p.dq;
-  bp.dk = (__nv_bfloat16 *)p.dk;
-  bp.dv = (__nv_bfloat16 *)p.dv;
-  bp.dq_acc = acc;
-  bp.lse2 = p.lse2;
-  bp.D = p.D;
-  bp.T = (int)p.T; bp.S = (int)p.S; bp.N = (int)p.N; bp.KH = (int)p.K;
-  bp.scale = p.scale;
-  bp.scale_l2 = p.scale_log2;
+  if (!sa_hop1_prepare(p, acc, KB3, m, &bp)) return cudaSuccess; /* K / V as 192-row boxes */
   const int nkb = (int)sa_hop3_nkb(p), Gc = (int)(p.G / hs), n_all = Gc * (int)(p.T / QB);
   const Sched3 sc = {sync, hs > 1 ? part : nullptr, nkb, Gc, hs, n_all, std::max(1, n_all / nkb), sa_hop3_slice(p)};
-  const size_t sb = sa_hop3_sync_bytes(p);
+  const size_t sb = sa_hop1_sync_bytes(p);
   return p.causal ? sa_hop3_run<true>(m, bp, sc, p.B, sb, sms, st, used)
                   : sa_hop3_run<false>(m, bp, sc, p.B, sb, sms, st, used);
 }
