@@ -299,13 +299,17 @@ static void fz_run(fz_in *in) {
                  fz_all_finite(c.dv, a->dtype, c.nv));
       for (int64_t n = 0; c.dsinks && n < a->q_heads; n++) FZ_REQUIRE(isfinite(c.dsinks[n]));
     }
-    /* REF backward on REF's forward results, compared with a looser bound: the gradient sums are
-       longer, and half-precision dq/dk/dv round once more. */
+    /* REF backward on the SAME forward results (this backend's out and lse), compared with a looser bound:
+       the gradient sums are longer, and half-precision dq/dk/dv round once more. Not on REF's own forward:
+       dS = P (dP - D) with D = rowsum(dO * out) can cancel to a small fraction of D, and the two forwards'
+       half-precision outs differ by their rounding, so the oracle itself moved by far more than the bound (a
+       CI fuzz run: f16, Hv 64, D ~ 1e2, dq -1.495 vs -1.744 against REF's forward, equal against the same
+       forward; the input is a seed in fuzz/corpus/fuzz_attn). The forward is checked against REF above. */
     sa_attn_grad gr = c.g;
     void *dq = fz_alloc(c.nq, es), *dk = fz_alloc(c.nk, es), *dv = fz_alloc(c.nv, es);
     float *ds = c.dsinks ? fz_alloc(a->q_heads, 4) : NULL;
     gr.dq = dq; gr.dk = dk; gr.dv = dv; gr.dsinks = ds;
-    FZ_REQUIRE(sa_attn_bwd(&r, &gr, NULL, 0, SA_BACKEND_REF, NULL) == SA_OK);
+    FZ_REQUIRE(sa_attn_bwd(a, &gr, NULL, 0, SA_BACKEND_REF, NULL) == SA_OK);
     if (finite) {
       float tol = 4 * fz_tol(a->dtype);
       fz_close(c.dq, dq, a->dtype, c.nq, tol);
