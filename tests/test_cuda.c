@@ -453,6 +453,38 @@ int main(void) {
     }
   unsetenv("SINKATTN_HOP_BWD_NC");
   unsetenv("SINKATTN_HOP_BWD_ONEPASS");
+  /* The persistent one-pass backwards on their smallest legal grid (SINKATTN_HOP_BWD_GRID=1 is raised to a kv head's
+     key blocks, the NAT minimum): many items a CTA, so K / V, the ring, dS^T, staging and the ticket rule all cross
+     items (hopper_bwd1.cu at H128; hopper_bwd3.cu at H64 with SINKATTN_HOP_BWD3_PERSIST=1, on its default grid and
+     on the smallest). Cases outside the one passes' scope run the two passes again. */
+  size_t nbvar = 0;
+#ifdef SA_CUDA_HAVE_SM90A
+  if (major == 9 && minor == 0) {
+    static const struct {
+      int H;
+      const char *persist3, *grid; /* NULL: unset */
+    } bwd_vars[] = {{128, NULL, "1"}, {64, "1", NULL}, {64, "1", "1"}};
+    tc_expect_kernel = 2;
+    for (size_t v = 0; v < sizeof bwd_vars / sizeof bwd_vars[0]; v++, nbvar++) {
+      const char *names[2] = {"SINKATTN_HOP_BWD3_PERSIST", "SINKATTN_HOP_BWD_GRID"};
+      const char *vals[2] = {bwd_vars[v].persist3, bwd_vars[v].grid};
+      printf("-- the H%d Hopper cases,", bwd_vars[v].H);
+      for (int k = 0; k < 2; k++) {
+        if (vals[k]) {
+          setenv(names[k], vals[k], 1);
+          printf(" %s=%s", names[k], vals[k]);
+        } else {
+          unsetenv(names[k]);
+        }
+      }
+      printf(" (expect kernel 2)\n");
+      for (size_t i = 0; i < nh; i += hstride)
+        if (tc_hopper_cases[i].H == bwd_vars[v].H) tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
+    }
+    unsetenv("SINKATTN_HOP_BWD3_PERSIST");
+    unsetenv("SINKATTN_HOP_BWD_GRID");
+  }
+#endif
   /* The Hopper forward's launch variants (hopper_fwd.cu; the default pass above takes its persistent launch, on
      grids of <= 128 work tiles: one a CTA), the forward alone: one work tile per CTA on a grid of all of them
      (SINKATTN_HOP_FWD_PERSISTENT=0: masked calls past 8 key tiles), then persistent CTAs on a grid of 3
@@ -493,8 +525,8 @@ int main(void) {
   }
 #endif
   printf("test_cuda: %d passed, %d failed (%zu cases, %zu of them twice, %zu of those three times; the Hopper "
-         "forward in %zu more launch variants, %zu of them over the H64 cases only)\n", tc_pass, tc_fail,
-         sizeof tc_cases / sizeof tc_cases[0] + nh, nh, n64, nvar, nvar64);
+         "backward in %zu more launch variants over one head dim each, the forward in %zu, %zu of them over the H64 "
+         "cases only)\n", tc_pass, tc_fail, sizeof tc_cases / sizeof tc_cases[0] + nh, nh, n64, nbvar, nvar, nvar64);
   return tc_fail ? 1 : 0;
 }
 #endif

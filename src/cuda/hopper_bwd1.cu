@@ -1,27 +1,30 @@
 /*
- * hopper_bwd1.cu — the sm_90a ONE-pass backward: dev/hopper_bwd_05.cu (deterministic mode, order NAT) moved into
- * the library. Measured on the H200 (bench/NOTES.md section 9, bench/results/h200x2-hopper-bwd05-a32a018.json):
- * 26/26 checks, racecheck 0 hazards, bitwise over 3 runs; the whole backward 1.09x (B4 T4096 N16 H128) / 1.08x
- * causal / 1.14x (B1 T16384) / 1.13x causal of the two passes of hopper_bwd.cu, but 0.91x at gpt-oss H64 GQA: so
- * H128 only. The kernel, its helpers and names are dev 05's so a fix made there ports by diff; the plain and ASC
- * modes stayed in dev.
- *   One CTA per (b, kv head, 128 keys), as the two-pass dK/dV kernel: K, V loaded once, Q / dO / lse2 / D of the
- *   G heads' 64-row query tiles streamed; S^T, dP^T by wgmma SS; dV += P^T dO, dK += dS^T Q by wgmma RS. It also
- *   computes each tile's dQ[64 q x H] = dS K (dS^T staged in shared memory, 8 wgmma m64n64k16 with both operands
- *   transposed, one tile late) and adds it to dq_acc [B, N, T, H] fp32 by four TMA reduces (cp.reduce.async.bulk
- *   .tensor .add) from one writer thread: 5 products per tile where the two passes take 7. The tile's first
- *   visitor (rank 0) stores instead (cp.async.bulk.tensor), so dq_acc is not zeroed (coverage: above nat_rank).
- *   Deterministic: the key blocks of a kv head add into a query tile in a fixed order. One int semaphore per
- *   (b, head, 64-query tile): the writer waits until it equals its rank (NAT: the order of the staggered walks'
- *   visit steps, closed form in nat_rank), stores / adds, waits for completion and increments it (red.release). NAT
- *   needs a head's S / 128 CTAs co-resident (one per SM: 227 KiB of shared memory); CTA tickets from an atomic
- *   counter make the started CTAs a prefix of the ticket order, so at most one head is part-started. Hence the
- *   scope S / 128 <= SMs (beyond it the two passes run, not dev's ASC order: a model gave ~1.8x slower causal).
+ * hopper_bwd1.cu — the sm_90a ONE-pass backward at H128: dev/hopper_bwd_05.cu (deterministic mode, order NAT)
+ * moved into the library, then made persistent with the causal diagonal skip (dev/hopper_bwd_07.cu). Measured on
+ * the H200: 05 (bench/NOTES.md, session 3 section 9): 26/26 checks, racecheck 0 hazards, bitwise over 3 runs, the
+ * whole backward 1.08-1.14x the two passes of hopper_bwd.cu at H128 (0.91x at gpt-oss H64, so H128 only); 07
+ * (session 6 section 1): 22/22 checks, racecheck 0, the whole backward 1.09x 05 at B16 T1024 N16, 1.21x causal,
+ * 1.10x B4 T4096 causal, 1.08x B1 T16384 causal. The helpers and names are dev 05's / 07's so a fix made there
+ * ports by diff; the plain and ASC modes stayed in dev.
+ *   An ITEM is (b, kv head, 128 keys), as the two-pass dK/dV kernel's CTA: K, V loaded once, Q / dO / lse2 / D of
+ *   the G heads' 64-row query tiles streamed; S^T, dP^T by wgmma SS; dV += P^T dO, dK += dS^T Q by wgmma RS. It
+ *   also computes each tile's dQ[64 q x H] = dS K (dS^T staged in shared memory, 8 wgmma m64n64k16 with both
+ *   operands transposed, one tile late) and adds it to dq_acc [B, N, T, H] fp32 by four TMA reduces
+ *   (cp.reduce.async.bulk .tensor .add) from one writer thread: 5 products per tile where the two passes take 7.
+ *   The tile's first visitor (rank 0) stores instead (cp.async.bulk.tensor), so dq_acc is not zeroed (coverage:
+ *   above nat_rank). Deterministic: the key blocks of a kv head add into a query tile in a fixed order. One int
+ *   semaphore per (b, head, 64-query tile): the writer waits until it equals its rank (NAT: the order of the
+ *   staggered walks' visit steps, closed form in nat_rank), stores / adds, waits for completion and increments it
+ *   (red.release). NAT needs a head's S / 128 items held by co-resident CTAs (one per SM: 227 KiB of shared
+ *   memory): item tickets from an atomic counter and the ticket rule (above bwd_onepass) make that hold on a
+ *   persistent grid of min(SMs, items) >= S / 128 CTAs. Hence the scope S / 128 <= SMs (beyond it the two passes
+ *   run, not dev's ASC order: a model gave ~1.8x slower causal).
  * Per call, all on the caller's stream (no allocation, no sync: CUDA-graph safe), between the preprocess (D,
  * lse2) and the sink reduction of cuda_bwd.cu, which stay as they are (dsinks bitwise the two passes'):
  *   1. one cudaMemsetAsync: the ticket counter and the semaphores, 4 (1 + B N T / 64) bytes (dq_acc is not
  *      zeroed: its fill of 128 MiB took 0.038 ms on the H200 at B4 T4096 N32 H64, 4% of B16 T1024 N16's 0.94);
- *   2. bwd_onepass<128, CAUSAL>: dK, dV (bf16, written once) and dq_acc (fp32: rank 0 stores, then ordered adds);
+ *   2. bwd_onepass<128, CAUSAL> on min(SMs, items) CTAs: dK, dV (bf16, written once) and dq_acc (fp32: rank 0
+ *      stores, then ordered adds);
  *   3. dq_convert: dq = scale * dq_acc in bf16.
  * Scope (sa_hopper_bwd1_in_scope): sa_hopper_bwd_in_scope, H == 128, no lengths, no window, causal none or
  * top-left with diag_offset 0 (dev 05's own scope: its checks ran T 512 / S 1024 and T 768 / S 256 causal),
@@ -51,6 +54,7 @@ struct Sched {
   int G;      /* query heads per kv head */
   int n_all;  /* G T / QB: tiles of a key block without a mask (a constant-bank loop bound: no register) */
   int d;      /* non-causal NAT: key block kb starts at tile kb * d of its G T / QB */
+  int total;  /* items (the non-persistent kernel's CTAs): B KH nkb; a ticket >= total ends a CTA */
 };
 
 /* ---- the one-pass kernel ----------------------------------------------------------------------------- */
@@ -119,9 +123,91 @@ __device__ __forceinline__ void stage_dq(const float (&dq)[HD / 4], uint32_t dst
   }
 }
 
+/* An item's geometry (what a CTA of the non-persistent kernel derived from its ticket), the same in the producer,
+   the writer and every consumer warp. Key block fastest in the ticket order: a head's key blocks start together. */
+struct Item {
+  int kb, kvh, b, qb0, per_head, n_tiles, rot;
+};
+template <bool CAUSAL>
+__device__ __forceinline__ Item item_of(int vid, const Sched &sc, int KH, int PT) {
+  Item im;
+  const int h = vid / sc.nkb; /* b KH + kvh: two divisions (the producer has 24 registers) */
+  im.kb = vid - h * sc.nkb;
+  im.b = h / KH;
+  im.kvh = h - im.b * KH;
+  /* Top-left causal: query i sees key j iff j <= i, so query blocks ending before k0 are skipped. */
+  im.qb0 = CAUSAL ? im.kb * KB / QB : 0;
+  im.per_head = max(0, PT - im.qb0);
+  im.n_tiles = CAUSAL ? sc.G * im.per_head : sc.n_all;
+  im.rot = (!CAUSAL && im.n_tiles > 0) ? im.kb * sc.d % im.n_tiles : 0;
+  return im;
+}
+
+/* dQ(k) of the item (both operands a tile old or older) into staging slot k & 1 for the writer; last: the item's
+   last dQ product, K's last read (kv_empty: the next item's K / V may land). */
+template <int HD>
+__device__ __forceinline__ void dq_tile(float (&dq)[HD / 4], uint32_t k, bool last, uint32_t sds, uint32_t sk,
+                                        uint32_t sdq, uint32_t ds_empty, uint32_t dq_empty, uint32_t dq_full,
+                                        uint32_t kv_empty, int cw, int warp, int lane) {
+  constexpr uint32_t DQ_BYTES = QB * HD * 4;
+  const uint32_t kx = k & 1;
+  zero(dq); /* dead between tiles: not carried through S^T / dP^T */
+  pin(dq);
+  wgmma_fence();
+  gemm_dq<HD>(dq, sds + kx * DS_BYTES, sk, cw);
+  wgmma_commit();
+  wgmma_wait0();
+  pin(dq);
+  if (lane == 0) {
+    mbar_arrive(ds_empty + 8 * kx);
+    if (last) mbar_arrive(kv_empty);
+  }
+  mbar_wait(dq_empty + 8 * kx, ((k >> 1) & 1) ^ 1); /* the writer's store / add of dQ(k - 2) has read the slot */
+  stage_dq<HD>(dq, sdq + kx * DQ_BYTES, cw, warp, lane);
+  fence_async_shared(); /* generic stores -> the TMA store / reduce's reads */
+  __syncwarp();
+  if (lane == 0) mbar_arrive(dq_full + 8 * kx);
+}
+
 #endif /* sm_90a */
 
-/* tml / tmd: lse2, D [B N, T] fp32 (box 64); tma: dq_acc {H, T, B N} fp32 (box {32, 64, 1}, 128-byte swizzle). */
+/* PERSISTENT (dev/hopper_bwd_07): grid min(SMs, items) CTAs (at least nkb: the deadlock argument in the header), each
+   taking item tickets from the counter until one is past the last item. Barriers initialised once; every parity
+   from a running counter: j the CTA's items (the end marker included), x its query tiles over all items, jk its
+   items with tiles (causal T < S has items without). STAGES = 2: tile x's ring stage, dS^T buffer and staging slot
+   are all x & 1, their phase (x >> 1) & 1. Barriers (count; who arrives; who waits, parity):
+     item_full    1    producer after writing the slot with item j         consumer warps, writer: j & 1
+     item_empty   9    lane 0 of the 8 consumer warps, the writer         producer before slot j + 1: j & 1
+     kv_full      1+tx producer: expect_tx 64 KiB, 4 TMA                   consumers before item jk's tiles: jk & 1
+     kv_empty     8    lane 0 per consumer warp after the last dQ product producer before item jk + 1's K / V
+     full[s]      1+tx producer: Q, dO, lse2, D of tile x                 consumers: (x >> 1) & 1
+     empty[s]     8    per consumer warp after tile x's dV, dK            producer before tile x + 2
+     ds_full[s]   8    per warp after storing its dS^T(x) rows            both warpgroups before dQ(x)
+     ds_empty[s]  8    per warp after its dQ(x) product                   every warp before storing dS^T(x + 2)
+     dq_full[s]   8    per warp after staging its dQ(x) half              writer before tile x's store / add
+     dq_empty[s]  1    writer once the store / add has read the slot      every warp before staging dQ(x + 2)
+     wr_done[c]   1    writer, item j (c = j & 1), once its last          producer before item j + 1's ticket when
+                       semaphore wait passed (at once without tiles)      the counter is not past j's head: (j >> 1) & 1
+   Never two phases outstanding: item, kv and ring pairs alternate strictly; per warp the dS^T / dQ order over x is
+   T(x) < D(x) < T(x + 2) (an item's last D(x) runs before T(x + 1)), and the writer takes x in order. wr_done is a
+   pair: when the producer waits for item j the writer has arrived for every item <= j - 2 (it read slot j - 1) and
+   for none past j, so barrier j & 1 has completed j >> 1 or (j >> 1) + 1 phases.
+   Deadlock freedom (NAT). A writer waits only on visits of its own head (b, kv head); in a head whose nkb items are
+   all held by CTAs that reach them, the pending visit of least walk step waits on nothing unfinished. Tickets are
+   taken as a prefix [0, M): every head but the one holding ticket M - 1 (H*) is fully taken. The ticket RULE: after
+   issuing an item's last loads the producer takes the next ticket at once if the counter is already past the item's
+   head (the new ticket is of a later head, which the item never waits on), else once the writer's last semaphore
+   wait of the item passed (wr_done). So of two items a CTA holds, the earlier is of an earlier head or past its
+   waits; by induction the heads below H* finish, and a stuck state would need each of the P co-resident CTAs (one an
+   SM) to hold its own waiting item of H*: P >= nkb items of H*, all of them, and H* finishes. Without the rule a CTA
+   could hold X and a later X' of the same head that X waits on (causal: key block kb waits for kb + 1).
+   Overlap: the producer issues the next item's first two ring tiles as their slots free (under this item's last two
+   tiles), its K / V once both warpgroups passed their last dQ product; the last dQ staging and the dK / dV stores
+   then run under the next K / V load.
+   Causal diagonal skip (as hopper_bwd3.cu): in query tile 2 kb warpgroup 1's keys are above every row: no S^T,
+   dP^T, softmax, dV, dK; a zero dS^T slice (each dQ half reads all 128 keys); every arrive as usual (4.4% of the
+   tensor work at T1024).
+   tml / tmd: lse2, D [B N, T] fp32 (box 64); tma: dq_acc {H, T, B N} fp32 (box {32, 64, 1}, 128-byte swizzle). */
 template <int HD, bool CAUSAL>
 __global__ void __launch_bounds__(THREADS, 1)
     bwd_onepass(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
@@ -129,99 +215,136 @@ __global__ void __launch_bounds__(THREADS, 1)
                 const __grid_constant__ CUtensorMap tml, const __grid_constant__ CUtensorMap tmd,
                 const __grid_constant__ CUtensorMap tma, const BwdParams p, const Sched sc) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(STAGES == 2, "tile x's ring stage, dS^T buffer and staging slot are one index, x & 1");
   constexpr int CB = HD / 64;
   constexpr uint32_t KV_BYTES = KB * HD * 2, QT_BYTES = QB * HD * 2, LD_BYTES = 2 * QB * 4, DQ_BYTES = QB * HD * 4;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  /* K+V full; per stage full, empty; per dS^T buffer full, empty; per dQ slot full, empty */
-  __shared__ __align__(8) uint64_t bar[1 + 2 * STAGES + 8];
+  __shared__ __align__(8) uint64_t bar[18]; /* the table above, in its order */
   __shared__ float anchor[4 * NC];
-  __shared__ int ticket;
+  __shared__ int item_slot; /* the item, written by the producer before item_full, read after it */
 
   const uint32_t raw = smem_u32(smem_raw), sk = (raw + 1023u) & ~1023u, sv = sk + KV_BYTES;
   const uint32_t sq = sv + KV_BYTES, sdo = sq + STAGES * QT_BYTES, sds = sdo + STAGES * QT_BYTES;
   const uint32_t sdq = sds + 2 * DS_BYTES, sld = sdq + 2 * DQ_BYTES;
   const float *ld_f = reinterpret_cast<const float *>(smem_raw + (sld - raw)); /* per stage: lse2[QB], D[QB] */
   const uint32_t b0 = smem_u32(bar);
-  auto bar_full = [&](int s) { return b0 + 8 * (1 + s); };
-  auto bar_empty = [&](int s) { return b0 + 8 * (1 + STAGES + s); };
-  auto ds_full = [&](int x) { return b0 + 8 * (1 + 2 * STAGES + x); };
-  auto ds_empty = [&](int x) { return b0 + 8 * (3 + 2 * STAGES + x); };
-  auto dq_full = [&](int x) { return b0 + 8 * (5 + 2 * STAGES + x); };
-  auto dq_empty = [&](int x) { return b0 + 8 * (7 + 2 * STAGES + x); };
+  const uint32_t item_full = b0, item_empty = b0 + 8, kv_full = b0 + 16, kv_empty = b0 + 24;
+  const uint32_t full0 = b0 + 32, empty0 = b0 + 48, ds_full0 = b0 + 64, ds_empty0 = b0 + 80, dq_full0 = b0 + 96,
+                 dq_empty0 = b0 + 112, wr_done0 = b0 + 128; /* pairs: + 8 x */
 
   if (threadIdx.x == 0) {
-    mbar_init(b0, 1);
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(bar_full(s), 1);
-      mbar_init(bar_empty(s), 4 * NC); /* one arrive per consumer warp */
-    }
+    mbar_init(item_full, 1);
+    mbar_init(item_empty, 4 * NC + 1); /* the consumer warps and the writer */
+    mbar_init(kv_full, 1);
+    mbar_init(kv_empty, 4 * NC);
     for (int x = 0; x < 2; ++x) {
-      mbar_init(ds_full(x), 4 * NC);
-      mbar_init(ds_empty(x), 4 * NC);
-      mbar_init(dq_full(x), 4 * NC);
-      mbar_init(dq_empty(x), 1); /* the writer */
+      mbar_init(full0 + 8 * x, 1);
+      mbar_init(empty0 + 8 * x, 4 * NC); /* one arrive per consumer warp */
+      mbar_init(ds_full0 + 8 * x, 4 * NC);
+      mbar_init(ds_empty0 + 8 * x, 4 * NC);
+      mbar_init(dq_full0 + 8 * x, 4 * NC);
+      mbar_init(dq_empty0 + 8 * x, 1); /* the writer */
+      mbar_init(wr_done0 + 8 * x, 1);  /* the writer */
     }
-    /* Tickets in start order, so every CTA with a smaller ticket has started (CUB's decoupled look-back
-       does the same): the waits below are then on CTAs that hold an SM or are done, whatever order the
-       hardware launches blocks in. */
-    ticket = atomicAdd(sc.sync, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
 
-  /* Key block fastest: a head's key blocks start together. The ticket goes through __shfl_sync so ptxas knows it is
-     warp-uniform: n_tiles and the loop state then live in uniform registers (else n_tiles is spilled, DET H128). */
-  const int vid = __shfl_sync(0xffffffffu, ticket, 0);
-  const int kb = vid % sc.nkb, kvh = (vid / sc.nkb) % p.KH, b = vid / (sc.nkb * p.KH);
-  const int k0 = kb * KB, G = sc.G, T = p.T, PT = T / QB;
-  /* Top-left causal: query i sees key j iff j <= i, so query blocks ending before k0 are skipped. */
-  const int qb0 = CAUSAL ? k0 / QB : 0, per_head = max(0, PT - qb0), n_tiles = CAUSAL ? G * per_head : sc.n_all;
-  const int rot = (!CAUSAL && n_tiles > 0) ? kb * sc.d % n_tiles : 0;
-  const int wg = threadIdx.x / 128;
+  const int PT = p.T / QB, wg = threadIdx.x / 128;
 
   if (wg == 0) {
     /* 128 x 24 + 256 x 240 = 64512 = 384 x 168, the CTA's registers at launch: the pool setmaxnreg.inc draws on */
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (n_tiles > 0 && threadIdx.x == 0) { /* the TMA producer (04's, in visiting order) */
-      mbar_arrive_tx(b0, 2 * KV_BYTES);
-      for (int c = 0; c < CB; ++c) {
-        tma_load(sk + c * KB * 128, &tmk, b0, c * 64, kvh, k0, b);
-        tma_load(sv + c * KB * 128, &tmv, b0, c * 64, kvh, k0, b);
-      }
-      Walk w(rot, qb0, PT, G);
-      for (int it = 0; it < n_tiles; ++it, w.next()) {
-        const int s = it % STAGES, n = kvh * G + w.g, i0 = w.q * QB;
-        mbar_wait(bar_empty(s), ((it / STAGES) & 1) ^ 1);
-        mbar_arrive_tx(bar_full(s), 2 * QT_BYTES + LD_BYTES);
-        for (int c = 0; c < CB; ++c) {
-          tma_load(sq + s * QT_BYTES + c * QB * 128, &tmq, bar_full(s), c * 64, n, i0, b);
-          tma_load(sdo + s * QT_BYTES + c * QB * 128, &tmdo, bar_full(s), c * 64, n, i0, b);
+    if (threadIdx.x < 32) {
+      /* The TMA producer: publishes the items, loads their tiles, takes the tickets. The whole warp walks so that
+         the item's values are warp-uniform (uniform registers: as one thread, with 24 registers, the causal
+         producer spilled 16-32 B); lane 0 issues the atomics, the slot, the arrives and the copies. */
+      const bool lead = threadIdx.x == 0;
+      uint32_t x = 0, jk = 0;
+      int tk = 0;
+      if (lead) tk = atomicAdd(sc.sync, 1);
+      int vid = __shfl_sync(0xffffffffu, tk, 0);
+      for (uint32_t j = 0;; ++j) {
+        mbar_wait(item_empty, (j & 1) ^ 1); /* every reader has read item j - 1 (j = 0: a fresh barrier) */
+        if (lead) {
+          *(volatile int *)&item_slot = vid;
+          mbar_arrive(item_full);
         }
-        tma_load_2d(sld + s * LD_BYTES, &tml, bar_full(s), i0, b * p.N + n);
-        tma_load_2d(sld + s * LD_BYTES + QB * 4, &tmd, bar_full(s), i0, b * p.N + n);
-      }
-    } else if (n_tiles > 0 && threadIdx.x == 32) { /* the dQ writer (warp 1) */
-      Walk w(rot, qb0, PT, G);
-      const int bn0 = b * p.N + kvh * G; /* row (b N + n) of head g: bn0 + g */
-      for (int k = 0; k < n_tiles; ++k, w.next()) {
-        const int x = k & 1;
-        int *sem = sc.sync + 1 + (size_t)(bn0 + w.g) * PT + w.q;
-        mbar_wait(dq_full(x), (k >> 1) & 1);
-        const int rank = nat_rank<CAUSAL>(kb, w.g, w.q, sc.nkb, PT, sc.d);
-        while (ld_acquire(sem) != rank) {
+        if (vid >= sc.total) break;
+        const Item im = item_of<CAUSAL>(vid, sc, p.KH, PT);
+        const int nb = im.kvh * sc.G, rb = im.b * p.N + nb; /* the kv head's first head; its lse2 / D row */
+        auto load_kv = [&]() {
+          mbar_wait(kv_empty, (jk & 1) ^ 1); /* both warpgroups are past item jk - 1's last dQ product */
+          ++jk;
+          if (lead) {
+            mbar_arrive_tx(kv_full, 2 * KV_BYTES);
+            for (int c = 0; c < CB; ++c) {
+              tma_load(sk + c * KB * 128, &tmk, kv_full, c * 64, im.kvh, im.kb * KB, im.b);
+              tma_load(sv + c * KB * 128, &tmv, kv_full, c * 64, im.kvh, im.kb * KB, im.b);
+            }
+          }
+        };
+        /* The first two tiles' slots free under the previous item's last tiles, K / V only after its last dQ:
+           ring first (tile 2 waits for tile 0's release, which needs K / V: issued by then). */
+        const int n0 = min(im.n_tiles, STAGES);
+        Walk w(im.rot, im.qb0, PT, sc.G);
+        for (int it = 0; it < im.n_tiles; ++it, ++x, w.next()) {
+          if (it == n0) load_kv();
+          const uint32_t s = x & 1;
+          const int i0 = w.q * QB;
+          mbar_wait(empty0 + 8 * s, ((x >> 1) & 1) ^ 1);
+          if (lead) {
+            const uint32_t fb = full0 + 8 * s;
+            mbar_arrive_tx(fb, 2 * QT_BYTES + LD_BYTES);
+            for (int c = 0; c < CB; ++c) {
+              tma_load(sq + s * QT_BYTES + c * QB * 128, &tmq, fb, c * 64, nb + w.g, i0, im.b);
+              tma_load(sdo + s * QT_BYTES + c * QB * 128, &tmdo, fb, c * 64, nb + w.g, i0, im.b);
+            }
+            tma_load_2d(sld + s * LD_BYTES, &tml, fb, i0, rb + w.g);
+            tma_load_2d(sld + s * LD_BYTES + QB * 4, &tmd, fb, i0, rb + w.g);
+          }
         }
-        fence_async_global(); /* the reduce (async proxy) after the acquire that saw the previous adds */
-        const uint32_t src = sdq + x * DQ_BYTES;
-        if (rank == 0) /* the tile's first visit stores: dq_acc is not zeroed (coverage: above nat_rank) */
-          for (int c = 0; c < HD / 32; ++c) tma_store_3d(&tma, src + c * QB * 128, c * 32, w.q * QB, bn0 + w.g);
-        else
-          for (int c = 0; c < HD / 32; ++c) tma_reduce_add(&tma, src + c * QB * 128, c * 32, w.q * QB, bn0 + w.g);
-        bulk_commit();
-        bulk_wait_read0();
-        mbar_arrive(dq_empty(x));
-        bulk_wait0();         /* this tile's store / adds are done in L2 ... */
-        fence_async_global(); /* ... and ordered before the release */
-        red_release_add(sem, 1);
+        if (im.n_tiles > 0 && im.n_tiles <= STAGES) load_kv();
+        /* The next ticket (the RULE): at once when the counter is past this item's head, else once the writer's last
+           semaphore wait of this item passed. */
+        int past = 0;
+        if (lead) past = ld_relaxed(sc.sync) >= vid - im.kb + sc.nkb;
+        if (!__shfl_sync(0xffffffffu, past, 0)) mbar_wait(wr_done0 + 8 * (j & 1), (j >> 1) & 1);
+        if (lead) tk = atomicAdd(sc.sync, 1);
+        vid = __shfl_sync(0xffffffffu, tk, 0);
+      }
+    } else if (threadIdx.x == 32) { /* the dQ writer (warp 1): tiles x in order */
+      uint32_t x = 0;
+      for (uint32_t j = 0;; ++j) {
+        mbar_wait(item_full, j & 1);
+        const int vid = *(volatile int *)&item_slot;
+        mbar_arrive(item_empty);
+        if (vid >= sc.total) break;
+        const Item im = item_of<CAUSAL>(vid, sc, p.KH, PT);
+        Walk w(im.rot, im.qb0, PT, sc.G);
+        const int bn0 = im.b * p.N + im.kvh * sc.G; /* row (b N + n) of head g: bn0 + g */
+        for (int kk = 0; kk < im.n_tiles; ++kk, ++x, w.next()) {
+          const uint32_t xb = x & 1;
+          int *sem = sc.sync + 1 + (size_t)(bn0 + w.g) * PT + w.q;
+          mbar_wait(dq_full0 + 8 * xb, (x >> 1) & 1);
+          const int rank = nat_rank<CAUSAL>(im.kb, w.g, w.q, sc.nkb, PT, sc.d);
+          while (ld_acquire(sem) != rank) {
+          }
+          fence_async_global(); /* the store / reduce (async proxy) after the acquire that saw the earlier adds */
+          if (kk == im.n_tiles - 1) mbar_arrive(wr_done0 + 8 * (j & 1)); /* no wait left in this item */
+          const uint32_t src = sdq + xb * DQ_BYTES;
+          if (rank == 0) /* the tile's first visit stores: dq_acc is not zeroed (coverage: above nat_rank) */
+            for (int c = 0; c < HD / 32; ++c) tma_store_3d(&tma, src + c * QB * 128, c * 32, w.q * QB, bn0 + w.g);
+          else
+            for (int c = 0; c < HD / 32; ++c) tma_reduce_add(&tma, src + c * QB * 128, c * 32, w.q * QB, bn0 + w.g);
+          bulk_commit();
+          bulk_wait_read0();
+          mbar_arrive(dq_empty0 + 8 * xb);
+          bulk_wait0();         /* this tile's store / adds are done in L2 ... */
+          fence_async_global(); /* ... and ordered before the release */
+          red_release_add(sem, 1);
+        }
+        if (im.n_tiles == 0) mbar_arrive(wr_done0 + 8 * (j & 1));
       }
       bulk_wait0();
     }
@@ -229,89 +352,91 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-  const int cw = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, t = lane % 4;
-  const int kw0 = k0 + 64 * cw, kr = kw0 + 16 * warp + lane / 4; /* this thread's keys: kr, kr + 8 */
+  /* Warp-uniform through a shuffle: the skip branch holds wgmma sections. */
+  const int cw = __shfl_sync(0xffffffffu, wg - 1, 0), warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int t = lane % 4;
   const uint32_t sk_wg = sk + cw * 64 * 128, sv_wg = sv + cw * 64 * 128;
   const float sl2 = p.scale_l2;
   /* Accumulators d[4j + e]: row lane/4 + 8 (e >> 1) of the warp's 16, column 8j + 2t + (e & 1). */
   float dk[HD / 2], dv[HD / 2], st[32], dpt[32], dq[HD / 4];
   uint32_t pf[16], df[16];
-  zero(dk);
-  zero(dv);
-  if (n_tiles > 0) mbar_wait(b0, 0);
 
-  for (int it = 0; it < n_tiles; ++it) {
-    const int s = it % STAGES, i0 = (qb0 + it % per_head) * QB; /* i0: causal only (no rotation there) */
-    const uint32_t sq_s = sq + s * QT_BYTES, sdo_s = sdo + s * QT_BYTES;
-    mbar_wait(bar_full(s), (it / STAGES) & 1);
-    /* ---- 04's tile: S^T, dP^T, P^T, dS^T ---- */
-    onepass_tile<HD, CAUSAL>(st, dpt, pf, df, sk_wg, sv_wg, KB, sq_s, sdo_s, ld_f + s * 2 * QB, sl2, i0, kw0, kr, t,
-                             &anchor[4 * cw + warp], lane);
-    /* ---- dS^T(it) to shared memory (01a's swizzled store), for both warpgroups' dQ halves ---- */
-    const int x = it & 1;
-    const uint32_t sds_x = sds + x * DS_BYTES;
-    mbar_wait(ds_empty(x), ((it >> 1) & 1) ^ 1); /* both halves of dQ(it - 2) have read this buffer */
-    store_ds_rows(sds_x, df, kr - k0, t);
-    fence_async_shared(); /* generic stores -> wgmma reads */
-    __syncwarp();
-    if (lane == 0) mbar_arrive(ds_full(x));
-    /* ---- dV, dK of this tile; then dQ of the previous one, once P^T / dS^T fragments are dead ---- */
-    pin(dv);
-    pin(dk);
-    pin(pf);
-    pin(df);
-    wgmma_fence();
-    gemm_rs<HD>(dv, pf, sdo_s); /* dV += P^T dO */
-    gemm_rs<HD>(dk, df, sq_s);  /* dK += dS^T Q */
-    wgmma_commit();
-    if (it > 0) mbar_wait(ds_full(x ^ 1), ((it - 1) >> 1) & 1); /* the other half's dS^T(it - 1): a tile old */
-    wgmma_wait0();
-    pin(dv);
-    pin(dk);
-    pin(pf);
-    pin(df);
-    /* lse2 / D of this stage were read by every lane with plain loads: the warp synchronises before the elected
-       arrive (mbarrier.arrive releases only the arriving thread's accesses). */
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar_empty(s));
-    if (it > 0) { /* dQ(it - 1) -> staging slot (it - 1) & 1, once the writer's reduce of dQ(it - 3) read it */
-      const int k = it - 1;
-      zero(dq); /* dead between tiles: not carried through S^T / dP^T */
-      pin(dq);
-      wgmma_fence();
-      gemm_dq<HD>(dq, sds + (k & 1) * DS_BYTES, sk, cw);
-      wgmma_commit();
-      wgmma_wait0();
-      pin(dq);
-      if (lane == 0) mbar_arrive(ds_empty(k & 1));
-      mbar_wait(dq_empty(k & 1), ((k >> 1) & 1) ^ 1);
-      stage_dq<HD>(dq, sdq + (k & 1) * DQ_BYTES, cw, warp, lane);
-      fence_async_shared(); /* generic stores -> the TMA reduce's reads */
-      __syncwarp();
-      if (lane == 0) mbar_arrive(dq_full(k & 1));
+  uint32_t x0 = 0, jk = 0;
+  for (uint32_t j = 0;; ++j) {
+    /* Lane 0 alone reads the slot: its arrive is the one that lets the producer rewrite it (an mbarrier arrive
+       releases only the arriving thread's accesses; the forward's racecheck lesson). */
+    mbar_wait(item_full, j & 1);
+    int slot = 0;
+    if (lane == 0) slot = *(volatile int *)&item_slot;
+    const int vid = __shfl_sync(0xffffffffu, slot, 0);
+    if (lane == 0) mbar_arrive(item_empty);
+    if (vid >= sc.total) break;
+    const Item im = item_of<CAUSAL>(vid, sc, p.KH, PT);
+    const int k0 = im.kb * KB, qb0 = im.qb0, per_head = im.per_head, n_tiles = im.n_tiles;
+    const int kw0 = k0 + 64 * cw, kr = kw0 + 16 * warp + lane / 4; /* this thread's keys: kr, kr + 8 */
+    zero(dk);
+    zero(dv);
+    if (n_tiles > 0) {
+      mbar_wait(kv_full, jk & 1);
+      for (int it = 0; it < n_tiles; ++it) {
+        const uint32_t x = x0 + it, xb = x & 1, xp = (x >> 1) & 1;
+        const int i0 = (qb0 + it % per_head) * QB; /* i0: causal only (no rotation there) */
+        const uint32_t sq_s = sq + xb * QT_BYTES, sdo_s = sdo + xb * QT_BYTES;
+        /* Causal, q = 2 kb: no row of the tile sees this warpgroup's keys (warpgroup 1 only). */
+        const bool skip = CAUSAL && i0 + QB <= kw0;
+        mbar_wait(full0 + 8 * xb, xp);
+        if (!skip) { /* ---- S^T, dP^T, P^T, dS^T ---- */
+          onepass_tile<HD, CAUSAL>(st, dpt, pf, df, sk_wg, sv_wg, KB, sq_s, sdo_s, ld_f + xb * 2 * QB, sl2, i0, kw0,
+                                   kr, t, &anchor[4 * cw + warp], lane);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) df[i] = 0u; /* bf16 +0: both dQ halves read all 128 keys */
+        }
+        /* ---- dS^T(x) to shared memory (01a's swizzled store), for both warpgroups' dQ halves ---- */
+        const uint32_t sds_x = sds + xb * DS_BYTES;
+        mbar_wait(ds_empty0 + 8 * xb, xp ^ 1); /* both halves of dQ(x - 2) have read this buffer */
+        store_ds_rows(sds_x, df, kr - k0, t);
+        fence_async_shared(); /* generic stores -> wgmma reads */
+        __syncwarp();
+        if (lane == 0) mbar_arrive(ds_full0 + 8 * xb);
+        /* ---- dV, dK of this tile; then dQ of the previous one, once P^T / dS^T fragments are dead ---- */
+        if (!skip) {
+          pin(dv);
+          pin(dk);
+          pin(pf);
+          pin(df);
+          wgmma_fence();
+          gemm_rs<HD>(dv, pf, sdo_s); /* dV += P^T dO */
+          gemm_rs<HD>(dk, df, sq_s);  /* dK += dS^T Q */
+          wgmma_commit();
+          if (it > 0) mbar_wait(ds_full0 + 8 * (xb ^ 1), ((x - 1) >> 1) & 1); /* the other half's dS^T(x - 1) */
+          wgmma_wait0();
+          pin(dv);
+          pin(dk);
+          pin(pf);
+          pin(df);
+        } else if (it > 0) {
+          mbar_wait(ds_full0 + 8 * (xb ^ 1), ((x - 1) >> 1) & 1);
+        }
+        /* lse2 / D of this stage were read by every lane with plain loads: the warp synchronises before the elected
+           arrive (mbarrier.arrive releases only the arriving thread's accesses). */
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + 8 * xb);
+        if (it > 0)
+          dq_tile<HD>(dq, x - 1, false, sds, sk, sdq, ds_empty0, dq_empty0, dq_full0, kv_empty, cw, warp, lane);
+      }
+      /* dQ of the item's last tile: K's last read; the next item's K / V may land from here on */
+      const uint32_t k = x0 + n_tiles - 1;
+      mbar_wait(ds_full0 + 8 * (k & 1), (k >> 1) & 1);
+      dq_tile<HD>(dq, k, true, sds, sk, sdq, ds_empty0, dq_empty0, dq_full0, kv_empty, cw, warp, lane);
+      x0 += n_tiles;
+      ++jk;
     }
+    const size_t rs = (size_t)p.KH * HD;
+    const size_t base = ((size_t)im.b * p.S * p.KH + im.kvh) * HD;
+    store_rows<HD>(p.dk + base, dk, rs, kr, t, p.scale); /* zeros where no query sees the keys */
+    store_rows<HD>(p.dv + base, dv, rs, kr, t, 1.f);
   }
-  if (n_tiles > 0) { /* dQ of the last tile */
-    const int k = n_tiles - 1;
-    mbar_wait(ds_full(k & 1), (k >> 1) & 1);
-    zero(dq);
-    pin(dq);
-    wgmma_fence();
-    gemm_dq<HD>(dq, sds + (k & 1) * DS_BYTES, sk, cw);
-    wgmma_commit();
-    wgmma_wait0();
-    pin(dq);
-    mbar_wait(dq_empty(k & 1), ((k >> 1) & 1) ^ 1);
-    stage_dq<HD>(dq, sdq + (k & 1) * DQ_BYTES, cw, warp, lane);
-    fence_async_shared();
-    __syncwarp();
-    if (lane == 0) mbar_arrive(dq_full(k & 1));
-  }
-
-  const size_t rs = (size_t)p.KH * HD;
-  const size_t base = ((size_t)b * p.S * p.KH + kvh) * HD;
-  store_rows<HD>(p.dk + base, dk, rs, kr, t, p.scale); /* zeros where no query sees the keys */
-  store_rows<HD>(p.dv + base, dv, rs, kr, t, 1.f);
 #endif /* sm_90a */
 }
 
@@ -337,6 +462,13 @@ __global__ void dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N, in
 /* ---- host ------------------------------------------------------------------------------------------- */
 
 
+/* The persistent grid: the SMs (SINKATTN_HOP_BWD_GRID=n: n, for the tests' many items a CTA), at least nkb (NAT:
+   the deadlock argument above) and at most the items. */
+int sa_hop1_grid(int nkb, int total, int sms) {
+  const int cap = sa_cuda_env_int("SINKATTN_HOP_BWD_GRID", 0);
+  return std::min(std::max(cap > 0 ? cap : sms, nkb), total);
+}
+
 /* A refused shared-memory opt-in (227 KiB) leaves *used = 0: the two passes run instead. */
 template <bool CAUSAL>
 cudaError_t sa_hop1_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sched &sc, int64_t B, size_t sync_bytes,
@@ -350,8 +482,8 @@ cudaError_t sa_hop1_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sc
   *used = 1;
   cudaError_t e = cudaMemsetAsync(sc.sync, 0, sync_bytes, st); /* the ticket, the semaphores (not dq_acc) */
   if (e != cudaSuccess) return e;
-  bwd_onepass<128, CAUSAL><<<(unsigned)(sc.nkb * bp.KH * B), THREADS, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5],
-                                                                                  m[6], bp, sc);
+  const int grid = sa_hop1_grid(sc.nkb, sc.total, sms);
+  bwd_onepass<128, CAUSAL><<<grid, THREADS, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], m[6], bp, sc);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   const int rows = (int)(B * bp.T * bp.N); /* < 2^27 in scope: rows * 16 fits dq_convert's int */
   return sa_hop1_dq_convert(bp.dq_acc, bp.dq, bp.T, bp.N, 128, bp.scale, rows, sms, st);
@@ -428,7 +560,8 @@ cudaError_t sa_hopper_bwd1_try(const sa_cuda_params &p, int bf16, void *ws, size
   BwdParams bp;
   if (!sa_hop1_prepare(p, acc, KB, m, &bp)) return cudaSuccess;
   const int nkb = (int)(p.S / KB), n_all = (int)(p.G * (p.T / QB));
-  const Sched sc = {sync, nkb, (int)p.G, n_all, std::max(1, n_all / nkb)};
+  if (p.B * p.K * nkb >= ((int64_t)1 << 31)) return cudaSuccess; /* item tickets in int */
+  const Sched sc = {sync, nkb, (int)p.G, n_all, std::max(1, n_all / nkb), (int)(p.B * p.K * nkb)};
   const size_t sb = sa_hop1_sync_bytes(p);
   return p.causal ? sa_hop1_run<true>(m, bp, sc, p.B, sb, sms, st, used)
                   : sa_hop1_run<false>(m, bp, sc, p.B, sb, sms, st, used);
