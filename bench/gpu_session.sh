@@ -18,7 +18,8 @@
 #                                           GPU 0: test_cuda, ncu's detailed sections over NCU_SHAPES (ours, cuDNN)
 #   PART=ab bash bench/gpu_session.sh      (2 GPUs) the sanitizer over test_cuda on GPU 1; GPU 0: test_cuda, the grid
 #                                           with the new default and with AB_ENV (the previous form), AB_EXTRA runs
-#                                           on GRID2, DEV_VARIANTS, NCU_SHAPES, pytest (PYTEST=1)
+#                                           on GRID2, DEV_VARIANTS, NCU_SHAPES, NCU_SRC (stall samples per SASS
+#                                           instruction), pytest (PYTEST=1)
 #   PART=bench bash bench/gpu_session.sh   python -m sinkattn.bench on the performance.md grid (learnable;
 #                                           vanilla and off_by_one on the H=128 T=4096 rows), the decode
 #                                           bandwidth table, the Hopper dev variants (dev/run_hopper.sh),
@@ -75,6 +76,27 @@ ncu_shapes() {
         --log-file "$STAGE/ncu$i-$who.txt" "$PY" bench/profile_fb.py --B $B --T $T --N $N --K $K --H $H "${c[@]}" \
         --contender $who
     done
+    i=$((i + 1))
+  done
+}
+# ncu_src "B T N K H causal [window [fwd]], ...": ncu's warp-stall sampling per SASS instruction over our kernels in
+# one jax call of each shape (SourceCounters + WarpStateStats into a report, then its source page as CSV: every
+# instruction with its stall samples by reason), to find where the warps wait.
+ncu_src() {
+  local shapes sh B T N K H C W F i=0
+  IFS=, read -ra shapes <<< "$1"
+  for sh in "${shapes[@]}"; do
+    read -r B T N K H C W F <<< "$sh"
+    c=(); [ "$C" = 1 ] && c=(--causal)
+    [ -n "$W" ] && [ "$W" -ge 0 ] && c+=(--window "$W")
+    [ "$F" = 1 ] && c+=(--fwd)
+    step ncusrc$i ${NCU_LIMIT:-100} ncu --section SourceCounters --section WarpStateStats \
+      -k 'regex:sa_hop|bwd_onepass' --launch-count ${NCU_COUNT:-2} -f -o "$STAGE/ncusrc$i" \
+      "$PY" bench/profile_fb.py --B $B --T $T --N $N --K $K --H $H "${c[@]}" --contender fused
+    step ncusrc$i-csv 60 bash -c "ncu --import '$STAGE/ncusrc$i.ncu-rep' --page source --csv --print-source sass \
+      > '$STAGE/ncusrc$i-sass.csv' && ncu --import '$STAGE/ncusrc$i.ncu-rep' --page details \
+      > '$STAGE/ncusrc$i-details.txt'"
+    rm -f "$STAGE/ncusrc$i.ncu-rep"
     i=$((i + 1))
   done
 }
@@ -214,6 +236,7 @@ elif [ "$PART" = ab ]; then
   fi
   [ -n "${DEV_VARIANTS:-}" ] && step dev ${DEV_LIMIT:-150} env OUT="$STAGE/dev" bash dev/run_hopper.sh $DEV_VARIANTS
   [ -n "${NCU_SHAPES:-}" ] && ncu_shapes "$NCU_SHAPES"
+  [ -n "${NCU_SRC:-}" ] && ncu_src "$NCU_SRC"
   [ "${SAN_AFTER:-0}" = 1 ] && start_san
   [ "${PYTEST:-0}" = 1 ] && step pytest 150 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=140 -n 8
   t0=$SECONDS; wait $san; summary+=("sanitize (GPU 1, in parallel) waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
