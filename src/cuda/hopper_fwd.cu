@@ -20,8 +20,8 @@
  *
  * Persistent (dev/hopper_fwd_05): CTA c takes work tiles c, c + gridDim.x, ... (static stride; the order is
  * sa_hop_work_tile's: causal m-blocks in heavy / light pairs of one head at H128), on min(SMs, tiles) CTAs
- * where the host picks it (sa_hop_run: no mask at H128, causal at H128 for S <= 4096, other masks for S <= 8
- * key tiles), else on a grid of all tiles (one each: the same kernel, the previous launch). Why: every
+ * where the host picks it (sa_hop_run: no mask, on a grid coprime to the m-blocks a head when the last is
+ * partial; causal at H128 for S <= 4096; other masks for S <= 8 key tiles), else on a grid of all tiles (one each: the same kernel, the previous launch). Why: every
  * CTA paid a prologue (barrier init, Q and first K latency, the first S without overlap) and an epilogue (last
  * P V, normalise, stores) with the tensor core idle, ~1-2 us, 20% at T1024; the producer now loads the next
  * work tile's Q and first K/V stages under the current one's last P V and epilogue. Protocol:
@@ -428,6 +428,15 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
 static const int SA_HOP_PERSIST_MAX_KEY_TILES = 8;
 static const double SA_HOP_L2_SECTION_BYTES = 16.0 * 1024 * 1024; /* a third of the H200's 50 MiB L2 */
 
+static int sa_gcd(int a, int b) {
+  while (b) {
+    const int r = a % b;
+    a = b;
+    b = r;
+  }
+  return a;
+}
+
 /* The maps take the configuration's boxes (Q: QBOX rows, K / V: BN rows). A map the driver refuses, or a
    refused shared-memory opt-in (up to 210 KiB at H 128), leaves *used = 0: the portable kernel runs instead. */
 template <int HD, int MASK, int ST>
@@ -453,8 +462,9 @@ cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_para
   /* In the library (H200 session 4, bench rows, persistent vs SINKATTN_HOP_FWD_PERSISTENT=0 in one run): H128
      without a mask B16 T1024 514 vs 406 (1.27x), B4 T4096 1.02x, B1 T16384 1.03x; masks with S <= 1024: B16
      T1024 causal 1.06x (H128), 1.07x (H64); but H64 without a mask 0.94x / 0.98x / 1.01x at T1024 / 4096 /
-     16384 (not measured in dev, and not understood yet: the tile order or the partial 192-row m-blocks), and
-     gpt-oss's window (127, 0) 0.97x (74 vs 76, within noise): so neither is persistent. */
+     16384: the static stride dealt the partial 192-row m-blocks to a fixed set of CTAs (session 6: the grid
+     below is now coprime to n_mb, so H64 without a mask is persistent too), and gpt-oss's window (127, 0) 0.97x
+     (74 vs 76, within noise): not persistent. */
   /* Causal (kind 1) at H128 up to S = 4096 (32 key tiles): persistent in the pair order (sa_hop_work_tile),
      which balances the static stride. Measured against the previous form (H200 session 5, bench/NOTES.md section
      6): H128 causal T1024 +9%, T4096 +4%, but T16384 -4% (a dynamic counter measured -3% there in session 4: the
@@ -463,15 +473,22 @@ cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_para
      the pairs for every kind-1 call. */
   const int pairs_env = sa_cuda_env_int("SINKATTN_HOP_FWD_PAIRS", -1);
   const bool pairs = MASK == 1 && (pairs_env >= 0 ? pairs_env != 0 : HD == 128 && keyt <= 32);
-  const bool persist = env >= 0 ? env != 0
-                       : MASK == 0 ? HD == 128
-                                   : pairs || keyt <= SA_HOP_PERSIST_MAX_KEY_TILES;
+  const bool persist = env >= 0 ? env != 0 : MASK == 0 || pairs || keyt <= SA_HOP_PERSIST_MAX_KEY_TILES;
   int grid = hp.total;
   hp.hg = 0;
   hp.nph = 0;
   if (persist) {
     const int sms = sa_cuda_sm_count(), cap = sa_cuda_env_int("SINKATTN_HOP_FWD_GRID", 0);
-    const int g = cap > 0 ? cap : sms > 0 ? sms : hp.total;
+    int g = cap > 0 ? cap : sms > 0 ? sms : hp.total;
+    /* Without a mask the work tiles go m-block fastest and CTA c takes c, c + g, ...: its m-blocks are c mod n_mb
+       stepping by g mod n_mb. When the last m-block is partial (BM 192: T % 192 = 64 or 128, one or two of three
+       warpgroups computing) and g shares a factor with n_mb, some CTAs get only partial m-blocks and the rest only
+       full ones: at H64 T1024 (n_mb 6, g 132 = 22 x 6) 110 CTAs carry 23.3 full tiles where a balanced deal is
+       20.7 (0.89), which is why the persistent launch measured 0.94x the one-tile grid there in session 4. A grid
+       coprime to n_mb walks every CTA through all m-blocks: 131 there (one SM idle, 0.8%). SINKATTN_HOP_FWD_GRID
+       is taken as given (A/B). */
+    if (MASK == 0 && cap <= 0 && hp.T % TL::BM != 0)
+      while (g > 1 && g < hp.total && sa_gcd(g, hp.n_mb) != 1) --g;
     grid = g < hp.total ? g : hp.total;
     if (pairs) {
       hp.nph = (hp.n_mb + 1) / 2;
