@@ -27,15 +27,14 @@
  * work tile's Q and first K/V stages under the current one's last P V and epilogue. Protocol:
  * - barriers initialised once; every consumer warp arrives on every empty barrier of every work tile (its
  *   warpgroup with rows or not), so the counts stay 4 NC whatever a tile's n_wg.
- * - Q full (count 1): the producer writes the tile index to tile_slot, then arrive.expect_tx Q's bytes and the
- *   Q boxes (a plain arrive for a tile without key tiles, and for the end: an index >= total). The j-th work
- *   tile of a CTA completes phase j: consumers wait parity j & 1; lane 0 alone reads the slot (arrive =
- *   release, try_wait = acquire) and shuffles it.
+ * - Q full (count 1): the producer's arrive.expect_tx of Q's bytes and the Q boxes (a plain arrive for a tile
+ *   without key tiles). The j-th work tile of a CTA (blockIdx.x + j gridDim.x: producer and consumers derive
+ *   it alike, nothing passes through shared memory) completes phase j: consumers wait parity j & 1. Past the
+ *   last work tile both sides leave.
  * - Q empty (count 4 NC): each consumer warp arrives once per work tile, after its key-tile loop (its last S
  *   has landed; no test inside the loop), or at once without an S. The producer waits parity (j & 1) ^ 1
- *   before the j-th slot / Q write (j = 0: a fresh barrier, at once). So Q and the slot are overwritten only
- *   after every warp's last read of them, and Q full of j + 1 needs every warp past Q full of j: no phase is
- *   skipped.
+ *   before the j-th Q write (j = 0: a fresh barrier, at once). So Q is overwritten only after every warp's
+ *   last read of it, and Q full of j + 1 needs every warp past Q full of j: no phase is skipped.
  * - K/V ring: producer and consumers walk one sequence x = 0, 1, ... of key tiles over all the CTA's work
  *   tiles (x0 += n_tiles per tile), stage x % ST, parity (x / ST) & 1 (the consumers' key-tile loop carries
  *   both, advanced by one a tile): the single key loop of a one-tile CTA, continued; the producer runs up to
@@ -76,7 +75,6 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bar[N_BARS<ST>];
   __shared__ float anchor[4 * NC]; /* see the wait_group 0 of the main loop */
-  __shared__ int tile_slot;        /* the work tile, written by the producer before Q full, read after it */
 
   const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u; /* swizzle atoms need 1024-byte alignment */
   const uint32_t sk = sq + BM * HD * 2, sv = sk + ST * KV_BYTES, b0 = smem_u32(bar);
@@ -142,22 +140,18 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
 
   if (wg == 0) {
     /* Producer: 24 registers. Per work tile: wait Q empty of the previous one (parity (j & 1) ^ 1 for the j-th:
-       a fresh barrier returns at once for j = 0), write the slot, then Q and the key tiles, K before V (the
+       a fresh barrier returns at once for j = 0), then Q and the key tiles, K before V (the
        consumers need K_j one step before V_j), at ring position x, which runs on across work tiles (up to ST
        key tiles ahead of the consumers' releases; the expect_tx bytes of a stage do not depend on ST). Q: only
        the boxes of warpgroups with rows (no box is ever past T). A 176-key box past S: TMA fills the rows past
-       S with zeros and counts them in complete_tx, so expect_tx is the whole box. The end, and a work tile
-       without key tiles: a plain arrive (the slot only). */
+       S with zeros and counts them in complete_tx, so expect_tx is the whole box. A work tile without key
+       tiles: a plain arrive. */
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (threadIdx.x == 0) {
       uint32_t x = 0, jq = 0;
       for (int tile = blockIdx.x;; tile += gridDim.x, ++jq) {
+        if (tile >= p.total) break;
         mbar_wait(bar_qe(b0), (jq & 1) ^ 1); /* every consumer warp is past its last S of work tile jq - 1 */
-        *(volatile int *)&tile_slot = tile;
-        if (tile >= p.total) {
-          mbar_arrive(bar_qf(b0));
-          break;
-        }
         const work w = work_of(tile);
         if (w.n_tiles == 0) {
           mbar_arrive(bar_qf(b0));
@@ -208,19 +202,18 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
   uint32_t pf[BN / 4];
   uint32_t x0 = 0; /* ring position of this work tile's first key tile */
   for (uint32_t jq = 0;; ++jq) {
-    mbar_wait(bar_qf(b0), jq & 1);
-    /* Lane 0 alone reads the slot: the Q-empty arrive that lets the producer overwrite it is lane 0's, and an
-       mbarrier arrive releases only the arriving thread's accesses (dev/hopper_fwd_05: racecheck found 112 WAR
-       hazards against the producer's next write when every lane read it). */
-    int slot = 0;
-    if (lane == 0) slot = *(volatile int *)&tile_slot;
-    const int tile = __shfl_sync(0xffffffffu, slot, 0);
+    /* The work tile is the producer's walk, blockIdx.x + jq gridDim.x (no slot to read): known before Q full,
+       so the sink's global load (and MASK 3's lengths) is issued before the wait and lands under it. Read after
+       the wait it cost 2.7% of the H128 forward's stall samples at T1024 (ncu, H200 session 6), its use right
+       behind it at every work tile's start. */
+    const int tile = blockIdx.x + (int)jq * (int)gridDim.x; /* < total + gridDim.x <= 2^31 (sa_hop_run) */
     if (tile >= p.total) break;
     const work w = work_of(tile);
+    const float sink = p.softmax == 2 ? p.sinks[w.n] : p.softmax == 1 ? 0.f : -INFINITY;
+    mbar_wait(bar_qf(b0), jq & 1);
     const int n_tiles = w.n_tiles, t0 = w.t0, ql = w.ql, kl = w.kl;
     const int wg_row0 = w.m0 + 64 * cw;            /* first row of this warpgroup; < T iff cw < n_wg */
     const int r0 = wg_row0 + 16 * warp + lane / 4; /* this thread's rows: r0 and r0 + 8 */
-    const float sink = p.softmax == 2 ? p.sinks[w.n] : p.softmax == 1 ? 0.f : -INFINITY;
     const float sink_l2 = sink * SA_LOG2E;
     /* Running max seeded with the sink, capped below +inf so a +inf sink leaves exp2(m - m) = 1, not NaN
        (fminf passes a NaN sink's cap on; the NaN returns in the normalisation). */
@@ -287,7 +280,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
     /* Q empty: exactly once per work tile and warp, and never inside the key-tile loop (a test there cost 3
        instructions a tile): at once without an S (a >= e), else after the loop, when the warp's last S of the
        work tile has landed (and been through its softmax); the next work tile's Q then lands under this one's
-       last P V and epilogue. Lane 0 arrives: it read the slot. */
+       last P V and epilogue. */
     if (a >= e && lane == 0) mbar_arrive(bar_qe(b0));
     release(0, a);
 
