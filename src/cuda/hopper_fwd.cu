@@ -461,11 +461,12 @@ cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_para
   /* Causal (kind 1) at H128 up to S = 4096 (32 key tiles): persistent in the pair order (sa_hop_work_tile),
      which balances the static stride. Measured against the previous form (H200 session 5, bench/NOTES.md section
      6): H128 causal T1024 +9%, T4096 +4%, but T16384 -4% (a dynamic counter measured -3% there in session 4: the
-     persistent loop's own cost on long work tiles) and every H64 causal row -2..-9% (BM 192: not understood
-     yet). SINKATTN_HOP_FWD_PAIRS=0 restores the previous form (the L2-section order while S <= 1024), =1 takes
+     persistent loop's own cost on long work tiles) and every H64 causal row -2..-9% (BM 192: the stride's
+     common factor with the pairs a head, below; session 6 takes the pairs at H64 for S <= 1024 on a coprime
+     grid). SINKATTN_HOP_FWD_PAIRS=0 restores the previous form (the L2-section order while S <= 1024), =1 takes
      the pairs for every kind-1 call. */
   const int pairs_env = sa_cuda_env_int("SINKATTN_HOP_FWD_PAIRS", -1);
-  const bool pairs = MASK == 1 && (pairs_env >= 0 ? pairs_env != 0 : HD == 128 && keyt <= 32);
+  const bool pairs = MASK == 1 && (pairs_env >= 0 ? pairs_env != 0 : HD == 128 ? keyt <= 32 : keyt <= 8);
   const bool persist = env >= 0 ? env != 0 : MASK == 0 || pairs || keyt <= SA_HOP_PERSIST_MAX_KEY_TILES;
   int grid = hp.total;
   hp.hg = 0;
@@ -486,7 +487,14 @@ cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_para
     if (pairs) {
       hp.nph = (hp.n_mb + 1) / 2;
       const int np = hp.BH * hp.nph; /* < total: fits an int */
-      grid = grid < np ? grid : np;
+      /* CTA c walks pairs c, c + g, ..: pair index k = pair mod nph steps by g mod nph. At BM 192 the pairs
+         differ (the last m-block is partial; H64 T1024 causal: work 14 / 32 / 32 in a list-scheduling model of
+         per-warpgroup key tiles + 1 a tile), and with g = 132, nph = 3 every CTA keeps one k: the SMs busy 0.79
+         of the time (the session-5 pair order's -9% at H64 T1024); g coprime to nph: 0.97, against 0.95 for the
+         L2 sections. At BM 128 the pairs are equal: no change. */
+      if (cap <= 0 && hp.T % TL::BM != 0)
+        while (g > 1 && g < np && sa_gcd(g, hp.nph) != 1) --g;
+      grid = g < np ? g : np;
       hp.total = 2 * grid * ((np + grid - 1) / grid); /* CTA c's walk: 2 ceil(np / grid) indices */
     } else {
       /* L2 sections (masks only; without one every order balances): heads whose K and V (2 x 2 bytes x S x
