@@ -37,122 +37,14 @@
  * none or top-left with diag_offset 0, ceil(S / 192) <= SMs (NAT: a head's CTAs co-resident, one per SM: 219 KiB
  * of shared memory), without a mask G / hs T / 64 >= ceil(S / 192) (distinct NAT start tiles), B N T < 2^27.
  * SINKATTN_HOP_BWD_ONEPASS=0 in the environment runs the two passes instead (A/B, tests); the workspace stays
- * reserved.
+ * reserved. SINKATTN_HOP_BWD3_PERSIST=1 runs the same items on a persistent grid (hopper_bwd3p.cu; grid capped by
+ * SINKATTN_HOP_BWD_GRID); the constants and device helpers both kernels use are in hopper_bwd3.cuh.
  */
 #include <algorithm>
 
-#include "hopper_bwd1.cuh"
-#include "hopper_bwd1_parts.cuh"
+#include "hopper_bwd3.cuh"
 
 namespace {
-
-/* from the tile table (hopper_ptx.cuh), where the reasons are */
-constexpr int QB = sa_hop_tiles::BWD_QB;     /* query rows per streamed tile: N of S^T / dP^T, M of dQ */
-constexpr int STAGES = sa_hop_tiles::STAGES; /* Q / dO ring depth */
-constexpr int NC3 = sa_hop_tiles::BWD1_NC64; /* consumer warpgroups */
-constexpr int KB3 = 64 * NC3;                /* keys per CTA */
-constexpr int THREADS3 = 128 * (NC3 + 1);
-constexpr int REGS3P = 32;                   /* producer warpgroup: the dq converter spills at 24 (LDL/STL 13-48) */
-constexpr int REGS3 = 160;                   /* consumers: (65536 - 128 x 32) / 384 */
-constexpr int NDS = 3;                       /* dS^T buffers: tile k in buffer k % 3 */
-static_assert(128 * REGS3P + 128 * NC3 * REGS3 <= 65536, "register file: producer + consumers");
-constexpr uint32_t DS3_BYTES = KB3 * QB * 2; /* one dS^T tile [192 keys][64 queries] bf16: 24 KiB */
-
-/* K, V; the Q / dO ring; 3 dS^T tiles; 2 dQ staging slots [2 boxes][64 rows][32 fp32]; per stage lse2, D; 2
-   converter slots as the staging slots: 223232 B, + 1 KiB for the static part's alignment padding. */
-constexpr int op_smem3() {
-  return 1024 + 2 * KB3 * 64 * 2 + STAGES * 2 * QB * 64 * 2 + NDS * DS3_BYTES + 2 * QB * 64 * 4 + STAGES * 2 * QB * 4 +
-         2 * QB * 64 * 4;
-}
-static_assert(STAGES * 2 * QB * 4 % 1024 == 0, "the converter slots (128-byte swizzle) 1024-aligned after lse2 / D");
-static_assert(op_smem3() + 1024 <= 227 * 1024, "over the sm_90 limit");
-
-/* How the CTAs of a launch find their work and their turn (hopper_bwd1.cu's Sched plus the head split). */
-struct Sched3 {
-  int *sync;    /* [0]: CTA ticket counter; then one semaphore per (b, head, 64-query tile); zeroed per call */
-  float *part;  /* hs > 1: partial dK (hs slices), then dV (hs slices), fp32 [B, S, KH, 64] each */
-  int nkb;      /* key blocks per kv head: ceil(S / 192) */
-  int Gc;       /* query heads per CTA: G / hs */
-  int hs;       /* CTAs per (key block, kv head) */
-  int n_all;    /* Gc T / QB: tiles of a key block without a mask */
-  int d;        /* non-causal NAT: key block kb starts at tile kb * d */
-  size_t slice; /* elements of one partial: B S KH 64 */
-};
-
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-/* 05's nat_rank with 192-key blocks: causal key block j sees query tile q iff q >= 3 j (q 64 + 63 >= 192 j), and
-   reaches tile (g, q) at step g (PT - 3j) + q - 3j, earlier for larger j: rank m - kb, m = min(nkb - 1, q / 3).
-   dq_acc is not zeroed: each (b, head, 64-query tile) has exactly one rank-0 visit, which stores the tile before
-   any add (hopper_bwd1.cu's nat_rank has the ordering argument). The grid is one CTA per (b, kv head, head split
-   hh < hs, key block kb < nkb), nkb = ceil(S / 192) >= 1 (S > 0 in sa_hop_in_scope); CTA hh walks n_tiles
-   distinct tiles of heads kvh G + hh Gc + g, g < Gc = G / hs (hs | G): each head's tiles are visited by the nkb
-   CTAs of one hh only, and the semaphores are per query head. Causal top-left: key block j visits (g, q) iff
-   q >= 3 j (its first query block k0 / 64); key block 0 visits every tile, the visitors of (g, q) are 0..m
-   (T > S: all nkb from q = 3 nkb - 3 on; T < S: key blocks with 3 kb >= T / 64 have no tile and no writer, but
-   3 m <= q < T / 64), ranks m - kb: a bijection onto 0..m. Non-causal: every key block visits all n_all tiles,
-   (m - kb) mod nkb is a bijection onto 0..nkb-1. Either way rank 0 is key block m, whatever its n_wg (a last CTA
-   of 64 or 128 keys visits the same tiles). 2 boxes {32, 64} cover the 64 x 64 tile, none clipped (64 | T). */
-template <bool CAUSAL>
-__host__ __device__ __forceinline__ int nat_rank3(int kb, int g, int q, int nkb, int PT, int d) {
-  const int x = CAUSAL ? q * QB / KB3 : (g * PT + q) / d, m = x < nkb - 1 ? x : nkb - 1;
-  return m >= kb ? m - kb : m + nkb - kb;
-}
-
-/* Whether key block kb's visit to (g, q) is the tile's last (rank V - 1 of its V visitors), after which the tile
-   is final: causal V = m + 1 and rank m - kb, so key block 0 (the last visitor of every tile); non-causal V = nkb.
-   By the bijections above, exactly one visit per tile, so the converter covers dq whole (no dq_convert). */
-template <bool CAUSAL>
-__device__ __forceinline__ bool nat_last3(int kb, int g, int q, int nkb, int PT, int d) {
-  return CAUSAL ? kb == 0 : nat_rank3<false>(kb, g, q, nkb, PT, d) == nkb - 1;
-}
-
-/* dQ [64 q x 64] = dS [64 q x 16 NKS keys] K [16 NKS keys x 64]: A = dS^T buffer read MN-major (rows are keys),
-   B = K read MN-major (one 64-column block); 16 keys = 2048 B a step. A whole fence / commit / wait section, so
-   it can sit under a (warpgroup-uniform) branch without ptxas serialising the other wgmmas. */
-template <int NKS>
-__device__ __forceinline__ void dq_product(float (&dq)[32], uint32_t sds_x, uint32_t sk) {
-  zero(dq);
-  pin(dq);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < NKS; ++kk)
-    wgmma_ss_tt(dq, gmma_desc(sds_x + kk * 2048, QB * 128, 1024), gmma_desc(sk + kk * 2048, KB3 * 128, 1024), kk > 0);
-  wgmma_commit();
-  wgmma_wait0();
-  pin(dq);
-}
-
-/* The owner's whole dQ tile [64 rows][64 fp32] into staging slot dst: box c = columns [32 c, 32 c + 32) as
-   [64 rows][128 B], 16-byte unit u of row r at u ^ (r % 8) (05's stage_dq for warpgroup 0 at H128: 2 wavefronts
-   per float2 warp store). */
-__device__ __forceinline__ void stage_dq64(const float (&dq)[32], uint32_t dst, int warp, int lane) {
-  const int t = lane % 4;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = 16 * warp + lane / 4 + 8 * h;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int c = j / 4, u = 2 * (j % 4) + (t >> 1);
-      const uint32_t a = dst + c * QB * 128 + r * 128 + ((u ^ (r & 7)) << 4) + 8 * (t & 1);
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(a), "f"(dq[4 * j + 2 * h]), "f"(dq[4 * j + 2 * h + 1])
-                   : "memory");
-    }
-  }
-}
-
-/* This thread's rows r0, r0 + 8 of an accumulator as fp32 (the head split's partial dK / dV). */
-__device__ __forceinline__ void store_rows_f32(float *base, const float (&acc)[32], size_t row_stride, int r0, int t) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float *dst = base + (size_t)(r0 + 8 * h) * row_stride + 2 * t;
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      *reinterpret_cast<float2 *>(dst + 8 * j) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-  }
-}
-
-#endif /* sm_90a */
 
 /* tml / tmd: lse2, D [B N, T] fp32 (box 64); tma: dq_acc {H, T, B N} fp32 (box {32, 64, 1}, 128-byte swizzle);
    tmk / tmv: 192-row boxes (past S: TMA's zero fill, counted in the transaction bytes). */
@@ -454,21 +346,27 @@ static size_t sa_hop3_part_bytes(const sa_cuda_params &p, int hs) {
   return hs > 1 ? 2 * (size_t)hs * sa_hop3_slice(p) * 4 : 0;
 }
 
-/* A refused shared-memory opt-in leaves *used = 0: the two passes run instead. */
+/* A refused shared-memory opt-in leaves *used = 0: the two passes run instead. grid 0: one CTA an item (the
+   default); else the persistent kernel of hopper_bwd3p.cu on grid CTAs. */
 template <bool CAUSAL>
 cudaError_t sa_hop3_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sched3 &sc, int64_t B,
-                        size_t sync_bytes, int sms, cudaStream_t st, int *used) {
+                        size_t sync_bytes, int sms, int grid, cudaStream_t st, int *used) {
   constexpr int smem = op_smem3();
-  if (cudaFuncSetAttribute(bwd_onepass3<CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
+  const int total = (int)(sc.nkb * sc.hs * bp.KH * B);
+  if (grid > 0 ? !sa_hop3p_smem(CAUSAL)
+               : cudaFuncSetAttribute(bwd_onepass3<CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+                     cudaSuccess) {
     cudaGetLastError();
     return cudaSuccess;
   }
   *used = 1;
   cudaError_t e = cudaMemsetAsync(sc.sync, 0, sync_bytes, st); /* the ticket, the semaphores (not dq_acc) */
   if (e != cudaSuccess) return e;
-  bwd_onepass3<CAUSAL><<<(unsigned)(sc.nkb * sc.hs * bp.KH * B), THREADS3, smem, st>>>(m[0], m[1], m[2], m[3], m[4],
-                                                                                      m[5], m[6], bp, sc);
-  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  if (grid > 0)
+    e = sa_hop3p_launch(CAUSAL, m, bp, sc, total, grid, st);
+  else
+    bwd_onepass3<CAUSAL><<<(unsigned)total, THREADS3, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], m[6], bp, sc);
+  if (e != cudaSuccess || (e = cudaGetLastError()) != cudaSuccess) return e;
   if (sc.hs > 1) { /* every element of every partial was written by its CTA: no memset */
     dkdv_sum<<<(unsigned)std::min<size_t>((sc.slice / 4 + 255) / 256, (size_t)sms * 8), 256, 0, st>>>(
         sc.part, bp.dk, bp.dv, sc.slice, sc.hs, bp.scale);
@@ -513,6 +411,15 @@ cudaError_t sa_hopper_bwd3_try(const sa_cuda_params &p, int bf16, void *ws, size
   const int nkb = (int)sa_hop3_nkb(p), Gc = (int)(p.G / hs), n_all = Gc * (int)(p.T / QB);
   const Sched3 sc = {sync, hs > 1 ? part : nullptr, nkb, Gc, hs, n_all, std::max(1, n_all / nkb), sa_hop3_slice(p)};
   const size_t sb = sa_hop1_sync_bytes(p);
-  return p.causal ? sa_hop3_run<true>(m, bp, sc, p.B, sb, sms, st, used)
-                  : sa_hop3_run<false>(m, bp, sc, p.B, sb, sms, st, used);
+  /* SINKATTN_HOP_BWD3_PERSIST=1: the persistent kernel on min(SINKATTN_HOP_BWD_GRID or the SMs, items) CTAs,
+     at least nkb (NAT: a group's key blocks co-resident; hopper_bwd3p.cu's deadlock argument). Same items, same
+     head split (hopper_bwd3p.cu says why), same workspace. */
+  int grid = 0;
+  if (sa_cuda_env_int("SINKATTN_HOP_BWD3_PERSIST", 0) != 0) {
+    const int cap = sa_cuda_env_int("SINKATTN_HOP_BWD_GRID", 0);
+    const int64_t total = (int64_t)nkb * hs * p.K * p.B;
+    grid = (int)std::min<int64_t>(std::max(cap > 0 ? cap : sms, nkb), total);
+  }
+  return p.causal ? sa_hop3_run<true>(m, bp, sc, p.B, sb, sms, grid, st, used)
+                  : sa_hop3_run<false>(m, bp, sc, p.B, sb, sms, grid, st, used);
 }

@@ -1,0 +1,456 @@
+/*
+ * hopper_bwd3p.cu — the H64 one-pass backward (hopper_bwd3.cu) made PERSISTENT as dev/hopper_bwd_07 made the H128
+ * one: SINKATTN_HOP_BWD3_PERSIST=1 (read per call; default 0 runs hopper_bwd3.cu's kernel, unchanged), grid
+ * min(SINKATTN_HOP_BWD_GRID or the SMs, items), at least nkb. Why: the default kernel runs one CTA (one an SM,
+ * 219 KiB) per (b, kv head, head split, 192-key block) and each pays a prologue (barrier init, ticket, the 48 KiB
+ * K / V load with the first ring tiles, the first S^T without overlap) and an epilogue (last dQ, dK / dV stores)
+ * with the tensor cores idle, ~2 us of a 15-100 us CTA (07's estimate at H128; items here are about as long):
+ * B16 T1024 N32 is 3072 CTAs, 23 an SM; gpt-oss (B1 T4096 N64/8 causal, head split 8) 1408, 11 an SM.
+ *   Items: an item is the default kernel's CTA, tickets in its order from the same counter (key block fastest,
+ *   then head split, kv head, batch); per item exactly that CTA's work (same products, NAT ranks, writer sequence:
+ *   wait dq_full, acquire spin, fence, store / reduce, commit, .read wait, dq_empty, completion wait, fence,
+ *   release; the last visit's tile back to a converter slot). Barriers initialised once, parities from running
+ *   counters: j the CTA's item count (end marker included), x its running tile count (x0 at an item's start), jk
+ *   its items with tiles (those that load K / V), nv its running converter-slot count.
+ *   Overlap: the producer issues the next item's first two ring tiles as their slots free (under this item's last
+ *   two tiles), its K / V once every consumer warp arrived on kv_empty (after its last K / V read of the item);
+ *   the last dQ staging and the dK / dV stores run under the next item's K / V load.
+ *   A head's last key block may hold 64 or 128 keys (n_wg = 1 or 2 warpgroups). The default kernel's extra
+ *   warpgroups leave and its barrier counts are n_wg's; here the counts cannot change per item, so every
+ *   warpgroup stays: one without keys (cw >= n_wg, "idle") runs the item as a warpgroup whose every tile is
+ *   causally skipped (no products, a zero dS^T slice, every arrive as usual) and stores no dK / dV. The dQ owner
+ *   rotates over the n_wg warpgroups with keys (owner of the item's tile i: i % n_wg, dQ over 64 n_wg keys), as in
+ *   the default kernel. Counts: bar_empty and ds_full 12 (every consumer warp), ds_empty 4 (the owner's warps).
+ *   The converter (producer warps 2-3) no longer walks the items: the writer puts each final tile's row and head
+ *   in a small slot beside the converter slot before the load, and an end marker (head -1, a plain arrive) last.
+ *
+ *   barrier      count  arrives                                        waits (parity)
+ *   item_full    1      producer after writing item_slot = item j     consumer warps (lane 0), writer: j & 1
+ *   item_empty   13     lane 0 of the 12 consumer warps, the writer,   producer before writing item j + 1:
+ *                       each after reading slot j                      (j & 1) ^ 1
+ *   kv_full      1+tx   producer: arrive.expect_tx 48 KiB + 2 TMA      consumers before item jk's tiles: jk & 1
+ *   kv_empty     12     lane 0 per consumer warp after its last K / V  producer before item jk + 1's K / V:
+ *                       read of item jk (last dQ, wgmma waited)        (jk & 1) ^ 1
+ *   full[x&1]    1+tx   producer: Q, dO, lse2, D of tile x             consumers: (x >> 1) & 1
+ *   empty[x&1]   12     per consumer warp after tile x's dV, dK        producer before tile x + 2: ^ 1
+ *   ds_full[x%3] 12     per warp after storing its dS^T(x) slice       the owner of x before dQ(x): (x / 3) & 1
+ *   ds_empty[x%3] 4     the owner's warps after the dQ(x) product      every warp before dS^T(x + 3): ^ 1
+ *   dq_full[x&1] 128    every owner thread after staging dQ(x)         writer before tile x's store / add
+ *   dq_empty[x&1] 1     writer after the .read completion              the owner of x + 2 before staging: ^ 1
+ *   cv_full[v&1] 1+tx   writer: slot info + arrive.expect_tx + 2 TMA   converter warps: (v >> 1) & 1
+ *                       (end marker: head -1, plain arrive)
+ *   cv_empty[v&1] 64    every converter thread after its reads         writer before final tile v + 2: ^ 1
+ *   wr_done[j&1] 1      writer, item j, once its last semaphore wait   producer before the next ticket when the
+ *                       passed (at once without tiles)                 counter is not past j's group: (j >> 1) & 1
+ * Never two phases apart (a parity wait cannot tell phase n from n + 2): item, kv, ring and converter pairs
+ * alternate strictly (the next arrive of the one side needs every waiter's arrive of the phase before). dS^T: per
+ * warpgroup the order over x is T(x) < D(x - 1) < T(x + 1) (tile, the dQ it owns), an item's last D(x) before
+ * T(x + 1); T(x + 3) waits D(x), and this warpgroup's T(x) waited D(x - 3). dq_empty: the owner of x waits after
+ * ds_full(x), whose completion means the owner of x - 2 staged x - 2 (in its iteration before T(x)), which itself
+ * waited for x - 4's read. wr_done is a pair: when the producer waits for item j the writer has arrived for every
+ * item <= j - 2 (it read slot j - 1) and none past j: barrier j & 1 has completed j >> 1 or (j >> 1) + 1 phases.
+ * Deadlock freedom (07's argument with groups). A writer waits only on visits of its own GROUP (b, kv head, hh):
+ * nkb items of consecutive tickets [vid - kb, vid - kb + nkb). NAT orders a tile's visitors by walk step, so in a
+ * group whose nkb items are all held by CTAs that reach them, the pending visit of least step waits on nothing
+ * unfinished, and the group finishes. The taken tickets are a prefix [0, M), so every group but the one holding
+ * ticket M - 1 (H*) is fully taken. RULE: after issuing an item's last loads the producer takes the next ticket at
+ * once if the counter (relaxed load) is already past the item's group (the new ticket is then of a later group,
+ * which the item, waiting only within its group, never waits on), else only once the writer's last semaphore
+ * wait of the item passed (wr_done). Everything else a CTA waits on is inside the CTA (converter, ring, K / V,
+ * staging): progress once its current item's writer waits pass. Invariant: of two items a CTA holds, the earlier
+ * is in an earlier group or past its waits; CTAs work their items in order, so by induction over the groups below
+ * H* each finishes. In a stuck state each of the resident CTAs (one an SM, at least min(grid, SMs) >= nkb: in
+ * scope nkb <= SMs) would hold its own unfinished waiting item of H*, so H* would have all nkb items taken, and
+ * it finishes. Without the rule a CTA could hold X and a later X' of its group that X waits on (causal: key block
+ * kb waits for kb + 1's visit), and X' starts only after X.
+ * Head split: the same hs as the default kernel (sa_hop3_split; the workspace is sized by it). The split exists
+ * for the causal tail of a short grid; persistence does not change the tail (tickets are list-scheduled in start
+ * order either way: a CTA takes its next item when it frees, as the hardware started the next CTA) but it makes
+ * an item cheaper (no launch, K / V under the previous item), so the split's cost (hs K / V loads per block, the
+ * partials) shrinks and its gain stays: kept. SINKATTN_HOP_BWD_SPLIT=n still forces it (A/B).
+ * Shared memory: the default kernel's (static: 24 barriers, anchors, the item slot, converter info and the consumer
+ * warps' words, 528 B of the KiB op_smem3 leaves).
+ * Registers: its split, producer warpgroup 32 (producer = all of warp 0, so that item values are warp-uniform;
+ * lane 0 issues; writer thread 32; converter warps 2-3), consumers 160.
+ */
+#include "hopper_bwd3.cuh"
+
+namespace {
+
+/* A persistent CTA's item (the default kernel's per-CTA values), the same in the producer, writer and consumers. */
+struct Item3 {
+  int kb, hh, kvh, b, n_wg, qb0, per_head, n_tiles, rot, hd0;
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+/* %laneid, re-read where it is tested: as a value kept from the warp's start it was one register too many in
+   the consumers (spilled). */
+__device__ __forceinline__ int lane_id() {
+  int l;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(l));
+  return l;
+}
+
+/* The producer's decode of ticket vid (runtime divisions: done once, by the producer warp) ... */
+template <bool CAUSAL>
+__device__ __forceinline__ Item3 item3_of(int vid, const Sched3 &sc, const BwdParams &p, int PT) {
+  Item3 it;
+  const int g = vid / sc.nkb, h = g / sc.hs; /* group (b KH + kvh) hs + hh; b KH + kvh */
+  it.kb = vid - g * sc.nkb;
+  it.hh = g - h * sc.hs;
+  it.b = h / p.KH;
+  it.kvh = h - it.b * p.KH;
+  it.n_wg = min(NC3, (p.S - it.kb * KB3) / 64);
+  it.qb0 = CAUSAL ? it.kb * KB3 / QB : 0;
+  it.per_head = max(0, PT - it.qb0);
+  it.n_tiles = CAUSAL ? sc.Gc * it.per_head : sc.n_all;
+  it.rot = (!CAUSAL && it.n_tiles > 0) ? it.kb * sc.d % it.n_tiles : 0;
+  it.hd0 = it.kvh * (p.N / p.KH) + it.hh * sc.Gc;
+  return it;
+}
+
+/* ... published in the item slot: vid, kb, b, kvh, hh, n_tiles, rot, hd0 (the rest follows without a runtime
+   division). The consumers and the writer read it there: no division in their item loops (one of the changes that
+   took the non-causal consumers from 16-72 B of spills to none; the consumers' comment has the others). */
+constexpr int SLOT = 8;
+__device__ __forceinline__ void item3_put(volatile int *slot, const Item3 &it, int vid) {
+  slot[0] = vid, slot[1] = it.kb, slot[2] = it.b, slot[3] = it.kvh, slot[4] = it.hh, slot[5] = it.n_tiles;
+  slot[6] = it.rot, slot[7] = it.hd0;
+}
+template <bool CAUSAL>
+__device__ __forceinline__ Item3 item3_get(const int (&f)[SLOT], const BwdParams &p, int PT) {
+  Item3 it;
+  it.kb = f[1], it.b = f[2], it.kvh = f[3], it.hh = f[4], it.n_tiles = f[5], it.rot = f[6], it.hd0 = f[7];
+  it.n_wg = min(NC3, (p.S - it.kb * KB3) / 64);
+  it.qb0 = CAUSAL ? it.kb * KB3 / QB : 0;
+  it.per_head = max(0, PT - it.qb0);
+  return it;
+}
+
+#endif /* sm_90a */
+
+template <bool CAUSAL>
+__global__ void __launch_bounds__(THREADS3, 1)
+    bwd_persist3(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
+                 const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
+                 const __grid_constant__ CUtensorMap tml, const __grid_constant__ CUtensorMap tmd,
+                 const __grid_constant__ CUtensorMap tma, const BwdParams p, const Sched3 sc, const int total) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int HD = 64;
+  constexpr uint32_t KV_BYTES = KB3 * HD * 2, QT_BYTES = QB * HD * 2, LD_BYTES = 2 * QB * 4, DQ_BYTES = QB * HD * 4;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t bar[24]; /* the header's table, in its order */
+  __shared__ float anchor[4 * NC3];
+  __shared__ int item_slot[SLOT];     /* the item, written by the producer before item_full, read after it */
+  __shared__ int cv_row[2], cv_head[2]; /* converter slot v & 1: dq row b T + q 64 and head of its tile */
+  __shared__ int wstate[4 * NC3][5];    /* per consumer warp: what it carries over items (lane 0 only) */
+
+  const uint32_t raw = smem_u32(smem_raw), sk = (raw + 1023u) & ~1023u, sv = sk + KV_BYTES;
+  const uint32_t sq = sv + KV_BYTES, sdo = sq + STAGES * QT_BYTES, sds = sdo + STAGES * QT_BYTES;
+  const uint32_t sdq = sds + NDS * DS3_BYTES, sld = sdq + 2 * DQ_BYTES, scv = sld + STAGES * LD_BYTES;
+  const float *ld_f = reinterpret_cast<const float *>(smem_raw + (sld - raw)); /* per stage: lse2[QB], D[QB] */
+  const uint32_t b0 = smem_u32(bar);
+  const uint32_t item_full = b0, item_empty = b0 + 8, kv_full = b0 + 16, kv_empty = b0 + 24;
+  auto bar_full = [&](uint32_t s) { return b0 + 8 * (4 + s); };
+  auto bar_empty = [&](uint32_t s) { return b0 + 8 * (6 + s); };
+  auto ds_full = [&](uint32_t x) { return b0 + 8 * (8 + x); };
+  auto ds_empty = [&](uint32_t x) { return b0 + 8 * (11 + x); };
+  auto dq_full = [&](uint32_t x) { return b0 + 8 * (14 + x); };
+  auto dq_empty = [&](uint32_t x) { return b0 + 8 * (16 + x); };
+  auto cv_full = [&](uint32_t x) { return b0 + 8 * (18 + x); };
+  auto cv_empty = [&](uint32_t x) { return b0 + 8 * (20 + x); };
+  auto wr_done = [&](uint32_t c) { return b0 + 8 * (22 + c); };
+
+  if (threadIdx.x == 0) {
+    mbar_init(item_full, 1);
+    mbar_init(item_empty, 4 * NC3 + 1); /* the consumer warps and the writer */
+    mbar_init(kv_full, 1);
+    mbar_init(kv_empty, 4 * NC3);
+    for (int x = 0; x < NDS; ++x) {
+      mbar_init(ds_full(x), 4 * NC3); /* every warpgroup stores its slice (a zero one without keys) */
+      mbar_init(ds_empty(x), 4);      /* the owner's 4 warps, after its dQ product */
+    }
+    for (int x = 0; x < 2; ++x) {
+      mbar_init(bar_full(x), 1);
+      mbar_init(bar_empty(x), 4 * NC3); /* one arrive per consumer warp, idle warpgroups too */
+      mbar_init(dq_full(x), 128);       /* every owner thread (racecheck: hopper_bwd3.cu) */
+      mbar_init(dq_empty(x), 1);        /* the writer */
+      mbar_init(cv_full(x), 1);         /* the writer's load (or the end marker) */
+      mbar_init(cv_empty(x), 64);       /* every converter thread, after its shared reads */
+      mbar_init(wr_done(x), 1);         /* the writer */
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  const int T = p.T, PT = T / QB, wg = threadIdx.x / 128;
+
+  if (wg == 0) {
+    /* 128 x 32 + 384 x 160 = 65536 = 512 x 128, the CTA's registers at launch: the pool setmaxnreg.inc draws on */
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS3P) : "memory");
+    if (threadIdx.x < 32) {
+      /* The TMA producer: publishes the items, loads their tiles, takes the tickets; the whole warp walks (item
+         values warp-uniform), lane 0 issues. */
+      const bool lead = threadIdx.x == 0;
+      uint32_t x = 0, jk = 0;
+      int tk = 0;
+      if (lead) tk = atomicAdd(sc.sync, 1);
+      int vid = __shfl_sync(0xffffffffu, tk, 0);
+      for (uint32_t j = 0;; ++j) {
+        mbar_wait(item_empty, (j & 1) ^ 1); /* every reader has read item j - 1 (j = 0: a fresh barrier) */
+        const Item3 im = item3_of<CAUSAL>(vid, sc, p, PT); /* garbage past the end: not used there */
+        if (lead) {
+          item3_put(item_slot, im, vid);
+          mbar_arrive(item_full);
+        }
+        if (vid >= total) break;
+        auto load_kv = [&]() {
+          mbar_wait(kv_empty, (jk & 1) ^ 1); /* every consumer warp is past item jk - 1's last K / V read */
+          ++jk;
+          if (lead) {
+            mbar_arrive_tx(kv_full, 2 * KV_BYTES);
+            tma_load(sk, &tmk, kv_full, 0, im.kvh, im.kb * KB3, im.b);
+            tma_load(sv, &tmv, kv_full, 0, im.kvh, im.kb * KB3, im.b);
+          }
+        };
+        /* The first two tiles' slots free under the previous item's last tiles, K / V only after its last dQ:
+           ring first (tile 2 waits for tile 0's release, which needs K / V: issued by then). */
+        const int n0 = min(im.n_tiles, STAGES);
+        Walk w(im.rot, im.n_tiles > 0 ? im.qb0 : 0, PT, sc.Gc); /* no tiles: PT - qb0 may be <= 0 */
+        for (int it = 0; it < im.n_tiles; ++it, ++x, w.next()) {
+          if (it == n0) load_kv();
+          const uint32_t s = x & 1;
+          const int n = im.hd0 + w.g, i0 = w.q * QB;
+          mbar_wait(bar_empty(s), ((x >> 1) & 1) ^ 1);
+          if (lead) {
+            mbar_arrive_tx(bar_full(s), 2 * QT_BYTES + LD_BYTES);
+            tma_load(sq + s * QT_BYTES, &tmq, bar_full(s), 0, n, i0, im.b);
+            tma_load(sdo + s * QT_BYTES, &tmdo, bar_full(s), 0, n, i0, im.b);
+            tma_load_2d(sld + s * LD_BYTES, &tml, bar_full(s), i0, im.b * p.N + n);
+            tma_load_2d(sld + s * LD_BYTES + QB * 4, &tmd, bar_full(s), i0, im.b * p.N + n);
+          }
+        }
+        if (im.n_tiles > 0 && im.n_tiles <= STAGES) load_kv();
+        /* The next ticket (the header's RULE): at once when the counter is past this item's group, else once the
+           writer's last semaphore wait of this item passed. */
+        int past = 0;
+        if (lead) past = ld_relaxed(sc.sync) >= vid - im.kb + sc.nkb;
+        if (!__shfl_sync(0xffffffffu, past, 0)) mbar_wait(wr_done(j & 1), (j >> 1) & 1);
+        if (lead) tk = atomicAdd(sc.sync, 1);
+        vid = __shfl_sync(0xffffffffu, tk, 0);
+      }
+    } else if (threadIdx.x == 32) { /* the dQ writer (warp 1): the default kernel's sequence, tiles x in order */
+      uint32_t x = 0, nv = 0;
+      for (uint32_t j = 0;; ++j) {
+        mbar_wait(item_full, j & 1);
+        int f[SLOT];
+        for (int i = 0; i < SLOT; ++i) f[i] = ((volatile int *)item_slot)[i];
+        mbar_arrive(item_empty);
+        if (f[0] >= total) break;
+        const Item3 im = item3_get<CAUSAL>(f, p, PT);
+        Walk w(im.rot, im.n_tiles > 0 ? im.qb0 : 0, PT, sc.Gc); /* no tiles: PT - qb0 may be <= 0 */
+        const int bn0 = im.b * p.N + im.hd0; /* row (b N + n) of the item's head g: bn0 + g */
+        for (int kk = 0; kk < im.n_tiles; ++kk, ++x, w.next()) {
+          const uint32_t xb = x & 1;
+          int *sem = sc.sync + 1 + (size_t)(bn0 + w.g) * PT + w.q;
+          mbar_wait(dq_full(xb), (x >> 1) & 1);
+          const int rank = nat_rank3<CAUSAL>(im.kb, w.g, w.q, sc.nkb, PT, sc.d);
+          while (ld_acquire(sem) != rank) {
+          }
+          fence_async_global(); /* the store / reduce (async proxy) after the acquire that saw the earlier adds */
+          if (kk == im.n_tiles - 1) mbar_arrive(wr_done(j & 1)); /* no wait on other CTAs left in this item */
+          const uint32_t src = sdq + xb * DQ_BYTES;
+          if (rank == 0) /* the tile's first visit stores: dq_acc is not zeroed (coverage: above nat_rank3) */
+            for (int c = 0; c < HD / 32; ++c) tma_store_3d(&tma, src + c * QB * 128, c * 32, w.q * QB, bn0 + w.g);
+          else
+            for (int c = 0; c < HD / 32; ++c) tma_reduce_add(&tma, src + c * QB * 128, c * 32, w.q * QB, bn0 + w.g);
+          bulk_commit();
+          bulk_wait_read0();
+          mbar_arrive(dq_empty(xb));
+          bulk_wait0();         /* this tile's store / adds are done in L2 ... */
+          fence_async_global(); /* ... and ordered before the release */
+          red_release_add(sem, 1);
+          if (nat_last3<CAUSAL>(im.kb, w.g, w.q, sc.nkb, PT, sc.d)) { /* final: back to shared for the converter */
+            const uint32_t cb = nv & 1;
+            mbar_wait(cv_empty(cb), ((nv >> 1) & 1) ^ 1);
+            *(volatile int *)&cv_row[cb] = im.b * T + w.q * QB;
+            *(volatile int *)&cv_head[cb] = im.hd0 + w.g;
+            mbar_arrive_tx(cv_full(cb), DQ_BYTES); /* releases the two stores above */
+            for (int c = 0; c < HD / 32; ++c)
+              tma_load_3d(scv + cb * DQ_BYTES + c * QB * 128, &tma, cv_full(cb), c * 32, w.q * QB, bn0 + w.g);
+            ++nv;
+          }
+        }
+        if (im.n_tiles == 0) mbar_arrive(wr_done(j & 1));
+      }
+      const uint32_t cb = nv & 1; /* the converter's end marker */
+      mbar_wait(cv_empty(cb), ((nv >> 1) & 1) ^ 1);
+      *(volatile int *)&cv_head[cb] = -1;
+      mbar_arrive(cv_full(cb));
+      bulk_wait0();
+    } else if (threadIdx.x >= 64) { /* warps 2-3: the dq converter (hopper_bwd3.cu's), tiles from the writer */
+      const int tid = threadIdx.x - 64, r0 = tid / 8, c = tid % 8 / 4, v = tid % 4;
+      const uint32_t off = c * QB * 128 + r0 * 128 + (((2 * v) ^ r0) << 4); /* unit 2 v; 2 v + 1: off ^ 16 */
+      const float scale = p.scale;
+      for (uint32_t nv = 0;; ++nv) {
+        const uint32_t cb = nv & 1;
+        mbar_wait(cv_full(cb), (nv >> 1) & 1);
+        const int n = *(volatile int *)&cv_head[cb], row = *(volatile int *)&cv_row[cb];
+        if (n < 0) break;
+        uint32_t box = scv + cb * DQ_BYTES + off;
+        uint4 *dst = reinterpret_cast<uint4 *>(p.dq + (((size_t)row + r0) * p.N + n) * HD + 8 * (tid % 8));
+#pragma unroll 1 /* unrolled, ptxas keeps 8 row addresses live (spills at 24 registers) */
+        for (int i = 0; i < 8; ++i, box += 8 * 128, dst += p.N * HD) { /* row r0 + 8 i: 8 rows of N heads on */
+          float4 a, e;
+          asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                       : "=f"(a.x), "=f"(a.y), "=f"(a.z), "=f"(a.w) : "r"(box) : "memory");
+          asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                       : "=f"(e.x), "=f"(e.y), "=f"(e.z), "=f"(e.w) : "r"(box ^ 16u) : "memory");
+          uint4 o;
+          o.x = pack_bf16(a.x * scale, a.y * scale);
+          o.y = pack_bf16(a.z * scale, a.w * scale);
+          o.z = pack_bf16(e.x * scale, e.y * scale);
+          o.w = pack_bf16(e.z * scale, e.w * scale);
+          *dst = o;
+        }
+        mbar_arrive(cv_empty(cb)); /* releases this thread's shared reads before the writer's next load */
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS3) : "memory");
+  /* Warp-uniform through a shuffle: the owner's and the skip branches hold wgmma sections. */
+  const int cw = __shfl_sync(0xffffffffu, wg - 1, 0), warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int t = lane % 4;
+  const uint32_t sk_wg = sk + cw * 64 * 128, sv_wg = sv + cw * 64 * 128;
+  const float sl2 = p.scale_l2;
+  const int rloc = 64 * cw + 16 * warp + lane / 4; /* this thread's key rows in a block: rloc, rloc + 8 */
+  /* Registers: the default kernel's non-causal consumers are at R156 of 160; each value carried through the
+     softmax spilled here (4-72 B, variant by variant). So: the item's values come through __shfl_sync (uniform
+     registers), what only the item's start and end need (the running tile count, the parities, the dK / dV
+     row) waits in the warp's word set ws (lane 0's alone, shuffled), the dQ owner is recomputed from it (no
+     carried register), and the lane index is re-read from %laneid where it is tested (lane_id). */
+  float dk[HD / 2], dv[HD / 2];
+  volatile int *ws = wstate[threadIdx.x / 32 - 4]; /* x0, ph (bit 0: j & 1, bit 1: jk & 1), dK / dV row, hh, k0 */
+  if (lane_id() == 0) ws[0] = 0, ws[1] = 0;
+  for (;;) {
+    const bool l0 = lane_id() == 0;
+    const uint32_t x0 = __shfl_sync(0xffffffffu, l0 ? ws[0] : 0, 0), ph = __shfl_sync(0xffffffffu, l0 ? ws[1] : 0, 0);
+    mbar_wait(item_full, ph & 1);
+    int f[SLOT]; /* lane 0 alone reads the slot: its arrive is the one that lets the producer rewrite it */
+    for (int i = 0; i < SLOT; ++i) f[i] = __shfl_sync(0xffffffffu, l0 ? ((volatile int *)item_slot)[i] : 0, 0);
+    if (l0) mbar_arrive(item_empty);
+    if (f[0] >= total) break;
+    const Item3 im = item3_get<CAUSAL>(f, p, PT);
+    const int k0 = im.kb * KB3, qb0 = im.qb0, per_head = im.per_head, n_tiles = im.n_tiles, n_wg = im.n_wg;
+    const int kw0 = k0 + 64 * cw, kr = k0 + rloc; /* this thread's keys: kr, kr + 8 */
+    /* A head's last block of 64 or 128 keys leaves this warpgroup none: it runs the item as if every tile were
+       causally skipped (every wait and arrive, the counts are 12; a zero dS^T slice in rows the owner's dQ does
+       not read: it reads 64 n_wg) and stores no dK / dV. */
+    const bool idle = cw >= n_wg;
+    if (l0) /* b S KH + kvh < 2^31: dK's rows (B S KH 64 bf16 would be 256 GiB) */
+      ws[0] = x0 + n_tiles, ws[1] = ph ^ (n_tiles > 0 ? 3 : 1), ws[2] = im.b * (int)p.S * p.KH + im.kvh,
+      ws[3] = im.hh, ws[4] = k0;
+    zero(dk);
+    zero(dv);
+    if (n_tiles > 0) {
+      mbar_wait(kv_full, (ph >> 1) & 1);
+      /* Iteration it: tile x0 + it (if it < n_tiles), then dQ(x0 + it - 1) if this warpgroup owns it; the item's
+         last dQ is iteration n_tiles. The item's tile m is owned by warpgroup m % n_wg. */
+      for (int it = 0; it <= n_tiles; ++it) {
+        const uint32_t x = x0 + it;
+        if (it < n_tiles) {
+          const uint32_t s = x & 1;
+          const int i0 = (qb0 + it % per_head) * QB; /* i0: causal only (no rotation there) */
+          const uint32_t sq_s = sq + s * QT_BYTES, sdo_s = sdo + s * QT_BYTES;
+          const bool skip = idle || (CAUSAL && i0 + QB <= kw0); /* causal: no row of the tile sees these keys */
+          float st[32], dpt[32];
+          uint32_t pf[16], df[16];
+          mbar_wait(bar_full(s), (x >> 1) & 1);
+          if (!skip) {
+            onepass_tile<HD, CAUSAL>(st, dpt, pf, df, sk_wg, sv_wg, KB3, sq_s, sdo_s, ld_f + s * 2 * QB, sl2, i0,
+                                     kw0, kr, t, &anchor[4 * cw + warp], lane_id());
+          } else {
+#pragma unroll
+            for (int i = 0; i < 16; ++i) df[i] = 0u; /* bf16 +0: the owner's dQ reads all 64 n_wg keys */
+          }
+          const uint32_t xd = x % NDS, sds_x = sds + xd * DS3_BYTES;
+          mbar_wait(ds_empty(xd), ((x / NDS) & 1) ^ 1); /* dQ(x - 3) has read this buffer */
+          store_ds_rows(sds_x, df, rloc, t);            /* rows 0 .. 191 */
+          fence_async_shared();                         /* generic stores -> the owner's wgmma reads */
+          __syncwarp();
+          if (lane_id() == 0) mbar_arrive(ds_full(xd));
+          if (!skip) {
+            pin(dv);
+            pin(dk);
+            pin(pf);
+            pin(df);
+            wgmma_fence();
+            gemm_rs<HD>(dv, pf, sdo_s); /* dV += P^T dO */
+            gemm_rs<HD>(dk, df, sq_s);  /* dK += dS^T Q */
+            wgmma_commit();
+            wgmma_wait0();
+            pin(dv);
+            pin(dk);
+            pin(pf);
+            pin(df);
+          }
+          __syncwarp(); /* lse2 / D read by every lane: before the elected arrive */
+          if (lane_id() == 0) mbar_arrive(bar_empty(s));
+        }
+        const int m = it - 1; /* ---- dQ(x - 1), the item's tile m: every warpgroup's dS^T(x - 1) is a tile old */
+        if (it > 0 && (n_wg == 3 ? m % 3 : n_wg == 2 ? m & 1 : 0) == cw) {
+          const uint32_t k = x - 1, xk = k % NDS;
+          const uint32_t sds_k = sds + xk * DS3_BYTES;
+          float dq[32];
+          mbar_wait(ds_full(xk), (k / NDS) & 1);
+          if (n_wg == 3) dq_product<12>(dq, sds_k, sk);
+          else if (n_wg == 2) dq_product<8>(dq, sds_k, sk);
+          else dq_product<4>(dq, sds_k, sk);
+          if (lane_id() == 0) mbar_arrive(ds_empty(xk));
+          mbar_wait(dq_empty(k & 1), ((k >> 1) & 1) ^ 1); /* the writer's store of dQ(k - 2) has read the slot */
+          stage_dq64(dq, sdq + (k & 1) * DQ_BYTES, warp, lane_id());
+          fence_async_shared();        /* generic stores -> the TMA's reads */
+          mbar_arrive(dq_full(k & 1)); /* each thread its own stores */
+        }
+      }
+      /* this warp's last K / V read of the item is done (its wgmma waited): the next item's K / V may land */
+      if (lane_id() == 0) mbar_arrive(kv_empty);
+    }
+    if (idle) continue; /* keys past S */
+    const bool l1 = lane_id() == 0;
+    const int row = __shfl_sync(0xffffffffu, l1 ? ws[2] : 0, 0), hh = __shfl_sync(0xffffffffu, l1 ? ws[3] : 0, 0);
+    const int ks = __shfl_sync(0xffffffffu, l1 ? ws[4] : 0, 0) + rloc;
+    const size_t rs = (size_t)p.KH * HD, base = (size_t)row * HD;
+    if (sc.hs == 1) {
+      store_rows<HD>(p.dk + base, dk, rs, ks, t, p.scale); /* zeros where no query sees the keys */
+      store_rows<HD>(p.dv + base, dv, rs, ks, t, 1.f);
+    } else { /* partial sums of this item's G / hs heads, unscaled; dkdv_sum adds them in hh order */
+      store_rows_f32(sc.part + hh * sc.slice + base, dk, rs, ks, t);
+      store_rows_f32(sc.part + (sc.hs + hh) * sc.slice + base, dv, rs, ks, t);
+    }
+  }
+#endif /* sm_90a */
+}
+
+} /* namespace */
+
+bool sa_hop3p_smem(int causal) {
+  constexpr int smem = op_smem3();
+  return (causal ? cudaFuncSetAttribute(bwd_persist3<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)
+                 : cudaFuncSetAttribute(bwd_persist3<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) ==
+         cudaSuccess;
+}
+
+cudaError_t sa_hop3p_launch(int causal, const CUtensorMap (&m)[7], const BwdParams &bp, const Sched3 &sc, int total,
+                            int grid, cudaStream_t st) {
+  constexpr int smem = op_smem3();
+  if (causal)
+    bwd_persist3<true><<<(unsigned)grid, THREADS3, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], m[6], bp, sc, total);
+  else
+    bwd_persist3<false><<<(unsigned)grid, THREADS3, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], m[6], bp, sc,
+                                                                total);
+  return cudaGetLastError();
+}
