@@ -462,13 +462,6 @@ __global__ void dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N, in
 /* ---- host ------------------------------------------------------------------------------------------- */
 
 
-/* The persistent grid: the SMs (SINKATTN_HOP_BWD_GRID=n: n, for the tests' many items a CTA), at least nkb (NAT:
-   the deadlock argument above) and at most the items. */
-int sa_hop1_grid(int nkb, int total, int sms) {
-  const int cap = sa_cuda_env_int("SINKATTN_HOP_BWD_GRID", 0);
-  return std::min(std::max(cap > 0 ? cap : sms, nkb), total);
-}
-
 /* A refused shared-memory opt-in (227 KiB) leaves *used = 0: the two passes run instead. */
 template <bool CAUSAL>
 cudaError_t sa_hop1_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sched &sc, int64_t B, size_t sync_bytes,
@@ -490,6 +483,11 @@ cudaError_t sa_hop1_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sc
 }
 
 } /* namespace */
+
+int sa_hop1_grid(int nkb, int64_t items, int sms) {
+  const int cap = sa_cuda_env_int("SINKATTN_HOP_BWD_GRID", 0);
+  return (int)std::min<int64_t>(std::max(cap > 0 ? cap : sms, nkb), items);
+}
 
 size_t sa_hop1_acc_bytes(const sa_cuda_params &p) { return (size_t)(p.B * p.N * p.T * p.H) * 4; }
 size_t sa_hop1_sync_bytes(const sa_cuda_params &p) { return (size_t)(1 + p.B * p.N * (p.T / QB)) * 4; }

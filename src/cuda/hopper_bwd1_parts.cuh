@@ -158,6 +158,11 @@ __device__ __forceinline__ void store_ds_rows(uint32_t sds_x, const uint32_t (&d
 size_t sa_hop1_acc_bytes(const sa_cuda_params &p);
 size_t sa_hop1_sync_bytes(const sa_cuda_params &p);
 
+/* The persistent one passes' grid: the SMs (SINKATTN_HOP_BWD_GRID=n: n, for the tests' many items a CTA), at least
+   nkb (NAT: a head's key blocks held by co-resident CTAs, the deadlock argument in hopper_bwd1.cu) and at most the
+   items. */
+int sa_hop1_grid(int nkb, int64_t items, int sms);
+
 /* The tensor maps of both one-pass kernels (Q / dO 64-row boxes, K / V kv_rows-row boxes, lse2 / D rows, dq_acc as
    the reduce target) and their parameters; false when the driver has no encoder or refuses a map (the two passes
    run instead). */

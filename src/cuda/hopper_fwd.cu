@@ -19,9 +19,10 @@
  * its barriers and release every key tile.
  *
  * Persistent (dev/hopper_fwd_05): CTA c takes work tiles c, c + gridDim.x, ... (static stride; the order is
- * sa_hop_work_tile's: causal m-blocks in heavy / light pairs of one head at H128), on min(SMs, tiles) CTAs
- * where the host picks it (sa_hop_run: no mask, on a grid coprime to the m-blocks a head when the last is
- * partial; causal at H128 for S <= 4096; other masks for S <= 8 key tiles), else on a grid of all tiles (one each: the same kernel, the previous launch). Why: every
+ * sa_hop_work_tile's: causal m-blocks in heavy / light pairs of one head for S <= 4096 at H128, S <= 1024 at
+ * H64), on min(SMs, tiles) CTAs where the host picks it (sa_hop_run: no mask, on a grid coprime to the m-blocks
+ * a head when the last is partial; causal pairs; other masks for S <= 8 key tiles, windows of <= 8 key tiles a
+ * work tile), else on a grid of all tiles (one each: the same kernel, the previous launch). Why: every
  * CTA paid a prologue (barrier init, Q and first K latency, the first S without overlap) and an epilogue (last
  * P V, normalise, stores) with the tensor core idle, ~1-2 us, 20% at T1024; the producer now loads the next
  * work tile's Q and first K/V stages under the current one's last P V and epilogue. Protocol:
@@ -184,12 +185,12 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(TL::REGS) : "memory");
   const int cw = wg - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, t = lane % 4;
-  /* Made once, not per key tile (the key-tile loop's SASS: at its ring position). The warp's anchor word (see the wait_group 0 of the
-     key-tile loop), warp-uniform through a shuffle (else rebuilt from threadIdx every tile: 6 instructions at
-     H64). wgmma descriptors (desc_add): this warpgroup's 64 rows of each Q column block, K's stage 0 (stage s:
-     + s KV_DESC), and V's as K's moved by a constant (start + ST KV_BYTES, LBO BN * 128 instead of 16),
-     which ptxas folds into the k-steps' immediates instead of rebuilding gmma_desc(sv, ...) from the shared
-     window every tile (7 instructions at H64). */
+  /* Made once, not per key tile (the key-tile loop's SASS: at its ring position). The warp's anchor word (see the
+     wait_group 0 of the key-tile loop), warp-uniform through a shuffle (else rebuilt from threadIdx every tile: 6
+     instructions at H64). wgmma descriptors (desc_add): this warpgroup's 64 rows of each Q column block, K's stage 0
+     (stage s: + s KV_DESC), and V's as K's moved by a constant (start + ST KV_BYTES, LBO BN * 128 instead of 16),
+     which ptxas folds into the k-steps' immediates instead of rebuilding gmma_desc(sv, ...) from the shared window
+     every tile (7 instructions at H64). */
   constexpr uint32_t KV_DESC = KV_BYTES / 16;
   const uint32_t anchor_w = __shfl_sync(0xffffffffu, smem_u32(&anchor[4 * cw + warp]), 0);
   const uint64_t dq = gmma_desc(sq + cw * 64 * 128, 16, 1024), dk0 = gmma_desc(sk, 16, 1024);
@@ -467,7 +468,14 @@ cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_para
      the pairs for every kind-1 call. */
   const int pairs_env = sa_cuda_env_int("SINKATTN_HOP_FWD_PAIRS", -1);
   const bool pairs = MASK == 1 && (pairs_env >= 0 ? pairs_env != 0 : HD == 128 ? keyt <= 32 : keyt <= 8);
-  const bool persist = env >= 0 ? env != 0 : MASK == 0 || pairs || keyt <= SA_HOP_PERSIST_MAX_KEY_TILES;
+  /* A window (kind 2) bounds the keys a work tile sees, whatever S: at most (BM + dhi - dlo) / BN + 2 key tiles
+     (gpt-oss's (127, 0): 4). Such short work tiles are what persistence hides the prologue of: H200 session 6,
+     one run, gpt-oss window fwd 87 TFLOP/s persistent against 74-76 in the three runs of the one-tile grid
+     around it (session 4, before the sink's load moved ahead of the Q wait: 74 vs 76). */
+  const bool short_window =
+      MASK == 2 && (TL::BM + (long long)hp.mask.dhi - hp.mask.dlo) / TL::BN + 2 <= SA_HOP_PERSIST_MAX_KEY_TILES;
+  const bool persist =
+      env >= 0 ? env != 0 : MASK == 0 || pairs || keyt <= SA_HOP_PERSIST_MAX_KEY_TILES || short_window;
   int grid = hp.total;
   hp.hg = 0;
   hp.nph = 0;
