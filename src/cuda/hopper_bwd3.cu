@@ -185,20 +185,7 @@ __global__ void __launch_bounds__(THREADS3, 1)
         uint32_t box = scv + cb * DQ_BYTES + off;
         uint4 *dst = reinterpret_cast<uint4 *>(p.dq + (((size_t)b * T + w.q * QB + r0) * p.N + hd0 + w.g) * HD +
                                                8 * (tid % 8));
-#pragma unroll 1 /* unrolled, ptxas keeps 8 row addresses live (spills at 24 registers) */
-        for (int i = 0; i < 8; ++i, box += 8 * 128, dst += p.N * HD) { /* row r0 + 8 i: 8 rows of N heads on */
-          float4 a, e;
-          asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                       : "=f"(a.x), "=f"(a.y), "=f"(a.z), "=f"(a.w) : "r"(box) : "memory");
-          asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                       : "=f"(e.x), "=f"(e.y), "=f"(e.z), "=f"(e.w) : "r"(box ^ 16u) : "memory");
-          uint4 o;
-          o.x = pack_bf16(a.x * scale, a.y * scale);
-          o.y = pack_bf16(a.z * scale, a.w * scale);
-          o.z = pack_bf16(e.x * scale, e.y * scale);
-          o.w = pack_bf16(e.z * scale, e.w * scale);
-          *dst = o;
-        }
+        convert_dq_rows(box, dst, p.N * HD, scale);
         mbar_arrive(cv_empty(cb)); /* releases this thread's shared reads before the writer's next load */
         ++nv;
       }

@@ -109,6 +109,27 @@ __device__ __forceinline__ void stage_dq64(const float (&dq)[32], uint32_t dst, 
   }
 }
 
+/* The converter warps' share of a finished dq_acc tile: rows r0 + 8 i (i < 8) of a converter slot (fp32, the
+   128-byte swizzle: this thread's two 16-byte units at box and box ^ 16) -> 8 bf16 of dq each, times scale; dst
+   steps 8 rows (row_step uint4s). Not unrolled: unrolled, ptxas keeps 8 row addresses live (spills at 24
+   registers). */
+__device__ __forceinline__ void convert_dq_rows(uint32_t box, uint4 *dst, int row_step, float scale) {
+#pragma unroll 1
+  for (int i = 0; i < 8; ++i, box += 8 * 128, dst += row_step) {
+    float4 a, e;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(a.x), "=f"(a.y), "=f"(a.z), "=f"(a.w) : "r"(box) : "memory");
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(e.x), "=f"(e.y), "=f"(e.z), "=f"(e.w) : "r"(box ^ 16u) : "memory");
+    uint4 o;
+    o.x = pack_bf16(a.x * scale, a.y * scale);
+    o.y = pack_bf16(a.z * scale, a.w * scale);
+    o.z = pack_bf16(e.x * scale, e.y * scale);
+    o.w = pack_bf16(e.z * scale, e.w * scale);
+    *dst = o;
+  }
+}
+
 /* This thread's rows r0, r0 + 8 of an accumulator as fp32 (the head split's partial dK / dV). */
 __device__ __forceinline__ void store_rows_f32(float *base, const float (&acc)[32], size_t row_stride, int r0, int t) {
 #pragma unroll
