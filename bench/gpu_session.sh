@@ -202,6 +202,7 @@ elif [ "$PART" = ab ]; then
   # over test_cuda (SAN_TOOLS, HOPPER_STRIDE); GPU 0: test_cuda, then the grid GRID (default h200) with the new
   # default and again with AB_ENV (e.g. SINKATTN_HOP_BWD_NC=2: the previous form), rows AB_ROWS (a grep -E on the
   # row text; default every row) of the second run only.
+  # SAN_PASSES=bwd,fwd: the sanitizer's test_cuda runs only those passes (tests/test_cuda.c, SA_TEST_CUDA_PASSES).
   # SAN_AFTER=1: the sanitizer starts after the benches (its fp64 references load the host's cores: a bench beside
   # it reads its short rows low, H200 session 5 section 6), beside pytest.
   ( build_gpu ) > "$STAGE/build.log" 2>&1 &
@@ -209,7 +210,7 @@ elif [ "$PART" = ab ]; then
   wait
   start_san() {
     ( CUDA_VISIBLE_DEVICES=1 OUT="$STAGE/sanitize" SA_TEST_CUDA_STRIDE=${STRIDE:-16} SAN_ONLY=test_cuda \
-        SA_TEST_CUDA_HOPPER_STRIDE=${HOPPER_STRIDE:-2} SAN_NOBUILD=1 \
+        SA_TEST_CUDA_HOPPER_STRIDE=${HOPPER_STRIDE:-2} SAN_NOBUILD=1 SA_TEST_CUDA_PASSES=${SAN_PASSES:-} \
         timeout ${SAN_LIMIT:-400} bash bench/gpu_sanitize.sh > "$STAGE/sanitize.log" 2>&1; echo "rc=$?" >> "$STAGE/sanitize.log" ) &
     san=$!
   }

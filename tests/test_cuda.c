@@ -401,6 +401,19 @@ static void tc_unsupported(void) {
   tc_check(s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "SA_F32"), &c, "f32 accepted (%g %g)", s, 0);
 }
 
+/* SA_TEST_CUDA_PASSES="a,b": run only the named passes (unset: all). Names: cases (the general cases), hopper (the
+   Hopper cases in the default launch), portable (the same with SINKATTN_CUDA_HOPPER=0), nc3 (the H64 two passes
+   with 3 consumer warpgroups), bwd (the backward launch variants), fwd (the forward launch variants). For a
+   sanitizer run aimed at one kernel family: the whole binary under racecheck takes minutes. */
+static int tc_pass_on(const char *name) {
+  const char *sel = getenv("SA_TEST_CUDA_PASSES");
+  if (!sel || !*sel) return 1;
+  const size_t len = strlen(name);
+  for (const char *q = sel; (q = strstr(q, name)) != NULL; q += len)
+    if ((q == sel || q[-1] == ',') && (q[len] == ',' || q[len] == 0)) return 1;
+  return 0;
+}
+
 int main(void) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -414,7 +427,8 @@ int main(void) {
   /* SA_TEST_CUDA_HOPPER_STRIDE=k: every k-th Hopper case instead (the sanitizer's share of the sm_90a kernels) */
   const char *hst = getenv("SA_TEST_CUDA_HOPPER_STRIDE");
   const size_t hstride = hst && atoi(hst) > 0 ? (size_t)atoi(hst) : stride;
-  for (size_t i = 0; i < sizeof tc_cases / sizeof tc_cases[0]; i += stride) tc_run(&tc_cases[i], 1234 + 77 * i);
+  if (tc_pass_on("cases"))
+    for (size_t i = 0; i < sizeof tc_cases / sizeof tc_cases[0]; i += stride) tc_run(&tc_cases[i], 1234 + 77 * i);
   /* 1: the portable mma.sync kernels, 2: the sm_90a ones (only on a CC 9.0 device, and only when the
      library was built with sm_90a code: CMakeLists.txt defines SA_CUDA_HAVE_SM90A for this test then) */
   int dev = 0, major = 0, minor = 0;
@@ -423,6 +437,7 @@ int main(void) {
   TC_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
   const size_t nh = sizeof tc_hopper_cases / sizeof tc_hopper_cases[0];
   for (int portable = 0; portable < 2; portable++) {
+    if (!tc_pass_on(portable ? "portable" : "hopper")) continue;
     if (portable) setenv("SINKATTN_CUDA_HOPPER", "0", 1);
     else unsetenv("SINKATTN_CUDA_HOPPER");
 #ifdef SA_CUDA_HAVE_SM90A
@@ -446,7 +461,7 @@ int main(void) {
 #endif
   size_t n64 = 0;
   printf("-- the H64 cases with SINKATTN_HOP_BWD_NC=3 SINKATTN_HOP_BWD_ONEPASS=0 (expect kernel %d)\n", tc_expect_kernel);
-  for (size_t i = 0; i < nh; i += hstride)
+  for (size_t i = 0; i < nh && tc_pass_on("nc3"); i += hstride)
     if (tc_hopper_cases[i].H == 64 && !tc_hopper_cases[i].lens) {
       tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
       n64++;
@@ -459,7 +474,7 @@ int main(void) {
      (SINKATTN_HOP_BWD3_PERSIST=0, hopper_bwd3.cu). Cases outside the one passes' scope run the two passes again. */
   size_t nbvar = 0;
 #ifdef SA_CUDA_HAVE_SM90A
-  if (major == 9 && minor == 0) {
+  if (major == 9 && minor == 0 && tc_pass_on("bwd")) {
     static const struct {
       int H;
       const char *persist3, *grid; /* NULL: unset */
@@ -495,7 +510,7 @@ int main(void) {
      work tile here) and wraps stage 3 -> 0, flipping the parity, inside and across work tiles. */
   size_t nvar = 0, nvar64 = 0;
 #ifdef SA_CUDA_HAVE_SM90A
-  if (major == 9 && minor == 0) {
+  if (major == 9 && minor == 0 && tc_pass_on("fwd")) {
     static const struct {
       const char *stages, *persistent, *grid; /* NULL: unset */
     } fwd_vars[] = {{NULL, "0", NULL}, {NULL, "1", "3"}, {"4", NULL, NULL}, {"4", "1", "3"}};
