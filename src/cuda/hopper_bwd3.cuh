@@ -1,10 +1,9 @@
 /*
- * hopper_bwd3.cuh — what the H64 one-pass backward kernels share: the default one (hopper_bwd3.cu, one CTA a
- * (b, kv head, head split, 192-key block)) and the persistent one (hopper_bwd3p.cu, SINKATTN_HOP_BWD3_PERSIST=1:
- * min(SMs, items) CTAs taking those blocks as items). The tile constants and shared-memory size, the scheduling
- * parameters, NAT's rank and last-visit rule with 192-key blocks, the dQ product and its staging. Split out of
- * hopper_bwd3.cu so that both files stay under 600 lines; the code is the same (the default kernel's SASS did not
- * change).
+ * hopper_bwd3.cuh — what the H64 one-pass backward kernels share: the one-CTA-an-item kernel (hopper_bwd3.cu, one
+ * CTA a (b, kv head, head split, 192-key block); SINKATTN_HOP_BWD3_PERSIST=0) and the persistent one
+ * (hopper_bwd3p.cu, the default: min(SMs, items) CTAs taking those blocks as items). The tile constants and
+ * shared-memory size, the scheduling parameters, NAT's rank and last-visit rule with 192-key blocks, the dQ product
+ * and its staging, the converter's row loop. Split out of hopper_bwd3.cu so that both files stay under 600 lines.
  */
 #ifndef SA_HOPPER_BWD3_CUH
 #define SA_HOPPER_BWD3_CUH

@@ -1,7 +1,10 @@
 /*
  * hopper_bwd3p.cu — the H64 one-pass backward (hopper_bwd3.cu) made PERSISTENT as dev/hopper_bwd_07 made the H128
- * one: SINKATTN_HOP_BWD3_PERSIST=1 (read per call; default 0 runs hopper_bwd3.cu's kernel, unchanged), grid
- * min(SINKATTN_HOP_BWD_GRID or the SMs, items), at least nkb. Why: the default kernel runs one CTA (one an SM,
+ * one; the default since H200 session 6 (f+b +3.6% at B16 T1024 N32, +8.3% causal, +6.8% B4 T4096 causal, +2.5%
+ * gpt-oss, -0.4..-0.7% on long rows without a mask; bench/NOTES.md section 6), SINKATTN_HOP_BWD3_PERSIST=0 (read
+ * per call) runs hopper_bwd3.cu's one-CTA-an-item kernel. Grid sa_hop1_grid: min(SINKATTN_HOP_BWD_GRID or the SMs,
+ * items), at least nkb. Written by a helper compiled-only, first run in session 6: every H64 case of test_cuda on
+ * the SMs' grid and on nkb CTAs. Why: the one-CTA kernel runs one CTA (one an SM,
  * 219 KiB) per (b, kv head, head split, 192-key block) and each pays a prologue (barrier init, ticket, the 48 KiB
  * K / V load with the first ring tiles, the first S^T without overlap) and an epilogue (last dQ, dK / dV stores)
  * with the tensor cores idle, ~2 us of a 15-100 us CTA (07's estimate at H128; items here are about as long):
