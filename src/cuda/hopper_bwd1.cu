@@ -333,16 +333,8 @@ __global__ void __launch_bounds__(THREADS, 1)
           fence_async_global(); /* the store / reduce (async proxy) after the acquire that saw the earlier adds */
           if (kk == im.n_tiles - 1) mbar_arrive(wr_done0 + 8 * (j & 1)); /* no wait left in this item */
           const uint32_t src = sdq + xb * DQ_BYTES;
-          if (rank == 0) /* the tile's first visit stores: dq_acc is not zeroed (coverage: above nat_rank) */
-            for (int c = 0; c < HD / 32; ++c) tma_store_3d(&tma, src + c * QB * 128, c * 32, w.q * QB, bn0 + w.g);
-          else
-            for (int c = 0; c < HD / 32; ++c) tma_reduce_add(&tma, src + c * QB * 128, c * 32, w.q * QB, bn0 + w.g);
-          bulk_commit();
-          bulk_wait_read0();
-          mbar_arrive(dq_empty0 + 8 * xb);
-          bulk_wait0();         /* this tile's store / adds are done in L2 ... */
-          fence_async_global(); /* ... and ordered before the release */
-          red_release_add(sem, 1);
+          /* rank 0 stores (dq_acc is not zeroed; coverage: above nat_rank), later ranks add */
+          write_dq_tile<HD>(&tma, src, rank, w.q * QB, bn0 + w.g, dq_empty0 + 8 * xb, sem);
         }
         if (im.n_tiles == 0) mbar_arrive(wr_done0 + 8 * (j & 1));
       }

@@ -80,6 +80,26 @@ __device__ __forceinline__ void red_release_add(int *p, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+/* The dQ writer's turn at a dq_acc tile [64 rows from row0][HD] of plane (b N + head), once its semaphore reached
+   its rank (and fence_async_global ordered the async proxy after that acquire): rank 0 stores the staged tile at
+   src (H / 32 boxes of [64][32] fp32), later ranks add it; the staging slot is released (arrive on dq_empty) as
+   soon as the copies have read it, the semaphore once the writes are done in L2 and ordered before the release. */
+template <int HD>
+__device__ __forceinline__ void write_dq_tile(const CUtensorMap *tma, uint32_t src, int rank, int row0, int plane,
+                                              uint32_t dq_empty, int *sem) {
+  constexpr int QB = sa_hop_tiles::BWD_QB;
+  if (rank == 0) /* the tile's first visit stores: dq_acc is not zeroed */
+    for (int c = 0; c < HD / 32; ++c) tma_store_3d(tma, src + c * QB * 128, c * 32, row0, plane);
+  else
+    for (int c = 0; c < HD / 32; ++c) tma_reduce_add(tma, src + c * QB * 128, c * 32, row0, plane);
+  bulk_commit();
+  bulk_wait_read0();
+  mbar_arrive(dq_empty);
+  bulk_wait0();         /* this tile's store / adds are done in L2 ... */
+  fence_async_global(); /* ... and ordered before the release */
+  red_release_add(sem, 1);
+}
+
 /* D[64xN] (+)= A[64x16] B[16xN], A and B both MN-major in shared memory (imm-trans-a = imm-trans-b = 1). */
 __device__ __forceinline__ void wgmma_ss_tt(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
   asm volatile(

@@ -148,16 +148,8 @@ __global__ void __launch_bounds__(THREADS3, 1)
         }
         fence_async_global(); /* the reduce (async proxy) after the acquire that saw the previous adds */
         const uint32_t src = sdq + x * DQ_BYTES;
-        if (rank == 0) /* the tile's first visit stores: dq_acc is not zeroed (coverage: above nat_rank3) */
-          for (int c = 0; c < HD / 32; ++c) tma_store_3d(&tma, src + c * QB * 128, c * 32, w.q * QB, bn0 + w.g);
-        else
-          for (int c = 0; c < HD / 32; ++c) tma_reduce_add(&tma, src + c * QB * 128, c * 32, w.q * QB, bn0 + w.g);
-        bulk_commit();
-        bulk_wait_read0();
-        mbar_arrive(dq_empty(x));
-        bulk_wait0();         /* this tile's store / adds are done in L2 ... */
-        fence_async_global(); /* ... and ordered before the release */
-        red_release_add(sem, 1);
+        /* rank 0 stores (dq_acc is not zeroed; coverage: above nat_rank3), later ranks add */
+        write_dq_tile<HD>(&tma, src, rank, w.q * QB, bn0 + w.g, dq_empty(x), sem);
         if (nat_last3<CAUSAL>(kb, w.g, w.q, sc.nkb, PT, sc.d)) { /* final: back to shared for the converter */
           const int cb = nv & 1;
           mbar_wait(cv_empty(cb), ((nv >> 1) & 1) ^ 1);
