@@ -58,23 +58,29 @@ build_gpusan() {
 }
 export -f build_gpu build_gpusan
 export PY
+# profile_args "B T N K H causal [window [fwd]]": bench/profile_fb.py's arguments for one shape, into the array pa
+# (a left window w >= 0: local_window_size (w, 0); fwd 1: the forward alone).
+profile_args() {
+  local B T N K H C W F
+  read -r B T N K H C W F <<< "$1"
+  pa=(--B "$B" --T "$T" --N "$N" --K "$K" --H "$H")
+  [ "$C" = 1 ] && pa+=(--causal)
+  [ -n "$W" ] && [ "$W" -ge 0 ] && pa+=(--window "$W")
+  [ "$F" = 1 ] && pa+=(--fwd)
+}
 # ncu_shapes "B T N K H causal [window [fwd]], ...": ncu's detailed sections over one jax f+b of each shape (a left
 # window w >= 0: local_window_size (w, 0); fwd 1: the forward alone), ours and cuDNN's kernels.
 ncu_shapes() {
-  local shapes sh B T N K H C W F who kre i=0
+  local shapes sh who kre i=0
   IFS=, read -ra shapes <<< "$1"
   for sh in "${shapes[@]}"; do
-    read -r B T N K H C W F <<< "$sh"
-    c=(); [ "$C" = 1 ] && c=(--causal)
-    [ -n "$W" ] && [ "$W" -ge 0 ] && c+=(--window "$W")
-    [ "$F" = 1 ] && c+=(--fwd)
+    profile_args "$sh"
     for who in fused cudnn; do
       kre='regex:sa_hop|sa_bwd|bwd_onepass|dq_convert|dkdv_sum'; [ $who = cudnn ] && kre='regex:sdpa|flash|fmha|cudnn'
       step ncu$i-$who ${NCU_LIMIT:-100} ncu --section SpeedOfLight --section ComputeWorkloadAnalysis \
         --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section LaunchStats \
         --section Occupancy --section InstructionStats -k "$kre" --launch-count ${NCU_COUNT:-6} \
-        --log-file "$STAGE/ncu$i-$who.txt" "$PY" bench/profile_fb.py --B $B --T $T --N $N --K $K --H $H "${c[@]}" \
-        --contender $who
+        --log-file "$STAGE/ncu$i-$who.txt" "$PY" bench/profile_fb.py "${pa[@]}" --contender $who
     done
     i=$((i + 1))
   done
@@ -83,16 +89,13 @@ ncu_shapes() {
 # one jax call of each shape (SourceCounters + WarpStateStats into a report, then its source page as CSV: every
 # instruction with its stall samples by reason), to find where the warps wait.
 ncu_src() {
-  local shapes sh B T N K H C W F i=0
+  local shapes sh i=0
   IFS=, read -ra shapes <<< "$1"
   for sh in "${shapes[@]}"; do
-    read -r B T N K H C W F <<< "$sh"
-    c=(); [ "$C" = 1 ] && c=(--causal)
-    [ -n "$W" ] && [ "$W" -ge 0 ] && c+=(--window "$W")
-    [ "$F" = 1 ] && c+=(--fwd)
+    profile_args "$sh"
     step ncusrc$i ${NCU_LIMIT:-100} ncu --section SourceCounters --section WarpStateStats \
       -k 'regex:sa_hop|bwd_onepass' --launch-count ${NCU_COUNT:-2} -f -o "$STAGE/ncusrc$i" \
-      "$PY" bench/profile_fb.py --B $B --T $T --N $N --K $K --H $H "${c[@]}" --contender fused
+      "$PY" bench/profile_fb.py "${pa[@]}" --contender fused
     step ncusrc$i-csv 60 bash -c "ncu --import '$STAGE/ncusrc$i.ncu-rep' --page source --csv --print-source sass \
       > '$STAGE/ncusrc$i-sass.csv' && ncu --import '$STAGE/ncusrc$i.ncu-rep' --page details \
       > '$STAGE/ncusrc$i-details.txt'"

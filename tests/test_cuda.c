@@ -414,6 +414,19 @@ static int tc_pass_on(const char *name) {
   return 0;
 }
 
+/* A launch-variant pass's environment: names[k] = vals[k], or unset where vals is NULL (or vals[k] is NULL); the
+   settings printed on the pass's header line. */
+static void tc_env(const char *const *names, const char *const *vals, int n) {
+  for (int k = 0; k < n; k++) {
+    if (vals && vals[k]) {
+      setenv(names[k], vals[k], 1);
+      printf(" %s=%s", names[k], vals[k]);
+    } else {
+      unsetenv(names[k]);
+    }
+  }
+}
+
 int main(void) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -480,31 +493,23 @@ int main(void) {
       const char *persist3, *grid; /* NULL: unset */
     } bwd_vars[] = {{128, NULL, "1"}, {64, NULL, "1"}, {64, "0", NULL}};
     tc_expect_kernel = 2;
+    static const char *const names[2] = {"SINKATTN_HOP_BWD3_PERSIST", "SINKATTN_HOP_BWD_GRID"};
     for (size_t v = 0; v < sizeof bwd_vars / sizeof bwd_vars[0]; v++, nbvar++) {
-      const char *names[2] = {"SINKATTN_HOP_BWD3_PERSIST", "SINKATTN_HOP_BWD_GRID"};
       const char *vals[2] = {bwd_vars[v].persist3, bwd_vars[v].grid};
       printf("-- the H%d Hopper cases,", bwd_vars[v].H);
-      for (int k = 0; k < 2; k++) {
-        if (vals[k]) {
-          setenv(names[k], vals[k], 1);
-          printf(" %s=%s", names[k], vals[k]);
-        } else {
-          unsetenv(names[k]);
-        }
-      }
+      tc_env(names, vals, 2);
       printf(" (expect kernel 2)\n");
       for (size_t i = 0; i < nh; i += hstride)
         if (tc_hopper_cases[i].H == bwd_vars[v].H) tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
     }
-    unsetenv("SINKATTN_HOP_BWD3_PERSIST");
-    unsetenv("SINKATTN_HOP_BWD_GRID");
+    tc_env(names, NULL, 2);
   }
 #endif
   /* The Hopper forward's launch variants (hopper_fwd.cu; the default pass above takes its persistent launch, on
      grids of <= 128 work tiles: one a CTA), the forward alone: one work tile per CTA on a grid of all of them
      (SINKATTN_HOP_FWD_PERSISTENT=0: masked calls past 8 key tiles), then persistent CTAs on a grid of 3
      (SINKATTN_HOP_FWD_GRID=3: each CTA loops over up to 43 work tiles here, so the Q and K/V ring phases, the
-     tile slot, the H64 partial m-blocks, masks and lengths all cross work tiles). Then the 4-stage K/V ring
+     work-tile walk, the H64 partial m-blocks, masks and lengths all cross work tiles). Then the 4-stage K/V ring
      (SINKATTN_HOP_FWD_STAGES=4; H64 only, H128 keeps 2 stages: the H64 cases alone), in the default launch and
      persistent on a grid of 3, where a CTA's ring position runs over all its work tiles' key tiles (up to 9 a
      work tile here) and wraps stage 3 -> 0, flipping the parity, inside and across work tiles. */
@@ -516,26 +521,18 @@ int main(void) {
     } fwd_vars[] = {{NULL, "0", NULL}, {NULL, "1", "3"}, {"4", NULL, NULL}, {"4", "1", "3"}};
     tc_expect_kernel = 2;
     tc_fwd_only = 1;
+    static const char *const names[3] = {"SINKATTN_HOP_FWD_STAGES", "SINKATTN_HOP_FWD_PERSISTENT",
+                                         "SINKATTN_HOP_FWD_GRID"};
     for (size_t v = 0; v < sizeof fwd_vars / sizeof fwd_vars[0]; v++, nvar++) {
-      const char *names[3] = {"SINKATTN_HOP_FWD_STAGES", "SINKATTN_HOP_FWD_PERSISTENT", "SINKATTN_HOP_FWD_GRID"};
       const char *vals[3] = {fwd_vars[v].stages, fwd_vars[v].persistent, fwd_vars[v].grid};
       printf("-- the %s cases, forward only,", fwd_vars[v].stages ? "H64 Hopper" : "Hopper");
-      for (int k = 0; k < 3; k++) {
-        if (vals[k]) {
-          setenv(names[k], vals[k], 1);
-          printf(" %s=%s", names[k], vals[k]);
-        } else {
-          unsetenv(names[k]);
-        }
-      }
+      tc_env(names, vals, 3);
       printf(" (expect kernel 2)\n");
       nvar64 += fwd_vars[v].stages != NULL;
       for (size_t i = 0; i < nh; i += hstride)
         if (!fwd_vars[v].stages || tc_hopper_cases[i].H == 64) tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
     }
-    unsetenv("SINKATTN_HOP_FWD_STAGES");
-    unsetenv("SINKATTN_HOP_FWD_PERSISTENT");
-    unsetenv("SINKATTN_HOP_FWD_GRID");
+    tc_env(names, NULL, 3);
     tc_fwd_only = 0;
   }
 #endif
