@@ -275,19 +275,8 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
     }
     pack_frag(pf, st);
     pack_frag(df, dpt);
-    pin(dv);
-    pin(dk);
-    pin(pf);
-    pin(df);
-    wgmma_fence();
-    gemm_rs<HD>(dv, pf, sdo_s); /* dV += P^T dO */
-    gemm_rs<HD>(dk, df, sq_s);  /* dK += dS^T Q */
-    wgmma_commit();
-    wgmma_wait0();
-    pin(dv);
-    pin(dk);
-    pin(pf);
-    pin(df);
+    dvdk_issue<HD>(dv, dk, pf, df, sdo_s, sq_s);
+    dvdk_retire<HD>(dv, dk, pf, df);
     /* lse2 / D of this stage were read by every lane with plain loads; mbarrier.arrive releases only the
        arriving thread's accesses, so the warp synchronises first (compute-sanitizer racecheck flagged the
        producer's next bulk copy into the stage against lanes 1..31's reads without it). */

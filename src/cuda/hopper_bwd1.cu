@@ -393,20 +393,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (lane == 0) mbar_arrive(ds_full0 + 8 * xb);
         /* ---- dV, dK of this tile; then dQ of the previous one, once P^T / dS^T fragments are dead ---- */
         if (!skip) {
-          pin(dv);
-          pin(dk);
-          pin(pf);
-          pin(df);
-          wgmma_fence();
-          gemm_rs<HD>(dv, pf, sdo_s); /* dV += P^T dO */
-          gemm_rs<HD>(dk, df, sq_s);  /* dK += dS^T Q */
-          wgmma_commit();
+          dvdk_issue<HD>(dv, dk, pf, df, sdo_s, sq_s);
           if (it > 0) mbar_wait(ds_full0 + 8 * (xb ^ 1), ((x - 1) >> 1) & 1); /* the other half's dS^T(x - 1) */
-          wgmma_wait0();
-          pin(dv);
-          pin(dk);
-          pin(pf);
-          pin(df);
+          dvdk_retire<HD>(dv, dk, pf, df);
         } else if (it > 0) {
           mbar_wait(ds_full0 + 8 * (xb ^ 1), ((x - 1) >> 1) & 1);
         }

@@ -229,19 +229,8 @@ __global__ void __launch_bounds__(THREADS3, 1)
       __syncwarp();
       if (lane == 0) mbar_arrive(ds_full(x));
       if (!skip) { /* ---- dV, dK of this tile ---- */
-        pin(dv);
-        pin(dk);
-        pin(pf);
-        pin(df);
-        wgmma_fence();
-        gemm_rs<HD>(dv, pf, sdo_s); /* dV += P^T dO */
-        gemm_rs<HD>(dk, df, sq_s);  /* dK += dS^T Q */
-        wgmma_commit();
-        wgmma_wait0();
-        pin(dv);
-        pin(dk);
-        pin(pf);
-        pin(df);
+        dvdk_issue<HD>(dv, dk, pf, df, sdo_s, sq_s);
+        dvdk_retire<HD>(dv, dk, pf, df);
       }
       /* lse2 / D of this stage were read by every lane with plain loads: the warp synchronises before the elected
          arrive (mbarrier.arrive releases only the arriving thread's accesses). */

@@ -365,19 +365,8 @@ __global__ void __launch_bounds__(THREADS3, 1)
           __syncwarp();
           if (lane_id() == 0) mbar_arrive(ds_full(xd));
           if (!skip) {
-            pin(dv);
-            pin(dk);
-            pin(pf);
-            pin(df);
-            wgmma_fence();
-            gemm_rs<HD>(dv, pf, sdo_s); /* dV += P^T dO */
-            gemm_rs<HD>(dk, df, sq_s);  /* dK += dS^T Q */
-            wgmma_commit();
-            wgmma_wait0();
-            pin(dv);
-            pin(dk);
-            pin(pf);
-            pin(df);
+            dvdk_issue<HD>(dv, dk, pf, df, sdo_s, sq_s);
+            dvdk_retire<HD>(dv, dk, pf, df);
           }
           __syncwarp(); /* lse2 / D read by every lane: before the elected arrive */
           if (lane_id() == 0) mbar_arrive(bar_empty(s));

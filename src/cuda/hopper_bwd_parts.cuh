@@ -49,6 +49,32 @@ __device__ __forceinline__ void gemm_rs(float (&acc)[HD / 2], const uint32_t (&f
   for (int kk = 0; kk < 4; ++kk) wgmma_rs(acc, &f[4 * kk], gmma_desc(b + kk * 2048, 64 * 128, 1024));
 }
 
+/* dV += P^T dO and dK += dS^T Q of one tile (RS: the fragments in registers, dO / Q this stage's tiles), issued as
+   one commit group; dvdk_retire waits for it. Every backward kernel's pair: between the two a kernel may wait for
+   something else while the products run. The pins keep the compiler from moving the accumulators' and fragments'
+   uses across the asynchronous products. */
+template <int HD>
+__device__ __forceinline__ void dvdk_issue(float (&dv)[HD / 2], float (&dk)[HD / 2], uint32_t (&pf)[16],
+                                           uint32_t (&df)[16], uint32_t sdo_s, uint32_t sq_s) {
+  pin(dv);
+  pin(dk);
+  pin(pf);
+  pin(df);
+  wgmma_fence();
+  gemm_rs<HD>(dv, pf, sdo_s); /* dV += P^T dO */
+  gemm_rs<HD>(dk, df, sq_s);  /* dK += dS^T Q */
+  wgmma_commit();
+}
+template <int HD>
+__device__ __forceinline__ void dvdk_retire(float (&dv)[HD / 2], float (&dk)[HD / 2], uint32_t (&pf)[16],
+                                            uint32_t (&df)[16]) {
+  wgmma_wait0();
+  pin(dv);
+  pin(dk);
+  pin(pf);
+  pin(df);
+}
+
 /* Accumulator [64 x 64] -> bf16 A fragments of 4 k-steps (accumulator blocks 2kk, 2kk + 1 per k-step). */
 __device__ __forceinline__ void pack_frag(uint32_t (&f)[16], const float (&a)[32]) {
 #pragma unroll
