@@ -90,6 +90,13 @@ __device__ __forceinline__ void dq_product(float (&dq)[32], uint32_t sds_x, uint
   pin(dq);
 }
 
+/* dq_product over the keys of n_wg warpgroups (a head's last key block may hold 64 or 128 keys): 4 k-steps each. */
+__device__ __forceinline__ void dq_product_nwg(float (&dq)[32], uint32_t sds_x, uint32_t sk, int n_wg) {
+  if (n_wg == 3) dq_product<12>(dq, sds_x, sk);
+  else if (n_wg == 2) dq_product<8>(dq, sds_x, sk);
+  else dq_product<4>(dq, sds_x, sk);
+}
+
 /* The owner's whole dQ tile [64 rows][64 fp32] into staging slot dst: box c = columns [32 c, 32 c + 32) as
    [64 rows][128 B], 16-byte unit u of row r at u ^ (r % 8) (05's stage_dq for warpgroup 0 at H128: 2 wavefronts
    per float2 warp store). */

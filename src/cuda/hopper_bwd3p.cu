@@ -377,9 +377,7 @@ __global__ void __launch_bounds__(THREADS3, 1)
           const uint32_t sds_k = sds + xk * DS3_BYTES;
           float dq[32];
           mbar_wait(ds_full(xk), (k / NDS) & 1);
-          if (n_wg == 3) dq_product<12>(dq, sds_k, sk);
-          else if (n_wg == 2) dq_product<8>(dq, sds_k, sk);
-          else dq_product<4>(dq, sds_k, sk);
+          dq_product_nwg(dq, sds_k, sk, n_wg);
           if (lane_id() == 0) mbar_arrive(ds_empty(xk));
           mbar_wait(dq_empty(k & 1), ((k >> 1) & 1) ^ 1); /* the writer's store of dQ(k - 2) has read the slot */
           stage_dq64(dq, sdq + (k & 1) * DQ_BYTES, warp, lane_id());
