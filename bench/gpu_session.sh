@@ -202,9 +202,8 @@ elif [ "$PART" = ncu ]; then
   cat "$STAGE/sanitize/summary.txt" 2>/dev/null
 elif [ "$PART" = ab ]; then
   # Two GPUs: a kernel change checked and measured against its previous form in one call. GPU 1: compute-sanitizer
-  # over test_cuda (SAN_TOOLS, HOPPER_STRIDE); GPU 0: test_cuda, then the grid GRID (default h200) with the new
-  # default and again with AB_ENV (e.g. SINKATTN_HOP_BWD_NC=2: the previous form), rows AB_ROWS (a grep -E on the
-  # row text; default every row) of the second run only.
+  # over test_cuda (SAN_TOOLS, HOPPER_STRIDE); GPU 0: test_cuda, then the grid GRID (default h200): fused, cuDNN and
+  # fused under AB_ENV (e.g. SINKATTN_HOP_BWD_NC=2: the previous form) interleaved, ROUNDS rounds a row.
   # SAN_PASSES=bwd,fwd: the sanitizer's test_cuda runs only those passes (tests/test_cuda.c, SA_TEST_CUDA_PASSES).
   # SAN_AFTER=1: the sanitizer starts after the benches (its fp64 references load the host's cores: a bench beside
   # it reads its short rows low, H200 session 5 section 6), beside pytest.
@@ -220,23 +219,22 @@ elif [ "$PART" = ab ]; then
   [ "${SAN_AFTER:-0}" = 1 ] || start_san
   export CUDA_VISIBLE_DEVICES=0
   step test_cuda 120 build-gpu/test_cuda
-  step bench_new ${BENCH_LIMIT:-150} "$PY" -m sinkattn.bench --grid ${GRID:-h200} --softmax learnable \
-    --max-ref-t 16384 --repeats 2 --contenders fused,cudnn_no_sink --out "$STAGE/h200-jax-${GRID:-h200}-new.json"
-  step bench_old ${BENCH_LIMIT:-150} env ${AB_ENV:-SINKATTN_AB=0} "$PY" -m sinkattn.bench --grid ${GRID:-h200} \
-    --softmax learnable --max-ref-t 16384 --repeats 2 --contenders fused --out "$STAGE/h200-jax-${GRID:-h200}-old.json"
-  # AB_EXTRA="A=1 B=2;A=3": more runs of the fused kernels, one per ';'-separated environment, on grid GRID2
-  # (default gptoss: the gpt-oss layers), fused and cuDNN again at the end (the drift of the run).
+  # One run: fused, cuDNN and (AB_ENV set) fused_ab, the fused kernel under AB_ENV, timed in turn ROUNDS times a row.
+  ab=(); [ -n "${AB_ENV:-}" ] && ab=(--ab-env "$AB_ENV")
+  step bench ${BENCH_LIMIT:-200} "$PY" -m sinkattn.bench --grid ${GRID:-h200} --softmax learnable \
+    --max-ref-t 16384 --repeats 2 --rounds ${ROUNDS:-3} --contenders fused,cudnn_no_sink "${ab[@]}" \
+    --out "$STAGE/h200-jax-${GRID:-h200}-ab.json"
+  # AB_EXTRA="A=1 B=2;A=3": more A/Bs on grid GRID2 (default gptoss: the gpt-oss layers), one run per ';'-separated
+  # environment: fused against fused under it, interleaved as above.
   if [ -n "${AB_EXTRA:-}" ]; then
     IFS=';' read -ra extras <<< "$AB_EXTRA"
     i=0
     for ex in "${extras[@]}"; do
-      step bench_x$i ${BENCH_LIMIT:-150} env $ex "$PY" -m sinkattn.bench --grid ${GRID2:-gptoss} --softmax learnable \
-        --max-ref-t 16384 --repeats 2 --contenders fused --out "$STAGE/h200-jax-${GRID2:-gptoss}-x$i.json"
-      echo "$ex" > "$STAGE/h200-jax-${GRID2:-gptoss}-x$i.env"
+      step bench_x$i ${BENCH_LIMIT:-150} "$PY" -m sinkattn.bench --grid ${GRID2:-gptoss} --softmax learnable \
+        --max-ref-t 16384 --repeats 2 --rounds ${ROUNDS:-3} --contenders fused --ab-env "$ex" \
+        --out "$STAGE/h200-jax-${GRID2:-gptoss}-x$i.json"
       i=$((i + 1))
     done
-    step bench_xend ${BENCH_LIMIT:-150} "$PY" -m sinkattn.bench --grid ${GRID2:-gptoss} --softmax learnable \
-      --max-ref-t 16384 --repeats 2 --contenders fused,cudnn_no_sink --out "$STAGE/h200-jax-${GRID2:-gptoss}-xend.json"
   fi
   [ -n "${DEV_VARIANTS:-}" ] && step dev ${DEV_LIMIT:-150} env OUT="$STAGE/dev" bash dev/run_hopper.sh $DEV_VARIANTS
   [ -n "${NCU_SHAPES:-}" ] && ncu_shapes "$NCU_SHAPES"

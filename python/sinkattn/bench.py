@@ -6,7 +6,9 @@ dropped; notes/performance.md) and, on GPU, jax.nn.dot_product_attention(impleme
 sinks. FLOPs follow the FlashAttention convention: forward 2*B*N*P*(H + Hv) for P valid (query, key)
 pairs (4*B*N*T*S*H dense, half of it causal, in-window pairs only for a window), forward+backward 3.5x.
 Timing: `--inner` calls chained inside one jitted lax.fori_loop (each call depends on the previous one, so
-XLA cannot hoist it; `--loop`, see _loop), median of `--repeats`; dispatch is amortised. Memory: the temp bytes XLA reserves
+XLA cannot hoist it; `--loop`, see _loop), median of `--repeats` x `--rounds` (each round times every contender
+in turn: a clock drift reaches them alike; `--ab-env` adds the fused kernel under other SINKATTN_* switches as a
+contender, for an interleaved A/B); dispatch is amortised. Memory: the temp bytes XLA reserves
 for the jitted forward+backward (compiled.memory_analysis()), which shows the fused path linear in T and
 the jnp paths quadratic. Results go to bench/results/<platform>-jax-<time>.json with the git commit, the
 device and the jax/jaxlib versions.
@@ -149,18 +151,47 @@ def _loop(fn, n, grad, mode="barrier"):
   return jax.jit(run)
 
 
-def measure(fn, args, inner, repeats, grad, mode="barrier"):
-  f = _loop(fn, inner, grad, mode)
-  compiled = f.lower(*args).compile()
+def compile_loop(fn, args, inner, grad, mode="barrier"):
+  """The jitted loop of `inner` calls (see _loop), compiled and run once (warm-up); with XLA's temp bytes."""
+  compiled = _loop(fn, inner, grad, mode).lower(*args).compile()
   jax.block_until_ready(compiled(*args))
+  mem = compiled.memory_analysis()
+  return compiled, None if mem is None else int(mem.temp_size_in_bytes)
+
+
+def time_loop(compiled, args, inner, repeats):
+  """`repeats` timings of one compiled loop, ms per call."""
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
     jax.block_until_ready(compiled(*args))
-    times.append((time.perf_counter() - t0) / inner)
-  mem = compiled.memory_analysis()
-  temp = None if mem is None else int(mem.temp_size_in_bytes)
-  return statistics.median(times) * 1e3, temp
+    times.append((time.perf_counter() - t0) / inner * 1e3)
+  return times
+
+
+def measure(fn, args, inner, repeats, grad, mode="barrier"):
+  """Median ms per call of fn's loop and its temp bytes (one contender alone)."""
+  compiled, temp = compile_loop(fn, args, inner, grad, mode)
+  return statistics.median(time_loop(compiled, args, inner, repeats)), temp
+
+
+class _env:
+  """The environment variables of an A/B contender set for the duration of a with block (the library reads its
+  SINKATTN_* switches at every call, so one process times both forms of a kernel, interleaved)."""
+
+  def __init__(self, assignments):
+    self.new = dict(kv.split("=", 1) for kv in assignments.split()) if assignments else {}
+
+  def __enter__(self):
+    self.old = {k: os.environ.get(k) for k in self.new}
+    os.environ.update(self.new)
+
+  def __exit__(self, *exc):
+    for k, v in self.old.items():
+      if v is None:
+        os.environ.pop(k, None)
+      else:
+        os.environ[k] = v
 
 
 def _git_commit():
@@ -186,6 +217,12 @@ def main(argv=None):
   p.add_argument("--contenders", default=None, help="comma list (default: all for the platform)")
   p.add_argument("--inner", type=int, default=None, help="calls per timed loop (default 20 GPU, 1 CPU)")
   p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--rounds", type=int, default=1,
+                 help="rounds per row: each times every contender `--repeats` times in turn, so a drift of the "
+                 "clocks reaches all alike; the row's figure is the median over all rounds")
+  p.add_argument("--ab-env", default=None,
+                 help="'VAR=VAL ...': one more contender, fused_ab, the fused kernel with these environment "
+                 "variables set while it runs (the library's SINKATTN_* switches), interleaved with the rest")
   p.add_argument("--loop", choices=("barrier", "sum"), default="barrier",
                  help="how calls are chained and their results consumed (see _loop); the same for every contender")
   p.add_argument("--max-ref-t", type=int, default=None, help="skip the jnp contenders above this T "
@@ -205,6 +242,7 @@ def main(argv=None):
   meta = dict(commit=_git_commit(), time=stamp.isoformat(), platform=platform, device=device,
               jax=jax.__version__, jaxlib=_jaxlib_version(),
               cpu_simd=_lib.simd_name(), cpu_threads=_lib.get_num_threads(), inner=inner, repeats=a.repeats, loop=a.loop,
+              rounds=a.rounds, ab_env=a.ab_env,
               flop_convention="fwd 2*B*N*pairs*(H+Hv); fwd+bwd 3.5x fwd")
   path = a.out or os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                "bench", "results", f"{platform}-jax-{stamp.strftime('%Y%m%d-%H%M%S')}.json")
@@ -220,6 +258,9 @@ def main(argv=None):
     cons = contenders(platform, st)
     if a.contenders:
       cons = {k: v for k, v in cons.items() if k in a.contenders.split(",")}
+    envs = {name: None for name in cons}
+    if a.ab_env:
+      cons["fused_ab"], envs["fused_ab"] = contenders(platform, st)["fused"], a.ab_env
     for dt in dtypes:
       for (B, T, N, K, H, causal, window) in grid:
         rng = np.random.default_rng(0)
@@ -228,27 +269,41 @@ def main(argv=None):
         v = jnp.asarray(rng.standard_normal((B, T, K, H)), dt)
         s = jnp.asarray(rng.uniform(-3, 3, N), jnp.float32)
         dout = jnp.asarray(rng.standard_normal((B, T, N, H)), dt)
+        args = (q, k, v, s, dout)
         fl = flops(B, T, N, H, causal, window)
         shape = f"B{B} T{T} N{N}/{K} H{H}{' causal' if causal else ''}{' w' + str(window) if window else ''}"
-        for name, fn in cons.items():
-          if name != "fused" and T > max_ref_t:
-            continue
-          f = lambda q, k, v, s, fn=fn: fn(q, k, v, s, causal, window)
-          fwd_ms, _ = measure(f, (q, k, v, s, dout), inner, a.repeats, grad=False, mode=a.loop)
-          fb_ms, temp = measure(f, (q, k, v, s, dout), inner, a.repeats, grad=True, mode=a.loop)
+        names = [n for n in cons if n in ("fused", "fused_ab") or T <= max_ref_t]
+        loops, samples = {}, {n: ([], []) for n in names}
+        for name in names:  # compiled (and warmed up) once, under its own environment
+          f = lambda q, k, v, s, fn=cons[name]: fn(q, k, v, s, causal, window)
+          with _env(envs[name]):
+            loops[name] = (compile_loop(f, args, inner, False, a.loop), compile_loop(f, args, inner, True, a.loop))
+        for _ in range(a.rounds):
+          for name in names:
+            with _env(envs[name]):
+              samples[name][0].extend(time_loop(loops[name][0][0], args, inner, a.repeats))
+              samples[name][1].extend(time_loop(loops[name][1][0], args, inner, a.repeats))
+        for name in names:
+          fwd_ms, fb_ms = statistics.median(samples[name][0]), statistics.median(samples[name][1])
+          temp = loops[name][1][1]
           row = dict(B=B, T=T, S=T, N=N, K=K, H=H, causal=causal, window=window, softmax=st, dtype=dt,
                      contender=name, fwd_ms=fwd_ms, fwd_tflops=fl / fwd_ms * 1e-9, fwdbwd_ms=fb_ms,
-                     fwdbwd_tflops=3.5 * fl / fb_ms * 1e-9, fwdbwd_temp_bytes=temp)
+                     fwdbwd_tflops=3.5 * fl / fb_ms * 1e-9, fwdbwd_temp_bytes=temp,
+                     fwd_ms_samples=samples[name][0], fwdbwd_ms_samples=samples[name][1])
+          if envs[name]:
+            row["env"] = envs[name]
           rows.append(row)
           save()
           print("%-34s %-14s %-10s %9.2f %8.3f %9.2f %8.3f %10s" % (
               shape, name, dt, fwd_ms, row["fwd_tflops"], fb_ms, row["fwdbwd_tflops"],
               "-" if temp is None else "%.1f" % (temp / 2**20)), flush=True)
-        base = {r["contender"]: r for r in rows[-len(cons):] if r["T"] == T}
-        if "fused" in base and "reference" in base:
-          print("%-34s speed-up fused vs reference: fwd %.1fx, fwd+bwd %.1fx" % (
-              "", base["reference"]["fwd_ms"] / base["fused"]["fwd_ms"],
-              base["reference"]["fwdbwd_ms"] / base["fused"]["fwdbwd_ms"]))
+        del loops
+        base = {r["contender"]: r for r in rows[-len(names):]}
+        for other in ("reference", "cudnn_no_sink", "fused_ab"):
+          if "fused" in base and other in base:
+            print("%-34s fused vs %s: fwd %.3fx, fwd+bwd %.3fx" % (
+                "", other, base[other]["fwd_ms"] / base["fused"]["fwd_ms"],
+                base[other]["fwdbwd_ms"] / base["fused"]["fwdbwd_ms"]))
   save()
   print(f"# wrote {path}")
 

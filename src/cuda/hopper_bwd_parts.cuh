@@ -97,18 +97,13 @@ __device__ __forceinline__ void zero(float (&r)[R]) {
   for (int i = 0; i < R; ++i) r[i] = 0.f;
 }
 
-/* This thread's rows r0, r0 + 8 of an accumulator, scaled, as bf16; base = row 0 of the head, rows row_stride apart. */
+/* This thread's rows r0, r0 + 8 of an accumulator, scaled, as bf16 (16-byte stores: store_row_bf16); base = row 0
+   of the head, rows row_stride apart. All 32 lanes. */
 template <int HD>
 __device__ __forceinline__ void store_rows(__nv_bfloat16 *base, const float (&acc)[HD / 2], size_t row_stride,
                                            int r0, int t, float scale) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    __nv_bfloat16 *dst = base + (size_t)(r0 + 8 * h) * row_stride + 2 * t;
-#pragma unroll
-    for (int j = 0; j < HD / 8; ++j)
-      *reinterpret_cast<__nv_bfloat162 *>(dst + 8 * j) =
-          __floats2bfloat162_rn(acc[4 * j + 2 * h] * scale, acc[4 * j + 2 * h + 1] * scale);
-  }
+  for (int h = 0; h < 2; ++h) store_row_bf16<HD>(base + (size_t)(r0 + 8 * h) * row_stride, acc, h, scale, t);
 }
 
 #endif /* sm_90a */

@@ -391,12 +391,19 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
       const int row = r0 + 8 * h;
       /* A row past q_len is exactly 0 (its Q row, padding, may hold NaN; P is 0 there, but not 0 x NaN). */
       const bool dead = MASK == 3 && row >= ql;
-      __nv_bfloat16 *orow = p.out + (((size_t)w.b * T + row) * N + w.n) * HD + 2 * t;
+      __nv_bfloat16 *orow = p.out + (((size_t)w.b * T + row) * N + w.n) * HD;
+      if (p.narrow_o) { /* A/B: the 4-byte stores as the accumulator lies (SINKATTN_HOP_FWD_NARROW_O=1) */
 #pragma unroll
-      for (int j = 0; j < HD / 8; ++j)
-        *reinterpret_cast<__nv_bfloat162 *>(orow + 8 * j) = dead ? __floats2bfloat162_rn(0.f, 0.f)
-                                                                 : __floats2bfloat162_rn(o[4 * j + 2 * h] * f,
-                                                                                         o[4 * j + 2 * h + 1] * f);
+        for (int j = 0; j < HD / 8; ++j)
+          *reinterpret_cast<__nv_bfloat162 *>(orow + 8 * j + 2 * t) =
+              dead ? __floats2bfloat162_rn(0.f, 0.f)
+                   : __floats2bfloat162_rn(o[4 * j + 2 * h] * f, o[4 * j + 2 * h + 1] * f);
+      } else {
+        if (dead)
+#pragma unroll
+          for (int j = 0; j < HD / 8; ++j) o[4 * j + 2 * h] = o[4 * j + 2 * h + 1] = 0.f;
+        store_row_bf16<HD>(orow, o, h, f, t);
+      }
       if (p.lse && t == 0) p.lse[((size_t)w.b * N + w.n) * T + row] = lse;
     }
   }
@@ -532,6 +539,7 @@ cudaError_t sa_hopper_fwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   hp.scale_l2 = p.scale_log2;
   hp.mask = sa_hop_mask_of(p);
   hp.shape = sa_hop_shape_of(p);
+  hp.narrow_o = sa_cuda_env_int("SINKATTN_HOP_FWD_NARROW_O", 0) != 0;
   /* SINKATTN_HOP_FWD_STAGES=4: the 4-stage K/V ring at H64 (ST_DEEP; 153 KiB of dynamic shared memory against 89),
      read per call; any other value, and H128 (no room), keep 2 stages. An A/B switch until measured. */
   if (p.H == 64 && sa_cuda_env_int("SINKATTN_HOP_FWD_STAGES", ST_DEF) == ST_DEEP) {

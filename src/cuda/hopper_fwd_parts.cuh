@@ -66,6 +66,7 @@ struct sa_hop_params {
      (one each when the grid holds them all). hg > 0: the L2-section order with hg heads a section. nph > 0:
      the pair order with nph = ceil(n_mb / 2) pairs a head, and total = the index bound of the pairs' walk. */
   int BH, n_mb, total, hg, nph;
+  int narrow_o; /* A/B until measured: O in 4-byte stores as the accumulator lies, not store_row_bf16's 16 */
 };
 
 /* Work tile i -> (b N + head, m-block); m-block -1: no work (the pair order's padding). Pair order (nph > 0;

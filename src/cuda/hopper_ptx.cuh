@@ -174,6 +174,38 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t *>(&h);
 }
 
+/* Row r0 + 8 h of this thread's m64nHD accumulator (d[4j + 2h], d[4j + 2h + 1]: columns 8j + 2t, +1, t = lane % 4),
+   scaled, as bf16 at row[0 .. HD): in 16-byte stores. Stored as they lie, each thread writes 4 bytes of every
+   8-column group, a warp's store 16 bytes of each of 8 rows: half of every 32-byte sector, twice the sectors of the
+   data (ncu over the H200 forward at T1024, H200 session 6), and HD / 8 stores a row. A 4 x 4 transpose of 4-byte
+   words inside the quad (two butterfly stages, 4 shuffles per 4 words) gives thread t the 8 contiguous columns of
+   group 4k + t: HD / 32 16-byte stores a row, a quad's 64 bytes contiguous. All 32 lanes must call it (shuffles);
+   row 16-byte aligned (the Hopper scope's aligned tensors, a row pitch of N H 2 bytes). */
+template <int HD>
+__device__ __forceinline__ void store_row_bf16(__nv_bfloat16 *row, const float (&d)[HD / 2], int h, float scale,
+                                               int t) {
+  const bool t2 = (t & 2) != 0, t1 = (t & 1) != 0;
+#pragma unroll
+  for (int k = 0; k < HD / 32; ++k) {
+    uint32_t w[4]; /* w[u]: this thread's word of group 4k + u; the quad's words form a 4 x 4 matrix (t, u) */
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int j = 4 * k + u;
+      w[u] = pack_bf16(d[4 * j + 2 * h] * scale, d[4 * j + 2 * h + 1] * scale);
+    }
+    /* stage 1, lanes t and t ^ 2: the off-diagonal 2 x 2 blocks change places */
+    const uint32_t a0 = __shfl_xor_sync(0xffffffffu, t2 ? w[0] : w[2], 2);
+    const uint32_t a1 = __shfl_xor_sync(0xffffffffu, t2 ? w[1] : w[3], 2);
+    const uint32_t v0 = t2 ? a0 : w[0], v1 = t2 ? a1 : w[1], v2 = t2 ? w[2] : a0, v3 = t2 ? w[3] : a1;
+    /* stage 2, lanes t and t ^ 1: each 2 x 2 block transposed; thread t then holds column t = group 4k + t */
+    const uint32_t b0 = __shfl_xor_sync(0xffffffffu, t1 ? v0 : v1, 1);
+    const uint32_t b1 = __shfl_xor_sync(0xffffffffu, t1 ? v2 : v3, 1);
+    uint4 q;
+    q.x = t1 ? b0 : v0, q.y = t1 ? v1 : b0, q.z = t1 ? b1 : v2, q.w = t1 ? v3 : b1;
+    *reinterpret_cast<uint4 *>(row + 8 * (4 * k + t)) = q;
+  }
+}
+
 #endif /* sm_90a */
 
 /* ---- host ------------------------------------------------------------------------------------------- */
