@@ -11,13 +11,12 @@
 
 namespace {
 
-/* K/V ring depth, the kernel's third template parameter ST: sa_hop_tiles::STAGES = 2 by default everywhere;
-   ST_DEEP = 4 at H64 behind SINKATTN_HOP_FWD_STAGES=4 (sa_hopper_fwd_try). ncu on the H200 (bench/NOTES.md, session
-   5 section 8): our forward issues 8-18% fewer instructions than cuDNN's but waits 7.3-8.8 cycles per issued
-   instruction against 4.4-5.3, and cuDNN holds 134 KiB of shared memory at H64 (a deeper ring) against our 91.
-   At H64 4 stages take 24 + 4 x 32 = 152 KiB (1 CTA an SM either way: 512 threads x 128 registers = the file).
-   H128 keeps 2: 209 KiB without a mask (3 stages: 297); masked 161 KiB (3 stages would fit at 225, 4 not). */
-constexpr int ST_DEF = sa_hop_tiles::STAGES, ST_DEEP = 4;
+/* K/V ring depth, the kernel's third template parameter ST: sa_hop_tiles::STAGES = 2 everywhere. A 4-stage ring at
+   H64 (24 + 4 x 32 = 152 KiB, still 1 CTA an SM; cuDNN holds 134 KiB there) was built behind an A/B switch after
+   ncu showed our forward waiting 7.3-8.8 cycles per issued instruction against cuDNN's 4.4-5.3 (bench/NOTES.md,
+   session 5 section 8) and measured on the H200 in session 6 (section 1): no row gained beyond the noise; removed
+   in session 7. H128 has no room: 209 KiB without a mask (3 stages: 297), masked 161 KiB (3 stages: 225). */
+constexpr int ST_DEF = sa_hop_tiles::STAGES;
 
 /* The forward's tile per (head dim, mask kind) (the table of hopper_ptx.cuh points here), measured on the H200 (dev/run_hopper.sh,
    commit 667373e, standalone TFLOP/s, all checks passed; bench/NOTES.md):
@@ -66,7 +65,7 @@ struct sa_hop_params {
      (one each when the grid holds them all). hg > 0: the L2-section order with hg heads a section. nph > 0:
      the pair order with nph = ceil(n_mb / 2) pairs a head, and total = the index bound of the pairs' walk. */
   int BH, n_mb, total, hg, nph;
-  int narrow_o; /* A/B until measured: O in 4-byte stores as the accumulator lies, not store_row_bf16's 16 */
+  int pipe; /* the next work tile's first S under this one's last P V (SINKATTN_HOP_FWD_PIPE=0: not; A/B) */
 };
 
 /* Work tile i -> (b N + head, m-block); m-block -1: no work (the pair order's padding). Pair order (nph > 0;
@@ -223,6 +222,37 @@ template <int SN>
 __device__ __forceinline__ void pack_p(uint32_t (&pf)[SN / 2], const float (&sacc)[SN]) {
 #pragma unroll
   for (int i = 0; i < SN / 2; ++i) pf[i] = pack_bf16(sacc[2 * i], sacc[2 * i + 1]);
+}
+
+/* The epilogue of a work tile, this thread's rows r0 and r0 + 8 (every row here is below T): the final
+   normalisation, the one place the sink enters, in the portable kernel's form: the larger of the running max m
+   and the sink a contributes 2^0 = 1 exactly, and lse is formed from it in the natural-log domain (a dominant sink
+   gives lse = a exactly, +inf included). m >= the seed, so a >= m means a is the max. No valid key and no sink
+   (m = -inf): out 0, lse = sink. A row past q_len (MASK 3) is exactly 0: its Q row, padding, may hold NaN; P is 0
+   there, but not 0 x NaN. O in 16-byte stores (store_row_bf16: all 32 lanes); touches no shared memory. */
+template <int HD, int MASK>
+__device__ __forceinline__ void store_rows_out(const sa_hop_params &p, const float (&o)[HD / 2], const float (&m_)[2],
+                                               const float (&l_)[2], float sink, int b, int n, int r0, int ql,
+                                               int t) {
+  const float sink_l2 = sink * SA_LOG2E;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float mm = m_[h];
+    float f = 0.f, lse = sink;
+    if (mm != -INFINITY) {
+      const bool sink_max = sink_l2 >= mm;
+      const float wt = sink_max ? ex2(mm - sink_l2) : 1.f;
+      const float ltot = l * wt + (sink_max ? 1.f : ex2(sink_l2 - mm));
+      f = wt / ltot;
+      lse = (sink_max ? sink : mm * SA_LN2) + logf(ltot);
+    }
+    const int row = r0 + 8 * h;
+    store_row_bf16<HD>(p.out + (((size_t)b * p.T + row) * p.N + n) * HD, o, h, f, t, MASK == 3 && row >= ql);
+    if (p.lse && t == 0) p.lse[((size_t)b * p.N + n) * p.T + row] = lse;
+  }
 }
 
 #endif /* sm_90a */

@@ -180,10 +180,11 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
    data (ncu over the H200 forward at T1024, H200 session 6), and HD / 8 stores a row. A 4 x 4 transpose of 4-byte
    words inside the quad (two butterfly stages, 4 shuffles per 4 words) gives thread t the 8 contiguous columns of
    group 4k + t: HD / 32 16-byte stores a row, a quad's 64 bytes contiguous. All 32 lanes must call it (shuffles);
-   row 16-byte aligned (the Hopper scope's aligned tensors, a row pitch of N H 2 bytes). */
+   row 16-byte aligned (the Hopper scope's aligned tensors, a row pitch of N H 2 bytes). zero: store zeros (a row
+   past q_len: 0 x NaN would not be 0). */
 template <int HD>
 __device__ __forceinline__ void store_row_bf16(__nv_bfloat16 *row, const float (&d)[HD / 2], int h, float scale,
-                                               int t) {
+                                               int t, bool zero = false) {
   const bool t2 = (t & 2) != 0, t1 = (t & 1) != 0;
 #pragma unroll
   for (int k = 0; k < HD / 32; ++k) {
@@ -191,7 +192,7 @@ __device__ __forceinline__ void store_row_bf16(__nv_bfloat16 *row, const float (
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int j = 4 * k + u;
-      w[u] = pack_bf16(d[4 * j + 2 * h] * scale, d[4 * j + 2 * h + 1] * scale);
+      w[u] = zero ? 0u : pack_bf16(d[4 * j + 2 * h] * scale, d[4 * j + 2 * h + 1] * scale);
     }
     /* stage 1, lanes t and t ^ 2: the off-diagonal 2 x 2 blocks change places */
     const uint32_t a0 = __shfl_xor_sync(0xffffffffu, t2 ? w[0] : w[2], 2);
