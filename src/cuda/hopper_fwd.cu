@@ -28,22 +28,22 @@
  * work tile's Q and first K/V stages under the current one's last P V and epilogue. Protocol:
  * - barriers initialised once; every consumer warp arrives on every empty barrier of every work tile (its
  *   warpgroup with rows or not), so the counts stay 4 NC whatever a tile's n_wg.
- * - Q full (count 1): the producer's arrive.expect_tx of Q's bytes and the Q boxes (a plain arrive for a tile
- *   without key tiles). The j-th work tile of a CTA (blockIdx.x + j gridDim.x: producer and consumers derive
- *   it alike, nothing passes through shared memory) completes phase j: consumers wait parity j & 1. Past the
- *   last work tile both sides leave.
- * - Q empty (count 4 NC): each consumer warp arrives once per work tile, after its key-tile loop (its last S
- *   has landed; no test inside the loop), or at once without an S. The producer waits parity (j & 1) ^ 1
- *   before the j-th Q write (j = 0: a fresh barrier, at once). So Q is overwritten only after every warp's
- *   last read of it, and Q full of j + 1 needs every warp past Q full of j: no phase is skipped.
- * - A consumer warpgroup issues the next work tile's first S with its last P V (as the key-tile loop pairs S_j
- *   with P_{j-1} V_{j-1}) and runs its softmax under that P V, when the next tile starts at its key tile 0 and
- *   this one ended at its last (the tail's comment: no unread tile between, so no wait on the held V).
+ * - Q slots (QS = 2 where shared memory allows, sa_hop_fwd_tile): the j-th work tile of a CTA (blockIdx.x +
+ *   j gridDim.x: producer and consumers derive it alike, nothing passes through shared memory) has its Q in
+ *   slot j % QS, the (j / QS)-th use of that slot. Q full (count 1): the producer's arrive.expect_tx of Q's bytes
+ *   and the boxes (a plain arrive for a tile without key tiles); consumers wait parity (j / QS) & 1. Q empty
+ *   (count 4 NC): each consumer warp arrives once per work tile, after its key-tile loop (its last S has
+ *   landed), or at once without an S; the producer waits parity ((j / QS) & 1) ^ 1 before the j-th Q write (a
+ *   fresh barrier returns at once). So a slot is overwritten only after every warp's last read of it, and its
+ *   next phase needs every warp past its last: none is skipped. Past the last work tile both sides leave.
+ * - With 2 slots a consumer warpgroup issues the next work tile's first S with its last P V (as the key-tile
+ *   loop pairs S_j with P_{j-1} V_{j-1}) and runs its softmax under that P V, when the next tile starts at its
+ *   key tile 0 and this one ended at its last (the tail's comment: no unread tile between, no wait on held V).
  * - K/V ring: producer and consumers walk one sequence x = 0, 1, ... of key tiles over all the CTA's work
  *   tiles (x0 += n_tiles per tile), stage x % ST, parity (x / ST) & 1 (the consumers' key-tile loop carries
  *   both, advanced by one a tile): the single key loop of a one-tile CTA, continued; the producer runs up to
  *   ST key tiles ahead, so the next tile's K_0 lands once S_{n-ST} has released its stage, V_0 after
- *   P_{n-ST} V_{n-ST} (ST 4: the next tile's first min(4, n) K / V under this tile's last 4 products).
+ *   P_{n-ST} V_{n-ST}.
  * - lengths: barrier 1 (V rows past kv_len zeroed) counts all 128 NC consumer threads, each meets it once per
  *   such work tile (computing or releasing the tile).
  *
@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
   __shared__ float anchor[4 * NC]; /* see the wait_group 0 of the main loop */
 
   const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u; /* swizzle atoms need 1024-byte alignment */
-  const uint32_t sk = sq + BM * HD * 2, sv = sk + ST * KV_BYTES, b0 = smem_u32(bar);
+  constexpr int QS = TL::QS; /* Q slots: work tile jq's Q in slot jq % QS, its use jq / QS of that slot */
+  const uint32_t sk = sq + QS * TL::Q_BYTES, sv = sk + ST * KV_BYTES, b0 = smem_u32(bar);
 
   /* A work tile's geometry, the same in the producer and every consumer warp: (b, head, m-block), the warpgroups
      with rows, the batch's lengths and mask, the key tiles t0 .. t0 + n_tiles - 1. */
@@ -130,8 +131,10 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
   /* Initialised once per CTA; the phases run on across its work tiles (the header's protocol). Every consumer
      warp arrives on every K / V / Q empty phase, a warpgroup without rows in a work tile included: 4 NC. */
   if (threadIdx.x == 0) {
-    mbar_init(bar_qf(b0), 1);      /* the producer's arrive(.expect_tx), then Q's bytes */
-    mbar_init(bar_qe(b0), 4 * NC); /* one arrive per consumer warp and work tile, after its last S */
+    for (int q = 0; q < QS; ++q) {
+      mbar_init(bar_qf(b0, q), 1);      /* the producer's arrive(.expect_tx), then Q's bytes */
+      mbar_init(bar_qe(b0, q), 4 * NC); /* one arrive per consumer warp and work tile, after its last S */
+    }
     for (int s = 0; s < ST; ++s) {
       mbar_init(bar_kf<ST>(b0, s), 1); /* the producer's arrive.expect_tx, then the TMA bytes */
       mbar_init(bar_vf<ST>(b0, s), 1);
@@ -155,17 +158,19 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
       uint32_t x = 0, jq = 0;
       for (int tile = blockIdx.x;; tile += gridDim.x, ++jq) {
         if (tile >= p.total) break;
-        mbar_wait(bar_qe(b0), (jq & 1) ^ 1); /* every consumer warp is past its last S of work tile jq - 1 */
+        /* every consumer warp is past its last S of work tile jq - QS, the slot's previous use */
+        const uint32_t qs = jq % QS, qf = bar_qf(b0, qs), sqj = sq + qs * TL::Q_BYTES;
+        mbar_wait(bar_qe(b0, qs), ((jq / QS) & 1) ^ 1);
         const work w = work_of(tile);
         if (w.n_tiles == 0) {
-          mbar_arrive(bar_qf(b0));
+          mbar_arrive(qf);
           continue;
         }
         const int q_boxes = QBOX == BM ? 1 : w.n_wg, kvh = w.n / p.G; /* Q boxes per column block */
-        mbar_arrive_tx(bar_qf(b0), q_boxes * CB * QBOX * 128);
+        mbar_arrive_tx(qf, q_boxes * CB * QBOX * 128);
         for (int c = 0; c < CB; ++c)
           for (int q = 0; q < q_boxes; ++q)
-            tma_load(sq + c * BM * 128 + q * QBOX * 128, &tmq, bar_qf(b0), c * 64, w.n, w.m0 + q * QBOX, w.b);
+            tma_load(sqj + c * BM * 128 + q * QBOX * 128, &tmq, qf, c * 64, w.n, w.m0 + q * QBOX, w.b);
         for (int it = 0; it < w.n_tiles; ++it, ++x) {
           const int s = x % ST, key0 = (w.t0 + it) * BN;
           const uint32_t ph = (x / ST) & 1;
@@ -196,7 +201,8 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
      every tile (7 instructions at H64). */
   constexpr uint32_t KV_DESC = KV_BYTES / 16;
   const uint32_t anchor_w = __shfl_sync(0xffffffffu, smem_u32(&anchor[4 * cw + warp]), 0);
-  const uint64_t dq = gmma_desc(sq + cw * 64 * 128, 16, 1024), dk0 = gmma_desc(sk, 16, 1024);
+  const uint64_t dq0 = gmma_desc(sq + cw * 64 * 128, 16, 1024), dk0 = gmma_desc(sk, 16, 1024); /* Q: slot 0 */
+  constexpr uint32_t Q_DESC = TL::Q_BYTES / 16;
   const uint64_t dv0 = dk0 + ST * KV_DESC + ((uint64_t)(BN * 128 / 16 - 16 / 16) << 16);
   const float sl2 = p.scale_l2;
 
@@ -292,7 +298,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
     }
   };
   /* S of key tile it (ring stage s) alone, landed and through its softmax and packing (a work tile's first). */
-  auto first_s = [&](const ctile &c, int it, uint32_t s, uint32_t ps) {
+  auto first_s = [&](const ctile &c, int it, uint32_t s, uint32_t ps, uint64_t dq) {
     mbar_wait(bar_kf<ST>(b0, s), ps);
     pin(sacc);
     wgmma_fence();
@@ -319,16 +325,17 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
     const ctile c = ctile_of(tile, sink);
     const int n_tiles = c.w.n_tiles, a = c.a, e = c.e, tile1 = tile + (int)gridDim.x;
     const float sink1 = sink_of(tile1); /* the next work tile's, loaded under this one */
+    const uint64_t dq = dq0 + (jq % QS) * Q_DESC; /* this work tile's Q slot */
     if (!pre) {
-      mbar_wait(bar_qf(b0), jq & 1);
+      mbar_wait(bar_qf(b0, jq % QS), (jq / QS) & 1);
       start_rows(c);
       /* Q empty: exactly once per work tile and warp, and never inside the key-tile loop (a test there cost 3
          instructions a tile): at once without an S (a >= e), else after the loop, when the warp's last S of the
          work tile has landed (and been through its softmax); the next work tile's Q then lands under this one's
          last P V and epilogue. */
-      if (a >= e && lane == 0) mbar_arrive(bar_qe(b0));
+      if (a >= e && lane == 0) mbar_arrive(bar_qe(b0, jq % QS));
       release(c, x0, 0, a);
-      if (a < e) first_s(c, a, (x0 + a) % ST, ((x0 + a) / ST) & 1); /* O is still 0: nothing to rescale */
+      if (a < e) first_s(c, a, (x0 + a) % ST, ((x0 + a) / ST) & 1, dq); /* O is 0: nothing to rescale */
     }
     bool pre1 = false;
     float m1[2], l1[2]; /* the next work tile's running max and sum when pre1 */
@@ -381,7 +388,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
         pack_p(pf, sacc);
         sp = s, pp = ps;
       }
-      if (lane == 0) mbar_arrive(bar_qe(b0)); /* the warp's last S (tile e - 1) has landed: Q is dead */
+      if (lane == 0) mbar_arrive(bar_qe(b0, jq % QS)); /* the warp's last S (tile e - 1) has landed: Q is dead */
 
       /* The tail: the last P V (of tile e - 1; with lengths the work tile's last key tile is zeroed past kv_len
          first), and with it, when that is safe (pre1), the next work tile's first S exactly as the key-tile loop
@@ -401,19 +408,19 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
         e1 = __shfl_sync(0xffffffffu, tile1 < p.total ? n.e : 0, 0);
       }
       /* not at H64 with lengths: 160 registers a thread, and the pair spilled inside its key-tile loop */
-      constexpr bool PIPE = !(HD == 64 && MASK == 3);
+      constexpr bool PIPE = QS == 2 && !(HD == 64 && MASK == 3);
       pre1 = PIPE && p.pipe && a1 == 0 && e1 > 0 && e == n_tiles;
       mbar_wait(bar_vf<ST>(b0, sp), pp);
       if (e == n_tiles) zero_tail(c, sp);
       if (pre1) {
         const uint32_t s1 = x1 % ST, p1 = (x1 / ST) & 1;
-        mbar_wait(bar_qf(b0), (jq + 1) & 1);
+        mbar_wait(bar_qf(b0, (jq + 1) % QS), ((jq + 1) / QS) & 1);
         mbar_wait(bar_kf<ST>(b0, s1), p1);
         pin(sacc);
         pin(o);
         pin(pf);
         wgmma_fence();
-        gemm_qk<HD, BM, BN>(sacc, dq, dk0 + s1 * KV_DESC); /* group 1: S' of the next work tile */
+        gemm_qk<HD, BM, BN>(sacc, dq0 + ((jq + 1) % QS) * Q_DESC, dk0 + s1 * KV_DESC); /* group 1: S' */
         wgmma_commit();
         gemm_pv<HD, BN>(o, pf, dv0 + sp * KV_DESC);          /* group 2: this one's last P V */
         wgmma_commit();
@@ -474,15 +481,6 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
    persistent grid at n CTAs (tests: many work tiles a CTA). Both read per call. */
 static const int SA_HOP_PERSIST_MAX_KEY_TILES = 8;
 static const double SA_HOP_L2_SECTION_BYTES = 16.0 * 1024 * 1024; /* a third of the H200's 50 MiB L2 */
-
-static int sa_gcd(int a, int b) {
-  while (b) {
-    const int r = a % b;
-    a = b;
-    b = r;
-  }
-  return a;
-}
 
 /* The maps take the configuration's boxes (Q: QBOX rows, K / V: BN rows). A map the driver refuses, or a
    refused shared-memory opt-in (up to 210 KiB at H 128), leaves *used = 0: the portable kernel runs instead. */

@@ -42,9 +42,16 @@ struct sa_hop_fwd_tile {
   static constexpr int REGS = NC == 3 ? 160 : 240;             /* consumer registers after setmaxnreg */
   /* Q's TMA box: one per warpgroup when a CTA can be partial (BM 192), else one BM-row box per column block */
   static constexpr int QBOX = 128 % BM == 0 ? BM : 64;
-  static constexpr int SMEM = 1024 /* alignment slack */ + BM * HD * 2 + ST * 2 * BN * HD * 2;
+  /* Q slots: 2 where they fit, so that the producer loads the next work tile's Q while this one runs, and a
+     consumer can issue the next tile's first S in this one's tail (hopper_fwd.cu, pre1); with one slot that S
+     waited for Q', loadable only after every warp's last S here: ~1 us exposed a work tile, H200 session 7
+     measured -6..-9% at T1024. H128 without a mask has no room (176-key tiles: 209 KiB + 32 = 241). */
+  static constexpr int Q_BYTES = BM * HD * 2;
+  static constexpr int KV_SMEM = ST * 2 * BN * HD * 2;
+  static constexpr int QS = 1024 + 2 * Q_BYTES + KV_SMEM + 1024 <= 227 * 1024 ? 2 : 1;
+  static constexpr int SMEM = 1024 /* alignment slack */ + QS * Q_BYTES + KV_SMEM;
   static_assert(128 * 24 + 128 * NC * REGS <= 65536 && REGS % 8 == 0, "register file: producer 24 + consumers");
-  /* 91136 B at H64 ST 2, 156672 at H64 ST 4; H128 (ST 2) 214016 without a mask, 164864 with one */
+  /* 115712 B at H64 (2 Q slots), H128 214016 without a mask (1 slot), 197632 with one (2 slots) */
   static_assert(SMEM + 1024 <= 227 * 1024, "shared memory over the sm_90 limit (+1 KiB of static barriers)");
   /* >= 2: the key-tile loop holds V_{j-1}'s stage while S_j reads K_j's; a power of two: x % ST and x / ST
      are shifts, and the ring position stays continuous as the uint32 tile counter x wraps */
@@ -102,16 +109,27 @@ __device__ __forceinline__ void sa_hop_work_tile(const sa_hop_params &p, bool ma
   }
 }
 
+/* Host: the persistent grid's coprimality tests (sa_hop_run). */
+static int sa_gcd(int a, int b) {
+  while (b) {
+    const int r = a % b;
+    a = b;
+    b = r;
+  }
+  return a;
+}
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-/* Barrier slots in bar[]: 0 Q full, 1 Q empty; then ST each of K full, V full, K empty, V empty (stage s). */
-template <int ST> constexpr int N_BARS = 2 + 4 * ST;
-__device__ __forceinline__ uint32_t bar_qf(uint32_t b0) { return b0; }
-__device__ __forceinline__ uint32_t bar_qe(uint32_t b0) { return b0 + 8; }
-template <int ST> __device__ __forceinline__ uint32_t bar_kf(uint32_t b0, int s) { return b0 + 8 * (2 + s); }
-template <int ST> __device__ __forceinline__ uint32_t bar_vf(uint32_t b0, int s) { return b0 + 8 * (2 + ST + s); }
-template <int ST> __device__ __forceinline__ uint32_t bar_ke(uint32_t b0, int s) { return b0 + 8 * (2 + 2 * ST + s); }
-template <int ST> __device__ __forceinline__ uint32_t bar_ve(uint32_t b0, int s) { return b0 + 8 * (2 + 3 * ST + s); }
+/* Barrier slots in bar[]: 0-1 Q full, 2-3 Q empty (Q slot q); then ST each of K full, V full, K empty, V empty
+   (stage s). */
+template <int ST> constexpr int N_BARS = 4 + 4 * ST;
+__device__ __forceinline__ uint32_t bar_qf(uint32_t b0, uint32_t q) { return b0 + 8 * q; }
+__device__ __forceinline__ uint32_t bar_qe(uint32_t b0, uint32_t q) { return b0 + 8 * (2 + q); }
+template <int ST> __device__ __forceinline__ uint32_t bar_kf(uint32_t b0, int s) { return b0 + 8 * (4 + s); }
+template <int ST> __device__ __forceinline__ uint32_t bar_vf(uint32_t b0, int s) { return b0 + 8 * (4 + ST + s); }
+template <int ST> __device__ __forceinline__ uint32_t bar_ke(uint32_t b0, int s) { return b0 + 8 * (4 + 2 * ST + s); }
+template <int ST> __device__ __forceinline__ uint32_t bar_ve(uint32_t b0, int s) { return b0 + 8 * (4 + 3 * ST + s); }
 
 #define SA_F88(d) SA_F64(d), SA_F8(d, 64), SA_F8(d, 72), SA_F8(d, 80)
 #define SA_REGS88 SA_REGS64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, " \
