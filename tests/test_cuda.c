@@ -509,27 +509,24 @@ int main(void) {
      grids of <= 128 work tiles: one a CTA), the forward alone: one work tile per CTA on a grid of all of them
      (SINKATTN_HOP_FWD_PERSISTENT=0: masked calls past 8 key tiles), then persistent CTAs on a grid of 3
      (SINKATTN_HOP_FWD_GRID=3: each CTA loops over up to 43 work tiles here, so the Q and K/V ring phases, the
-     work-tile walk, the H64 partial m-blocks, masks and lengths all cross work tiles; and a work tile's first S
-     runs in the tail of the CTA's previous one, hopper_fwd.cu's pre path). Then both again without that tail
-     (SINKATTN_HOP_FWD_PIPE=0: each work tile's first S at its start, the form before session 7). */
+     work-tile walk, the H64 partial m-blocks, masks and lengths all cross work tiles). */
   size_t nvar = 0;
 #ifdef SA_CUDA_HAVE_SM90A
   if (major == 9 && minor == 0 && tc_pass_on("fwd")) {
     static const struct {
-      const char *pipe, *persistent, *grid; /* NULL: unset */
-    } fwd_vars[] = {{NULL, "0", NULL}, {NULL, "1", "3"}, {"0", NULL, NULL}, {"0", "1", "3"}};
+      const char *persistent, *grid; /* NULL: unset */
+    } fwd_vars[] = {{"0", NULL}, {"1", "3"}};
     tc_expect_kernel = 2;
     tc_fwd_only = 1;
-    static const char *const names[3] = {"SINKATTN_HOP_FWD_PIPE", "SINKATTN_HOP_FWD_PERSISTENT",
-                                         "SINKATTN_HOP_FWD_GRID"};
+    static const char *const names[2] = {"SINKATTN_HOP_FWD_PERSISTENT", "SINKATTN_HOP_FWD_GRID"};
     for (size_t v = 0; v < sizeof fwd_vars / sizeof fwd_vars[0]; v++, nvar++) {
-      const char *vals[3] = {fwd_vars[v].pipe, fwd_vars[v].persistent, fwd_vars[v].grid};
+      const char *vals[2] = {fwd_vars[v].persistent, fwd_vars[v].grid};
       printf("-- the Hopper cases, forward only,");
-      tc_env(names, vals, 3);
+      tc_env(names, vals, 2);
       printf(" (expect kernel 2)\n");
       for (size_t i = 0; i < nh; i += hstride) tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
     }
-    tc_env(names, NULL, 3);
+    tc_env(names, NULL, 2);
     tc_fwd_only = 0;
   }
 #endif

@@ -218,8 +218,8 @@ def main(argv=None):
   p.add_argument("--inner", type=int, default=None, help="calls per timed loop (default 20 GPU, 1 CPU)")
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--rounds", type=int, default=1,
-                 help="rounds per row: each times every contender `--repeats` times in turn, so a drift of the "
-                 "clocks reaches all alike; the row's figure is the median over all rounds")
+                 help="rounds per row: each times every contender `--repeats` times in turn (the order rotating by "
+                 "one a round), so a drift of the clocks reaches all alike; the row's figure is the median over all")
   p.add_argument("--ab-env", default=None,
                  help="'VAR=VAL ...': one more contender, fused_ab, the fused kernel with these environment "
                  "variables set while it runs (the library's SINKATTN_* switches), interleaved with the rest")
@@ -278,8 +278,12 @@ def main(argv=None):
           f = lambda q, k, v, s, fn=cons[name]: fn(q, k, v, s, causal, window)
           with _env(envs[name]):
             loops[name] = (compile_loop(f, args, inner, False, a.loop), compile_loop(f, args, inner, True, a.loop))
-        for _ in range(a.rounds):
-          for name in names:
+        for rnd in range(a.rounds):
+          # the order rotates by one a round: a contender timed right after another can read several percent
+          # slow or fast with the same code (H200 session 7: fused_ab, always after cuDNN, read 5% slower than
+          # fused at H128 T4096 with identical kernels), so over len(names) rounds each takes every position
+          k = rnd % len(names)
+          for name in names[k:] + names[:k]:
             with _env(envs[name]):
               samples[name][0].extend(time_loop(loops[name][0][0], args, inner, a.repeats))
               samples[name][1].extend(time_loop(loops[name][1][0], args, inner, a.repeats))

@@ -28,17 +28,14 @@
  * work tile's Q and first K/V stages under the current one's last P V and epilogue. Protocol:
  * - barriers initialised once; every consumer warp arrives on every empty barrier of every work tile (its
  *   warpgroup with rows or not), so the counts stay 4 NC whatever a tile's n_wg.
- * - Q slots (QS = 2 where shared memory allows, sa_hop_fwd_tile): the j-th work tile of a CTA (blockIdx.x +
- *   j gridDim.x: producer and consumers derive it alike, nothing passes through shared memory) has its Q in
- *   slot j % QS, the (j / QS)-th use of that slot. Q full (count 1): the producer's arrive.expect_tx of Q's bytes
- *   and the boxes (a plain arrive for a tile without key tiles); consumers wait parity (j / QS) & 1. Q empty
- *   (count 4 NC): each consumer warp arrives once per work tile, after its key-tile loop (its last S has
- *   landed), or at once without an S; the producer waits parity ((j / QS) & 1) ^ 1 before the j-th Q write (a
- *   fresh barrier returns at once). So a slot is overwritten only after every warp's last read of it, and its
- *   next phase needs every warp past its last: none is skipped. Past the last work tile both sides leave.
- * - With 2 slots a consumer warpgroup issues the next work tile's first S with its last P V (as the key-tile
- *   loop pairs S_j with P_{j-1} V_{j-1}) and runs its softmax under that P V, when the next tile starts at its
- *   key tile 0 and this one ended at its last (the tail's comment: no unread tile between, no wait on held V).
+ * - Q full (count 1): the producer's arrive.expect_tx of Q's bytes and the Q boxes (a plain arrive for a tile
+ *   without key tiles). The j-th work tile of a CTA (blockIdx.x + j gridDim.x: producer and consumers derive
+ *   it alike, nothing passes through shared memory) completes phase j: consumers wait parity j & 1. Past the
+ *   last work tile both sides leave.
+ * - Q empty (count 4 NC): each consumer warp arrives once per work tile, after its key-tile loop (its last S
+ *   has landed; no test inside the loop), or at once without an S. The producer waits parity (j & 1) ^ 1
+ *   before the j-th Q write (j = 0: a fresh barrier, at once). So Q is overwritten only after every warp's
+ *   last read of it, and Q full of j + 1 needs every warp past Q full of j: no phase is skipped.
  * - K/V ring: producer and consumers walk one sequence x = 0, 1, ... of key tiles over all the CTA's work
  *   tiles (x0 += n_tiles per tile), stage x % ST, parity (x / ST) & 1 (the consumers' key-tile loop carries
  *   both, advanced by one a tile): the single key loop of a one-tile CTA, continued; the producer runs up to
@@ -81,8 +78,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
   __shared__ float anchor[4 * NC]; /* see the wait_group 0 of the main loop */
 
   const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u; /* swizzle atoms need 1024-byte alignment */
-  constexpr int QS = TL::QS; /* Q slots: work tile jq's Q in slot jq % QS, its use jq / QS of that slot */
-  const uint32_t sk = sq + QS * TL::Q_BYTES, sv = sk + ST * KV_BYTES, b0 = smem_u32(bar);
+  const uint32_t sk = sq + BM * HD * 2, sv = sk + ST * KV_BYTES, b0 = smem_u32(bar);
 
   /* A work tile's geometry, the same in the producer and every consumer warp: (b, head, m-block), the warpgroups
      with rows, the batch's lengths and mask, the key tiles t0 .. t0 + n_tiles - 1. */
@@ -131,10 +127,8 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
   /* Initialised once per CTA; the phases run on across its work tiles (the header's protocol). Every consumer
      warp arrives on every K / V / Q empty phase, a warpgroup without rows in a work tile included: 4 NC. */
   if (threadIdx.x == 0) {
-    for (int q = 0; q < QS; ++q) {
-      mbar_init(bar_qf(b0, q), 1);      /* the producer's arrive(.expect_tx), then Q's bytes */
-      mbar_init(bar_qe(b0, q), 4 * NC); /* one arrive per consumer warp and work tile, after its last S */
-    }
+    mbar_init(bar_qf(b0), 1);      /* the producer's arrive(.expect_tx), then Q's bytes */
+    mbar_init(bar_qe(b0), 4 * NC); /* one arrive per consumer warp and work tile, after its last S */
     for (int s = 0; s < ST; ++s) {
       mbar_init(bar_kf<ST>(b0, s), 1); /* the producer's arrive.expect_tx, then the TMA bytes */
       mbar_init(bar_vf<ST>(b0, s), 1);
@@ -158,19 +152,17 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
       uint32_t x = 0, jq = 0;
       for (int tile = blockIdx.x;; tile += gridDim.x, ++jq) {
         if (tile >= p.total) break;
-        /* every consumer warp is past its last S of work tile jq - QS, the slot's previous use */
-        const uint32_t qs = jq % QS, qf = bar_qf(b0, qs), sqj = sq + qs * TL::Q_BYTES;
-        mbar_wait(bar_qe(b0, qs), ((jq / QS) & 1) ^ 1);
+        mbar_wait(bar_qe(b0), (jq & 1) ^ 1); /* every consumer warp is past its last S of work tile jq - 1 */
         const work w = work_of(tile);
         if (w.n_tiles == 0) {
-          mbar_arrive(qf);
+          mbar_arrive(bar_qf(b0));
           continue;
         }
         const int q_boxes = QBOX == BM ? 1 : w.n_wg, kvh = w.n / p.G; /* Q boxes per column block */
-        mbar_arrive_tx(qf, q_boxes * CB * QBOX * 128);
+        mbar_arrive_tx(bar_qf(b0), q_boxes * CB * QBOX * 128);
         for (int c = 0; c < CB; ++c)
           for (int q = 0; q < q_boxes; ++q)
-            tma_load(sqj + c * BM * 128 + q * QBOX * 128, &tmq, qf, c * 64, w.n, w.m0 + q * QBOX, w.b);
+            tma_load(sq + c * BM * 128 + q * QBOX * 128, &tmq, bar_qf(b0), c * 64, w.n, w.m0 + q * QBOX, w.b);
         for (int it = 0; it < w.n_tiles; ++it, ++x) {
           const int s = x % ST, key0 = (w.t0 + it) * BN;
           const uint32_t ph = (x / ST) & 1;
@@ -201,264 +193,208 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
      every tile (7 instructions at H64). */
   constexpr uint32_t KV_DESC = KV_BYTES / 16;
   const uint32_t anchor_w = __shfl_sync(0xffffffffu, smem_u32(&anchor[4 * cw + warp]), 0);
-  const uint64_t dq0 = gmma_desc(sq + cw * 64 * 128, 16, 1024), dk0 = gmma_desc(sk, 16, 1024); /* Q: slot 0 */
-  constexpr uint32_t Q_DESC = TL::Q_BYTES / 16;
+  const uint64_t dq = gmma_desc(sq + cw * 64 * 128, 16, 1024), dk0 = gmma_desc(sk, 16, 1024);
   const uint64_t dv0 = dk0 + ST * KV_DESC + ((uint64_t)(BN * 128 / 16 - 16 / 16) << 16);
   const float sl2 = p.scale_l2;
 
   /* Accumulator layout of m64nN (per warp 16 rows): d[4j + e]: row lane/4 + 8 * (e >> 1),
      column 8j + 2 * (lane % 4) + (e & 1). */
-  float o[HD / 2], sacc[BN / 2], corr[2], m_[2], l_[2];
+  float o[HD / 2], sacc[BN / 2], corr[2];
   uint32_t pf[BN / 4];
-
-  /* A work tile as this warpgroup sees it: the work, the sink, its rows, its rows' mask bounds, and its key tiles
-     [a, e) of the tile's 0 .. n_tiles - 1: those holding a key one of its real rows sees (sa_hop_key_tiles of its
-     rows; a subset, lo and hi never decrease with the row). A 192-row causal m-block's first warpgroups skip its
-     last 1-2 tiles, a windowed one's last warpgroups its first 1-2 (without this H64 causal would do 3% (T4096) /
-     11% (T1024) more tensor work than 128-row CTAs, a (127, 0) window 50%; with it exactly as much as 128-row CTAs
-     in both). The others are released unread, in order, each after its full barrier, so every arrive lands in the
-     phase of its own key tile (an arrive before the load could complete the previous phase of that stage while
-     another warpgroup still reads it). No rows (cw >= n_wg: Q not loaded) or no key for its rows: a = e = 0, all
-     released. Past the last work tile (tile >= total) only `tile` is set. */
-  struct ctile {
-    work w;
-    int tile, wg_row0, r0, dhi0, dhi1, a, e;
-    float sink;
-  };
-  /* The sink is a global load: the caller issues it one work tile ahead (sink_of), so it lands under a key-tile
-     loop. Read after the Q wait it cost 2.7% of the H128 forward's stall samples at T1024 (ncu, H200 session 6). */
-  auto sink_of = [&](int tile) {
-    if (tile >= p.total) return 0.f;
-    return p.softmax == 2 ? p.sinks[work_of(tile).n] : p.softmax == 1 ? 0.f : -INFINITY;
-  };
-  auto ctile_of = [&](int tile, float sink) {
-    ctile c;
-    c.tile = tile;
-    if (tile >= p.total) return c;
-    c.w = work_of(tile);
-    c.sink = sink;
-    c.wg_row0 = c.w.m0 + 64 * cw;                /* first row of this warpgroup; < T iff cw < n_wg */
-    c.r0 = c.wg_row0 + 16 * warp + lane / 4;     /* this thread's rows: r0 and r0 + 8 */
-    c.dhi0 = c.dhi1 = c.w.mk.dhi;
-    if (MASK == 3) {
-      int unused;
-      sa_hop_row_bounds(c.w.mk, c.w.ql, c.w.kl, c.r0, &unused, &c.dhi0);
-      sa_hop_row_bounds(c.w.mk, c.w.ql, c.w.kl, c.r0 + 8, &unused, &c.dhi1);
-    }
-    c.a = 0, c.e = cw < c.w.n_wg ? c.w.n_tiles : 0;
-    if (MASK && c.e > 0) {
-      const int rows = c.w.ql - c.wg_row0 < 64 ? c.w.ql - c.wg_row0 : 64;
-      int nw = 0;
-      const int tw = rows > 0 ? sa_hop_key_tiles(c.w.mk, c.wg_row0, rows, BN, &nw) : 0;
-      c.a = nw > 0 ? tw - c.w.t0 : 0;
-      c.e = nw > 0 ? c.a + nw : 0;
-    }
-    return c;
-  };
-  /* Running max seeded with the sink, capped below +inf so a +inf sink leaves exp2(m - m) = 1, not NaN (fminf
-     passes a NaN sink's cap on; the NaN returns in the normalisation); O = 0. */
-  auto start_rows = [&](const ctile &c) {
-    const float seed = fminf(c.sink * SA_LOG2E, 3.0e38f);
-    m_[0] = m_[1] = seed, l_[0] = l_[1] = 0.f;
-#pragma unroll
-    for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
-  };
-  /* A tile of keys [k, k + BN) is visible to every row of the warpgroup iff its smallest key - row, k - wg_row0 -
-     63, is >= dlo and its largest, k + BN - 1 - wg_row0, is <= dhi (and, with lengths, it ends by kv_len and the
-     warpgroup's rows by q_len): then no per-element test. Without a mask only a 176-key tile past S tests (the
-     last one), against kl = S. */
-  auto mask_tile = [&](const ctile &c, int k) {
-    if constexpr (MASK == 0) {
-      if (KEY_TAIL && k + BN > c.w.kl) mask_keys(sacc, c.w.kl - k - 2 * t);
-    } else if (k - c.wg_row0 - 63 < c.w.mk.dlo || k + BN - 1 - c.wg_row0 > c.w.mk.dhi ||
-               (MASK == 3 && (k + BN > c.w.kl || c.wg_row0 + 64 > c.w.ql))) {
-      mask_range<MASK>(sacc, k + 2 * t - c.r0 - c.dhi0, k + 2 * t - c.r0 - c.dhi1, k + 2 * t - c.r0 - c.w.mk.dlo);
-    }
-  };
-  /* The last tile with lengths: V rows past kv_len become 0 (a key row past kv_len may hold NaN, and 0 x NaN =
-     NaN). Every consumer warpgroup meets here once per such work tile, whether it reads the tile or releases it
-     unread (see release), so barrier 1 counts all 128 NC consumer threads. Tile-uniform. */
-  auto zero_tail = [&](const ctile &c, int s) {
-    const int kend = (c.w.t0 + c.w.n_tiles) * BN;
-    if (MASK == 3 && kend > c.w.kl) {
-      zero_tile_rows(sv + s * KV_BYTES, BN, c.w.kl - (kend - BN), CB, threadIdx.x - 128, 128 * NC);
-      named_bar_sync(1, 128 * NC);
-    }
-  };
-  auto release = [&](const ctile &c, uint32_t x0, int from, int to) {
-    for (int it = from; it < to; ++it) {
-      const uint32_t x = x0 + it;
-      const int s = x % ST;
-      const uint32_t ph = (x / ST) & 1;
-      mbar_wait(bar_kf<ST>(b0, s), ph);
-      if (lane == 0) mbar_arrive(bar_ke<ST>(b0, s));
-      mbar_wait(bar_vf<ST>(b0, s), ph);
-      if (it == c.w.n_tiles - 1) zero_tail(c, s);
-      if (lane == 0) mbar_arrive(bar_ve<ST>(b0, s));
-    }
-  };
-  /* S of key tile it (ring stage s) alone, landed and through its softmax and packing (a work tile's first). */
-  auto first_s = [&](const ctile &c, int it, uint32_t s, uint32_t ps, uint64_t dq) {
-    mbar_wait(bar_kf<ST>(b0, s), ps);
-    pin(sacc);
-    wgmma_fence();
-    gemm_qk<HD, BM, BN>(sacc, dq, dk0 + s * KV_DESC);
-    wgmma_commit();
-    wgmma_wait0();
-    pin(sacc);
-    if (lane == 0) mbar_arrive(bar_ke<ST>(b0, s));
-    mask_tile(c, (c.w.t0 + it) * BN);
-    softmax_tile(sacc, m_, l_, corr, sl2);
-    pack_p(pf, sacc);
-  };
-
-  /* x0: the ring position of the work tile's first key tile; pre: its first S is done (in the last one's tail).
-     Nothing else of a work tile crosses iterations but the sink and its first S's registers: the rest derives
-     from jq, which ptxas sees as warp-uniform (a work tile carried as a struct cost the key-tile loop 113
-     instructions at H128: its descriptors rebuilt in vector registers). */
-  uint32_t x0 = 0;
-  bool pre = false;
-  float sink = sink_of(blockIdx.x);
+  uint32_t x0 = 0; /* ring position of this work tile's first key tile */
   for (uint32_t jq = 0;; ++jq) {
+    /* The work tile is the producer's walk, blockIdx.x + jq gridDim.x (no slot to read): known before Q full,
+       so the sink's global load (and MASK 3's lengths) is issued before the wait and lands under it. Read after
+       the wait it cost 2.7% of the H128 forward's stall samples at T1024 (ncu, H200 session 6), its use right
+       behind it at every work tile's start. */
     const int tile = blockIdx.x + (int)jq * (int)gridDim.x; /* < total + gridDim.x <= 2^31 (sa_hop_run) */
     if (tile >= p.total) break;
-    const ctile c = ctile_of(tile, sink);
-    const int n_tiles = c.w.n_tiles, a = c.a, e = c.e, tile1 = tile + (int)gridDim.x;
-    const float sink1 = sink_of(tile1); /* the next work tile's, loaded under this one */
-    const uint64_t dq = dq0 + (jq % QS) * Q_DESC; /* this work tile's Q slot */
-    if (!pre) {
-      mbar_wait(bar_qf(b0, jq % QS), (jq / QS) & 1);
-      start_rows(c);
-      /* Q empty: exactly once per work tile and warp, and never inside the key-tile loop (a test there cost 3
-         instructions a tile): at once without an S (a >= e), else after the loop, when the warp's last S of the
-         work tile has landed (and been through its softmax); the next work tile's Q then lands under this one's
-         last P V and epilogue. */
-      if (a >= e && lane == 0) mbar_arrive(bar_qe(b0, jq % QS));
-      release(c, x0, 0, a);
-      if (a < e) first_s(c, a, (x0 + a) % ST, ((x0 + a) / ST) & 1, dq); /* O is 0: nothing to rescale */
+    const work w = work_of(tile);
+    const float sink = p.softmax == 2 ? p.sinks[w.n] : p.softmax == 1 ? 0.f : -INFINITY;
+    mbar_wait(bar_qf(b0), jq & 1);
+    const int n_tiles = w.n_tiles, t0 = w.t0, ql = w.ql, kl = w.kl;
+    const int wg_row0 = w.m0 + 64 * cw;            /* first row of this warpgroup; < T iff cw < n_wg */
+    const int r0 = wg_row0 + 16 * warp + lane / 4; /* this thread's rows: r0 and r0 + 8 */
+    const float sink_l2 = sink * SA_LOG2E;
+    /* Running max seeded with the sink, capped below +inf so a +inf sink leaves exp2(m - m) = 1, not NaN
+       (fminf passes a NaN sink's cap on; the NaN returns in the normalisation). */
+    const float seed = fminf(sink_l2, 3.0e38f);
+    float m_[2] = {seed, seed}, l_[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
+    /* A tile of keys [k, k + BN) is visible to every row of the warpgroup iff its smallest key - row, k -
+       wg_row0 - 63, is >= dlo and its largest, k + BN - 1 - wg_row0, is <= dhi (and, with lengths, it ends by
+       kv_len and the warpgroup's rows by q_len): then no per-element test. Without a mask only a 176-key tile
+       past S tests (the last one), against kl = S. */
+    const int dlo = w.mk.dlo, dhi = w.mk.dhi;
+    int dhi0 = dhi, dhi1 = dhi, unused;
+    if (MASK == 3) {
+      sa_hop_row_bounds(w.mk, ql, kl, r0, &unused, &dhi0);
+      sa_hop_row_bounds(w.mk, ql, kl, r0 + 8, &unused, &dhi1);
     }
-    bool pre1 = false;
-    float m1[2], l1[2]; /* the next work tile's running max and sum when pre1 */
-    if (a < e) {
-      uint32_t sp = (x0 + a) % ST, pp = ((x0 + a) / ST) & 1; /* tile a's, its S done (above, or pre) */
-      /* The ring position as (stage, parity) = (x % ST, (x / ST) & 1), carried through the loop and advanced by
-         one per key tile instead of derived from x = x0 + it in each (the port's form cost ~8 integer
-         instructions a tile). Invariant: (sp, pp) is the position of x0 + it - 1 at the top of iteration it (the
-         tile whose V is pending), of x0 + a after tile a and of x0 + e - 1 after the loop, i.e. exactly the
-         values release() and the producer derive from x. The advance: the stage steps and wraps ST - 1 -> 0, the
-         parity flips as it wraps; at ST 2 (sp is 0 or 1) in the toggle form, which the general one costs 1 / 5
-         more loop instructions at H64 / H128 (ptxas does not know sp < 2); ST 4 pays that 1 (every H64 kind).
-         The key-tile loop in SASS (nvcc 13.0, sm_90a), instructions at H64 / H128 without a mask, H128 causal:
-         400 / 718 / 570, old kernel (f08c8da, one tile a CTA) 452 / 782 / 620, the persistent port 478 / 806 /
-         642; HGMMA and MUFU.EX2 the same. */
-      for (int it = a + 1; it < e; ++it) {
-        /* K of tile it at the next position (s, ps) = that of x0 + it; V of tile it - 1 at the previous (sp, pp) */
-        const uint32_t s = ST == 2 ? sp ^ 1 : sp + 1 == ST ? 0 : sp + 1;
-        const uint32_t ps = ST == 2 ? pp ^ sp : pp ^ (s == 0);
-        mbar_wait(bar_kf<ST>(b0, s), ps);
-        mbar_wait(bar_vf<ST>(b0, sp), pp);
-        pin(sacc);
-        pin(o);
-        pin(pf);
-        wgmma_fence();
-        gemm_qk<HD, BM, BN>(sacc, dq, dk0 + s * KV_DESC); /* group 1: S_j */
-        wgmma_commit();
-        gemm_pv<HD, BN>(o, pf, dv0 + sp * KV_DESC);          /* group 2: O += P_{j-1} V_{j-1} */
-        wgmma_commit();
-        wgmma_wait1();                                       /* S_j has landed; P V may still run */
-        pin(sacc);
+    auto mask_tile = [&](int k) {
+      if constexpr (MASK == 0) {
+        if (KEY_TAIL && k + BN > kl) mask_keys(sacc, kl - k - 2 * t);
+      } else if (k - wg_row0 - 63 < dlo || k + BN - 1 - wg_row0 > dhi ||
+                 (MASK == 3 && (k + BN > kl || wg_row0 + 64 > ql))) {
+        mask_range<MASK>(sacc, k + 2 * t - r0 - dhi0, k + 2 * t - r0 - dhi1, k + 2 * t - r0 - dlo);
+      }
+    };
+    /* The last tile with lengths: V rows past kv_len become 0 (a key row past kv_len may hold NaN, and 0 x NaN
+       = NaN). Every consumer warpgroup meets here once per such work tile, whether it reads the tile or
+       releases it unread (see release), so barrier 1 counts all 128 NC consumer threads. Tile-uniform. */
+    const int kend = (t0 + n_tiles) * BN;
+    auto zero_tail = [&](int s) {
+      if (MASK == 3 && kend > kl) {
+        zero_tile_rows(sv + s * KV_BYTES, BN, kl - (kend - BN), CB, threadIdx.x - 128, 128 * NC);
+        named_bar_sync(1, 128 * NC);
+      }
+    };
+    /* This warpgroup's tiles: [a, e) of the work tile's 0 .. n_tiles - 1, those holding a key one of its real
+       rows sees (sa_hop_key_tiles of its rows; a subset, lo and hi never decrease with the row). A 192-row
+       causal m-block's first warpgroups skip its last 1-2 tiles, a windowed one's last warpgroups its first
+       1-2 (without this H64 causal would do 3% (T4096) / 11% (T1024) more tensor work than 128-row CTAs, a
+       (127, 0) window 50%; with it exactly as much as 128-row CTAs in both). The others are released unread,
+       in order, each after its full barrier, so every arrive lands in the phase of its own key tile (an arrive
+       before the load could complete the previous phase of that stage while another warpgroup still reads
+       it). No rows (cw >= n_wg: Q not loaded) or no key for its rows: a = e = 0, all released. */
+    int a = 0, e = cw < w.n_wg ? n_tiles : 0;
+    if (MASK && e > 0) {
+      const int rows = ql - wg_row0 < 64 ? ql - wg_row0 : 64;
+      int nw = 0;
+      const int tw = rows > 0 ? sa_hop_key_tiles(w.mk, wg_row0, rows, BN, &nw) : 0;
+      a = nw > 0 ? tw - t0 : 0;
+      e = nw > 0 ? a + nw : 0;
+    }
+    auto release = [&](int from, int to) {
+      for (int it = from; it < to; ++it) {
+        const uint32_t x = x0 + it;
+        const int s = x % ST;
+        const uint32_t ph = (x / ST) & 1;
+        mbar_wait(bar_kf<ST>(b0, s), ph);
         if (lane == 0) mbar_arrive(bar_ke<ST>(b0, s));
-        mask_tile(c, (c.w.t0 + it) * BN);
-        softmax_tile(sacc, m_, l_, corr, sl2);
-        /* ptxas schedules WARPGROUP.DEPBAR (wait_group 0) into the first stall slot after the row-max shuffle,
-           i.e. before the 64 exp2s, which then no longer overlap P V (seen in the SASS of nvcc 13.0). A shared
-           store of a value that depends on every exp2 (the row sums) is an anchor it does not cross: with it the
-           wait lands after the last MUFU.EX2. One 4-byte store per warp per tile, to a word nobody reads. */
-        if (lane == 0)
-          asm volatile("st.shared.f32 [%0], %1;" ::"r"(anchor_w), "f"(l_[0] + l_[1])
-                       : "memory");
-        wgmma_wait0(); /* P_{j-1} V_{j-1} has landed: O and pf are free */
-        pin(o);
-        pin(pf);
-        if (lane == 0) mbar_arrive(bar_ve<ST>(b0, sp));
-#pragma unroll
-        for (int j = 0; j < HD / 8; ++j)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) o[4 * j + q] *= corr[q >> 1];
-        pack_p(pf, sacc);
-        sp = s, pp = ps;
+        mbar_wait(bar_vf<ST>(b0, s), ph);
+        if (it == n_tiles - 1) zero_tail(s);
+        if (lane == 0) mbar_arrive(bar_ve<ST>(b0, s));
       }
-      if (lane == 0) mbar_arrive(bar_qe(b0, jq % QS)); /* the warp's last S (tile e - 1) has landed: Q is dead */
+    };
+    /* Q empty: exactly once per work tile and warp, and never inside the key-tile loop (a test there cost 3
+       instructions a tile): at once without an S (a >= e), else after the loop, when the warp's last S of the
+       work tile has landed (and been through its softmax); the next work tile's Q then lands under this one's
+       last P V and epilogue. */
+    if (a >= e && lane == 0) mbar_arrive(bar_qe(b0));
+    release(0, a);
 
-      /* The tail: the last P V (of tile e - 1; with lengths the work tile's last key tile is zeroed past kv_len
-         first), and with it, when that is safe (pre1), the next work tile's first S exactly as the key-tile loop
-         pairs them: S' then P V as two commit groups, S' lands first (groups retire in order) and goes through
-         its softmax (into the next tile's own running max and sum) while P V is on the tensor core, then the
-         epilogue. Without it every work tile began with its first S and softmax alone, the tensor core idle
-         for this warpgroup (~10% of a 6-key-tile work tile at T1024). Safe: this warp holds V of position
-         x0 + e - 1 until P V lands, and the producer loads V of a position ST later only after its release;
-         the next S waits for Q' full (every warp's last S of this work tile has landed: each arrives Q empty
-         above, before anything here can block it) and for K' of position x0 + n_tiles + a'; pre1 asks a' = 0
-         and e = n_tiles (no unread tile between), so that is x0 + e: loaded without the held V. */
-      const uint32_t x1 = x0 + n_tiles;
-      int a1, e1; /* the next work tile's key tiles for this warpgroup: all the tail needs of it before S' lands */
-      {
-        const ctile n = ctile_of(tile1, sink1);
-        a1 = __shfl_sync(0xffffffffu, tile1 < p.total ? n.a : 0, 0);
-        e1 = __shfl_sync(0xffffffffu, tile1 < p.total ? n.e : 0, 0);
-      }
-      /* not at H64 with lengths: 160 registers a thread, and the pair spilled inside its key-tile loop */
-      constexpr bool PIPE = QS == 2 && !(HD == 64 && MASK == 3);
-      pre1 = PIPE && p.pipe && a1 == 0 && e1 > 0 && e == n_tiles;
+    if (a < e) {
+    /* The ring position as (stage, parity) = (x % ST, (x / ST) & 1), carried through the loop and
+       advanced by one per key tile instead of derived from x = x0 + it in each (the port's form cost ~8
+       integer instructions a tile). Invariant: (sp, pp) is the position of x0 + it - 1 at the top of iteration
+       it (the tile whose V is pending), of x0 + a after tile a and of x0 + e - 1 after the loop, i.e. exactly
+       the values release() and the producer derive from x. The advance: the stage steps and wraps ST - 1 -> 0,
+       the parity flips as it wraps; at ST 2 (sp is 0 or 1) in the toggle form, which the general one costs 1 / 5
+       more loop instructions at H64 / H128 (ptxas does not know sp < 2); ST 4 pays that 1 (every H64 kind).
+       The key-tile loop in SASS (nvcc 13.0, sm_90a), instructions at H64 / H128 without a mask, H128 causal:
+       400 / 718 / 570, old kernel (f08c8da, one tile a CTA) 452 / 782 / 620, the persistent port 478 / 806 /
+       642; HGMMA and MUFU.EX2 the same. */
+    uint32_t sp = (x0 + a) % ST, pp = ((x0 + a) / ST) & 1;
+    { /* Tile a: S_a alone, then its softmax (O is still 0: nothing to rescale). */
+      mbar_wait(bar_kf<ST>(b0, sp), pp);
+      pin(sacc);
+      wgmma_fence();
+      gemm_qk<HD, BM, BN>(sacc, dq, dk0 + sp * KV_DESC);
+      wgmma_commit();
+      wgmma_wait0();
+      pin(sacc);
+      if (lane == 0) mbar_arrive(bar_ke<ST>(b0, sp));
+      mask_tile((t0 + a) * BN);
+      softmax_tile(sacc, m_, l_, corr, sl2);
+      pack_p(pf, sacc);
+    }
+
+    for (int it = a + 1; it < e; ++it) {
+      /* K of tile it at the next position (s, ps) = that of x0 + it; V of tile it - 1 at the previous (sp, pp) */
+      const uint32_t s = ST == 2 ? sp ^ 1 : sp + 1 == ST ? 0 : sp + 1;
+      const uint32_t ps = ST == 2 ? pp ^ sp : pp ^ (s == 0);
+      mbar_wait(bar_kf<ST>(b0, s), ps);
       mbar_wait(bar_vf<ST>(b0, sp), pp);
-      if (e == n_tiles) zero_tail(c, sp);
-      if (pre1) {
-        const uint32_t s1 = x1 % ST, p1 = (x1 / ST) & 1;
-        mbar_wait(bar_qf(b0, (jq + 1) % QS), ((jq + 1) / QS) & 1);
-        mbar_wait(bar_kf<ST>(b0, s1), p1);
-        pin(sacc);
-        pin(o);
-        pin(pf);
-        wgmma_fence();
-        gemm_qk<HD, BM, BN>(sacc, dq0 + ((jq + 1) % QS) * Q_DESC, dk0 + s1 * KV_DESC); /* group 1: S' */
-        wgmma_commit();
-        gemm_pv<HD, BN>(o, pf, dv0 + sp * KV_DESC);          /* group 2: this one's last P V */
-        wgmma_commit();
-        wgmma_wait1();                                       /* S' has landed; P V may still run */
-        pin(sacc);
-        if (lane == 0) mbar_arrive(bar_ke<ST>(b0, s1));
-        const ctile c1 = ctile_of(tile1, sink1);
-        m1[0] = m1[1] = fminf(c1.sink * SA_LOG2E, 3.0e38f), l1[0] = l1[1] = 0.f; /* start_rows' seed */
-        mask_tile(c1, c1.w.t0 * BN);
-        softmax_tile(sacc, m1, l1, corr, sl2);
-        if (lane == 0) /* the key-tile loop's anchor: the wait below after the last exp2 */
-          asm volatile("st.shared.f32 [%0], %1;" ::"r"(anchor_w), "f"(l1[0] + l1[1]) : "memory");
-        wgmma_wait0();
-        pin(o);
-        pin(pf);
-      } else {
-        pin(o);
-        pin(pf);
-        wgmma_fence();
-        gemm_pv<HD, BN>(o, pf, dv0 + sp * KV_DESC);
-        wgmma_commit();
-        wgmma_wait0();
-        pin(o);
-      }
+      pin(sacc);
+      pin(o);
+      pin(pf);
+      wgmma_fence();
+      gemm_qk<HD, BM, BN>(sacc, dq, dk0 + s * KV_DESC); /* group 1: S_j */
+      wgmma_commit();
+      gemm_pv<HD, BN>(o, pf, dv0 + sp * KV_DESC);          /* group 2: O += P_{j-1} V_{j-1} */
+      wgmma_commit();
+      wgmma_wait1();                                       /* S_j has landed; P V may still run */
+      pin(sacc);
+      if (lane == 0) mbar_arrive(bar_ke<ST>(b0, s));
+      mask_tile((t0 + it) * BN);
+      softmax_tile(sacc, m_, l_, corr, sl2);
+      /* ptxas schedules WARPGROUP.DEPBAR (wait_group 0) into the first stall slot after the row-max shuffle,
+         i.e. before the 64 exp2s, which then no longer overlap P V (seen in the SASS of nvcc 13.0). A shared
+         store of a value that depends on every exp2 (the row sums) is an anchor it does not cross: with it the
+         wait lands after the last MUFU.EX2. One 4-byte store per warp per tile, to a word nobody reads. */
+      if (lane == 0)
+        asm volatile("st.shared.f32 [%0], %1;" ::"r"(anchor_w), "f"(l_[0] + l_[1])
+                     : "memory");
+      wgmma_wait0(); /* P_{j-1} V_{j-1} has landed: O and pf are free */
+      pin(o);
+      pin(pf);
+      if (lane == 0) mbar_arrive(bar_ve<ST>(b0, sp));
+#pragma unroll
+      for (int j = 0; j < HD / 8; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) o[4 * j + q] *= corr[q >> 1];
+      pack_p(pf, sacc);
+      sp = s, pp = ps;
+    }
+    if (lane == 0) mbar_arrive(bar_qe(b0)); /* the warp's last S (tile e - 1) has landed: Q is dead */
+
+    { /* The last P V (of tile e - 1; with lengths the work tile's last key tile is zeroed past kv_len first). */
+      mbar_wait(bar_vf<ST>(b0, sp), pp);
+      if (e == n_tiles) zero_tail(sp);
+      pin(o);
+      pin(pf);
+      wgmma_fence();
+      gemm_pv<HD, BN>(o, pf, dv0 + sp * KV_DESC);
+      wgmma_commit();
+      wgmma_wait0();
+      pin(o);
       if (lane == 0) mbar_arrive(bar_ve<ST>(b0, sp));
     }
-    release(c, x0, e, n_tiles); /* none when pre1 (e == n_tiles) */
-    /* rows past T: nothing to store; the epilogue touches no shared memory (the next work tile's Q may be landing) */
-    if (cw < c.w.n_wg) store_rows_out<HD, MASK>(p, o, m_, l_, c.sink, c.w.b, c.w.n, c.r0, c.w.ql, t);
-    if (pre1) { /* the next work tile's state: its first P, running max and sum, O = 0 */
-      pack_p(pf, sacc);
-      m_[0] = m1[0], m_[1] = m1[1], l_[0] = l1[0], l_[1] = l1[1];
+    } /* a < e */
+    release(e, n_tiles);
+    /* warp-uniform for ptxas (as wg above): the ring's stage and parity stay in uniform registers */
+    x0 = __shfl_sync(0xffffffffu, x0 + n_tiles, 0);
+    if (cw >= w.n_wg) continue; /* rows past T: nothing to store */
+
+    /* Final normalisation, the one place the sink enters, in the portable kernel's form: the larger of the
+       running max m and the sink a contributes 2^0 = 1 exactly, and lse is formed from it in the natural-log
+       domain (a dominant sink gives lse = a exactly, +inf included). m >= the seed, so a >= m means a is the
+       max. No valid key and no sink (m = -inf): out 0, lse = sink. Every row stored here is below T. The
+       producer may already be loading the next work tile's Q: this touches no shared memory. */
+    const int T = p.T, N = p.N;
 #pragma unroll
-      for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
+    for (int h = 0; h < 2; ++h) {
+      float l = l_[h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float mm = m_[h];
+      float f = 0.f, lse = sink;
+      if (mm != -INFINITY) {
+        const bool sink_max = sink_l2 >= mm;
+        const float wt = sink_max ? ex2(mm - sink_l2) : 1.f;
+        const float ltot = l * wt + (sink_max ? 1.f : ex2(sink_l2 - mm));
+        f = wt / ltot;
+        lse = (sink_max ? sink : mm * SA_LN2) + logf(ltot);
+      }
+      const int row = r0 + 8 * h;
+      /* A row past q_len is exactly 0 (its Q row, padding, may hold NaN; P is 0 there, but not 0 x NaN). */
+      const bool dead = MASK == 3 && row >= ql;
+      __nv_bfloat16 *orow = p.out + (((size_t)w.b * T + row) * N + w.n) * HD;
+      store_row_bf16<HD>(orow, o, h, f, t, dead); /* 16-byte stores (hopper_ptx.cuh) */
+      if (p.lse && t == 0) p.lse[((size_t)w.b * N + w.n) * T + row] = lse;
     }
-    pre = pre1;
-    x0 = __shfl_sync(0xffffffffu, x0 + n_tiles, 0); /* warp-uniform for ptxas (as wg above) */
-    sink = sink1;
   }
 #endif /* sm_90a */
 }
@@ -481,6 +417,15 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
    persistent grid at n CTAs (tests: many work tiles a CTA). Both read per call. */
 static const int SA_HOP_PERSIST_MAX_KEY_TILES = 8;
 static const double SA_HOP_L2_SECTION_BYTES = 16.0 * 1024 * 1024; /* a third of the H200's 50 MiB L2 */
+
+static int sa_gcd(int a, int b) {
+  while (b) {
+    const int r = a % b;
+    a = b;
+    b = r;
+  }
+  return a;
+}
 
 /* The maps take the configuration's boxes (Q: QBOX rows, K / V: BN rows). A map the driver refuses, or a
    refused shared-memory opt-in (up to 210 KiB at H 128), leaves *used = 0: the portable kernel runs instead. */
@@ -583,7 +528,6 @@ cudaError_t sa_hopper_fwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   hp.scale_l2 = p.scale_log2;
   hp.mask = sa_hop_mask_of(p);
   hp.shape = sa_hop_shape_of(p);
-  hp.pipe = sa_cuda_env_int("SINKATTN_HOP_FWD_PIPE", 1) != 0; /* =0: no work tile's first S in the last's tail */
   switch (sa_hop_mask_kind(p) + 4 * (p.H == 128)) {
     case 0: return sa_hop_run<64, 0, ST_DEF>(enc, p, hp, st, used);
     case 1: return sa_hop_run<64, 1, ST_DEF>(enc, p, hp, st, used);

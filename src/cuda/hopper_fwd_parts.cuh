@@ -42,16 +42,9 @@ struct sa_hop_fwd_tile {
   static constexpr int REGS = NC == 3 ? 160 : 240;             /* consumer registers after setmaxnreg */
   /* Q's TMA box: one per warpgroup when a CTA can be partial (BM 192), else one BM-row box per column block */
   static constexpr int QBOX = 128 % BM == 0 ? BM : 64;
-  /* Q slots: 2 where they fit, so that the producer loads the next work tile's Q while this one runs, and a
-     consumer can issue the next tile's first S in this one's tail (hopper_fwd.cu, pre1); with one slot that S
-     waited for Q', loadable only after every warp's last S here: ~1 us exposed a work tile, H200 session 7
-     measured -6..-9% at T1024. H128 without a mask has no room (176-key tiles: 209 KiB + 32 = 241). */
-  static constexpr int Q_BYTES = BM * HD * 2;
-  static constexpr int KV_SMEM = ST * 2 * BN * HD * 2;
-  static constexpr int QS = 1024 + 2 * Q_BYTES + KV_SMEM + 1024 <= 227 * 1024 ? 2 : 1;
-  static constexpr int SMEM = 1024 /* alignment slack */ + QS * Q_BYTES + KV_SMEM;
+  static constexpr int SMEM = 1024 /* alignment slack */ + BM * HD * 2 + ST * 2 * BN * HD * 2;
   static_assert(128 * 24 + 128 * NC * REGS <= 65536 && REGS % 8 == 0, "register file: producer 24 + consumers");
-  /* 115712 B at H64 (2 Q slots), H128 214016 without a mask (1 slot), 197632 with one (2 slots) */
+  /* 91136 B at H64, H128 214016 without a mask, 164864 with one */
   static_assert(SMEM + 1024 <= 227 * 1024, "shared memory over the sm_90 limit (+1 KiB of static barriers)");
   /* >= 2: the key-tile loop holds V_{j-1}'s stage while S_j reads K_j's; a power of two: x % ST and x / ST
      are shifts, and the ring position stays continuous as the uint32 tile counter x wraps */
@@ -72,7 +65,6 @@ struct sa_hop_params {
      (one each when the grid holds them all). hg > 0: the L2-section order with hg heads a section. nph > 0:
      the pair order with nph = ceil(n_mb / 2) pairs a head, and total = the index bound of the pairs' walk. */
   int BH, n_mb, total, hg, nph;
-  int pipe; /* the next work tile's first S under this one's last P V (SINKATTN_HOP_FWD_PIPE=0: not; A/B) */
 };
 
 /* Work tile i -> (b N + head, m-block); m-block -1: no work (the pair order's padding). Pair order (nph > 0;
@@ -109,27 +101,16 @@ __device__ __forceinline__ void sa_hop_work_tile(const sa_hop_params &p, bool ma
   }
 }
 
-/* Host: the persistent grid's coprimality tests (sa_hop_run). */
-static int sa_gcd(int a, int b) {
-  while (b) {
-    const int r = a % b;
-    a = b;
-    b = r;
-  }
-  return a;
-}
-
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-/* Barrier slots in bar[]: 0-1 Q full, 2-3 Q empty (Q slot q); then ST each of K full, V full, K empty, V empty
-   (stage s). */
-template <int ST> constexpr int N_BARS = 4 + 4 * ST;
-__device__ __forceinline__ uint32_t bar_qf(uint32_t b0, uint32_t q) { return b0 + 8 * q; }
-__device__ __forceinline__ uint32_t bar_qe(uint32_t b0, uint32_t q) { return b0 + 8 * (2 + q); }
-template <int ST> __device__ __forceinline__ uint32_t bar_kf(uint32_t b0, int s) { return b0 + 8 * (4 + s); }
-template <int ST> __device__ __forceinline__ uint32_t bar_vf(uint32_t b0, int s) { return b0 + 8 * (4 + ST + s); }
-template <int ST> __device__ __forceinline__ uint32_t bar_ke(uint32_t b0, int s) { return b0 + 8 * (4 + 2 * ST + s); }
-template <int ST> __device__ __forceinline__ uint32_t bar_ve(uint32_t b0, int s) { return b0 + 8 * (4 + 3 * ST + s); }
+/* Barrier slots in bar[]: 0 Q full, 1 Q empty; then ST each of K full, V full, K empty, V empty (stage s). */
+template <int ST> constexpr int N_BARS = 2 + 4 * ST;
+__device__ __forceinline__ uint32_t bar_qf(uint32_t b0) { return b0; }
+__device__ __forceinline__ uint32_t bar_qe(uint32_t b0) { return b0 + 8; }
+template <int ST> __device__ __forceinline__ uint32_t bar_kf(uint32_t b0, int s) { return b0 + 8 * (2 + s); }
+template <int ST> __device__ __forceinline__ uint32_t bar_vf(uint32_t b0, int s) { return b0 + 8 * (2 + ST + s); }
+template <int ST> __device__ __forceinline__ uint32_t bar_ke(uint32_t b0, int s) { return b0 + 8 * (2 + 2 * ST + s); }
+template <int ST> __device__ __forceinline__ uint32_t bar_ve(uint32_t b0, int s) { return b0 + 8 * (2 + 3 * ST + s); }
 
 #define SA_F88(d) SA_F64(d), SA_F8(d, 64), SA_F8(d, 72), SA_F8(d, 80)
 #define SA_REGS88 SA_REGS64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, " \
@@ -240,37 +221,6 @@ template <int SN>
 __device__ __forceinline__ void pack_p(uint32_t (&pf)[SN / 2], const float (&sacc)[SN]) {
 #pragma unroll
   for (int i = 0; i < SN / 2; ++i) pf[i] = pack_bf16(sacc[2 * i], sacc[2 * i + 1]);
-}
-
-/* The epilogue of a work tile, this thread's rows r0 and r0 + 8 (every row here is below T): the final
-   normalisation, the one place the sink enters, in the portable kernel's form: the larger of the running max m
-   and the sink a contributes 2^0 = 1 exactly, and lse is formed from it in the natural-log domain (a dominant sink
-   gives lse = a exactly, +inf included). m >= the seed, so a >= m means a is the max. No valid key and no sink
-   (m = -inf): out 0, lse = sink. A row past q_len (MASK 3) is exactly 0: its Q row, padding, may hold NaN; P is 0
-   there, but not 0 x NaN. O in 16-byte stores (store_row_bf16: all 32 lanes); touches no shared memory. */
-template <int HD, int MASK>
-__device__ __forceinline__ void store_rows_out(const sa_hop_params &p, const float (&o)[HD / 2], const float (&m_)[2],
-                                               const float (&l_)[2], float sink, int b, int n, int r0, int ql,
-                                               int t) {
-  const float sink_l2 = sink * SA_LOG2E;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = l_[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float mm = m_[h];
-    float f = 0.f, lse = sink;
-    if (mm != -INFINITY) {
-      const bool sink_max = sink_l2 >= mm;
-      const float wt = sink_max ? ex2(mm - sink_l2) : 1.f;
-      const float ltot = l * wt + (sink_max ? 1.f : ex2(sink_l2 - mm));
-      f = wt / ltot;
-      lse = (sink_max ? sink : mm * SA_LN2) + logf(ltot);
-    }
-    const int row = r0 + 8 * h;
-    store_row_bf16<HD>(p.out + (((size_t)b * p.T + row) * p.N + n) * HD, o, h, f, t, MASK == 3 && row >= ql);
-    if (p.lse && t == 0) p.lse[((size_t)b * p.N + n) * p.T + row] = lse;
-  }
 }
 
 #endif /* sm_90a */
