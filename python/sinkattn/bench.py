@@ -51,6 +51,11 @@ GRIDS = {
                      (1, 16384, 16, 16, 128, False, None), (4, 4096, 32, 32, 64, True, None),
                      (16, 1024, 32, 32, 64, True, None), (1, 4096, 64, 8, 64, True, None),
                      (1, 4096, 64, 8, 64, True, (127, 0))],
+    # the H64 rows of h200 (an A/B of an H64-only kernel change)
+    "h200_h64": [(16, 1024, 32, 32, 64, False, None), (16, 1024, 32, 32, 64, True, None),
+                 (4, 4096, 32, 32, 64, False, None), (4, 4096, 32, 32, 64, True, None),
+                 (1, 16384, 32, 32, 64, True, None),
+                 (1, 4096, 64, 8, 64, True, None), (1, 4096, 64, 8, 64, True, (127, 0))],
     # the gpt-oss layers alone (same-run A/B of their knobs, bench/gpu_session.sh PART=ab AB_EXTRA)
     "gptoss": [(1, 4096, 64, 8, 64, True, None), (1, 4096, 64, 8, 64, True, (127, 0))],
     "tiny": [(1, 128, 4, 2, 64, False, None), (1, 256, 4, 2, 64, True, (31, 0))],

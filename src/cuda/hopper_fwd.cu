@@ -28,14 +28,14 @@
  * work tile's Q and first K/V stages under the current one's last P V and epilogue. Protocol:
  * - barriers initialised once; every consumer warp arrives on every empty barrier of every work tile (its
  *   warpgroup with rows or not), so the counts stay 4 NC whatever a tile's n_wg.
- * - Q full (count 1): the producer's arrive.expect_tx of Q's bytes and the Q boxes (a plain arrive for a tile
- *   without key tiles). The j-th work tile of a CTA (blockIdx.x + j gridDim.x: producer and consumers derive
- *   it alike, nothing passes through shared memory) completes phase j: consumers wait parity j & 1. Past the
- *   last work tile both sides leave.
- * - Q empty (count 4 NC): each consumer warp arrives once per work tile, after its key-tile loop (its last S
- *   has landed; no test inside the loop), or at once without an S. The producer waits parity (j & 1) ^ 1
- *   before the j-th Q write (j = 0: a fresh barrier, at once). So Q is overwritten only after every warp's
- *   last read of it, and Q full of j + 1 needs every warp past Q full of j: no phase is skipped.
+ * - Q slots (QS: 2 at H64, 1 at H128, sa_hopper_fwd_try): the j-th work tile of a CTA (blockIdx.x + j
+ *   gridDim.x: producer and consumers derive it alike, nothing passes through shared memory) has its Q in slot
+ *   j % QS, the (j / QS)-th use of that slot. Q full (count 1): the producer's arrive.expect_tx of Q's bytes and
+ *   the boxes (a plain arrive for a tile without key tiles); consumers wait parity (j / QS) & 1. Q empty (count
+ *   4 NC): each consumer warp arrives once per work tile, after its key-tile loop (its last S has landed; no test
+ *   inside the loop), or at once without an S; the producer waits parity ((j / QS) & 1) ^ 1 before the j-th Q
+ *   write (a fresh barrier returns at once). So a slot is overwritten only after every warp's last read of it,
+ *   and its next phase needs every warp past its last: none is skipped. Past the last work tile both leave.
  * - K/V ring: producer and consumers walk one sequence x = 0, 1, ... of key tiles over all the CTA's work
  *   tiles (x0 += n_tiles per tile), stage x % ST, parity (x / ST) & 1 (the consumers' key-tile loop carries
  *   both, advanced by one a tile): the single key loop of a one-tile CTA, continued; the producer runs up to
@@ -62,12 +62,12 @@
 
 namespace {
 
-template <int HD, int MASK, int ST>
-__global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
+template <int HD, int MASK, int ST, int QS>
+__global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST, QS>::THREADS, 1)
     sa_hop_fwd_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
                       const __grid_constant__ CUtensorMap tmv, const sa_hop_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using TL = sa_hop_fwd_tile<HD, MASK, ST>;
+  using TL = sa_hop_fwd_tile<HD, MASK, ST, QS>;
   constexpr int NC = TL::NC, BM = TL::BM, BN = TL::BN, QBOX = TL::QBOX;
   constexpr int CB = HD / 64; /* 128-byte column blocks per row */
   constexpr uint32_t KV_BYTES = BN * HD * 2;
@@ -78,7 +78,8 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
   __shared__ float anchor[4 * NC]; /* see the wait_group 0 of the main loop */
 
   const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u; /* swizzle atoms need 1024-byte alignment */
-  const uint32_t sk = sq + BM * HD * 2, sv = sk + ST * KV_BYTES, b0 = smem_u32(bar);
+  /* work tile jq's Q: slot jq % QS, the (jq / QS)-th use of that slot */
+  const uint32_t sk = sq + QS * TL::Q_BYTES, sv = sk + ST * KV_BYTES, b0 = smem_u32(bar);
 
   /* A work tile's geometry, the same in the producer and every consumer warp: (b, head, m-block), the warpgroups
      with rows, the batch's lengths and mask, the key tiles t0 .. t0 + n_tiles - 1. */
@@ -127,8 +128,10 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
   /* Initialised once per CTA; the phases run on across its work tiles (the header's protocol). Every consumer
      warp arrives on every K / V / Q empty phase, a warpgroup without rows in a work tile included: 4 NC. */
   if (threadIdx.x == 0) {
-    mbar_init(bar_qf(b0), 1);      /* the producer's arrive(.expect_tx), then Q's bytes */
-    mbar_init(bar_qe(b0), 4 * NC); /* one arrive per consumer warp and work tile, after its last S */
+    for (int q = 0; q < QS; ++q) {
+      mbar_init(bar_qf(b0, q), 1);      /* the producer's arrive(.expect_tx), then Q's bytes */
+      mbar_init(bar_qe(b0, q), 4 * NC); /* one arrive per consumer warp and work tile, after its last S */
+    }
     for (int s = 0; s < ST; ++s) {
       mbar_init(bar_kf<ST>(b0, s), 1); /* the producer's arrive.expect_tx, then the TMA bytes */
       mbar_init(bar_vf<ST>(b0, s), 1);
@@ -152,17 +155,19 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
       uint32_t x = 0, jq = 0;
       for (int tile = blockIdx.x;; tile += gridDim.x, ++jq) {
         if (tile >= p.total) break;
-        mbar_wait(bar_qe(b0), (jq & 1) ^ 1); /* every consumer warp is past its last S of work tile jq - 1 */
+        /* every consumer warp is past its last S of work tile jq - QS, the slot's previous use */
+        const uint32_t qs = jq % QS, qf = bar_qf(b0, qs), sqj = sq + qs * TL::Q_BYTES;
+        mbar_wait(bar_qe(b0, qs), ((jq / QS) & 1) ^ 1);
         const work w = work_of(tile);
         if (w.n_tiles == 0) {
-          mbar_arrive(bar_qf(b0));
+          mbar_arrive(qf);
           continue;
         }
         const int q_boxes = QBOX == BM ? 1 : w.n_wg, kvh = w.n / p.G; /* Q boxes per column block */
-        mbar_arrive_tx(bar_qf(b0), q_boxes * CB * QBOX * 128);
+        mbar_arrive_tx(qf, q_boxes * CB * QBOX * 128);
         for (int c = 0; c < CB; ++c)
           for (int q = 0; q < q_boxes; ++q)
-            tma_load(sq + c * BM * 128 + q * QBOX * 128, &tmq, bar_qf(b0), c * 64, w.n, w.m0 + q * QBOX, w.b);
+            tma_load(sqj + c * BM * 128 + q * QBOX * 128, &tmq, qf, c * 64, w.n, w.m0 + q * QBOX, w.b);
         for (int it = 0; it < w.n_tiles; ++it, ++x) {
           const int s = x % ST, key0 = (w.t0 + it) * BN;
           const uint32_t ph = (x / ST) & 1;
@@ -193,7 +198,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
      every tile (7 instructions at H64). */
   constexpr uint32_t KV_DESC = KV_BYTES / 16;
   const uint32_t anchor_w = __shfl_sync(0xffffffffu, smem_u32(&anchor[4 * cw + warp]), 0);
-  const uint64_t dq = gmma_desc(sq + cw * 64 * 128, 16, 1024), dk0 = gmma_desc(sk, 16, 1024);
+  const uint64_t dq0 = gmma_desc(sq + cw * 64 * 128, 16, 1024), dk0 = gmma_desc(sk, 16, 1024); /* Q: slot 0 */
   const uint64_t dv0 = dk0 + ST * KV_DESC + ((uint64_t)(BN * 128 / 16 - 16 / 16) << 16);
   const float sl2 = p.scale_l2;
 
@@ -211,7 +216,8 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
     if (tile >= p.total) break;
     const work w = work_of(tile);
     const float sink = p.softmax == 2 ? p.sinks[w.n] : p.softmax == 1 ? 0.f : -INFINITY;
-    mbar_wait(bar_qf(b0), jq & 1);
+    const uint64_t dq = dq0 + (jq % QS) * (TL::Q_BYTES / 16); /* this work tile's Q slot */
+    mbar_wait(bar_qf(b0, jq % QS), (jq / QS) & 1);
     const int n_tiles = w.n_tiles, t0 = w.t0, ql = w.ql, kl = w.kl;
     const int wg_row0 = w.m0 + 64 * cw;            /* first row of this warpgroup; < T iff cw < n_wg */
     const int r0 = wg_row0 + 16 * warp + lane / 4; /* this thread's rows: r0 and r0 + 8 */
@@ -282,7 +288,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
        instructions a tile): at once without an S (a >= e), else after the loop, when the warp's last S of the
        work tile has landed (and been through its softmax); the next work tile's Q then lands under this one's
        last P V and epilogue. */
-    if (a >= e && lane == 0) mbar_arrive(bar_qe(b0));
+    if (a >= e && lane == 0) mbar_arrive(bar_qe(b0, jq % QS));
     release(0, a);
 
     if (a < e) {
@@ -348,7 +354,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST>::THREADS, 1)
       pack_p(pf, sacc);
       sp = s, pp = ps;
     }
-    if (lane == 0) mbar_arrive(bar_qe(b0)); /* the warp's last S (tile e - 1) has landed: Q is dead */
+    if (lane == 0) mbar_arrive(bar_qe(b0, jq % QS)); /* the warp's last S (tile e - 1) has landed: Q is dead */
 
     { /* The last P V (of tile e - 1; with lengths the work tile's last key tile is zeroed past kv_len first). */
       mbar_wait(bar_vf<ST>(b0, sp), pp);
@@ -429,15 +435,15 @@ static int sa_gcd(int a, int b) {
 
 /* The maps take the configuration's boxes (Q: QBOX rows, K / V: BN rows). A map the driver refuses, or a
    refused shared-memory opt-in (up to 210 KiB at H 128), leaves *used = 0: the portable kernel runs instead. */
-template <int HD, int MASK, int ST>
+template <int HD, int MASK, int ST, int QS>
 cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_params &p, sa_hop_params hp,
                        cudaStream_t st, int *used) {
-  using TL = sa_hop_fwd_tile<HD, MASK, ST>;
+  using TL = sa_hop_fwd_tile<HD, MASK, ST, QS>;
   CUtensorMap mq, mk, mv;
   if (!sa_hop_map(enc, &mq, p.q, p.B, p.T, p.N, p.H, TL::QBOX) ||
       !sa_hop_map(enc, &mk, p.k, p.B, p.S, p.K, p.H, TL::BN) || !sa_hop_map(enc, &mv, p.v, p.B, p.S, p.K, p.Hv, TL::BN))
     return cudaSuccess;
-  if (cudaFuncSetAttribute(sa_hop_fwd_kernel<HD, MASK, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM) !=
+  if (cudaFuncSetAttribute(sa_hop_fwd_kernel<HD, MASK, ST, QS>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM) !=
       cudaSuccess) {
     cudaGetLastError();
     return cudaSuccess;
@@ -509,7 +515,7 @@ cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_para
     }
   }
   *used = 1;
-  sa_hop_fwd_kernel<HD, MASK, ST><<<(unsigned)grid, TL::THREADS, TL::SMEM, st>>>(mq, mk, mv, hp);
+  sa_hop_fwd_kernel<HD, MASK, ST, QS><<<(unsigned)grid, TL::THREADS, TL::SMEM, st>>>(mq, mk, mv, hp);
   return cudaGetLastError();
 }
 
@@ -528,14 +534,24 @@ cudaError_t sa_hopper_fwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   hp.scale_l2 = p.scale_log2;
   hp.mask = sa_hop_mask_of(p);
   hp.shape = sa_hop_shape_of(p);
+  /* Q slots: 2 at H64 (SINKATTN_HOP_FWD_QSLOTS=1: one, the form before session 7; A/B), 1 at H128 (no room
+     without a mask; with one the wait measured 1.9% of the stall samples at T1024, not worth 4 more kernels) */
+  if (p.H == 64 && sa_cuda_env_int("SINKATTN_HOP_FWD_QSLOTS", 2) == 1) {
+    switch (sa_hop_mask_kind(p)) {
+      case 0: return sa_hop_run<64, 0, ST_DEF, 1>(enc, p, hp, st, used);
+      case 1: return sa_hop_run<64, 1, ST_DEF, 1>(enc, p, hp, st, used);
+      case 2: return sa_hop_run<64, 2, ST_DEF, 1>(enc, p, hp, st, used);
+      default: return sa_hop_run<64, 3, ST_DEF, 1>(enc, p, hp, st, used);
+    }
+  }
   switch (sa_hop_mask_kind(p) + 4 * (p.H == 128)) {
-    case 0: return sa_hop_run<64, 0, ST_DEF>(enc, p, hp, st, used);
-    case 1: return sa_hop_run<64, 1, ST_DEF>(enc, p, hp, st, used);
-    case 2: return sa_hop_run<64, 2, ST_DEF>(enc, p, hp, st, used);
-    case 3: return sa_hop_run<64, 3, ST_DEF>(enc, p, hp, st, used);
-    case 4: return sa_hop_run<128, 0, ST_DEF>(enc, p, hp, st, used);
-    case 5: return sa_hop_run<128, 1, ST_DEF>(enc, p, hp, st, used);
-    case 6: return sa_hop_run<128, 2, ST_DEF>(enc, p, hp, st, used);
-    default: return sa_hop_run<128, 3, ST_DEF>(enc, p, hp, st, used);
+    case 0: return sa_hop_run<64, 0, ST_DEF, 2>(enc, p, hp, st, used);
+    case 1: return sa_hop_run<64, 1, ST_DEF, 2>(enc, p, hp, st, used);
+    case 2: return sa_hop_run<64, 2, ST_DEF, 2>(enc, p, hp, st, used);
+    case 3: return sa_hop_run<64, 3, ST_DEF, 2>(enc, p, hp, st, used);
+    case 4: return sa_hop_run<128, 0, ST_DEF, 1>(enc, p, hp, st, used);
+    case 5: return sa_hop_run<128, 1, ST_DEF, 1>(enc, p, hp, st, used);
+    case 6: return sa_hop_run<128, 2, ST_DEF, 1>(enc, p, hp, st, used);
+    default: return sa_hop_run<128, 3, ST_DEF, 1>(enc, p, hp, st, used);
   }
 }

@@ -33,7 +33,7 @@ constexpr int ST_DEF = sa_hop_tiles::STAGES;
    - H128 with a mask (kinds 1..3): 02's 2 warpgroups x 128 keys (552 causal at B4 T4096). 176 keys were
      measured without a mask only; mask_range and the tile ranges take tiles that divide S, and FlashAttention-3
      also keeps 128 keys for causal / local masks at head dim 128. */
-template <int HD, int MASK, int ST>
+template <int HD, int MASK, int ST, int QS>
 struct sa_hop_fwd_tile {
   static constexpr int NC = HD == 64 ? 3 : 2;                  /* consumer warpgroups */
   static constexpr int BM = 64 * NC;                           /* query rows per CTA */
@@ -42,9 +42,13 @@ struct sa_hop_fwd_tile {
   static constexpr int REGS = NC == 3 ? 160 : 240;             /* consumer registers after setmaxnreg */
   /* Q's TMA box: one per warpgroup when a CTA can be partial (BM 192), else one BM-row box per column block */
   static constexpr int QBOX = 128 % BM == 0 ? BM : 64;
-  static constexpr int SMEM = 1024 /* alignment slack */ + BM * HD * 2 + ST * 2 * BN * HD * 2;
+  /* Q slots (QS): with 2 the producer loads the next work tile's Q while this one runs (a work tile's Q is dead
+     only after every warp's last S of it, and with one slot the next tile's first S then waits for the load:
+     ncu at H64 B16 T1024 causal, H200 session 7, 7.9% of the stall samples at that wait) */
+  static constexpr int Q_BYTES = BM * HD * 2;
+  static constexpr int SMEM = 1024 /* alignment slack */ + QS * Q_BYTES + ST * 2 * BN * HD * 2;
   static_assert(128 * 24 + 128 * NC * REGS <= 65536 && REGS % 8 == 0, "register file: producer 24 + consumers");
-  /* 91136 B at H64, H128 214016 without a mask, 164864 with one */
+  /* 91136 B at H64 (115712 with 2 Q slots), H128 214016 without a mask, 164864 with one */
   static_assert(SMEM + 1024 <= 227 * 1024, "shared memory over the sm_90 limit (+1 KiB of static barriers)");
   /* >= 2: the key-tile loop holds V_{j-1}'s stage while S_j reads K_j's; a power of two: x % ST and x / ST
      are shifts, and the ring position stays continuous as the uint32 tile counter x wraps */
@@ -103,14 +107,15 @@ __device__ __forceinline__ void sa_hop_work_tile(const sa_hop_params &p, bool ma
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-/* Barrier slots in bar[]: 0 Q full, 1 Q empty; then ST each of K full, V full, K empty, V empty (stage s). */
-template <int ST> constexpr int N_BARS = 2 + 4 * ST;
-__device__ __forceinline__ uint32_t bar_qf(uint32_t b0) { return b0; }
-__device__ __forceinline__ uint32_t bar_qe(uint32_t b0) { return b0 + 8; }
-template <int ST> __device__ __forceinline__ uint32_t bar_kf(uint32_t b0, int s) { return b0 + 8 * (2 + s); }
-template <int ST> __device__ __forceinline__ uint32_t bar_vf(uint32_t b0, int s) { return b0 + 8 * (2 + ST + s); }
-template <int ST> __device__ __forceinline__ uint32_t bar_ke(uint32_t b0, int s) { return b0 + 8 * (2 + 2 * ST + s); }
-template <int ST> __device__ __forceinline__ uint32_t bar_ve(uint32_t b0, int s) { return b0 + 8 * (2 + 3 * ST + s); }
+/* Barrier slots in bar[]: 0-1 Q full, 2-3 Q empty (Q slot q); then ST each of K full, V full, K empty, V empty
+   (stage s). */
+template <int ST> constexpr int N_BARS = 4 + 4 * ST;
+__device__ __forceinline__ uint32_t bar_qf(uint32_t b0, uint32_t q) { return b0 + 8 * q; }
+__device__ __forceinline__ uint32_t bar_qe(uint32_t b0, uint32_t q) { return b0 + 8 * (2 + q); }
+template <int ST> __device__ __forceinline__ uint32_t bar_kf(uint32_t b0, int s) { return b0 + 8 * (4 + s); }
+template <int ST> __device__ __forceinline__ uint32_t bar_vf(uint32_t b0, int s) { return b0 + 8 * (4 + ST + s); }
+template <int ST> __device__ __forceinline__ uint32_t bar_ke(uint32_t b0, int s) { return b0 + 8 * (4 + 2 * ST + s); }
+template <int ST> __device__ __forceinline__ uint32_t bar_ve(uint32_t b0, int s) { return b0 + 8 * (4 + 3 * ST + s); }
 
 #define SA_F88(d) SA_F64(d), SA_F8(d, 64), SA_F8(d, 72), SA_F8(d, 80)
 #define SA_REGS88 SA_REGS64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, " \
