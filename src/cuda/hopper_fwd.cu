@@ -28,7 +28,7 @@
  * work tile's Q and first K/V stages under the current one's last P V and epilogue. Protocol:
  * - barriers initialised once; every consumer warp arrives on every empty barrier of every work tile (its
  *   warpgroup with rows or not), so the counts stay 4 NC whatever a tile's n_wg.
- * - Q slots (QS: 2 at H64, 1 at H128, sa_hopper_fwd_try): the j-th work tile of a CTA (blockIdx.x + j
+ * - Q slots (QS: 2 at H64, 1 at H128 by default, sa_hopper_fwd_try): the j-th work tile of a CTA (blockIdx.x + j
  *   gridDim.x: producer and consumers derive it alike, nothing passes through shared memory) has its Q in slot
  *   j % QS, the (j / QS)-th use of that slot. Q full (count 1): the producer's arrive.expect_tx of Q's bytes and
  *   the boxes (a plain arrive for a tile without key tiles); consumers wait parity (j / QS) & 1. Q empty (count
@@ -534,24 +534,26 @@ cudaError_t sa_hopper_fwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   hp.scale_l2 = p.scale_log2;
   hp.mask = sa_hop_mask_of(p);
   hp.shape = sa_hop_shape_of(p);
-  /* Q slots: 2 at H64 (SINKATTN_HOP_FWD_QSLOTS=1: one, the form before session 7; A/B), 1 at H128 (no room
-     without a mask; with one the wait measured 1.9% of the stall samples at T1024, not worth 4 more kernels) */
-  if (p.H == 64 && sa_cuda_env_int("SINKATTN_HOP_FWD_QSLOTS", 2) == 1) {
-    switch (sa_hop_mask_kind(p)) {
-      case 0: return sa_hop_run<64, 0, ST_DEF, 1>(enc, p, hp, st, used);
-      case 1: return sa_hop_run<64, 1, ST_DEF, 1>(enc, p, hp, st, used);
-      case 2: return sa_hop_run<64, 2, ST_DEF, 1>(enc, p, hp, st, used);
-      default: return sa_hop_run<64, 3, ST_DEF, 1>(enc, p, hp, st, used);
-    }
-  }
-  switch (sa_hop_mask_kind(p) + 4 * (p.H == 128)) {
-    case 0: return sa_hop_run<64, 0, ST_DEF, 2>(enc, p, hp, st, used);
-    case 1: return sa_hop_run<64, 1, ST_DEF, 2>(enc, p, hp, st, used);
-    case 2: return sa_hop_run<64, 2, ST_DEF, 2>(enc, p, hp, st, used);
-    case 3: return sa_hop_run<64, 3, ST_DEF, 2>(enc, p, hp, st, used);
+  /* Q slots: 2 at H64 (H200 session 7: +9% fwd at T1024), 1 at H128. SINKATTN_HOP_FWD_QSLOTS=1 / 2 forces one / two
+     (A/B): one at H64 is the form before session 7; two at H128 is not measured yet (with one the Q wait was 1.9%
+     of the stall samples at T1024, and two take 128-key tiles without a mask: 176 leave no room). */
+  const int qs = sa_cuda_env_int("SINKATTN_HOP_FWD_QSLOTS", p.H == 64 ? 2 : 1) == 2 ? 2 : 1;
+  switch (sa_hop_mask_kind(p) + 4 * (p.H == 128) + 8 * (qs == 2)) {
+    case 0: return sa_hop_run<64, 0, ST_DEF, 1>(enc, p, hp, st, used);
+    case 1: return sa_hop_run<64, 1, ST_DEF, 1>(enc, p, hp, st, used);
+    case 2: return sa_hop_run<64, 2, ST_DEF, 1>(enc, p, hp, st, used);
+    case 3: return sa_hop_run<64, 3, ST_DEF, 1>(enc, p, hp, st, used);
     case 4: return sa_hop_run<128, 0, ST_DEF, 1>(enc, p, hp, st, used);
     case 5: return sa_hop_run<128, 1, ST_DEF, 1>(enc, p, hp, st, used);
     case 6: return sa_hop_run<128, 2, ST_DEF, 1>(enc, p, hp, st, used);
-    default: return sa_hop_run<128, 3, ST_DEF, 1>(enc, p, hp, st, used);
+    case 7: return sa_hop_run<128, 3, ST_DEF, 1>(enc, p, hp, st, used);
+    case 8: return sa_hop_run<64, 0, ST_DEF, 2>(enc, p, hp, st, used);
+    case 9: return sa_hop_run<64, 1, ST_DEF, 2>(enc, p, hp, st, used);
+    case 10: return sa_hop_run<64, 2, ST_DEF, 2>(enc, p, hp, st, used);
+    case 11: return sa_hop_run<64, 3, ST_DEF, 2>(enc, p, hp, st, used);
+    case 12: return sa_hop_run<128, 0, ST_DEF, 2>(enc, p, hp, st, used);
+    case 13: return sa_hop_run<128, 1, ST_DEF, 2>(enc, p, hp, st, used);
+    case 14: return sa_hop_run<128, 2, ST_DEF, 2>(enc, p, hp, st, used);
+    default: return sa_hop_run<128, 3, ST_DEF, 2>(enc, p, hp, st, used);
   }
 }

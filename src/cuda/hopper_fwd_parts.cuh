@@ -37,7 +37,8 @@ template <int HD, int MASK, int ST, int QS>
 struct sa_hop_fwd_tile {
   static constexpr int NC = HD == 64 ? 3 : 2;                  /* consumer warpgroups */
   static constexpr int BM = 64 * NC;                           /* query rows per CTA */
-  static constexpr int BN = HD == 128 && MASK == 0 ? 176 : 128; /* keys per tile */
+  /* keys per tile; with two Q slots at H128 128 (176-key tiles leave no room for the second Q: 241 KiB) */
+  static constexpr int BN = HD == 128 && MASK == 0 && QS == 1 ? 176 : 128;
   static constexpr int THREADS = 128 * (NC + 1);
   static constexpr int REGS = NC == 3 ? 160 : 240;             /* consumer registers after setmaxnreg */
   /* Q's TMA box: one per warpgroup when a CTA can be partial (BM 192), else one BM-row box per column block */
@@ -48,7 +49,7 @@ struct sa_hop_fwd_tile {
   static constexpr int Q_BYTES = BM * HD * 2;
   static constexpr int SMEM = 1024 /* alignment slack */ + QS * Q_BYTES + ST * 2 * BN * HD * 2;
   static_assert(128 * 24 + 128 * NC * REGS <= 65536 && REGS % 8 == 0, "register file: producer 24 + consumers");
-  /* 91136 B at H64 (115712 with 2 Q slots), H128 214016 without a mask, 164864 with one */
+  /* 91136 B at H64 (115712 with 2 Q slots), H128 214016 without a mask, 164864 with one, 197632 with 2 Q slots */
   static_assert(SMEM + 1024 <= 227 * 1024, "shared memory over the sm_90 limit (+1 KiB of static barriers)");
   /* >= 2: the key-tile loop holds V_{j-1}'s stage while S_j reads K_j's; a power of two: x % ST and x / ST
      are shifts, and the ring position stays continuous as the uint32 tile counter x wraps */
