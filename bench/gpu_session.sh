@@ -17,9 +17,9 @@
 #   PART=ncu bash bench/gpu_session.sh     (2 GPUs) the sanitizer over test_cuda on GPU 1 (SAN_TOOLS, HOPPER_STRIDE);
 #                                           GPU 0: test_cuda, ncu's detailed sections over NCU_SHAPES (ours, cuDNN)
 #   PART=ab bash bench/gpu_session.sh      (2 GPUs) the sanitizer over test_cuda on GPU 1; GPU 0: test_cuda, the grid
-#                                           with the new default and with AB_ENV (the previous form), AB_EXTRA runs
-#                                           on GRID2, DEV_VARIANTS, NCU_SHAPES, NCU_SRC (stall samples per SASS
-#                                           instruction), pytest (PYTEST=1)
+#                                           (fused, cuDNN and fused under AB_ENV, interleaved ROUNDS times), AB_EXTRA
+#                                           A/Bs on GRID2, DEV_VARIANTS, NCU_SHAPES, NCU_SRC (stall samples per SASS
+#                                           instruction), pytest (PYTEST=1); bench/ratios.py reads the result
 #   PART=bench bash bench/gpu_session.sh   python -m sinkattn.bench on the performance.md grid (learnable;
 #                                           vanilla and off_by_one on the H=128 T=4096 rows), the decode
 #                                           bandwidth table, the Hopper dev variants (dev/run_hopper.sh),
