@@ -174,12 +174,6 @@ def time_loop(compiled, args, inner, repeats):
   return times
 
 
-def measure(fn, args, inner, repeats, grad, mode="barrier"):
-  """Median ms per call of fn's loop and its temp bytes (one contender alone)."""
-  compiled, temp = compile_loop(fn, args, inner, grad, mode)
-  return statistics.median(time_loop(compiled, args, inner, repeats)), temp
-
-
 class _env:
   """The environment variables of an A/B contender set for the duration of a with block (the library reads its
   SINKATTN_* switches at every call, so one process times both forms of a kernel, interleaved)."""
