@@ -510,27 +510,25 @@ int main(void) {
      (SINKATTN_HOP_FWD_PERSISTENT=0: masked calls past 8 key tiles), then persistent CTAs on a grid of 3
      (SINKATTN_HOP_FWD_GRID=3: each CTA loops over up to 43 work tiles here, so the Q and K/V ring phases, the
      work-tile walk, the H64 partial m-blocks, masks and lengths all cross work tiles, and at H64 the two Q slots
-     alternate), then the H64 cases with one Q slot (SINKATTN_HOP_FWD_QSLOTS=1, the form before session 7), and
-     the H128 cases with two (=2: 128-key tiles without a mask), persistent on a grid of 3 (the slots alternate). */
+     alternate), then one Q slot (SINKATTN_HOP_FWD_QSLOTS=1, the form before sessions 7 and 8; at H128 176-key
+     tiles without a mask), on the default grid and persistent on a grid of 3. */
   size_t nvar = 0;
 #ifdef SA_CUDA_HAVE_SM90A
   if (major == 9 && minor == 0 && tc_pass_on("fwd")) {
     static const struct {
       const char *persistent, *grid, *qslots; /* NULL: unset */
-    } fwd_vars[] = {{"0", NULL, NULL}, {"1", "3", NULL}, {NULL, NULL, "1"}, {"1", "3", "2"}};
+    } fwd_vars[] = {{"0", NULL, NULL}, {"1", "3", NULL}, {NULL, NULL, "1"}, {"1", "3", "1"}};
     tc_expect_kernel = 2;
     tc_fwd_only = 1;
     static const char *const names[3] = {"SINKATTN_HOP_FWD_PERSISTENT", "SINKATTN_HOP_FWD_GRID",
                                          "SINKATTN_HOP_FWD_QSLOTS"};
     for (size_t v = 0; v < sizeof fwd_vars / sizeof fwd_vars[0]; v++, nvar++) {
       const char *vals[3] = {fwd_vars[v].persistent, fwd_vars[v].grid, fwd_vars[v].qslots};
-      /* QSLOTS=1 changes H64 only (one slot is H128's default), =2 H128 only */
-      const int only_h = !fwd_vars[v].qslots ? 0 : fwd_vars[v].qslots[0] == '1' ? 64 : 128;
-      printf("-- the %s cases, forward only,", only_h == 64 ? "H64 Hopper" : only_h ? "H128 Hopper" : "Hopper");
+      printf("-- the Hopper cases, forward only,");
       tc_env(names, vals, 3);
       printf(" (expect kernel 2)\n");
       for (size_t i = 0; i < nh; i += hstride)
-        if (!only_h || tc_hopper_cases[i].H == only_h) tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
+        tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
     }
     tc_env(names, NULL, 3);
     tc_fwd_only = 0;

@@ -28,9 +28,9 @@
  * work tile's Q and first K/V stages under the current one's last P V and epilogue. Protocol:
  * - barriers initialised once; every consumer warp arrives on every empty barrier of every work tile (its
  *   warpgroup with rows or not), so the counts stay 4 NC whatever a tile's n_wg.
- * - Q slots (QS: 2 at H64, 1 at H128 by default, sa_hopper_fwd_try): the j-th work tile of a CTA (blockIdx.x + j
- *   gridDim.x: producer and consumers derive it alike, nothing passes through shared memory) has its Q in slot
- *   j % QS, the (j / QS)-th use of that slot. Q full (count 1): the producer's arrive.expect_tx of Q's bytes and
+ * - Q slots (QS: 2 by default, 1 under SINKATTN_HOP_FWD_QSLOTS=1, sa_hopper_fwd_try): the j-th work tile of a
+ *   CTA (blockIdx.x + j gridDim.x: producer and consumers derive it alike, nothing passes through shared memory)
+ *   has its Q in slot j % QS, the (j / QS)-th use of that slot. Q full (count 1): the producer's arrive.expect_tx of Q's bytes and
  *   the boxes (a plain arrive for a tile without key tiles); consumers wait parity (j / QS) & 1. Q empty (count
  *   4 NC): each consumer warp arrives once per work tile, after its key-tile loop (its last S has landed; no test
  *   inside the loop), or at once without an S; the producer waits parity ((j / QS) & 1) ^ 1 before the j-th Q
@@ -534,10 +534,10 @@ cudaError_t sa_hopper_fwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   hp.scale_l2 = p.scale_log2;
   hp.mask = sa_hop_mask_of(p);
   hp.shape = sa_hop_shape_of(p);
-  /* Q slots: 2 at H64 (H200 session 7: +9% fwd at T1024), 1 at H128. SINKATTN_HOP_FWD_QSLOTS=1 / 2 forces one / two
-     (A/B): one at H64 is the form before session 7; two at H128 is not measured yet (with one the Q wait was 1.9%
-     of the stall samples at T1024, and two take 128-key tiles without a mask: 176 leave no room). */
-  const int qs = sa_cuda_env_int("SINKATTN_HOP_FWD_QSLOTS", p.H == 64 ? 2 : 1) == 2 ? 2 : 1;
+  /* Q slots: 2 (H200 session 7: +9% fwd at H64 T1024; session 8: +7% at H128 T1024, +9% causal, the longer rows
+     within the noise). SINKATTN_HOP_FWD_QSLOTS=1 forces one, the form before (A/B; H128 takes 176-key tiles
+     without a mask then, which leave no room for a second Q). */
+  const int qs = sa_cuda_env_int("SINKATTN_HOP_FWD_QSLOTS", 2) == 1 ? 1 : 2;
   switch (sa_hop_mask_kind(p) + 4 * (p.H == 128) + 8 * (qs == 2)) {
     case 0: return sa_hop_run<64, 0, ST_DEF, 1>(enc, p, hp, st, used);
     case 1: return sa_hop_run<64, 1, ST_DEF, 1>(enc, p, hp, st, used);
