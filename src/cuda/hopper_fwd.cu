@@ -28,14 +28,14 @@
  * work tile's Q and first K/V stages under the current one's last P V and epilogue. Protocol:
  * - barriers initialised once; every consumer warp arrives on every empty barrier of every work tile (its
  *   warpgroup with rows or not), so the counts stay 4 NC whatever a tile's n_wg.
- * - Q slots (QS: 2 by default, 1 under SINKATTN_HOP_FWD_QSLOTS=1, sa_hopper_fwd_try): the j-th work tile of a
- *   CTA (blockIdx.x + j gridDim.x: producer and consumers derive it alike, nothing passes through shared memory)
- *   has its Q in slot j % QS, the (j / QS)-th use of that slot. Q full (count 1): the producer's arrive.expect_tx of Q's bytes and
- *   the boxes (a plain arrive for a tile without key tiles); consumers wait parity (j / QS) & 1. Q empty (count
- *   4 NC): each consumer warp arrives once per work tile, after its key-tile loop (its last S has landed; no test
- *   inside the loop), or at once without an S; the producer waits parity ((j / QS) & 1) ^ 1 before the j-th Q
- *   write (a fresh barrier returns at once). So a slot is overwritten only after every warp's last read of it,
- *   and its next phase needs every warp past its last: none is skipped. Past the last work tile both leave.
+ * - Q slots (QS: 2 by default, 1 under SINKATTN_HOP_FWD_QSLOTS=1, sa_hopper_fwd_try): the j-th work tile of a CTA
+ *   (blockIdx.x + j gridDim.x: producer and consumers derive it alike, nothing passes through shared memory) has
+ *   its Q in slot j % QS, the (j / QS)-th use of that slot. Q full (count 1): the producer's arrive.expect_tx of
+ *   Q's bytes and the boxes (a plain arrive for a tile without key tiles); consumers wait parity (j / QS) & 1. Q
+ *   empty (count 4 NC): each consumer warp arrives once per work tile, after its key-tile loop (its last S has
+ *   landed; no test inside the loop), or at once without an S; the producer waits parity ((j / QS) & 1) ^ 1 before
+ *   the j-th Q write (a fresh barrier returns at once). So a slot is overwritten only after every warp's last read
+ *   of it, and its next phase needs every warp past its last: none is skipped. Past the last work tile both leave.
  * - K/V ring: producer and consumers walk one sequence x = 0, 1, ... of key tiles over all the CTA's work
  *   tiles (x0 += n_tiles per tile), stage x % ST, parity (x / ST) & 1 (the consumers' key-tile loop carries
  *   both, advanced by one a tile): the single key loop of a one-tile CTA, continued; the producer runs up to
@@ -62,13 +62,13 @@
 
 namespace {
 
-template <int HD, int MASK, int ST, int QS>
-__global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, ST, QS>::THREADS, 1)
+template <int HD, int MASK, int QS>
+__global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, QS>::THREADS, 1)
     sa_hop_fwd_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
                       const __grid_constant__ CUtensorMap tmv, const sa_hop_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using TL = sa_hop_fwd_tile<HD, MASK, ST, QS>;
-  constexpr int NC = TL::NC, BM = TL::BM, BN = TL::BN, QBOX = TL::QBOX;
+  using TL = sa_hop_fwd_tile<HD, MASK, QS>;
+  constexpr int NC = TL::NC, BM = TL::BM, BN = TL::BN, QBOX = TL::QBOX, ST = TL::ST;
   constexpr int CB = HD / 64; /* 128-byte column blocks per row */
   constexpr uint32_t KV_BYTES = BN * HD * 2;
   /* Keys past S can sit in a tile only when BN does not divide S (176: the last tile; S % 128 == 0). */
@@ -435,15 +435,15 @@ static int sa_gcd(int a, int b) {
 
 /* The maps take the configuration's boxes (Q: QBOX rows, K / V: BN rows). A map the driver refuses, or a
    refused shared-memory opt-in (up to 210 KiB at H 128), leaves *used = 0: the portable kernel runs instead. */
-template <int HD, int MASK, int ST, int QS>
+template <int HD, int MASK, int QS>
 cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_params &p, sa_hop_params hp,
                        cudaStream_t st, int *used) {
-  using TL = sa_hop_fwd_tile<HD, MASK, ST, QS>;
+  using TL = sa_hop_fwd_tile<HD, MASK, QS>;
   CUtensorMap mq, mk, mv;
   if (!sa_hop_map(enc, &mq, p.q, p.B, p.T, p.N, p.H, TL::QBOX) ||
       !sa_hop_map(enc, &mk, p.k, p.B, p.S, p.K, p.H, TL::BN) || !sa_hop_map(enc, &mv, p.v, p.B, p.S, p.K, p.Hv, TL::BN))
     return cudaSuccess;
-  if (cudaFuncSetAttribute(sa_hop_fwd_kernel<HD, MASK, ST, QS>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM) !=
+  if (cudaFuncSetAttribute(sa_hop_fwd_kernel<HD, MASK, QS>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM) !=
       cudaSuccess) {
     cudaGetLastError();
     return cudaSuccess;
@@ -515,7 +515,7 @@ cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_para
     }
   }
   *used = 1;
-  sa_hop_fwd_kernel<HD, MASK, ST, QS><<<(unsigned)grid, TL::THREADS, TL::SMEM, st>>>(mq, mk, mv, hp);
+  sa_hop_fwd_kernel<HD, MASK, QS><<<(unsigned)grid, TL::THREADS, TL::SMEM, st>>>(mq, mk, mv, hp);
   return cudaGetLastError();
 }
 
@@ -539,21 +539,21 @@ cudaError_t sa_hopper_fwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
      without a mask then, which leave no room for a second Q). */
   const int qs = sa_cuda_env_int("SINKATTN_HOP_FWD_QSLOTS", 2) == 1 ? 1 : 2;
   switch (sa_hop_mask_kind(p) + 4 * (p.H == 128) + 8 * (qs == 2)) {
-    case 0: return sa_hop_run<64, 0, ST_DEF, 1>(enc, p, hp, st, used);
-    case 1: return sa_hop_run<64, 1, ST_DEF, 1>(enc, p, hp, st, used);
-    case 2: return sa_hop_run<64, 2, ST_DEF, 1>(enc, p, hp, st, used);
-    case 3: return sa_hop_run<64, 3, ST_DEF, 1>(enc, p, hp, st, used);
-    case 4: return sa_hop_run<128, 0, ST_DEF, 1>(enc, p, hp, st, used);
-    case 5: return sa_hop_run<128, 1, ST_DEF, 1>(enc, p, hp, st, used);
-    case 6: return sa_hop_run<128, 2, ST_DEF, 1>(enc, p, hp, st, used);
-    case 7: return sa_hop_run<128, 3, ST_DEF, 1>(enc, p, hp, st, used);
-    case 8: return sa_hop_run<64, 0, ST_DEF, 2>(enc, p, hp, st, used);
-    case 9: return sa_hop_run<64, 1, ST_DEF, 2>(enc, p, hp, st, used);
-    case 10: return sa_hop_run<64, 2, ST_DEF, 2>(enc, p, hp, st, used);
-    case 11: return sa_hop_run<64, 3, ST_DEF, 2>(enc, p, hp, st, used);
-    case 12: return sa_hop_run<128, 0, ST_DEF, 2>(enc, p, hp, st, used);
-    case 13: return sa_hop_run<128, 1, ST_DEF, 2>(enc, p, hp, st, used);
-    case 14: return sa_hop_run<128, 2, ST_DEF, 2>(enc, p, hp, st, used);
-    default: return sa_hop_run<128, 3, ST_DEF, 2>(enc, p, hp, st, used);
+    case 0: return sa_hop_run<64, 0, 1>(enc, p, hp, st, used);
+    case 1: return sa_hop_run<64, 1, 1>(enc, p, hp, st, used);
+    case 2: return sa_hop_run<64, 2, 1>(enc, p, hp, st, used);
+    case 3: return sa_hop_run<64, 3, 1>(enc, p, hp, st, used);
+    case 4: return sa_hop_run<128, 0, 1>(enc, p, hp, st, used);
+    case 5: return sa_hop_run<128, 1, 1>(enc, p, hp, st, used);
+    case 6: return sa_hop_run<128, 2, 1>(enc, p, hp, st, used);
+    case 7: return sa_hop_run<128, 3, 1>(enc, p, hp, st, used);
+    case 8: return sa_hop_run<64, 0, 2>(enc, p, hp, st, used);
+    case 9: return sa_hop_run<64, 1, 2>(enc, p, hp, st, used);
+    case 10: return sa_hop_run<64, 2, 2>(enc, p, hp, st, used);
+    case 11: return sa_hop_run<64, 3, 2>(enc, p, hp, st, used);
+    case 12: return sa_hop_run<128, 0, 2>(enc, p, hp, st, used);
+    case 13: return sa_hop_run<128, 1, 2>(enc, p, hp, st, used);
+    case 14: return sa_hop_run<128, 2, 2>(enc, p, hp, st, used);
+    default: return sa_hop_run<128, 3, 2>(enc, p, hp, st, used);
   }
 }

@@ -11,13 +11,6 @@
 
 namespace {
 
-/* K/V ring depth, the kernel's third template parameter ST: sa_hop_tiles::STAGES = 2 everywhere. A 4-stage ring at
-   H64 (24 + 4 x 32 = 152 KiB, still 1 CTA an SM; cuDNN holds 134 KiB there) was built behind an A/B switch after
-   ncu showed our forward waiting 7.3-8.8 cycles per issued instruction against cuDNN's 4.4-5.3 (bench/NOTES.md,
-   session 5 section 8) and measured on the H200 in session 6 (section 1): no row gained beyond the noise; removed
-   in session 7. H128 has no room: 209 KiB without a mask (3 stages: 297), masked 161 KiB (3 stages: 225). */
-constexpr int ST_DEF = sa_hop_tiles::STAGES;
-
 /* The forward's tile per (head dim, mask kind) (the table of hopper_ptx.cuh points here), measured on the H200 (dev/run_hopper.sh,
    commit 667373e, standalone TFLOP/s, all checks passed; bench/NOTES.md):
    - H64, every mask: 3 consumer warpgroups, BM 192 (dev 03's configuration "03s2", 2 stages). At k = 64 one warpgroup's
@@ -26,19 +19,27 @@ constexpr int ST_DEF = sa_hop_tiles::STAGES;
      128-row tile: 331..407 / 364), B16 T1024 causal 263 (244), gpt-oss B1 T4096 N64/8 causal 386 (346), B1
      T16384 causal 471 (417); cuDNN 398 / 273 / 361-374 on the same rows. Registers: 512 threads, setmaxnreg
      160 / 24 (128 x 24 + 384 x 160 = 64512 of 65536); the consumers need R151 of 160 (ptxas, nvcc 13.0).
-   - H128 without a mask: BN 176 (dev 04, FlashAttention-3's 128 x 176): the per-tile costs (shuffles, the
-     rescale of O, barrier handshakes, two commit groups) over 1.375x the keys. B4 T4096 N16 630 (02: 611;
-     cuDNN 628), B1 T16384 654 (614; issue target >= 600), B2 T8192 607. S is a multiple of 128, not of 176:
-     the last tile holds 16..176 keys, TMA zero-fills the rest and the tile masks keys >= S. 210 KiB of 227.
+   - H128 without a mask: 128 keys with two Q slots (the default since session 8: +7% at B16 T1024 over the
+     176-key tile with one slot, the longer rows within +-1%; bench/NOTES.md session 8 section 1). BN 176 (dev 04,
+     FlashAttention-3's 128 x 176) with one slot (SINKATTN_HOP_FWD_QSLOTS=1; two leave no room: 241 KiB): the
+     per-tile costs (shuffles, the rescale of O, barrier handshakes, two commit groups) over 1.375x the keys. B4
+     T4096 N16 630 (02: 611; cuDNN 628), B1 T16384 654 (614; issue target >= 600), B2 T8192 607. S is a multiple
+     of 128, not of 176: the last tile holds 16..176 keys, TMA zero-fills the rest and the tile masks keys >= S.
    - H128 with a mask (kinds 1..3): 02's 2 warpgroups x 128 keys (552 causal at B4 T4096). 176 keys were
      measured without a mask only; mask_range and the tile ranges take tiles that divide S, and FlashAttention-3
      also keeps 128 keys for causal / local masks at head dim 128. */
-template <int HD, int MASK, int ST, int QS>
+template <int HD, int MASK, int QS>
 struct sa_hop_fwd_tile {
   static constexpr int NC = HD == 64 ? 3 : 2;                  /* consumer warpgroups */
   static constexpr int BM = 64 * NC;                           /* query rows per CTA */
   /* keys per tile; with two Q slots at H128 128 (176-key tiles leave no room for the second Q: 241 KiB) */
   static constexpr int BN = HD == 128 && MASK == 0 && QS == 1 ? 176 : 128;
+  /* K/V ring depth: 2 everywhere. A 4-stage ring at H64 (24 + 4 x 32 = 152 KiB, still 1 CTA an SM; cuDNN holds
+     134 KiB there) was built behind an A/B switch after ncu showed our forward waiting 7.3-8.8 cycles per issued
+     instruction against cuDNN's 4.4-5.3 (bench/NOTES.md, session 5 section 8) and measured on the H200 in session
+     6 (section 1): no row gained beyond the noise; removed in session 7 (and the template parameter with it in
+     session 8). H128 has no room: 209 KiB without a mask (3 stages: 297), masked 161 KiB (3 stages: 225). */
+  static constexpr int ST = sa_hop_tiles::STAGES;
   static constexpr int THREADS = 128 * (NC + 1);
   static constexpr int REGS = NC == 3 ? 160 : 240;             /* consumer registers after setmaxnreg */
   /* Q's TMA box: one per warpgroup when a CTA can be partial (BM 192), else one BM-row box per column block */
