@@ -208,7 +208,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[HD / 4], uint32_t k, bool la
    dP^T, softmax, dV, dK; a zero dS^T slice (each dQ half reads all 128 keys); every arrive as usual (4.4% of the
    tensor work at T1024).
    tml / tmd: lse2, D [B N, T] fp32 (box 64); tma: dq_acc {H, T, B N} fp32 (box {32, 64, 1}, 128-byte swizzle). */
-template <int HD, bool CAUSAL, bool LATE_FENCE>
+template <int HD, bool CAUSAL>
 __global__ void __launch_bounds__(THREADS, 1)
     bwd_onepass(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
                 const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
@@ -388,25 +388,16 @@ __global__ void __launch_bounds__(THREADS, 1)
         const uint32_t sds_x = sds + xb * DS_BYTES;
         mbar_wait(ds_empty0 + 8 * xb, xp ^ 1); /* both halves of dQ(x - 2) have read this buffer */
         store_ds_rows(sds_x, df, kr - k0, t);
-        /* Publish dS^T(x): the proxy fence (generic stores -> the dQ wgmma's reads) waits for this warp's stores
-           to land (ncu, H200 session 8: 5.6% of the stall samples at H128 B4 T4096 causal). LATE_FENCE: after the
-           dV / dK issue, which reads dS^T from registers, so the stores land under it; nobody waits for
-           ds_full(x) before the next iteration. */
-        auto publish_ds = [&]() {
-          fence_async_shared();
-          __syncwarp();
-          if (lane == 0) mbar_arrive(ds_full0 + 8 * xb);
-        };
-        if (!LATE_FENCE) publish_ds();
+        fence_async_shared(); /* generic stores -> wgmma reads */
+        __syncwarp();
+        if (lane == 0) mbar_arrive(ds_full0 + 8 * xb);
         /* ---- dV, dK of this tile; then dQ of the previous one, once P^T / dS^T fragments are dead ---- */
         if (!skip) {
           dvdk_issue<HD>(dv, dk, pf, df, sdo_s, sq_s);
-          if (LATE_FENCE) publish_ds();
           if (it > 0) mbar_wait(ds_full0 + 8 * (xb ^ 1), ((x - 1) >> 1) & 1); /* the other half's dS^T(x - 1) */
           dvdk_retire<HD>(dv, dk, pf, df);
-        } else {
-          if (LATE_FENCE) publish_ds();
-          if (it > 0) mbar_wait(ds_full0 + 8 * (xb ^ 1), ((x - 1) >> 1) & 1);
+        } else if (it > 0) {
+          mbar_wait(ds_full0 + 8 * (xb ^ 1), ((x - 1) >> 1) & 1);
         }
         /* lse2 / D of this stage were read by every lane with plain loads: the warp synchronises before the elected
            arrive (mbarrier.arrive releases only the arriving thread's accesses). */
@@ -453,11 +444,11 @@ __global__ void dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N, in
 
 
 /* A refused shared-memory opt-in (227 KiB) leaves *used = 0: the two passes run instead. */
-template <bool CAUSAL, bool LATE_FENCE>
+template <bool CAUSAL>
 cudaError_t sa_hop1_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sched &sc, int64_t B, size_t sync_bytes,
                         int sms, cudaStream_t st, int *used) {
   constexpr int smem = op_smem<128>();
-  if (cudaFuncSetAttribute(bwd_onepass<128, CAUSAL, LATE_FENCE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+  if (cudaFuncSetAttribute(bwd_onepass<128, CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
       cudaSuccess) {
     cudaGetLastError();
     return cudaSuccess;
@@ -466,7 +457,7 @@ cudaError_t sa_hop1_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sc
   cudaError_t e = cudaMemsetAsync(sc.sync, 0, sync_bytes, st); /* the ticket, the semaphores (not dq_acc) */
   if (e != cudaSuccess) return e;
   const int grid = sa_hop1_grid(sc.nkb, sc.total, sms);
-  bwd_onepass<128, CAUSAL, LATE_FENCE><<<grid, THREADS, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], m[6], bp, sc);
+  bwd_onepass<128, CAUSAL><<<grid, THREADS, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], m[6], bp, sc);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   const int rows = (int)(B * bp.T * bp.N); /* < 2^27 in scope: rows * 16 fits dq_convert's int */
   return sa_hop1_dq_convert(bp.dq_acc, bp.dq, bp.T, bp.N, 128, bp.scale, rows, sms, st);
@@ -551,10 +542,6 @@ cudaError_t sa_hopper_bwd1_try(const sa_cuda_params &p, int bf16, void *ws, size
   if (p.B * p.K * nkb >= ((int64_t)1 << 31)) return cudaSuccess; /* item tickets in int */
   const Sched sc = {sync, nkb, (int)p.G, n_all, std::max(1, n_all / nkb), (int)(p.B * p.K * nkb)};
   const size_t sb = sa_hop1_sync_bytes(p);
-  /* SINKATTN_HOP_BWD_EARLY_FENCE=1: dS^T published before the dV / dK issue (the form before session 8; A/B) */
-  if (sa_cuda_env_int("SINKATTN_HOP_BWD_EARLY_FENCE", 0) == 1)
-    return p.causal ? sa_hop1_run<true, false>(m, bp, sc, p.B, sb, sms, st, used)
-                    : sa_hop1_run<false, false>(m, bp, sc, p.B, sb, sms, st, used);
-  return p.causal ? sa_hop1_run<true, true>(m, bp, sc, p.B, sb, sms, st, used)
-                  : sa_hop1_run<false, true>(m, bp, sc, p.B, sb, sms, st, used);
+  return p.causal ? sa_hop1_run<true>(m, bp, sc, p.B, sb, sms, st, used)
+                  : sa_hop1_run<false>(m, bp, sc, p.B, sb, sms, st, used);
 }

@@ -133,7 +133,7 @@ __device__ __forceinline__ Item3 item3_get(const int (&f)[SLOT], const BwdParams
 
 #endif /* sm_90a */
 
-template <bool CAUSAL, bool LATE_FENCE>
+template <bool CAUSAL>
 __global__ void __launch_bounds__(THREADS3, 1)
     bwd_persist3(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
                  const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
@@ -361,21 +361,12 @@ __global__ void __launch_bounds__(THREADS3, 1)
           const uint32_t xd = x % NDS, sds_x = sds + xd * DS3_BYTES;
           mbar_wait(ds_empty(xd), ((x / NDS) & 1) ^ 1); /* dQ(x - 3) has read this buffer */
           store_ds_rows(sds_x, df, rloc, t);            /* rows 0 .. 191 */
-          /* Publish dS^T(x) (generic stores -> the owner's wgmma reads): LATE_FENCE after the dV / dK issue, so
-             the proxy fence's wait for the stores overlaps it; the owner reads dS^T(x) an iteration later
-             (hopper_bwd1.cu, as there). */
-          auto publish_ds = [&]() {
-            fence_async_shared();
-            __syncwarp();
-            if (lane_id() == 0) mbar_arrive(ds_full(xd));
-          };
-          if (!LATE_FENCE) publish_ds();
+          fence_async_shared();                         /* generic stores -> the owner's wgmma reads */
+          __syncwarp();
+          if (lane_id() == 0) mbar_arrive(ds_full(xd));
           if (!skip) {
             dvdk_issue<HD>(dv, dk, pf, df, sdo_s, sq_s);
-            if (LATE_FENCE) publish_ds();
             dvdk_retire<HD>(dv, dk, pf, df);
-          } else if (LATE_FENCE) {
-            publish_ds();
           }
           __syncwarp(); /* lse2 / D read by every lane: before the elected arrive */
           if (lane_id() == 0) mbar_arrive(bar_empty(s));
@@ -415,24 +406,20 @@ __global__ void __launch_bounds__(THREADS3, 1)
 
 } /* namespace */
 
-/* The kernel of a call. SINKATTN_HOP_BWD_EARLY_FENCE=1: dS^T published before the dV / dK issue (the form before
-   session 8; A/B, as hopper_bwd1.cu). */
-static decltype(&bwd_persist3<false, true>) persist3_kernel(int causal) {
-  const bool late = sa_cuda_env_int("SINKATTN_HOP_BWD_EARLY_FENCE", 0) != 1;
-  return causal ? (late ? bwd_persist3<true, true> : bwd_persist3<true, false>)
-                : (late ? bwd_persist3<false, true> : bwd_persist3<false, false>);
-}
-
 bool sa_hop3p_smem(int causal) {
   constexpr int smem = op_smem3();
-  return cudaFuncSetAttribute(persist3_kernel(causal), cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
+  return (causal ? cudaFuncSetAttribute(bwd_persist3<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)
+                 : cudaFuncSetAttribute(bwd_persist3<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) ==
          cudaSuccess;
 }
 
 cudaError_t sa_hop3p_launch(int causal, const CUtensorMap (&m)[7], const BwdParams &bp, const Sched3 &sc, int total,
                             int grid, cudaStream_t st) {
   constexpr int smem = op_smem3();
-  persist3_kernel(causal)<<<(unsigned)grid, THREADS3, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], m[6], bp, sc,
-                                                                  total);
+  if (causal)
+    bwd_persist3<true><<<(unsigned)grid, THREADS3, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], m[6], bp, sc, total);
+  else
+    bwd_persist3<false><<<(unsigned)grid, THREADS3, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], m[6], bp, sc,
+                                                                total);
   return cudaGetLastError();
 }
