@@ -9,7 +9,7 @@
 #   PART=x2 bash bench/gpu_session.sh      (2 GPUs) test_cuda, compute-sanitizer over test_cuda on GPU 1 while GPU 0
 #                                           times the target rows (grid h200_targets), ring_reach.py (REACH=0:
 #                                           not), pytest (PYTEST=1), gpu_sanitize_probe.sh (SANPROBE=1)
-#   PART=quick bash bench/gpu_session.sh   build, test_cuda, the target rows: the shortest check of a kernel change
+#   PART=quick bash bench/gpu_session.sh   build, test_cuda, the target rows (PYTEST=1: pytest): the shortest check
 #   PART=close bash bench/gpu_session.sh   (2 GPUs) the sanitizer (test_cuda, pytest) on GPU 1 while GPU 0 runs
 #                                           test_cuda, the target rows, pytest and ncu over one jax f+b
 #                                           (GRID=h200: the whole performance.md grid; PROFILE=0: no ncu;
@@ -244,11 +244,13 @@ elif [ "$PART" = ab ]; then
   t0=$SECONDS; wait $san; summary+=("sanitize (GPU 1, in parallel) waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
   cat "$STAGE/sanitize/summary.txt" 2>/dev/null
 elif [ "$PART" = quick ]; then
-  # The shortest check of a kernel change: build, test_cuda, the target rows (fused and cuDNN).
+  # The shortest check of a kernel change: build, test_cuda, the target rows (fused and cuDNN); PYTEST=1: pytest too.
+  # test_cuda takes ~85 s since session 8 (four forward launch passes, three backward ones).
   step build 150 bash -c build_gpu
-  step test_cuda 60 build-gpu/test_cuda
+  step test_cuda 130 build-gpu/test_cuda
   step bench 100 "$PY" -m sinkattn.bench --grid h200_targets --softmax learnable --max-ref-t 16384 --repeats 2 \
     --contenders fused,cudnn_no_sink --out "$STAGE/h200-jax-targets.json"
+  [ "${PYTEST:-0}" = 1 ] && step pytest 150 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=140 -n 8
 else
   step bench_learnable 230 "$PY" -m sinkattn.bench --grid h200 --softmax learnable --max-ref-t 4096 \
     --out "$STAGE/h200-jax-learnable.json"
