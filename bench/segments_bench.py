@@ -1,7 +1,8 @@
 """bench/segments_bench.py: what packed sequences (segment ids) cost on the GPU today, against the same layer
-without them. The Hopper kernels take no segment ids (hopper_ptx.cuh, sa_hop_in_scope): a call with them runs
-the portable mma.sync kernels over every (query, key) pair the position mask allows, and the segment test
-masks them one by one (no tile is skipped for lying in another document).
+without them. The Hopper forward takes segment ids (mask kind 4, hopper_fwd.cu: only the key tiles of the rows'
+documents, each element tested); the backward runs the portable mma.sync kernels over every (query, key) pair
+the position mask allows. --portable adds every segment contender again under SINKATTN_CUDA_HOPPER=0 (the portable
+forward too: what the Hopper forward gains, side by side).
 
 Per shape, interleaved over --rounds (sinkattn.bench's loop and timing), forward and forward+backward:
   dense     no segment ids: the Hopper path
@@ -10,7 +11,7 @@ Per shape, interleaved over --rounds (sinkattn.bench's loop and timing), forward
 TFLOP/s count each contender's useful pairs only (causal within a document), so docs_n reads low by its
 wasted work. The result file goes to $OUT (default bench/results) stamped like sinkattn.bench's.
 
-    python3 bench/segments_bench.py [--rounds 3] [--docs 4,16]
+    python3 bench/segments_bench.py [--rounds 3] [--docs 4,16] [--portable]
 """
 import argparse
 import json
@@ -39,6 +40,7 @@ def main():
   ap.add_argument("--repeats", type=int, default=2)
   ap.add_argument("--inner", type=int, default=10)
   ap.add_argument("--docs", default="4,16")
+  ap.add_argument("--portable", action="store_true")
   a = ap.parse_args()
   rows = []
   for (B, T, N, K, H) in SHAPES:
@@ -49,27 +51,32 @@ def main():
     s = jnp.asarray(rng.uniform(-3, 3, N), jnp.float32)
     dout = jnp.asarray(rng.standard_normal((B, T, N, H)), jnp.bfloat16)
     args = (q, k, v, s, dout)
-    cons = {"dense": (None, 1), "one_doc": (jnp.zeros((B, T), jnp.int32), 1)}
+    cons = {"dense": (None, 1, None), "one_doc": (jnp.zeros((B, T), jnp.int32), 1, None)}
     for n in map(int, a.docs.split(",")):
-      cons[f"docs_{n}"] = (jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32) // (T // n), (B, T)), n)
+      cons[f"docs_{n}"] = (jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32) // (T // n), (B, T)), n, None)
+    if a.portable:
+      for name in [n for n in cons if n != "dense"]:
+        cons[name + "_portable"] = cons[name][:2] + ("SINKATTN_CUDA_HOPPER=0",)
     loops, samples = {}, {name: ([], []) for name in cons}
-    for name, (seg, _) in cons.items():
+    for name, (seg, _, env) in cons.items():
       f = lambda q, k, v, s, seg=seg: sinkattn.dot_product_attention(
           q, k, v, s, is_causal=True, query_segment_ids=seg, key_value_segment_ids=seg)
-      loops[name] = [bench.compile_loop(f, args, a.inner, g)[0] for g in (False, True)]
+      with bench._env(env):
+        loops[name] = [bench.compile_loop(f, args, a.inner, g)[0] for g in (False, True)]
     names = list(cons)
     for rnd in range(a.rounds):
       j = rnd % len(names)
       for name in names[j:] + names[:j]:
-        for g in (0, 1):
-          samples[name][g].extend(bench.time_loop(loops[name][g], args, a.inner, a.repeats))
-    for name, (_, docs) in cons.items():
+        with bench._env(cons[name][2]):
+          for g in (0, 1):
+            samples[name][g].extend(bench.time_loop(loops[name][g], args, a.inner, a.repeats))
+    for name, (_, docs, _) in cons.items():
       fl = 4.0 * B * N * H * useful_pairs(T, docs)
       fwd, fb = statistics.median(samples[name][0]), statistics.median(samples[name][1])
       rows.append(dict(B=B, T=T, N=N, K=K, H=H, causal=True, contender=name, docs=docs, fwd_ms=fwd, fwdbwd_ms=fb,
                        fwd_tflops=fl / fwd * 1e-9, fwdbwd_tflops=3.5 * fl / fb * 1e-9,
                        fwd_ms_samples=samples[name][0], fwdbwd_ms_samples=samples[name][1]))
-      print("B%d T%d N%d/%d H%d causal %-8s fwd %8.3f ms %6.1f TF/s  f+b %8.3f ms %6.1f TF/s" % (
+      print("B%d T%d N%d/%d H%d causal %-16s fwd %8.3f ms %6.1f TF/s  f+b %8.3f ms %6.1f TF/s" % (
           B, T, N, K, H, name, fwd, rows[-1]["fwd_tflops"], fb, rows[-1]["fwdbwd_tflops"]), flush=True)
   meta = dict(commit=bench._git_commit(), device=jax.devices()[0].device_kind, jax=jax.__version__,
               rounds=a.rounds, repeats=a.repeats, inner=a.inner)

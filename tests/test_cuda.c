@@ -31,7 +31,8 @@ typedef struct {
   sa_softmax sm;
   sa_causal causal;
   int64_t wl, wr, diag;
-  int lens, segs, dlse; /* lens: 1 random, 2 with out-of-range values that clamp */
+  int lens, segs, dlse; /* lens: 1 random, 2 with out-of-range values that clamp; segs: 1 short runs of increasing
+                           ids, 2 ids drawn from {0, 1, 2} (unsorted), 3 long runs (documents across tiles) */
   float sink_range;     /* sinks ~ U(-r, r); -r: the same with heads 0 and 1 at +50 and -50;
                            0: the special values +inf, -inf, 1e4, -1e4, ... */
 } tc_case;
@@ -75,7 +76,8 @@ static const tc_case tc_cases[] = {
 };
 
 /* Inside the scope of the sm_90a forward and backward (src/cuda/hopper_fwd.cu, hopper_bwd.cu: bf16, H == Hv
-   in {64, 128}, T and S multiples of 128, no segments; any causal alignment, window, diag_offset and lengths). main runs each twice: with the fast paths (the default; on a CC 9.0
+   in {64, 128}, T and S multiples of 128; any causal alignment, window, diag_offset, lengths and, in the forward,
+   segment ids). main runs each twice: with the fast paths (the default; on a CC 9.0
    device, with sm_90a code built, the Hopper forward and backward must be the ones that ran) and with
    SINKATTN_CUDA_HOPPER=0 (the portable kernels), both against the reference: out, lse, and dq, dk, dv,
    dsinks of three backward runs that must agree bitwise. The backward covers GQA 1 to 8 (64 / 8 heads),
@@ -115,6 +117,14 @@ static const tc_case tc_hopper_cases[] = {
     {"hop H64 lens vanilla window 64,32", SA_BF16, 2, 512, 256, 2, 2, 64, 64, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, 64, 32, 0, 1, 0, 1, 10},
     {"hop H128 lens causal diag -50 obo", SA_BF16, 2, 384, 256, 4, 4, 128, 128, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_TOP_LEFT, -1, -1, -50, 1, 0, 1, 10},
     {"hop H64 clamped lens", SA_BF16, 3, 128, 256, 2, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 2, 0, 0, 10},
+    /* segment ids (the forward's mask kind 4; the backward runs the portable kernels): short runs, unsorted ids
+       from {0, 1, 2}, long runs across tiles; with lengths, causal alignments, a window, GQA, 192-row CTAs */
+    {"hop H128 segs causal", SA_BF16, 2, 256, 384, 4, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 1, 1, 50},
+    {"hop H64 segs unsorted GQA2", SA_BF16, 1, 384, 256, 4, 2, 64, 64, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_NONE, -1, -1, 0, 0, 2, 0, 10},
+    {"hop H128 segs long runs lens BR", SA_BF16, 2, 512, 640, 4, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 1, 3, 1, 10},
+    {"hop H64 segs long window 100,0 640", SA_BF16, 1, 640, 640, 4, 1, 64, 64, SA_SOFTMAX_VANILLA, SA_CAUSAL_TOP_LEFT, 100, 0, 0, 0, 3, 0, 10},
+    {"hop H128 segs unsorted vanilla", SA_BF16, 1, 256, 256, 2, 2, 128, 128, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, -1, -1, 0, 0, 2, 1, 10},
+    {"hop H64 segs clamped lens causal", SA_BF16, 3, 384, 384, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 2, 1, 1, -10},
     /* the forward's tiles: 192-row CTAs at H64 (T = 640 = 3 x 192 + 64: a last CTA of one warpgroup), 176-key
        tiles at H128 without a mask (S = 128: one partial tile; 384 = 176 + 176 + 32; 1408 = 8 x 176 exactly) */
     {"hop H64 640 causal window 127,0 GQA2", SA_BF16, 1, 640, 640, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, 127, 0, 0, 0, 0, 1, 10},
@@ -224,11 +234,19 @@ static void tc_run(const tc_case *c, uint64_t seed) {
       if (b == 2) kl[b] = -5;
     }
   }
-  for (int64_t b = 0; b < B; b++) { /* segments: runs of random length, ids increasing in both */
+  for (int64_t b = 0; b < B; b++) { /* segments: runs of random length, ids increasing in both (segs 1, 3), or
+                                        ids at random (segs 2); rows whose id no key has see nothing */
+    const double step = c->segs == 3 ? 0.006 : 0.05;
     int32_t id = 0;
-    for (int64_t i = 0; i < T; i++) { if (tc_rand(&s) < 0.05) id++; qs[b * T + i] = id; }
+    for (int64_t i = 0; i < T; i++) {
+      if (tc_rand(&s) < step) id++;
+      qs[b * T + i] = c->segs == 2 ? (int32_t)(3 * tc_rand(&s)) : id;
+    }
     id = 0;
-    for (int64_t j = 0; j < S; j++) { if (tc_rand(&s) < 0.04) id++; ks[b * S + j] = id; }
+    for (int64_t j = 0; j < S; j++) {
+      if (tc_rand(&s) < step * 0.8) id++;
+      ks[b * S + j] = c->segs == 2 ? (int32_t)(3 * tc_rand(&s)) : id;
+    }
   }
   sa_attn a;
   sa_attn_init(&a);
@@ -335,9 +353,11 @@ static void tc_run(const tc_case *c, uint64_t seed) {
     st = sa_attn_bwd(&d, &dg, w, ws, SA_BACKEND_CUDA, NULL);
     tc_check(st == SA_OK, c, "CUDA backward status %g %g", (double)st, 0);
     if (st != SA_OK) printf("  %s\n", sa_last_error());
-    if (tc_expect_kernel >= 0)
-      tc_check(sa_cuda_last_bwd_kernel() == tc_expect_kernel, c, "backward ran kernel %g, expected %g",
-               sa_cuda_last_bwd_kernel(), tc_expect_kernel);
+    /* segment ids: the Hopper forward (kind 4), the portable backward */
+    const int expect_bwd = tc_expect_kernel == 2 && c->segs ? 1 : tc_expect_kernel;
+    if (expect_bwd >= 0)
+      tc_check(sa_cuda_last_bwd_kernel() == expect_bwd, c, "backward ran kernel %g, expected %g",
+               sa_cuda_last_bwd_kernel(), expect_bwd);
     TC_CUDA(cudaDeviceSynchronize());
     tc_get(g_c[rep][0], dg.dq, nq * es); tc_get(g_c[rep][1], dg.dk, nk * es); tc_get(g_c[rep][2], dg.dv, nv * es);
     if (dg.dsinks) tc_get(rep == 0 ? ds_c : rep == 1 ? ds_c2 : ds_c3, dg.dsinks, N * 4);
@@ -475,7 +495,7 @@ int main(void) {
   size_t n64 = 0;
   printf("-- the H64 cases with SINKATTN_HOP_BWD_NC=3 SINKATTN_HOP_BWD_ONEPASS=0 (expect kernel %d)\n", tc_expect_kernel);
   for (size_t i = 0; i < nh && tc_pass_on("nc3"); i += hstride)
-    if (tc_hopper_cases[i].H == 64 && !tc_hopper_cases[i].lens) {
+    if (tc_hopper_cases[i].H == 64 && !tc_hopper_cases[i].lens && !tc_hopper_cases[i].segs) {
       tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
       n64++;
     }
@@ -500,7 +520,7 @@ int main(void) {
       tc_env(names, vals, 2);
       printf(" (expect kernel 2)\n");
       for (size_t i = 0; i < nh; i += hstride)
-        if (tc_hopper_cases[i].H == bwd_vars[v].H) tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
+        if (tc_hopper_cases[i].H == bwd_vars[v].H && !tc_hopper_cases[i].segs) tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
     }
     tc_env(names, NULL, 2);
   }

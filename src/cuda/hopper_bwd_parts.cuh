@@ -21,16 +21,6 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64
       : "l"(da), "l"(db), "r"(scale_d));
 }
 
-/* One box of a 2-D fp32 tensor map (lse2 / D) at {c0 (innermost), c1} into dst (128-byte aligned), completing
-   on bar; no swizzle: the box lands as laid out in global memory. A tensor copy rather than a raw bulk copy
-   (cp.async.bulk) of the same 256 B: racecheck takes the raw copy's shared write for the issuing thread's and
-   reports it against the consumers' loads despite the mbarrier (dev/hopper_bwd_04, bench/NOTES.md). */
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-      ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar) : "memory");
-}
-
 /* acc[64x64] = A B^T over HD: A = 64 rows at a (K-major, its tile has a_rows rows per 64-column block),
    B = 64 rows at b (K-major, b_rows rows per block); H / 16 k-steps of 32 bytes inside the swizzled row. */
 template <int HD>

@@ -46,12 +46,15 @@
  *
  * Scope (sa_hop_in_scope in hopper_ptx.cuh, plus an aligned out; everything else runs the portable kernel):
  * a CC 9.0 device and sm_90a code in the binary, bf16, H == Hv in {64, 128}, T and S multiples of 128 (the
- * buffers; lengths may be anything), no segments, scale > 0 (the row max is taken before scaling), 16-byte
+ * buffers; lengths may be anything), scale > 0 (the row max is taken before scaling), 16-byte
  * aligned tensors; any causal alignment, window and diag_offset (the MASK kernels: only the key tiles some row
  * of the CTA sees are loaded, each warpgroup computes only those some row of its own sees, and only tiles on a
  * mask boundary test positions, by sa_hop_mask), and per-batch lengths (MASK 3: each CTA builds its batch's
  * mask; V rows past kv_len in the last tile are zeroed in shared memory before P V, rows past q_len are written
- * as 0). SINKATTN_CUDA_HOPPER=0 in the environment disables it.
+ * as 0), and segment ids (MASK 4: MASK 3's machinery, and each key tile's ids come by TMA with its K into the
+ * stage, released with K after the mask read them; a work tile loads only the key tiles from the first to the
+ * last holding a key of its rows' documents, seg_key_tiles, and tests every element of those against its rows'
+ * ids). SINKATTN_CUDA_HOPPER=0 in the environment disables it.
  * Output semantics are the portable kernel's: lse [B, N, T] includes the sink; the sink enters once, in the
  * final normalisation (the running max is seeded with it: bf16 P has fp32's range, so 2^(s - a) for a sink
  * far above the scores stays normal); a row without any key gives out 0, lse = sink (a work tile none of whose
@@ -65,7 +68,8 @@ namespace {
 template <int HD, int MASK, int QS>
 __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, QS>::THREADS, 1)
     sa_hop_fwd_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
-                      const __grid_constant__ CUtensorMap tmv, const sa_hop_params p) {
+                      const __grid_constant__ CUtensorMap tmv, const __grid_constant__ CUtensorMap tmids,
+                      const sa_hop_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using TL = sa_hop_fwd_tile<HD, MASK, QS>;
   constexpr int NC = TL::NC, BM = TL::BM, BN = TL::BN, QBOX = TL::QBOX, ST = TL::ST;
@@ -80,6 +84,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, QS>::THREADS, 1)
   const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u; /* swizzle atoms need 1024-byte alignment */
   /* work tile jq's Q: slot jq % QS, the (jq / QS)-th use of that slot */
   const uint32_t sk = sq + QS * TL::Q_BYTES, sv = sk + ST * KV_BYTES, b0 = smem_u32(bar);
+  const uint32_t sids = sv + ST * KV_BYTES; /* MASK 4: stage s's 128 key ids at sids + s IDS_BYTES */
 
   /* A work tile's geometry, the same in the producer and every consumer warp: (b, head, m-block), the warpgroups
      with rows, the batch's lengths and mask, the key tiles t0 .. t0 + n_tiles - 1. */
@@ -105,7 +110,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, QS>::THREADS, 1)
        the tile that holds kv_len. */
     w.mk = p.mask;
     w.ql = p.T, w.kl = p.S;
-    if (MASK == 3) {
+    if (MASK >= 3) {
       sa_hop_lens(p.shape, w.b, p.T, p.S, &w.ql, &w.kl);
       w.mk = sa_hop_mask_make(w.ql, w.kl, p.shape.causal, p.shape.wl, p.shape.wr, p.shape.diag);
     }
@@ -117,6 +122,11 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, QS>::THREADS, 1)
       const int rows = w.ql - w.m0 < BM ? w.ql - w.m0 : BM; /* <= 64 n_wg (ql <= T) */
       if (rows > 0) w.t0 = sa_hop_key_tiles(w.mk, w.m0, rows, BN, &w.n_tiles);
       else w.n_tiles = 0;
+      /* MASK 4: only the tiles from the first to the last holding a key of the rows' documents (warp-collective:
+         the producer's whole warp and every consumer warp call work_of) */
+      if (MASK == 4 && w.n_tiles > 0)
+        seg_key_tiles(p.q_seg + (size_t)w.b * p.T + w.m0, rows, p.kv_seg + (size_t)w.b * p.S, &w.t0, &w.n_tiles,
+                      (int)threadIdx.x % 32);
     }
     return w;
   };
@@ -150,15 +160,19 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, QS>::THREADS, 1)
        the boxes of warpgroups with rows (no box is ever past T). A 176-key box past S: TMA fills the rows past
        S with zeros and counts them in complete_tx, so expect_tx is the whole box. A work tile without key
        tiles: a plain arrive. */
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (threadIdx.x == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(TL::PREGS) : "memory");
+    /* Thread 0 issues everything; at MASK 4 its whole warp walks the work tiles with it, for work_of's
+       warp-collective narrowing (the other lanes only that). */
+    if (threadIdx.x < (MASK == 4 ? 32 : 1)) {
+      const bool issuer = threadIdx.x == 0;
       uint32_t x = 0, jq = 0;
       for (int tile = blockIdx.x;; tile += gridDim.x, ++jq) {
         if (tile >= p.total) break;
         /* every consumer warp is past its last S of work tile jq - QS, the slot's previous use */
         const uint32_t qs = jq % QS, qf = bar_qf(b0, qs), sqj = sq + qs * TL::Q_BYTES;
-        mbar_wait(bar_qe(b0, qs), ((jq / QS) & 1) ^ 1);
+        if (issuer) mbar_wait(bar_qe(b0, qs), ((jq / QS) & 1) ^ 1);
         const work w = work_of(tile);
+        if (!issuer) continue;
         if (w.n_tiles == 0) {
           mbar_arrive(qf);
           continue;
@@ -172,9 +186,10 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, QS>::THREADS, 1)
           const int s = x % ST, key0 = (w.t0 + it) * BN;
           const uint32_t ph = (x / ST) & 1;
           mbar_wait(bar_ke<ST>(b0, s), ph ^ 1);
-          mbar_arrive_tx(bar_kf<ST>(b0, s), KV_BYTES);
+          mbar_arrive_tx(bar_kf<ST>(b0, s), KV_BYTES + TL::IDS_BYTES);
           for (int c = 0; c < CB; ++c)
             tma_load(sk + s * KV_BYTES + c * BN * 128, &tmk, bar_kf<ST>(b0, s), c * 64, kvh, key0, w.b);
+          if (MASK == 4) tma_load_2d(sids + s * TL::IDS_BYTES, &tmids, bar_kf<ST>(b0, s), key0, w.b);
           mbar_wait(bar_ve<ST>(b0, s), ph ^ 1);
           mbar_arrive_tx(bar_vf<ST>(b0, s), KV_BYTES);
           for (int c = 0; c < CB; ++c)
@@ -216,6 +231,13 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, QS>::THREADS, 1)
     if (tile >= p.total) break;
     const work w = work_of(tile);
     const float sink = p.softmax == 2 ? p.sinks[w.n] : p.softmax == 1 ? 0.f : -INFINITY;
+    /* MASK 4: the ids of this thread's rows (r0 and r0 + 8 below; a warpgroup without rows reads none) */
+    int qid0 = 0, qid1 = 0;
+    if (MASK == 4 && cw < w.n_wg) {
+      const int32_t *qs = p.q_seg + (size_t)w.b * p.T + w.m0 + 64 * cw + 16 * warp + lane / 4;
+      qid0 = qs[0];
+      qid1 = qs[8];
+    }
     const uint64_t dq = dq0 + (jq % QS) * (TL::Q_BYTES / 16); /* this work tile's Q slot */
     mbar_wait(bar_qf(b0, jq % QS), (jq / QS) & 1);
     const int n_tiles = w.n_tiles, t0 = w.t0, ql = w.ql, kl = w.kl;
@@ -234,24 +256,33 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, QS>::THREADS, 1)
        past S tests (the last one), against kl = S. */
     const int dlo = w.mk.dlo, dhi = w.mk.dhi;
     int dhi0 = dhi, dhi1 = dhi, unused;
-    if (MASK == 3) {
+    if (MASK >= 3) {
       sa_hop_row_bounds(w.mk, ql, kl, r0, &unused, &dhi0);
       sa_hop_row_bounds(w.mk, ql, kl, r0 + 8, &unused, &dhi1);
     }
-    auto mask_tile = [&](int k) {
+    /* The tile of keys [k, k + BN) in K stage s. MASK 4: its ids are read here, so the K stage is released after
+       (release_k), not as soon as S has landed. */
+    auto mask_tile = [&](int k, uint32_t s) {
       if constexpr (MASK == 0) {
         if (KEY_TAIL && k + BN > kl) mask_keys(sacc, kl - k - 2 * t);
       } else if (k - wg_row0 - 63 < dlo || k + BN - 1 - wg_row0 > dhi ||
-                 (MASK == 3 && (k + BN > kl || wg_row0 + 64 > ql))) {
+                 (MASK >= 3 && (k + BN > kl || wg_row0 + 64 > ql))) {
         mask_range<MASK>(sacc, k + 2 * t - r0 - dhi0, k + 2 * t - r0 - dhi1, k + 2 * t - r0 - dlo);
       }
+      if constexpr (MASK == 4) mask_segments(sacc, sids + s * TL::IDS_BYTES, qid0, qid1, t);
+    };
+    /* K stage s read: by the wgmma of S (landed) and, MASK 4, by every lane's id loads (__syncwarp: an mbarrier
+       arrive releases only the arriving thread's own accesses) */
+    auto release_k = [&](uint32_t s) {
+      if (MASK == 4) __syncwarp();
+      if (lane == 0) mbar_arrive(bar_ke<ST>(b0, s));
     };
     /* The last tile with lengths: V rows past kv_len become 0 (a key row past kv_len may hold NaN, and 0 x NaN
        = NaN). Every consumer warpgroup meets here once per such work tile, whether it reads the tile or
        releases it unread (see release), so barrier 1 counts all 128 NC consumer threads. Tile-uniform. */
     const int kend = (t0 + n_tiles) * BN;
     auto zero_tail = [&](int s) {
-      if (MASK == 3 && kend > kl) {
+      if (MASK >= 3 && kend > kl) {
         zero_tile_rows(sv + s * KV_BYTES, BN, kl - (kend - BN), CB, threadIdx.x - 128, 128 * NC);
         named_bar_sync(1, 128 * NC);
       }
@@ -271,6 +302,11 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, QS>::THREADS, 1)
       const int tw = rows > 0 ? sa_hop_key_tiles(w.mk, wg_row0, rows, BN, &nw) : 0;
       a = nw > 0 ? tw - t0 : 0;
       e = nw > 0 ? a + nw : 0;
+      if (MASK == 4) { /* the work tile's range was narrowed to the rows' documents: intersect */
+        a = a > 0 ? a : 0;
+        e = e < n_tiles ? e : n_tiles;
+        if (e <= a) a = e = 0;
+      }
     }
     auto release = [&](int from, int to) {
       for (int it = from; it < to; ++it) {
@@ -311,8 +347,9 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, QS>::THREADS, 1)
       wgmma_commit();
       wgmma_wait0();
       pin(sacc);
-      if (lane == 0) mbar_arrive(bar_ke<ST>(b0, sp));
-      mask_tile((t0 + a) * BN);
+      if (MASK != 4) release_k(sp);
+      mask_tile((t0 + a) * BN, sp);
+      if (MASK == 4) release_k(sp);
       softmax_tile(sacc, m_, l_, corr, sl2);
       pack_p(pf, sacc);
     }
@@ -333,8 +370,9 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, QS>::THREADS, 1)
       wgmma_commit();
       wgmma_wait1();                                       /* S_j has landed; P V may still run */
       pin(sacc);
-      if (lane == 0) mbar_arrive(bar_ke<ST>(b0, s));
-      mask_tile((t0 + it) * BN);
+      if (MASK != 4) release_k(s);
+      mask_tile((t0 + it) * BN, s);
+      if (MASK == 4) release_k(s);
       softmax_tile(sacc, m_, l_, corr, sl2);
       /* ptxas schedules WARPGROUP.DEPBAR (wait_group 0) into the first stall slot after the row-max shuffle,
          i.e. before the 64 exp2s, which then no longer overlap P V (seen in the SASS of nvcc 13.0). A shared
@@ -396,7 +434,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, QS>::THREADS, 1)
       }
       const int row = r0 + 8 * h;
       /* A row past q_len is exactly 0 (its Q row, padding, may hold NaN; P is 0 there, but not 0 x NaN). */
-      const bool dead = MASK == 3 && row >= ql;
+      const bool dead = MASK >= 3 && row >= ql;
       __nv_bfloat16 *orow = p.out + (((size_t)w.b * T + row) * N + w.n) * HD;
       store_row_bf16<HD>(orow, o, h, f, t, dead); /* 16-byte stores (hopper_ptx.cuh) */
       if (p.lse && t == 0) p.lse[((size_t)w.b * N + w.n) * T + row] = lse;
@@ -439,10 +477,12 @@ template <int HD, int MASK, int QS>
 cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_params &p, sa_hop_params hp,
                        cudaStream_t st, int *used) {
   using TL = sa_hop_fwd_tile<HD, MASK, QS>;
-  CUtensorMap mq, mk, mv;
+  CUtensorMap mq, mk, mv, mids;
   if (!sa_hop_map(enc, &mq, p.q, p.B, p.T, p.N, p.H, TL::QBOX) ||
       !sa_hop_map(enc, &mk, p.k, p.B, p.S, p.K, p.H, TL::BN) || !sa_hop_map(enc, &mv, p.v, p.B, p.S, p.K, p.Hv, TL::BN))
     return cudaSuccess;
+  mids = mq; /* without segment ids the kernel never reads its ids map: any valid map will do */
+  if (MASK == 4 && !sa_hop_map_ids(enc, &mids, p.kv_seg, p.B, p.S, 128)) return cudaSuccess;
   if (cudaFuncSetAttribute(sa_hop_fwd_kernel<HD, MASK, QS>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM) !=
       cudaSuccess) {
     cudaGetLastError();
@@ -515,7 +555,7 @@ cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_para
     }
   }
   *used = 1;
-  sa_hop_fwd_kernel<HD, MASK, QS><<<(unsigned)grid, TL::THREADS, TL::SMEM, st>>>(mq, mk, mv, hp);
+  sa_hop_fwd_kernel<HD, MASK, QS><<<(unsigned)grid, TL::THREADS, TL::SMEM, st>>>(mq, mk, mv, mids, hp);
   return cudaGetLastError();
 }
 
@@ -523,7 +563,7 @@ cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_para
 
 cudaError_t sa_hopper_fwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st, int *used) {
   *used = 0;
-  if (!sa_hop_in_scope(p, bf16) || !sa_hop_aligned(p.out)) return cudaSuccess;
+  if (!sa_hop_in_scope(p, bf16, true) || !sa_hop_aligned(p.out)) return cudaSuccess;
   static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
   if (!enc) return cudaSuccess;
   sa_hop_params hp;
@@ -534,26 +574,32 @@ cudaError_t sa_hopper_fwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   hp.scale_l2 = p.scale_log2;
   hp.mask = sa_hop_mask_of(p);
   hp.shape = sa_hop_shape_of(p);
+  hp.q_seg = p.q_seg;
+  hp.kv_seg = p.kv_seg;
   /* Q slots: 2 (H200 session 7: +9% fwd at H64 T1024; session 8: +7% at H128 T1024, +9% causal, the longer rows
      within the noise). SINKATTN_HOP_FWD_QSLOTS=1 forces one, the form before (A/B; H128 takes 176-key tiles
      without a mask then, which leave no room for a second Q). */
   const int qs = sa_cuda_env_int("SINKATTN_HOP_FWD_QSLOTS", 2) == 1 ? 1 : 2;
-  switch (sa_hop_mask_kind(p) + 4 * (p.H == 128) + 8 * (qs == 2)) {
+  switch (sa_hop_mask_kind(p) + 5 * (p.H == 128) + 10 * (qs == 2)) {
     case 0: return sa_hop_run<64, 0, 1>(enc, p, hp, st, used);
     case 1: return sa_hop_run<64, 1, 1>(enc, p, hp, st, used);
     case 2: return sa_hop_run<64, 2, 1>(enc, p, hp, st, used);
     case 3: return sa_hop_run<64, 3, 1>(enc, p, hp, st, used);
-    case 4: return sa_hop_run<128, 0, 1>(enc, p, hp, st, used);
-    case 5: return sa_hop_run<128, 1, 1>(enc, p, hp, st, used);
-    case 6: return sa_hop_run<128, 2, 1>(enc, p, hp, st, used);
-    case 7: return sa_hop_run<128, 3, 1>(enc, p, hp, st, used);
-    case 8: return sa_hop_run<64, 0, 2>(enc, p, hp, st, used);
-    case 9: return sa_hop_run<64, 1, 2>(enc, p, hp, st, used);
-    case 10: return sa_hop_run<64, 2, 2>(enc, p, hp, st, used);
-    case 11: return sa_hop_run<64, 3, 2>(enc, p, hp, st, used);
-    case 12: return sa_hop_run<128, 0, 2>(enc, p, hp, st, used);
-    case 13: return sa_hop_run<128, 1, 2>(enc, p, hp, st, used);
-    case 14: return sa_hop_run<128, 2, 2>(enc, p, hp, st, used);
-    default: return sa_hop_run<128, 3, 2>(enc, p, hp, st, used);
+    case 4: return sa_hop_run<64, 4, 1>(enc, p, hp, st, used);
+    case 5: return sa_hop_run<128, 0, 1>(enc, p, hp, st, used);
+    case 6: return sa_hop_run<128, 1, 1>(enc, p, hp, st, used);
+    case 7: return sa_hop_run<128, 2, 1>(enc, p, hp, st, used);
+    case 8: return sa_hop_run<128, 3, 1>(enc, p, hp, st, used);
+    case 9: return sa_hop_run<128, 4, 1>(enc, p, hp, st, used);
+    case 10: return sa_hop_run<64, 0, 2>(enc, p, hp, st, used);
+    case 11: return sa_hop_run<64, 1, 2>(enc, p, hp, st, used);
+    case 12: return sa_hop_run<64, 2, 2>(enc, p, hp, st, used);
+    case 13: return sa_hop_run<64, 3, 2>(enc, p, hp, st, used);
+    case 14: return sa_hop_run<64, 4, 2>(enc, p, hp, st, used);
+    case 15: return sa_hop_run<128, 0, 2>(enc, p, hp, st, used);
+    case 16: return sa_hop_run<128, 1, 2>(enc, p, hp, st, used);
+    case 17: return sa_hop_run<128, 2, 2>(enc, p, hp, st, used);
+    case 18: return sa_hop_run<128, 3, 2>(enc, p, hp, st, used);
+    default: return sa_hop_run<128, 4, 2>(enc, p, hp, st, used);
   }
 }

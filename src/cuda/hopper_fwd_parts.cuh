@@ -42,21 +42,27 @@ struct sa_hop_fwd_tile {
   static constexpr int ST = sa_hop_tiles::STAGES;
   static constexpr int THREADS = 128 * (NC + 1);
   static constexpr int REGS = NC == 3 ? 160 : 240;             /* consumer registers after setmaxnreg */
+  /* the producer's: 24 issue the loads; MASK 4's warp also narrows the key tiles (seg_key_tiles), which spilled
+     ~150 bytes a thread at 24 (ptxas, nvcc 13.0), and takes the 32 the consumers leave */
+  static constexpr int PREGS = MASK == 4 ? 32 : 24;
   /* Q's TMA box: one per warpgroup when a CTA can be partial (BM 192), else one BM-row box per column block */
   static constexpr int QBOX = 128 % BM == 0 ? BM : 64;
   /* Q slots (QS): with 2 the producer loads the next work tile's Q while this one runs (a work tile's Q is dead
      only after every warp's last S of it, and with one slot the next tile's first S then waits for the load:
      ncu at H64 B16 T1024 causal, H200 session 7, 7.9% of the stall samples at that wait) */
   static constexpr int Q_BYTES = BM * HD * 2;
-  static constexpr int SMEM = 1024 /* alignment slack */ + QS * Q_BYTES + ST * 2 * BN * HD * 2;
-  static_assert(128 * 24 + 128 * NC * REGS <= 65536 && REGS % 8 == 0, "register file: producer 24 + consumers");
-  /* 91136 B at H64 (115712 with 2 Q slots), H128 214016 without a mask, 164864 with one, 197632 with 2 Q slots */
+  /* kind 4 (segment ids): each K stage carries its 128 keys' ids (TMA, on K's full barrier) */
+  static constexpr int IDS_BYTES = MASK == 4 ? 128 * 4 : 0;
+  static constexpr int SMEM = 1024 /* alignment slack */ + QS * Q_BYTES + ST * (2 * BN * HD * 2 + IDS_BYTES);
+  static_assert(128 * PREGS + 128 * NC * REGS <= 65536 && REGS % 8 == 0, "register file: producer + consumers");
+  /* 91136 B at H64 (115712 with 2 Q slots), H128 214016 without a mask, 164864 with one, 197632 with 2 Q slots
+     (198656 with segment ids) */
   static_assert(SMEM + 1024 <= 227 * 1024, "shared memory over the sm_90 limit (+1 KiB of static barriers)");
   /* >= 2: the key-tile loop holds V_{j-1}'s stage while S_j reads K_j's; a power of two: x % ST and x / ST
      are shifts, and the ring position stays continuous as the uint32 tile counter x wraps */
   static_assert(ST >= 2 && (ST & (ST - 1)) == 0, "ring depth");
   static_assert(BN % 16 == 0 && BN <= 256 && (BN * 128) % 1024 == 0, "k16 steps, TMA box, swizzle atoms");
-  static_assert(MASK == 0 || 128 % BN == 0, "mask_range reads 128-key tiles; keys >= S only in kind 0");
+  static_assert(MASK == 0 || BN == 128, "mask_range and mask_segments read 128-key tiles; keys >= S only in kind 0");
 };
 
 struct sa_hop_params {
@@ -66,7 +72,8 @@ struct sa_hop_params {
   int T, S, N, G, softmax;
   float scale_l2;     /* scale * log2(e) > 0 */
   sa_hop_mask mask;   /* causal / window / offset (MASK kernels only) */
-  sa_hop_shape shape; /* lengths and the raw mask parameters (MASK 3: each CTA builds its batch's mask) */
+  sa_hop_shape shape; /* lengths and the raw mask parameters (MASK 3, 4: each CTA builds its batch's mask) */
+  const int32_t *q_seg, *kv_seg; /* [B, T], [B, S] (MASK 4: the key ids by TMA for the mask, read for the tiles) */
   /* Work tiles (sa_hop_work_tile): B N n_mb of them, n_mb = ceil(T / BM); CTA c takes c, c + gridDim.x, ...
      (one each when the grid holds them all). hg > 0: the L2-section order with hg heads a section. nph > 0:
      the pair order with nph = ceil(n_mb / 2) pairs a head, and total = the index bound of the pairs' walk. */
@@ -178,6 +185,82 @@ __device__ __forceinline__ void mask_range(float (&sacc)[64], int xh0, int xh1, 
       if (xh0 > -c || (KIND >= 2 && xl < -c)) sacc[4 * j + e] = -INFINITY;
       if (xh1 > 8 - c || (KIND >= 2 && xl < 8 - c)) sacc[4 * j + 2 + e] = -INFINITY;
     }
+}
+
+/* Segment ids (kind 4): element (j, e) of rows r0, r0 + 8 is column 8j + 2 (lane % 4) + e of the key tile, whose
+   128 ids lie at ids (shared memory, landed with K); a key of another document than the row's becomes -inf.
+   One 8-byte shared load per column pair (the quad's four lanes read four neighbouring pairs) and four compares:
+   ~100 instructions a tile, against a loop of ~570. */
+__device__ __forceinline__ void mask_segments(float (&sacc)[64], uint32_t ids, int q0, int q1, int t) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    int k0, k1;
+    asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(k0), "=r"(k1) : "r"(ids + 4 * (8 * j + 2 * t)));
+    if (k0 != q0) sacc[4 * j] = -INFINITY;
+    if (k1 != q0) sacc[4 * j + 1] = -INFINITY;
+    if (k0 != q1) sacc[4 * j + 2] = -INFINITY;
+    if (k1 != q1) sacc[4 * j + 3] = -INFINITY;
+  }
+}
+
+/* Segment ids (kind 4): the key tiles [*t0, *t0 + *n) of a work tile narrowed to those from the first to the last
+   holding a key id in [lo, hi], the ids of its rows qs[0 .. rows) (rows > 0): a key with another id is seen by
+   none of them, so the tiles outside are skipped by the producer and the consumers alike (those inside are
+   tested per element). Any ids, sorted or not; packed documents (ids increasing) leave exactly the tiles of the
+   rows' documents. Warp-collective: every lane of the calling warp, the same result in every warp. One round
+   of loads when the range's first and last tiles meet [lo, hi] (one 16-byte load a lane for each, beside the
+   row ids), else 32 tiles a round, one a lane (128 ids: 32 loads). ks: the batch's kv ids (16-byte aligned,
+   128-key tiles). */
+__device__ __forceinline__ void seg_key_tiles(const int32_t *qs, int rows, const int32_t *ks, int *t0, int *n,
+                                              int lane) {
+  const int a = *t0, z = *t0 + *n;
+  if (z <= a) return;
+  const int4 *k4 = reinterpret_cast<const int4 *>(ks);
+  int lo = 0x7fffffff, hi = -0x7fffffff - 1;
+  for (int i = lane; i < rows; i += 32) {
+    const int v = __ldg(qs + i);
+    lo = min(lo, v), hi = max(hi, v);
+  }
+  const int4 fa = __ldg(k4 + a * 32 + lane), fz = __ldg(k4 + (z - 1) * 32 + lane); /* the range's ends */
+  const unsigned full = 0xffffffffu;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) lo = min(lo, __shfl_xor_sync(full, lo, o)), hi = max(hi, __shfl_xor_sync(full, hi, o));
+  auto in4 = [&](int4 v) {
+    return (v.x >= lo && v.x <= hi) || (v.y >= lo && v.y <= hi) || (v.z >= lo && v.z <= hi) || (v.w >= lo && v.w <= hi);
+  };
+  auto meets = [&](int tile) { /* this lane's tile: a key id in [lo, hi] */
+    bool m = false;
+#pragma unroll 2
+    for (int i = 0; i < 32; ++i) m |= in4(__ldg(k4 + tile * 32 + i));
+    return m;
+  };
+  int first = z, last = z - 1;
+  if (__any_sync(full, in4(fa))) {
+    first = a;
+  } else {
+    for (int base = a + 1; base < z; base += 32) {
+      const unsigned m = __ballot_sync(full, base + lane < z && meets(base + lane));
+      if (m) {
+        first = base + __ffs(m) - 1;
+        break;
+      }
+    }
+  }
+  if (first == z) { /* no key of any row's document: nothing to load */
+    *n = 0;
+    return;
+  }
+  if (!__any_sync(full, in4(fz))) {
+    for (int top = z - 2; top >= first; top -= 32) { /* tile first meets: the walk stops there at the latest */
+      const unsigned m = __ballot_sync(full, top - lane >= first && meets(top - lane));
+      if (m) {
+        last = top - (__ffs(m) - 1);
+        break;
+      }
+    }
+  }
+  *t0 = first;
+  *n = last - first + 1;
 }
 
 /* Keys past S in the last 176-key tile (kind 0): TMA filled their K and V rows with zeros, so they would score

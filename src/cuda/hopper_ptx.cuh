@@ -87,6 +87,16 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, u
       ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
 }
 
+/* One box of a 2-D tensor map (the backward's lse2 / D, the forward's key segment ids) at {c0 (innermost), c1} into dst (128-byte aligned), completing
+   on bar; no swizzle: the box lands as laid out in global memory. A tensor copy rather than a raw bulk copy
+   (cp.async.bulk) of the same 256 B: racecheck takes the raw copy's shared write for the issuing thread's and
+   reports it against the consumers' loads despite the mbarrier (dev/hopper_bwd_04, bench/NOTES.md). */
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+      ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+
 /* Rows [r_from, rows) of a [rows x 64-column block] bf16 tile of cb blocks, set to zero by `nthr` threads
    (tid 0 .. nthr - 1) and made visible to the async proxy (wgmma reads, the next TMA write). The 128-byte
    swizzle permutes the 16-byte chunks inside a row, so a whole row is bytes [r * 128, r * 128 + 128) of its
@@ -259,7 +269,18 @@ static inline bool sa_hop_map_rows(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtens
   return sa_hop_map_f32(enc, m, base, 2, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
-/* The position mask of the Hopper kernels (no segments; lengths below): key j
+/* kv_segment_ids [B, S] int32 as a 2-D tensor {S, B}, box {box_keys keys, 1 batch}, no swizzle (the forward's
+   segment mask reads a key tile's ids beside its K; 16-byte aligned base, S * 4 a multiple of 16: S % 128 == 0). */
+static inline bool sa_hop_map_ids(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const int32_t *base,
+                                  int64_t B, int64_t S, int box_keys) {
+  const cuuint64_t dims[2] = {(cuuint64_t)S, (cuuint64_t)B}, strides[1] = {(cuuint64_t)S * 4};
+  const cuuint32_t box[2] = {(cuuint32_t)box_keys, 1}, estr[2] = {1, 1};
+  return enc(m, CU_TENSOR_MAP_DATA_TYPE_INT32, 2, const_cast<int32_t *>(base), dims, strides, box, estr,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* The position mask of the Hopper kernels (segments: kind 4 below; lengths below): key j
    is visible to query i iff lo(i) <= j < hi(i), the range sa_dev_key_range gives with ql = T, kl = S. The row's
    diagonal is d = i + off (off = S - T for bottom-right, plus diag_offset); lo = max(0, d - wl) when wl >= 0;
    hi = min(S, d + 1 when causal, d + wr + 1 when wr >= 0), never below lo. Both never decrease with i, so the
@@ -381,8 +402,10 @@ __host__ __device__ __forceinline__ int sa_hop_query_rows(const sa_hop_mask &m, 
 
 /* The mask kind a call needs: 0 none (every key visible to every row), 1 an upper bound on key - row only
    (causal in either alignment, a right window, with any diag_offset), 2 a lower bound too (a left window),
-   3 per-batch lengths (both bounds, per row: sa_hop_row_bounds / sa_hop_key_bounds). */
+   3 per-batch lengths (both bounds, per row: sa_hop_row_bounds / sa_hop_key_bounds), 4 segment ids (kind 3's
+   bounds, lengths or not, and q_seg[b, i] == kv_seg[b, j] per element; the forward only). */
 static inline int sa_hop_mask_kind(const sa_cuda_params &p) {
+  if (p.q_seg || p.kv_seg) return 4;
   if (p.q_lens || p.kv_lens) return 3;
   return p.wl >= 0 ? 2 : (p.causal != 0 || p.wr >= 0) ? 1 : 0;
 }
@@ -414,9 +437,11 @@ static inline bool sa_hop_aligned(const void *x) { return (uintptr_t)x % 16 == 0
    kernels hard-code), widened to every position mask (sa_hop_mask; validated by test_cuda's Hopper cases), less the tensors each direction adds (out; dout, dq, dk, dv and the workspace), whose
    alignment the caller checks. T and S multiples of 128: the forward's 128-row / 128-key tiles, the
    backward's 128-key and 128-query blocks and 64-row streamed tiles all divide them. */
-static inline bool sa_hop_in_scope(const sa_cuda_params &p, int bf16) {
+static inline bool sa_hop_in_scope(const sa_cuda_params &p, int bf16, bool segments_ok = false) {
   if (!bf16 || p.H != p.Hv || (p.H != 64 && p.H != 128)) return false;
-  if (p.q_seg || p.kv_seg) return false; /* lengths: the kind-3 kernels */
+  /* lengths: the kind-3 kernels; segment ids: the forward's kind 4 (segments_ok; kv ids by TMA: 16-byte aligned,
+     both arrays given, as sa_attn's check requires), the backwards not yet */
+  if ((p.q_seg || p.kv_seg) && !(segments_ok && p.q_seg && p.kv_seg && sa_hop_aligned(p.kv_seg))) return false;
   /* windows, both causal alignments and diag_offset: the position mask above (a diag_offset alone, without
      causal or window, changes nothing) */
   if (p.T <= 0 || p.S <= 0 || p.T % 128 != 0 || p.S % 128 != 0) return false;
