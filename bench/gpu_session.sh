@@ -176,7 +176,7 @@ elif [ "$PART" = close ]; then
       timeout ${SAN_LIMIT:-400} bash bench/gpu_sanitize.sh > "$STAGE/sanitize.log" 2>&1; echo "rc=$?" >> "$STAGE/sanitize.log" ) &
   san=$!
   export CUDA_VISIBLE_DEVICES=0
-  step test_cuda 120 build-gpu/test_cuda
+  step test_cuda 170 build-gpu/test_cuda
   step bench ${BENCH_LIMIT:-150} "$PY" -m sinkattn.bench --grid ${GRID:-h200_targets} --softmax learnable \
     --max-ref-t 16384 --repeats 2 --contenders fused,cudnn_no_sink --out "$STAGE/h200-jax-${GRID:-h200_targets}.json"
   step pytest 150 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=140 -n 8
@@ -196,7 +196,7 @@ elif [ "$PART" = ncu ]; then
       timeout ${SAN_LIMIT:-400} bash bench/gpu_sanitize.sh > "$STAGE/sanitize.log" 2>&1; echo "rc=$?" >> "$STAGE/sanitize.log" ) &
   san=$!
   export CUDA_VISIBLE_DEVICES=0
-  step test_cuda 120 build-gpu/test_cuda
+  step test_cuda 170 build-gpu/test_cuda
   ncu_shapes "${NCU_SHAPES:-4 4096 32 32 64 1}"
   t0=$SECONDS; wait $san; summary+=("sanitize (GPU 1, in parallel) waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
   cat "$STAGE/sanitize/summary.txt" 2>/dev/null
@@ -218,7 +218,7 @@ elif [ "$PART" = ab ]; then
   }
   [ "${SAN_AFTER:-0}" = 1 ] || start_san
   export CUDA_VISIBLE_DEVICES=0
-  step test_cuda 120 build-gpu/test_cuda
+  step test_cuda 170 build-gpu/test_cuda
   # One run: fused, cuDNN and (AB_ENV set) fused_ab, the fused kernel under AB_ENV, timed in turn ROUNDS times a row.
   ab=(); [ -n "${AB_ENV:-}" ] && ab=(--ab-env "$AB_ENV")
   step bench ${BENCH_LIMIT:-200} "$PY" -m sinkattn.bench --grid ${GRID:-h200} --softmax learnable \
@@ -245,9 +245,9 @@ elif [ "$PART" = ab ]; then
   cat "$STAGE/sanitize/summary.txt" 2>/dev/null
 elif [ "$PART" = quick ]; then
   # The shortest check of a kernel change: build, test_cuda, the target rows (fused and cuDNN); PYTEST=1: pytest too.
-  # test_cuda takes ~85 s since session 8 (four forward launch passes, three backward ones).
+  # test_cuda takes ~85-130 s since session 8 (four forward launch passes, three backward ones, segment ids).
   step build 150 bash -c build_gpu
-  step test_cuda 130 build-gpu/test_cuda
+  step test_cuda 170 build-gpu/test_cuda
   step bench 100 "$PY" -m sinkattn.bench --grid h200_targets --softmax learnable --max-ref-t 16384 --repeats 2 \
     --contenders fused,cudnn_no_sink --out "$STAGE/h200-jax-targets.json"
   [ "${PYTEST:-0}" = 1 ] && step pytest 150 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=140 -n 8

@@ -157,6 +157,7 @@ static int tc_pass, tc_fail;
 static int tc_expect_kernel = -1; /* sa_cuda_last_fwd_kernel() after the forward and sa_cuda_last_bwd_kernel()
                                      after each backward; -1: not checked */
 static int tc_fwd_only; /* 1: the forward alone (the passes over the Hopper forward's launch variants) */
+static int tc_seg128;   /* 1: SINKATTN_HOP_FWD_SEG128=1 is set (the H128 segment-id forward on Hopper) */
 
 #define TC_CUDA(x)                                                                  \
   do {                                                                              \
@@ -304,9 +305,11 @@ static void tc_run(const tc_case *c, uint64_t seed) {
   st = sa_attn_fwd(&d, SA_BACKEND_CUDA, NULL);
   tc_check(st == SA_OK, c, "CUDA forward status %g %g", (double)st, 0);
   if (st != SA_OK) printf("  %s\n", sa_last_error());
-  if (tc_expect_kernel >= 0)
-    tc_check(sa_cuda_last_fwd_kernel() == tc_expect_kernel, c, "forward ran kernel %g, expected %g",
-             sa_cuda_last_fwd_kernel(), tc_expect_kernel);
+  /* segment ids at H128: the portable forward unless SINKATTN_HOP_FWD_SEG128=1 (hopper_fwd.cu) */
+  const int expect_fwd = tc_expect_kernel == 2 && c->segs && c->H == 128 && !tc_seg128 ? 1 : tc_expect_kernel;
+  if (expect_fwd >= 0)
+    tc_check(sa_cuda_last_fwd_kernel() == expect_fwd, c, "forward ran kernel %g, expected %g",
+             sa_cuda_last_fwd_kernel(), expect_fwd);
   TC_CUDA(cudaDeviceSynchronize());
   tc_get(out_c, d.out, no * es);
   tc_get(lse_c, d.lse, nl * 4);
@@ -448,6 +451,7 @@ static void tc_env(const char *const *names, const char *const *vals, int n) {
 }
 
 int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0); /* a line at a time: a run killed by a time limit shows where it stood */
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     printf("test_cuda: SKIPPED: no CUDA device present (the CUDA backend is built but cannot run here)\n");
@@ -552,6 +556,24 @@ int main(void) {
     }
     tc_env(names, NULL, 3);
     tc_fwd_only = 0;
+  }
+  /* Last: the H128 segment-id forward on Hopper (SINKATTN_HOP_FWD_SEG128=1; not run on a GPU yet: its first form
+     hung in setmaxnreg, hopper_fwd.cu), forward and (portable) backward, on the default grid and persistent on a
+     grid of 3. */
+  if (major == 9 && minor == 0 && tc_pass_on("seg128")) {
+    static const char *const names2[2] = {"SINKATTN_HOP_FWD_SEG128", "SINKATTN_HOP_FWD_GRID"};
+    static const char *const vals[2][2] = {{"1", NULL}, {"1", "3"}};
+    tc_expect_kernel = 2;
+    tc_seg128 = 1;
+    for (int v = 0; v < 2; v++, nvar++) {
+      printf("-- the H128 segment-id cases,");
+      tc_env(names2, vals[v], 2);
+      printf(" (expect kernel 2 forward, 1 backward)\n");
+      for (size_t i = 0; i < nh; i++)
+        if (tc_hopper_cases[i].H == 128 && tc_hopper_cases[i].segs) tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
+    }
+    tc_env(names2, NULL, 2);
+    tc_seg128 = 0;
   }
 #endif
   printf("test_cuda: %d passed, %d failed (%zu cases, %zu of them twice, %zu of those three times; the Hopper "

@@ -41,10 +41,15 @@ struct sa_hop_fwd_tile {
      session 8). H128 has no room: 209 KiB without a mask (3 stages: 297), masked 161 KiB (3 stages: 225). */
   static constexpr int ST = sa_hop_tiles::STAGES;
   static constexpr int THREADS = 128 * (NC + 1);
-  static constexpr int REGS = NC == 3 ? 160 : 240;             /* consumer registers after setmaxnreg */
-  /* the producer's: 24 issue the loads; MASK 4's warp also narrows the key tiles (seg_key_tiles), which spilled
-     ~150 bytes a thread at 24 (ptxas, nvcc 13.0), and takes the 32 the consumers leave */
+  /* Registers after setmaxnreg. setmaxnreg moves registers inside the CTA's own pool, the registers it was
+     launched with: 65536 / THREADS rounded down to 8, i.e. 128 a thread at H64 (65536) and 168 at H128 (64512, not
+     65536): a setmaxnreg.inc beyond the pool never returns (the first kind-4 H128 kernel asked 128 x 32 + 256 x
+     240 = 65536 and hung on the H200, session 8). The producer: 24 issue the loads; kind 4's warp also narrows
+     the key tiles (seg_key_tiles), which spilled ~150 bytes a thread at 24 (ptxas, nvcc 13.0): 32, and at H128
+     the consumers give up 8 (they use 186 at kind 4). */
   static constexpr int PREGS = MASK == 4 ? 32 : 24;
+  static constexpr int REGS = NC == 3 ? 160 : MASK == 4 ? 232 : 240;
+  static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
   /* Q's TMA box: one per warpgroup when a CTA can be partial (BM 192), else one BM-row box per column block */
   static constexpr int QBOX = 128 % BM == 0 ? BM : 64;
   /* Q slots (QS): with 2 the producer loads the next work tile's Q while this one runs (a work tile's Q is dead
@@ -54,7 +59,8 @@ struct sa_hop_fwd_tile {
   /* kind 4 (segment ids): each K stage carries its 128 keys' ids (TMA, on K's full barrier) */
   static constexpr int IDS_BYTES = MASK == 4 ? 128 * 4 : 0;
   static constexpr int SMEM = 1024 /* alignment slack */ + QS * Q_BYTES + ST * (2 * BN * HD * 2 + IDS_BYTES);
-  static_assert(128 * PREGS + 128 * NC * REGS <= 65536 && REGS % 8 == 0, "register file: producer + consumers");
+  static_assert(128 * PREGS + 128 * NC * REGS <= LAUNCH_REGS * THREADS && REGS % 8 == 0,
+                "setmaxnreg: producer + consumers within the CTA's launch pool");
   /* 91136 B at H64 (115712 with 2 Q slots), H128 214016 without a mask, 164864 with one, 197632 with 2 Q slots
      (198656 with segment ids) */
   static_assert(SMEM + 1024 <= 227 * 1024, "shared memory over the sm_90 limit (+1 KiB of static barriers)");
