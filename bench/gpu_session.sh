@@ -126,7 +126,7 @@ if [ "$PART" = probe ]; then
       bash bench/gpu_sanitize.sh > "$STAGE/sanitize.log" 2>&1; echo "rc=$?" >> "$STAGE/sanitize.log" ) &
   san=$!
   [ "$ngpu" -ge 2 ] || wait $san
-  step test_cuda 90 env CUDA_VISIBLE_DEVICES=0 build-gpu/test_cuda
+  step test_cuda 170 env CUDA_VISIBLE_DEVICES=0 build-gpu/test_cuda
   [ "${PYTEST:-1}" = 1 ] && step pytest 200 env CUDA_VISIBLE_DEVICES=0 "$PY" -m pytest tests -q -p no:cacheprovider \
     -rs --timeout=150 -n 8
   t0=$SECONDS; wait $san; summary+=("sanitize pytest part waited $((SECONDS - t0))s: $(tail -n 1 "$STAGE/sanitize.log")")
@@ -137,7 +137,7 @@ elif [ "$PART" = lib ]; then
   # One call: build, the CUDA C tests (Hopper forward and backward checked against fp64 there; if they fail the
   # rest runs with SINKATTN_CUDA_HOPPER=0), pytest on the GPU, the learnable grid and the other softmax types.
   step build 150 bash -c build_gpu
-  step test_cuda 60 build-gpu/test_cuda
+  step test_cuda 170 build-gpu/test_cuda
   grep -q " 0 failed" "$STAGE/test_cuda.log" || export SINKATTN_CUDA_HOPPER=0
   step ctest 40 ctest --test-dir build-gpu --output-on-failure -j8 -E test_cuda
   step pytest 170 "$PY" -m pytest tests -q -p no:cacheprovider -rs --timeout=150 -n 8
@@ -151,7 +151,7 @@ elif [ "$PART" = x2 ]; then
   ( build_gpu ) > "$STAGE/build.log" 2>&1 &
   ( build_gpusan ) > "$STAGE/build-san.log" 2>&1 &
   wait
-  step test_cuda 60 build-gpu/test_cuda
+  step test_cuda 170 build-gpu/test_cuda
   ( CUDA_VISIBLE_DEVICES=1 OUT="$STAGE/sanitize" SA_TEST_CUDA_STRIDE=${STRIDE:-16} SAN_ONLY=test_cuda \
       timeout ${SAN_LIMIT:-150} bash bench/gpu_sanitize.sh > "$STAGE/sanitize.log" 2>&1; echo "rc=$?" >> "$STAGE/sanitize.log" ) &
   san=$!
