@@ -1,8 +1,9 @@
 """bench/segments_bench.py: what packed sequences (segment ids) cost on the GPU today, against the same layer
 without them. The Hopper forward takes segment ids at H64 (mask kind 4, hopper_fwd.cu: only the key tiles of the
 rows' documents, each element tested; at H128 under SINKATTN_HOP_FWD_SEG128=1 until it has run on a GPU); the
-backward runs the portable mma.sync kernels over every (query, key) pair the position mask allows. --portable adds every segment contender again under SINKATTN_CUDA_HOPPER=0 (the portable
-forward too: what the Hopper forward gains, side by side).
+backward runs the portable mma.sync kernels over every (query, key) pair the position mask allows. --portable adds
+every segment contender again under SINKATTN_CUDA_HOPPER=0 (the portable forward too: what the Hopper forward
+gains, side by side).
 
 Per shape, interleaved over --rounds (sinkattn.bench's loop and timing), forward and forward+backward:
   dense     no segment ids: the Hopper path

@@ -524,7 +524,8 @@ int main(void) {
       tc_env(names, vals, 2);
       printf(" (expect kernel 2)\n");
       for (size_t i = 0; i < nh; i += hstride)
-        if (tc_hopper_cases[i].H == bwd_vars[v].H && !tc_hopper_cases[i].segs) tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
+        if (tc_hopper_cases[i].H == bwd_vars[v].H && !tc_hopper_cases[i].segs)
+          tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
     }
     tc_env(names, NULL, 2);
   }

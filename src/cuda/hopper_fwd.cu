@@ -462,15 +462,6 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, QS>::THREADS, 1)
 static const int SA_HOP_PERSIST_MAX_KEY_TILES = 8;
 static const double SA_HOP_L2_SECTION_BYTES = 16.0 * 1024 * 1024; /* a third of the H200's 50 MiB L2 */
 
-static int sa_gcd(int a, int b) {
-  while (b) {
-    const int r = a % b;
-    a = b;
-    b = r;
-  }
-  return a;
-}
-
 /* The maps take the configuration's boxes (Q: QBOX rows, K / V: BN rows). A map the driver refuses, or a
    refused shared-memory opt-in (up to 210 KiB at H 128), leaves *used = 0: the portable kernel runs instead. */
 template <int HD, int MASK, int QS>
@@ -580,10 +571,8 @@ cudaError_t sa_hopper_fwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
      within the noise). SINKATTN_HOP_FWD_QSLOTS=1 forces one, the form before (A/B; H128 takes 176-key tiles
      without a mask then, which leave no room for a second Q). */
   const int qs = sa_cuda_env_int("SINKATTN_HOP_FWD_QSLOTS", 2) == 1 ? 1 : 2;
-  /* Segment ids (kind 4) at H128 wait for their first run: the H200 ran kind 4 at H64 (session 8: test_cuda and
-     racecheck clean over every forward launch variant), but its H128 form then asked setmaxnreg for more
-     registers than the CTA holds and hung; fixed (sa_hop_fwd_tile::REGS) after the session's device time was
-     spent. SINKATTN_HOP_FWD_SEG128=1 takes it (test_cuda's last pass); else the portable forward. */
+  /* Segment ids (kind 4) at H128 wait for their first run (H64 ran clean in session 8; H128's first form hung in
+     setmaxnreg, fixed in sa_hop_fwd_tile::REGS unrun): SINKATTN_HOP_FWD_SEG128=1 takes it, else the portable. */
   if (p.q_seg && p.H == 128 && sa_cuda_env_int("SINKATTN_HOP_FWD_SEG128", 0) != 1) return cudaSuccess;
   switch (sa_hop_mask_kind(p) + 5 * (p.H == 128) + 10 * (qs == 2)) {
     case 0: return sa_hop_run<64, 0, 1>(enc, p, hp, st, used);

@@ -230,7 +230,10 @@ __device__ __forceinline__ void seg_key_tiles(const int32_t *qs, int rows, const
   const int4 fa = __ldg(k4 + a * 32 + lane), fz = __ldg(k4 + (z - 1) * 32 + lane); /* the range's ends */
   const unsigned full = 0xffffffffu;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) lo = min(lo, __shfl_xor_sync(full, lo, o)), hi = max(hi, __shfl_xor_sync(full, hi, o));
+  for (int o = 16; o > 0; o >>= 1) {
+    lo = min(lo, __shfl_xor_sync(full, lo, o));
+    hi = max(hi, __shfl_xor_sync(full, hi, o));
+  }
   auto in4 = [&](int4 v) {
     return (v.x >= lo && v.x <= hi) || (v.y >= lo && v.y <= hi) || (v.z >= lo && v.z <= hi) || (v.w >= lo && v.w <= hi);
   };
@@ -320,6 +323,16 @@ __device__ __forceinline__ void pack_p(uint32_t (&pf)[SN / 2], const float (&sac
 }
 
 #endif /* sm_90a */
+
+/* host: the persistent grid's step (sa_hop_run) */
+static int sa_gcd(int a, int b) {
+  while (b) {
+    const int r = a % b;
+    a = b;
+    b = r;
+  }
+  return a;
+}
 
 } /* namespace */
 

@@ -87,10 +87,11 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, u
       ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
 }
 
-/* One box of a 2-D tensor map (the backward's lse2 / D, the forward's key segment ids) at {c0 (innermost), c1} into dst (128-byte aligned), completing
-   on bar; no swizzle: the box lands as laid out in global memory. A tensor copy rather than a raw bulk copy
-   (cp.async.bulk) of the same 256 B: racecheck takes the raw copy's shared write for the issuing thread's and
-   reports it against the consumers' loads despite the mbarrier (dev/hopper_bwd_04, bench/NOTES.md). */
+/* One box of a 2-D tensor map (the backward's lse2 / D, the forward's key segment ids) at {c0 (innermost), c1}
+   into dst (128-byte aligned), completing on bar; no swizzle: the box lands as laid out in global memory. A
+   tensor copy rather than a raw bulk copy (cp.async.bulk) of the same 256 B: racecheck takes the raw copy's
+   shared write for the issuing thread's and reports it against the consumers' loads despite the mbarrier
+   (dev/hopper_bwd_04, bench/NOTES.md). */
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
