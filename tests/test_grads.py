@@ -127,3 +127,23 @@ def test_dsinks_deterministic(platform):
   f = jax.jit(jax.grad(lambda s: jnp.sum(sinkattn.dot_product_attention(q, k, v, s) ** 2)))
   a, b = f(sinks), f(sinks)
   np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("H", [64, 128])
+def test_packed_documents_grads_tile_sizes(platform, H):
+  """Gradients of packed documents at the GPU kernels' tile sizes (bf16, T = S = 384; test_ops.py's
+  test_packed_documents_tile_sizes): dq, dk, dv and dsinks against the fp64 backward, with a shifted key layout
+  that leaves rows without keys, and dlse."""
+  from test_ops import packed_ids
+  q, k, v, s = make_inputs(23, B=2, T=384, S=384, N=4, K=2, H=H, dtype=jnp.bfloat16)
+  extras = dict(query_segment_ids=packed_ids(2, 384), key_value_segment_ids=packed_ids(2, 384, 5))
+  opts = dict(is_causal=True)
+  dout = jnp.asarray(np.random.default_rng(24).standard_normal(q.shape), jnp.bfloat16)
+  dlse = jnp.asarray(np.random.default_rng(25).standard_normal((2, 4, 384)), jnp.float32)
+  npkw = _np_kwargs(opts, extras, 4)
+  _, lse64 = numpy_ref.forward(f64(q), f64(k), f64(v), f64(s), **npkw)
+  want = numpy_ref.backward(f64(q), f64(k), f64(v), f64(s), f64(dout), np.where(np.isfinite(lse64), f64(dlse), 0),
+                            **npkw)
+  got = jax.jit(lambda *a: _grads("fused", *a[:4], a[4], opts, *a[5:]))(q, k, v, s, extras, dout, dlse)
+  for name, g, w in zip(("dq", "dk", "dv", "dsinks"), got, want):
+    assert_close(g, w, GRAD_TOL[np.dtype(jnp.bfloat16)], f"fused {name}")

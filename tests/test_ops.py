@@ -252,3 +252,37 @@ def test_no_warning_on_cpu(platform):
   with warnings.catch_warnings():
     warnings.simplefilter("error")
     sinkattn.dot_product_attention(q, k, v, sinks)
+
+
+def packed_ids(B, L, shift=0):
+  """Packed documents, one layout per batch row, boundaries off the 128-row / 128-key grid of the GPU tiles (row b:
+  documents of 100, 200 and L - 300 tokens, then 37, 250 and the rest, ...); shift moves every boundary right by
+  that many tokens (key ids against query ids: rows near a boundary then have no key of their document)."""
+  layouts = [(100, 200), (37, 250), (129, 127)]
+  ids = np.zeros((B, L), np.int32)
+  for b in range(B):
+    for cut in np.cumsum(layouts[b % len(layouts)]):
+      ids[b, min(L, cut + shift):] += 1
+  return jnp.asarray(ids)
+
+
+@pytest.mark.parametrize("H", [64, 128])
+@pytest.mark.parametrize("shift", [0, 5], ids=["self", "shifted_kv"])
+def test_packed_documents_tile_sizes(platform, H, shift):
+  """Segment ids at the sizes the GPU kernels tile (bf16, T = S = 384, H 64 / 128, causal, GQA 2): on an H200 the
+  Hopper forward's kind-4 kernels (hopper_fwd.cu) take them and skip the key tiles of other documents; a shifted
+  key layout leaves rows without any key of their document (out 0, lse = sink)."""
+  q, k, v, sinks = make_inputs(21, B=2, T=384, S=384, N=4, K=2, H=H, dtype=jnp.bfloat16)
+  ex = dict(query_segment_ids=packed_ids(2, 384), key_value_segment_ids=packed_ids(2, 384, shift))
+  opts = dict(is_causal=True)
+  want_out, want_lse = numpy_ref.forward(f64(q), f64(k), f64(v), f64(sinks), **_np_kwargs(opts, ex, 4))
+  out, lse = jax.jit(lambda q, k, v, s, ex: sinkattn.dot_product_attention(
+      q, k, v, s, return_residual=True, **opts, **ex))(q, k, v, sinks, ex)
+  assert_close(out, want_out, OUT_TOL[np.dtype(jnp.bfloat16)], "out")
+  assert_close(lse, want_lse, LSE_TOL[np.dtype(jnp.bfloat16)], "lse")
+  if shift:  # the rows that see no key: exactly 0 out and the sink as lse
+    empty = ~numpy_ref.mask(2, 384, 384, q_seg=np.asarray(ex["query_segment_ids"]),
+                            kv_seg=np.asarray(ex["key_value_segment_ids"]), causal=1).any(-1)  # [B, T]
+    assert empty.any()
+    assert np.all(np.asarray(out, np.float32)[empty] == 0)
+    assert np.all(np.asarray(lse).transpose(0, 2, 1)[empty] == np.asarray(sinks))
