@@ -157,7 +157,8 @@ static int tc_pass, tc_fail;
 static int tc_expect_kernel = -1; /* sa_cuda_last_fwd_kernel() after the forward and sa_cuda_last_bwd_kernel()
                                      after each backward; -1: not checked */
 static int tc_fwd_only; /* 1: the forward alone (the passes over the Hopper forward's launch variants) */
-static int tc_seg128;   /* 1: SINKATTN_HOP_FWD_SEG128=1 is set (the H128 segment-id forward on Hopper) */
+static int tc_seg_all;  /* 1: SINKATTN_HOP_FWD_SEG128=1 and SINKATTN_HOP_BWD_SEG=1 are set (segment ids on the
+                           Hopper kernels at both head dims, forward and backward) */
 
 #define TC_CUDA(x)                                                                  \
   do {                                                                              \
@@ -306,7 +307,7 @@ static void tc_run(const tc_case *c, uint64_t seed) {
   tc_check(st == SA_OK, c, "CUDA forward status %g %g", (double)st, 0);
   if (st != SA_OK) printf("  %s\n", sa_last_error());
   /* segment ids at H128: the portable forward unless SINKATTN_HOP_FWD_SEG128=1 (hopper_fwd.cu) */
-  const int expect_fwd = tc_expect_kernel == 2 && c->segs && c->H == 128 && !tc_seg128 ? 1 : tc_expect_kernel;
+  const int expect_fwd = tc_expect_kernel == 2 && c->segs && c->H == 128 && !tc_seg_all ? 1 : tc_expect_kernel;
   if (expect_fwd >= 0)
     tc_check(sa_cuda_last_fwd_kernel() == expect_fwd, c, "forward ran kernel %g, expected %g",
              sa_cuda_last_fwd_kernel(), expect_fwd);
@@ -356,8 +357,8 @@ static void tc_run(const tc_case *c, uint64_t seed) {
     st = sa_attn_bwd(&d, &dg, w, ws, SA_BACKEND_CUDA, NULL);
     tc_check(st == SA_OK, c, "CUDA backward status %g %g", (double)st, 0);
     if (st != SA_OK) printf("  %s\n", sa_last_error());
-    /* segment ids: the Hopper forward (kind 4), the portable backward */
-    const int expect_bwd = tc_expect_kernel == 2 && c->segs ? 1 : tc_expect_kernel;
+    /* segment ids: the portable backward unless SINKATTN_HOP_BWD_SEG=1 (hopper_bwd.cu) */
+    const int expect_bwd = tc_expect_kernel == 2 && c->segs && !tc_seg_all ? 1 : tc_expect_kernel;
     if (expect_bwd >= 0)
       tc_check(sa_cuda_last_bwd_kernel() == expect_bwd, c, "backward ran kernel %g, expected %g",
                sa_cuda_last_bwd_kernel(), expect_bwd);
@@ -558,23 +559,24 @@ int main(void) {
     tc_env(names, NULL, 3);
     tc_fwd_only = 0;
   }
-  /* Last: the H128 segment-id forward on Hopper (SINKATTN_HOP_FWD_SEG128=1; not run on a GPU yet: its first form
-     hung in setmaxnreg, hopper_fwd.cu), forward and (portable) backward, on the default grid and persistent on a
-     grid of 3. */
-  if (major == 9 && minor == 0 && tc_pass_on("seg128")) {
-    static const char *const names2[2] = {"SINKATTN_HOP_FWD_SEG128", "SINKATTN_HOP_FWD_GRID"};
-    static const char *const vals[2][2] = {{"1", NULL}, {"1", "3"}};
+  /* Last: segment ids on the Hopper kernels where they have not run on a GPU yet (written after session 8's
+     device time was spent): the H128 forward (SINKATTN_HOP_FWD_SEG128=1; its first form hung in setmaxnreg) and
+     the two-pass backward at both head dims (SINKATTN_HOP_BWD_SEG=1), over every segment case, on the default
+     grid and with the forward persistent on a grid of 3. */
+  if (major == 9 && minor == 0 && tc_pass_on("segments")) {
+    static const char *const names2[3] = {"SINKATTN_HOP_FWD_SEG128", "SINKATTN_HOP_BWD_SEG", "SINKATTN_HOP_FWD_GRID"};
+    static const char *const vals[2][3] = {{"1", "1", NULL}, {"1", "1", "3"}};
     tc_expect_kernel = 2;
-    tc_seg128 = 1;
+    tc_seg_all = 1;
     for (int v = 0; v < 2; v++, nvar++) {
-      printf("-- the H128 segment-id cases,");
-      tc_env(names2, vals[v], 2);
-      printf(" (expect kernel 2 forward, 1 backward)\n");
+      printf("-- the segment-id cases,");
+      tc_env(names2, vals[v], 3);
+      printf(" (expect kernel 2)\n");
       for (size_t i = 0; i < nh; i++)
-        if (tc_hopper_cases[i].H == 128 && tc_hopper_cases[i].segs) tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
+        if (tc_hopper_cases[i].segs) tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
     }
-    tc_env(names2, NULL, 2);
-    tc_seg128 = 0;
+    tc_env(names2, NULL, 3);
+    tc_seg_all = 0;
   }
 #endif
   printf("test_cuda: %d passed, %d failed (%zu cases, %zu of them twice, %zu of those three times; the Hopper "

@@ -26,8 +26,10 @@
  * No atomics: every output element has one writer, so dq, dk, dv are bitwise reproducible.
  *
  * Scope (sa_hopper_bwd_in_scope; everything else runs the portable kernels): the forward's (sa_hop_in_scope
- * in hopper_ptx.cuh: CC 9.0 and sm_90a code, bf16, H == Hv in {64, 128}, T and S multiples of 128, no lengths
- * / segments, scale > 0; any causal alignment, window and diag_offset through sa_hop_mask), 16-byte aligned
+ * in hopper_ptx.cuh: CC 9.0 and sm_90a code, bf16, H == Hv in {64, 128}, T and S multiples of 128, scale > 0;
+ * any causal alignment, window and diag_offset through sa_hop_mask, lengths (MASK 3) and, under
+ * SINKATTN_HOP_BWD_SEG=1 until they have run, segment ids (MASK 4: each streamed tile's ids by TMA beside it, the
+ * CTA's own by plain loads, every element tested; no tile skipped for other documents yet), 16-byte aligned
  * dout, dq, dk, dv and workspace. SINKATTN_CUDA_HOPPER=0 disables it. With a mask (the MASK kernels) a dK/dV
  * CTA streams only the query blocks holding a row that sees one of its keys (found by binary search: the
  * key range bounds never decrease with the row), a dQ CTA only the key tiles its rows see, and only tiles on
@@ -56,8 +58,9 @@ struct sa_hop_bwd_params {
   int T, S, N, KH;
   float scale, scale_l2;
   sa_hop_mask mask;   /* causal / window / offset (MASK kernels only) */
-  sa_hop_shape shape; /* lengths and the raw mask parameters (MASK 3: each CTA builds its batch's mask) */
+  sa_hop_shape shape; /* lengths and the raw mask parameters (MASK 3, 4: each CTA builds its batch's mask) */
   int kb_slowest;     /* dK/dV grid (KH, B, S / KB) instead of (S / KB, KH, B): heaviest key blocks first */
+  const int32_t *q_seg, *kv_seg; /* [B, T], [B, S] (MASK 4: segment ids; the streamed side's by TMA) */
 };
 
 /* dK/dV's warpgroups (the tile table of hopper_ptx.cuh points here). H128: 2 consumer warpgroups of 64 keys (KB
@@ -72,7 +75,9 @@ template <int HD, int NCK>
 struct dkdv_tile {
   static constexpr int NC = NCK, KB = 64 * NC, THREADS = 128 * (NC + 1), REGS = NC == 3 ? 160 : 240;
   static_assert(128 * 24 + 128 * NC * REGS <= 65536, "register file: producer 24 + consumers");
-  static constexpr int SMEM = 1024 + 2 * KB * HD * 2 + STAGES * 2 * QB * HD * 2 + STAGES * 2 * QB * 4;
+  /* per stage: the Q and dO tiles, lse2 and D (QB fp32 each) and, MASK 4, the tile's query segment ids (QB int32;
+     reserved for every kind: 512 B) */
+  static constexpr int SMEM = 1024 + 2 * KB * HD * 2 + STAGES * 2 * QB * HD * 2 + STAGES * 3 * QB * 4;
   static_assert(SMEM <= 227 * 1024, "over the sm_90 limit");
 };
 /* dQ likewise: NCQ consumer warpgroups of 64 query rows (QM 128 at H128, 192 at H64: 3 products per 64-key tile
@@ -82,7 +87,8 @@ template <int HD, int NCQ>
 struct dq_tile {
   static constexpr int NC = NCQ, QM = 64 * NC, THREADS = 128 * (NC + 1), REGS = NC == 3 ? 160 : 240;
   static_assert(128 * 24 + 128 * NC * REGS <= 65536, "register file: producer 24 + consumers");
-  static constexpr int SMEM = 1024 + 2 * QM * HD * 2 + STAGES * 2 * KT * HD * 2;
+  /* per stage: the K and V tiles and, MASK 4, the tile's key segment ids (KT int32; reserved for every kind) */
+  static constexpr int SMEM = 1024 + 2 * QM * HD * 2 + STAGES * (2 * KT * HD * 2 + KT * 4);
   static_assert(SMEM <= 227 * 1024, "over the sm_90 limit");
 };
 /* The default per head dim: 3 at H64 but with lengths (at 160 registers their kernels spilled 28 bytes) and
@@ -107,18 +113,19 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
     sa_hop_bwd_dkdv(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
                     const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
                     const __grid_constant__ CUtensorMap tml, const __grid_constant__ CUtensorMap tmd,
-                    const sa_hop_bwd_params p) {
+                    const __grid_constant__ CUtensorMap tmqid, const sa_hop_bwd_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using TL = dkdv_tile<HD, NCK>;
   constexpr int CB = HD / 64, NC = TL::NC, KB = TL::KB;
-  constexpr uint32_t KV_BYTES = KB * HD * 2, QT_BYTES = QB * HD * 2, LD_BYTES = 2 * QB * 4;
+  constexpr uint32_t KV_BYTES = KB * HD * 2, QT_BYTES = QB * HD * 2, LD_BYTES = (MASK == 4 ? 3 : 2) * QB * 4;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bar[1 + 2 * STAGES]; /* K+V full; per stage full; per stage empty */
   __shared__ float anchor[4 * NC];
 
   const uint32_t raw = smem_u32(smem_raw), sk = (raw + 1023u) & ~1023u, sv = sk + KV_BYTES;
   const uint32_t sq = sv + KV_BYTES, sdo = sq + STAGES * QT_BYTES, sld = sdo + STAGES * QT_BYTES;
-  const float *ld_f = reinterpret_cast<const float *>(smem_raw + (sld - raw)); /* per stage: lse2[QB], D[QB] */
+  /* per stage: lse2[QB], D[QB] and, MASK 4, the query ids[QB] */
+  const float *ld_f = reinterpret_cast<const float *>(smem_raw + (sld - raw));
   const uint32_t b0 = smem_u32(bar);
   auto bar_full = [&](int s) { return b0 + 8 * (1 + s); };
   auto bar_empty = [&](int s) { return b0 + 8 * (1 + STAGES + s); };
@@ -130,7 +137,7 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
      keys past kv_len see no row and get dK = dV = 0 (their S^T / dP^T rows are never used). */
   sa_hop_mask mk = p.mask;
   int ql = T, kl = p.S;
-  if (MASK == 3) {
+  if (MASK >= 3) {
     sa_hop_lens(p.shape, b, T, p.S, &ql, &kl);
     mk = sa_hop_mask_make(ql, kl, p.shape.causal, p.shape.wl, p.shape.wr, p.shape.diag);
   }
@@ -177,6 +184,7 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
         }
         tma_load_2d(sld + s * LD_BYTES, &tml, bar_full(s), i0, b * p.N + n);
         tma_load_2d(sld + s * LD_BYTES + QB * 4, &tmd, bar_full(s), i0, b * p.N + n);
+        if (MASK == 4) tma_load_2d(sld + s * LD_BYTES + 2 * QB * 4, &tmqid, bar_full(s), i0, b);
       }
     }
     return;
@@ -203,9 +211,15 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
   /* Per key-row bounds on key - query (sa_hop_key_bounds: lengths make them depend on the key); without lengths
      both rows take the mask's own. */
   int dlo0 = mk.dlo, dhi0 = mk.dhi, dlo1 = dlo0, dhi1 = dhi0;
-  if (MASK == 3) {
+  if (MASK >= 3) {
     sa_hop_key_bounds(mk, ql, kl, kr, &dlo0, &dhi0);
     sa_hop_key_bounds(mk, ql, kl, kr + 8, &dlo1, &dhi1);
+  }
+  /* MASK 4: this thread's keys' segment ids (keys kr, kr + 8 < S) */
+  int kid0 = 0, kid1 = 0;
+  if (MASK == 4) {
+    kid0 = p.kv_seg[(size_t)b * p.S + kr];
+    kid1 = p.kv_seg[(size_t)b * p.S + kr + 8];
   }
   if (n_tiles > 0) mbar_wait(b0, 0);
 
@@ -213,7 +227,7 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
     const int s = it % STAGES, i0 = (qb0 + it % per_head) * QB;
     const uint32_t sq_s = sq + s * QT_BYTES, sdo_s = sdo + s * QT_BYTES;
     mbar_wait(bar_full(s), (it / STAGES) & 1);
-    if (MASK == 3 && i0 + QB > ql) { /* the block holding q_len (CTA-uniform): rows past it may be NaN padding */
+    if (MASK >= 3 && i0 + QB > ql) { /* the block holding q_len (CTA-uniform): rows past it may be NaN padding */
       const int r = ql - i0, tid = threadIdx.x - 128;
       zero_tile_rows(sq_s, QB, r, CB, tid, 128 * n_wg);
       zero_tile_rows(sdo_s, QB, r, CB, tid, 128 * n_wg);
@@ -236,24 +250,28 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
     wgmma_commit();
     wgmma_wait1();
     pin(st);
-    const float *lse2 = ld_f + s * 2 * QB, *Dq = lse2 + QB;
+    const float *lse2 = ld_f + s * (LD_BYTES / 4), *Dq = lse2 + QB;
+    const int *qid = reinterpret_cast<const int *>(Dq + QB); /* MASK 4 */
     /* Only tiles on a mask boundary test positions (sa_hop_mask: visible iff dlo <= key - query <= dhi): the
        warpgroup's keys [kw0, kw0 + 64) and the tile's queries [i0, i0 + 64) span key - query from
        kw0 - i0 - 63 to kw0 - i0 + 63. */
     const int dlo = mk.dlo, dhi = mk.dhi, x0 = kr - i0 - 2 * t; /* key - query of element j = 0, e = 0 */
     const bool masked = MASK && (kw0 - i0 - 63 < dlo || kw0 - i0 + 63 > dhi ||
-                                 (MASK == 3 && (i0 + QB > ql || kw0 + 64 > kl)));
+                                 (MASK >= 3 && (i0 + QB > ql || kw0 + 64 > kl)));
     /* element c (below) of key row h invisible iff xh_h > -c or xl_h < -c */
     const int xh0 = x0 - dhi0, xl0 = x0 - dlo0, xh1 = x0 - dhi1, xl1 = x0 - dlo1;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const float2 l2 = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t);
+      int2 qi = make_int2(0, 0);
+      if (MASK == 4) qi = *reinterpret_cast<const int2 *>(qid + 8 * j + 2 * t);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = ex2(fmaf(st[4 * j + e], sl2, -((e & 1) ? l2.y : l2.x)));
         const int c = 8 * (e >> 1) - 8 * j - (e & 1); /* key kr + 8 (e >> 1), query i0 + 8j + 2t + (e & 1) */
         const int xh = (e >> 1) ? xh1 : xh0, xl = (e >> 1) ? xl1 : xl0;
         if (masked && (xh > -c || (MASK >= 2 && xl < -c))) x = 0.f;
+        if (MASK == 4 && ((e & 1) ? qi.y : qi.x) != ((e >> 1) ? kid1 : kid0)) x = 0.f; /* another document */
         st[4 * j + e] = x;
       }
     }
@@ -266,7 +284,7 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
       /* D of a row past q_len may be NaN (padding dO / out), and P = 0 times NaN is NaN: 0 in registers. Not by
          a store into the stage: a plain store there races (compute-sanitizer racecheck, H200 session 4) with
          the reads of lanes 1..31 in the stage's previous tile, which only lane 0's empty arrive releases. */
-      if (MASK == 3 && i0 + 8 * j + 2 * t + 1 >= ql) {
+      if (MASK >= 3 && i0 + 8 * j + 2 * t + 1 >= ql) {
         if (i0 + 8 * j + 2 * t >= ql) dd.x = 0.f;
         dd.y = 0.f;
       }
@@ -284,7 +302,7 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
     if (lane == 0) mbar_arrive(bar_empty(s));
   }
 
-  if (MASK == 3) /* keys past kv_len: 0 (their dP^T rows came from padding V, maybe NaN) */
+  if (MASK >= 3) /* keys past kv_len: 0 (their dP^T rows came from padding V, maybe NaN) */
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       if (kr + 8 * h >= kl)
@@ -306,7 +324,7 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
 
 /* Tensor maps: dK/dV streams 64-row Q / dO tiles and loads 128-row K / V blocks; dQ the other way round; dK/dV
    also streams the 64-query boxes of lse2 and D. */
-enum { M_Q_QB, M_DO_QB, M_K_KB, M_V_KB, M_Q_QM, M_DO_QM, M_K_KT, M_V_KT, M_LSE2, M_D, M_COUNT };
+enum { M_Q_QB, M_DO_QB, M_K_KB, M_V_KB, M_Q_QM, M_DO_QM, M_K_KT, M_V_KT, M_LSE2, M_D, M_QID, M_KID, M_COUNT };
 
 /* The dK/dV launch order. A causal (or bottom-right, or offset) mask gives key block kb less work the further
    right it is (block 0 streams every query block, the last only the diagonal). With the key block fastest
@@ -342,7 +360,7 @@ bool sa_hop_dkdv_launch(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params
   const unsigned nkb = (unsigned)((hp.S + TL::KB - 1) / TL::KB);
   const dim3 gk = hp.kb_slowest ? dim3((unsigned)hp.KH, (unsigned)B, nkb) : dim3(nkb, (unsigned)hp.KH, (unsigned)B);
   sa_hop_bwd_dkdv<HD, MASK, NCK><<<gk, TL::THREADS, TL::SMEM, st>>>(m[M_Q_QB], m[M_DO_QB], m[M_K_KB], m[M_V_KB],
-                                                                     m[M_LSE2], m[M_D], hp);
+                                                                     m[M_LSE2], m[M_D], m[M_QID], hp);
   return true;
 }
 
@@ -361,14 +379,15 @@ cudaError_t sa_hop_bwd_run_nc(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   dim3 gq((unsigned)((hp.T + TQ::QM - 1) / TQ::QM), (unsigned)hp.N, (unsigned)B);
-  sa_hop_bwd_dq<HD, MASK, NCQ><<<gq, TQ::THREADS, TQ::SMEM, st>>>(m[M_Q_QM], m[M_DO_QM], m[M_K_KT], m[M_V_KT], hp);
+  sa_hop_bwd_dq<HD, MASK, NCQ><<<gq, TQ::THREADS, TQ::SMEM, st>>>(m[M_Q_QM], m[M_DO_QM], m[M_K_KT], m[M_V_KT],
+                                                                   m[M_KID], hp);
   return cudaGetLastError();
 }
 
 template <int HD, int MASK>
 cudaError_t sa_hop_bwd_run(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B, int nck,
                            int ncq, cudaStream_t st, int *used) {
-  if constexpr (HD == 64 && MASK != 3) {
+  if constexpr (HD == 64 && MASK < 3) { /* lengths and segment ids: 2 (at 3 their kernels spill) */
     if (nck == 3) return ncq == 3 ? sa_hop_bwd_run_nc<HD, MASK, 3, 3>(m, hp, B, st, used)
                                   : sa_hop_bwd_run_nc<HD, MASK, 3, 2>(m, hp, B, st, used);
     if (ncq == 3) return sa_hop_bwd_run_nc<HD, MASK, 2, 3>(m, hp, B, st, used);
@@ -378,9 +397,12 @@ cudaError_t sa_hop_bwd_run(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_par
 
 } /* namespace */
 
+/* Segment ids (mask kind 4: both ids by TMA, 16-byte aligned) only under SINKATTN_HOP_BWD_SEG=1 until the kernels
+   have run on a GPU (written after session 8's device time was spent; test_cuda's last pass sets it). */
 bool sa_hopper_bwd_in_scope(const sa_cuda_params &p, int bf16) {
+  const bool segs = sa_cuda_env_int("SINKATTN_HOP_BWD_SEG", 0) == 1 && sa_hop_aligned(p.q_seg);
   return sa_hop_aligned(p.dout) && sa_hop_aligned(p.dq) && sa_hop_aligned(p.dk) && sa_hop_aligned(p.dv) &&
-         sa_hop_in_scope(p, bf16);
+         sa_hop_in_scope(p, bf16, segs);
 }
 
 cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st, int *used) {
@@ -395,7 +417,7 @@ cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
      SINKATTN_HOP_BWD_NC=2 forces 2 (the A/B), =3 forces 3 where allowed (test_cuda's small shapes) */
   const int kind = sa_hop_mask_kind(p);
   const int force = sa_cuda_env_int("SINKATTN_HOP_BWD_NC", 0);
-  const bool may3 = p.H == 64 && kind != 3 && force != 2;
+  const bool may3 = p.H == 64 && kind < 3 && force != 2;
   const int nck = may3 && (force == 3 || sa_hop_many_ctas((p.S + 191) / 192 * p.K * p.B)) ? hop_bwd_nc<64>() : 2;
   const int ncq = may3 && (force == 3 || sa_hop_many_ctas((p.T + 191) / 192 * p.N * p.B)) ? hop_bwd_nc<64>() : 2;
   const int kbk = 64 * nck, qmk = 64 * ncq;
@@ -409,7 +431,10 @@ cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
                   sa_hop_map(enc, &m[M_K_KT], p.k, p.B, p.S, p.K, p.H, KT) &&
                   sa_hop_map(enc, &m[M_V_KT], p.v, p.B, p.S, p.K, p.H, KT) &&
                   sa_hop_map_rows(enc, &m[M_LSE2], p.lse2, p.B * p.N, p.T, QB) &&
-                  sa_hop_map_rows(enc, &m[M_D], p.D, p.B * p.N, p.T, QB);
+                  sa_hop_map_rows(enc, &m[M_D], p.D, p.B * p.N, p.T, QB) &&
+                  (kind == 4 ? sa_hop_map_ids(enc, &m[M_QID], p.q_seg, p.B, p.T, QB) &&
+                                   sa_hop_map_ids(enc, &m[M_KID], p.kv_seg, p.B, p.S, KT)
+                             : (m[M_QID] = m[M_KID] = m[M_D], true)); /* unread without segment ids */
   if (!ok) return cudaSuccess; /* the driver refused a map: the portable kernels run instead */
   sa_hop_bwd_params hp;
   hp.dq = (__nv_bfloat16 *)p.dq;
@@ -422,17 +447,22 @@ cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   hp.scale_l2 = p.scale_log2;
   hp.mask = sa_hop_mask_of(p);
   hp.shape = sa_hop_shape_of(p);
-  /* key block work falls with kb under an upper bound alone (kind 1), or lengths with one and no left window */
-  const bool falls = kind == 1 || (kind == 3 && (p.causal != 0 || p.wr >= 0) && p.wl < 0);
+  hp.q_seg = p.q_seg;
+  hp.kv_seg = p.kv_seg;
+  /* key block work falls with kb under an upper bound alone (kind 1), or lengths / segment ids with one and no
+     left window */
+  const bool falls = kind == 1 || (kind >= 3 && (p.causal != 0 || p.wr >= 0) && p.wl < 0);
   hp.kb_slowest = sa_hop_kb_slowest(falls, ((p.S + kbk - 1) / kbk) * p.K * p.B);
-  switch (kind + 4 * (p.H == 128)) {
+  switch (kind + 5 * (p.H == 128)) {
     case 0: return sa_hop_bwd_run<64, 0>(m, hp, p.B, nck, ncq, st, used);
     case 1: return sa_hop_bwd_run<64, 1>(m, hp, p.B, nck, ncq, st, used);
     case 2: return sa_hop_bwd_run<64, 2>(m, hp, p.B, nck, ncq, st, used);
     case 3: return sa_hop_bwd_run<64, 3>(m, hp, p.B, nck, ncq, st, used);
-    case 4: return sa_hop_bwd_run<128, 0>(m, hp, p.B, nck, ncq, st, used);
-    case 5: return sa_hop_bwd_run<128, 1>(m, hp, p.B, nck, ncq, st, used);
-    case 6: return sa_hop_bwd_run<128, 2>(m, hp, p.B, nck, ncq, st, used);
-    default: return sa_hop_bwd_run<128, 3>(m, hp, p.B, nck, ncq, st, used);
+    case 4: return sa_hop_bwd_run<64, 4>(m, hp, p.B, nck, ncq, st, used);
+    case 5: return sa_hop_bwd_run<128, 0>(m, hp, p.B, nck, ncq, st, used);
+    case 6: return sa_hop_bwd_run<128, 1>(m, hp, p.B, nck, ncq, st, used);
+    case 7: return sa_hop_bwd_run<128, 2>(m, hp, p.B, nck, ncq, st, used);
+    case 8: return sa_hop_bwd_run<128, 3>(m, hp, p.B, nck, ncq, st, used);
+    default: return sa_hop_bwd_run<128, 4>(m, hp, p.B, nck, ncq, st, used);
   }
 }

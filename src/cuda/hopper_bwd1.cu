@@ -510,7 +510,8 @@ cudaError_t sa_hop1_dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N
 
 bool sa_hopper_bwd1_in_scope(const sa_cuda_params &p, int bf16) {
   if (p.H == 64) return sa_hopper_bwd3_in_scope(p, bf16);
-  if (p.H != 128 || p.Hv != 128 || p.q_lens || p.kv_lens || p.wl >= 0 || p.wr >= 0) return false;
+  if (p.H != 128 || p.Hv != 128 || p.q_lens || p.kv_lens || p.q_seg || p.kv_seg || p.wl >= 0 || p.wr >= 0)
+    return false;
   /* causal none (a diag_offset alone changes nothing) or top-left on the main diagonal: the kernel's mask */
   if (!(p.causal == 0 || (p.causal == 1 && p.diag_offset == 0))) return false;
   if (p.B * p.N * p.T >= ((int64_t)1 << 27)) return false; /* dq_convert's int index: rows * H / 8 < 2^31 */

@@ -13,7 +13,7 @@ template <int HD, int MASK, int NCQ>
 __global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
     sa_hop_bwd_dq(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
                   const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
-                  const sa_hop_bwd_params p) {
+                  const __grid_constant__ CUtensorMap tmkid, const sa_hop_bwd_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using TL = dq_tile<HD, NCQ>;
   constexpr int CB = HD / 64, NC = TL::NC, QM = TL::QM;
@@ -24,6 +24,7 @@ __global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
 
   const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u, sdo = sq + Q_BYTES;
   const uint32_t sk = sdo + Q_BYTES, sv = sk + STAGES * KT_BYTES, b0 = smem_u32(bar);
+  const uint32_t sids = sv + STAGES * KT_BYTES; /* MASK 4: stage s's KT key segment ids at sids + s KT 4 */
   auto bar_full = [&](int s) { return b0 + 8 * (1 + s); };
   auto bar_empty = [&](int s) { return b0 + 8 * (1 + STAGES + s); };
 
@@ -34,7 +35,7 @@ __global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
      memory (K and V: padding may be NaN), rows past q_len get dq = 0. */
   sa_hop_mask mk = p.mask;
   int ql = T, kl = p.S;
-  if (MASK == 3) {
+  if (MASK >= 3) {
     sa_hop_lens(p.shape, b, T, p.S, &ql, &kl);
     mk = sa_hop_mask_make(ql, kl, p.shape.causal, p.shape.wl, p.shape.wr, p.shape.diag);
   }
@@ -70,11 +71,12 @@ __global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
       for (int it = 0; it < n_tiles; ++it) {
         const int s = it % STAGES;
         mbar_wait(bar_empty(s), ((it / STAGES) & 1) ^ 1);
-        mbar_arrive_tx(bar_full(s), 2 * KT_BYTES);
+        mbar_arrive_tx(bar_full(s), 2 * KT_BYTES + (MASK == 4 ? KT * 4 : 0));
         for (int c = 0; c < CB; ++c) {
           tma_load(sk + s * KT_BYTES + c * KT * 128, &tmk, bar_full(s), c * 64, kvh, (t0 + it) * KT, b);
           tma_load(sv + s * KT_BYTES + c * KT * 128, &tmv, bar_full(s), c * 64, kvh, (t0 + it) * KT, b);
         }
+        if (MASK == 4) tma_load_2d(sids + s * KT * 4, &tmkid, bar_full(s), (t0 + it) * KT, b);
       }
     }
     return;
@@ -110,9 +112,15 @@ __global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
   zero(dq);
   const int dlo = mk.dlo, dhi = mk.dhi; /* visible iff dlo <= key - row <= dhi (sa_hop_mask) */
   int dhi0 = dhi, dhi1 = dhi, unused; /* per row with lengths (sa_hop_row_bounds) */
-  if (MASK == 3) {
+  if (MASK >= 3) {
     sa_hop_row_bounds(mk, ql, kl, r0, &unused, &dhi0);
     sa_hop_row_bounds(mk, ql, kl, r0 + 8, &unused, &dhi1);
+  }
+  /* MASK 4: this thread's rows' segment ids (rows r0, r0 + 8 < T) */
+  int qid0 = 0, qid1 = 0;
+  if (MASK == 4) {
+    qid0 = p.q_seg[(size_t)b * T + r0];
+    qid1 = p.q_seg[(size_t)b * T + r0 + 8];
   }
   if (n_tiles > 0) mbar_wait(b0, 0);
 
@@ -120,7 +128,7 @@ __global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
     const int s = it % STAGES, key0 = (t0 + it) * KT;
     const uint32_t sk_s = sk + s * KT_BYTES, sv_s = sv + s * KT_BYTES;
     mbar_wait(bar_full(s), (it / STAGES) & 1);
-    if (MASK == 3 && key0 + KT > kl) { /* the tile holding kv_len (CTA-uniform): keys past it may be NaN padding */
+    if (MASK >= 3 && key0 + KT > kl) { /* the tile holding kv_len (CTA-uniform): keys past it may be NaN padding */
       const int tid = threadIdx.x - 128;
       zero_tile_rows(sk_s, KT, kl - key0, CB, tid, 128 * n_wg);
       zero_tile_rows(sv_s, KT, kl - key0, CB, tid, 128 * n_wg);
@@ -144,20 +152,25 @@ __global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
     pin(sa);
     /* keys [key0, key0 + KT) against the warpgroup's rows [wg_row0, wg_row0 + 64) */
     const bool masked = MASK && (key0 - wg_row0 - 63 < dlo || key0 + KT - 1 - wg_row0 > dhi ||
-                                 (MASK == 3 && (key0 + KT > kl || wg_row0 + 64 > ql)));
+                                 (MASK >= 3 && (key0 + KT > kl || wg_row0 + 64 > ql)));
+    const int *kid = reinterpret_cast<const int *>(smem_raw + (sids + s * KT * 4 - smem_u32(smem_raw))); /* MASK 4 */
     const int x0 = key0 + 2 * t - r0; /* key - row of element j = 0, e = 0 */
     /* element c (below) of row h invisible iff xh_h > -c or xl < -c */
     const int xh0 = x0 - dhi0, xh1 = x0 - dhi1, xl = x0 - dlo;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < 8; ++j) {
+      int2 ki = make_int2(0, 0);
+      if (MASK == 4) ki = *reinterpret_cast<const int2 *>(kid + 8 * j + 2 * t);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = ex2(fmaf(sa[4 * j + e], sl2, -lr[e >> 1]));
         const int c = 8 * j + (e & 1) - 8 * (e >> 1); /* key key0 + 8j + 2t + (e & 1), row r0 + 8 (e >> 1) */
         const int xh = (e >> 1) ? xh1 : xh0;
         if (masked && (xh > -c || (MASK >= 2 && xl < -c))) x = 0.f;
+        if (MASK == 4 && ((e & 1) ? ki.y : ki.x) != ((e >> 1) ? qid1 : qid0)) x = 0.f; /* another document */
         sa[4 * j + e] = x;
       }
+    }
     anchor_exp2(sa, &anchor[4 * cw + warp], lane);
     wgmma_wait0();
     pin(dpa);
@@ -174,10 +187,11 @@ __global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
     wgmma_wait0();
     pin(dq);
     pin(df);
+    if (MASK == 4) __syncwarp(); /* every lane read the stage's ids: the arrive releases only lane 0's reads */
     if (lane == 0) mbar_arrive(bar_empty(s));
   }
 
-  if (MASK == 3) /* rows past q_len: 0 (their Q / dO rows are padding, maybe NaN) */
+  if (MASK >= 3) /* rows past q_len: 0 (their Q / dO rows are padding, maybe NaN) */
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       if (r0 + 8 * h >= ql)
