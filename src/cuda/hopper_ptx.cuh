@@ -270,8 +270,9 @@ static inline bool sa_hop_map_rows(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtens
   return sa_hop_map_f32(enc, m, base, 2, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
-/* kv_segment_ids [B, S] int32 as a 2-D tensor {S, B}, box {box_keys keys, 1 batch}, no swizzle (the forward's
-   segment mask reads a key tile's ids beside its K; 16-byte aligned base, S * 4 a multiple of 16: S % 128 == 0). */
+/* Segment ids [B, L] int32 as a 2-D tensor {L, B}, box {box_keys ids, 1 batch}, no swizzle: the streamed side's ids
+   land beside their tile (the forward's and dQ's key ids, dK/dV's query ids). 16-byte aligned base, L * 4 a
+   multiple of 16 (L % 128 == 0). */
 static inline bool sa_hop_map_ids(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const int32_t *base,
                                   int64_t B, int64_t S, int box_keys) {
   const cuuint64_t dims[2] = {(cuuint64_t)S, (cuuint64_t)B}, strides[1] = {(cuuint64_t)S * 4};
@@ -281,7 +282,7 @@ static inline bool sa_hop_map_ids(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtenso
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-/* The position mask of the Hopper kernels (segments: kind 4 below; lengths below): key j
+/* The position mask of the Hopper kernels (lengths and segment ids: kinds 3 and 4 below): key j
    is visible to query i iff lo(i) <= j < hi(i), the range sa_dev_key_range gives with ql = T, kl = S. The row's
    diagonal is d = i + off (off = S - T for bottom-right, plus diag_offset); lo = max(0, d - wl) when wl >= 0;
    hi = min(S, d + 1 when causal, d + wr + 1 when wr >= 0), never below lo. Both never decrease with i, so the
@@ -404,7 +405,7 @@ __host__ __device__ __forceinline__ int sa_hop_query_rows(const sa_hop_mask &m, 
 /* The mask kind a call needs: 0 none (every key visible to every row), 1 an upper bound on key - row only
    (causal in either alignment, a right window, with any diag_offset), 2 a lower bound too (a left window),
    3 per-batch lengths (both bounds, per row: sa_hop_row_bounds / sa_hop_key_bounds), 4 segment ids (kind 3's
-   bounds, lengths or not, and q_seg[b, i] == kv_seg[b, j] per element; the forward only). */
+   bounds, lengths or not, and q_seg[b, i] == kv_seg[b, j] per element; the forward and the two-pass backward). */
 static inline int sa_hop_mask_kind(const sa_cuda_params &p) {
   if (p.q_seg || p.kv_seg) return 4;
   if (p.q_lens || p.kv_lens) return 3;
@@ -440,8 +441,9 @@ static inline bool sa_hop_aligned(const void *x) { return (uintptr_t)x % 16 == 0
    backward's 128-key and 128-query blocks and 64-row streamed tiles all divide them. */
 static inline bool sa_hop_in_scope(const sa_cuda_params &p, int bf16, bool segments_ok = false) {
   if (!bf16 || p.H != p.Hv || (p.H != 64 && p.H != 128)) return false;
-  /* lengths: the kind-3 kernels; segment ids: the forward's kind 4 (segments_ok; kv ids by TMA: 16-byte aligned,
-     both arrays given, as sa_attn's check requires), the backwards not yet */
+  /* lengths: the kind-3 kernels; segment ids: kind 4 where the caller takes it (segments_ok: the forward, the
+     two-pass backward under its switch), both arrays given as sa_attn's check requires, kv ids 16-byte aligned
+     for TMA (the backward checks q ids too) */
   if ((p.q_seg || p.kv_seg) && !(segments_ok && p.q_seg && p.kv_seg && sa_hop_aligned(p.kv_seg))) return false;
   /* windows, both causal alignments and diag_offset: the position mask above (a diag_offset alone, without
      causal or window, changes nothing) */
