@@ -431,11 +431,11 @@ cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
                   sa_hop_map(enc, &m[M_K_KT], p.k, p.B, p.S, p.K, p.H, KT) &&
                   sa_hop_map(enc, &m[M_V_KT], p.v, p.B, p.S, p.K, p.H, KT) &&
                   sa_hop_map_rows(enc, &m[M_LSE2], p.lse2, p.B * p.N, p.T, QB) &&
-                  sa_hop_map_rows(enc, &m[M_D], p.D, p.B * p.N, p.T, QB) &&
-                  (kind == 4 ? sa_hop_map_ids(enc, &m[M_QID], p.q_seg, p.B, p.T, QB) &&
-                                   sa_hop_map_ids(enc, &m[M_KID], p.kv_seg, p.B, p.S, KT)
-                             : (m[M_QID] = m[M_KID] = m[M_D], true)); /* unread without segment ids */
-  if (!ok) return cudaSuccess; /* the driver refused a map: the portable kernels run instead */
+                  sa_hop_map_rows(enc, &m[M_D], p.D, p.B * p.N, p.T, QB);
+  m[M_QID] = m[M_KID] = m[M_D]; /* without segment ids the kernels never read these: any valid map will do */
+  const bool ids_ok = kind != 4 || (sa_hop_map_ids(enc, &m[M_QID], p.q_seg, p.B, p.T, QB) &&
+                                    sa_hop_map_ids(enc, &m[M_KID], p.kv_seg, p.B, p.S, KT));
+  if (!ok || !ids_ok) return cudaSuccess; /* the driver refused a map: the portable kernels run instead */
   sa_hop_bwd_params hp;
   hp.dq = (__nv_bfloat16 *)p.dq;
   hp.dk = (__nv_bfloat16 *)p.dk;
