@@ -272,7 +272,8 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, QS>::THREADS, 1)
       if constexpr (MASK == 4) mask_segments(sacc, sids + s * TL::IDS_BYTES, qid0, qid1, t);
     };
     /* K stage s read: by the wgmma of S (landed) and, MASK 4, by every lane's id loads (__syncwarp: an mbarrier
-       arrive releases only the arriving thread's own accesses) */
+       arrive releases only the arriving thread's own accesses). Called before the mask but at MASK 4 (after it
+       there); one lambda doing both reordered the SASS of the H128 causal and window kernels, so two calls. */
     auto release_k = [&](uint32_t s) {
       if (MASK == 4) __syncwarp();
       if (lane == 0) mbar_arrive(bar_ke<ST>(b0, s));
