@@ -1,0 +1,215 @@
+/*
+ * plan_record.cpp — what the CUDA backend enqueues for each shape of a cases file, on the runtime mock
+ * (cuda_mock.cpp: an H200 that runs nothing). For every case: the forward's launches, the backward's
+ * workspace bytes and launches, and (q_len <= 64) decode's; the kernel arguments that fix a schedule are
+ * decoded (mirrors below: the kernels' parameter blocks, whose layout the SASS comparison keeps fixed).
+ *   plan_record CASES            print the record (tests/plan/golden-8667763.txt was made so, at 8667763)
+ *   plan_record --check GOLDEN   replay GOLDEN's cases and compare line by line; exit 1 on a difference
+ * Without SA_RECORD_PLAN the file builds against a tree without sa_plan.h (the base commit's).
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <string>
+#include <vector>
+
+#include "cuda_mock.h"
+#include "sinkattn.h"
+#ifdef SA_RECORD_PLAN
+#include "sa_plan.h"
+#endif
+
+namespace {
+
+/* ---- mirrors of the kernels' parameter blocks ---- */
+struct m_cuda_params {
+  const void *q, *k, *v;
+  void *out;
+  float *lse;
+  const float *sinks;
+  const int32_t *q_lens, *kv_lens, *q_seg, *kv_seg;
+  int64_t B, T, S, N, K, G, H, Hv;
+  float scale, scale_log2;
+  int softmax, causal;
+  int64_t wl, wr, diag_offset;
+  const void *dout;
+  const float *dlse;
+  void *dq, *dk, *dv;
+  float *dsinks, *D, *dsink_part, *lse2;
+  int64_t nqb;
+};
+struct m_decode_params {
+  m_cuda_params p;
+  int64_t rows, rowgroups, chunk, splits;
+  int lanes;
+  float *part_out, *part_lse;
+};
+struct m_hop_mask {
+  long long off, wl, wr;
+  int S, causal, dlo, dhi;
+};
+struct m_hop_shape {
+  const int32_t *q_lens, *kv_lens;
+  int causal;
+  long long wl, wr, diag;
+};
+struct m_hop_params {
+  void *out;
+  float *lse;
+  const float *sinks;
+  int T, S, N, G, softmax;
+  float scale_l2;
+  m_hop_mask mask;
+  m_hop_shape shape;
+  const int32_t *q_seg, *kv_seg;
+  int BH, n_mb, total, hg, nph;
+};
+struct m_sched {
+  int *sync;
+  int nkb, G, n_all, d, total;
+};
+struct m_sched3 {
+  int *sync;
+  float *part;
+  int nkb, Gc, hs, n_all, d;
+  size_t slice;
+};
+
+bool has(const char *s, const char *sub) { return strstr(s, sub) != nullptr; }
+
+void decode(const char *k, void **args, char *buf, size_t n) {
+  if (has(k, "sa_hop_fwd_kernel")) {
+    const m_hop_params &h = *(const m_hop_params *)args[4];
+    snprintf(buf, n, "BH=%d n_mb=%d total=%d hg=%d nph=%d", h.BH, h.n_mb, h.total, h.hg, h.nph);
+  } else if (has(k, "bwd_persist3") || has(k, "bwd_onepass3")) {
+    const m_sched3 &s = *(const m_sched3 *)args[8];
+    snprintf(buf, n, "nkb=%d Gc=%d hs=%d n_all=%d d=%d", s.nkb, s.Gc, s.hs, s.n_all, s.d);
+    if (has(k, "bwd_persist3")) snprintf(buf + strlen(buf), n - strlen(buf), " items=%d", *(const int *)args[9]);
+  } else if (has(k, "bwd_onepass")) {
+    const m_sched &s = *(const m_sched *)args[8];
+    snprintf(buf, n, "nkb=%d G=%d n_all=%d d=%d items=%d", s.nkb, s.G, s.n_all, s.d, s.total);
+  } else if (has(k, "sa_decode")) {
+    const m_decode_params &d = *(const m_decode_params *)args[0];
+    snprintf(buf, n, "rows=%lld rowgroups=%lld chunk=%lld splits=%lld lanes=%d", (long long)d.rows,
+             (long long)d.rowgroups, (long long)d.chunk, (long long)d.splits, d.lanes);
+  } else if (has(k, "dkdv_sum")) {
+    snprintf(buf, n, "n=%zu hs=%d", *(const size_t *)args[3], *(const int *)args[4]);
+  } else if (has(k, "dq_convert")) {
+    snprintf(buf, n, "rows=%d", *(const int *)args[6]);
+  }
+}
+
+struct tcase {
+  std::string name, line;
+  sa_attn a;
+};
+
+int parse_enum(const char *s, const char *const *names, int n) {
+  for (int i = 0; i < n; ++i)
+    if (!strcmp(s, names[i])) return i;
+  fprintf(stderr, "plan_record: unknown value '%s'\n", s);
+  exit(2);
+}
+
+/* "name | dtype B T S N K H Hv softmax causal wl wr diag lens segs" */
+bool parse_case(const std::string &line, tcase *c) {
+  const size_t bar = line.find(" | ");
+  if (bar == std::string::npos) return false;
+  c->name = line.substr(0, bar);
+  c->line = line;
+  char dt[8], sm[16], ca[16];
+  long long B, T, S, N, K, H, Hv, wl, wr, diag;
+  int lens, segs;
+  if (sscanf(line.c_str() + bar + 3, "%7s %lld %lld %lld %lld %lld %lld %lld %15s %15s %lld %lld %lld %d %d", dt, &B,
+             &T, &S, &N, &K, &H, &Hv, sm, ca, &wl, &wr, &diag, &lens, &segs) != 15) {
+    fprintf(stderr, "plan_record: cannot parse '%s'\n", line.c_str());
+    exit(2);
+  }
+  static const char *const dts[] = {"f32", "f16", "bf16"}, *const sms[] = {"vanilla", "off_by_one", "learnable"},
+                           *const cas[] = {"none", "top_left", "bottom_right"};
+  sa_attn &a = c->a;
+  sa_attn_init(&a);
+  a.dtype = (sa_dtype)parse_enum(dt, dts, 3);
+  a.batch = B, a.q_len = T, a.kv_len = S, a.q_heads = N, a.kv_heads = K, a.head_dim = H, a.v_head_dim = Hv;
+  a.softmax = (sa_softmax)parse_enum(sm, sms, 3);
+  a.causal = (sa_causal)parse_enum(ca, cas, 3);
+  a.window_left = wl, a.window_right = wr, a.diag_offset = diag;
+  /* device addresses the mock never dereferences: 256-byte aligned, one region each */
+  auto dev = [](int k) { return (void *)(uintptr_t)(0x100000000000ull + (uint64_t)k * 0x1000000000ull); };
+  a.q = dev(1), a.k = dev(2), a.v = dev(3), a.out = dev(4), a.lse = (float *)dev(5);
+  a.sinks = a.softmax == SA_SOFTMAX_LEARNABLE ? (const float *)dev(6) : nullptr;
+  if (lens) a.q_lens = (const int32_t *)dev(7), a.kv_lens = (const int32_t *)dev(8);
+  if (segs) a.q_segment_ids = (const int32_t *)dev(9), a.kv_segment_ids = (const int32_t *)dev(10);
+  return true;
+}
+
+void run_case(const tcase &c, FILE *out) {
+  static const char *const st[] = {"SA_OK", "SA_ERR_INVALID", "SA_ERR_UNSUPPORTED", "SA_ERR_NO_MEMORY", "SA_ERR_DEVICE"};
+  fprintf(out, "case %s\n", c.line.c_str());
+  void *stream = (void *)(uintptr_t)0x5000;
+  fprintf(out, " fwd\n");
+  sa_status s = sa_attn_fwd(&c.a, SA_BACKEND_CUDA, stream);
+  if (s != SA_OK) fprintf(out, "  status %s\n", st[s]);
+#ifdef SA_RECORD_PLAN
+  else fprintf(out, "  plan %s\n", sa_plan_last(SA_PLAN_FWD));
+#endif
+  sa_attn_grad g;
+  memset(&g, 0, sizeof g);
+  g.dout = (void *)(uintptr_t)0x200000000000ull, g.dq = (void *)(uintptr_t)0x210000000000ull;
+  g.dk = (void *)(uintptr_t)0x220000000000ull, g.dv = (void *)(uintptr_t)0x230000000000ull;
+  g.dsinks = c.a.softmax == SA_SOFTMAX_LEARNABLE ? (float *)(uintptr_t)0x240000000000ull : nullptr;
+  g.deterministic = 1;
+  const size_t ws = sa_attn_bwd_workspace_size(&c.a, SA_BACKEND_CUDA);
+  fprintf(out, " bwd ws=%zu\n", ws);
+  s = sa_attn_bwd(&c.a, &g, (void *)(uintptr_t)0x300000000000ull, ws, SA_BACKEND_CUDA, stream);
+  if (s != SA_OK) fprintf(out, "  status %s\n", st[s]);
+#ifdef SA_RECORD_PLAN
+  else fprintf(out, "  plan %s\n", sa_plan_last(SA_PLAN_BWD));
+#endif
+  if (c.a.q_len <= 64) {
+    const size_t dws = sa_attn_decode_workspace_size(&c.a, SA_BACKEND_CUDA);
+    fprintf(out, " decode ws=%zu\n", dws);
+    s = sa_attn_decode_fwd(&c.a, (void *)(uintptr_t)0x400000000000ull, dws, SA_BACKEND_CUDA, stream);
+    if (s != SA_OK) fprintf(out, "  status %s\n", st[s]);
+#ifdef SA_RECORD_PLAN
+    else fprintf(out, "  plan %s\n", sa_plan_last(SA_PLAN_DECODE));
+#endif
+  }
+}
+
+std::vector<std::string> read_lines(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    fprintf(stderr, "plan_record: cannot open %s\n", path);
+    exit(2);
+  }
+  std::vector<std::string> v;
+  char buf[1024];
+  while (fgets(buf, sizeof buf, f)) {
+    std::string s(buf);
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+    v.push_back(s);
+  }
+  fclose(f);
+  return v;
+}
+
+} /* namespace */
+
+int main(int argc, char **argv) {
+  sa_mock_decoder_set(decode);
+  if (argc == 2) {
+    sa_mock_log_set(stdout);
+    printf("# plan_record %s: the CUDA backend's launches on a mocked H200 (CC 9.0, 132 SMs)\n", argv[1]);
+    for (const std::string &l : read_lines(argv[1])) {
+      tcase c;
+      if (l.empty() || l[0] == '#' || !parse_case(l, &c)) continue;
+      run_case(c, stdout);
+    }
+    return 0;
+  }
+  fprintf(stderr, "usage: plan_record CASES\n");
+  return 2;
+}
