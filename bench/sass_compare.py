@@ -4,7 +4,7 @@
   bench/sass_compare.py OLD_DIR NEW_DIR [--expect bench/sass_expect.txt] [-o REPORT]
 
 Every *.o under each directory is dumped with `cuobjdump --dump-sass` and `--dump-resource-usage`, split by
-(architecture, demangled kernel name), and normalised: the address column (/*0a40*/) goes, the instruction text,
+(architecture, demangled kernel name), and normalised: the address column (/*0a40*/) and the column padding go, the instruction text,
 its branch targets (function-relative) and its encoding words stay, so "identical" means byte-identical
 machine code. The resource line (registers, stack, shared, local, constant bank 0) is compared too. Anonymous
 namespaces demangle without their per-file hash, so moving a kernel between files keeps its key.
@@ -71,9 +71,13 @@ def dump(cuobjdump, obj):
       flush()
       name, lines = m.group(1), []
       continue
+    if line.startswith("Fatbin"):  # the next embedded image's header: not the function's code
+      flush()
+      name, lines = None, []
+      continue
     if name is None or not line.strip():
       continue
-    lines.append(ADDR.sub("", line).rstrip())
+    lines.append(" ".join(ADDR.sub("", line).split()))  # the column padding is formatting only
   flush()
   arch = None
   fn = None

@@ -5,6 +5,7 @@
  * reference is the oracle with no new math.
  */
 #include "sa_internal.h"
+#include "sa_plan.h"
 
 /* Rows of one split-KV work item are G * q_len; 64 tokens keeps them (and the CUDA kernel's shared
    memory) bounded; longer queries are prefill and belong to sa_attn_fwd. */
@@ -58,7 +59,8 @@ sa_status sa_attn_decode_fwd(const sa_attn *a, void *workspace, size_t workspace
   sa_backend r = SA_BACKEND_REF;
   sa_status s = sa_decode_check(a, be, &r);
   if (s != SA_OK) return s;
-  if (a->batch == 0) return SA_OK; /* nothing to write (see sa_attn_fwd) */
+  if (r != SA_BACKEND_CUDA && (s = sa_plan_host(SA_PLAN_DECODE, r, a)) != SA_OK) return s;
+  if (a->batch == 0 && r != SA_BACKEND_CUDA) return SA_OK; /* nothing to write (see sa_attn_fwd) */
   if (r == SA_BACKEND_CUDA) {
     size_t need = sa_cuda_decode_workspace_size(a);
     if (workspace_size < need || (need && !workspace))

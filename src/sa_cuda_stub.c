@@ -2,6 +2,7 @@
  * sa_cuda_stub.c — the CUDA entry points of a build without nvcc: every call says the backend is absent,
  * so SA_BACKEND_CUDA fails cleanly with SA_ERR_DEVICE and SA_BACKEND_AUTO never picks it.
  */
+#include "cuda/plan.h"
 #include "sa_internal.h"
 
 static sa_status sa_no_cuda(void) {
@@ -24,3 +25,4 @@ sa_status sa_cuda_decode_fwd(const sa_attn *a, void *w, size_t ws, void *stream)
   (void)a; (void)w; (void)ws; (void)stream;
   return sa_no_cuda();
 }
+const sa_cuda_device *sa_cuda_device_current(void) { return NULL; }

@@ -194,13 +194,6 @@ sa_status sa_cuda_decode_supported(const sa_attn *a);
 size_t sa_cuda_decode_workspace_size(const sa_attn *a);
 sa_status sa_cuda_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_size, void *stream);
 
-/* Which kernel the calling thread's last CUDA forward launched (thread-local; for tests and A/B runs):
-   0 none yet, 1 the portable mma.sync kernel (cuda_fwd.cu), 2 the sm_90a kernel (hopper_fwd.cu). */
-int sa_cuda_last_fwd_kernel(void);
-/* The same for the calling thread's last CUDA backward's dK/dV and dQ: 1 the portable kernels
-   (cuda_bwd.cu), 2 the sm_90a ones (hopper_bwd.cu). */
-int sa_cuda_last_bwd_kernel(void);
-
 #ifdef __cplusplus
 }
 #endif

@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "sa_internal.h"
+#include "sa_plan.h"
 
 /* ---- errors ---------------------------------------------------------------------------------- */
 
@@ -210,9 +211,11 @@ sa_status sa_attn_fwd(const sa_attn *a, sa_backend be, void *stream) {
   if (s != SA_OK) return s;
   /* B = 0: no output element exists. Answered here because the reference sizes its row buffers by S and
      N alone, so B = 0 with S = 2^40 ran out of memory on an empty problem. */
+  const sa_backend r = sa_backend_resolve(a, be);
+  if (r != SA_BACKEND_CUDA && (s = sa_plan_host(SA_PLAN_FWD, r, a)) != SA_OK) return s;
+  if (r == SA_BACKEND_CUDA) return sa_cuda_attn_fwd(a, stream); /* B = 0 too: its plan is checked and recorded */
   if (a->batch == 0) return SA_OK;
-  switch (sa_backend_resolve(a, be)) {
-    case SA_BACKEND_CUDA: return sa_cuda_attn_fwd(a, stream);
+  switch (r) {
     case SA_BACKEND_CPU: return sa_cpu_attn_fwd(a);
     default: return sa_ref_attn_fwd(a);
   }
@@ -252,13 +255,9 @@ sa_status sa_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspace, 
   if (s != SA_OK) return s;
   if ((s = sa_check_grad(a, g)) != SA_OK) return s;
   sa_backend r = sa_backend_resolve(a, be);
-  if (r == SA_BACKEND_CUDA) {
-    size_t need = sa_cuda_attn_bwd_workspace_size(a, g->deterministic);
-    if (workspace_size < need || (need && !workspace))
-      return sa_error(SA_ERR_INVALID, "workspace_size %zu too small: this call needs %zu bytes "
-                      "(sa_attn_bwd_workspace_size)", workspace_size, need);
-    return sa_cuda_attn_bwd(a, g, workspace, workspace_size, stream);
-  }
+  /* CUDA checks the workspace against its plan's need (a smaller one may still hold another plan's) */
+  if (r == SA_BACKEND_CUDA) return sa_cuda_attn_bwd(a, g, workspace, workspace_size, stream);
+  if ((s = sa_plan_host(SA_PLAN_BWD, r, a)) != SA_OK) return s;
   if (a->batch == 0) { /* host memory (CUDA returned above); dsinks [N] is a sum over no rows */
     if (g->dsinks) memset(g->dsinks, 0, (size_t)a->q_heads * sizeof *g->dsinks);
     return SA_OK;

@@ -19,7 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "hopper_ptx.cuh"
+#include "hopper/ptx.cuh"
 #include "sa_internal.h"
 
 static unsigned long long rng_state = 0x9E3779B97F4A7C15ull;
@@ -51,7 +51,7 @@ static void one_case(int T, int S, int causal, long long wl, long long wr, long 
   a.q_len = T; a.kv_len = S; a.causal = (sa_causal)causal;
   a.window_left = wl; a.window_right = wr; a.diag_offset = diag;
   const sa_hop_mask m = sa_hop_mask_of(p);
-  const int kind = sa_hop_mask_kind(p);
+  const int kind = sa_hop_mask_kind_of(causal, wl, wr, 0, 0);
   const char *fmt = "T %d S %d causal %d window (%lld, %lld) diag %lld: i %d j %d";
   for (int i = 0; i < T; ++i) {
     const sa_range r = sa_key_range(&a, T, S, i);

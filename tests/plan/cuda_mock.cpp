@@ -146,7 +146,7 @@ cudaError_t cudaDeviceGetName(char *name, int len, int) {
   snprintf(name, (size_t)len, "%s", g_dev.name);
   return cudaSuccess;
 }
-cudaError_t cudaGetDeviceProperties_v2(cudaDeviceProp *p, int) {
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
   memset(p, 0, sizeof *p);
   snprintf(p->name, sizeof p->name, "%s", g_dev.name);
   p->major = g_dev.cc_major, p->minor = g_dev.cc_minor, p->multiProcessorCount = g_dev.sms;

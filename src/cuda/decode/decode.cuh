@@ -8,7 +8,8 @@
 
 #include <stdint.h>
 
-#include "cuda_common.cuh"
+#include "common.cuh"
+#include "plan.h"
 #include "sa_internal.h"
 
 #define SA_DEC_RB 8       /* query rows per block: gpt-oss's G = 8 at one token fills it exactly */
@@ -73,12 +74,6 @@ template <> struct sa_dec_io<float> {
   static __device__ __forceinline__ void store(void *p, int64_t i, float x) { ((float *)p)[i] = x; }
 };
 
-/* The pipeline kernel (decode_pipe.cu) runs this shape: bf16 or f16, H == Hv in {64, 128}. Shape only (the
-   workspace size must not depend on pointers); the launcher also needs 16-byte aligned q, k, v. */
-bool sa_decode_pipe_shape_ok(const sa_attn *a);
-/* CTAs of the pipeline kernel resident per SM for this head dim (from its shared memory), for the split
-   count; 0 when the shape does not run it. */
-int sa_decode_pipe_ctas_per_sm(const sa_attn *a);
 /* Enqueues the split kernel of the pipeline path (the combine is decode.cu's). */
 cudaError_t sa_decode_pipe_launch(const sa_decode_params &dp, sa_dtype dtype, cudaStream_t st);
 

@@ -8,7 +8,7 @@
 #ifndef SA_HOPPER_BWD_PARTS_CUH
 #define SA_HOPPER_BWD_PARTS_CUH
 
-#include "hopper_ptx.cuh"
+#include "hopper/ptx.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 

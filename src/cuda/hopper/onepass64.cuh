@@ -8,8 +8,7 @@
 #ifndef SA_HOPPER_BWD3_CUH
 #define SA_HOPPER_BWD3_CUH
 
-#include "hopper_bwd1.cuh"
-#include "hopper_bwd1_parts.cuh"
+#include "hopper/onepass_parts.cuh"
 
 /* How the CTAs of a launch find their work and their turn (hopper_bwd1.cu's Sched plus the head split). */
 struct Sched3 {
@@ -150,12 +149,5 @@ __device__ __forceinline__ void store_rows_f32(float *base, const float (&acc)[3
 #endif /* sm_90a */
 
 } /* namespace */
-
-/* The persistent kernel (hopper_bwd3p.cu): sa_hop3p_smem opts it into its shared memory (false: refused, the
-   caller runs the two passes); sa_hop3p_launch launches it on st, grid CTAs over total = B KH hs nkb items, the
-   ticket and semaphores already zeroed (sa_hop3_run in hopper_bwd3.cu does that, and dkdv_sum after it). */
-bool sa_hop3p_smem(int causal);
-cudaError_t sa_hop3p_launch(int causal, const CUtensorMap (&m)[7], const BwdParams &bp, const Sched3 &sc, int total,
-                            int grid, cudaStream_t st);
 
 #endif /* SA_HOPPER_BWD3_CUH */

@@ -7,68 +7,39 @@
 #ifndef SA_HOPPER_FWD_PARTS_CUH
 #define SA_HOPPER_FWD_PARTS_CUH
 
-#include "hopper_ptx.cuh"
+#include "hopper/ptx.cuh"
 
 namespace {
 
-/* The forward's tile per (head dim, mask kind) (the table of hopper_ptx.cuh points here), measured on the H200 (dev/run_hopper.sh,
-   commit 667373e, standalone TFLOP/s, all checks passed; bench/NOTES.md):
-   - H64, every mask: 3 consumer warpgroups, BM 192 (dev 03's configuration "03s2", 2 stages). At k = 64 one warpgroup's
-     two products (512 tensor clocks per 128-key tile) cost as much as its 8192 exp2 (512 MUFU clocks): with a
-     third warpgroup two products cover the third's softmax. B4 T4096 N32 468 non-causal / 410 causal (02's
-     128-row tile: 331..407 / 364), B16 T1024 causal 263 (244), gpt-oss B1 T4096 N64/8 causal 386 (346), B1
-     T16384 causal 471 (417); cuDNN 398 / 273 / 361-374 on the same rows. Registers: 512 threads, setmaxnreg
-     160 / 24 (128 x 24 + 384 x 160 = 64512 of 65536); the consumers need R151 of 160 (ptxas, nvcc 13.0).
-   - H128 without a mask: 128 keys with two Q slots (the default since session 8: +7% at B16 T1024 over the
-     176-key tile with one slot, the longer rows within +-1%; bench/NOTES.md session 8 section 1). BN 176 (dev 04,
-     FlashAttention-3's 128 x 176) with one slot (SINKATTN_HOP_FWD_QSLOTS=1; two leave no room: 241 KiB): the
-     per-tile costs (shuffles, the rescale of O, barrier handshakes, two commit groups) over 1.375x the keys. B4
-     T4096 N16 630 (02: 611; cuDNN 628), B1 T16384 654 (614; issue target >= 600), B2 T8192 607. S is a multiple
-     of 128, not of 176: the last tile holds 16..176 keys, TMA zero-fills the rest and the tile masks keys >= S.
-   - H128 with a mask (kinds 1..3): 02's 2 warpgroups x 128 keys (552 causal at B4 T4096). 176 keys were
-     measured without a mask only; mask_range and the tile ranges take tiles that divide S, and FlashAttention-3
-     also keeps 128 keys for causal / local masks at head dim 128. */
-template <int HD, int MASK, int QS>
+/* The forward's tile per (head dim, mask kind): the numbers and their reasons are hopper/tiles.h's. */
+template <int HD, int MASK>
 struct sa_hop_fwd_tile {
-  static constexpr int NC = HD == 64 ? 3 : 2;                  /* consumer warpgroups */
-  static constexpr int BM = 64 * NC;                           /* query rows per CTA */
-  /* keys per tile; with two Q slots at H128 128 (176-key tiles leave no room for the second Q: 241 KiB) */
-  static constexpr int BN = HD == 128 && MASK == 0 && QS == 1 ? 176 : 128;
-  /* K/V ring depth: 2 everywhere. A 4-stage ring at H64 (24 + 4 x 32 = 152 KiB, still 1 CTA an SM; cuDNN holds
-     134 KiB there) was built behind an A/B switch after ncu showed our forward waiting 7.3-8.8 cycles per issued
-     instruction against cuDNN's 4.4-5.3 (bench/NOTES.md, session 5 section 8) and measured on the H200 in session
-     6 (section 1): no row gained beyond the noise; removed in session 7 (and the template parameter with it in
-     session 8). H128 has no room: 209 KiB without a mask (3 stages: 297), masked 161 KiB (3 stages: 225). */
-  static constexpr int ST = sa_hop_tiles::STAGES;
+  static constexpr int QS = SA_HOP_FWD_QSLOTS;   /* Q slots */
+  static constexpr int NC = SA_HOP_FWD_NC(HD);   /* consumer warpgroups */
+  static constexpr int BM = SA_HOP_FWD_BM(HD);   /* query rows per CTA */
+  static constexpr int BN = SA_HOP_FWD_BN;       /* keys per tile */
+  static constexpr int ST = SA_HOP_STAGES;       /* K / V ring depth */
   static constexpr int THREADS = 128 * (NC + 1);
-  /* Registers after setmaxnreg. setmaxnreg moves registers inside the CTA's own pool, the registers it was
-     launched with: 65536 / THREADS rounded down to 8, i.e. 128 a thread at H64 (65536) and 168 at H128 (64512, not
-     65536): a setmaxnreg.inc beyond the pool never returns (the first kind-4 H128 kernel asked 128 x 32 + 256 x
-     240 = 65536 and hung on the H200, session 8). The producer: 24 issue the loads; kind 4's warp also narrows
-     the key tiles (seg_key_tiles), which spilled ~150 bytes a thread at 24 (ptxas, nvcc 13.0): 32, and at H128
-     the consumers give up 8 (they use 186 at kind 4). */
+  /* Registers after setmaxnreg, inside the CTA's launch pool (65536 / THREADS rounded down to 8: 168 a thread at
+     H128, so 32 + 2 x 240 would ask 65536 and never return). Producer 24; kind 4's producer warp also narrows the
+     key tiles (spills at 24): 32, and its H128 consumers give up 8. */
   static constexpr int PREGS = MASK == 4 ? 32 : 24;
   static constexpr int REGS = NC == 3 ? 160 : MASK == 4 ? 232 : 240;
   static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
   /* Q's TMA box: one per warpgroup when a CTA can be partial (BM 192), else one BM-row box per column block */
   static constexpr int QBOX = 128 % BM == 0 ? BM : 64;
-  /* Q slots (QS): with 2 the producer loads the next work tile's Q while this one runs (a work tile's Q is dead
-     only after every warp's last S of it, and with one slot the next tile's first S then waits for the load:
-     ncu at H64 B16 T1024 causal, H200 session 7, 7.9% of the stall samples at that wait) */
   static constexpr int Q_BYTES = BM * HD * 2;
   /* kind 4 (segment ids): each K stage carries its 128 keys' ids (TMA, on K's full barrier) */
   static constexpr int IDS_BYTES = MASK == 4 ? 128 * 4 : 0;
-  static constexpr int SMEM = 1024 /* alignment slack */ + QS * Q_BYTES + ST * (2 * BN * HD * 2 + IDS_BYTES);
+  static constexpr int SMEM = SA_HOP_FWD_SMEM(HD, MASK);
+  static_assert(SMEM == 1024 + QS * Q_BYTES + ST * (2 * BN * HD * 2 + IDS_BYTES), "the layout of the kernel");
   static_assert(128 * PREGS + 128 * NC * REGS <= LAUNCH_REGS * THREADS && REGS % 8 == 0,
                 "setmaxnreg: producer + consumers within the CTA's launch pool");
-  /* 91136 B at H64 (115712 with 2 Q slots), H128 214016 without a mask, 164864 with one, 197632 with 2 Q slots
-     (198656 with segment ids) */
-  static_assert(SMEM + 1024 <= 227 * 1024, "shared memory over the sm_90 limit (+1 KiB of static barriers)");
+  static_assert(SMEM + 1024 <= SA_HOP_SMEM_LIMIT, "shared memory over the sm_90 limit (+1 KiB of static barriers)");
   /* >= 2: the key-tile loop holds V_{j-1}'s stage while S_j reads K_j's; a power of two: x % ST and x / ST
      are shifts, and the ring position stays continuous as the uint32 tile counter x wraps */
   static_assert(ST >= 2 && (ST & (ST - 1)) == 0, "ring depth");
-  static_assert(BN % 16 == 0 && BN <= 256 && (BN * 128) % 1024 == 0, "k16 steps, TMA box, swizzle atoms");
-  static_assert(MASK == 0 || BN == 128, "mask_range and mask_segments read 128-key tiles; keys >= S only in kind 0");
+  static_assert(BN == 128, "mask_range and mask_segments read 128-key tiles");
 };
 
 struct sa_hop_params {
@@ -132,20 +103,6 @@ template <int ST> __device__ __forceinline__ uint32_t bar_vf(uint32_t b0, int s)
 template <int ST> __device__ __forceinline__ uint32_t bar_ke(uint32_t b0, int s) { return b0 + 8 * (4 + 2 * ST + s); }
 template <int ST> __device__ __forceinline__ uint32_t bar_ve(uint32_t b0, int s) { return b0 + 8 * (4 + 3 * ST + s); }
 
-#define SA_F88(d) SA_F64(d), SA_F8(d, 64), SA_F8(d, 72), SA_F8(d, 80)
-#define SA_REGS88 SA_REGS64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, " \
-                  "%79, %80, %81, %82, %83, %84, %85, %86, %87"
-
-/* D[64x176] (+)= A[64x16] B[16x176], A and B K-major in shared memory; scale_d 0 overwrites D (the 176-key S
-   of H128 without a mask: 88 fp32 per thread). */
-__device__ __forceinline__ void wgmma_ss_n176(float (&d)[88], uint64_t da, uint64_t db, int scale_d) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %90, 0;\n"
-      " wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16 {" SA_REGS88 "}, %88, %89, p, 1, 1, 0, 0;\n}\n"
-      : SA_F88(d)
-      : "l"(da), "l"(db), "r"(scale_d));
-}
-
 /* Descriptors by offset: a descriptor's start field is (address & 0x3FFFF) >> 4 in bits 0-13, and every
    operand here lies inside the CTA's shared memory (< 228 KiB < 2^18 from the window's base), so for a
    16-byte multiple off, gmma_desc(a + off) = gmma_desc(a) + off / 16 (no carry out of the field). The key-tile
@@ -162,8 +119,7 @@ __device__ __forceinline__ void gemm_qk(float (&sacc)[BN / 2], uint64_t dq, uint
   for (int kk = 0; kk < HD / 16; ++kk) {
     const uint64_t da = desc_add(dq, (kk / 4) * BM * 128 + (kk % 4) * 32);
     const uint64_t db = desc_add(dk, (kk / 4) * BN * 128 + (kk % 4) * 32);
-    if constexpr (BN == 176) wgmma_ss_n176(sacc, da, db, kk > 0);
-    else wgmma_ss_n128(sacc, da, db, kk > 0);
+    wgmma_ss_n128(sacc, da, db, kk > 0);
   }
 }
 
@@ -272,18 +228,6 @@ __device__ __forceinline__ void seg_key_tiles(const int32_t *qs, int rows, const
   *n = last - first + 1;
 }
 
-/* Keys past S in the last 176-key tile (kind 0): TMA filled their K and V rows with zeros, so they would score
-   0, not -inf. lim = S - key0 - 2 (lane % 4): column 8j + 2 (lane % 4) + e is a key < S iff 8j + e < lim, one
-   compare with an immediate for both rows (r0 and r0 + 8 see the same keys). */
-template <int SN>
-__device__ __forceinline__ void mask_keys(float (&sacc)[SN], int lim) {
-#pragma unroll
-  for (int j = 0; j < SN / 4; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-      if (8 * j + e >= lim) sacc[4 * j + e] = sacc[4 * j + 2 + e] = -INFINITY;
-}
-
 /* Online softmax of one tile, in place (scores -> fp32 probabilities relative to the new running max m_);
    returns in corr the factor that rescales what was accumulated against the old max. SN = BN / 2 scores. */
 template <int SN>
@@ -323,16 +267,6 @@ __device__ __forceinline__ void pack_p(uint32_t (&pf)[SN / 2], const float (&sac
 }
 
 #endif /* sm_90a */
-
-/* host: the persistent grid's step (sa_hop_run) */
-static int sa_gcd(int a, int b) {
-  while (b) {
-    const int r = a % b;
-    a = b;
-    b = r;
-  }
-  return a;
-}
 
 } /* namespace */
 

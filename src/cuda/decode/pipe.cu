@@ -18,7 +18,7 @@
  * written as the vanilla partial (out normalised, lse without the sink) that decode.cu's combine merges.
  * Registers: __launch_bounds__(128, 4) caps them at 128 (the 32 accumulators, 16 unpacked k / q values).
  */
-#include "decode.cuh"
+#include "decode/decode.cuh"
 
 #define SA_DP_TK 32        /* keys per tile: one per lane in the score phase */
 #define SA_DP_STAGES 4     /* 3 tiles in flight: 48 KiB per CTA at H = 128 bf16 */
@@ -221,25 +221,8 @@ __global__ void __launch_bounds__(SA_DP_WARPS * 32, 4) sa_decode_pipe_kernel(con
   }
 }
 
-bool sa_decode_pipe_shape_ok(const sa_attn *a) {
-  return (a->dtype == SA_BF16 || a->dtype == SA_F16) && a->head_dim == a->v_head_dim &&
-         (a->head_dim == 64 || a->head_dim == 128);
-}
-
-int sa_decode_pipe_ctas_per_sm(const sa_attn *a) {
-  if (!sa_decode_pipe_shape_ok(a)) return 0;
-  /* 227 KiB of shared memory per SM on sm_90 (164 KiB on sm_80), 1 KiB reserved per CTA; registers cap
-     it at 4 (128 x 128 per CTA): HD 128 ~70 KiB -> 3 (2 on sm_80), HD 64 ~38 KiB -> 4 */
-  const int smem = a->head_dim == 64 ? sa_dp_cfg<64>::SMEM : sa_dp_cfg<128>::SMEM;
-  int dev = 0, per_sm = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
-    cudaGetLastError();
-    per_sm = 233472;  /* H100 / H200 */
-  }
-  int n = per_sm / (smem + 1024);
-  return n < 1 ? 1 : n > 4 ? 4 : n;
-}
+static_assert(sa_dp_cfg<64>::SMEM == SA_DEC_PIPE_SMEM(64) && sa_dp_cfg<128>::SMEM == SA_DEC_PIPE_SMEM(128),
+              "the plan's occupancy reads the pipeline kernel's shared memory");
 
 template <typename T, int HD> static cudaError_t sa_dp_launch(const sa_decode_params &dp, cudaStream_t st) {
   const int smem = sa_dp_cfg<HD>::SMEM;

@@ -8,8 +8,10 @@
 #ifndef SA_HOPPER_BWD1_PARTS_CUH
 #define SA_HOPPER_BWD1_PARTS_CUH
 
-#include "hopper_bwd_parts.cuh"
-#include "hopper_ptx.cuh"
+#include <utility>
+
+#include "hopper/bwd_parts.cuh"
+#include "plan.h"
 
 /* dev/hopper_bwd_common.cuh's parameters (outputs [B, L, heads, H] bf16); the kernel reads dk, dv, T, S, N, KH,
    the scales (dq_acc, lse2, D go by tensor map, dq by dq_convert). */
@@ -171,25 +173,35 @@ __device__ __forceinline__ void store_ds_rows(uint32_t sds_x, const uint32_t (&d
 
 #endif /* sm_90a */
 
-/* ---- host (hopper_bwd1.cu) ---- */
-
-/* The one pass's workspace regions: dq_acc [B, N, T, H] fp32, then the ticket and one semaphore per (b, head,
-   64-query tile); each rounded up to 256 bytes where they are laid out. */
-size_t sa_hop1_acc_bytes(const sa_cuda_params &p);
-size_t sa_hop1_sync_bytes(const sa_cuda_params &p);
-
-/* The persistent one passes' grid: the SMs (SINKATTN_HOP_BWD_GRID=n: n, for the tests' many items a CTA), at least
-   nkb (NAT: a head's key blocks held by co-resident CTAs, the deadlock argument in hopper_bwd1.cu) and at most the
-   items. */
-int sa_hop1_grid(int nkb, int64_t items, int sms);
+/* ---- host ---- */
 
 /* The tensor maps of both one-pass kernels (Q / dO 64-row boxes, K / V kv_rows-row boxes, lse2 / D rows, dq_acc as
-   the reduce target) and their parameters; false when the driver has no encoder or refuses a map (the two passes
-   run instead). */
+   the reduce target) and their parameters; false when the driver has no encoder or refuses a map. */
 bool sa_hop1_prepare(const sa_cuda_params &p, float *acc, int kv_rows, CUtensorMap (&m)[7], BwdParams *bp);
 
-/* dq [B, T, N, H] bf16 = scale * dq_acc [B, N, T, H] on st (hopper_bwd1.cu); rows = B T N < 2^27. */
+/* dq [B, T, N, H] bf16 = scale * dq_acc [B, N, T, H] on st (onepass128.cu); rows = B T N < 2^27. */
 cudaError_t sa_hop1_dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N, int HD, float scale, int rows,
                                int sms, cudaStream_t st);
+
+/* The H64 one pass (onepass64.cu); sa_hop_onepass_launch hands H64 plans to it. */
+cudaError_t sa_hop_onepass64_launch(const sa_cuda_plan &plan, const sa_cuda_params &p, void *ws, cudaStream_t st);
+
+/* A one-pass kernel on the plan's grid, cooperatively when the plan says so: the driver then starts every CTA
+   co-resident or refuses the launch (docs/hopper.md, "progress"). */
+template <typename... KP, typename... AP>
+cudaError_t sa_hop_launch_items(void (*kernel)(KP...), const sa_cuda_plan &plan, int threads, int smem,
+                                cudaStream_t st, AP &&...args) {
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeCooperative;
+  attr.val.cooperative = plan.cooperative;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)plan.grid[0]);
+  cfg.blockDim = dim3((unsigned)threads);
+  cfg.dynamicSmemBytes = (size_t)smem;
+  cfg.stream = st;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<AP>(args)...);
+}
 
 #endif /* SA_HOPPER_BWD1_PARTS_CUH */

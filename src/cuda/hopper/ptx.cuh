@@ -17,31 +17,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_common.cuh"
+#include "common.cuh"
+#include "hopper/mask.h"
+#include "hopper/tiles.h"
 
-/* ---- the Hopper tile table ------------------------------------------------------------------------
- * Both directions (the forward at H128): 384 threads = 1 producer warpgroup (setmaxnreg 24) + NC = 2 consumer warpgroups (240
- * registers each: 128 x 24 + 256 x 240 = 64512 of 65536), each consumer owning 64 rows (the wgmma M), so a CTA
- * covers 128 rows; K/V (forward, dQ) or Q/dO (dK/dV) stream through a 2-stage mbarrier ring. Measured on the
- * H200 (bench/NOTES.md; B4 T4096 N16 H128, bf16):
- *  forward  per (head dim, mask kind): sa_hop_fwd_tile in hopper_fwd.cu, with its measured reasons. H128 with a
- *           mask: BM 128 query rows, BN 128 keys (S is m64n128: 64 accumulators, O 64, P 32 packed; 2 stages
- *           = 160 KiB of 227; 615 / 552 TFLOP/s standalone, non-causal / causal); H128 without a mask: BN 176
- *           (630 / 654 at T 4096 / 16384); H64: 3 consumer warpgroups, BM 192 (468 / 410 at T4096).
- *  dK/dV    KB 128 keys per CTA, Q / dO streamed in QB 64-row tiles: dK 64 + dV 64 + S^T 32 + dP^T 32 = 192
- *           live accumulators at H128 (R216 of 240); 128-row tiles would need 256. 562 TFLOP/s of its products.
- *           H64: 3 consumer warpgroups, KB 192 (dkdv_tile in hopper_bwd.cu) when the grid has >= 4 CTAs an SM.
- *  dQ       QM 128 queries per CTA, K / V streamed in KT 64-key tiles: dQ 64 + S 32 + dP 32. 633 TFLOP/s.
- *           H64: 3 consumer warpgroups, QM 192 likewise (f+b +11-15% non-causal, +4-7% causal, bench/NOTES.md).
- *  A one-pass backward with dQ by per-element float atomics (dev 01a) ran at 366 against 437 for these two
- *  passes and was not deterministic; the one pass of hopper_bwd1.cu (dev 05: dQ staged in shared memory, one
- *  TMA reduce-add per tile, ordered by semaphores) runs at 484 / 501 (T4096 / T16384) and is, at H128.
- *  At H64 the one pass (hopper_bwd3.cu, dev 06) has BWD1_NC64 = 3 consumer warpgroups, 192 keys a CTA: dK 32 +
- *           dV 32 + S^T 32 + dP^T 32 + fragments 32 in 160 registers; dQ by one owner warpgroup per tile. Against
- *           dev 05's one pass with 2 (128 keys): 1.19-1.32x on the H64 rows, 1.39x at gpt-oss with its head split. */
+/* The tile numbers the backward kernels name (their reasons: hopper/tiles.h). */
 struct sa_hop_tiles {
-  static constexpr int NC = 2, THREADS = 128 * (NC + 1), STAGES = 2;
-  static constexpr int BWD_KB = 128, BWD_QB = 64, BWD_QM = 128, BWD_KT = 64, BWD1_NC64 = 3;
+  static constexpr int NC = 2, THREADS = 128 * (NC + 1), STAGES = SA_HOP_STAGES;
+  static constexpr int BWD_KB = SA_HOP_OP_KB(128), BWD_QB = SA_HOP_BWD_QB, BWD_QM = 128, BWD_KT = SA_HOP_BWD_KT;
+  static constexpr int BWD1_NC64 = SA_HOP_OP_NC(64);
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -282,136 +266,6 @@ static inline bool sa_hop_map_ids(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtenso
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-/* The position mask of the Hopper kernels (lengths and segment ids: kinds 3 and 4 below): key j
-   is visible to query i iff lo(i) <= j < hi(i), the range sa_dev_key_range gives with ql = T, kl = S. The row's
-   diagonal is d = i + off (off = S - T for bottom-right, plus diag_offset); lo = max(0, d - wl) when wl >= 0;
-   hi = min(S, d + 1 when causal, d + wr + 1 when wr >= 0), never below lo. Both never decrease with i, so the
-   rows [i0, i1] together see keys [lo(i0), hi(i1)), and a tile of keys [k0, k1) is visible to every row of
-   [i0, i1] iff lo(i1) <= k0 and k1 <= hi(i0). 64-bit sums: T + S + |off| passes 2^31.
-   Per element the kernels use the equivalent test on x = j - i alone (keys < S, rows < T): visible iff
-   dlo <= x <= dhi, with dlo = off - wl (wl >= 0) and dhi = off + min(0 if causal, wr if wr >= 0), clamped to
-   +-(2^30 + 256) (|x| < 2^30, so clamping keeps every answer and x - dlo, x - dhi fit an int). A kernel
-   forms x0 - dhi and x0 - dlo once per tile (x0: its first element's x) and tests each element against an
-   immediate: one compare per bound, as cheap as a causal-only test; kernels are compiled per mask kind
-   (sa_hop_mask_kind) so a causal mask pays no lower-bound compare.
-   Lengths (kind 3): batch b is the problem T = q_len[b], S = kv_len[b] (clamped to the buffers' T, S, as
-   sa_dev_q_len / sa_dev_kv_len do): its mask is sa_hop_mask_make of those, built by each CTA from `shape`, and
-   each thread folds the length bounds into per-row bounds: a query row i sees keys j < kv_len only, i.e.
-   x <= kv_len - 1 - i, and a row past q_len sees nothing (sa_hop_row_bounds). */
-struct sa_hop_mask {
-  long long off, wl, wr; /* wl, wr < 0: unbounded; capped at T + S + |off| + 1 like sa_dev_key_range */
-  int S, causal;
-  int dlo, dhi;
-};
-
-/* What a kind-3 kernel needs to build a batch's mask: the lengths and the unclamped mask parameters. */
-struct sa_hop_shape {
-  const int32_t *q_lens, *kv_lens; /* [B] device pointers or NULL (= T, S) */
-  int causal;                      /* sa_causal: 0 none, 1 top-left, 2 bottom-right */
-  long long wl, wr, diag;          /* as sa_cuda_params */
-};
-
-/* x = key - row is always inside +-2^30 (T, S < 2^30 in scope), so these bounds decide nothing / everything. */
-#define SA_HOP_XLIM ((1 << 30) + 256)
-
-__host__ __device__ __forceinline__ sa_hop_mask sa_hop_mask_make(long long T, long long S, int causal, long long wl,
-                                                                 long long wr, long long diag) {
-  sa_hop_mask m;
-  m.off = (causal == 2 ? S - T : 0) + diag;
-  const long long big = T + S + (m.off < 0 ? -m.off : m.off) + 1;
-  m.wl = wl > big ? big : wl;
-  m.wr = wr > big ? big : wr;
-  m.S = (int)S;
-  m.causal = causal != 0;
-  const long long inf = 1LL << 40, lim = SA_HOP_XLIM;
-  long long dmax = inf;
-  if (m.causal) dmax = 0;
-  if (m.wr >= 0 && m.wr < dmax) dmax = m.wr;
-  const long long dlo = m.wl >= 0 ? m.off - m.wl : -inf, dhi = m.off + dmax;
-  m.dlo = (int)(dlo < -lim ? -lim : dlo > lim ? lim : dlo);
-  m.dhi = (int)(dhi < -lim ? -lim : dhi > lim ? lim : dhi);
-  return m;
-}
-
-/* Batch b's lengths, clamped to [0, T] and [0, S] (NULL: the whole buffer). */
-__host__ __device__ __forceinline__ void sa_hop_lens(const sa_hop_shape &sh, int b, int T, int S, int *ql, int *kl) {
-  const int q = sh.q_lens ? sh.q_lens[b] : T, k = sh.kv_lens ? sh.kv_lens[b] : S;
-  *ql = q < 0 ? 0 : q > T ? T : q;
-  *kl = k < 0 ? 0 : k > S ? S : k;
-}
-
-/* The bounds dlo <= key - row <= dhi for one query row i of a batch with lengths ql, kl: keys j < kl means
-   x <= kl - 1 - i; a row i >= ql sees no key (dhi below every x). Without lengths (ql = T, kl = S) they are
-   the mask's own: keys < S and rows < T always hold. */
-__host__ __device__ __forceinline__ void sa_hop_row_bounds(const sa_hop_mask &m, int ql, int kl, int i, int *dlo,
-                                                           int *dhi) {
-  *dlo = m.dlo;
-  *dhi = i >= ql ? -SA_HOP_XLIM : (kl - 1 - i < m.dhi ? kl - 1 - i : m.dhi);
-}
-
-/* The same for one key j (the dK/dV kernel's rows): rows i < ql means x = j - i >= j - ql + 1; a key j >= kl
-   is seen by no row. */
-__host__ __device__ __forceinline__ void sa_hop_key_bounds(const sa_hop_mask &m, int ql, int kl, int j, int *dlo,
-                                                           int *dhi) {
-  *dlo = j - ql + 1 > m.dlo ? j - ql + 1 : m.dlo;
-  *dhi = j >= kl ? -SA_HOP_XLIM : m.dhi;
-}
-
-__host__ __device__ __forceinline__ int sa_hop_lo(const sa_hop_mask &m, int i) {
-  const long long lo = m.wl >= 0 ? i + m.off - m.wl : 0;
-  return lo < 0 ? 0 : lo > m.S ? m.S : (int)lo;
-}
-
-__host__ __device__ __forceinline__ int sa_hop_hi(const sa_hop_mask &m, int i) {
-  const long long d = i + m.off;
-  long long hi = m.S;
-  if (m.causal && d + 1 < hi) hi = d + 1;
-  if (m.wr >= 0 && d + m.wr + 1 < hi) hi = d + m.wr + 1;
-  const int lo = sa_hop_lo(m, i);
-  return hi < lo ? lo : (int)hi;
-}
-
-/* The key tiles (of `tile` keys) a block of rows [r0, r0 + rows) needs: t0 .. t0 + *n_tiles - 1 hold every key
-   one of its rows sees (*n_tiles = 0: no row sees a key); the forward's and dQ's CTAs load only those. */
-__host__ __device__ __forceinline__ int sa_hop_key_tiles(const sa_hop_mask &m, int r0, int rows, int tile,
-                                                         int *n_tiles) {
-  const int lo = sa_hop_lo(m, r0), hi = sa_hop_hi(m, r0 + rows - 1);
-  const int t0 = lo / tile;
-  *n_tiles = hi > lo ? (hi + tile - 1) / tile - t0 : 0;
-  return t0;
-}
-
-/* The rows [i_beg, *i_end) that can see a key of [k0, k0 + keys) (a superset: rows with an empty range may be
-   in it; the per-element test is exact): i_beg is the first row with hi(i) > k0, *i_end the first with
-   lo(i) >= k0 + keys (T: none). Binary searches, as lo and hi never decrease with i; a dK/dV CTA streams
-   only the query blocks of these rows. */
-__host__ __device__ __forceinline__ int sa_hop_query_rows(const sa_hop_mask &m, int T, int k0, int keys,
-                                                          int *i_end) {
-  int a = 0, z = T;
-  while (a < z) {
-    const int mid = (a + z) / 2;
-    if (sa_hop_hi(m, mid) > k0) z = mid; else a = mid + 1;
-  }
-  const int i_beg = a;
-  a = 0, z = T;
-  while (a < z) {
-    const int mid = (a + z) / 2;
-    if (sa_hop_lo(m, mid) >= k0 + keys) z = mid; else a = mid + 1;
-  }
-  *i_end = a;
-  return i_beg;
-}
-
-/* The mask kind a call needs: 0 none (every key visible to every row), 1 an upper bound on key - row only
-   (causal in either alignment, a right window, with any diag_offset), 2 a lower bound too (a left window),
-   3 per-batch lengths (both bounds, per row: sa_hop_row_bounds / sa_hop_key_bounds), 4 segment ids (kind 3's
-   bounds, lengths or not, and q_seg[b, i] == kv_seg[b, j] per element; the forward and the two-pass backward). */
-static inline int sa_hop_mask_kind(const sa_cuda_params &p) {
-  if (p.q_seg || p.kv_seg) return 4;
-  if (p.q_lens || p.kv_lens) return 3;
-  return p.wl >= 0 ? 2 : (p.causal != 0 || p.wr >= 0) ? 1 : 0;
-}
-
 static inline sa_hop_mask sa_hop_mask_of(const sa_cuda_params &p) {
   return sa_hop_mask_make(p.T, p.S, p.causal, p.wl, p.wr, p.diag_offset);
 }
@@ -427,43 +281,7 @@ static inline sa_hop_shape sa_hop_shape_of(const sa_cuda_params &p) {
   return sh;
 }
 
-static inline bool sa_hop_disabled_by_env() {
-  const char *e = getenv("SINKATTN_CUDA_HOPPER");
-  return e && strcmp(e, "0") == 0;
-}
-
 /* TMA, bulk copies and the 16-byte vector stores need 16-byte aligned bases. */
 static inline bool sa_hop_aligned(const void *x) { return (uintptr_t)x % 16 == 0; }
-
-/* The validated scope of dev/hopper_fwd_02 and dev/hopper_bwd_01 (their harnesses' cases plus what their
-   kernels hard-code), widened to every position mask (sa_hop_mask; validated by test_cuda's Hopper cases), less the tensors each direction adds (out; dout, dq, dk, dv and the workspace), whose
-   alignment the caller checks. T and S multiples of 128: the forward's 128-row / 128-key tiles, the
-   backward's 128-key and 128-query blocks and 64-row streamed tiles all divide them. */
-static inline bool sa_hop_in_scope(const sa_cuda_params &p, int bf16, bool segments_ok = false) {
-  if (!bf16 || p.H != p.Hv || (p.H != 64 && p.H != 128)) return false;
-  /* lengths: the kind-3 kernels; segment ids: kind 4 where the caller takes it (segments_ok: the forward, the
-     two-pass backward under its switch), both arrays given as sa_attn's check requires, kv ids 16-byte aligned
-     for TMA (the backward checks q ids too) */
-  if ((p.q_seg || p.kv_seg) && !(segments_ok && p.q_seg && p.kv_seg && sa_hop_aligned(p.kv_seg))) return false;
-  /* windows, both causal alignments and diag_offset: the position mask above (a diag_offset alone, without
-     causal or window, changes nothing) */
-  if (p.T <= 0 || p.S <= 0 || p.T % 128 != 0 || p.S % 128 != 0) return false;
-  if (p.T >= (1 << 29) || p.S >= (1 << 29)) return false; /* key - row inside +-2^30 (SA_HOP_XLIM) */
-  if (!(p.scale_log2 > 0.f) || !isfinite(p.scale_log2)) return false; /* the row max is taken before scaling */
-  if (!sa_hop_aligned(p.q) || !sa_hop_aligned(p.k) || !sa_hop_aligned(p.v)) return false;
-  if (sa_hop_disabled_by_env()) return false;
-#if !defined(SA_CUDA_HAVE_SM90A)
-  return false; /* built without sm_90a code (CMakeLists.txt): the kernels have no body */
-#else
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return major == 9 && minor == 0; /* sm_90a code runs on CC 9.0 only */
-#endif
-}
 
 #endif /* SA_HOPPER_PTX_CUH */

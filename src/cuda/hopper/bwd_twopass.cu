@@ -35,9 +35,8 @@
  * key range bounds never decrease with the row), a dQ CTA only the key tiles its rows see, and only tiles on
  * a mask boundary test positions; keys no query sees get dK = dV = 0 and rows that see no key dQ = 0.
  */
-#include "hopper_bwd.cuh"
-#include "hopper_bwd_parts.cuh"
-#include "hopper_ptx.cuh"
+#include "hopper/bwd_parts.cuh"
+#include "launch.h"
 
 namespace {
 
@@ -91,9 +90,6 @@ struct dq_tile {
   static constexpr int SMEM = 1024 + 2 * QM * HD * 2 + STAGES * (2 * KT * HD * 2 + KT * 4);
   static_assert(SMEM <= 227 * 1024, "over the sm_90 limit");
 };
-/* The default per head dim: 3 at H64 but with lengths (at 160 registers their kernels spilled 28 bytes) and
-   for grids of >= 4 CTAs an SM (sa_hop_many_ctas), else 2. */
-template <int HD> constexpr int hop_bwd_nc() { return HD == 64 ? 3 : 2; }
 static_assert(QB == 64 && KT == 64, "gemm_rs and pack_frag read 64-row tiles");
 /* lse2 / D boxes: inner extent a multiple of 16 bytes and <= 256 elements; shared destinations 128-byte aligned
    (the region follows K, V and the Q / dO ring from a 1024-byte boundary, boxes QB * 4 = 256 B apart). */
@@ -318,7 +314,7 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
 #endif /* sm_90a */
 }
 
-#include "hopper_bwd_dq.cuh" /* 3. dQ (sa_hop_bwd_dq) */
+#include "hopper/bwd_twopass_dq.cuh" /* 3. dQ (sa_hop_bwd_dq) */
 
 /* ---- host ------------------------------------------------------------------------------------------- */
 
@@ -326,58 +322,28 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
    also streams the 64-query boxes of lse2 and D. */
 enum { M_Q_QB, M_DO_QB, M_K_KB, M_V_KB, M_Q_QM, M_DO_QM, M_K_KT, M_V_KT, M_LSE2, M_D, M_QID, M_KID, M_COUNT };
 
-/* The dK/dV launch order. A causal (or bottom-right, or offset) mask gives key block kb less work the further
-   right it is (block 0 streams every query block, the last only the diagonal). With the key block fastest
-   (the grid's x) the CTAs start in order (kb, kv head, batch): each head's heaviest block starts only after the
-   previous heads' blocks, and when the whole grid is a few waves the last heads' heaviest CTAs start late and
-   set the end. dev/hopper_bwd_03 at gpt-oss (B1 T4096 N/K 64/8 H64: 256 CTAs on 132 SMs, the heaviest = 512
-   tiles, the same as the balanced share 67584 / 132): 211 -> 276 TFLOP/s with the key block slowest. With many
-   CTAs the heaviest are a small fraction of an SM's share and the fast order keeps the CTAs of one head (the
-   same Q / dO tiles) together in L2: at B1 T16384 N16 H128 causal (2048 CTAs) the slow order lost 5% (382 ->
-   363). The heaviest CTA is 2 x the mean (T = S), so with n CTAs it is 2 x SMs / n of an SM's share: slow
-   order while that is above 1/4 (n < 8 x SMs; B4 T4096 N32 H64, 4096 CTAs: either order 268.6). */
-/* 3 consumer warpgroups (192 keys or rows a CTA) only with at least 4 CTAs an SM: at gpt-oss (B1 T4096 N/K 64/8
-   H64 causal) dK/dV would have 176 CTAs of 192 keys for 132 SMs, the heaviest (22 key tiles of work) 1.44x an
-   SM's share, against 256 CTAs of 128 keys whose heaviest is one share: f+b 297 -> 272 TFLOP/s (2 -> 3 in both
-   kernels, H200 session 4), while with 2700-3100 CTAs (B4 T4096 / B16 T1024 / B1 T16384, N32) it gained 5-15%. */
-static bool sa_hop_many_ctas(int64_t ctas) { return ctas >= 4LL * sa_cuda_sm_count(); }
-
-static int sa_hop_kb_slowest(bool work_falls, int64_t ctas) {
-  if (!work_falls) return 0; /* no mask: equal work; windows: nearly equal */
-  return ctas < 8LL * sa_cuda_sm_count(); /* unreadable (0): the fast order */
-}
-
-/* The dK/dV kernel with NCK consumer warpgroups (ceil(S / KB) key blocks a head); false if the shared-memory
-   opt-in was refused. */
+/* The dK/dV kernel with NCK consumer warpgroups (ceil(S / KB) key blocks a head). */
 template <int HD, int MASK, int NCK>
-bool sa_hop_dkdv_launch(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B, cudaStream_t st) {
+cudaError_t sa_hop_dkdv_launch(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B,
+                               cudaStream_t st) {
   using TL = dkdv_tile<HD, NCK>;
-  if (cudaFuncSetAttribute(sa_hop_bwd_dkdv<HD, MASK, NCK>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM) !=
-      cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
+  cudaError_t e = cudaFuncSetAttribute(sa_hop_bwd_dkdv<HD, MASK, NCK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       TL::SMEM);
+  if (e != cudaSuccess) return e;
   const unsigned nkb = (unsigned)((hp.S + TL::KB - 1) / TL::KB);
   const dim3 gk = hp.kb_slowest ? dim3((unsigned)hp.KH, (unsigned)B, nkb) : dim3(nkb, (unsigned)hp.KH, (unsigned)B);
   sa_hop_bwd_dkdv<HD, MASK, NCK><<<gk, TL::THREADS, TL::SMEM, st>>>(m[M_Q_QB], m[M_DO_QB], m[M_K_KB], m[M_V_KB],
                                                                      m[M_LSE2], m[M_D], m[M_QID], hp);
-  return true;
+  return cudaGetLastError();
 }
 
-/* A refused shared-memory opt-in (130 KiB at H 128) leaves *used = 0: the portable kernels run instead. */
 template <int HD, int MASK, int NCK, int NCQ>
 cudaError_t sa_hop_bwd_run_nc(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B,
-                              cudaStream_t st, int *used) {
+                              cudaStream_t st) {
   using TQ = dq_tile<HD, NCQ>;
-  if (cudaFuncSetAttribute(sa_hop_bwd_dq<HD, MASK, NCQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, TQ::SMEM) !=
-          cudaSuccess ||
-      !sa_hop_dkdv_launch<HD, MASK, NCK>(m, hp, B, st)) {
-    cudaGetLastError();
-    return cudaSuccess;
-  }
-  *used = 1;
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
+  cudaError_t e = cudaFuncSetAttribute(sa_hop_bwd_dq<HD, MASK, NCQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       TQ::SMEM);
+  if (e != cudaSuccess || (e = sa_hop_dkdv_launch<HD, MASK, NCK>(m, hp, B, st)) != cudaSuccess) return e;
   dim3 gq((unsigned)((hp.T + TQ::QM - 1) / TQ::QM), (unsigned)hp.N, (unsigned)B);
   sa_hop_bwd_dq<HD, MASK, NCQ><<<gq, TQ::THREADS, TQ::SMEM, st>>>(m[M_Q_QM], m[M_DO_QM], m[M_K_KT], m[M_V_KT],
                                                                    m[M_KID], hp);
@@ -386,41 +352,21 @@ cudaError_t sa_hop_bwd_run_nc(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_
 
 template <int HD, int MASK>
 cudaError_t sa_hop_bwd_run(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B, int nck,
-                           int ncq, cudaStream_t st, int *used) {
+                           int ncq, cudaStream_t st) {
   if constexpr (HD == 64 && MASK < 3) { /* lengths and segment ids: 2 (at 3 their kernels spill) */
-    if (nck == 3) return ncq == 3 ? sa_hop_bwd_run_nc<HD, MASK, 3, 3>(m, hp, B, st, used)
-                                  : sa_hop_bwd_run_nc<HD, MASK, 3, 2>(m, hp, B, st, used);
-    if (ncq == 3) return sa_hop_bwd_run_nc<HD, MASK, 2, 3>(m, hp, B, st, used);
+    if (nck == 3) return ncq == 3 ? sa_hop_bwd_run_nc<HD, MASK, 3, 3>(m, hp, B, st)
+                                  : sa_hop_bwd_run_nc<HD, MASK, 3, 2>(m, hp, B, st);
+    if (ncq == 3) return sa_hop_bwd_run_nc<HD, MASK, 2, 3>(m, hp, B, st);
   }
-  return sa_hop_bwd_run_nc<HD, MASK, 2, 2>(m, hp, B, st, used);
+  return sa_hop_bwd_run_nc<HD, MASK, 2, 2>(m, hp, B, st);
 }
 
 } /* namespace */
 
-/* Segment ids (mask kind 4: both ids by TMA, 16-byte aligned) only under SINKATTN_HOP_BWD_SEG=1 until the kernels
-   have run on a GPU (written after session 8's device time was spent; test_cuda's last pass sets it). */
-bool sa_hopper_bwd_in_scope(const sa_cuda_params &p, int bf16) {
-  const bool segs = sa_cuda_env_int("SINKATTN_HOP_BWD_SEG", 0) == 1 && sa_hop_aligned(p.q_seg);
-  return sa_hop_aligned(p.dout) && sa_hop_aligned(p.dq) && sa_hop_aligned(p.dk) && sa_hop_aligned(p.dv) &&
-         sa_hop_in_scope(p, bf16, segs);
-}
-
-cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st, int *used) {
-  *used = 0;
-  /* lse2 and D are read by TMA boxes: their bases must be 16-byte aligned (rows start at multiples of 128
-     floats) */
-  if (!p.lse2 || !p.D || !sa_hop_aligned(p.lse2) || !sa_hop_aligned(p.D) || !sa_hopper_bwd_in_scope(p, bf16))
-    return cudaSuccess;
+cudaError_t sa_hop_twopass_launch(const sa_cuda_plan &plan, const sa_cuda_params &p, cudaStream_t st) {
   static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
-  if (!enc) return cudaSuccess;
-  /* consumer warpgroups of each kernel (hop_bwd_nc: 3 at H64 but with lengths, for grids of >= 4 CTAs an SM);
-     SINKATTN_HOP_BWD_NC=2 forces 2 (the A/B), =3 forces 3 where allowed (test_cuda's small shapes) */
-  const int kind = sa_hop_mask_kind(p);
-  const int force = sa_cuda_env_int("SINKATTN_HOP_BWD_NC", 0);
-  const bool may3 = p.H == 64 && kind < 3 && force != 2;
-  const int nck = may3 && (force == 3 || sa_hop_many_ctas((p.S + 191) / 192 * p.K * p.B)) ? hop_bwd_nc<64>() : 2;
-  const int ncq = may3 && (force == 3 || sa_hop_many_ctas((p.T + 191) / 192 * p.N * p.B)) ? hop_bwd_nc<64>() : 2;
-  const int kbk = 64 * nck, qmk = 64 * ncq;
+  if (!enc) return cudaErrorNotSupported;
+  const int kind = plan.mask, kbk = 64 * plan.wg, qmk = 64 * plan.wg_dq;
   CUtensorMap m[M_COUNT];
   const bool ok = sa_hop_map(enc, &m[M_Q_QB], p.q, p.B, p.T, p.N, p.H, QB) &&
                   sa_hop_map(enc, &m[M_DO_QB], p.dout, p.B, p.T, p.N, p.H, QB) &&
@@ -435,7 +381,7 @@ cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   m[M_QID] = m[M_KID] = m[M_D]; /* without segment ids the kernels never read these: any valid map will do */
   const bool ids_ok = kind != 4 || (sa_hop_map_ids(enc, &m[M_QID], p.q_seg, p.B, p.T, QB) &&
                                     sa_hop_map_ids(enc, &m[M_KID], p.kv_seg, p.B, p.S, KT));
-  if (!ok || !ids_ok) return cudaSuccess; /* the driver refused a map: the portable kernels run instead */
+  if (!ok || !ids_ok) return cudaErrorInvalidValue;
   sa_hop_bwd_params hp;
   hp.dq = (__nv_bfloat16 *)p.dq;
   hp.dk = (__nv_bfloat16 *)p.dk;
@@ -449,20 +395,18 @@ cudaError_t sa_hopper_bwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   hp.shape = sa_hop_shape_of(p);
   hp.q_seg = p.q_seg;
   hp.kv_seg = p.kv_seg;
-  /* key block work falls with kb under an upper bound alone (kind 1), or lengths / segment ids with one and no
-     left window */
-  const bool falls = kind == 1 || (kind >= 3 && (p.causal != 0 || p.wr >= 0) && p.wl < 0);
-  hp.kb_slowest = sa_hop_kb_slowest(falls, ((p.S + kbk - 1) / kbk) * p.K * p.B);
+  hp.kb_slowest = plan.kb_slowest;
+  const int nck = plan.wg, ncq = plan.wg_dq;
   switch (kind + 5 * (p.H == 128)) {
-    case 0: return sa_hop_bwd_run<64, 0>(m, hp, p.B, nck, ncq, st, used);
-    case 1: return sa_hop_bwd_run<64, 1>(m, hp, p.B, nck, ncq, st, used);
-    case 2: return sa_hop_bwd_run<64, 2>(m, hp, p.B, nck, ncq, st, used);
-    case 3: return sa_hop_bwd_run<64, 3>(m, hp, p.B, nck, ncq, st, used);
-    case 4: return sa_hop_bwd_run<64, 4>(m, hp, p.B, nck, ncq, st, used);
-    case 5: return sa_hop_bwd_run<128, 0>(m, hp, p.B, nck, ncq, st, used);
-    case 6: return sa_hop_bwd_run<128, 1>(m, hp, p.B, nck, ncq, st, used);
-    case 7: return sa_hop_bwd_run<128, 2>(m, hp, p.B, nck, ncq, st, used);
-    case 8: return sa_hop_bwd_run<128, 3>(m, hp, p.B, nck, ncq, st, used);
-    default: return sa_hop_bwd_run<128, 4>(m, hp, p.B, nck, ncq, st, used);
+    case 0: return sa_hop_bwd_run<64, 0>(m, hp, p.B, nck, ncq, st);
+    case 1: return sa_hop_bwd_run<64, 1>(m, hp, p.B, nck, ncq, st);
+    case 2: return sa_hop_bwd_run<64, 2>(m, hp, p.B, nck, ncq, st);
+    case 3: return sa_hop_bwd_run<64, 3>(m, hp, p.B, nck, ncq, st);
+    case 4: return sa_hop_bwd_run<64, 4>(m, hp, p.B, nck, ncq, st);
+    case 5: return sa_hop_bwd_run<128, 0>(m, hp, p.B, nck, ncq, st);
+    case 6: return sa_hop_bwd_run<128, 1>(m, hp, p.B, nck, ncq, st);
+    case 7: return sa_hop_bwd_run<128, 2>(m, hp, p.B, nck, ncq, st);
+    case 8: return sa_hop_bwd_run<128, 3>(m, hp, p.B, nck, ncq, st);
+    default: return sa_hop_bwd_run<128, 4>(m, hp, p.B, nck, ncq, st);
   }
 }

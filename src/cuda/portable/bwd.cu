@@ -13,7 +13,7 @@
  * Every output element is written by exactly one thread, so all four are bitwise reproducible.
  * cuda_attn.cu enqueues 1, then 2 and 3 (these or hopper_bwd.cu's), then 4: dsinks never depends on which.
  */
-#include "cuda_common.cuh"
+#include "launch.h"
 
 /* ---- 1. preprocess -------------------------------------------------------------------------------- */
 

@@ -23,12 +23,12 @@
  * The 16-byte path needs H == Hv with H * sizeof(T) / 16 a power of two <= 32 (bf16: H in 32..256);
  * every other H, Hv <= 256 runs the generic path (strided scalar loads).
  */
-#include <stdlib.h>
 #include <string.h>
 
 #include <type_traits>
 
-#include "decode.cuh"
+#include "decode/decode.cuh"
+#include "sa_plan.h"
 
 /* The NE elements of row `off` (length n) that lane `sub` owns: 16-byte path, elements [sub*NE, sub*NE+NE);
    generic path, elements sub + 32 e. Zeros when !valid or past n. */
@@ -255,40 +255,6 @@ __global__ void __launch_bounds__(SA_DEC_WARPS * 32) sa_decode_combine_kernel(co
 
 /* ---- host ------------------------------------------------------------------------------------------ */
 
-static int sa_dec_sm_count(void) {
-  const int n = sa_cuda_sm_count();
-  return n > 0 ? n : 132; /* unreadable: plan for an H100 / H200 */
-}
-
-/* Splits from the shape and the SM count (shape only: the workspace size depends on them).
-   Pipeline kernel (decode_pipe.cu): 2 waves of its resident CTAs (3-4 per SM from shared memory), chunks of
-   at least 128 keys (4 tiles, so its 3-deep pipeline fills; the partial, rows x (Hv + 1) floats, is then
-   ~3% of the chunk's cache bytes at G = 8, bf16, H = 64). Register kernel: ~8 blocks per SM (2 waves of
-   ~4 resident), chunks of at least 256 keys. At most 1024 splits (the combine keeps weights in smem). */
-static void sa_dec_plan(const sa_attn *a, sa_decode_params *dp) {
-  const int64_t G = a->q_heads / a->kv_heads, S = a->kv_len;
-  dp->rows = G * a->q_len;
-  dp->rowgroups = (dp->rows + SA_DEC_RB - 1) / SA_DEC_RB;
-  const int occ = sa_decode_pipe_ctas_per_sm(a);
-  const int64_t blocks = a->batch * a->kv_heads * dp->rowgroups;
-  const int64_t target = (occ ? 2 * (int64_t)occ : 8) * (int64_t)sa_dec_sm_count(), min_chunk = occ ? 128 : 256;
-  int64_t max_splits = (S + min_chunk - 1) / min_chunk;
-  if (max_splits > SA_DEC_MAX_SPLITS) max_splits = SA_DEC_MAX_SPLITS;
-  if (max_splits < 1) max_splits = 1;
-  int64_t splits = blocks > 0 ? (target + blocks - 1) / blocks : 1;
-  if (splits > max_splits) splits = max_splits;
-  if (splits < 1) splits = 1;
-  int64_t chunk = (S + splits - 1) / splits;
-  chunk = (chunk + 63) / 64 * 64;
-  if (chunk < 64) chunk = 64;
-  dp->chunk = chunk;
-  dp->splits = S > 0 ? (S + chunk - 1) / chunk : 1;
-}
-
-static size_t sa_dec_bytes(const sa_attn *a, const sa_decode_params *dp) {
-  return (size_t)(a->batch * a->kv_heads * dp->splits * dp->rows) * (size_t)(a->v_head_dim + 1) * sizeof(float);
-}
-
 extern "C" sa_status sa_cuda_decode_supported(const sa_attn *a) {
   if (!sa_cuda_available())
     return sa_error(SA_ERR_DEVICE, "backend SA_BACKEND_CUDA unavailable: no CUDA device found");
@@ -305,10 +271,18 @@ extern "C" sa_status sa_cuda_decode_supported(const sa_attn *a) {
   return SA_OK;
 }
 
+/* The plan of this decode call (plan.c: the splits, and which split kernel). */
+static sa_status sa_dec_plan_of(const sa_attn *a, sa_cuda_plan *plan) {
+  sa_status s = sa_plan_env_check();
+  if (s != SA_OK) return s;
+  const sa_cuda_device *dev = sa_cuda_device_current();
+  if (!dev) return sa_error(SA_ERR_DEVICE, "backend SA_BACKEND_CUDA unavailable: the device record cannot be read");
+  return sa_cuda_plan_pick(a, SA_PLAN_DECODE, dev, sa_plan_forced(SA_PLAN_DECODE), (size_t)-1, plan);
+}
+
 extern "C" size_t sa_cuda_decode_workspace_size(const sa_attn *a) {
-  sa_decode_params dp;
-  sa_dec_plan(a, &dp);
-  return sa_dec_bytes(a, &dp);
+  sa_cuda_plan plan;
+  return sa_dec_plan_of(a, &plan) == SA_OK ? plan.ws : 0;
 }
 
 template <typename T>
@@ -328,22 +302,20 @@ static cudaError_t sa_dec_launch(const sa_decode_params &dp, bool contig, bool p
   return cudaGetLastError();
 }
 
-/* The pipeline kernel for its shapes when q, k, v are 16-byte aligned, unless env SINKATTN_CUDA_DECODE=register
-   (read at each call, so tests and bench/decode_bench.py can run the register kernel on the same shapes). */
-static bool sa_dec_use_pipe(const sa_attn *a, bool aligned) {
-  const char *env = getenv("SINKATTN_CUDA_DECODE");
-  if (env && strcmp(env, "register") == 0) return false;
-  return aligned && sa_decode_pipe_shape_ok(a);
-}
-
 extern "C" sa_status sa_cuda_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_size, void *stream) {
+  sa_cuda_plan plan;
+  sa_status s = sa_dec_plan_of(a, &plan);
+  if (s != SA_OK) return s;
+  char desc[384];
+  sa_cuda_plan_describe(&plan, desc, sizeof desc);
+  sa_plan_record(SA_PLAN_DECODE, desc);
   sa_decode_params dp;
   memset(&dp, 0, sizeof dp);
-  sa_dec_plan(a, &dp);
+  dp.rows = plan.rows, dp.rowgroups = plan.rowgroups, dp.chunk = plan.chunk, dp.splits = plan.splits;
   if (a->batch == 0 || dp.rows == 0) return SA_OK;
-  if (workspace_size < sa_dec_bytes(a, &dp) || (uintptr_t)workspace % 16 != 0)
+  if (workspace_size < plan.ws || (uintptr_t)workspace % 16 != 0)
     return sa_error(SA_ERR_INVALID, "workspace of %zu bytes too small or not 16-byte aligned: CUDA decode needs %zu",
-                    workspace_size, sa_dec_bytes(a, &dp));
+                    workspace_size, plan.ws);
   sa_cuda_params &p = dp.p;
   p.q = a->q; p.k = a->k; p.v = a->v; p.out = a->out; p.lse = a->lse; p.sinks = a->sinks;
   p.q_lens = a->q_lens; p.kv_lens = a->kv_lens;
@@ -356,13 +328,14 @@ extern "C" sa_status sa_cuda_decode_fwd(const sa_attn *a, void *workspace, size_
   dp.part_out = (float *)workspace;
   dp.part_lse = dp.part_out + a->batch * a->kv_heads * dp.splits * dp.rows * a->v_head_dim;
 
+  /* the register kernel's 16-byte path: aligned rows of a power-of-two count of 16-byte chunks */
   const int64_t es = (int64_t)sa_dtype_size(a->dtype), row_bytes = a->head_dim * es;
   const int64_t lanes = row_bytes / 16;
   const bool aligned = ((uintptr_t)a->q | (uintptr_t)a->k | (uintptr_t)a->v) % 16 == 0;
   const bool contig = aligned && a->head_dim == a->v_head_dim && row_bytes % 16 == 0 && lanes >= 1 &&
                       lanes <= 32 && (lanes & (lanes - 1)) == 0;
   dp.lanes = contig ? (int)lanes : 32;
-  const bool pipe = sa_dec_use_pipe(a, aligned);
+  const bool pipe = plan.family == SA_CUDA_DECODE_PIPE;
   cudaStream_t st = (cudaStream_t)stream;
   cudaError_t e;
   switch (a->dtype) {

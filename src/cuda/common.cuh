@@ -16,7 +16,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 /* Everything a kernel needs, passed by value. Lengths and segment ids are device arrays read in the
    kernels (clamped there), so the host never synchronises to learn them. */
@@ -48,23 +47,6 @@ struct sa_cuda_params {
 
 /* Workspace regions start on 256-byte boundaries (TMA and 16-byte vector accesses need 16). */
 static inline size_t sa_cuda_round256(size_t x) { return (x + 255) & ~(size_t)255; }
-
-/* SMs of the current device, 0 when it cannot be read (each caller picks its own fallback). Asked per call,
-   not cached: a process may drive GPUs of different sizes. */
-static inline int sa_cuda_sm_count(void) {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-/* An integer tuning knob from the environment (SINKATTN_HOP_*), read per call; dflt when unset or empty. */
-static inline int sa_cuda_env_int(const char *name, int dflt) {
-  const char *e = getenv(name);
-  return e && *e ? atoi(e) : dflt;
-}
 
 /* ---- the tile table -------------------------------------------------------------------------------
  * HD is the padded head dim max(H, Hv) rounded up to 32, 64, 128 or 256 (16 runs as 32, 96 as 128 and
@@ -259,15 +241,5 @@ __device__ __forceinline__ void sa_load_packed(uint16_t *s, const uint16_t *base
     sa_cp_async16(s + r * (HD + 8) + col, src, ok ? 16 : 0);
   }
 }
-
-/* ---- entry points of the kernel files (cuda_fwd.cu, cuda_bwd.cu), called by cuda_attn.cu -------- */
-int sa_cuda_padded_dim(int64_t h);
-cudaError_t sa_cuda_fwd_launch(const sa_cuda_params &p, int bf16, int hd, cudaStream_t st);
-/* The backward in its three steps (cuda_bwd.cu), enqueued in this order on one stream by cuda_attn.cu:
-   the preprocess (D, lse2 when p.lse2 is set, sink-gradient partials); dK/dV and dQ (or the Hopper
-   ones of hopper_bwd.cu instead); the fixed-order sink reduction. */
-cudaError_t sa_cuda_bwd_pre_launch(const sa_cuda_params &p, int bf16, cudaStream_t st);
-cudaError_t sa_cuda_bwd_dkdv_dq_launch(const sa_cuda_params &p, int bf16, int hd, cudaStream_t st);
-cudaError_t sa_cuda_bwd_dsink_launch(const sa_cuda_params &p, cudaStream_t st);
 
 #endif /* SA_CUDA_COMMON_CUH */

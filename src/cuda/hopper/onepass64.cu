@@ -76,7 +76,8 @@
  * Registers: its split, producer warpgroup 32 (producer = all of warp 0, so that item values are warp-uniform;
  * lane 0 issues; writer thread 32; converter warps 2-3), consumers 160.
  */
-#include "hopper_bwd3.cuh"
+#include "hopper/onepass64.cuh"
+#include "launch.h"
 
 namespace {
 
@@ -404,22 +405,54 @@ __global__ void __launch_bounds__(THREADS3, 1)
 #endif /* sm_90a */
 }
 
-} /* namespace */
-
-bool sa_hop3p_smem(int causal) {
-  constexpr int smem = op_smem3();
-  return (causal ? cudaFuncSetAttribute(bwd_persist3<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)
-                 : cudaFuncSetAttribute(bwd_persist3<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) ==
-         cudaSuccess;
+/* dk = scale sum_hh part[hh], dv = sum_hh part[hs + hh] in bf16, hh ascending: the head split's fixed order. */
+__global__ void dkdv_sum(const float *part, __nv_bfloat16 *dk, __nv_bfloat16 *dv, size_t n, int hs, float scale) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  for (size_t i = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) * 4; i < n; i += (size_t)gridDim.x * blockDim.x * 4) {
+    float4 a = *reinterpret_cast<const float4 *>(part + i), c = *reinterpret_cast<const float4 *>(part + hs * n + i);
+    for (int h = 1; h < hs; ++h) {
+      const float4 a1 = *reinterpret_cast<const float4 *>(part + h * n + i);
+      const float4 c1 = *reinterpret_cast<const float4 *>(part + (hs + h) * n + i);
+      a.x += a1.x, a.y += a1.y, a.z += a1.z, a.w += a1.w;
+      c.x += c1.x, c.y += c1.y, c.z += c1.z, c.w += c1.w;
+    }
+    uint2 ok, ov;
+    ok.x = pack_bf16(a.x * scale, a.y * scale);
+    ok.y = pack_bf16(a.z * scale, a.w * scale);
+    ov.x = pack_bf16(c.x, c.y);
+    ov.y = pack_bf16(c.z, c.w);
+    *reinterpret_cast<uint2 *>(dk + i) = ok;
+    *reinterpret_cast<uint2 *>(dv + i) = ov;
+  }
+#endif /* sm_90a */
 }
 
-cudaError_t sa_hop3p_launch(int causal, const CUtensorMap (&m)[7], const BwdParams &bp, const Sched3 &sc, int total,
-                            int grid, cudaStream_t st) {
+} /* namespace */
+
+cudaError_t sa_hop_onepass64_launch(const sa_cuda_plan &plan, const sa_cuda_params &p, void *ws, cudaStream_t st) {
   constexpr int smem = op_smem3();
-  if (causal)
-    bwd_persist3<true><<<(unsigned)grid, THREADS3, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], m[6], bp, sc, total);
-  else
-    bwd_persist3<false><<<(unsigned)grid, THREADS3, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], m[6], bp, sc,
-                                                                total);
-  return cudaGetLastError();
+  const int hs = plan.split;
+  float *acc = (float *)ws;
+  int *sync = (int *)((char *)ws + plan.off_sync);
+  float *part = (float *)((char *)ws + plan.off_part);
+  CUtensorMap m[7];
+  BwdParams bp;
+  if (!sa_hop1_prepare(p, acc, KB3, m, &bp)) return cudaErrorInvalidValue; /* K / V as 192-row boxes */
+  const Sched3 sc = {sync, hs > 1 ? part : nullptr, plan.nkb, (int)(p.G / hs), hs, plan.n_all, plan.d,
+                     (size_t)(p.B * p.S * p.K * p.H)};
+  cudaError_t e = p.causal ? cudaFuncSetAttribute(bwd_persist3<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)
+                           : cudaFuncSetAttribute(bwd_persist3<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  if ((e = cudaMemsetAsync(sc.sync, 0, plan.sync_bytes, st)) != cudaSuccess) return e; /* not dq_acc */
+  e = p.causal ? sa_hop_launch_items(bwd_persist3<true>, plan, THREADS3, smem, st, m[0], m[1], m[2], m[3], m[4], m[5],
+                                     m[6], bp, sc, plan.items)
+               : sa_hop_launch_items(bwd_persist3<false>, plan, THREADS3, smem, st, m[0], m[1], m[2], m[3], m[4], m[5],
+                                     m[6], bp, sc, plan.items);
+  if (e != cudaSuccess) return e;
+  if (hs > 1) { /* every element of every partial was written by its item: no memset */
+    const size_t blocks = (sc.slice / 4 + 255) / 256, cap = (size_t)plan.sms * 8;
+    dkdv_sum<<<(unsigned)(blocks < cap ? blocks : cap), 256, 0, st>>>(sc.part, bp.dk, bp.dv, sc.slice, hs, bp.scale);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  return cudaSuccess; /* dq: written by the kernel's converter warps (nat_last3), no dq_convert */
 }

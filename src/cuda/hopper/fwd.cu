@@ -60,23 +60,21 @@
  * far above the scores stays normal); a row without any key gives out 0, lse = sink (a work tile none of whose
  * rows sees a key loads nothing).
  */
-#include "hopper_fwd.cuh"
-#include "hopper_fwd_parts.cuh"
+#include "hopper/fwd_parts.cuh"
+#include "launch.h"
 
 namespace {
 
-template <int HD, int MASK, int QS>
-__global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, QS>::THREADS, 1)
+template <int HD, int MASK>
+__global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
     sa_hop_fwd_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
                       const __grid_constant__ CUtensorMap tmv, const __grid_constant__ CUtensorMap tmids,
                       const sa_hop_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using TL = sa_hop_fwd_tile<HD, MASK, QS>;
-  constexpr int NC = TL::NC, BM = TL::BM, BN = TL::BN, QBOX = TL::QBOX, ST = TL::ST;
+  using TL = sa_hop_fwd_tile<HD, MASK>;
+  constexpr int NC = TL::NC, BM = TL::BM, BN = TL::BN, QBOX = TL::QBOX, ST = TL::ST, QS = TL::QS;
   constexpr int CB = HD / 64; /* 128-byte column blocks per row */
   constexpr uint32_t KV_BYTES = BN * HD * 2;
-  /* Keys past S can sit in a tile only when BN does not divide S (176: the last tile; S % 128 == 0). */
-  constexpr bool KEY_TAIL = 128 % BN != 0;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bar[N_BARS<ST>];
   __shared__ float anchor[4 * NC]; /* see the wait_group 0 of the main loop */
@@ -263,11 +261,9 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, QS>::THREADS, 1)
     /* The tile of keys [k, k + BN) in K stage s. MASK 4: its ids are read here, so the K stage is released after
        (release_k), not as soon as S has landed. */
     auto mask_tile = [&](int k, uint32_t s) {
-      if constexpr (MASK == 0) {
-        if (KEY_TAIL && k + BN > kl) mask_keys(sacc, kl - k - 2 * t);
-      } else if (k - wg_row0 - 63 < dlo || k + BN - 1 - wg_row0 > dhi ||
-                 (MASK >= 3 && (k + BN > kl || wg_row0 + 64 > ql))) {
-        mask_range<MASK>(sacc, k + 2 * t - r0 - dhi0, k + 2 * t - r0 - dhi1, k + 2 * t - r0 - dlo);
+      if constexpr (MASK != 0) {
+        if (k - wg_row0 - 63 < dlo || k + BN - 1 - wg_row0 > dhi || (MASK >= 3 && (k + BN > kl || wg_row0 + 64 > ql)))
+          mask_range<MASK>(sacc, k + 2 * t - r0 - dhi0, k + 2 * t - r0 - dhi1, k + 2 * t - r0 - dlo);
       }
       if constexpr (MASK == 4) mask_segments(sacc, sids + s * TL::IDS_BYTES, qid0, qid1, t);
     };
@@ -446,118 +442,28 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, QS>::THREADS, 1)
 
 /* ---- host ------------------------------------------------------------------------------------------- */
 
-/* Persistent or one work tile per CTA (the header), measured on the H200 with dev/hopper_fwd_05 (persistent,
-   static stride) against the same code on a grid of all work tiles (05np), TFLOP/s ratios:
-   - no mask: B16 T1024 N16 H128 1.21x (499 / 404), B4 T4096 1.04-1.06x, B2 T8192 1.04x, B1 T16384 1.02x:
-     every work tile costs the same, the static stride balances, and the hidden prologue / epilogue (~1-2 us a
-     work tile) matters most where a tile has few key tiles (6 at T1024). At H128 (H64: below).
-   - masks, static stride (the L2-section heaviest-first order): B16 T1024 H128 causal 1.04x, H64 1.15x; but
-     B4 T4096 0.88x, B1 T16384 0.79x, H64 B4 T4096 1.00x: with 32 key tiles at the heaviest m-block a static
-     share of unequal tiles leaves SMs idle at the end (a dynamic counter fixed it, 1.08x / 0.97x, but needs
-     per-call memory the forward does not have: no workspace, no cudaMalloc inside a call XLA may capture in
-     a CUDA graph, and a global counter would race between streams). So only while ceil(S / BN) <= 8 key
-     tiles (S <= 1024 at BN 128), where the static stride measured >= 1.04x. And without a mask only at H128
-     (below).
-   SINKATTN_HOP_FWD_PERSISTENT=0 / 1 forces it off / on (A/B, tests); SINKATTN_HOP_FWD_GRID=n caps the
-   persistent grid at n CTAs (tests: many work tiles a CTA). Both read per call. */
-static const int SA_HOP_PERSIST_MAX_KEY_TILES = 8;
-static const double SA_HOP_L2_SECTION_BYTES = 16.0 * 1024 * 1024; /* a third of the H200's 50 MiB L2 */
-
-/* The maps take the configuration's boxes (Q: QBOX rows, K / V: BN rows). A map the driver refuses, or a
-   refused shared-memory opt-in (up to 210 KiB at H 128), leaves *used = 0: the portable kernel runs instead. */
-template <int HD, int MASK, int QS>
-cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_params &p, sa_hop_params hp,
-                       cudaStream_t st, int *used) {
-  using TL = sa_hop_fwd_tile<HD, MASK, QS>;
+/* The maps take the configuration's boxes (Q: QBOX rows, K / V: BN rows). */
+template <int HD, int MASK>
+cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_params &p, const sa_hop_params &hp,
+                       int grid, cudaStream_t st) {
+  using TL = sa_hop_fwd_tile<HD, MASK>;
   CUtensorMap mq, mk, mv, mids;
   if (!sa_hop_map(enc, &mq, p.q, p.B, p.T, p.N, p.H, TL::QBOX) ||
       !sa_hop_map(enc, &mk, p.k, p.B, p.S, p.K, p.H, TL::BN) || !sa_hop_map(enc, &mv, p.v, p.B, p.S, p.K, p.Hv, TL::BN))
-    return cudaSuccess;
+    return cudaErrorInvalidValue;
   mids = mq; /* without segment ids the kernel never reads its ids map: any valid map will do */
-  if (MASK == 4 && !sa_hop_map_ids(enc, &mids, p.kv_seg, p.B, p.S, 128)) return cudaSuccess;
-  if (cudaFuncSetAttribute(sa_hop_fwd_kernel<HD, MASK, QS>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM) !=
-      cudaSuccess) {
-    cudaGetLastError();
-    return cudaSuccess;
-  }
-  hp.n_mb = (hp.T + TL::BM - 1) / TL::BM; /* BM 192: the last m-block of a head may be partial */
-  const long long total = (long long)(p.B * p.N) * hp.n_mb;
-  if (total >= (1LL << 30)) return cudaSuccess; /* tile + gridDim.x must fit an int */
-  hp.BH = (int)(p.B * p.N);
-  hp.total = (int)total;
-  const int keyt = (hp.S + TL::BN - 1) / TL::BN;
-  const int env = sa_cuda_env_int("SINKATTN_HOP_FWD_PERSISTENT", -1);
-  /* In the library (H200 session 4, bench rows, persistent vs SINKATTN_HOP_FWD_PERSISTENT=0 in one run): H128
-     without a mask B16 T1024 514 vs 406 (1.27x), B4 T4096 1.02x, B1 T16384 1.03x; masks with S <= 1024: B16
-     T1024 causal 1.06x (H128), 1.07x (H64); but H64 without a mask 0.94x / 0.98x / 1.01x at T1024 / 4096 /
-     16384: the static stride dealt the partial 192-row m-blocks to a fixed set of CTAs (session 6: the grid
-     below is now coprime to n_mb, so H64 without a mask is persistent too), and gpt-oss's window (127, 0) 0.97x
-     (74 vs 76, within noise): not persistent. */
-  /* Causal (kind 1) at H128 up to S = 4096 (32 key tiles): persistent in the pair order (sa_hop_work_tile),
-     which balances the static stride. Measured against the previous form (H200 session 5, bench/NOTES.md section
-     6): H128 causal T1024 +9%, T4096 +4%, but T16384 -4% (a dynamic counter measured -3% there in session 4: the
-     persistent loop's own cost on long work tiles) and every H64 causal row -2..-9% (BM 192: the stride's
-     common factor with the pairs a head, below; session 6 takes the pairs at H64 for S <= 1024 on a coprime
-     grid). SINKATTN_HOP_FWD_PAIRS=0 restores the previous form (the L2-section order while S <= 1024), =1 takes
-     the pairs for every kind-1 call. */
-  const int pairs_env = sa_cuda_env_int("SINKATTN_HOP_FWD_PAIRS", -1);
-  const bool pairs = MASK == 1 && (pairs_env >= 0 ? pairs_env != 0 : HD == 128 ? keyt <= 32 : keyt <= 8);
-  /* A window (kind 2) bounds the keys a work tile sees, whatever S: at most (BM + dhi - dlo) / BN + 2 key tiles
-     (gpt-oss's (127, 0): 4). Such short work tiles are what persistence hides the prologue of: H200 session 6,
-     one run, gpt-oss window fwd 87 TFLOP/s persistent against 74-76 in the three runs of the one-tile grid
-     around it (session 4, before the sink's load moved ahead of the Q wait: 74 vs 76). */
-  const bool short_window =
-      MASK == 2 && (TL::BM + (long long)hp.mask.dhi - hp.mask.dlo) / TL::BN + 2 <= SA_HOP_PERSIST_MAX_KEY_TILES;
-  const bool persist =
-      env >= 0 ? env != 0 : MASK == 0 || pairs || keyt <= SA_HOP_PERSIST_MAX_KEY_TILES || short_window;
-  int grid = hp.total;
-  hp.hg = 0;
-  hp.nph = 0;
-  if (persist) {
-    const int sms = sa_cuda_sm_count(), cap = sa_cuda_env_int("SINKATTN_HOP_FWD_GRID", 0);
-    int g = cap > 0 ? cap : sms > 0 ? sms : hp.total;
-    /* Without a mask the work tiles go m-block fastest and CTA c takes c, c + g, ...: its m-blocks are c mod n_mb
-       stepping by g mod n_mb. When the last m-block is partial (BM 192: T % 192 = 64 or 128, one or two of three
-       warpgroups computing) and g shares a factor with n_mb, some CTAs get only partial m-blocks and the rest only
-       full ones: at H64 T1024 (n_mb 6, g 132 = 22 x 6) 110 CTAs carry 23.3 full tiles where a balanced deal is
-       20.7 (0.89), which is why the persistent launch measured 0.94x the one-tile grid there in session 4. A grid
-       coprime to n_mb walks every CTA through all m-blocks: 131 there (one SM idle, 0.8%). SINKATTN_HOP_FWD_GRID
-       is taken as given (A/B). */
-    if (MASK == 0 && cap <= 0 && hp.T % TL::BM != 0)
-      while (g > 1 && g < hp.total && sa_gcd(g, hp.n_mb) != 1) --g;
-    grid = g < hp.total ? g : hp.total;
-    if (pairs) {
-      hp.nph = (hp.n_mb + 1) / 2;
-      const int np = hp.BH * hp.nph; /* < total: fits an int */
-      /* CTA c walks pairs c, c + g, ..: pair index k = pair mod nph steps by g mod nph. At BM 192 the pairs
-         differ (the last m-block is partial; H64 T1024 causal: work 14 / 32 / 32 in a list-scheduling model of
-         per-warpgroup key tiles + 1 a tile), and with g = 132, nph = 3 every CTA keeps one k: the SMs busy 0.79
-         of the time (the session-5 pair order's -9% at H64 T1024); g coprime to nph: 0.97, against 0.95 for the
-         L2 sections. At BM 128 the pairs are equal: no change. */
-      if (cap <= 0 && hp.T % TL::BM != 0)
-        while (g > 1 && g < np && sa_gcd(g, hp.nph) != 1) --g;
-      grid = g < np ? g : np;
-      hp.total = 2 * grid * ((np + grid - 1) / grid); /* CTA c's walk: 2 ceil(np / grid) indices */
-    } else {
-      /* L2 sections (masks only; without one every order balances): heads whose K and V (2 x 2 bytes x S x
-         H, shared by G query heads) add up to 16 MiB; T1024 H128 G1: 32 heads a section. */
-      const double head_kv = 4.0 * hp.S * HD / hp.G;
-      const double hg = SA_HOP_L2_SECTION_BYTES / head_kv;
-      hp.hg = MASK == 0 ? 0 : hg < 1 ? 1 : hg > hp.BH ? hp.BH : (int)hg;
-    }
-  }
-  *used = 1;
-  sa_hop_fwd_kernel<HD, MASK, QS><<<(unsigned)grid, TL::THREADS, TL::SMEM, st>>>(mq, mk, mv, mids, hp);
+  if (MASK == 4 && !sa_hop_map_ids(enc, &mids, p.kv_seg, p.B, p.S, 128)) return cudaErrorInvalidValue;
+  cudaError_t e = cudaFuncSetAttribute(sa_hop_fwd_kernel<HD, MASK>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM);
+  if (e != cudaSuccess) return e;
+  sa_hop_fwd_kernel<HD, MASK><<<(unsigned)grid, TL::THREADS, TL::SMEM, st>>>(mq, mk, mv, mids, hp);
   return cudaGetLastError();
 }
 
 } /* namespace */
 
-cudaError_t sa_hopper_fwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st, int *used) {
-  *used = 0;
-  if (!sa_hop_in_scope(p, bf16, true) || !sa_hop_aligned(p.out)) return cudaSuccess;
+cudaError_t sa_hop_fwd_launch(const sa_cuda_plan &plan, const sa_cuda_params &p, cudaStream_t st) {
   static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
-  if (!enc) return cudaSuccess;
+  if (!enc) return cudaErrorNotSupported;
   sa_hop_params hp;
   hp.out = (__nv_bfloat16 *)p.out;
   hp.lse = p.lse;
@@ -568,33 +474,18 @@ cudaError_t sa_hopper_fwd_try(const sa_cuda_params &p, int bf16, cudaStream_t st
   hp.shape = sa_hop_shape_of(p);
   hp.q_seg = p.q_seg;
   hp.kv_seg = p.kv_seg;
-  /* Q slots: 2 (H200 session 7: +9% fwd at H64 T1024; session 8: +7% at H128 T1024, +9% causal, the longer rows
-     within the noise). SINKATTN_HOP_FWD_QSLOTS=1 forces one, the form before (A/B; H128 takes 176-key tiles
-     without a mask then, which leave no room for a second Q). */
-  const int qs = sa_cuda_env_int("SINKATTN_HOP_FWD_QSLOTS", 2) == 1 ? 1 : 2;
-  /* Segment ids (kind 4) at H128 wait for their first run (H64 ran clean in session 8; H128's first form hung in
-     setmaxnreg, fixed in sa_hop_fwd_tile::REGS unrun): SINKATTN_HOP_FWD_SEG128=1 takes it, else the portable. */
-  if (p.q_seg && p.H == 128 && sa_cuda_env_int("SINKATTN_HOP_FWD_SEG128", 0) != 1) return cudaSuccess;
-  switch (sa_hop_mask_kind(p) + 5 * (p.H == 128) + 10 * (qs == 2)) {
-    case 0: return sa_hop_run<64, 0, 1>(enc, p, hp, st, used);
-    case 1: return sa_hop_run<64, 1, 1>(enc, p, hp, st, used);
-    case 2: return sa_hop_run<64, 2, 1>(enc, p, hp, st, used);
-    case 3: return sa_hop_run<64, 3, 1>(enc, p, hp, st, used);
-    case 4: return sa_hop_run<64, 4, 1>(enc, p, hp, st, used);
-    case 5: return sa_hop_run<128, 0, 1>(enc, p, hp, st, used);
-    case 6: return sa_hop_run<128, 1, 1>(enc, p, hp, st, used);
-    case 7: return sa_hop_run<128, 2, 1>(enc, p, hp, st, used);
-    case 8: return sa_hop_run<128, 3, 1>(enc, p, hp, st, used);
-    case 9: return sa_hop_run<128, 4, 1>(enc, p, hp, st, used);
-    case 10: return sa_hop_run<64, 0, 2>(enc, p, hp, st, used);
-    case 11: return sa_hop_run<64, 1, 2>(enc, p, hp, st, used);
-    case 12: return sa_hop_run<64, 2, 2>(enc, p, hp, st, used);
-    case 13: return sa_hop_run<64, 3, 2>(enc, p, hp, st, used);
-    case 14: return sa_hop_run<64, 4, 2>(enc, p, hp, st, used);
-    case 15: return sa_hop_run<128, 0, 2>(enc, p, hp, st, used);
-    case 16: return sa_hop_run<128, 1, 2>(enc, p, hp, st, used);
-    case 17: return sa_hop_run<128, 2, 2>(enc, p, hp, st, used);
-    case 18: return sa_hop_run<128, 3, 2>(enc, p, hp, st, used);
-    default: return sa_hop_run<128, 4, 2>(enc, p, hp, st, used);
+  hp.BH = plan.BH, hp.n_mb = plan.n_mb, hp.total = plan.total, hp.hg = plan.hg, hp.nph = plan.nph;
+  const int g = plan.grid[0];
+  switch (plan.mask + 5 * (plan.hd == 128)) {
+    case 0: return sa_hop_run<64, 0>(enc, p, hp, g, st);
+    case 1: return sa_hop_run<64, 1>(enc, p, hp, g, st);
+    case 2: return sa_hop_run<64, 2>(enc, p, hp, g, st);
+    case 3: return sa_hop_run<64, 3>(enc, p, hp, g, st);
+    case 4: return sa_hop_run<64, 4>(enc, p, hp, g, st);
+    case 5: return sa_hop_run<128, 0>(enc, p, hp, g, st);
+    case 6: return sa_hop_run<128, 1>(enc, p, hp, g, st);
+    case 7: return sa_hop_run<128, 2>(enc, p, hp, g, st);
+    case 8: return sa_hop_run<128, 3>(enc, p, hp, g, st);
+    default: return sa_hop_run<128, 4>(enc, p, hp, g, st);
   }
 }

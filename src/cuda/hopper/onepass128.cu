@@ -34,8 +34,8 @@
  */
 #include <algorithm>
 
-#include "hopper_bwd1.cuh"
-#include "hopper_bwd1_parts.cuh"
+#include "hopper/onepass_parts.cuh"
+#include "launch.h"
 
 namespace {
 
@@ -442,36 +442,22 @@ __global__ void dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N, in
 
 /* ---- host ------------------------------------------------------------------------------------------- */
 
-
-/* A refused shared-memory opt-in (227 KiB) leaves *used = 0: the two passes run instead. */
 template <bool CAUSAL>
-cudaError_t sa_hop1_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sched &sc, int64_t B, size_t sync_bytes,
-                        int sms, cudaStream_t st, int *used) {
+cudaError_t sa_hop1_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sched &sc, const sa_cuda_plan &plan,
+                        int64_t B, cudaStream_t st) {
   constexpr int smem = op_smem<128>();
-  if (cudaFuncSetAttribute(bwd_onepass<128, CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
-      cudaSuccess) {
-    cudaGetLastError();
-    return cudaSuccess;
-  }
-  *used = 1;
-  cudaError_t e = cudaMemsetAsync(sc.sync, 0, sync_bytes, st); /* the ticket, the semaphores (not dq_acc) */
+  cudaError_t e = cudaFuncSetAttribute(bwd_onepass<128, CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  const int grid = sa_hop1_grid(sc.nkb, sc.total, sms);
-  bwd_onepass<128, CAUSAL><<<grid, THREADS, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], m[6], bp, sc);
-  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  e = cudaMemsetAsync(sc.sync, 0, plan.sync_bytes, st); /* the ticket, the semaphores (not dq_acc) */
+  if (e != cudaSuccess) return e;
+  e = sa_hop_launch_items(bwd_onepass<128, CAUSAL>, plan, THREADS, smem, st, m[0], m[1], m[2], m[3], m[4], m[5], m[6],
+                          bp, sc);
+  if (e != cudaSuccess) return e;
   const int rows = (int)(B * bp.T * bp.N); /* < 2^27 in scope: rows * 16 fits dq_convert's int */
-  return sa_hop1_dq_convert(bp.dq_acc, bp.dq, bp.T, bp.N, 128, bp.scale, rows, sms, st);
+  return sa_hop1_dq_convert(bp.dq_acc, bp.dq, bp.T, bp.N, 128, bp.scale, rows, plan.sms, st);
 }
 
 } /* namespace */
-
-int sa_hop1_grid(int nkb, int64_t items, int sms) {
-  const int cap = sa_cuda_env_int("SINKATTN_HOP_BWD_GRID", 0);
-  return (int)std::min<int64_t>(std::max(cap > 0 ? cap : sms, nkb), items);
-}
-
-size_t sa_hop1_acc_bytes(const sa_cuda_params &p) { return (size_t)(p.B * p.N * p.T * p.H) * 4; }
-size_t sa_hop1_sync_bytes(const sa_cuda_params &p) { return (size_t)(1 + p.B * p.N * (p.T / QB)) * 4; }
 
 bool sa_hop1_prepare(const sa_cuda_params &p, float *acc, int kv_rows, CUtensorMap (&m)[7], BwdParams *bp) {
   static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
@@ -508,41 +494,13 @@ cudaError_t sa_hop1_dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N
   return cudaGetLastError();
 }
 
-bool sa_hopper_bwd1_in_scope(const sa_cuda_params &p, int bf16) {
-  if (p.H == 64) return sa_hopper_bwd3_in_scope(p, bf16);
-  if (p.H != 128 || p.Hv != 128 || p.q_lens || p.kv_lens || p.q_seg || p.kv_seg || p.wl >= 0 || p.wr >= 0)
-    return false;
-  /* causal none (a diag_offset alone changes nothing) or top-left on the main diagonal: the kernel's mask */
-  if (!(p.causal == 0 || (p.causal == 1 && p.diag_offset == 0))) return false;
-  if (p.B * p.N * p.T >= ((int64_t)1 << 27)) return false; /* dq_convert's int index: rows * H / 8 < 2^31 */
-  if (!sa_hopper_bwd_in_scope(p, bf16)) return false; /* bf16, T, S multiples of 128, CC 9.0, sm_90a code */
-  const int64_t nkb = p.S / KB, n_all = p.G * (p.T / QB);
-  if (p.causal == 0 && n_all < nkb) return false; /* NAT's start tiles kb * d must be distinct */
-  return nkb <= sa_cuda_sm_count(); /* NAT: a head's key blocks co-resident, one CTA per SM */
-}
-
-size_t sa_hopper_bwd1_workspace(const sa_cuda_params &p) {
-  if (p.H == 64) return sa_hopper_bwd3_workspace(p);
-  return sa_cuda_round256(sa_hop1_acc_bytes(p)) + sa_cuda_round256(sa_hop1_sync_bytes(p));
-}
-
-cudaError_t sa_hopper_bwd1_try(const sa_cuda_params &p, int bf16, void *ws, size_t ws_bytes, cudaStream_t st,
-                               int *used) {
-  if (p.H == 64) return sa_hopper_bwd3_try(p, bf16, ws, ws_bytes, st, used);
-  *used = 0;
-  if (!p.lse2 || !p.D || !sa_hop_aligned(p.lse2) || !sa_hop_aligned(p.D) || !ws || !sa_hop_aligned(ws) ||
-      !sa_hopper_bwd1_in_scope(p, bf16) || ws_bytes < sa_hopper_bwd1_workspace(p))
-    return cudaSuccess;
-  const int sms = sa_cuda_sm_count();
+cudaError_t sa_hop_onepass_launch(const sa_cuda_plan &plan, const sa_cuda_params &p, void *ws, cudaStream_t st) {
+  if (plan.hd == 64) return sa_hop_onepass64_launch(plan, p, ws, st);
   float *acc = (float *)ws;
-  int *sync = (int *)((char *)ws + sa_cuda_round256(sa_hop1_acc_bytes(p)));
+  int *sync = (int *)((char *)ws + plan.off_sync);
   CUtensorMap m[7];
   BwdParams bp;
-  if (!sa_hop1_prepare(p, acc, KB, m, &bp)) return cudaSuccess;
-  const int nkb = (int)(p.S / KB), n_all = (int)(p.G * (p.T / QB));
-  if (p.B * p.K * nkb >= ((int64_t)1 << 31)) return cudaSuccess; /* item tickets in int */
-  const Sched sc = {sync, nkb, (int)p.G, n_all, std::max(1, n_all / nkb), (int)(p.B * p.K * nkb)};
-  const size_t sb = sa_hop1_sync_bytes(p);
-  return p.causal ? sa_hop1_run<true>(m, bp, sc, p.B, sb, sms, st, used)
-                  : sa_hop1_run<false>(m, bp, sc, p.B, sb, sms, st, used);
+  if (!sa_hop1_prepare(p, acc, KB, m, &bp)) return cudaErrorInvalidValue;
+  const Sched sc = {sync, plan.nkb, (int)p.G, plan.n_all, plan.d, plan.items};
+  return p.causal ? sa_hop1_run<true>(m, bp, sc, plan, p.B, st) : sa_hop1_run<false>(m, bp, sc, plan, p.B, st);
 }

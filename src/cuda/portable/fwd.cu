@@ -12,7 +12,7 @@
  * subnormal (the bf16 range is fp32's, f16's is not); taking the max with the sink only at the end is
  * as finite for huge sinks (|a| = 100) and empty rows (m = -inf) and keeps P in [0, 1] with max 1.
  */
-#include "cuda_common.cuh"
+#include "launch.h"
 
 template <typename T, int HD, class C>
 __global__ void __launch_bounds__(C::NW * 32) sa_fwd_kernel(const sa_cuda_params p) {

@@ -1,0 +1,29 @@
+/*
+ * launch.h — the kernel families' launchers, each following a plan (plan.h) that attn.cu or decode/split.cu
+ * picked: they enqueue on the caller's stream and never choose a schedule themselves.
+ */
+#ifndef SA_CUDA_LAUNCH_H
+#define SA_CUDA_LAUNCH_H
+
+#include "common.cuh"
+#include "plan.h"
+
+/* portable/fwd.cu, portable/bwd.cu: the mma.sync kernels (sm_80+). The backward in three steps, enqueued in this
+   order: the preprocess (D, lse2 when p.lse2 is set, the sink-gradient partials); dK/dV and dQ (or a Hopper
+   family's); the fixed-order sink reduction. */
+cudaError_t sa_cuda_fwd_launch(const sa_cuda_params &p, int bf16, int hd, cudaStream_t st);
+cudaError_t sa_cuda_bwd_pre_launch(const sa_cuda_params &p, int bf16, cudaStream_t st);
+cudaError_t sa_cuda_bwd_dkdv_dq_launch(const sa_cuda_params &p, int bf16, int hd, cudaStream_t st);
+cudaError_t sa_cuda_bwd_dsink_launch(const sa_cuda_params &p, cudaStream_t st);
+
+/* hopper/fwd.cu: the sm_90a forward on the plan's grid and work order. */
+cudaError_t sa_hop_fwd_launch(const sa_cuda_plan &plan, const sa_cuda_params &p, cudaStream_t st);
+/* hopper/bwd_twopass.cu: dK/dV then dQ with the plan's warpgroups and grid order; reads p.D and p.lse2. */
+cudaError_t sa_hop_twopass_launch(const sa_cuda_plan &plan, const sa_cuda_params &p, cudaStream_t st);
+/* hopper/onepass128.cu, hopper/onepass64.cu: the one pass into the workspace regions at ws (16-byte aligned,
+   after the common ones): memset of the ticket and semaphores, the kernel (cooperative when the plan says so),
+   then dq_convert (H128) or dkdv_sum (H64 with a head split). A refused cooperative launch returns its error
+   having enqueued nothing but the memset, so the caller can run the two passes instead. */
+cudaError_t sa_hop_onepass_launch(const sa_cuda_plan &plan, const sa_cuda_params &p, void *ws, cudaStream_t st);
+
+#endif /* SA_CUDA_LAUNCH_H */
