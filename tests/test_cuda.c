@@ -1,28 +1,28 @@
 /*
- * test_cuda.c — SA_BACKEND_CUDA against SA_BACKEND_REF (fp64) on a table of cases covering every mask
- * (lengths with clamped values, causal top-left / bottom-right, windows, diag_offset, segments), the
- * three softmax types with sinks drawn from U(-10, 10) or U(-50, 50), empty rows, GQA, Hv != H, odd
- * sizes (37, 129), all head dims and both 16-bit dtypes. Outputs are NaN-poisoned before each call,
- * padding (q rows past q_len, k/v rows past kv_len) holds NaN, and the backward is run three times
- * (deterministic = 1 twice, 0 once): all three must agree bitwise. Cases inside the scope of the sm_90a
- * forward and backward run with and without them (SINKATTN_CUDA_HOPPER=0), and each run checks which
- * forward and which backward kernels ran. Exit 77 (skipped) without a GPU.
+ * test_cuda.c — SA_BACKEND_CUDA against SA_BACKEND_REF (fp64), over EVERY plan legal for each case
+ * (sa_plan_list; sa_plan_force runs it, sa_plan_last must name it). Cases cover every mask (lengths with
+ * clamped values, causal top-left / bottom-right, windows, diag_offset, segments), the three softmax types with
+ * sinks from U(-10, 10) or U(-50, 50), empty rows, GQA, Hv != H, odd sizes, all head dims, both 16-bit dtypes,
+ * and production schedules (T, S = 4096..8192). Outputs are NaN-poisoned, padding holds NaN, the backward runs
+ * three times (deterministic 1, 1, 0) and must agree bitwise. Exit 77 (skipped) without a GPU.
+ *   test_cuda [--list] [--table=general|hopper|prod] [--plan=SUBSTR] [--case=SUBSTR] [--stride=K]
+ * --list enumerates cases x plans on a mocked H200 record without a GPU (CI runs it).
  */
-#define _POSIX_C_SOURCE 200112L /* setenv */
+#define _POSIX_C_SOURCE 200112L
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "sa_internal.h"
-
-#ifndef SINKATTN_WITH_CUDA
-int main(void) {
-  printf("test_cuda: SKIPPED: sinkattn was built without CUDA (nvcc not found at configure time)\n");
-  return 77;
-}
-#else
+#ifdef SINKATTN_WITH_CUDA
 #include <cuda_runtime_api.h>
+#endif
+
+#include "cuda/plan.h"
+#include "sa_internal.h"
+#include "sa_plan.h"
+
+
 
 typedef struct {
   const char *name;
@@ -38,41 +38,41 @@ typedef struct {
 } tc_case;
 
 static const tc_case tc_cases[] = {
-    {"odd 37x129", SA_BF16, 2, 37, 129, 4, 4, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
-    {"odd 129x37 causal", SA_BF16, 2, 129, 37, 8, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 10},
-    {"bottom-right lens", SA_BF16, 2, 64, 200, 4, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 1, 0, 0, 10},
-    {"window 31,0", SA_BF16, 1, 200, 200, 8, 2, 128, 128, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_TOP_LEFT, 31, 0, 0, 0, 0, 0, 10},
-    {"window 20,10 lens", SA_BF16, 2, 100, 150, 2, 2, 32, 32, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, 20, 10, 0, 1, 0, 1, 10},
-    {"segments", SA_BF16, 2, 96, 96, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 1, 0, 10},
-    {"segments causal lens", SA_BF16, 2, 130, 130, 6, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 1, 1, 1, 10},
-    {"H96 causal", SA_BF16, 1, 150, 150, 2, 1, 96, 96, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 0, 10},
-    {"H192", SA_BF16, 1, 70, 90, 2, 2, 192, 192, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 1, 10},
-    {"H256 bottom-right", SA_BF16, 1, 65, 97, 2, 1, 256, 256, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 0, 0, 0, 10},
-    {"H128 Hv64", SA_BF16, 2, 40, 60, 6, 2, 128, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 1, 10},
-    {"H64 Hv128 causal", SA_BF16, 1, 50, 80, 4, 2, 64, 128, SA_SOFTMAX_VANILLA, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 0, 10},
-    {"H16 causal", SA_BF16, 2, 45, 45, 4, 2, 16, 16, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 1, 0, 1, 10},
-    {"H32 Hv256", SA_BF16, 1, 33, 47, 2, 1, 32, 256, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
-    {"f16 causal", SA_F16, 2, 77, 77, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 10},
-    {"f16 window H128", SA_F16, 1, 160, 160, 4, 4, 128, 128, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_TOP_LEFT, 63, 0, 0, 1, 0, 0, 10},
-    {"f16 H256", SA_F16, 1, 40, 70, 2, 2, 256, 256, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
-    {"sinks +-50", SA_BF16, 2, 64, 64, 4, 4, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 1, 50},
-    {"sinks +-50 causal f16", SA_F16, 1, 70, 70, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 0, 50},
-    {"diag_offset 150 window", SA_BF16, 1, 64, 256, 2, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, 100, -1, 150, 0, 0, 0, 10},
-    {"diag_offset -20 vanilla", SA_BF16, 1, 64, 64, 2, 1, 64, 64, SA_SOFTMAX_VANILLA, SA_CAUSAL_TOP_LEFT, -1, -1, -20, 0, 0, 1, 10},
-    {"clamped lens vanilla", SA_BF16, 3, 50, 70, 4, 2, 64, 64, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, -1, -1, 0, 2, 0, 1, 10},
-    {"clamped lens learnable BR", SA_BF16, 3, 50, 70, 4, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 2, 0, 1, 10},
-    {"S = 0", SA_BF16, 1, 16, 0, 2, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 1, 10},
-    {"T = 0", SA_BF16, 1, 0, 16, 2, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
-    {"GQA 8 bottom-right", SA_BF16, 1, 33, 100, 8, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 0, 0, 1, 10},
-    {"GQA 3 window BR lens segs", SA_BF16, 2, 90, 120, 6, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_BOTTOM_RIGHT, 40, 5, 0, 1, 1, 1, 10},
-    {"decode T = 1", SA_BF16, 2, 1, 300, 8, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 0, 0, 0, 10},
-    {"512 causal H128", SA_BF16, 1, 512, 512, 2, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 10},
-    {"gpt-oss window", SA_BF16, 1, 300, 300, 8, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, 127, 0, 0, 0, 0, 0, 10},
-    {"300x700 BR window lens", SA_BF16, 1, 300, 700, 4, 1, 64, 64, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_BOTTOM_RIGHT, 128, 0, 0, 1, 0, 0, 10},
-    {"special sinks", SA_BF16, 1, 40, 40, 8, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 0},
+    {.name = "odd 37x129", .dt = SA_BF16, .B = 2, .T = 37, .S = 129, .N = 4, .K = 4, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 10},
+    {.name = "odd 129x37 causal", .dt = SA_BF16, .B = 2, .T = 129, .S = 37, .N = 8, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10},
+    {.name = "bottom-right lens", .dt = SA_BF16, .B = 2, .T = 64, .S = 200, .N = 4, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = -1, .wr = -1, .lens = 1, .sink_range = 10},
+    {.name = "window 31,0", .dt = SA_BF16, .B = 1, .T = 200, .S = 200, .N = 8, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_TOP_LEFT, .wl = 31, .wr = 0, .sink_range = 10},
+    {.name = "window 20,10 lens", .dt = SA_BF16, .B = 2, .T = 100, .S = 150, .N = 2, .K = 2, .H = 32, .Hv = 32, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_NONE, .wl = 20, .wr = 10, .lens = 1, .dlse = 1, .sink_range = 10},
+    {.name = "segments", .dt = SA_BF16, .B = 2, .T = 96, .S = 96, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .segs = 1, .sink_range = 10},
+    {.name = "segments causal lens", .dt = SA_BF16, .B = 2, .T = 130, .S = 130, .N = 6, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .lens = 1, .segs = 1, .dlse = 1, .sink_range = 10},
+    {.name = "H96 causal", .dt = SA_BF16, .B = 1, .T = 150, .S = 150, .N = 2, .K = 1, .H = 96, .Hv = 96, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .sink_range = 10},
+    {.name = "H192", .dt = SA_BF16, .B = 1, .T = 70, .S = 90, .N = 2, .K = 2, .H = 192, .Hv = 192, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10},
+    {.name = "H256 bottom-right", .dt = SA_BF16, .B = 1, .T = 65, .S = 97, .N = 2, .K = 1, .H = 256, .Hv = 256, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = -1, .wr = -1, .sink_range = 10},
+    {.name = "H128 Hv64", .dt = SA_BF16, .B = 2, .T = 40, .S = 60, .N = 6, .K = 2, .H = 128, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10},
+    {.name = "H64 Hv128 causal", .dt = SA_BF16, .B = 1, .T = 50, .S = 80, .N = 4, .K = 2, .H = 64, .Hv = 128, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .sink_range = 10},
+    {.name = "H16 causal", .dt = SA_BF16, .B = 2, .T = 45, .S = 45, .N = 4, .K = 2, .H = 16, .Hv = 16, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .lens = 1, .dlse = 1, .sink_range = 10},
+    {.name = "H32 Hv256", .dt = SA_BF16, .B = 1, .T = 33, .S = 47, .N = 2, .K = 1, .H = 32, .Hv = 256, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 10},
+    {.name = "f16 causal", .dt = SA_F16, .B = 2, .T = 77, .S = 77, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10},
+    {.name = "f16 window H128", .dt = SA_F16, .B = 1, .T = 160, .S = 160, .N = 4, .K = 4, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_TOP_LEFT, .wl = 63, .wr = 0, .lens = 1, .sink_range = 10},
+    {.name = "f16 H256", .dt = SA_F16, .B = 1, .T = 40, .S = 70, .N = 2, .K = 2, .H = 256, .Hv = 256, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 10},
+    {.name = "sinks +-50", .dt = SA_BF16, .B = 2, .T = 64, .S = 64, .N = 4, .K = 4, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 50},
+    {.name = "sinks +-50 causal f16", .dt = SA_F16, .B = 1, .T = 70, .S = 70, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .sink_range = 50},
+    {.name = "diag_offset 150 window", .dt = SA_BF16, .B = 1, .T = 64, .S = 256, .N = 2, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = 100, .wr = -1, .diag = 150, .sink_range = 10},
+    {.name = "diag_offset -20 vanilla", .dt = SA_BF16, .B = 1, .T = 64, .S = 64, .N = 2, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .diag = -20, .dlse = 1, .sink_range = 10},
+    {.name = "clamped lens vanilla", .dt = SA_BF16, .B = 3, .T = 50, .S = 70, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .lens = 2, .dlse = 1, .sink_range = 10},
+    {.name = "clamped lens learnable BR", .dt = SA_BF16, .B = 3, .T = 50, .S = 70, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = -1, .wr = -1, .lens = 2, .dlse = 1, .sink_range = 10},
+    {.name = "S = 0", .dt = SA_BF16, .B = 1, .T = 16, .S = 0, .N = 2, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10},
+    {.name = "T = 0", .dt = SA_BF16, .B = 1, .T = 0, .S = 16, .N = 2, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 10},
+    {.name = "GQA 8 bottom-right", .dt = SA_BF16, .B = 1, .T = 33, .S = 100, .N = 8, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10},
+    {.name = "GQA 3 window BR lens segs", .dt = SA_BF16, .B = 2, .T = 90, .S = 120, .N = 6, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = 40, .wr = 5, .lens = 1, .segs = 1, .dlse = 1, .sink_range = 10},
+    {.name = "decode T = 1", .dt = SA_BF16, .B = 2, .T = 1, .S = 300, .N = 8, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = -1, .wr = -1, .sink_range = 10},
+    {.name = "512 causal H128", .dt = SA_BF16, .B = 1, .T = 512, .S = 512, .N = 2, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10},
+    {.name = "gpt-oss window", .dt = SA_BF16, .B = 1, .T = 300, .S = 300, .N = 8, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = 127, .wr = 0, .sink_range = 10},
+    {.name = "300x700 BR window lens", .dt = SA_BF16, .B = 1, .T = 300, .S = 700, .N = 4, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = 128, .wr = 0, .lens = 1, .sink_range = 10},
+    {.name = "special sinks", .dt = SA_BF16, .B = 1, .T = 40, .S = 40, .N = 8, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 0},
     /* a window wider than the problem with a large negative diag_offset: the kernels' cap of "unbounded" windows
        must count the shift (it did not: hi = i - 500 + 402 cut every key of rows < 98) */
-    {"diag_offset -500 window 1000", SA_BF16, 1, 100, 300, 2, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, 1000, 1000, -500, 0, 0, 1, 10},
+    {.name = "diag_offset -500 window 1000", .dt = SA_BF16, .B = 1, .T = 100, .S = 300, .N = 2, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = 1000, .wr = 1000, .diag = -500, .dlse = 1, .sink_range = 10},
 };
 
 /* Inside the scope of the sm_90a forward and backward (src/cuda/hopper_fwd.cu, hopper_bwd.cu: bf16, H == Hv
@@ -83,83 +83,102 @@ static const tc_case tc_cases[] = {
    dsinks of three backward runs that must agree bitwise. The backward covers GQA 1 to 8 (64 / 8 heads),
    T < S and T > S top-left causal (keys past T: zero dk, dv), the three softmax types, and dlse != 0. */
 static const tc_case tc_hopper_cases[] = {
-    {"hop H128 256 GQA2", SA_BF16, 2, 256, 256, 4, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
-    {"hop H128 256x512 causal +-50", SA_BF16, 1, 256, 512, 4, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 0, 50},
-    {"hop H128 512x256 causal obo", SA_BF16, 1, 512, 256, 4, 4, 128, 128, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 0, 10},
-    {"hop H128 256x512 vanilla", SA_BF16, 1, 256, 512, 2, 1, 128, 128, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
-    {"hop H64 256 causal vanilla", SA_BF16, 2, 256, 256, 4, 2, 64, 64, SA_SOFTMAX_VANILLA, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 0, 10},
-    {"hop H64 256x512 +-50", SA_BF16, 1, 256, 512, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 50},
-    {"hop H64 384 BR=TL GQA3 obo", SA_BF16, 1, 384, 384, 6, 2, 64, 64, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 0, 0, 0, 10},
-    {"hop H64 512x256 causal", SA_BF16, 1, 512, 256, 2, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 0, 10},
-    {"hop H128 special sinks", SA_BF16, 1, 128, 256, 8, 4, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 0},
-    {"hop H128 GQA 64/8 128x256 dlse", SA_BF16, 1, 128, 256, 64, 8, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 1, -10},
-    {"hop H64 GQA 64/8 256 causal dlse", SA_BF16, 1, 256, 256, 64, 8, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, -10},
-    {"hop H128 384x128 causal dlse", SA_BF16, 2, 384, 128, 4, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, -10},
-    {"hop H64 128x384 causal obo dlse", SA_BF16, 2, 128, 384, 4, 2, 64, 64, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 10},
-    {"hop H128 256 causal van GQA4 dlse", SA_BF16, 1, 256, 256, 4, 1, 128, 128, SA_SOFTMAX_VANILLA, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 10},
-    {"hop H64 384x256 obo GQA4 dlse", SA_BF16, 1, 384, 256, 8, 2, 64, 64, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 1, 10},
+    {.name = "hop H128 256 GQA2", .dt = SA_BF16, .B = 2, .T = 256, .S = 256, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 10},
+    {.name = "hop H128 256x512 causal +-50", .dt = SA_BF16, .B = 1, .T = 256, .S = 512, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .sink_range = 50},
+    {.name = "hop H128 512x256 causal obo", .dt = SA_BF16, .B = 1, .T = 512, .S = 256, .N = 4, .K = 4, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .sink_range = 10},
+    {.name = "hop H128 256x512 vanilla", .dt = SA_BF16, .B = 1, .T = 256, .S = 512, .N = 2, .K = 1, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 10},
+    {.name = "hop H64 256 causal vanilla", .dt = SA_BF16, .B = 2, .T = 256, .S = 256, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .sink_range = 10},
+    {.name = "hop H64 256x512 +-50", .dt = SA_BF16, .B = 1, .T = 256, .S = 512, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 50},
+    {.name = "hop H64 384 BR=TL GQA3 obo", .dt = SA_BF16, .B = 1, .T = 384, .S = 384, .N = 6, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = -1, .wr = -1, .sink_range = 10},
+    {.name = "hop H64 512x256 causal", .dt = SA_BF16, .B = 1, .T = 512, .S = 256, .N = 2, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .sink_range = 10},
+    {.name = "hop H128 special sinks", .dt = SA_BF16, .B = 1, .T = 128, .S = 256, .N = 8, .K = 4, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 0},
+    {.name = "hop H128 GQA 64/8 128x256 dlse", .dt = SA_BF16, .B = 1, .T = 128, .S = 256, .N = 64, .K = 8, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .dlse = 1, .sink_range = -10},
+    {.name = "hop H64 GQA 64/8 256 causal dlse", .dt = SA_BF16, .B = 1, .T = 256, .S = 256, .N = 64, .K = 8, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = -10},
+    {.name = "hop H128 384x128 causal dlse", .dt = SA_BF16, .B = 2, .T = 384, .S = 128, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = -10},
+    {.name = "hop H64 128x384 causal obo dlse", .dt = SA_BF16, .B = 2, .T = 128, .S = 384, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10},
+    {.name = "hop H128 256 causal van GQA4 dlse", .dt = SA_BF16, .B = 1, .T = 256, .S = 256, .N = 4, .K = 1, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10},
+    {.name = "hop H64 384x256 obo GQA4 dlse", .dt = SA_BF16, .B = 1, .T = 384, .S = 256, .N = 8, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10},
     /* position masks (sa_hop_mask): windows, bottom-right with T != S, diag_offset (ring attention's blocks) */
-    {"hop gpt-oss window 127,0 GQA8", SA_BF16, 1, 512, 512, 16, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, 127, 0, 0, 0, 0, 1, -10},
-    {"hop H128 window 64,32", SA_BF16, 2, 384, 384, 4, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, 64, 32, 0, 0, 0, 1, 10},
-    {"hop H64 BR 256x512 causal", SA_BF16, 1, 256, 512, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 0, 0, 1, 10},
-    {"hop H128 BR 512x256 causal van", SA_BF16, 1, 512, 256, 4, 4, 128, 128, SA_SOFTMAX_VANILLA, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 0, 0, 1, 10},
-    {"hop H64 BR 128x384 window 100,0 obo", SA_BF16, 1, 128, 384, 4, 1, 64, 64, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_BOTTOM_RIGHT, 100, 0, 0, 0, 0, 0, 10},
-    {"hop H64 diag -200 causal (empty rows)", SA_BF16, 1, 512, 512, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, -200, 0, 0, 1, 10},
-    {"hop H128 diag -300 vanilla (empty rows)", SA_BF16, 1, 384, 384, 2, 1, 128, 128, SA_SOFTMAX_VANILLA, SA_CAUSAL_TOP_LEFT, -1, -1, -300, 0, 0, 0, 10},
-    {"hop H64 diag 200 window 50,20", SA_BF16, 2, 256, 640, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, 50, 20, 200, 0, 0, 1, 50},
-    {"hop H128 diag 5000 causal (full)", SA_BF16, 1, 256, 256, 2, 2, 128, 128, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_TOP_LEFT, -1, -1, 5000, 0, 0, 0, 10},
+    {.name = "hop gpt-oss window 127,0 GQA8", .dt = SA_BF16, .B = 1, .T = 512, .S = 512, .N = 16, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = 127, .wr = 0, .dlse = 1, .sink_range = -10},
+    {.name = "hop H128 window 64,32", .dt = SA_BF16, .B = 2, .T = 384, .S = 384, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = 64, .wr = 32, .dlse = 1, .sink_range = 10},
+    {.name = "hop H64 BR 256x512 causal", .dt = SA_BF16, .B = 1, .T = 256, .S = 512, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10},
+    {.name = "hop H128 BR 512x256 causal van", .dt = SA_BF16, .B = 1, .T = 512, .S = 256, .N = 4, .K = 4, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10},
+    {.name = "hop H64 BR 128x384 window 100,0 obo", .dt = SA_BF16, .B = 1, .T = 128, .S = 384, .N = 4, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = 100, .wr = 0, .sink_range = 10},
+    {.name = "hop H64 diag -200 causal (empty rows)", .dt = SA_BF16, .B = 1, .T = 512, .S = 512, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .diag = -200, .dlse = 1, .sink_range = 10},
+    {.name = "hop H128 diag -300 vanilla (empty rows)", .dt = SA_BF16, .B = 1, .T = 384, .S = 384, .N = 2, .K = 1, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .diag = -300, .sink_range = 10},
+    {.name = "hop H64 diag 200 window 50,20", .dt = SA_BF16, .B = 2, .T = 256, .S = 640, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = 50, .wr = 20, .diag = 200, .dlse = 1, .sink_range = 50},
+    {.name = "hop H128 diag 5000 causal (full)", .dt = SA_BF16, .B = 1, .T = 256, .S = 256, .N = 2, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .diag = 5000, .sink_range = 10},
     /* per-batch lengths (mask kind 3): random q_len / kv_len in [0.3, 1) of T / S (lens 1), or -3, 1e9, -5
        clamped (lens 2: a batch without rows, one full, one without keys); padding is NaN */
-    {"hop H128 lens 256x384 +-50", SA_BF16, 2, 256, 384, 4, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 1, 0, 1, 50},
-    {"hop H64 lens causal GQA4 dlse", SA_BF16, 3, 384, 384, 8, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 1, 0, 1, -10},
-    {"hop H64 lens BR window 100,0 obo", SA_BF16, 2, 256, 512, 4, 1, 64, 64, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_BOTTOM_RIGHT, 100, 0, 0, 1, 0, 0, 10},
-    {"hop H128 clamped lens BR causal", SA_BF16, 3, 256, 384, 4, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 2, 0, 1, 10},
-    {"hop H64 lens vanilla window 64,32", SA_BF16, 2, 512, 256, 2, 2, 64, 64, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, 64, 32, 0, 1, 0, 1, 10},
-    {"hop H128 lens causal diag -50 obo", SA_BF16, 2, 384, 256, 4, 4, 128, 128, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_TOP_LEFT, -1, -1, -50, 1, 0, 1, 10},
-    {"hop H64 clamped lens", SA_BF16, 3, 128, 256, 2, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 2, 0, 0, 10},
+    {.name = "hop H128 lens 256x384 +-50", .dt = SA_BF16, .B = 2, .T = 256, .S = 384, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .lens = 1, .dlse = 1, .sink_range = 50},
+    {.name = "hop H64 lens causal GQA4 dlse", .dt = SA_BF16, .B = 3, .T = 384, .S = 384, .N = 8, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .lens = 1, .dlse = 1, .sink_range = -10},
+    {.name = "hop H64 lens BR window 100,0 obo", .dt = SA_BF16, .B = 2, .T = 256, .S = 512, .N = 4, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = 100, .wr = 0, .lens = 1, .sink_range = 10},
+    {.name = "hop H128 clamped lens BR causal", .dt = SA_BF16, .B = 3, .T = 256, .S = 384, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = -1, .wr = -1, .lens = 2, .dlse = 1, .sink_range = 10},
+    {.name = "hop H64 lens vanilla window 64,32", .dt = SA_BF16, .B = 2, .T = 512, .S = 256, .N = 2, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_NONE, .wl = 64, .wr = 32, .lens = 1, .dlse = 1, .sink_range = 10},
+    {.name = "hop H128 lens causal diag -50 obo", .dt = SA_BF16, .B = 2, .T = 384, .S = 256, .N = 4, .K = 4, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .diag = -50, .lens = 1, .dlse = 1, .sink_range = 10},
+    {.name = "hop H64 clamped lens", .dt = SA_BF16, .B = 3, .T = 128, .S = 256, .N = 2, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .lens = 2, .sink_range = 10},
     /* segment ids (the forward's mask kind 4; the backward runs the portable kernels): short runs, unsorted ids
        from {0, 1, 2}, long runs across tiles; with lengths, causal alignments, a window, GQA, 192-row CTAs */
-    {"hop H128 segs causal", SA_BF16, 2, 256, 384, 4, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 1, 1, 50},
-    {"hop H64 segs unsorted GQA2", SA_BF16, 1, 384, 256, 4, 2, 64, 64, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_NONE, -1, -1, 0, 0, 2, 0, 10},
-    {"hop H128 segs long runs lens BR", SA_BF16, 2, 512, 640, 4, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_BOTTOM_RIGHT, -1, -1, 0, 1, 3, 1, 10},
-    {"hop H64 segs long window 100,0 640", SA_BF16, 1, 640, 640, 4, 1, 64, 64, SA_SOFTMAX_VANILLA, SA_CAUSAL_TOP_LEFT, 100, 0, 0, 0, 3, 0, 10},
-    {"hop H128 segs unsorted vanilla", SA_BF16, 1, 256, 256, 2, 2, 128, 128, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, -1, -1, 0, 0, 2, 1, 10},
-    {"hop H64 segs clamped lens causal", SA_BF16, 3, 384, 384, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 2, 1, 1, -10},
+    {.name = "hop H128 segs causal", .dt = SA_BF16, .B = 2, .T = 256, .S = 384, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .segs = 1, .dlse = 1, .sink_range = 50},
+    {.name = "hop H64 segs unsorted GQA2", .dt = SA_BF16, .B = 1, .T = 384, .S = 256, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .segs = 2, .sink_range = 10},
+    {.name = "hop H128 segs long runs lens BR", .dt = SA_BF16, .B = 2, .T = 512, .S = 640, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = -1, .wr = -1, .lens = 1, .segs = 3, .dlse = 1, .sink_range = 10},
+    {.name = "hop H64 segs long window 100,0 640", .dt = SA_BF16, .B = 1, .T = 640, .S = 640, .N = 4, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_TOP_LEFT, .wl = 100, .wr = 0, .segs = 3, .sink_range = 10},
+    {.name = "hop H128 segs unsorted vanilla", .dt = SA_BF16, .B = 1, .T = 256, .S = 256, .N = 2, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .segs = 2, .dlse = 1, .sink_range = 10},
+    {.name = "hop H64 segs clamped lens causal", .dt = SA_BF16, .B = 3, .T = 384, .S = 384, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .lens = 2, .segs = 1, .dlse = 1, .sink_range = -10},
     /* the forward's tiles: 192-row CTAs at H64 (T = 640 = 3 x 192 + 64: a last CTA of one warpgroup), 176-key
        tiles at H128 without a mask (S = 128: one partial tile; 384 = 176 + 176 + 32; 1408 = 8 x 176 exactly) */
-    {"hop H64 640 causal window 127,0 GQA2", SA_BF16, 1, 640, 640, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, 127, 0, 0, 0, 0, 1, 10},
-    {"hop H64 640x384 obo (1-wg last CTA)", SA_BF16, 2, 640, 384, 4, 1, 64, 64, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
-    {"hop H64 lens causal 640 partial", SA_BF16, 3, 640, 640, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 1, 0, 1, 10},
-    {"hop H64 lens BR window 200,0 640x768", SA_BF16, 2, 640, 768, 4, 4, 64, 64, SA_SOFTMAX_VANILLA, SA_CAUSAL_BOTTOM_RIGHT, 200, 0, 0, 1, 0, 0, 10},
-    {"hop H128 384 (176+176+32)", SA_BF16, 1, 384, 384, 6, 3, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 1, -10},
-    {"hop H128 256x640 vanilla (3x176+112)", SA_BF16, 2, 256, 640, 4, 4, 128, 128, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
-    {"hop H128 128x128 one 176-key tile", SA_BF16, 1, 128, 128, 2, 1, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 1, 50},
-    {"hop H128 256x1408 (8x176 exact)", SA_BF16, 1, 256, 1408, 4, 2, 128, 128, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
+    {.name = "hop H64 640 causal window 127,0 GQA2", .dt = SA_BF16, .B = 1, .T = 640, .S = 640, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = 127, .wr = 0, .dlse = 1, .sink_range = 10},
+    {.name = "hop H64 640x384 obo (1-wg last CTA)", .dt = SA_BF16, .B = 2, .T = 640, .S = 384, .N = 4, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 10},
+    {.name = "hop H64 lens causal 640 partial", .dt = SA_BF16, .B = 3, .T = 640, .S = 640, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .lens = 1, .dlse = 1, .sink_range = 10},
+    {.name = "hop H64 lens BR window 200,0 640x768", .dt = SA_BF16, .B = 2, .T = 640, .S = 768, .N = 4, .K = 4, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = 200, .wr = 0, .lens = 1, .sink_range = 10},
+    {.name = "hop H128 384 (176+176+32)", .dt = SA_BF16, .B = 1, .T = 384, .S = 384, .N = 6, .K = 3, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .dlse = 1, .sink_range = -10},
+    {.name = "hop H128 256x640 vanilla (3x176+112)", .dt = SA_BF16, .B = 2, .T = 256, .S = 640, .N = 4, .K = 4, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 10},
+    {.name = "hop H128 128x128 one 176-key tile", .dt = SA_BF16, .B = 1, .T = 128, .S = 128, .N = 2, .K = 1, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 50},
+    {.name = "hop H128 256x1408 (8x176 exact)", .dt = SA_BF16, .B = 1, .T = 256, .S = 1408, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 10},
     /* the one-pass backward (hopper_bwd1.cu: H128, no lengths / window, causal none or top-left on the diagonal,
        S / 128 <= SMs and, without a mask, G T / 64 >= S / 128) takes the H128 cases above that fit that scope
        (10 of them; 256x640 and 256x1408 have fewer query tiles than key blocks and keep the two passes) and
        these: 4 key blocks a head in the causal order, 5 in staggered starts (d = 20 / 5 = 4 tiles apart) */
-    {"hop H128 512 causal GQA2 dlse (1 pass)", SA_BF16, 1, 512, 512, 4, 2, 128, 128, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 10},
-    {"hop H128 640 vanilla GQA2 (1 pass)", SA_BF16, 2, 640, 640, 4, 2, 128, 128, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
+    {.name = "hop H128 512 causal GQA2 dlse (1 pass)", .dt = SA_BF16, .B = 1, .T = 512, .S = 512, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10},
+    {.name = "hop H128 640 vanilla GQA2 (1 pass)", .dt = SA_BF16, .B = 2, .T = 640, .S = 640, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 10},
     /* the H64 one pass (hopper_bwd3.cu: 192-key CTAs of 3 warpgroups, the head split hs = 2 when G is even on
        these small grids) takes the H64 cases above without lengths / window / BR / diag_offset, and these: a
        head's last key block of 64 keys (S 1024, 640: 1 warpgroup) or 128 (S 512: 2), 6 whole blocks with and
        without the split (G 8, G 3), causal T > S and T < S (keys past T: zero dk, dv; skipped warpgroups) */
-    {"hop H64 512x1024 causal GQA2 dlse (1 pass)", SA_BF16, 1, 512, 1024, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 10},
-    {"hop H64 384x640 vanilla (1 pass)", SA_BF16, 1, 384, 640, 4, 2, 64, 64, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 10},
-    {"hop H64 512 causal B2 +-50 (1 pass)", SA_BF16, 2, 512, 512, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, -10},
-    {"hop H64 1152 GQA8 (1 pass, split)", SA_BF16, 1, 1152, 1152, 8, 1, 64, 64, SA_SOFTMAX_LEARNABLE, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 50},
-    {"hop H64 1152 causal GQA3 van (1 pass)", SA_BF16, 1, 1152, 1152, 6, 2, 64, 64, SA_SOFTMAX_VANILLA, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 1, 10},
-    {"hop H64 768x256 causal obo (1 pass)", SA_BF16, 1, 768, 256, 4, 2, 64, 64, SA_SOFTMAX_OFF_BY_ONE, SA_CAUSAL_TOP_LEFT, -1, -1, 0, 0, 0, 0, 10},
+    {.name = "hop H64 512x1024 causal GQA2 dlse (1 pass)", .dt = SA_BF16, .B = 1, .T = 512, .S = 1024, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10},
+    {.name = "hop H64 384x640 vanilla (1 pass)", .dt = SA_BF16, .B = 1, .T = 384, .S = 640, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 10},
+    {.name = "hop H64 512 causal B2 +-50 (1 pass)", .dt = SA_BF16, .B = 2, .T = 512, .S = 512, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = -10},
+    {.name = "hop H64 1152 GQA8 (1 pass, split)", .dt = SA_BF16, .B = 1, .T = 1152, .S = 1152, .N = 8, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 50},
+    {.name = "hop H64 1152 causal GQA3 van (1 pass)", .dt = SA_BF16, .B = 1, .T = 1152, .S = 1152, .N = 6, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10},
+    {.name = "hop H64 768x256 causal obo (1 pass)", .dt = SA_BF16, .B = 1, .T = 768, .S = 256, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .sink_range = 10},
+};
+
+/* Production schedules: the natural grid with several work tiles a CTA (132 SMs), the one passes with 32..43 key
+   blocks a head co-resident, the two passes' 3-warpgroup tiles on a grid of >= 4 CTAs an SM. */
+static const tc_case tc_prod_cases[] = {
+    {.name = "prod H64 4096 GQA 8/2 causal", .dt = SA_BF16, .B = 1, .T = 4096, .S = 4096, .N = 8, .K = 2, .H = 64,
+     .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = -10},
+    {.name = "prod H128 4096 N4", .dt = SA_BF16, .B = 1, .T = 4096, .S = 4096, .N = 4, .K = 4, .H = 128, .Hv = 128,
+     .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 10},
+    {.name = "prod H64 8192 N2 causal", .dt = SA_BF16, .B = 1, .T = 8192, .S = 8192, .N = 2, .K = 1, .H = 64, .Hv = 64,
+     .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .sink_range = 10},
+    {.name = "prod H64 4096 window 127,0 GQA 8/1", .dt = SA_BF16, .B = 1, .T = 4096, .S = 4096, .N = 8, .K = 1, .H = 64,
+     .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = 127, .wr = 0, .sink_range = 50},
 };
 
 static int tc_pass, tc_fail;
-static int tc_expect_kernel = -1; /* sa_cuda_last_fwd_kernel() after the forward and sa_cuda_last_bwd_kernel()
-                                     after each backward; -1: not checked */
-static int tc_fwd_only; /* 1: the forward alone (the passes over the Hopper forward's launch variants) */
-static int tc_seg_all;  /* 1: SINKATTN_HOP_FWD_SEG128=1 and SINKATTN_HOP_BWD_SEG=1 are set (segment ids on the
-                           Hopper kernels at both head dims, forward and backward) */
+static const char *tc_plan_sel, *tc_case_sel; /* --plan, --case substrings */
+static const char *tc_plan_now = "";         /* the plan a failure message names */
 
+/* The description of the last plan of kind `which` starts with `name` and a space. */
+static int tc_plan_ran(int which, const char *name) {
+  const char *last = sa_plan_last(which);
+  const size_t n = strlen(name);
+  return strncmp(last, name, n) == 0 && last[n] == ' ';
+}
+
+
+#ifdef SINKATTN_WITH_CUDA
 #define TC_CUDA(x)                                                                  \
   do {                                                                              \
     cudaError_t e_ = (x);                                                           \
@@ -172,7 +191,7 @@ static int tc_seg_all;  /* 1: SINKATTN_HOP_FWD_SEG128=1 and SINKATTN_HOP_BWD_SEG
 static void tc_check(int ok, const tc_case *c, const char *fmt, double x, double tol) {
   if (ok) { tc_pass++; return; }
   tc_fail++;
-  printf("FAIL [%s] ", c->name);
+  printf("FAIL [%s] [%s] ", c->name, tc_plan_now);
   printf(fmt, x, tol);
   printf("\n");
 }
@@ -293,7 +312,7 @@ static void tc_run(const tc_case *c, uint64_t seed) {
   sa_attn_grad g = {0};
   g.dout = dout; g.dlse = c->dlse ? dlse : NULL; g.dq = g_r[0]; g.dk = g_r[1]; g.dv = g_r[2];
   g.dsinks = c->sm == SA_SOFTMAX_LEARNABLE ? ds_r : NULL;
-  if (st == SA_OK && !tc_fwd_only) st = sa_attn_bwd(&a, &g, NULL, 0, SA_BACKEND_REF, NULL);
+  if (st == SA_OK) st = sa_attn_bwd(&a, &g, NULL, 0, SA_BACKEND_REF, NULL);
   tc_check(st == SA_OK, c, "reference failed %g %g", (double)st, 0);
 
   /* CUDA: device copies, outputs poisoned */
@@ -303,105 +322,113 @@ static void tc_run(const tc_case *c, uint64_t seed) {
   d.sinks = a.sinks ? tc_dev(N * 4, sinks) : NULL;
   d.q_lens = c->lens ? tc_dev(B * 4, ql) : NULL; d.kv_lens = c->lens ? tc_dev(B * 4, kl) : NULL;
   d.q_segment_ids = c->segs ? tc_dev(B * T * 4, qs) : NULL; d.kv_segment_ids = c->segs ? tc_dev(B * S * 4, ks) : NULL;
-  st = sa_attn_fwd(&d, SA_BACKEND_CUDA, NULL);
-  tc_check(st == SA_OK, c, "CUDA forward status %g %g", (double)st, 0);
-  if (st != SA_OK) printf("  %s\n", sa_last_error());
-  /* segment ids at H128: the portable forward unless SINKATTN_HOP_FWD_SEG128=1 (hopper_fwd.cu) */
-  const int expect_fwd = tc_expect_kernel == 2 && c->segs && c->H == 128 && !tc_seg_all ? 1 : tc_expect_kernel;
-  if (expect_fwd >= 0)
-    tc_check(sa_cuda_last_fwd_kernel() == expect_fwd, c, "forward ran kernel %g, expected %g",
-             sa_cuda_last_fwd_kernel(), expect_fwd);
-  TC_CUDA(cudaDeviceSynchronize());
-  tc_get(out_c, d.out, no * es);
-  tc_get(lse_c, d.lse, nl * 4);
-  const double tol = c->dt == SA_BF16 ? 2e-2 : 1e-2;
-  double e = tc_relerr(out_c, out_r, c->dt, no);
-  tc_check(e <= tol, c, "out rel err %.3g > %.3g", e, tol);
+  const char *fplans[16], *bplans[16];
+  const int nf = sa_plan_list(&d, SA_PLAN_FWD, SA_BACKEND_CUDA, fplans, 16);
+  const int nb = sa_plan_list(&d, SA_PLAN_BWD, SA_BACKEND_CUDA, bplans, 16);
+  tc_check(nf > 0 && nb > 0, c, "no CUDA plan (%g fwd, %g bwd)", nf, nb);
   double lerr = 0;
-  int lbad = 0;
-  for (int64_t i = 0; i < nl; i++) {
-    if (isnan(lse_r[i]) != isnan(lse_c[i]) || (isinf(lse_r[i]) && lse_r[i] != lse_c[i])) lbad++;
-    else if (isfinite(lse_r[i])) lerr = fmax(lerr, fabs(lse_c[i] - lse_r[i]) / fmax(1.0, fabs(lse_r[i])));
+  for (int fi = 0; fi < nf && fi < 16; fi++) {
+    if (tc_plan_sel && !strstr(fplans[fi], tc_plan_sel)) continue;
+    tc_plan_now = fplans[fi];
+    sa_plan_force(SA_PLAN_FWD, fplans[fi]);
+    TC_CUDA(cudaMemset((void *)d.out, 0xff, no * es > 0 ? no * es : 16));
+    TC_CUDA(cudaMemset(d.lse, 0xff, nl * 4 > 0 ? nl * 4 : 16));
+    st = sa_attn_fwd(&d, SA_BACKEND_CUDA, NULL);
+    tc_check(st == SA_OK, c, "CUDA forward status %g %g", (double)st, 0);
+    if (st != SA_OK) printf("  %s\n", sa_last_error());
+    tc_check(tc_plan_ran(SA_PLAN_FWD, fplans[fi]), c, "forward ran another plan (%g %g)", 0, 0);
+    TC_CUDA(cudaDeviceSynchronize());
+    tc_get(out_c, d.out, no * es);
+    tc_get(lse_c, d.lse, nl * 4);
+    const double tol = c->dt == SA_BF16 ? 2e-2 : 1e-2;
+    double e = tc_relerr(out_c, out_r, c->dt, no);
+    tc_check(e <= tol, c, "out rel err %.3g > %.3g", e, tol);
+    lerr = 0;
+    int lbad = 0;
+    for (int64_t i = 0; i < nl; i++) {
+      if (isnan(lse_r[i]) != isnan(lse_c[i]) || (isinf(lse_r[i]) && lse_r[i] != lse_c[i])) lbad++;
+      else if (isfinite(lse_r[i])) lerr = fmax(lerr, fabs(lse_c[i] - lse_r[i]) / fmax(1.0, fabs(lse_r[i])));
+    }
+    tc_check(lbad == 0, c, "lse: %g non-finite mismatches (tol %g)", lbad, 0);
+    tc_check(lerr <= 1e-4, c, "lse max rel err %.3g > %.3g", lerr, 1e-4);
+    /* empty rows (i >= q_len): out exactly 0, lse exactly the sink logit */
+    int ebad = 0;
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t i = qlen_of[b]; i < T; i++)
+        for (int64_t n = 0; n < N; n++) {
+          float sk = sa_sink_logit(&a, n);
+          uint32_t u1, u2;
+          memcpy(&u1, &lse_c[(b * N + n) * T + i], 4);
+          memcpy(&u2, &sk, 4);
+          if (u1 != u2) ebad++;
+          for (int64_t x = 0; x < Hv; x++)
+            if (sa_load(out_c, c->dt, ((b * T + i) * N + n) * Hv + x) != 0.0f) ebad++;
+        }
+    tc_check(ebad == 0, c, "empty rows: %g elements not exactly out 0 / lse sink (tol %g)", ebad, 0);
+    printf("%-40s %-30s out %.2e  lse %.2e\n", c->name, fplans[fi], tc_relerr(out_c, out_r, c->dt, no), lerr);
   }
-  tc_check(lbad == 0, c, "lse: %g non-finite mismatches (tol %g)", lbad, 0);
-  tc_check(lerr <= 1e-4, c, "lse max rel err %.3g > %.3g", lerr, 1e-4);
-  /* empty rows (i >= q_len): out exactly 0, lse exactly the sink logit */
-  int ebad = 0;
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t i = qlen_of[b]; i < T; i++)
-      for (int64_t n = 0; n < N; n++) {
-        float sk = sa_sink_logit(&a, n);
-        uint32_t u1, u2;
-        memcpy(&u1, &lse_c[(b * N + n) * T + i], 4);
-        memcpy(&u2, &sk, 4);
-        if (u1 != u2) ebad++;
-        for (int64_t x = 0; x < Hv; x++)
-          if (sa_load(out_c, c->dt, ((b * T + i) * N + n) * Hv + x) != 0.0f) ebad++;
-      }
-  tc_check(ebad == 0, c, "empty rows: %g elements not exactly out 0 / lse sink (tol %g)", ebad, 0);
+  sa_plan_force(SA_PLAN_FWD, NULL);
 
   sa_attn_grad dg = {0};
-  if (tc_fwd_only) goto done;
 
   /* backward from the reference's out and lse, so only the backward kernels are compared */
   TC_CUDA(cudaMemcpy(d.out, out_r, no * es, cudaMemcpyHostToDevice));
   TC_CUDA(cudaMemcpy(d.lse, lse_r, nl * 4, cudaMemcpyHostToDevice));
   dg.dout = tc_dev(no * es, dout);
   dg.dlse = c->dlse ? tc_dev(nl * 4, dlse) : NULL;
-  for (int rep = 0; rep < 3; rep++) {
-    dg.dq = tc_dev(nq * es, NULL); dg.dk = tc_dev(nk * es, NULL); dg.dv = tc_dev(nv * es, NULL);
-    dg.dsinks = g.dsinks ? tc_dev(N * 4, NULL) : NULL;
-    dg.deterministic = rep < 2;
-    size_t ws = sa_attn_bwd_workspace_size(&d, SA_BACKEND_CUDA);
-    void *w = tc_dev(ws, NULL);
-    st = sa_attn_bwd(&d, &dg, w, ws, SA_BACKEND_CUDA, NULL);
-    tc_check(st == SA_OK, c, "CUDA backward status %g %g", (double)st, 0);
-    if (st != SA_OK) printf("  %s\n", sa_last_error());
-    /* segment ids: the portable backward unless SINKATTN_HOP_BWD_SEG=1 (hopper_bwd.cu) */
-    const int expect_bwd = tc_expect_kernel == 2 && c->segs && !tc_seg_all ? 1 : tc_expect_kernel;
-    if (expect_bwd >= 0)
-      tc_check(sa_cuda_last_bwd_kernel() == expect_bwd, c, "backward ran kernel %g, expected %g",
-               sa_cuda_last_bwd_kernel(), expect_bwd);
-    TC_CUDA(cudaDeviceSynchronize());
-    tc_get(g_c[rep][0], dg.dq, nq * es); tc_get(g_c[rep][1], dg.dk, nk * es); tc_get(g_c[rep][2], dg.dv, nv * es);
-    if (dg.dsinks) tc_get(rep == 0 ? ds_c : rep == 1 ? ds_c2 : ds_c3, dg.dsinks, N * 4);
-    TC_CUDA(cudaFree(dg.dq)); TC_CUDA(cudaFree(dg.dk)); TC_CUDA(cudaFree(dg.dv)); TC_CUDA(cudaFree(w));
-    if (dg.dsinks) TC_CUDA(cudaFree(dg.dsinks));
-  }
-  static const char *gname[3] = {"dq", "dk", "dv"};
-  const double gtol = c->dt == SA_BF16 ? 3e-2 : 2e-2;
-  for (int x = 0; x < 3; x++) {
-    e = tc_relerr(g_c[0][x], g_r[x], c->dt, gn[x]);
-    char msg[96];
-    snprintf(msg, sizeof msg, "%s rel err %%.3g > %%.3g", gname[x]);
-    tc_check(e <= gtol, c, msg, e, gtol);
-    int same = memcmp(g_c[0][x], g_c[1][x], gn[x] * es) == 0 && memcmp(g_c[0][x], g_c[2][x], gn[x] * es) == 0;
-    snprintf(msg, sizeof msg, "%s differs bitwise between runs (%%g %%g)", gname[x]);
-    tc_check(same, c, msg, 0, 0);
-  }
-  if (g.dsinks) {
-    double num = 0, den = 0;
-    int bad = 0;
-    for (int64_t n = 0; n < N; n++) {
-      if (!isfinite(ds_r[n])) continue; /* +inf sink: unspecified */
-      if (!isfinite(ds_c[n])) bad++;
-      num += (ds_c[n] - ds_r[n]) * (ds_c[n] - ds_r[n]);
-      den += (double)ds_r[n] * ds_r[n];
+  for (int bi = 0; bi < nb && bi < 16; bi++) {
+    if (tc_plan_sel && !strstr(bplans[bi], tc_plan_sel)) continue;
+    tc_plan_now = bplans[bi];
+    sa_plan_force(SA_PLAN_BWD, bplans[bi]);
+    for (int rep = 0; rep < 3; rep++) {
+      dg.dq = tc_dev(nq * es, NULL); dg.dk = tc_dev(nk * es, NULL); dg.dv = tc_dev(nv * es, NULL);
+      dg.dsinks = g.dsinks ? tc_dev(N * 4, NULL) : NULL;
+      dg.deterministic = rep < 2;
+      size_t ws = sa_attn_bwd_workspace_size(&d, SA_BACKEND_CUDA);
+      void *w = tc_dev(ws, NULL);
+      st = sa_attn_bwd(&d, &dg, w, ws, SA_BACKEND_CUDA, NULL);
+      tc_check(st == SA_OK, c, "CUDA backward status %g %g", (double)st, 0);
+      if (st != SA_OK) printf("  %s\n", sa_last_error());
+      tc_check(tc_plan_ran(SA_PLAN_BWD, bplans[bi]), c, "backward ran another plan (%g %g)", 0, 0);
+      TC_CUDA(cudaDeviceSynchronize());
+      tc_get(g_c[rep][0], dg.dq, nq * es); tc_get(g_c[rep][1], dg.dk, nk * es); tc_get(g_c[rep][2], dg.dv, nv * es);
+      if (dg.dsinks) tc_get(rep == 0 ? ds_c : rep == 1 ? ds_c2 : ds_c3, dg.dsinks, N * 4);
+      TC_CUDA(cudaFree(dg.dq)); TC_CUDA(cudaFree(dg.dk)); TC_CUDA(cudaFree(dg.dv)); TC_CUDA(cudaFree(w));
+      if (dg.dsinks) TC_CUDA(cudaFree(dg.dsinks));
     }
-    double de = bad ? INFINITY : den > 0 ? sqrt(num / den) : sqrt(num);
-    tc_check(de <= 2e-3, c, "dsinks rel err %.3g > %.3g", de, 2e-3);
-    tc_check(memcmp(ds_c, ds_c2, N * 4) == 0 && memcmp(ds_c, ds_c3, N * 4) == 0, c,
-             "dsinks differ bitwise between runs (%g %g)", 0, 0);
+    static const char *const gname[3] = {"dq", "dk", "dv"};
+    const double gtol = c->dt == SA_BF16 ? 3e-2 : 2e-2;
+    for (int x = 0; x < 3; x++) {
+      double e = tc_relerr(g_c[0][x], g_r[x], c->dt, gn[x]);
+      char msg[96];
+      snprintf(msg, sizeof msg, "%s rel err %%.3g > %%.3g", gname[x]);
+      tc_check(e <= gtol, c, msg, e, gtol);
+      int same = memcmp(g_c[0][x], g_c[1][x], gn[x] * es) == 0 && memcmp(g_c[0][x], g_c[2][x], gn[x] * es) == 0;
+      snprintf(msg, sizeof msg, "%s differs bitwise between runs (%%g %%g)", gname[x]);
+      tc_check(same, c, msg, 0, 0);
+    }
+    if (g.dsinks) {
+      double num = 0, den = 0;
+      int bad = 0;
+      for (int64_t n = 0; n < N; n++) {
+        if (!isfinite(ds_r[n])) continue; /* +inf sink: unspecified */
+        if (!isfinite(ds_c[n])) bad++;
+        num += (ds_c[n] - ds_r[n]) * (ds_c[n] - ds_r[n]);
+        den += (double)ds_r[n] * ds_r[n];
+      }
+      double de = bad ? INFINITY : den > 0 ? sqrt(num / den) : sqrt(num);
+      tc_check(de <= 2e-3, c, "dsinks rel err %.3g > %.3g", de, 2e-3);
+      tc_check(memcmp(ds_c, ds_c2, N * 4) == 0 && memcmp(ds_c, ds_c3, N * 4) == 0, c,
+               "dsinks differ bitwise between runs (%g %g)", 0, 0);
+    }
+    printf("%-40s %-30s dq %.2e  dk %.2e  dv %.2e\n", c->name, bplans[bi], tc_relerr(g_c[0][0], g_r[0], c->dt, nq),
+           tc_relerr(g_c[0][1], g_r[1], c->dt, nk), tc_relerr(g_c[0][2], g_r[2], c->dt, nv));
   }
-done:;
+  sa_plan_force(SA_PLAN_BWD, NULL);
   const void *dp[] = {d.q, d.k, d.v, d.out, d.lse, d.sinks, d.q_lens, d.kv_lens, d.q_segment_ids,
                       d.kv_segment_ids, dg.dout, dg.dlse};
   for (size_t x = 0; x < sizeof dp / sizeof dp[0]; x++)
     if (dp[x]) TC_CUDA(cudaFree((void *)dp[x]));
-  if (tc_fwd_only) printf("%-28s out %.2e  lse %.2e\n", c->name, tc_relerr(out_c, out_r, c->dt, no), lerr);
-  else printf("%-28s out %.2e  lse %.2e  dq %.2e  dk %.2e  dv %.2e\n", c->name, tc_relerr(out_c, out_r, c->dt, no), lerr,
-         tc_relerr(g_c[0][0], g_r[0], c->dt, nq), tc_relerr(g_c[0][1], g_r[1], c->dt, nk),
-         tc_relerr(g_c[0][2], g_r[2], c->dt, nv));
   free(q); free(k); free(v); free(dout); free(out_r); free(out_c); free(lse_r); free(lse_c); free(dlse);
   free(sinks); free(ds_r); free(ds_c); free(ql); free(kl); free(qs); free(ks);
   for (int x = 0; x < 3; x++) {
@@ -412,7 +439,7 @@ done:;
 
 /* What the backend refuses, with a message naming the field. */
 static void tc_unsupported(void) {
-  static const tc_case c = {"unsupported", SA_BF16, 1, 4, 4, 2, 1, 72, 72, SA_SOFTMAX_VANILLA, SA_CAUSAL_NONE, -1, -1, 0, 0, 0, 0, 0};
+  static const tc_case c = {.name = "unsupported", .dt = SA_BF16, .B = 1, .T = 4, .S = 4, .N = 2, .K = 1, .H = 72, .Hv = 72, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 0};
   sa_attn a;
   sa_attn_init(&a);
   a.dtype = SA_BF16; a.batch = 1; a.q_len = 4; a.kv_len = 4; a.q_heads = 2; a.kv_heads = 1;
@@ -425,163 +452,98 @@ static void tc_unsupported(void) {
   tc_check(s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "SA_F32"), &c, "f32 accepted (%g %g)", s, 0);
 }
 
-/* SA_TEST_CUDA_PASSES="a,b": run only the named passes (unset: all). Names: cases (the general cases), hopper (the
-   Hopper cases in the default launch), portable (the same with SINKATTN_CUDA_HOPPER=0), nc3 (the H64 two passes
-   with 3 consumer warpgroups), bwd (the backward launch variants), fwd (the forward launch variants). For a
-   sanitizer run aimed at one kernel family: the whole binary under racecheck takes minutes. */
-static int tc_pass_on(const char *name) {
-  const char *sel = getenv("SA_TEST_CUDA_PASSES");
-  if (!sel || !*sel) return 1;
-  const size_t len = strlen(name);
-  for (const char *q = sel; (q = strstr(q, name)) != NULL; q += len)
-    if ((q == sel || q[-1] == ',') && (q[len] == ',' || q[len] == 0)) return 1;
+#endif /* SINKATTN_WITH_CUDA */
+
+/* A case as the plans see it: shapes and which optional inputs exist (the data pointers stay NULL). */
+static sa_attn tc_shape(const tc_case *c) {
+  static const int32_t marker[4] __attribute__((aligned(16))) = {0};
+  static const float sink __attribute__((aligned(16))) = 0.0f;
+  sa_attn a;
+  sa_attn_init(&a);
+  a.dtype = c->dt; a.batch = c->B; a.q_len = c->T; a.kv_len = c->S; a.q_heads = c->N; a.kv_heads = c->K;
+  a.head_dim = c->H; a.v_head_dim = c->Hv; a.softmax = c->sm; a.causal = c->causal;
+  a.window_left = c->wl; a.window_right = c->wr; a.diag_offset = c->diag;
+  if (c->sm == SA_SOFTMAX_LEARNABLE) a.sinks = &sink;
+  if (c->lens) a.q_lens = a.kv_lens = marker;
+  if (c->segs) a.q_segment_ids = a.kv_segment_ids = marker;
+  return a;
+}
+
+static const struct {
+  const char *name;
+  const tc_case *cases;
+  size_t n;
+} tc_tables[] = {{"general", tc_cases, sizeof tc_cases / sizeof tc_cases[0]},
+                 {"hopper", tc_hopper_cases, sizeof tc_hopper_cases / sizeof tc_hopper_cases[0]},
+                 {"prod", tc_prod_cases, sizeof tc_prod_cases / sizeof tc_prod_cases[0]}};
+
+/* --list: every case's plans on a mocked H200 (CC 9.0, 132 SMs, sm_90a code), no GPU needed. */
+static int tc_list(const char *table) {
+  const sa_cuda_device h200 = {9, 0, 132, 132, 232448, 233472, 1, 0, "NVIDIA H200 (mocked record)"};
+  size_t cases = 0, runs = 0;
+  for (size_t t = 0; t < sizeof tc_tables / sizeof tc_tables[0]; t++) {
+    if (table && strcmp(table, tc_tables[t].name)) continue;
+    for (size_t i = 0; i < tc_tables[t].n; i++) {
+      const tc_case *c = &tc_tables[t].cases[i];
+      const sa_attn a = tc_shape(c);
+      sa_cuda_plan pf[16], pb[16];
+      const int nf = sa_cuda_plans(&a, SA_PLAN_FWD, &h200, (size_t)-1, pf, 16);
+      const int nb = sa_cuda_plans(&a, SA_PLAN_BWD, &h200, (size_t)-1, pb, 16);
+      if (nf < 1 || nb < 1) {
+        printf("FAIL [%s] no plan on the mocked H200 (%d fwd, %d bwd)\n", c->name, nf, nb);
+        return 1;
+      }
+      printf("%-8s %-42s fwd:", tc_tables[t].name, c->name);
+      for (int k = 0; k < nf && k < 16; k++) printf(" %s", pf[k].name);
+      printf("  bwd:");
+      for (int k = 0; k < nb && k < 16; k++) printf(" %s", pb[k].name);
+      printf("\n");
+      cases++;
+      runs += (size_t)(nf + nb);
+    }
+  }
+  printf("test_cuda --list: %zu cases, %zu (case, plan) runs on a GPU\n", cases, runs);
   return 0;
 }
 
-/* A launch-variant pass's environment: names[k] = vals[k], or unset where vals is NULL (or vals[k] is NULL); the
-   settings printed on the pass's header line. */
-static void tc_env(const char *const *names, const char *const *vals, int n) {
-  for (int k = 0; k < n; k++) {
-    if (vals && vals[k]) {
-      setenv(names[k], vals[k], 1);
-      printf(" %s=%s", names[k], vals[k]);
-    } else {
-      unsetenv(names[k]);
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0); /* a line at a time: a run killed by a time limit shows where it stood */
+  const char *table = NULL;
+  size_t stride = 1;
+  int list = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--list")) list = 1;
+    else if (!strncmp(argv[i], "--table=", 8)) table = argv[i] + 8;
+    else if (!strncmp(argv[i], "--plan=", 7)) tc_plan_sel = argv[i] + 7;
+    else if (!strncmp(argv[i], "--case=", 7)) tc_case_sel = argv[i] + 7;
+    else if (!strncmp(argv[i], "--stride=", 9) && atoi(argv[i] + 9) > 0) stride = (size_t)atoi(argv[i] + 9);
+    else {
+      fprintf(stderr, "test_cuda: unknown argument '%s'\n", argv[i]);
+      return 2;
     }
   }
-}
-
-int main(void) {
-  setvbuf(stdout, NULL, _IOLBF, 0); /* a line at a time: a run killed by a time limit shows where it stood */
+  if (list) return tc_list(table);
+#ifndef SINKATTN_WITH_CUDA
+  printf("test_cuda: SKIPPED: sinkattn was built without CUDA (nvcc not found at configure time)\n");
+  return 77;
+#else
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     printf("test_cuda: SKIPPED: no CUDA device present (the CUDA backend is built but cannot run here)\n");
     return 77;
   }
   tc_unsupported();
-  /* SA_TEST_CUDA_STRIDE=k runs every k-th case (compute-sanitizer runs are ~100x slower) */
-  const char *st = getenv("SA_TEST_CUDA_STRIDE");
-  size_t stride = st && atoi(st) > 0 ? (size_t)atoi(st) : 1;
-  /* SA_TEST_CUDA_HOPPER_STRIDE=k: every k-th Hopper case instead (the sanitizer's share of the sm_90a kernels) */
-  const char *hst = getenv("SA_TEST_CUDA_HOPPER_STRIDE");
-  const size_t hstride = hst && atoi(hst) > 0 ? (size_t)atoi(hst) : stride;
-  if (tc_pass_on("cases"))
-    for (size_t i = 0; i < sizeof tc_cases / sizeof tc_cases[0]; i += stride) tc_run(&tc_cases[i], 1234 + 77 * i);
-  /* 1: the portable mma.sync kernels, 2: the sm_90a ones (only on a CC 9.0 device, and only when the
-     library was built with sm_90a code: CMakeLists.txt defines SA_CUDA_HAVE_SM90A for this test then) */
-  int dev = 0, major = 0, minor = 0;
-  TC_CUDA(cudaGetDevice(&dev));
-  TC_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  TC_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  const size_t nh = sizeof tc_hopper_cases / sizeof tc_hopper_cases[0];
-  for (int portable = 0; portable < 2; portable++) {
-    if (!tc_pass_on(portable ? "portable" : "hopper")) continue;
-    if (portable) setenv("SINKATTN_CUDA_HOPPER", "0", 1);
-    else unsetenv("SINKATTN_CUDA_HOPPER");
-#ifdef SA_CUDA_HAVE_SM90A
-    tc_expect_kernel = portable || !(major == 9 && minor == 0) ? 1 : 2;
-#else
-    tc_expect_kernel = 1;
-    (void)major; (void)minor;
-#endif
-    printf("-- in the Hopper scope, %s (expect kernel %d)\n", portable ? "SINKATTN_CUDA_HOPPER=0" : "default",
-           tc_expect_kernel);
-    for (size_t i = 0; i < nh; i += hstride) tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
-  }
-  unsetenv("SINKATTN_CUDA_HOPPER");
-  /* The H64 two passes pick 3 consumer warpgroups only for grids of >= 4 CTAs an SM (hopper_bwd.cu), which no
-     case here reaches: SINKATTN_HOP_BWD_NC=3 forces them (lengths keep 2), a third run of the H64 cases, with
-     SINKATTN_HOP_BWD_ONEPASS=0 so that the cases the H64 one pass (hopper_bwd3.cu) took above run them too. */
-  setenv("SINKATTN_HOP_BWD_NC", "3", 1);
-  setenv("SINKATTN_HOP_BWD_ONEPASS", "0", 1);
-#ifdef SA_CUDA_HAVE_SM90A
-  tc_expect_kernel = major == 9 && minor == 0 ? 2 : 1;
-#endif
-  size_t n64 = 0;
-  printf("-- the H64 cases with SINKATTN_HOP_BWD_NC=3 SINKATTN_HOP_BWD_ONEPASS=0 (expect kernel %d)\n", tc_expect_kernel);
-  for (size_t i = 0; i < nh && tc_pass_on("nc3"); i += hstride)
-    if (tc_hopper_cases[i].H == 64 && !tc_hopper_cases[i].lens && !tc_hopper_cases[i].segs) {
-      tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
-      n64++;
+  size_t ran = 0;
+  for (size_t t = 0; t < sizeof tc_tables / sizeof tc_tables[0]; t++) {
+    if (table && strcmp(table, tc_tables[t].name)) continue;
+    printf("-- table %s\n", tc_tables[t].name);
+    for (size_t i = 0; i < tc_tables[t].n; i += stride) {
+      if (tc_case_sel && !strstr(tc_tables[t].cases[i].name, tc_case_sel)) continue;
+      tc_run(&tc_tables[t].cases[i], 1234 + 77 * i + 1000 * t);
+      ran++;
     }
-  unsetenv("SINKATTN_HOP_BWD_NC");
-  unsetenv("SINKATTN_HOP_BWD_ONEPASS");
-  /* The persistent one-pass backwards on their smallest legal grid (SINKATTN_HOP_BWD_GRID=1 is raised to a kv head's
-     key blocks, the NAT minimum): many items a CTA, so K / V, the ring, dS^T, staging and the ticket rule all cross
-     items (hopper_bwd1.cu at H128, hopper_bwd3p.cu at H64); then the H64 one pass's one-CTA-an-item kernel
-     (SINKATTN_HOP_BWD3_PERSIST=0, hopper_bwd3.cu). Cases outside the one passes' scope run the two passes again. */
-  size_t nbvar = 0;
-#ifdef SA_CUDA_HAVE_SM90A
-  if (major == 9 && minor == 0 && tc_pass_on("bwd")) {
-    static const struct {
-      int H;
-      const char *persist3, *grid; /* NULL: unset */
-    } bwd_vars[] = {{128, NULL, "1"}, {64, NULL, "1"}, {64, "0", NULL}};
-    tc_expect_kernel = 2;
-    static const char *const names[2] = {"SINKATTN_HOP_BWD3_PERSIST", "SINKATTN_HOP_BWD_GRID"};
-    for (size_t v = 0; v < sizeof bwd_vars / sizeof bwd_vars[0]; v++, nbvar++) {
-      const char *vals[2] = {bwd_vars[v].persist3, bwd_vars[v].grid};
-      printf("-- the H%d Hopper cases,", bwd_vars[v].H);
-      tc_env(names, vals, 2);
-      printf(" (expect kernel 2)\n");
-      for (size_t i = 0; i < nh; i += hstride)
-        if (tc_hopper_cases[i].H == bwd_vars[v].H && !tc_hopper_cases[i].segs)
-          tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
-    }
-    tc_env(names, NULL, 2);
   }
-#endif
-  /* The Hopper forward's launch variants (hopper_fwd.cu; the default pass above takes its persistent launch, on
-     grids of <= 128 work tiles: one a CTA), the forward alone: one work tile per CTA on a grid of all of them
-     (SINKATTN_HOP_FWD_PERSISTENT=0: masked calls past 8 key tiles), then persistent CTAs on a grid of 3
-     (SINKATTN_HOP_FWD_GRID=3: each CTA loops over up to 43 work tiles here, so the Q and K/V ring phases, the
-     work-tile walk, the H64 partial m-blocks, masks and lengths all cross work tiles, and at H64 the two Q slots
-     alternate), then one Q slot (SINKATTN_HOP_FWD_QSLOTS=1, the form before sessions 7 and 8; at H128 176-key
-     tiles without a mask), on the default grid and persistent on a grid of 3. */
-  size_t nvar = 0;
-#ifdef SA_CUDA_HAVE_SM90A
-  if (major == 9 && minor == 0 && tc_pass_on("fwd")) {
-    static const struct {
-      const char *persistent, *grid, *qslots; /* NULL: unset */
-    } fwd_vars[] = {{"0", NULL, NULL}, {"1", "3", NULL}, {NULL, NULL, "1"}, {"1", "3", "1"}};
-    tc_expect_kernel = 2;
-    tc_fwd_only = 1;
-    static const char *const names[3] = {"SINKATTN_HOP_FWD_PERSISTENT", "SINKATTN_HOP_FWD_GRID",
-                                         "SINKATTN_HOP_FWD_QSLOTS"};
-    for (size_t v = 0; v < sizeof fwd_vars / sizeof fwd_vars[0]; v++, nvar++) {
-      const char *vals[3] = {fwd_vars[v].persistent, fwd_vars[v].grid, fwd_vars[v].qslots};
-      printf("-- the Hopper cases, forward only,");
-      tc_env(names, vals, 3);
-      printf(" (expect kernel 2)\n");
-      for (size_t i = 0; i < nh; i += hstride)
-        tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
-    }
-    tc_env(names, NULL, 3);
-    tc_fwd_only = 0;
-  }
-  /* Last: segment ids on the Hopper kernels where they have not run on a GPU yet (written after session 8's
-     device time was spent): the H128 forward (SINKATTN_HOP_FWD_SEG128=1; its first form hung in setmaxnreg) and
-     the two-pass backward at both head dims (SINKATTN_HOP_BWD_SEG=1), over every segment case, on the default
-     grid and with the forward persistent on a grid of 3. */
-  if (major == 9 && minor == 0 && tc_pass_on("segments")) {
-    static const char *const names2[3] = {"SINKATTN_HOP_FWD_SEG128", "SINKATTN_HOP_BWD_SEG", "SINKATTN_HOP_FWD_GRID"};
-    static const char *const vals[2][3] = {{"1", "1", NULL}, {"1", "1", "3"}};
-    tc_expect_kernel = 2;
-    tc_seg_all = 1;
-    for (int v = 0; v < 2; v++, nvar++) {
-      printf("-- the segment-id cases,");
-      tc_env(names2, vals[v], 3);
-      printf(" (expect kernel 2)\n");
-      for (size_t i = 0; i < nh; i++)
-        if (tc_hopper_cases[i].segs) tc_run(&tc_hopper_cases[i], 4321 + 77 * i);
-    }
-    tc_env(names2, NULL, 3);
-    tc_seg_all = 0;
-  }
-#endif
-  printf("test_cuda: %d passed, %d failed (%zu cases, %zu of them twice, %zu of those three times; the Hopper "
-         "backward in %zu more launch variants over one head dim each, the forward in %zu)\n", tc_pass, tc_fail,
-         sizeof tc_cases / sizeof tc_cases[0] + nh, nh, n64, nbvar, nvar);
+  printf("test_cuda: %d passed, %d failed (%zu cases, every legal plan each)\n", tc_pass, tc_fail, ran);
   return tc_fail ? 1 : 0;
-}
 #endif
+}

@@ -1,0 +1,144 @@
+/*
+ * test_plan.c — the plan API and the CUDA plans on this CPU (a mocked device record; no GPU):
+ *   1. below sm_80 every CUDA plan is refused with SA_ERR_UNSUPPORTED naming the device;
+ *   2. sa_plan_force: unknown names and names of another kind are SA_ERR_INVALID; a forced plan that is not
+ *      legal for a call is SA_ERR_UNSUPPORTED naming the plan and why; "" clears it;
+ *   3. for every shape of tests/plan/cases.txt: the list is non-empty and starts with the default, every listed
+ *      plan is pickable and describes itself with its own name first; the workspace of a backward plan is its
+ *      launch's need (picking it with exactly that workspace keeps it; one byte less makes a one pass illegal);
+ *   4. the REF / CPU plan names, and sa_plan_last after a REF call.
+ * The launches themselves are tests/plan/plan_record.cpp's (test_plan_launch, against 8667763's record).
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda/plan.h"
+#include "sa_plan.h"
+#include "sa_internal.h"
+
+static int t_passed, t_failed;
+static void t_count(int ok) { ok ? t_passed++ : t_failed++; }
+#define t_report(...) (printf("FAIL "), printf(__VA_ARGS__), printf("\n"))
+
+static const sa_cuda_device h200 = {9, 0, 132, 132, 232448, 233472, 1, 0, "NVIDIA H200 (mocked)"};
+
+static sa_attn shape(int64_t B, int64_t T, int64_t S, int64_t N, int64_t K, int64_t H, sa_causal causal) {
+  static const float sink = 0.0f;
+  sa_attn a;
+  sa_attn_init(&a);
+  a.dtype = SA_BF16, a.batch = B, a.q_len = T, a.kv_len = S, a.q_heads = N, a.kv_heads = K, a.head_dim = H;
+  a.v_head_dim = H, a.softmax = SA_SOFTMAX_LEARNABLE, a.sinks = &sink, a.causal = causal;
+  return a;
+}
+
+static void check_old_device(void) {
+  sa_cuda_device t4 = h200;
+  t4.cc_major = 7, t4.cc_minor = 5;
+  snprintf(t4.name, sizeof t4.name, "Tesla T4");
+  const sa_attn a = shape(1, 128, 128, 2, 2, 64, SA_CAUSAL_NONE);
+  sa_cuda_plan p;
+  const sa_status s = sa_cuda_plan_pick(&a, SA_PLAN_FWD, &t4, NULL, (size_t)-1, &p);
+  const int ok = s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "device 'Tesla T4' is sm_75") &&
+                 strstr(sa_last_error(), "needs sm_80 or newer") && sa_cuda_plans(&a, SA_PLAN_BWD, &t4, (size_t)-1, NULL, 0) == 0;
+  if (!ok) t_report("sm_75: status %d, message '%s'", (int)s, sa_last_error());
+  t_count(ok);
+}
+
+static void check_force(void) {
+  t_count(sa_plan_force(SA_PLAN_FWD, "hopper.fwd.nonesuch") == SA_ERR_INVALID && strstr(sa_last_error(), "nonesuch"));
+  t_count(sa_plan_force(SA_PLAN_FWD, "hopper.bwd.onepass") == SA_ERR_INVALID);
+  t_count(sa_plan_force(7, "ref.fwd") == SA_ERR_INVALID);
+  /* the one pass takes no window: a forced one pass on a windowed call is refused, saying so */
+  sa_attn a = shape(1, 1024, 1024, 8, 8, 128, SA_CAUSAL_TOP_LEFT);
+  a.window_left = 127, a.window_right = 0;
+  sa_cuda_plan p;
+  sa_status s = sa_cuda_plan_pick(&a, SA_PLAN_BWD, &h200, "hopper.bwd.onepass", (size_t)-1, &p);
+  const int ok = s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "hopper.bwd.onepass") && strstr(sa_last_error(), "window");
+  if (!ok) t_report("forced one pass with a window: status %d '%s'", (int)s, sa_last_error());
+  t_count(ok);
+  /* f16: no Hopper plan */
+  a.dtype = SA_F16;
+  s = sa_cuda_plan_pick(&a, SA_PLAN_FWD, &h200, "hopper.fwd.persistent", (size_t)-1, &p);
+  t_count(s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "bf16"));
+  /* a green context of 32 SMs: S / 128 = 64 key blocks cannot be co-resident, the one pass is not legal */
+  sa_cuda_device green = h200;
+  green.ctx_sms = 32;
+  a = shape(1, 8192, 8192, 8, 8, 128, SA_CAUSAL_TOP_LEFT);
+  s = sa_cuda_plan_pick(&a, SA_PLAN_BWD, &green, NULL, (size_t)-1, &p);
+  t_count(s == SA_OK && p.family == SA_CUDA_BWD_TWOPASS);
+  s = sa_cuda_plan_pick(&a, SA_PLAN_BWD, &h200, NULL, (size_t)-1, &p);
+  t_count(s == SA_OK && p.family == SA_CUDA_BWD_ONEPASS && p.cooperative == 1 && p.grid[0] == 132);
+  /* REF honours a force of its own plan and refuses another */
+  const char *names[4];
+  t_count(sa_plan_list(&a, SA_PLAN_FWD, SA_BACKEND_REF, names, 4) == 1 && !strcmp(names[0], "ref.fwd"));
+  t_count(sa_plan_force(SA_PLAN_FWD, "ref.fwd") == SA_OK && sa_plan_host(SA_PLAN_FWD, SA_BACKEND_REF, &a) == SA_OK &&
+          !strncmp(sa_plan_last(SA_PLAN_FWD), "ref.fwd ", 8));
+  t_count(sa_plan_force(SA_PLAN_FWD, "hopper.fwd.persistent") == SA_OK &&
+          sa_plan_host(SA_PLAN_FWD, SA_BACKEND_REF, &a) == SA_ERR_UNSUPPORTED);
+  t_count(sa_plan_force(SA_PLAN_FWD, "") == SA_OK && sa_plan_forced(SA_PLAN_FWD) == NULL);
+  char buf[64];
+  t_count(sa_plan_last_any(SA_PLAN_FWD, buf, sizeof buf) > 0 && !strncmp(buf, "ref.fwd ", 8));
+}
+
+/* Every case of the golden record's shapes: the list, the picks, the workspace. */
+static void check_cases(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    t_report("cannot open %s", path);
+    t_count(0);
+    return;
+  }
+  char line[512];
+  int n = 0;
+  while (fgets(line, sizeof line, f)) {
+    const char *bar = strstr(line, " | ");
+    if (line[0] == '#' || !bar) continue;
+    char dt[8], sm[16], ca[16];
+    long long B, T, S, N, K, H, Hv, wl, wr, diag;
+    int lens, segs;
+    if (sscanf(bar + 3, "%7s %lld %lld %lld %lld %lld %lld %lld %15s %15s %lld %lld %lld %d %d", dt, &B, &T, &S, &N, &K,
+               &H, &Hv, sm, ca, &wl, &wr, &diag, &lens, &segs) != 15)
+      continue;
+    static const int32_t marker[4] __attribute__((aligned(16))) = {0};
+    sa_attn a = shape(B, T, S, N, K, H, !strcmp(ca, "top_left") ? SA_CAUSAL_TOP_LEFT : !strcmp(ca, "bottom_right") ? SA_CAUSAL_BOTTOM_RIGHT : SA_CAUSAL_NONE);
+    a.dtype = !strcmp(dt, "f16") ? SA_F16 : !strcmp(dt, "f32") ? SA_F32 : SA_BF16;
+    a.v_head_dim = Hv, a.window_left = wl, a.window_right = wr, a.diag_offset = diag;
+    a.softmax = !strcmp(sm, "vanilla") ? SA_SOFTMAX_VANILLA : !strcmp(sm, "off_by_one") ? SA_SOFTMAX_OFF_BY_ONE : SA_SOFTMAX_LEARNABLE;
+    if (lens) a.q_lens = a.kv_lens = marker;
+    if (segs) a.q_segment_ids = a.kv_segment_ids = marker;
+    for (int which = 0; which < SA_PLAN_KINDS; which++) {
+      if (which == SA_PLAN_DECODE && T > 64) continue;
+      sa_cuda_plan list[16], p;
+      const int np = sa_cuda_plans(&a, which, &h200, (size_t)-1, list, 16);
+      int ok = np > 0 && sa_cuda_plan_pick(&a, which, &h200, NULL, (size_t)-1, &p) == SA_OK && !strcmp(p.name, list[0].name);
+      for (int i = 0; ok && i < np && i < 16; i++) {
+        char desc[384];
+        ok = sa_cuda_plan_pick(&a, which, &h200, list[i].name, (size_t)-1, &p) == SA_OK && !strcmp(p.name, list[i].name);
+        sa_cuda_plan_describe(&p, desc, sizeof desc);
+        ok = ok && !strncmp(desc, p.name, strlen(p.name)) && desc[strlen(p.name)] == ' ';
+        if (ok && which == SA_PLAN_BWD) { /* the need is the workspace: with exactly it the plan stays legal */
+          sa_cuda_plan q;
+          ok = sa_cuda_plan_pick(&a, which, &h200, p.name, p.ws, &q) == SA_OK && q.ws == p.ws &&
+               p.ws >= sa_cuda_bwd_common_ws(&a);
+          if (ok && p.family == SA_CUDA_BWD_ONEPASS)
+            ok = sa_cuda_plan_pick(&a, which, &h200, p.name, p.ws - 1, &q) == SA_ERR_UNSUPPORTED;
+        }
+        if (!ok) t_report("%.60s: kind %d plan %s", line, which, list[i].name);
+      }
+      if (np <= 0) t_report("%.60s: kind %d has no plan", line, which);
+      t_count(ok);
+    }
+    n++;
+  }
+  fclose(f);
+  t_count(n >= 100);
+}
+
+int main(int argc, char **argv) {
+  check_old_device();
+  check_force();
+  check_cases(argc > 1 ? argv[1] : "tests/plan/cases.txt");
+  printf("test_plan: %d passed, %d failed\n", t_passed, t_failed);
+  return t_failed ? 1 : 0;
+}
