@@ -3,7 +3,7 @@
  * Internal to the project and unsupported for users (tests, benches and the Python package call it through
  * the shared libraries). A plan's name is backend.kind.variant: "hopper.fwd.persistent", "cuda.bwd.portable",
  * "cpu.fwd.avx512", "ref.bwd". The developer switch SINKATTN_PLAN="fwd=NAME,bwd=NAME,decode=NAME" is read once
- * and forces plans process-wide; sa_plan_force (per thread) wins over it. docs/design.md, "plans".
+ * and forces plans process-wide; sa_plan_force (per thread) wins over it. docs/hopper.md, "plans".
  */
 #ifndef SA_PLAN_H
 #define SA_PLAN_H

@@ -75,7 +75,7 @@ static const tc_case tc_cases[] = {
     {.name = "diag_offset -500 window 1000", .dt = SA_BF16, .B = 1, .T = 100, .S = 300, .N = 2, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = 1000, .wr = 1000, .diag = -500, .dlse = 1, .sink_range = 10},
 };
 
-/* Inside the scope of the sm_90a forward and backward (src/cuda/hopper_fwd.cu, hopper_bwd.cu: bf16, H == Hv
+/* Inside the scope of the sm_90a forward and backward (src/cuda/hopper/fwd.cu, hopper/bwd_twopass.cu: bf16, H == Hv
    in {64, 128}, T and S multiples of 128; any causal alignment, window, diag_offset, lengths and, in the forward,
    segment ids). main runs each twice: with the fast paths (the default; on a CC 9.0
    device, with sm_90a code built, the Hopper forward and backward must be the ones that ran) and with
@@ -135,13 +135,13 @@ static const tc_case tc_hopper_cases[] = {
     {.name = "hop H128 256x640 vanilla (3x176+112)", .dt = SA_BF16, .B = 2, .T = 256, .S = 640, .N = 4, .K = 4, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 10},
     {.name = "hop H128 128x128 one 176-key tile", .dt = SA_BF16, .B = 1, .T = 128, .S = 128, .N = 2, .K = 1, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 50},
     {.name = "hop H128 256x1408 (8x176 exact)", .dt = SA_BF16, .B = 1, .T = 256, .S = 1408, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 10},
-    /* the one-pass backward (hopper_bwd1.cu: H128, no lengths / window, causal none or top-left on the diagonal,
+    /* the one-pass backward (hopper/onepass128.cu: H128, no lengths / window, causal none or top-left on the diagonal,
        S / 128 <= SMs and, without a mask, G T / 64 >= S / 128) takes the H128 cases above that fit that scope
        (10 of them; 256x640 and 256x1408 have fewer query tiles than key blocks and keep the two passes) and
        these: 4 key blocks a head in the causal order, 5 in staggered starts (d = 20 / 5 = 4 tiles apart) */
     {.name = "hop H128 512 causal GQA2 dlse (1 pass)", .dt = SA_BF16, .B = 1, .T = 512, .S = 512, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10},
     {.name = "hop H128 640 vanilla GQA2 (1 pass)", .dt = SA_BF16, .B = 2, .T = 640, .S = 640, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 10},
-    /* the H64 one pass (hopper_bwd3.cu: 192-key CTAs of 3 warpgroups, the head split hs = 2 when G is even on
+    /* the H64 one pass (hopper/onepass64.cu: 192-key CTAs of 3 warpgroups, the head split hs = 2 when G is even on
        these small grids) takes the H64 cases above without lengths / window / BR / diag_offset, and these: a
        head's last key block of 64 keys (S 1024, 640: 1 warpgroup) or 128 (S 512: 2), 6 whole blocks with and
        without the split (G 8, G 3), causal T > S and T < S (keys past T: zero dk, dv; skipped warpgroups) */

@@ -1,6 +1,6 @@
 /*
  * test_hop_mask.cu — the position-mask arithmetic of the Hopper kernels (sa_hop_mask in
- * src/cuda/hopper_ptx.cuh), checked on the host against the library's reference mask (sa_key_range in
+ * src/cuda/hopper/ptx.cuh), checked on the host against the library's reference mask (sa_key_range in
  * sa_internal.h, what the fp64 reference and the CPU kernels use). Host code only: it runs in CI, where no
  * GPU is, although the kernels that use these formulas only run on an H200 (test_cuda checks them there).
  *

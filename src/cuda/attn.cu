@@ -1,7 +1,7 @@
 /*
  * attn.cu — the CUDA backend's entry points (sa_internal.h): what it supports, the parameter block, the
  * backward workspace layout, and the dispatch of a call to the plan plan.c picks for it. The kernel families
- * are in portable/, hopper/ and decode/; docs/design.md follows one call from the Python API to a kernel.
+ * are in portable/, hopper/ and decode/; docs/hopper.md, "plans", lists them.
  *
  * Every call only enqueues work on the caller's stream: no allocation, no synchronisation, no host read of
  * device data (lengths and segment ids are read by the kernels), so it is CUDA-graph safe.

@@ -1,13 +1,6 @@
 /*
- * cuda_common.cuh — what the CUDA kernels share: the launch parameters, the tile table, the mask (a
- * device copy of sa_key_range), and thin wrappers over the sm_80 instructions the kernels are built on
- * (cp.async, ldmatrix, mma.sync.m16n8k16 with fp32 accumulation).
- *
- * Fragment layout of mma.m16n8k16 (lane = 4 * gr + tq): the accumulator holds rows gr and gr + 8,
- * columns 2 tq and 2 tq + 1 of a 16 x 8 tile; an A fragment holds the same rows for k columns
- * {2tq, 2tq+1, 2tq+8, 2tq+9}; a B fragment holds k rows {2tq, 2tq+1, 2tq+8, 2tq+9} of column gr.
- * Two accumulator tiles side by side therefore ARE an A fragment (after rounding to 16 bits): P and dS
- * go from one matrix product into the next without a trip through shared memory.
+ * common.cuh — what the portable (sm_80) kernels share: the parameter block, their tile table, the mask (a device
+ * copy of sa_key_range), the mma.sync / ldmatrix / cp.async wrappers and the tile loads. docs/hopper.md.
  */
 #ifndef SA_CUDA_COMMON_CUH
 #define SA_CUDA_COMMON_CUH
@@ -38,7 +31,7 @@ struct sa_cuda_params {
   float *dsinks;
   float *D;          /* workspace [B, N, T]: rowsum(dout * out) - dlse */
   float *dsink_part; /* workspace [B, N, nqb]: per query block partial sums of the sink gradient */
-  float *lse2;       /* workspace [B, N, T] or NULL: lse * log2(e), +inf where lse = -inf (hopper_bwd.cu) */
+  float *lse2;       /* workspace [B, N, T] or NULL: lse * log2(e), +inf where lse = -inf (hopper/bwd_twopass.cu) */
   int64_t nqb;       /* query blocks of the preprocess kernel */
 };
 

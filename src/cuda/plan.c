@@ -1,7 +1,7 @@
 /*
  * plan.c — the CUDA backend's plans (plan.h): which kernels a call runs, on which grid, with how much
  * workspace, and why. Pure C over the problem and a device record, so the CPU tests run it on a mocked H200
- * (tests/test_plan.c) and the launch code (attn.cu) only follows what it says. docs/design.md, "plans";
+ * (tests/test_plan.c) and the launch code (attn.cu) only follows what it says. docs/hopper.md, "plans";
  * the schedules and their measurements in docs/hopper.md.
  */
 #include "plan.h"

@@ -2,7 +2,7 @@
  * plan.h — the CUDA backend's plans: pure functions of (problem, device record) -> plan (family, tiles, grid,
  * persistence, head split, workspace, reason), in C so that the CPU tests run them on a mocked device. The
  * workspace query and the launch compute the plan through the same function (sa_cuda_plan_pick).
- * docs/design.md, "plans"; the schedules' reasons in docs/hopper.md.
+ * docs/hopper.md, "plans"; the schedules' reasons in docs/hopper.md.
  */
 #ifndef SA_CUDA_PLAN_H
 #define SA_CUDA_PLAN_H

@@ -3,7 +3,7 @@
  * kernel registration and launch, memset, driver entry points), answering as one H200 would (CC 9.0, 132
  * SMs, 227 KiB of shared memory a block) and writing every enqueued operation as one line to the log that
  * sa_mock_log_set names. Linked instead of cudart into plan_record (tests/plan/plan_record.cpp), it lets a
- * CPU see which kernels a call launches, on which grids, with which workspace: docs/design.md, "plans".
+ * CPU see which kernels a call launches, on which grids, with which workspace: docs/hopper.md, "plans".
  */
 #include <cxxabi.h>
 #include <stdarg.h>

@@ -1,7 +1,5 @@
 /*
- * decode.cuh — what the two CUDA split-KV decode kernels share (decode.cu: the register kernel for any head
- * dim and dtype, and the combine; decode_pipe.cu: the cp.async pipeline kernel for bf16/f16 at H = Hv = 64
- * or 128): the launch parameters, dtype unpacking, and the pipeline kernel's entry points.
+ * decode/decode.cuh — what the two decode split kernels and the combine share: parameters and dtype unpacking.
  */
 #ifndef SA_DECODE_CUH
 #define SA_DECODE_CUH

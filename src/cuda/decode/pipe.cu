@@ -1,22 +1,7 @@
 /*
- * decode_pipe.cu — the split kernel of CUDA decode for the common shapes (bf16/f16, H = Hv = 64 or 128):
- * K and V stream through a 4-stage cp.async shared-memory pipeline, so the bytes in flight are held by
- * shared memory instead of registers (the register kernel of decode.cu used ~250 registers for 2 x 16
- * bytes in flight per lane: ~8 KiB per SM, below the ~30 KiB that 4.3 TB/s x ~1 us of latency needs).
- *
- * CTA = 4 warps, RB = 8 query rows of one kv head (G heads x Tq tokens), one chunk of keys; the chunk is
- * cut into tiles of TK = 32 keys (16 KiB of K + V at H = 128 bf16) and STAGES - 1 = 3 tiles are loading
- * while one is computed. Per tile:
- *   scores   warp w takes rows 2w, 2w + 1; lane = key. Each lane reads its key's row from shared memory in
- *            16-byte chunks (XOR-swizzled by key so 8 consecutive keys hit 8 distinct bank groups) and the
- *            rows' q (fp32, pre-scaled into base 2) as broadcasts. Warp max per row, online softmax with
- *            the running max / correction per row uniform in the warp and the row sum kept per lane.
- *   P        written to shared memory [TK][RB] (one float4 pair per key), corrections [RB].
- *   P.V      warp w takes keys 8w .. 8w + 7; lane owns H / 32 columns of all 8 rows (8 x 4 = 32 fp32
- *            accumulators at H = 128): one V read (4 or 8 bytes) feeds 8 rows' FMAs.
- * End: the 4 warps' accumulators are summed in a fixed order through shared memory (deterministic) and
- * written as the vanilla partial (out normalised, lse without the sink) that decode.cu's combine merges.
- * Registers: __launch_bounds__(128, 4) caps them at 128 (the 32 accumulators, 16 unpacked k / q values).
+ * decode/pipe.cu — the split kernel of plan cuda.decode.pipe (bf16 / f16, H = Hv = 64 or 128): K and V through a
+ * 4-stage cp.async pipeline in shared memory, so the bytes in flight are shared memory's, not registers'.
+ * docs/hopper.md.
  */
 #include "decode/decode.cuh"
 

@@ -1,27 +1,6 @@
 /*
- * decode.cu — CUDA split-KV decode: a few query tokens against a long KV cache (sa_attn_decode_fwd).
- *
- * The kernel's job is to stream K and V once at copy bandwidth. It runs on fp32 CUDA cores: gpt-oss
- * (G = 8 rows per kv head at one token, bf16) does 2G = 16 FLOP per cache byte, and an H200's 67 fp32
- * TFLOP/s over 4.3 TB/s of copy bandwidth is ~15.6 FLOP/byte, so instruction overhead (shuffles, exp2,
- * conversions) is what stands between this kernel and the 70%-of-copy target; a tensor-core (mma) variant
- * is the next step if the H200 measurement falls short (bench/NOTES.md).
- *   split kernel   grid (chunk, kv head x row group, batch), 4 warps. A block owns RB = 8 query rows that
- *                  share kv head kh (G heads x Tq tokens: the GQA packing) and one chunk of keys. Each warp
- *                  takes 32 / L keys per step (L lanes per key, one 16-byte load of K and of V per lane),
- *                  keeps its own online softmax in registers (lazy rescale: the running max only moves
- *                  when a score exceeds it by 2^8, so most steps skip the rescale), then warps merge in
- *                  shared memory into one vanilla partial (out normalised, lse without the sink).
- *   combine kernel grid (row, kv head, batch): lse = logaddexp(partials in chunk order, sink), out =
- *                  sum_c exp(lse_c - lse) out_c. The sink enters here, once.
- * Partials live in the caller's workspace; everything is enqueued on the stream (no malloc, no sync).
- * bf16/f16 with H == Hv in {64, 128} and 16-byte aligned q, k, v run the cp.async pipeline split kernel of
- * decode_pipe.cu instead (<= 128 registers, K/V bytes in flight held in shared memory); this file's split
- * kernel is the fallback for every other shape (and runs those shapes too under env
- * SINKATTN_CUDA_DECODE=register, for tests and benchmarks). The combine serves both.
- * Instantiations: split <bf16|f16|f32> x <16-byte path | generic path>, combine <bf16|f16|f32>.
- * The 16-byte path needs H == Hv with H * sizeof(T) / 16 a power of two <= 32 (bf16: H in 32..256);
- * every other H, Hv <= 256 runs the generic path (strided scalar loads).
+ * decode/split.cu — split-KV decode (sa_attn_decode_fwd): the register split kernel, the combine (the sink enters
+ * there, once) and the host side of the decode plans (cuda.decode.register, cuda.decode.pipe). docs/hopper.md.
  */
 #include <string.h>
 

@@ -1,9 +1,6 @@
 /*
- * hopper_bwd_parts.cuh — the device helpers of the Hopper backward (hopper_bwd.cu): the m64n64 wgmma with both
- * operands in shared memory, the 2-D TMA box of lse2 / D, the two product loops (SS over the head dim, RS from
- * register fragments), fragment packing, the exp2 anchor, and the accumulator row store. Split from
- * hopper_bwd.cu to keep each file readable (under 600 lines); the kernels, their parameters and the launches stay
- * there. sm_90a only, like the wrappers of hopper_ptx.cuh they use.
+ * hopper/bwd_parts.cuh — the device helpers every Hopper backward uses: the m64n64 wgmma, the SS and RS product
+ * loops, fragment packing, the exp2 anchor, the accumulator row store.
  */
 #ifndef SA_HOPPER_BWD_PARTS_CUH
 #define SA_HOPPER_BWD_PARTS_CUH

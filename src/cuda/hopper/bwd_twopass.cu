@@ -1,46 +1,15 @@
 /*
- * hopper_bwd.cu — the sm_90a backward fast path: the two-pass kernels of dev/hopper_bwd_01.cu (not the one-pass
- * variant 01a, slower: 366 vs 437 TFLOP/s), moved into the library with the PTX wrappers of hopper_ptx.cuh.
- * On the H200 dev/hopper_bwd_01 reached 437 / 334 TFLOP/s (B4 T4096 N16 H128, non-causal / causal; dK/dV 562,
- * dQ 633 of their own products) against ~124 for the portable backward. Structure and names are dev's so a
- * fix made there ports by diff; the library adds the position masks (sa_hop_mask, per mask kind) and the
- * __syncwarp before the empty-barrier arrive. Two changes from dev/hopper_bwd_01 were measured in later dev
- * variants and taken: lse2 / D are staged by tensor-map copies (dev/hopper_bwd_04: compute-sanitizer racecheck
- * reported 45056 hazards on 01's raw bulk copies, a false positive of that tool which flash-attention documents,
- * and 0 on 04; dK/dV 575 vs 561 TFLOP/s at B4 T4096 H128), and under a causal mask with few dK/dV CTAs the key
- * block is the slowest grid index so the heaviest CTAs start first (dev/hopper_bwd_03: gpt-oss 211 -> 276).
- * The portable backward (cuda_bwd.cu) runs around them, in this order on one stream (sa_cuda_attn_bwd):
- *   1. sa_bwd_pre_kernel  D = rowsum(dout * out) - dlse, lse2 = lse * log2(e) (+inf where lse = -inf, so P = 0)
- *                         and the sink-gradient partials;
- *   2. sa_hop_bwd_dkdv    one CTA per (b, kv head, 128 keys), 384 threads; K and V loaded once by TMA; Q, dO
- *                         tiles of 64 rows and the matching lse2 / D (TMA boxes) of each query block of the
- *                         G heads streamed by a producer warpgroup through a 2-stage mbarrier ring; 2 consumer
- *                         warpgroups of 64 keys compute S^T = K Q^T and dP^T = V dO^T with wgmma SS (m64n64),
- *                         P^T = exp2(S^T sl2 - lse2), dS^T = P^T (dP^T - D), then dV += P^T dO and
- *                         dK += dS^T Q with wgmma RS (P^T / dS^T straight from the accumulators: the
- *                         transposed formulation needs no shared-memory round trip);
- *   3. sa_hop_bwd_dq      one CTA per (b, head, 128 queries); Q, dO loaded once; K, V tiles of 64 keys
- *                         streamed; S, dP recomputed (SS), dQ += dS K (RS, K read N-major from the same tile);
- *   4. sa_bwd_dsink_kernel dsinks in a fixed order (the same partials whichever dK/dV, dQ ran: dsinks is
- *                         bitwise the portable path's).
- * No atomics: every output element has one writer, so dq, dk, dv are bitwise reproducible.
- *
- * Scope (sa_hopper_bwd_in_scope; everything else runs the portable kernels): the forward's (sa_hop_in_scope
- * in hopper_ptx.cuh: CC 9.0 and sm_90a code, bf16, H == Hv in {64, 128}, T and S multiples of 128, scale > 0;
- * any causal alignment, window and diag_offset through sa_hop_mask, lengths (MASK 3) and, under
- * SINKATTN_HOP_BWD_SEG=1 until they have run, segment ids (MASK 4: each streamed tile's ids by TMA beside it, the
- * CTA's own by plain loads, every element tested; no tile skipped for other documents yet), 16-byte aligned
- * dout, dq, dk, dv and workspace. SINKATTN_CUDA_HOPPER=0 disables it. With a mask (the MASK kernels) a dK/dV
- * CTA streams only the query blocks holding a row that sees one of its keys (found by binary search: the
- * key range bounds never decrease with the row), a dQ CTA only the key tiles its rows see, and only tiles on
- * a mask boundary test positions; keys no query sees get dK = dV = 0 and rows that see no key dQ = 0.
+ * hopper/bwd_twopass.cu — the sm_90a two-pass backward (plans hopper.bwd.twopass.*): dK/dV (K, V of a key block
+ * once, Q / dO / lse2 / D streamed), then dQ (Q, dO once, K / V streamed); wgmma SS for S and dP, RS for the
+ * products from registers; no atomics. Between the portable preprocess and sink reduction. docs/hopper.md,
+ * "two-pass backward".
  */
 #include "hopper/bwd_parts.cuh"
 #include "launch.h"
 
 namespace {
 
-/* from the tile table (hopper_ptx.cuh), where the reasons are */
+/* from the tile table (hopper/ptx.cuh), where the reasons are */
 constexpr int KB = sa_hop_tiles::BWD_KB;     /* keys per dK/dV CTA at H128 (dkdv_tile below: 192 at H64) */
 constexpr int QB = sa_hop_tiles::BWD_QB;     /* query rows per streamed tile of dK/dV: N of S^T / dP^T */
 constexpr int QM = sa_hop_tiles::BWD_QM;     /* query rows per dQ CTA at H128 (dq_tile below: 192 at H64) */
@@ -62,12 +31,12 @@ struct sa_hop_bwd_params {
   const int32_t *q_seg, *kv_seg; /* [B, T], [B, S] (MASK 4: segment ids; the streamed side's by TMA) */
 };
 
-/* dK/dV's warpgroups (the tile table of hopper_ptx.cuh points here). H128: 2 consumer warpgroups of 64 keys (KB
+/* dK/dV's warpgroups (the tile table of hopper/ptx.cuh points here). H128: 2 consumer warpgroups of 64 keys (KB
    128), 240 registers each. H64: 3 (KB 192), 160 registers each (128 x 24 + 384 x 160 = 64512; the consumer
    needs R152 at H64): at k = 64 a warpgroup's four m64n64 products per tile are 512 tensor clocks against its
    4096 exp2 (256 MUFU clocks) plus the dS arithmetic, and with two warpgroups waiting on the same tile both are
    often in their softmax at once; ncu at B4 T4096 N32 H64 (NC 2): tensor pipe 51%, 0.60 eligible warps per
-   scheduler, 56% of cycles with none. A third warpgroup is the forward's H64 remedy (+15%, hopper_fwd.cu); here
+   scheduler, 56% of cycles with none. A third warpgroup is the forward's H64 remedy (+15%, hopper/fwd.cu); here
    it also loads each Q / dO tile once for 192 keys instead of 128. S is a multiple of 128, not of 192: the last
    CTA of a head may hold 64 or 128 keys (n_wg warpgroups; the others leave at once). */
 template <int HD, int NCK>
@@ -278,7 +247,7 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
     for (int j = 0; j < 8; ++j) {
       float2 dd = *reinterpret_cast<const float2 *>(Dq + 8 * j + 2 * t);
       /* D of a row past q_len may be NaN (padding dO / out), and P = 0 times NaN is NaN: 0 in registers. Not by
-         a store into the stage: a plain store there races (compute-sanitizer racecheck, H200 session 4) with
+         a store into the stage: a plain store there races (compute-sanitizer racecheck, ) with
          the reads of lanes 1..31 in the stage's previous tile, which only lane 0's empty arrive releases. */
       if (MASK >= 3 && i0 + 8 * j + 2 * t + 1 >= ql) {
         if (i0 + 8 * j + 2 * t >= ql) dd.x = 0.f;

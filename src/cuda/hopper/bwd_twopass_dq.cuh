@@ -1,8 +1,5 @@
 /*
- * hopper_bwd_dq.cuh — the dQ kernel of the two-pass Hopper backward (step 3 of hopper_bwd.cu's header). Split from
- * hopper_bwd.cu to keep each file under 600 lines; it is included by hopper_bwd.cu only, inside that file's
- * anonymous namespace, after the parameters (sa_hop_bwd_params), the tiles (dq_tile, QB, KT, STAGES) and the device
- * helpers (hopper_bwd_parts.cuh) it uses, and before the launches that instantiate it.
+ * hopper/bwd_twopass_dq.cuh — the dQ kernel of the two-pass backward; included by hopper/bwd_twopass.cu only.
  */
 #ifndef SA_HOPPER_BWD_DQ_CUH
 #define SA_HOPPER_BWD_DQ_CUH

@@ -1,64 +1,8 @@
 /*
- * hopper_fwd.cu — the sm_90a forward fast path: the kernel of dev/hopper_fwd_02.cu moved into the library,
- * with the tiles of dev/hopper_fwd_03 (H64: 3 consumer warpgroups, 192-row CTAs) and dev/hopper_fwd_04 (H128
- * without a mask: 176-key tiles) where they measured faster (the numbers are at sa_hop_fwd_tile). The PTX
- * wrappers of dev/hopper_common.cuh are in hopper_ptx.cuh, shared with hopper_bwd.cu. On the H200
- * dev/hopper_fwd_02 passed 24/24 checks against an fp32 GPU reference and reached 615 / 552 TFLOP/s (B4 T4096
- * N16 H128, non-causal / causal), against 224 / 189 for the portable mma.sync kernel (cuda_fwd.cu). The
- * ping-pong variant (02pp) was not taken: mixed (+5% / -3% non-causal / causal at H128 T4096, -5% / +1% at
- * T16384, +6% / -5% at H64; bench/results/h200-hopper-dev.json) for two more named barriers whose turn count
- * must stay exact.
- *
- * A work tile = BM = 64 x NC query rows of one (batch, head), 128 x (NC + 1) threads a CTA: warpgroup 0 is the
- * producer (one thread issues TMA loads of Q and of BN-key K, V tiles into an ST-stage mbarrier ring, 128-byte
- * swizzle; ST 2), consumer warpgroups 1..NC each own 64 rows:
- * S = Q K^T by wgmma (both operands in shared memory), online softmax in registers in the log2 domain, O += P V
- * by wgmma with P from registers. Iteration j issues S_j and P_{j-1} V_{j-1} as two commit groups and runs the
- * softmax of S_j while P_{j-1} V_{j-1} is on the tensor core. T is a multiple of 128, so a 192-row work tile
- * can be partial (T - m0 = 64 or 128): only its warpgroups with rows (n_wg) compute and store; the others walk
- * its barriers and release every key tile.
- *
- * Persistent (dev/hopper_fwd_05): CTA c takes work tiles c, c + gridDim.x, ... (static stride; the order is
- * sa_hop_work_tile's: causal m-blocks in heavy / light pairs of one head for S <= 4096 at H128, S <= 1024 at
- * H64), on min(SMs, tiles) CTAs where the host picks it (sa_hop_run: no mask, on a grid coprime to the m-blocks
- * a head when the last is partial; causal pairs; other masks for S <= 8 key tiles, windows of <= 8 key tiles a
- * work tile), else on a grid of all tiles (one each: the same kernel, the previous launch). Why: every
- * CTA paid a prologue (barrier init, Q and first K latency, the first S without overlap) and an epilogue (last
- * P V, normalise, stores) with the tensor core idle, ~1-2 us, 20% at T1024; the producer now loads the next
- * work tile's Q and first K/V stages under the current one's last P V and epilogue. Protocol:
- * - barriers initialised once; every consumer warp arrives on every empty barrier of every work tile (its
- *   warpgroup with rows or not), so the counts stay 4 NC whatever a tile's n_wg.
- * - Q slots (QS: 2 by default, 1 under SINKATTN_HOP_FWD_QSLOTS=1, sa_hopper_fwd_try): the j-th work tile of a CTA
- *   (blockIdx.x + j gridDim.x: producer and consumers derive it alike, nothing passes through shared memory) has
- *   its Q in slot j % QS, the (j / QS)-th use of that slot. Q full (count 1): the producer's arrive.expect_tx of
- *   Q's bytes and the boxes (a plain arrive for a tile without key tiles); consumers wait parity (j / QS) & 1. Q
- *   empty (count 4 NC): each consumer warp arrives once per work tile, after its key-tile loop (its last S has
- *   landed; no test inside the loop), or at once without an S; the producer waits parity ((j / QS) & 1) ^ 1 before
- *   the j-th Q write (a fresh barrier returns at once). So a slot is overwritten only after every warp's last read
- *   of it, and its next phase needs every warp past its last: none is skipped. Past the last work tile both leave.
- * - K/V ring: producer and consumers walk one sequence x = 0, 1, ... of key tiles over all the CTA's work
- *   tiles (x0 += n_tiles per tile), stage x % ST, parity (x / ST) & 1 (the consumers' key-tile loop carries
- *   both, advanced by one a tile): the single key loop of a one-tile CTA, continued; the producer runs up to
- *   ST key tiles ahead, so the next tile's K_0 lands once S_{n-ST} has released its stage, V_0 after
- *   P_{n-ST} V_{n-ST}.
- * - lengths: barrier 1 (V rows past kv_len zeroed) counts all 128 NC consumer threads, each meets it once per
- *   such work tile (computing or releasing the tile).
- *
- * Scope (sa_hop_in_scope in hopper_ptx.cuh, plus an aligned out; everything else runs the portable kernel):
- * a CC 9.0 device and sm_90a code in the binary, bf16, H == Hv in {64, 128}, T and S multiples of 128 (the
- * buffers; lengths may be anything), scale > 0 (the row max is taken before scaling), 16-byte
- * aligned tensors; any causal alignment, window and diag_offset (the MASK kernels: only the key tiles some row
- * of the CTA sees are loaded, each warpgroup computes only those some row of its own sees, and only tiles on a
- * mask boundary test positions, by sa_hop_mask), and per-batch lengths (MASK 3: each CTA builds its batch's
- * mask; V rows past kv_len in the last tile are zeroed in shared memory before P V, rows past q_len are written
- * as 0), and segment ids (MASK 4: MASK 3's machinery, and each key tile's ids come by TMA with its K into the
- * stage, released with K after the mask read them; a work tile loads only the key tiles from the first to the
- * last holding a key of its rows' documents, seg_key_tiles, and tests every element of those against its rows'
- * ids). SINKATTN_CUDA_HOPPER=0 in the environment disables it.
- * Output semantics are the portable kernel's: lse [B, N, T] includes the sink; the sink enters once, in the
- * final normalisation (the running max is seeded with it: bf16 P has fp32's range, so 2^(s - a) for a sink
- * far above the scores stays normal); a row without any key gives out 0, lse = sink (a work tile none of whose
- * rows sees a key loads nothing).
+ * hopper/fwd.cu — the sm_90a forward (plans hopper.fwd.persistent, .onetile, .persistent.narrow): a producer
+ * warpgroup streams Q and K / V by TMA through mbarrier rings, consumer warpgroups run S = Q K^T and O += P V on
+ * wgmma with the online softmax in registers; persistent CTAs walk work tiles in the plan's order. Protocol,
+ * work orders and masks: docs/hopper.md, "forward".
  */
 #include "hopper/fwd_parts.cuh"
 #include "launch.h"
@@ -223,7 +167,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
   for (uint32_t jq = 0;; ++jq) {
     /* The work tile is the producer's walk, blockIdx.x + jq gridDim.x (no slot to read): known before Q full,
        so the sink's global load (and MASK 3's lengths) is issued before the wait and lands under it. Read after
-       the wait it cost 2.7% of the H128 forward's stall samples at T1024 (ncu, H200 session 6), its use right
+       the wait it cost 2.7% of the H128 forward's stall samples at T1024 (ncu, ), its use right
        behind it at every work tile's start. */
     const int tile = blockIdx.x + (int)jq * (int)gridDim.x; /* < total + gridDim.x <= 2^31 (sa_hop_run) */
     if (tile >= p.total) break;
@@ -433,7 +377,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
       /* A row past q_len is exactly 0 (its Q row, padding, may hold NaN; P is 0 there, but not 0 x NaN). */
       const bool dead = MASK >= 3 && row >= ql;
       __nv_bfloat16 *orow = p.out + (((size_t)w.b * T + row) * N + w.n) * HD;
-      store_row_bf16<HD>(orow, o, h, f, t, dead); /* 16-byte stores (hopper_ptx.cuh) */
+      store_row_bf16<HD>(orow, o, h, f, t, dead); /* 16-byte stores (hopper/ptx.cuh) */
       if (p.lse && t == 0) p.lse[((size_t)w.b * N + w.n) * T + row] = lse;
     }
   }

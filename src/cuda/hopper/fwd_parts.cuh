@@ -1,8 +1,6 @@
 /*
- * hopper_fwd_parts.cuh — the Hopper forward's (hopper_fwd.cu) tile table, parameters, barrier slots, work-tile
- * order and device helpers: the m64n176 wgmma, the two products, the mask tests, the online softmax and P's
- * packing. Split from hopper_fwd.cu to keep each file under 600 lines; the kernel and its launch stay there.
- * Included by hopper_fwd.cu only (an anonymous namespace: one translation unit).
+ * hopper/fwd_parts.cuh — the Hopper forward's tile struct, parameters, barrier slots, work-tile order and device
+ * helpers (the products, the mask tests, the online softmax, P's packing). Included by hopper/fwd.cu only.
  */
 #ifndef SA_HOPPER_FWD_PARTS_CUH
 #define SA_HOPPER_FWD_PARTS_CUH
@@ -67,7 +65,7 @@ struct sa_hop_params {
    L2 across its two m-blocks; grid consecutive pairs span grid / nph heads (T1024 H128: 33 heads, 17 MiB).
    hg = 0: the one-tile-per-CTA grid's order (m-block fastest, reversed
    under a mask: heaviest first within a head, as blockIdx.x = n_mb - 1 - mb did). hg > 0 (persistent, masked;
-   dev/hopper_fwd_05): sections of hg heads (their K/V <= 16 MiB, a third of the H200's L2), inside a section
+   an earlier standalone version): sections of hg heads (their K/V <= 16 MiB, a third of the H200's L2), inside a section
    every head's heaviest m-block, then the next lighter level: with the static stride a CTA's successive tiles
    get lighter (the balance of a global heaviest-first order) while the K/V read at one time stays in L2. The
    last section may hold fewer heads. */

@@ -1,36 +1,7 @@
 /*
- * hopper_bwd1.cu — the sm_90a ONE-pass backward at H128: dev/hopper_bwd_05.cu (deterministic mode, order NAT)
- * moved into the library, then made persistent with the causal diagonal skip (dev/hopper_bwd_07.cu). Measured on
- * the H200: 05 (bench/NOTES.md, session 3 section 9): 26/26 checks, racecheck 0 hazards, bitwise over 3 runs, the
- * whole backward 1.08-1.14x the two passes of hopper_bwd.cu at H128 (0.91x at gpt-oss H64, so H128 only); 07
- * (session 6 section 1): 22/22 checks, racecheck 0, the whole backward 1.09x 05 at B16 T1024 N16, 1.21x causal,
- * 1.10x B4 T4096 causal, 1.08x B1 T16384 causal. The helpers and names are dev 05's / 07's so a fix made there
- * ports by diff; the plain and ASC modes stayed in dev.
- *   An ITEM is (b, kv head, 128 keys), as the two-pass dK/dV kernel's CTA: K, V loaded once, Q / dO / lse2 / D of
- *   the G heads' 64-row query tiles streamed; S^T, dP^T by wgmma SS; dV += P^T dO, dK += dS^T Q by wgmma RS. It
- *   also computes each tile's dQ[64 q x H] = dS K (dS^T staged in shared memory, 8 wgmma m64n64k16 with both
- *   operands transposed, one tile late) and adds it to dq_acc [B, N, T, H] fp32 by four TMA reduces
- *   (cp.reduce.async.bulk .tensor .add) from one writer thread: 5 products per tile where the two passes take 7.
- *   The tile's first visitor (rank 0) stores instead (cp.async.bulk.tensor), so dq_acc is not zeroed (coverage:
- *   above nat_rank). Deterministic: the key blocks of a kv head add into a query tile in a fixed order. One int
- *   semaphore per (b, head, 64-query tile): the writer waits until it equals its rank (NAT: the order of the
- *   staggered walks' visit steps, closed form in nat_rank), stores / adds, waits for completion and increments it
- *   (red.release). NAT needs a head's S / 128 items held by co-resident CTAs (one per SM: 227 KiB of shared
- *   memory): item tickets from an atomic counter and the ticket rule (above bwd_onepass) make that hold on a
- *   persistent grid of min(SMs, items) >= S / 128 CTAs. Hence the scope S / 128 <= SMs (beyond it the two passes
- *   run, not dev's ASC order: a model gave ~1.8x slower causal).
- * Per call, all on the caller's stream (no allocation, no sync: CUDA-graph safe), between the preprocess (D,
- * lse2) and the sink reduction of cuda_bwd.cu, which stay as they are (dsinks bitwise the two passes'):
- *   1. one cudaMemsetAsync: the ticket counter and the semaphores, 4 (1 + B N T / 64) bytes (dq_acc is not
- *      zeroed: its fill of 128 MiB took 0.038 ms on the H200 at B4 T4096 N32 H64, 4% of B16 T1024 N16's 0.94);
- *   2. bwd_onepass<128, CAUSAL> on min(SMs, items) CTAs: dK, dV (bf16, written once) and dq_acc (fp32: rank 0
- *      stores, then ordered adds);
- *   3. dq_convert: dq = scale * dq_acc in bf16.
- * Scope (sa_hopper_bwd1_in_scope): sa_hopper_bwd_in_scope, H == 128, no lengths, no window, causal none or
- * top-left with diag_offset 0 (dev 05's own scope: its checks ran T 512 / S 1024 and T 768 / S 256 causal),
- * S / 128 <= SMs, without a mask at least as many query tiles per CTA (G T / 64) as key blocks (NAT's distinct
- * start tiles), and B N T < 2^27 (dq_convert's int index); the caller also checks that the workspace holds
- * sa_hopper_bwd1_workspace bytes.
+ * hopper/onepass128.cu — the sm_90a one-pass backward at H128 (plans hopper.bwd.onepass, .plain, .narrow): dK,
+ * dV and dQ in one persistent kernel, dQ added into an fp32 workspace in a fixed order (NAT), then dq_convert.
+ * Barrier table, ordering and progress argument: docs/hopper.md, "one-pass backward".
  */
 #include <algorithm>
 
@@ -39,7 +10,7 @@
 
 namespace {
 
-/* from the tile table (hopper_ptx.cuh), where the reasons are; as in hopper_bwd.cu */
+/* from the tile table (hopper/ptx.cuh), where the reasons are; as in hopper/bwd_twopass.cu */
 constexpr int KB = sa_hop_tiles::BWD_KB;     /* keys per CTA: 2 consumer warpgroups x 64 (the wgmma M) */
 constexpr int QB = sa_hop_tiles::BWD_QB;     /* query rows per streamed tile: N of S^T / dP^T, M of dQ */
 constexpr int STAGES = sa_hop_tiles::STAGES; /* Q / dO ring depth */
@@ -171,7 +142,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[HD / 4], uint32_t k, bool la
 
 #endif /* sm_90a */
 
-/* PERSISTENT (dev/hopper_bwd_07): grid min(SMs, items) CTAs (at least nkb: the deadlock argument in the header), each
+/* PERSISTENT (an earlier standalone version): grid min(SMs, items) CTAs (at least nkb: the deadlock argument in the header), each
    taking item tickets from the counter until one is past the last item. Barriers initialised once; every parity
    from a running counter: j the CTA's items (the end marker included), x its query tiles over all items, jk its
    items with tiles (causal T < S has items without). STAGES = 2: tile x's ring stage, dS^T buffer and staging slot
@@ -204,7 +175,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[HD / 4], uint32_t k, bool la
    Overlap: the producer issues the next item's first two ring tiles as their slots free (under this item's last two
    tiles), its K / V once both warpgroups passed their last dQ product; the last dQ staging and the dK / dV stores
    then run under the next K / V load.
-   Causal diagonal skip (as hopper_bwd3.cu): in query tile 2 kb warpgroup 1's keys are above every row: no S^T,
+   Causal diagonal skip (as hopper/onepass64.cu): in query tile 2 kb warpgroup 1's keys are above every row: no S^T,
    dP^T, softmax, dV, dK; a zero dS^T slice (each dQ half reads all 128 keys); every arrive as usual (4.4% of the
    tensor work at T1024).
    tml / tmd: lse2, D [B N, T] fp32 (box 64); tma: dq_acc {H, T, B N} fp32 (box {32, 64, 1}, 128-byte swizzle). */
@@ -462,7 +433,7 @@ cudaError_t sa_hop1_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sc
 bool sa_hop1_prepare(const sa_cuda_params &p, float *acc, int kv_rows, CUtensorMap (&m)[7], BwdParams *bp) {
   static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
   if (!enc) return false;
-  /* As dev 05: Q / dO 64-row boxes, K / V kv_rows-row boxes (past S: TMA's zero fill, counted in the transaction
+  /* As an earlier version: Q / dO 64-row boxes, K / V kv_rows-row boxes (past S: TMA's zero fill, counted in the transaction
      bytes), lse2 / D as {T, B N} fp32 boxes of 64 (no swizzle), and dq_acc as the reduce target {H, T, B N} fp32,
      box {32, 64, 1}: 128 B inner (the 128-byte swizzle's limit), row stride 4 H. TMA wants 16-byte aligned bases
      and strides: T % 128 == 0, H in {64, 128}. */

@@ -1,80 +1,7 @@
 /*
- * hopper_bwd3p.cu — the H64 one-pass backward (hopper_bwd3.cu) made PERSISTENT as dev/hopper_bwd_07 made the H128
- * one; the default since H200 session 6 (f+b +3.6% at B16 T1024 N32, +8.3% causal, +6.8% B4 T4096 causal, +2.5%
- * gpt-oss, -0.4..-0.7% on long rows without a mask; bench/NOTES.md section 6), SINKATTN_HOP_BWD3_PERSIST=0 (read
- * per call) runs hopper_bwd3.cu's one-CTA-an-item kernel. Grid sa_hop1_grid: min(SINKATTN_HOP_BWD_GRID or the SMs,
- * items), at least nkb. Written by a helper compiled-only, first run in session 6: every H64 case of test_cuda on
- * the SMs' grid and on nkb CTAs. Why: the one-CTA kernel runs one CTA (one an SM,
- * 219 KiB) per (b, kv head, head split, 192-key block) and each pays a prologue (barrier init, ticket, the 48 KiB
- * K / V load with the first ring tiles, the first S^T without overlap) and an epilogue (last dQ, dK / dV stores)
- * with the tensor cores idle, ~2 us of a 15-100 us CTA (07's estimate at H128; items here are about as long):
- * B16 T1024 N32 is 3072 CTAs, 23 an SM; gpt-oss (B1 T4096 N64/8 causal, head split 8) 1408, 11 an SM.
- *   Items: an item is the default kernel's CTA, tickets in its order from the same counter (key block fastest,
- *   then head split, kv head, batch); per item exactly that CTA's work (same products, NAT ranks, writer sequence:
- *   wait dq_full, acquire spin, fence, store / reduce, commit, .read wait, dq_empty, completion wait, fence,
- *   release; the last visit's tile back to a converter slot). Barriers initialised once, parities from running
- *   counters: j the CTA's item count (end marker included), x its running tile count (x0 at an item's start), jk
- *   its items with tiles (those that load K / V), nv its running converter-slot count.
- *   Overlap: the producer issues the next item's first two ring tiles as their slots free (under this item's last
- *   two tiles), its K / V once every consumer warp arrived on kv_empty (after its last K / V read of the item);
- *   the last dQ staging and the dK / dV stores run under the next item's K / V load.
- *   A head's last key block may hold 64 or 128 keys (n_wg = 1 or 2 warpgroups). The default kernel's extra
- *   warpgroups leave and its barrier counts are n_wg's; here the counts cannot change per item, so every
- *   warpgroup stays: one without keys (cw >= n_wg, "idle") runs the item as a warpgroup whose every tile is
- *   causally skipped (no products, a zero dS^T slice, every arrive as usual) and stores no dK / dV. The dQ owner
- *   rotates over the n_wg warpgroups with keys (owner of the item's tile i: i % n_wg, dQ over 64 n_wg keys), as in
- *   the default kernel. Counts: bar_empty and ds_full 12 (every consumer warp), ds_empty 4 (the owner's warps).
- *   The converter (producer warps 2-3) no longer walks the items: the writer puts each final tile's row and head
- *   in a small slot beside the converter slot before the load, and an end marker (head -1, a plain arrive) last.
- *
- *   barrier      count  arrives                                        waits (parity)
- *   item_full    1      producer after writing item_slot = item j     consumer warps (lane 0), writer: j & 1
- *   item_empty   13     lane 0 of the 12 consumer warps, the writer,   producer before writing item j + 1:
- *                       each after reading slot j                      (j & 1) ^ 1
- *   kv_full      1+tx   producer: arrive.expect_tx 48 KiB + 2 TMA      consumers before item jk's tiles: jk & 1
- *   kv_empty     12     lane 0 per consumer warp after its last K / V  producer before item jk + 1's K / V:
- *                       read of item jk (last dQ, wgmma waited)        (jk & 1) ^ 1
- *   full[x&1]    1+tx   producer: Q, dO, lse2, D of tile x             consumers: (x >> 1) & 1
- *   empty[x&1]   12     per consumer warp after tile x's dV, dK        producer before tile x + 2: ^ 1
- *   ds_full[x%3] 12     per warp after storing its dS^T(x) slice       the owner of x before dQ(x): (x / 3) & 1
- *   ds_empty[x%3] 4     the owner's warps after the dQ(x) product      every warp before dS^T(x + 3): ^ 1
- *   dq_full[x&1] 128    every owner thread after staging dQ(x)         writer before tile x's store / add
- *   dq_empty[x&1] 1     writer after the .read completion              the owner of x + 2 before staging: ^ 1
- *   cv_full[v&1] 1+tx   writer: slot info + arrive.expect_tx + 2 TMA   converter warps: (v >> 1) & 1
- *                       (end marker: head -1, plain arrive)
- *   cv_empty[v&1] 64    every converter thread after its reads         writer before final tile v + 2: ^ 1
- *   wr_done[j&1] 1      writer, item j, once its last semaphore wait   producer before the next ticket when the
- *                       passed (at once without tiles)                 counter is not past j's group: (j >> 1) & 1
- * Never two phases apart (a parity wait cannot tell phase n from n + 2): item, kv, ring and converter pairs
- * alternate strictly (the next arrive of the one side needs every waiter's arrive of the phase before). dS^T: per
- * warpgroup the order over x is T(x) < D(x - 1) < T(x + 1) (tile, the dQ it owns), an item's last D(x) before
- * T(x + 1); T(x + 3) waits D(x), and this warpgroup's T(x) waited D(x - 3). dq_empty: the owner of x waits after
- * ds_full(x), whose completion means the owner of x - 2 staged x - 2 (in its iteration before T(x)), which itself
- * waited for x - 4's read. wr_done is a pair: when the producer waits for item j the writer has arrived for every
- * item <= j - 2 (it read slot j - 1) and none past j: barrier j & 1 has completed j >> 1 or (j >> 1) + 1 phases.
- * Deadlock freedom (07's argument with groups). A writer waits only on visits of its own GROUP (b, kv head, hh):
- * nkb items of consecutive tickets [vid - kb, vid - kb + nkb). NAT orders a tile's visitors by walk step, so in a
- * group whose nkb items are all held by CTAs that reach them, the pending visit of least step waits on nothing
- * unfinished, and the group finishes. The taken tickets are a prefix [0, M), so every group but the one holding
- * ticket M - 1 (H*) is fully taken. RULE: after issuing an item's last loads the producer takes the next ticket at
- * once if the counter (relaxed load) is already past the item's group (the new ticket is then of a later group,
- * which the item, waiting only within its group, never waits on), else only once the writer's last semaphore
- * wait of the item passed (wr_done). Everything else a CTA waits on is inside the CTA (converter, ring, K / V,
- * staging): progress once its current item's writer waits pass. Invariant: of two items a CTA holds, the earlier
- * is in an earlier group or past its waits; CTAs work their items in order, so by induction over the groups below
- * H* each finishes. In a stuck state each of the resident CTAs (one an SM, at least min(grid, SMs) >= nkb: in
- * scope nkb <= SMs) would hold its own unfinished waiting item of H*, so H* would have all nkb items taken, and
- * it finishes. Without the rule a CTA could hold X and a later X' of its group that X waits on (causal: key block
- * kb waits for kb + 1's visit), and X' starts only after X.
- * Head split: the same hs as the default kernel (sa_hop3_split; the workspace is sized by it). The split exists
- * for the causal tail of a short grid; persistence does not change the tail (tickets are list-scheduled in start
- * order either way: a CTA takes its next item when it frees, as the hardware started the next CTA) but it makes
- * an item cheaper (no launch, K / V under the previous item), so the split's cost (hs K / V loads per block, the
- * partials) shrinks and its gain stays: kept. SINKATTN_HOP_BWD_SPLIT=n still forces it (A/B).
- * Shared memory: the default kernel's (static: 24 barriers, anchors, the item slot, converter info and the consumer
- * warps' words, 528 B of the KiB op_smem3 leaves).
- * Registers: its split, producer warpgroup 32 (producer = all of warp 0, so that item values are warp-uniform;
- * lane 0 issues; writer thread 32; converter warps 2-3), consumers 160.
+ * hopper/onepass64.cu — the sm_90a one-pass backward at H64 (plans hopper.bwd.onepass, .plain, .narrow): 3
+ * consumer warpgroups, 192-key items, dQ by one owner warpgroup a tile, the final dq written by the producer's
+ * idle warps; a head split with dkdv_sum on short grids. docs/hopper.md, "one-pass backward".
  */
 #include "hopper/onepass64.cuh"
 #include "launch.h"
@@ -178,7 +105,7 @@ __global__ void __launch_bounds__(THREADS3, 1)
     for (int x = 0; x < 2; ++x) {
       mbar_init(bar_full(x), 1);
       mbar_init(bar_empty(x), 4 * NC3); /* one arrive per consumer warp, idle warpgroups too */
-      mbar_init(dq_full(x), 128);       /* every owner thread (racecheck: hopper_bwd3.cu) */
+      mbar_init(dq_full(x), 128);       /* every owner thread (racecheck: hopper/onepass64.cu) */
       mbar_init(dq_empty(x), 1);        /* the writer */
       mbar_init(cv_full(x), 1);         /* the writer's load (or the end marker) */
       mbar_init(cv_empty(x), 64);       /* every converter thread, after its shared reads */
@@ -285,7 +212,7 @@ __global__ void __launch_bounds__(THREADS3, 1)
       *(volatile int *)&cv_head[cb] = -1;
       mbar_arrive(cv_full(cb));
       bulk_wait0();
-    } else if (threadIdx.x >= 64) { /* warps 2-3: the dq converter (hopper_bwd3.cu's), tiles from the writer */
+    } else if (threadIdx.x >= 64) { /* warps 2-3: the dq converter (hopper/onepass64.cu's), tiles from the writer */
       const int tid = threadIdx.x - 64, r0 = tid / 8, c = tid % 8 / 4, v = tid % 4;
       const uint32_t off = c * QB * 128 + r0 * 128 + (((2 * v) ^ r0) << 4); /* unit 2 v; 2 v + 1: off ^ 16 */
       const float scale = p.scale;

@@ -1,16 +1,13 @@
 /*
- * hopper_bwd3.cuh — what the H64 one-pass backward kernels share: the one-CTA-an-item kernel (hopper_bwd3.cu, one
- * CTA a (b, kv head, head split, 192-key block); SINKATTN_HOP_BWD3_PERSIST=0) and the persistent one
- * (hopper_bwd3p.cu, the default: min(SMs, items) CTAs taking those blocks as items). The tile constants and
- * shared-memory size, the scheduling parameters, NAT's rank and last-visit rule with 192-key blocks, the dQ product
- * and its staging, the converter's row loop. Split out of hopper_bwd3.cu so that both files stay under 600 lines.
+ * hopper/onepass64.cuh — the H64 one pass's constants and device helpers: 192-key blocks of 3 warpgroups, NAT's rank
+ * and last-visit rule, the owner warpgroup's dQ product and staging, the converter's row loop.
  */
 #ifndef SA_HOPPER_BWD3_CUH
 #define SA_HOPPER_BWD3_CUH
 
 #include "hopper/onepass_parts.cuh"
 
-/* How the CTAs of a launch find their work and their turn (hopper_bwd1.cu's Sched plus the head split). */
+/* How the CTAs of a launch find their work and their turn (hopper/onepass128.cu's Sched plus the head split). */
 struct Sched3 {
   int *sync;    /* [0]: CTA ticket counter; then one semaphore per (b, head, 64-query tile); zeroed per call */
   float *part;  /* hs > 1: partial dK (hs slices), then dV (hs slices), fp32 [B, S, KH, 64] each */
@@ -24,7 +21,7 @@ struct Sched3 {
 
 namespace {
 
-/* from the tile table (hopper_ptx.cuh), where the reasons are */
+/* from the tile table (hopper/ptx.cuh), where the reasons are */
 constexpr int QB = sa_hop_tiles::BWD_QB;     /* query rows per streamed tile: N of S^T / dP^T, M of dQ */
 constexpr int STAGES = sa_hop_tiles::STAGES; /* Q / dO ring depth */
 constexpr int NC3 = sa_hop_tiles::BWD1_NC64; /* consumer warpgroups */
@@ -50,7 +47,7 @@ static_assert(op_smem3() + 1024 <= 227 * 1024, "over the sm_90 limit");
 /* 05's nat_rank with 192-key blocks: causal key block j sees query tile q iff q >= 3 j (q 64 + 63 >= 192 j), and
    reaches tile (g, q) at step g (PT - 3j) + q - 3j, earlier for larger j: rank m - kb, m = min(nkb - 1, q / 3).
    dq_acc is not zeroed: each (b, head, 64-query tile) has exactly one rank-0 visit, which stores the tile before
-   any add (hopper_bwd1.cu's nat_rank has the ordering argument). The grid is one CTA per (b, kv head, head split
+   any add (hopper/onepass128.cu's nat_rank has the ordering argument). The grid is one CTA per (b, kv head, head split
    hh < hs, key block kb < nkb), nkb = ceil(S / 192) >= 1 (S > 0 in sa_hop_in_scope); CTA hh walks n_tiles
    distinct tiles of heads kvh G + hh Gc + g, g < Gc = G / hs (hs | G): each head's tiles are visited by the nkb
    CTAs of one hh only, and the semaphores are per query head. Causal top-left: key block j visits (g, q) iff

@@ -1,9 +1,7 @@
 /*
- * hopper_bwd1_parts.cuh — what the two one-pass backward kernels share: hopper_bwd1.cu (H128, 2 consumer
- * warpgroups, dev/hopper_bwd_05) and hopper_bwd3.cu (H64, 3 consumer warpgroups, dev/hopper_bwd_06). Their
- * parameters, the PTX of the dQ adds (TMA store and reduce-add, bulk async-groups, proxy fences, the semaphore's
- * acquire load and release add), the transposed-operand wgmma of dQ, the query-tile walk, and the dq_acc -> dq
- * convert.
+ * hopper/onepass_parts.cuh — what both one-pass backwards share: parameters, the dQ adds' PTX (TMA store and
+ * reduce-add, proxy fences, the semaphore's acquire and release), the transposed wgmma, the query-tile walk,
+ * and the cooperative launch. docs/hopper.md, "one-pass backward".
  */
 #ifndef SA_HOPPER_BWD1_PARTS_CUH
 #define SA_HOPPER_BWD1_PARTS_CUH
@@ -13,7 +11,7 @@
 #include "hopper/bwd_parts.cuh"
 #include "plan.h"
 
-/* dev/hopper_bwd_common.cuh's parameters (outputs [B, L, heads, H] bf16); the kernel reads dk, dv, T, S, N, KH,
+/* an earlier standalone version's parameters (outputs [B, L, heads, H] bf16); the kernel reads dk, dv, T, S, N, KH,
    the scales (dq_acc, lse2, D go by tensor map, dq by dq_convert). */
 struct BwdParams {
   __nv_bfloat16 *dq, *dk, *dv;
@@ -53,7 +51,7 @@ __device__ __forceinline__ void tma_store_3d(const CUtensorMap *map, uint32_t sr
                ::"l"((uint64_t)map), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
 }
 /* shared[dst] = global[box at {c0, c1, c2}], completing on bar: a finished dq_acc tile back for the H64 one pass's
-   dq converter (hopper_bwd3.cu), same map and shared layout as the two above. */
+   dq converter (hopper/onepass64.cu), same map and shared layout as the two above. */
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1,
                                             int c2) {
   asm volatile(

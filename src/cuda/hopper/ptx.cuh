@@ -1,12 +1,8 @@
 /*
- * hopper_ptx.cuh — what the sm_90a kernels (hopper_fwd.cu, hopper_bwd.cu) share: the PTX wrappers of
- * dev/hopper_common.cuh (mbarrier, TMA, wgmma and its shared-memory descriptors, fences, ex2, bf16 packing),
- * the tensor-map encoding (cuTensorMapEncodeTiled reached through the runtime, no -lcuda), and the part of
- * the scope that the forward and the backward have in common. The names are the dev files' so that a fix
- * made in dev/ ports by diff.
- *
- * The device wrappers only exist in sm_90a code (__CUDA_ARCH_FEAT_SM90_ALL): the sm_80 pass of the same
- * file compiles the kernels with empty bodies, and the host never launches them there (sa_hop_in_scope).
+ * hopper/ptx.cuh — what the sm_90a kernels share: PTX wrappers (mbarrier, TMA, wgmma and its descriptors, fences,
+ * ex2, bf16 packing), the tensor maps (cuTensorMapEncodeTiled through the runtime: no -lcuda) and the 16-byte
+ * row store. The device wrappers exist in sm_90a code only; the sm_80 pass compiles the kernels empty and the
+ * plans never pick them there. docs/hopper.md.
  */
 #ifndef SA_HOPPER_PTX_CUH
 #define SA_HOPPER_PTX_CUH
@@ -56,7 +52,7 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
    requires every thread of a warp at the same instruction, and the spin of mbar_wait or the strided loop of
    zero_tile_rows before it may leave a warp diverged. compute-sanitizer's synccheck flagged exactly that (654
    "divergent thread(s)" at the lengths kernels' tail barrier, and racecheck 3 hazards on the stores it should
-   order; H200 session 4). __syncwarp reconverges the warp; the non-aligned form is then legal either way.
+   order; ). __syncwarp reconverges the warp; the non-aligned form is then legal either way.
    Only the boundary tile of a lengths mask takes it: no measurable cost. */
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
   __syncwarp();
@@ -75,7 +71,7 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, u
    into dst (128-byte aligned), completing on bar; no swizzle: the box lands as laid out in global memory. A
    tensor copy rather than a raw bulk copy (cp.async.bulk) of the same 256 B: racecheck takes the raw copy's
    shared write for the issuing thread's and reports it against the consumers' loads despite the mbarrier
-   (dev/hopper_bwd_04, bench/NOTES.md). */
+   (an earlier standalone version). */
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
@@ -172,7 +168,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 /* Row r0 + 8 h of this thread's m64nHD accumulator (d[4j + 2h], d[4j + 2h + 1]: columns 8j + 2t, +1, t = lane % 4),
    scaled, as bf16 at row[0 .. HD): in 16-byte stores. Stored as they lie, each thread writes 4 bytes of every
    8-column group, a warp's store 16 bytes of each of 8 rows: half of every 32-byte sector, twice the sectors of the
-   data (ncu over the H200 forward at T1024, H200 session 6), and HD / 8 stores a row. A 4 x 4 transpose of 4-byte
+   data (ncu over the H200 forward at T1024, ), and HD / 8 stores a row. A 4 x 4 transpose of 4-byte
    words inside the quad (two butterfly stages, 4 shuffles per 4 words) gives thread t the 8 contiguous columns of
    group 4k + t: HD / 32 16-byte stores a row, a quad's 64 bytes contiguous. All 32 lanes must call it (shuffles);
    row 16-byte aligned (the Hopper scope's aligned tensors, a row pitch of N H 2 bytes). zero: store zeros (a row

@@ -1,17 +1,7 @@
 /*
- * cuda_bwd.cu — the backward kernels (FlashAttention-2 style), launched in this order on one stream:
- *   1. sa_bwd_pre_kernel   D_i = rowsum(dout * out) - dlse_i into the workspace, and per (b, n, block of
- *                          64 queries) partial sums of the sink gradient -exp(a_n - lse_i) D_i; when the
- *                          Hopper kernels run 2 and 3 (hopper_bwd.cu) also lse2_i = lse_i * log2(e);
- *   2. sa_bwd_dkdv_kernel  one CTA per block of 64 keys of one (b, kv head): walks the query blocks
- *                          (the G heads packed as in the forward) that can see its keys, accumulating
- *                          dK and dV in registers; no atomics;
- *   3. sa_bwd_dq_kernel    one CTA per block of packed query rows: recomputes P and dS over the key
- *                          tiles and accumulates dQ in registers; no atomics, so dq is bitwise
- *                          reproducible whatever `deterministic` says;
- *   4. sa_bwd_dsink_kernel dsinks[n] = sum of the partials in a fixed order (b, then query block).
- * Every output element is written by exactly one thread, so all four are bitwise reproducible.
- * cuda_attn.cu enqueues 1, then 2 and 3 (these or hopper_bwd.cu's), then 4: dsinks never depends on which.
+ * portable/bwd.cu — the backward on mma.sync (sm_80+): the preprocess (D, lse2, the sink-gradient partials), dK/dV
+ * and dQ without atomics, and the fixed-order sink reduction. The preprocess and the reduction run for every
+ * backward plan; dK/dV and dQ for cuda.bwd.portable. docs/hopper.md.
  */
 #include "launch.h"
 
@@ -428,7 +418,7 @@ __global__ void sa_bwd_dsink_kernel(const sa_cuda_params p) {
 }
 
 /* ---- launch ------------------------------------------------------------------------------------------
- * Three entry points, so that cuda_attn.cu can put the Hopper dK/dV and dQ between 1 and 4. */
+ * Three entry points, so that attn.cu can put the Hopper dK/dV and dQ between 1 and 4. */
 
 template <typename T> static cudaError_t sa_bwd_pre_run(const sa_cuda_params &p, cudaStream_t st) {
   if (p.B > 0 && p.T > 0) {

@@ -1,16 +1,7 @@
 /*
- * cuda_fwd.cu — the forward kernel: FlashAttention-2 style online softmax on mma.sync (sm_80+).
- *
- * One CTA = NW warps (sa_tile<HD>::FWD) = one block of packed query rows of one (batch, kv head): packed row P is query
- * i = P / G of head kvh * G + P % G, so the G query heads that share a kv head read each K/V tile
- * once (GQA packing). The CTA walks only the key tiles its rows can see (sa_dev_tile_span), double
- * buffered with cp.async: tile t + 1 loads while tile t is multiplied.
- *
- * The sink enters once, in the final normalisation: with m the running max of the scores and
- * M = max(m, a), l_tot = l 2^(m - M) + 2^(a - M) and lse = (M + log2 l_tot) ln 2. The running max is
- * not seeded with the sink: in f16, P = 2^(s - a) for a sink 10 above the scores is ~4e-5, a
- * subnormal (the bf16 range is fp32's, f16's is not); taking the max with the sink only at the end is
- * as finite for huge sinks (|a| = 100) and empty rows (m = -inf) and keeps P in [0, 1] with max 1.
+ * portable/fwd.cu — the forward on mma.sync (sm_80+, every shape and mask): FlashAttention-2's online softmax,
+ * GQA heads packed into one CTA's rows, K / V double-buffered by cp.async; the sink enters once, in the final
+ * normalisation. Runs for plan cuda.fwd.portable. docs/hopper.md.
  */
 #include "launch.h"
 
