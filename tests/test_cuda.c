@@ -166,9 +166,11 @@ static const tc_case tc_prod_cases[] = {
      .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = 127, .wr = 0, .sink_range = 50},
 };
 
-static int tc_pass, tc_fail;
 static const char *tc_plan_sel, *tc_case_sel; /* --plan, --case substrings */
-static const char *tc_plan_now = "";         /* the plan a failure message names */
+
+#ifdef SINKATTN_WITH_CUDA
+static int tc_pass, tc_fail;
+static const char *tc_plan_now = ""; /* the plan a failure message names */
 
 /* The description of the last plan of kind `which` starts with `name` and a space. */
 static int tc_plan_ran(int which, const char *name) {
@@ -176,9 +178,6 @@ static int tc_plan_ran(int which, const char *name) {
   const size_t n = strlen(name);
   return strncmp(last, name, n) == 0 && last[n] == ' ';
 }
-
-
-#ifdef SINKATTN_WITH_CUDA
 #define TC_CUDA(x)                                                                  \
   do {                                                                              \
     cudaError_t e_ = (x);                                                           \
@@ -524,6 +523,7 @@ int main(int argc, char **argv) {
   }
   if (list) return tc_list(table);
 #ifndef SINKATTN_WITH_CUDA
+  (void)stride;
   printf("test_cuda: SKIPPED: sinkattn was built without CUDA (nvcc not found at configure time)\n");
   return 77;
 #else
