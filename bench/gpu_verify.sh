@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# bench/gpu_verify.sh — the GPU verification run and the benchmark, on the one-GPU H200 machine, in two calls of
+# at most 10 minutes each (run from the repository root; the device's copy of the tree has no .git, so the caller
+# sets SINKATTN_COMMIT to the commit it is):
+#
+#   PART=1  correctness. Two builds side by side (build-gpu: Release, what the tests and benchmarks load;
+#           build-gpusan: RelWithDebInfo with -lineinfo for compute-sanitizer), then CONCURRENTLY (each its own
+#           process, the GPU time-sliced between them; none of these is timed): test_cuda over every plan (full),
+#           ctest's other C tests, pytest -m gpu, bench/prod_check.py (every grid row, default and persistent /
+#           one-pass plans against the fp64 reference), and compute-sanitizer over test_cuda: memcheck, synccheck
+#           and initcheck on strided subsets, racecheck split into one process per test_cuda pass (the slow tool),
+#           memcheck over tests/test_gpu_kernels.py (our kernels only: kns=sa_).
+#   PART=2  behaviour and speed, each step ALONE and in turn: bench/gpu_progress.cu (the persistent and one-pass
+#           plans under a hog kernel holding k SMs, in green contexts, and the cooperative-launch experiment), ring
+#           attention on two GPUs (only where two are present), bench/kernel_bench.py (ours against cuDNN's SDPA
+#           with a sink, kernel level, plus JAX end to end and decode; needs the cudnn-frontend wheel in .whl/) and
+#           bench/segments_bench.py (every segment-id plan against the dense layer).
+#   PART=all  both, in one call (longer than one call's 10 minutes on the H200).
+#
+# Every step has its own time limit (and the whole part a budget, BUDGET seconds, that later steps are cut to):
+# a hang is reported under the step's name (rc 124, or 137 when it ignored the TERM) and the rest still runs.
+# Everything lands under $OUT: summary.txt (printed last: step, rc, seconds, the key figures), the result JSON
+# files, and gpu_verify-PART.tgz with every log. Exit status: 0 when every step passed.
+# Knobs (env): SAN_STRIDE / SAN_HOPPER_STRIDE (memcheck, synccheck, initcheck: every k-th case; default 4 / 2),
+# RACE_PASSES (test_cuda passes, one racecheck process each), RACE_HOPPER_STRIDE (3), PYTEST_WORKERS (4),
+# GREEN_SMS ("64 32 16 8"), PROGRESS_SHAPES, BENCH_ARGS, SEGMENTS_ARGS, BUDGET (560).
+set -u
+cd "$(dirname "$0")/.." || exit 2
+PART=${PART:-1}
+OUT=${OUT:-gpu_out}
+BUDGET=${BUDGET:-560}
+STAGE=$(mktemp -d)/gpu_verify-$PART
+mkdir -p "$OUT" "$STAGE"
+PY=$(command -v python3)
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
+export SINKATTN_COMMIT=${SINKATTN_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+STEPS=()
+
+# step_limit LIMIT: LIMIT, cut to what is left of the part's budget (at least 10 s).
+step_limit() {
+  local left=$((BUDGET - SECONDS - 10))
+  [ "$left" -lt "$1" ] && { [ "$left" -gt 10 ] && echo "$left" || echo 10; } || echo "$1"
+}
+# run_step NAME LIMIT CMD...: runs CMD with its log in $STAGE/NAME.log, its status in NAME.rc and its seconds in
+# NAME.secs. bg_step does the same in the background (wait_steps waits for them all).
+run_step() { STEPS+=("$1"); _run "$@"; }
+BG=()
+bg_step() { STEPS+=("$1"); _run "$@" & BG+=($!); }
+wait_steps() { wait "${BG[@]}"; BG=(); }
+_run() {
+  local name=$1 lim t0
+  lim=$(step_limit "$2")
+  shift 2
+  t0=$SECONDS
+  timeout -k 10 "$lim" "$@" > "$STAGE/$name.log" 2>&1
+  echo $? > "$STAGE/$name.rc"
+  echo $((SECONDS - t0)) > "$STAGE/$name.secs"
+  echo "== $name rc=$(cat "$STAGE/$name.rc") $((SECONDS - t0))s (limit ${lim}s)"
+}
+
+# key NAME: the figure a step's log ends with, for the summary.
+key() {
+  local log=$STAGE/$1.log
+  case $1 in
+    test_cuda*|prod_check) grep -h -E "(test_cuda|prod_check): [0-9]+ passed" "$log" | tail -n 1 ;;
+    san_*) grep -h -E "(ERROR|RACECHECK) SUMMARY" "$STAGE/$1.san.log" 2>/dev/null | tail -n 1
+           grep -h -E "test_cuda: [0-9]+ passed|[0-9]+ passed" "$log" | tail -n 1 | cut -c1-100 ;;
+    pytest*|ctest) grep -h -E "[0-9]+ (passed|failed)|tests passed|tests failed" "$log" | tail -n 1 | cut -c1-160 ;;
+    progress) cat "$STAGE/progress.digest" 2>/dev/null ;;
+    *) grep -h -E "^(kernel_bench|segments_bench|ring|build|wheels):" "$log" | tail -n 1 ;;
+  esac
+}
+
+# san_step NAME TOOL PASSES STRIDE HOPPER_STRIDE: compute-sanitizer TOOL over test_cuda's PASSES (all when empty).
+san_step() {
+  local name=$1 tool=$2 passes=$3 stride=$4 hstride=$5 extra=()
+  [ "$tool" = memcheck ] && extra=(--leak-check full)
+  bg_step "$name" 420 env SA_TEST_CUDA_PASSES="$passes" SA_TEST_CUDA_STRIDE="$stride" \
+    SA_TEST_CUDA_HOPPER_STRIDE="$hstride" "$SAN" --tool "$tool" "${extra[@]}" --error-exitcode 99 --print-limit 50 \
+    --log-file "$STAGE/$name.san.log" build-gpusan/test_cuda
+}
+
+# build DIR TYPE JOBS [--target T...]: configure and build for the H200 (sm_90a only: half of CI's compile time).
+build() {
+  local dir=$1 type=$2 jobs=$3
+  shift 3
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE="$type" -DCMAKE_CUDA_ARCHITECTURES=90a -DPython_EXECUTABLE="$PY" \
+    -DSINKATTN_CUDA=ON && cmake --build "$dir" -j "$jobs" "$@" && echo "build: $dir $type ok"
+}
+export -f build
+export PY
+
+{ nvidia-smi; nvcc --version | tail -n 2; "$PY" --version; "$SAN" --version | tail -n 1
+  "$PY" -c 'import jax, jaxlib, torch; print("jax", jax.__version__, "jaxlib", jaxlib.__version__, "torch",
+torch.__version__, "cuDNN", torch.backends.cudnn.version())'
+  echo "commit $SINKATTN_COMMIT part $PART gpus $NGPU cores $(nproc)"; } > "$STAGE/machine.txt" 2>&1
+
+if [ "$PART" = 1 ] || [ "$PART" = all ]; then
+  bg_step build_release 240 bash -c 'build "$@"' build build-gpu Release 8
+  bg_step build_sanitizer 240 bash -c 'build "$@"' build build-gpusan RelWithDebInfo 8 --target test_cuda sinkattn_jax
+  wait_steps
+  export SINKATTN_LIBRARY=$PWD/build-gpu/libsinkattn_jax.so SINKATTN_C_LIBRARY=$PWD/build-gpu/libsinkattn.so
+  bg_step test_cuda 360 build-gpu/test_cuda
+  bg_step ctest 150 ctest --test-dir build-gpu --output-on-failure -E test_cuda
+  bg_step pytest_gpu 330 "$PY" -m pytest tests -m gpu -q -p no:cacheprovider -rs --timeout=240 \
+    -n "${PYTEST_WORKERS:-4}"
+  bg_step prod_check 330 "$PY" bench/prod_check.py --plans persistent --out "$STAGE/prod_check.json"
+  s=${SAN_STRIDE:-4} hs=${SAN_HOPPER_STRIDE:-2}
+  san_step san_memcheck memcheck "" "$s" "$hs"
+  san_step san_synccheck synccheck "" "$s" "$hs"
+  san_step san_initcheck initcheck "" "$s" "$hs"
+  for p in ${RACE_PASSES:-cases hopper portable nc3 bwd fwd segments}; do
+    san_step "san_racecheck_$p" racecheck "$p" 4 "${RACE_HOPPER_STRIDE:-3}"
+  done
+  bg_step san_pytest_memcheck 330 env SINKATTN_LIBRARY="$PWD/build-gpusan/libsinkattn_jax.so" "$SAN" --tool memcheck \
+    --kernel-name kns=sa_ --error-exitcode 99 --print-limit 50 --log-file "$STAGE/san_pytest_memcheck.san.log" \
+    "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py
+  wait_steps
+fi
+
+if [ "$PART" = 2 ] || [ "$PART" = all ]; then
+  if ls .whl/*.whl > /dev/null 2>&1; then  # cudnn-frontend (kernel_bench's cuDNN contender), carried as a wheel
+    run_step wheels 60 bash -c "\"$PY\" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl && echo \"wheels: \$(ls .whl)\""
+    export PYTHONPATH=/tmp/site:$PYTHONPATH
+  fi
+  [ -x build-gpu/gpu_progress ] || run_step build_release 240 bash -c 'build "$@"' build build-gpu Release 16
+  export SINKATTN_LIBRARY=$PWD/build-gpu/libsinkattn_jax.so SINKATTN_C_LIBRARY=$PWD/build-gpu/libsinkattn.so
+  run_step progress 180 bash bench/gpu_progress.sh "$STAGE/progress.jsonl" "$STAGE/progress.digest"
+  if [ "$NGPU" -ge 2 ]; then
+    run_step ring 150 "$PY" bench/ring_bench.py --devices 2 --start 16384 --max-len 65536 --iters 10 \
+      --out "$STAGE/ring.json"
+  else
+    STEPS+=(ring); echo 0 > "$STAGE/ring.rc"; echo 0 > "$STAGE/ring.secs"
+    echo "ring: SKIPPED: $NGPU GPU(s), ring attention beside NCCL needs 2" > "$STAGE/ring.log"
+  fi
+  # shellcheck disable=SC2086  # BENCH_ARGS / SEGMENTS_ARGS are word lists
+  run_step kernel_bench 240 "$PY" bench/kernel_bench.py --out "$STAGE/kernel_bench.json" ${BENCH_ARGS:-}
+  # shellcheck disable=SC2086
+  run_step segments 80 "$PY" bench/segments_bench.py --out "$STAGE/segments.json" ${SEGMENTS_ARGS:-}
+fi
+
+{
+  echo "gpu_verify PART=$PART commit $SINKATTN_COMMIT, $(grep -m1 -o 'NVIDIA H[0-9A-Za-z ]*' "$STAGE/machine.txt" \
+    || echo 'GPU ?'), driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
+  printf '%-26s %5s %6s  %s\n' step rc seconds "key figure"
+  fail=0
+  for s in "${STEPS[@]}"; do
+    rc=$(cat "$STAGE/$s.rc" 2>/dev/null || echo '?')
+    [ "$rc" = 0 ] || fail=1
+    k=$(key "$s" | tr '\n' ' ' | cut -c1-200)
+    printf '%-26s %5s %6s  %s\n' "$s" "$rc" "$(cat "$STAGE/$s.secs" 2>/dev/null)" "${k:-$(tail -n 1 "$STAGE/$s.log" | cut -c1-160)}"
+  done
+  [ -f "$STAGE/kernel_bench.log" ] && sed -n '/^row  *mode/,$p' "$STAGE/kernel_bench.log" | cut -c1-200
+  [ -f "$STAGE/segments.log" ] && grep -E "^T[0-9]" "$STAGE/segments.log" | cut -c1-150
+  [ "$SINKATTN_COMMIT" = unknown ] && echo "WARNING: SINKATTN_COMMIT unset: results are stamped 'unknown'"
+  echo "status: $([ $fail = 0 ] && echo 'every step passed' || echo 'SOME STEPS FAILED (rc != 0)')"
+} > "$STAGE/summary.txt"
+cp "$STAGE/summary.txt" "$OUT/summary.txt"
+for f in prod_check.json kernel_bench.json segments.json progress.jsonl ring.json; do
+  [ -f "$STAGE/$f" ] && cp "$STAGE/$f" "$OUT/"
+done
+tar -C "$(dirname "$STAGE")" -czf "$OUT/gpu_verify-$PART.tgz" "gpu_verify-$PART"
+cat "$OUT/summary.txt"
+grep -q "every step passed" "$OUT/summary.txt"
