@@ -23,54 +23,15 @@
  * exits at once with status 3 (the caller runs the next case in a new process). Exit 1: a wrong result or an
  * error status; 0: every case finished and matched.
  */
-#include <cuda.h>
-#include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <vector>
 
+#include "gpu_hog.cuh"
 #include "sinkattn.h"
-
-#define CK(x) ck_rt((x), #x, __LINE__)
-#define CKD(x) ck_drv((x), #x, __LINE__)
-static void ck_rt(cudaError_t e, const char *what, int line) {
-  if (e == cudaSuccess) return;
-  printf("PROGRESS {\"fatal\":\"line %d %s: %s\"}\n", line, what, cudaGetErrorString(e));
-  exit(2);
-}
-static void ck_drv(CUresult e, const char *what, int line) {
-  if (e == CUDA_SUCCESS) return;
-  printf("PROGRESS {\"fatal\":\"line %d %s: CUresult %d\"}\n", line, what, (int)e);
-  exit(2);
-}
-
-/* The driver's green-context functions, from the runtime's entry-point query: no link against libcuda, so the
-   program starts (and says there is no GPU) on a machine without a driver. */
-#define SA_DRV(f) static decltype(&f) d_##f
-SA_DRV(cuInit); SA_DRV(cuDeviceGet); SA_DRV(cuDeviceGetDevResource); SA_DRV(cuDevSmResourceSplitByCount);
-SA_DRV(cuDevResourceGenerateDesc); SA_DRV(cuGreenCtxCreate); SA_DRV(cuCtxFromGreenCtx); SA_DRV(cuCtxSetCurrent);
-SA_DRV(cuGreenCtxStreamCreate);
-static void drv_sym(const char *name, void **f) {
-  cudaDriverEntryPointQueryResult q;
-  if (cudaGetDriverEntryPointByVersion(name, f, 12040, cudaEnableDefault, &q) != cudaSuccess ||
-      q != cudaDriverEntryPointSuccess) {
-    printf("PROGRESS {\"fatal\":\"driver entry point %s not found (green contexts need CUDA 12.4)\"}\n", name);
-    exit(2);
-  }
-}
-#define SA_DRV_LOAD(f) drv_sym(#f, (void **)&d_##f)
-static void drv_load(void) {
-  SA_DRV_LOAD(cuInit); SA_DRV_LOAD(cuDeviceGet); SA_DRV_LOAD(cuDeviceGetDevResource);
-  SA_DRV_LOAD(cuDevSmResourceSplitByCount); SA_DRV_LOAD(cuDevResourceGenerateDesc); SA_DRV_LOAD(cuGreenCtxCreate);
-  SA_DRV_LOAD(cuCtxFromGreenCtx); SA_DRV_LOAD(cuCtxSetCurrent); SA_DRV_LOAD(cuGreenCtxStreamCreate);
-}
 
 /* ---- the plan API, looked up at run time so this program runs against a library without it ---------------- */
 typedef int (*plan_list_fn)(const sa_attn *, int, sa_backend, const char **, int);
@@ -119,40 +80,7 @@ static const char *plan_reference(const char **names, int n) {
   return names[0];
 }
 
-/* ---- device side ------------------------------------------------------------------------------------------ */
-__device__ __forceinline__ unsigned long long gtime(void) {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ unsigned smid(void) {
-  unsigned s;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-  return s;
-}
-struct hog_rec { unsigned long long start, end; unsigned sm, pad; };
-struct shared_rec { /* mapped host memory: the host reads it while kernels run */
-  volatile int started, stop;
-  volatile unsigned long long now, launched, done;
-};
-
-/* One CTA per SM (the caller gives it the most dynamic shared memory), spinning until the deadline or stop. */
-__global__ void hog_kernel(unsigned long long deadline, shared_rec *sh, hog_rec *rec) {
-  extern __shared__ char smem[];
-  if (threadIdx.x) return;
-  smem[0] = 1;
-  rec[blockIdx.x].start = gtime();
-  rec[blockIdx.x].sm = smid();
-  __threadfence_system();
-  atomicAdd((int *)&sh->started, 1);
-  while (gtime() < deadline && !sh->stop) __nanosleep(2000);
-  rec[blockIdx.x].end = gtime();
-}
-/* The GPU clock into mapped memory: before and after a call on its stream, or now on a stream of its own. */
-__global__ void time_kernel(volatile unsigned long long *dst) {
-  *dst = gtime();
-  __threadfence_system();
-}
+/* ---- the problem ---------------------------------------------------------------------------------------- */
 /* bf16 values from a hash of (seed, index): U(-2, 2) (k: U(-4, 4), so rows are peaked), the range test_cuda uses. */
 __global__ void fill_kernel(uint16_t *x, size_t n, uint64_t seed, float scale) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -164,32 +92,6 @@ __global__ void fill_kernel(uint16_t *x, size_t n, uint64_t seed, float scale) {
     uint32_t u = __float_as_uint(f);
     x[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
   }
-}
-/* Cooperative-launch probe: every CTA records its start and SM, meets the others at a grid barrier (an atomic
-   count; it gives up after 2 s so that a grid that never becomes co-resident cannot hang) and records its exit. */
-struct coop_rec { unsigned long long start, leave; unsigned sm, timed_out; };
-__global__ void coop_kernel(unsigned *count, coop_rec *rec) {
-  extern __shared__ char smem[];
-  if (threadIdx.x) return;
-  smem[0] = 1;
-  unsigned long long t0 = gtime();
-  rec[blockIdx.x].start = t0;
-  rec[blockIdx.x].sm = smid();
-  atomicAdd(count, 1u);
-  unsigned to = 0;
-  while (atomicAdd(count, 0u) < gridDim.x) {
-    if (gtime() - t0 > 2000000000ull) { to = 1; break; }
-    __nanosleep(1000);
-  }
-  rec[blockIdx.x].leave = gtime();
-  rec[blockIdx.x].timed_out = to;
-}
-
-/* ---- host side -------------------------------------------------------------------------------------------- */
-static double wall(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 static float bf2f(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;
@@ -366,72 +268,24 @@ static const shape *shape_named(const char *name) {
 }
 
 
-/* ---- the hog ---------------------------------------------------------------------------------------------- */
-struct hog {
-  shared_rec *sh;
-  hog_rec *rec;
-  int smem, sms;
-  cudaStream_t st, clock; /* the hog's stream; a stream for reading the GPU clock while the hog runs */
-};
-static void hog_init(hog *h) {
-  int dev = 0;
-  CK(cudaGetDevice(&dev));
-  CK(cudaDeviceGetAttribute(&h->smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  CK(cudaDeviceGetAttribute(&h->sms, cudaDevAttrMultiProcessorCount, dev));
-  CK(cudaFuncSetAttribute(hog_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, h->smem));
-  CK(cudaFuncSetAttribute(coop_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, h->smem));
-  CK(cudaHostAlloc((void **)&h->sh, sizeof(shared_rec), cudaHostAllocMapped));
-  CK(cudaHostAlloc((void **)&h->rec, 256 * sizeof(hog_rec), cudaHostAllocMapped));
-  CK(cudaStreamCreateWithFlags(&h->st, cudaStreamNonBlocking));
-  CK(cudaStreamCreateWithFlags(&h->clock, cudaStreamNonBlocking));
-}
-static unsigned long long gpu_now(hog *h) {
-  time_kernel<<<1, 1, 0, h->clock>>>(&h->sh->now);
-  CK(cudaStreamSynchronize(h->clock));
-  return h->sh->now;
-}
-/* Starts k hog CTAs (one an SM) that spin until now + hold_ns or until released; returns the deadline once every
-   CTA is running (they are, on distinct SMs: each takes the SM's whole shared memory). */
-static unsigned long long hog_start(hog *h, int k, unsigned long long hold_ns) {
-  h->sh->started = 0; h->sh->stop = 0; h->sh->launched = 0; h->sh->done = 0;
-  unsigned long long deadline = gpu_now(h) + hold_ns;
-  hog_kernel<<<k, 32, h->smem, h->st>>>(deadline, h->sh, h->rec);
-  CK(cudaGetLastError());
-  double t0 = wall();
-  while (h->sh->started < k) {
-    if (wall() - t0 > 5.0) {
-      printf("PROGRESS {\"fatal\":\"only %d of %d hog CTAs started in 5 s\"}\n", h->sh->started, k);
-      exit(2);
-    }
-    usleep(50);
+/* Cooperative-launch probe: every CTA records its start and SM, meets the others at a grid barrier (an atomic
+   count; it gives up after 2 s so that a grid that never becomes co-resident cannot hang) and records its exit. */
+struct coop_rec { unsigned long long start, leave; unsigned sm, timed_out; };
+__global__ void coop_kernel(unsigned *count, coop_rec *rec) {
+  extern __shared__ char smem[];
+  if (threadIdx.x) return;
+  smem[0] = 1;
+  unsigned long long t0 = gtime();
+  rec[blockIdx.x].start = t0;
+  rec[blockIdx.x].sm = smid();
+  atomicAdd(count, 1u);
+  unsigned to = 0;
+  while (atomicAdd(count, 0u) < gridDim.x) {
+    if (gtime() - t0 > 2000000000ull) { to = 1; break; }
+    __nanosleep(1000);
   }
-  return deadline;
-}
-static unsigned long long hog_release(hog *h, int k, int *distinct) {
-  h->sh->stop = 1;
-  CK(cudaStreamSynchronize(h->st));
-  unsigned long long end = ~0ull;
-  char seen[256] = {0};
-  *distinct = 0;
-  for (int i = 0; i < k; i++) {
-    if (h->rec[i].end < end) end = h->rec[i].end;
-    if (!seen[h->rec[i].sm & 255]) { seen[h->rec[i].sm & 255] = 1; (*distinct)++; }
-  }
-  return end;
-}
-/* Waits for the stamp that follows the call on stream st; past `limit` seconds of wall time it is a hang. */
-static int wait_done(shared_rec *sh, cudaStream_t st, double limit, const char *what) {
-  double t0 = wall();
-  while (!sh->done) {
-    if (wall() - t0 > limit) {
-      printf("PROGRESS {%s,\"status\":\"HANG\",\"waited_s\":%.1f}\n", what, wall() - t0);
-      fflush(stdout);
-      _exit(3);
-    }
-    usleep(20);
-  }
-  CK(cudaStreamSynchronize(st));
-  return 1;
+  rec[blockIdx.x].leave = gtime();
+  rec[blockIdx.x].timed_out = to;
 }
 
 static const int hog_ks[] = {1, 33, 66, 131};
@@ -506,29 +360,6 @@ static int mode_hog(const shape *s) {
   return bad;
 }
 
-/* Green contexts: a context limited to nsm SMs, current on this thread, and a stream in it. */
-static CUstream green_setup(int nsm) {
-  drv_load();
-  CKD(d_cuInit(0));
-  CUdevice dev;
-  CKD(d_cuDeviceGet(&dev, 0));
-  CUdevResource all, part[1], rest;
-  CKD(d_cuDeviceGetDevResource(dev, &all, CU_DEV_RESOURCE_TYPE_SM));
-  unsigned groups = 1;
-  CKD(d_cuDevSmResourceSplitByCount(part, &groups, &all, &rest, 0, nsm));
-  CUdevResourceDesc desc;
-  CKD(d_cuDevResourceGenerateDesc(&desc, part, 1));
-  CUgreenCtx g;
-  CKD(d_cuGreenCtxCreate(&g, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM));
-  CUcontext c;
-  CKD(d_cuCtxFromGreenCtx(&c, g));
-  CKD(d_cuCtxSetCurrent(c));
-  CUstream st;
-  CKD(d_cuGreenCtxStreamCreate(&st, g, CU_STREAM_NON_BLOCKING, 0));
-  printf("PROGRESS {\"green_sms\":%u,\"asked\":%d}\n", part[0].sm.smCount, nsm);
-  return st;
-}
-
 static int mode_green(const shape *s, int nsm, int kind, const char *plan) {
   cudaStream_t st = (cudaStream_t)green_setup(nsm);
   shared_rec *sh;
@@ -600,18 +431,13 @@ static void coop_once(hog *h, cudaStream_t st, int grid, int cooperative, int k,
 }
 
 static int mode_coop(int nsm) {
+  cudaStream_t st = nsm ? (cudaStream_t)green_setup(nsm) : NULL; /* green: the kernel alone, in nsm SMs */
   hog h;
-  if (nsm) { /* green: the kernel alone, cooperative, in a context of nsm SMs */
-    cudaStream_t st = (cudaStream_t)green_setup(nsm);
-    hog_init(&h);
-    coop_once(&h, st, h.sms, 1, 0, "green");
-    return 0;
-  }
   hog_init(&h);
-  cudaStream_t st;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  coop_once(&h, st, h.sms, 1, 0, "device");
-  for (size_t ki = 0; ki < sizeof hog_ks / sizeof hog_ks[0]; ki++)
+  CK(cudaFuncSetAttribute(coop_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, h.smem));
+  if (!nsm) CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  coop_once(&h, st, h.sms, 1, 0, nsm ? "green" : "device");
+  for (size_t ki = 0; ki < sizeof hog_ks / sizeof hog_ks[0] && !nsm; ki++)
     for (int coop = 1; coop >= 0; coop--) coop_once(&h, st, h.sms, coop, hog_ks[ki], "device");
   return 0;
 }
