@@ -9,10 +9,11 @@ reference magnitude and the relative (Frobenius) error; the backward runs three 
 must agree bitwise. Outputs are NaN-poisoned before every call; a NaN left where the reference is finite fails.
 
 --cpu: the same harness at small shapes on the REF and CPU backends (NumPy arrays, bf16 through ml_dtypes), so the
-harness itself is checked where there is no GPU (tests/test_bench_harness.py runs it).
+harness itself is checked where there is no GPU (tests/test_bench_harness.py runs it); --cpu --torch: on torch CPU
+tensors, the array code of the GPU run.
 
     python3 bench/prod_check.py [--plans default|persistent|all] [--shapes 0,3,12] [--out FILE.json]
-    python3 bench/prod_check.py --cpu
+    python3 bench/prod_check.py --cpu [--torch]
 Exit status 1 when any check fails. Prints one line per (shape, direction, plan), then the totals.
 """
 import argparse
@@ -82,28 +83,28 @@ class _Host:
     pass
 
 
-class _Gpu:
-  """torch tensors on the current CUDA device; the library runs on torch's current stream."""
+class _Torch:
+  """torch tensors on `device`; on a GPU the library runs on torch's current stream."""
 
-  def __init__(self):
+  def __init__(self, device="cuda"):
     import torch
-    self.t = torch
-    self.stream = torch.cuda.current_stream().cuda_stream
+    self.t, self.device = torch, device
+    self.stream = torch.cuda.current_stream().cuda_stream if device == "cuda" else None
 
   def reseed(self, seed):
-    self.gen = self.t.Generator(device="cuda").manual_seed(seed)
+    self.gen = self.t.Generator(device=self.device).manual_seed(seed)
 
   def randn(self, shape, scale=1.0):
     t = self.t
-    return (scale * t.randn(shape, generator=self.gen, device="cuda", dtype=t.float32)).to(t.bfloat16)
+    return (scale * t.randn(shape, generator=self.gen, device=self.device, dtype=t.float32)).to(t.bfloat16)
 
   def uniform(self, n, lo, hi):
     t = self.t
-    return lo + (hi - lo) * t.rand(n, generator=self.gen, device="cuda", dtype=t.float32)
+    return lo + (hi - lo) * t.rand(n, generator=self.gen, device=self.device, dtype=t.float32)
 
   def empty(self, shape, f32=False):
     t = self.t
-    return t.full(shape, float("nan"), device="cuda", dtype=t.float32 if f32 else t.bfloat16)
+    return t.full(shape, float("nan"), device=self.device, dtype=t.float32 if f32 else t.bfloat16)
 
   def poison(self, x):
     x.fill_(float("nan"))
@@ -119,7 +120,8 @@ class _Gpu:
                              b.view(self.t.int16 if b.element_size() == 2 else self.t.int32)))
 
   def sync(self):
-    self.t.cuda.synchronize()
+    if self.device == "cuda":
+      self.t.cuda.synchronize()
 
 
 def errors(got, ref, o):
@@ -223,6 +225,7 @@ def check_shape(lib, arr, shape, backend, mode, seed):
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--cpu", action="store_true", help="small shapes on the REF and CPU backends (no GPU)")
+  ap.add_argument("--torch", action="store_true", help="with --cpu: torch CPU tensors (the GPU run's array code)")
   ap.add_argument("--plans", default="persistent", choices=("default", "persistent", "all"))
   ap.add_argument("--shapes", default="", help="comma-separated indices into the grid (default: all)")
   ap.add_argument("--lib", default=None, help="libsinkattn.so (default: sa_capi.find_library)")
@@ -231,12 +234,12 @@ def main(argv=None):
   a = ap.parse_args(argv)
   lib = sa_capi.Lib(a.lib)
   if a.cpu:
-    grid, arr = CPU_GRID, _Host()
+    grid, arr = CPU_GRID, _Torch("cpu") if a.torch else _Host()
     backends = [("ref", sa_capi.C["SA_BACKEND_REF"]), ("cpu", sa_capi.C["SA_BACKEND_CPU"])]
   else:
     sys.path.insert(0, os.path.join(sa_capi.ROOT, "python"))
     from sinkattn.bench import GRIDS
-    grid, arr = GRIDS["h200"], _Gpu()
+    grid, arr = GRIDS["h200"], _Torch("cuda")
     arr.t.backends.cuda.matmul.allow_tf32 = False  # the reference's products stay fp64 (no tf32 anywhere)
     backends = [("cuda", sa_capi.C["SA_BACKEND_CUDA"])]
   idx = [int(x) for x in a.shapes.split(",") if x.strip()] or range(len(grid))
