@@ -56,7 +56,7 @@ GRIDS = {
                  (4, 4096, 32, 32, 64, False, None), (4, 4096, 32, 32, 64, True, None),
                  (1, 16384, 32, 32, 64, True, None),
                  (1, 4096, 64, 8, 64, True, None), (1, 4096, 64, 8, 64, True, (127, 0))],
-    # the gpt-oss layers alone (same-run A/B of their knobs, bench/gpu_session.sh PART=ab AB_EXTRA)
+    # the gpt-oss layers alone (a same-run A/B of their knobs: --ab-env)
     "gptoss": [(1, 4096, 64, 8, 64, True, None), (1, 4096, 64, 8, 64, True, (127, 0))],
     "tiny": [(1, 128, 4, 2, 64, False, None), (1, 256, 4, 2, 64, True, (31, 0))],
 }
@@ -194,7 +194,7 @@ class _env:
 
 
 def _git_commit():
-  if os.environ.get("SINKATTN_COMMIT"):  # set by bench/gpu_session.sh: the device's tree copy has no .git
+  if os.environ.get("SINKATTN_COMMIT"):  # set by bench/gpu_verify.sh's caller: the device's tree copy has no .git
     return os.environ["SINKATTN_COMMIT"]
   try:
     return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
