@@ -172,6 +172,10 @@ def main():
   with open(out, "w") as f:
     json.dump(result, f, indent=1)
   print("wrote", out)
+  eff = [r["efficiency"] for r in rows if "efficiency" in r]
+  print("ring: P=%d, per-device length %s, %d iterations: efficiency %s" % (
+      a.devices, ",".join(str(r["per_device_len"]) for r in rows), a.iters,
+      "%.3f..%.3f" % (min(eff), max(eff)) if eff else "not measured (no one-device row)"))
 
 
 if __name__ == "__main__":
