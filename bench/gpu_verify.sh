@@ -22,7 +22,8 @@
 # Everything lands under $OUT: summary.txt (printed last: step, rc, seconds, the key figures), the result JSON
 # files, and gpu_verify-PART.tgz with every log. Exit status: 0 when every step passed.
 # Knobs (env): SAN_STRIDE / SAN_HOPPER_STRIDE (memcheck, synccheck, initcheck: every k-th case; default 4 / 2),
-# RACE_PASSES (test_cuda passes, one racecheck process each), RACE_HOPPER_STRIDE (3), PYTEST_WORKERS (4),
+# RACE_PASSES (one racecheck process per word; a word is test_cuda passes joined by commas, as SA_TEST_CUDA_PASSES
+# takes them: "cases,portable,nc3 hopper bwd fwd segments"), RACE_HOPPER_STRIDE (3), PYTEST_WORKERS (4),
 # GREEN_SMS ("64 32 16 8"), PROGRESS_SHAPES, BENCH_ARGS, SEGMENTS_ARGS, BUDGET (560).
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -112,8 +113,8 @@ if [ "$PART" = 1 ] || [ "$PART" = all ]; then
   san_step san_memcheck memcheck "" "$s" "$hs"
   san_step san_synccheck synccheck "" "$s" "$hs"
   san_step san_initcheck initcheck "" "$s" "$hs"
-  for p in ${RACE_PASSES:-cases hopper portable nc3 bwd fwd segments}; do
-    san_step "san_racecheck_$p" racecheck "$p" 4 "${RACE_HOPPER_STRIDE:-3}"
+  for p in ${RACE_PASSES:-cases,portable,nc3 hopper bwd fwd segments}; do
+    san_step "san_racecheck_${p//,/+}" racecheck "$p" 4 "${RACE_HOPPER_STRIDE:-3}"
   done
   bg_step san_pytest_memcheck 330 env SINKATTN_LIBRARY="$PWD/build-gpusan/libsinkattn_jax.so" "$SAN" --tool memcheck \
     --kernel-name kns=sa_ --error-exitcode 99 --print-limit 50 --log-file "$STAGE/san_pytest_memcheck.san.log" \

@@ -305,22 +305,28 @@ def main(argv=None):
     import sinkattn
     jax_mods = (jax, jnp, sinkattn)
   timer = gpu_timing.Timer(torch)
-  rows = []
+  meta = dict(sa_capi.stamp(lib), rounds=a.rounds, target_ms=a.target_ms, gated=timer.sleep is not None,
+              timing=gpu_timing.__doc__.strip(), ours="learnable sinks, default plan, deterministic=1",
+              cudnn_sink="cudnn-frontend graph API, default (non-deterministic) backward")
+  out = a.out or os.path.join(os.environ.get("OUT", os.path.join(sa_capi.ROOT, "bench", "results")),
+                              "kernel_bench-%s.json" % meta["commit"][:7])
+  rows, decode = [], []
+
+  def save():  # after every row: a run cut by its time limit keeps what it measured
+    with open(out, "w") as fh:
+      json.dump(dict(meta=meta, rows=rows, decode=decode), fh, indent=1)
   for i in idx if a.grid else []:
     rows.append(bench_row(torch, lib, timer, grid[i], a, jax_mods))
+    save()
     r = rows[-1]
     print("row %2d done: fwd ours %.4f ms, f+b %.4f ms, cudnn/ours fwd %s f+b %s" % (
         i, r["fwd"]["ours"]["median"], r["fb"]["ours"]["median"], fmt_ratio(r["fwd"].get("cudnn_over_ours")),
         fmt_ratio(r["fb"].get("cudnn_over_ours"))), flush=True)
   copy_bps = gpu_timing.copy_bandwidth(torch)
-  decode = bench_decode(torch, lib, timer, a, copy_bps) if a.decode else []
-  meta = dict(sa_capi.stamp(lib), rounds=a.rounds, target_ms=a.target_ms, gated=timer.sleep is not None,
-              copy_GBps=copy_bps * 1e-9, timing=gpu_timing.__doc__.strip(), ours="learnable sinks, default plan, "
-              "deterministic=1", cudnn_sink="cudnn-frontend graph API, default (non-deterministic) backward")
-  out = a.out or os.path.join(os.environ.get("OUT", os.path.join(sa_capi.ROOT, "bench", "results")),
-                              "kernel_bench-%s.json" % meta["commit"][:7])
-  with open(out, "w") as fh:
-    json.dump(dict(meta=meta, rows=rows, decode=decode), fh, indent=1)
+  meta["copy_GBps"] = copy_bps * 1e-9
+  if a.decode:
+    decode.extend(bench_decode(torch, lib, timer, a, copy_bps))
+  save()
   table(rows, decode, copy_bps)
   print("wrote", out)
   # the exit status: our outputs against the reference (a cuDNN-sink disagreement is in the table and the JSON)

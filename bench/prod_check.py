@@ -244,18 +244,17 @@ def main(argv=None):
     backends = [("cuda", sa_capi.C["SA_BACKEND_CUDA"])]
   idx = [int(x) for x in a.shapes.split(",") if x.strip()] or range(len(grid))
   print("plan API: %s (%s)" % ("yes" if lib.plans_api else "NO: default plans only", lib.path), flush=True)
-  rows = []
+  rows, meta = [], dict(sa_capi.stamp(lib), tolerances=TOL, plans=a.plans, seed=a.seed)
   for bname, be in backends:
     for i in idx:
       for r in check_shape(lib, arr, grid[i], be, a.plans, a.seed + i):
         r["backend"] = bname
         rows.append(r)
+      if a.out:  # after every shape: a run cut by its time limit keeps what it checked
+        with open(a.out, "w") as fh:
+          json.dump(dict(meta=meta, rows=rows), fh, indent=1)
   nfail = sum(not r["ok"] for r in rows)
   print("prod_check: %d passed, %d failed" % (len(rows) - nfail, nfail), flush=True)
-  if a.out:
-    with open(a.out, "w") as fh:
-      json.dump(dict(meta=dict(sa_capi.stamp(lib), tolerances=TOL, plans=a.plans, seed=a.seed), rows=rows), fh,
-                indent=1)
   return 1 if nfail else 0
 
 

@@ -172,16 +172,16 @@ def main(argv=None):
   lib = sa_capi.Lib(a.lib)
   print("plan API: %s" % ("yes" if lib.plans_api else "NO: default plans only"), flush=True)
   timer = gpu_timing.Timer(torch)
+  meta = dict(sa_capi.stamp(lib), rounds=a.rounds, target_ms=a.target_ms, gated=timer.sleep is not None)
+  out = a.out or os.path.join(os.environ.get("OUT", os.path.join(sa_capi.ROOT, "bench", "results")),
+                              "segments-%s.json" % meta["commit"][:7])
   rows = []
   for T in map(int, a.t.split(",")):
     for H in map(int, a.h.split(",")):
       for docs in [None] + [int(d) for d in a.docs.split(",")]:
         rows += bench_shape(torch, lib, timer, T, H, docs, a)
-  meta = dict(sa_capi.stamp(lib), rounds=a.rounds, target_ms=a.target_ms, gated=timer.sleep is not None)
-  out = a.out or os.path.join(os.environ.get("OUT", os.path.join(sa_capi.ROOT, "bench", "results")),
-                              "segments-%s.json" % meta["commit"][:7])
-  with open(out, "w") as fh:
-    json.dump(dict(meta=meta, rows=rows), fh, indent=1)
+        with open(out, "w") as fh:  # after every shape: a run cut by its time limit keeps what it measured
+          json.dump(dict(meta=meta, rows=rows), fh, indent=1)
   print("wrote", out)
   nbad = sum(not r["check"]["ok"] for r in rows)
   print("segments_bench: %d plan rows over %d shapes, checks failed %d" % (
