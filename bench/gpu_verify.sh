@@ -128,7 +128,8 @@ if [ "$PART" = 2 ] || [ "$PART" = all ]; then
       --target /tmp/site .whl/*.whl && echo \"wheels: \$(ls .whl)\""
     export PYTHONPATH=/tmp/site:$PYTHONPATH
   fi
-  [ -x build-gpu/gpu_progress ] || run_step build_release 240 bash -c 'build "$@"' build build-gpu Release 16
+  [ -x build-gpu/gpu_progress ] || run_step build_release 240 bash -c 'build "$@"' build build-gpu Release 16 \
+    --target sinkattn sinkattn_jax gpu_progress
   export SINKATTN_LIBRARY=$PWD/build-gpu/libsinkattn_jax.so SINKATTN_C_LIBRARY=$PWD/build-gpu/libsinkattn.so
   run_step progress 180 bash bench/gpu_progress.sh "$STAGE/progress.jsonl" "$STAGE/progress.digest"
   if [ "$NGPU" -ge 2 ]; then
@@ -155,8 +156,9 @@ fi
     k=$(key "$s" | tr '\n' ' ' | cut -c1-200)
     printf '%-26s %5s %6s  %s\n' "$s" "$rc" "$(cat "$STAGE/$s.secs" 2>/dev/null)" "${k:-$(tail -n 1 "$STAGE/$s.log" | cut -c1-160)}"
   done
-  [ -f "$STAGE/kernel_bench.log" ] && sed -n '/^row  *mode/,$p' "$STAGE/kernel_bench.log" | cut -c1-200
-  [ -f "$STAGE/segments.log" ] && grep -E "^T[0-9]" "$STAGE/segments.log" | cut -c1-150
+  [ -f "$STAGE/kernel_bench.log" ] && sed -n '/^kernel level, ms per call/,/^wrote /p' "$STAGE/kernel_bench.log" |
+    cut -c1-210
+  [ -f "$STAGE/segments.log" ] && sed -n '/^segments summary/,/^segments_bench:/p' "$STAGE/segments.log" | cut -c1-170
   [ "$SINKATTN_COMMIT" = unknown ] && echo "WARNING: SINKATTN_COMMIT unset: results are stamped 'unknown'"
   echo "status: $([ $fail = 0 ] && echo 'every step passed' || echo 'SOME STEPS FAILED (rc != 0)')"
 } > "$STAGE/summary.txt"

@@ -235,7 +235,9 @@ def fmt_ratio(r):
 def table(rows, decode, copy_bps):
   """The printed summary: ms and TFLOP/s of ours, cuDNN-sink over ours at kernel level (> 1: ours faster) with
   the per-round range, the A/A spreads, the JAX end-to-end figures, and each row's output check."""
-  print("\n%-34s %-4s %9s %6s %9s %22s %22s %22s %9s %9s  %s" % (
+  print("\nkernel level, ms per call (median of rounds); cudnn/ours: cuDNN-sink ms over ours, paired per round, median "
+        "[min, max] (> 1: ours faster); A/A: instance #2 over #1; jax: end to end, host clock")
+  print("%-34s %-4s %9s %6s %9s %22s %22s %22s %9s %9s  %s" % (
       "row", "mode", "ours ms", "TF/s", "cudnn ms", "cudnn/ours [range]", "A/A ours", "A/A cudnn", "jax ours",
       "jax cuDNN", "check"))
   for r in rows:

@@ -154,6 +154,24 @@ def bench_shape(torch, lib, timer, T, H, docs, a):
   return rows
 
 
+def summary(rows):
+  """One line per shape: the default and the fastest plan of each direction, and f+b useful TFLOP/s (default
+  forward + the fastest backward) as a share of the dense layer's at the same T and H."""
+  print("segments summary: ms of the default plan / the fastest (its name); f+b useful TF/s, % of dense")
+  dense = {(r["T"], r["H"]): r["fb_tflops"] for r in rows if r["docs"] == "dense" and r["fb_tflops"]}
+  for key in dict.fromkeys((r["T"], r["H"], r["docs"]) for r in rows):
+    rs = [r for r in rows if (r["T"], r["H"], r["docs"]) == key]
+    line = "T%-6d H%-4d docs %-6s" % key
+    for d in ("fwd ", "bwd "):
+      mine = [r for r in rs if r["plan"].startswith(d)]
+      best = min(mine, key=lambda r: r["ms"]["median"])
+      line += " %s %.3f / %.3f (%s)" % (d.strip(), mine[0]["ms"]["median"], best["ms"]["median"], best["plan"][4:])
+    fb = max(r["fb_tflops"] for r in rs if r["fb_tflops"])
+    ref = dense.get(key[:2])
+    line += "  f+b %.0f TF/s%s" % (fb, " = %.0f%% of dense" % (100 * fb / ref) if ref else "")
+    print(line + ("" if all(r["check"]["ok"] for r in rs) else "  CHECK FAILED"))
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--rounds", type=int, default=5)
@@ -183,6 +201,7 @@ def main(argv=None):
         with open(out, "w") as fh:  # after every shape: a run cut by its time limit keeps what it measured
           json.dump(dict(meta=meta, rows=rows), fh, indent=1)
   print("wrote", out)
+  summary(rows)
   nbad = sum(not r["check"]["ok"] for r in rows)
   print("segments_bench: %d plan rows over %d shapes, checks failed %d" % (
       len(rows), len({(r["T"], r["H"], r["docs"]) for r in rows}), nbad))
