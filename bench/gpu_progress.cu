@@ -310,7 +310,7 @@ static int mode_hog(const shape *s) {
     CK(cudaStreamSynchronize(st));
     for (int i = 0; i < n; i++) {
       if (!plan_is_target(names[i])) continue;
-      /* alone: its time sets the hog's hold (50x, at least 0.5 s), its outputs the bitwise baseline */
+      /* alone: its time sets the hog's hold, its outputs the bitwise baseline */
       double t0 = wall();
       sa_status r = launch(&p, kind, names[i], 0, st);
       CK(cudaStreamSynchronize(st));
@@ -327,9 +327,11 @@ static int mode_hog(const shape *s) {
       printf("PROGRESS {%s,\"k\":0,\"status\":\"%s\",\"ms\":%.3f,%s}\n", base, ok ? "ok" : "WRONG", alone * 1e3, errs);
       bad |= !ok;
       snapshot alone_out = snap(&p, kind);
-      const unsigned long long hold = (unsigned long long)(fmax(0.5, 50 * alone) * 1e9);
       for (size_t ki = 0; ki < sizeof hog_ks / sizeof hog_ks[0]; ki++) {
         int k = hog_ks[ki] < h.sms ? hog_ks[ki] : h.sms - 1;
+        /* the hold: 3x the call's time on the SMs the hog leaves (132 / (132 - k) times its time alone), at least
+           0.5 s; a call that progresses ends long before it, and the hog is released as soon as it has */
+        const unsigned long long hold = (unsigned long long)(fmax(0.5, 3.0 * alone * h.sms / (h.sms - k)) * 1e9);
         unsigned long long deadline = hog_start(&h, k, hold);
         time_kernel<<<1, 1, 0, st>>>(&h.sh->launched);
         r = launch(&p, kind, names[i], 0, st);

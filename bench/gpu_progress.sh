@@ -21,7 +21,7 @@ run() { # LIMIT ARGS...: one process; its PROGRESS lines into JSONL
   echo "gpu_progress $* rc=$rc: $(grep -c '"status":"ok"' "$tmp") ok, $(grep -c -E '"status":"(WRONG|ERROR|HANG)"' "$tmp") not"
 }
 read -r -a sms <<< "${GREEN_SMS:-64 32 16 8}"
-for s in ${PROGRESS_SHAPES:-h128_t16k_causal gptoss h128_t4k}; do run 60 hog "$s"; done
+for s in ${PROGRESS_SHAPES:-h128_t16k_causal gptoss h128_t4k}; do run 90 hog "$s"; done
 run 60 coop
 for n in "${sms[@]}"; do run 20 coop-green "$n"; done
 for s in ${GREEN_SHAPES:-h128_t16k_causal gptoss}; do
