@@ -21,7 +21,7 @@
 # a hang is reported under the step's name (rc 124, or 137 when it ignored the TERM) and the rest still runs.
 # Everything lands under $OUT: summary.txt (printed last: step, rc, seconds, the key figures), the result JSON
 # files, and gpu_verify-PART.tgz with every log. Exit status: 0 when every step passed.
-# Knobs (env): SAN_STRIDE / SAN_HOPPER_STRIDE (memcheck, synccheck, initcheck: every k-th case; default 4 / 2),
+# Knobs (env): SAN_STRIDE / SAN_HOPPER_STRIDE (memcheck, synccheck, initcheck: every k-th case; default 8 / 3),
 # RACE_PASSES (one racecheck process per word; a word is test_cuda passes joined by commas, as SA_TEST_CUDA_PASSES
 # takes them: "cases,portable,nc3 hopper bwd fwd segments"), RACE_HOPPER_STRIDE (3), PYTEST_WORKERS (4),
 # GREEN_SMS ("64 32 16 8"), PROGRESS_SHAPES, BENCH_ARGS, SEGMENTS_ARGS, BUDGET (560).
@@ -109,7 +109,7 @@ if [ "$PART" = 1 ] || [ "$PART" = all ]; then
   bg_step pytest_gpu 330 "$PY" -m pytest tests -m gpu -q -p no:cacheprovider -rs --timeout=240 \
     -n "${PYTEST_WORKERS:-4}"
   bg_step prod_check 330 "$PY" bench/prod_check.py --plans persistent --out "$STAGE/prod_check.json"
-  s=${SAN_STRIDE:-4} hs=${SAN_HOPPER_STRIDE:-2}
+  s=${SAN_STRIDE:-8} hs=${SAN_HOPPER_STRIDE:-3}
   san_step san_memcheck memcheck "" "$s" "$hs"
   san_step san_synccheck synccheck "" "$s" "$hs"
   san_step san_initcheck initcheck "" "$s" "$hs"
