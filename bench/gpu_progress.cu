@@ -8,7 +8,9 @@
  *   gpu_progress hog SHAPE                  every target plan while a HOG kernel on another stream holds k SMs
  *                                           (k = 1, 33, 66, 131: one CTA per SM by taking the most shared memory,
  *                                           spinning on %globaltimer until a deadline or a host flag)
- *   gpu_progress green SHAPE NSM KIND PLAN  one plan (KIND fwd | bwd) inside a green context of NSM SMs
+ *   gpu_progress green SHAPE NSM KIND PLAN  one plan (KIND fwd | bwd; "default": the library's choice there)
+ *                                           inside a green context of NSM SMs; a forced plan the context makes
+ *                                           illegal is "refused" (SA_ERR_UNSUPPORTED naming it), not a failure
  *   gpu_progress coop                       cooperative-launch semantics: a grid-barrier kernel of one CTA per
  *                                           SM launched (cooperative, then plain) while the hog holds k SMs
  *   gpu_progress coop-green NSM             the same kernel, cooperative, inside a green context of NSM SMs
@@ -386,6 +388,10 @@ static int mode_green(const shape *s, int nsm, int kind, const char *plan) {
     sh->done = 0;
     double t0 = wall();
     sa_status r = launch(&p, steps[i].kind, steps[i].plan, steps[i].slot, st);
+    if (r == SA_ERR_UNSUPPORTED && i == ns - 1) { /* not legal in this context: refused by name, no hang */
+      printf("PROGRESS {%s,\"status\":\"refused\",\"error\":\"%s\"}\n", what, sa_last_error());
+      return 0;
+    }
     if (r != SA_OK) {
       printf("PROGRESS {%s,\"status\":\"ERROR\",\"in\":\"%s\",\"error\":\"%s\"}\n", what, steps[i].plan,
              sa_last_error());

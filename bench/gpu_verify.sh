@@ -8,8 +8,8 @@
 #           process, the GPU time-sliced between them; none of these is timed): test_cuda over every plan (full),
 #           ctest's other C tests, pytest -m gpu, bench/prod_check.py (every grid row, default and persistent /
 #           one-pass plans against the fp64 reference), and compute-sanitizer over test_cuda: memcheck, synccheck
-#           and initcheck on strided subsets, racecheck split into one process per test_cuda pass (the slow tool),
-#           memcheck over tests/test_gpu_kernels.py (our kernels only: kns=sa_).
+#           and initcheck on strided subsets of its general and hopper tables, racecheck split into one process
+#           per Hopper plan family (the slow tool), memcheck over tests/test_gpu_kernels.py (kns=sa_).
 #   PART=2  behaviour and speed, each step ALONE and in turn: bench/gpu_progress.cu (the persistent and one-pass
 #           plans under a hog kernel holding k SMs, in green contexts, and the cooperative-launch experiment), ring
 #           attention on two GPUs (only where two are present), bench/kernel_bench.py (ours against cuDNN's SDPA
@@ -21,9 +21,9 @@
 # a hang is reported under the step's name (rc 124, or 137 when it ignored the TERM) and the rest still runs.
 # Everything lands under $OUT: summary.txt (printed last: step, rc, seconds, the key figures), the result JSON
 # files, and gpu_verify-PART.tgz with every log. Exit status: 0 when every step passed.
-# Knobs (env): SAN_STRIDE / SAN_HOPPER_STRIDE (memcheck, synccheck, initcheck: every k-th case; default 8 / 3),
-# RACE_PASSES (one racecheck process per word; a word is test_cuda passes joined by commas, as SA_TEST_CUDA_PASSES
-# takes them: "cases,portable,nc3 hopper bwd fwd segments"), RACE_HOPPER_STRIDE (3), PYTEST_WORKERS (4),
+# Knobs (env): SAN_STRIDE / SAN_HOPPER_STRIDE (every k-th case of test_cuda's general / hopper table under the
+# sanitizers; default 8 / 3), RACE_FAMILIES (racecheck over the hopper table, one process per plan-name
+# substring: "hopper.fwd hopper.bwd.onepass hopper.bwd.twopass"), RACE_HOPPER_STRIDE (2), PYTEST_WORKERS (4),
 # GREEN_SMS ("64 32 16 8"), PROGRESS_SHAPES, BENCH_ARGS, SEGMENTS_ARGS, BUDGET (560).
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -75,13 +75,14 @@ key() {
   esac
 }
 
-# san_step NAME TOOL PASSES STRIDE HOPPER_STRIDE: compute-sanitizer TOOL over test_cuda's PASSES (all when empty).
+# san_step NAME TOOL TEST_CUDA_ARGS...: compute-sanitizer TOOL over test_cuda with those arguments (--table=,
+# --plan=, --stride=: test_cuda runs every legal plan of each case it takes).
 san_step() {
-  local name=$1 tool=$2 passes=$3 stride=$4 hstride=$5 extra=()
+  local name=$1 tool=$2 extra=()
+  shift 2
   [ "$tool" = memcheck ] && extra=(--leak-check full)
-  bg_step "$name" 420 env SA_TEST_CUDA_PASSES="$passes" SA_TEST_CUDA_STRIDE="$stride" \
-    SA_TEST_CUDA_HOPPER_STRIDE="$hstride" "$SAN" --tool "$tool" "${extra[@]}" --error-exitcode 99 --print-limit 50 \
-    --log-file "$STAGE/$name.san.log" build-gpusan/test_cuda
+  bg_step "$name" 420 "$SAN" --tool "$tool" "${extra[@]}" --error-exitcode 99 --print-limit 50 \
+    --log-file "$STAGE/$name.san.log" build-gpusan/test_cuda "$@"
 }
 
 # build DIR TYPE JOBS [--target T...]: configure and build for the H200 (sm_90a only: half of CI's compile time).
@@ -105,16 +106,21 @@ if [ "$PART" = 1 ] || [ "$PART" = all ]; then
   wait_steps
   export SINKATTN_LIBRARY=$PWD/build-gpu/libsinkattn_jax.so SINKATTN_C_LIBRARY=$PWD/build-gpu/libsinkattn.so
   bg_step test_cuda 360 build-gpu/test_cuda
-  bg_step ctest 150 ctest --test-dir build-gpu --output-on-failure -E test_cuda
+  bg_step ctest 150 ctest --test-dir build-gpu --output-on-failure -E '^test_cuda$'
   bg_step pytest_gpu 330 "$PY" -m pytest tests -m gpu -q -p no:cacheprovider -rs --timeout=240 \
     -n "${PYTEST_WORKERS:-4}"
   bg_step prod_check 330 "$PY" bench/prod_check.py --plans persistent --out "$STAGE/prod_check.json"
-  s=${SAN_STRIDE:-8} hs=${SAN_HOPPER_STRIDE:-3}
-  san_step san_memcheck memcheck "" "$s" "$hs"
-  san_step san_synccheck synccheck "" "$s" "$hs"
-  san_step san_initcheck initcheck "" "$s" "$hs"
-  for p in ${RACE_PASSES:-cases,portable,nc3 hopper bwd fwd segments}; do
-    san_step "san_racecheck_${p//,/+}" racecheck "$p" 4 "${RACE_HOPPER_STRIDE:-3}"
+  # The sanitizers take the general and Hopper tables (not prod: T = S = 4096-8192 under instrumentation, and its
+  # fp64 reference, would not fit), one process per table and tool; racecheck, the slow one over the Hopper
+  # kernels, one process per plan family.
+  gs=${SAN_STRIDE:-8} hs=${SAN_HOPPER_STRIDE:-3}
+  for tool in memcheck synccheck initcheck; do
+    san_step "san_${tool}_general" "$tool" --table=general --stride="$gs"
+    san_step "san_${tool}_hopper" "$tool" --table=hopper --stride="$hs"
+  done
+  san_step san_racecheck_general racecheck --table=general --stride="$gs"
+  for fam in ${RACE_FAMILIES:-hopper.fwd hopper.bwd.onepass hopper.bwd.twopass}; do
+    san_step "san_racecheck_$fam" racecheck --table=hopper --plan="$fam" --stride="${RACE_HOPPER_STRIDE:-2}"
   done
   bg_step san_pytest_memcheck 330 env SINKATTN_LIBRARY="$PWD/build-gpusan/libsinkattn_jax.so" "$SAN" --tool memcheck \
     --kernel-name kns=sa_ --error-exitcode 99 --print-limit 50 --log-file "$STAGE/san_pytest_memcheck.san.log" \
