@@ -20,12 +20,10 @@
  * Each case prints "PROGRESS {json}": finished or not, whether it finished before the hog's deadline (progress
  * independent of the hog) or only after it, its time, its errors against the reference plan (a plan named
  * portable or two-pass, run on the same inputs) and, under the hog, whether it is bitwise equal to the same
- * plan run alone. Without the plan API the library's default plans are the targets and their own reference.
  * A call that has not finished 10 s after the hog's deadline (8 s after its launch in a green context) is a hang:
  * the program prints it and exits at once with status 3 (the caller runs the next case in a new process). Exit 1: a wrong result or an
  * error status; 0: every case finished and matched.
  */
-#include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -33,44 +31,31 @@
 #include <vector>
 
 #include "gpu_hog.cuh"
+#include "sa_plan.h"
 #include "sinkattn.h"
 
-/* ---- the plan API, looked up at run time so this program runs against a library without it ---------------- */
-typedef int (*plan_list_fn)(const sa_attn *, int, sa_backend, const char **, int);
-typedef sa_status (*plan_force_fn)(int, const char *);
-typedef const char *(*plan_last_fn)(int);
-static plan_list_fn p_list;
-static plan_force_fn p_force;
-static plan_last_fn p_last;
-enum { KIND_FWD = 0, KIND_BWD = 1 };
+/* ---- plans ---------------------------------------------------------------------------------------------- */
+enum { KIND_FWD = SA_PLAN_FWD, KIND_BWD = SA_PLAN_BWD };
 
-static void plans_load(void) {
-  p_list = (plan_list_fn)dlsym(RTLD_DEFAULT, "sa_plan_list");
-  p_force = (plan_force_fn)dlsym(RTLD_DEFAULT, "sa_plan_force");
-  p_last = (plan_last_fn)dlsym(RTLD_DEFAULT, "sa_plan_last");
-  if (!(p_list && p_force && p_last)) p_list = NULL;
-}
 static int plans(const sa_attn *a, int kind, const char **names, int max) {
-  if (!p_list) { names[0] = "default"; return 1; }
-  int n = p_list(a, kind, SA_BACKEND_CUDA, names, max);
+  int n = sa_plan_list(a, kind, SA_BACKEND_CUDA, names, max);
   if (n <= 0) {
     printf("PROGRESS {\"fatal\":\"no legal %s plan: %s\"}\n", kind ? "bwd" : "fwd", sa_last_error());
     exit(2);
   }
   return n < max ? n : max;
 }
+/* "default" clears the forced plan: the library's own choice. */
 static void plan_force(int kind, const char *name) {
-  if (!p_list) return;
-  if (p_force(kind, strcmp(name, "default") ? name : NULL) != SA_OK) {
+  if (sa_plan_force(kind, strcmp(name, "default") ? name : NULL) != SA_OK) {
     printf("PROGRESS {\"fatal\":\"sa_plan_force %s: %s\"}\n", name, sa_last_error());
     exit(2);
   }
 }
-static const char *plan_ran(int kind) { return p_list ? p_last(kind) : ""; }
+static const char *plan_ran(int kind) { return sa_plan_last(kind); }
 /* A target: a persistent grid or an ordering between CTAs. The reference: portable or two-pass kernels. */
 static int plan_is_target(const char *n) {
-  static const char *w[] = {"persistent", "persist", "onepass", "coop", "plain", "semaphore"};
-  if (!p_list) return 1;
+  static const char *w[] = {"persistent", "onepass"};
   for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) if (strstr(n, w[i])) return 1;
   return 0;
 }
@@ -460,7 +445,6 @@ static int mode_coop(int nsm) {
 
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
-  plans_load();
   if (argc < 2) {
     fprintf(stderr, "usage: gpu_progress list|hog SHAPE | green SHAPE NSM fwd|bwd PLAN | coop | coop-green NSM\n");
     return 2;

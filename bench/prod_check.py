@@ -243,7 +243,7 @@ def main(argv=None):
     arr.t.backends.cuda.matmul.allow_tf32 = False  # the reference's products stay fp64 (no tf32 anywhere)
     backends = [("cuda", sa_capi.C["SA_BACKEND_CUDA"])]
   idx = [int(x) for x in a.shapes.split(",") if x.strip()] or range(len(grid))
-  print("plan API: %s (%s)" % ("yes" if lib.plans_api else "NO: default plans only", lib.path), flush=True)
+  print("library:", lib.path, flush=True)
   rows, meta = [], dict(sa_capi.stamp(lib), tolerances=TOL, plans=a.plans, seed=a.seed)
   for bname, be in backends:
     for i in idx:

@@ -4,8 +4,7 @@ libsinkattn.so directly (no JAX): bench/prod_check.py, bench/kernel_bench.py, be
 The sa_attn / sa_attn_grad structs and the enum constants are built from the header's own text when this module
 is imported, so they follow every field the header gains; a field type the parser does not know raises an error
 naming the field (a wrong layout would corrupt memory silently). The plan API (sa_plan_list, sa_plan_force,
-sa_plan_last: internal, exported for tests and benchmarks) is used when the library exports it; without it every
-call runs the library's default plan and `Lib.plans_api` says so.
+sa_plan_last: internal, exported for tests and benchmarks; src/sa_plan.h) lists, forces and reports plans.
 
 Buffers are NumPy arrays (host memory: the REF and CPU backends) or PyTorch tensors (device memory: CUDA).
 """
@@ -18,9 +17,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADER = os.path.join(ROOT, "include", "sinkattn.h")
 
-# The plan API's kinds: forward, backward, decode.
-PLAN_FWD, PLAN_BWD, PLAN_DECODE = 0, 1, 2
-DEFAULT_PLAN = "default"  # the name used for "whatever the library picks" when it has no plan API
+DEFAULT_PLAN = "default"  # "whatever the library picks": Lib.force clears the forced plan
 
 _SCALARS = {"int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32, "uint64_t": ctypes.c_uint64,
             "uint32_t": ctypes.c_uint32, "int": ctypes.c_int, "float": ctypes.c_float, "double": ctypes.c_double,
@@ -70,6 +67,10 @@ def parse_header(path=HEADER):
 
 
 C, _ENUMS, _STRUCTS = parse_header()
+# The plan API's kinds, from its internal header (src/sa_plan.h: enum { SA_PLAN_FWD = 0, ... }).
+_KINDS = dict(re.findall(r"(SA_PLAN_[A-Z]+)\s*=\s*(\d+)",
+                         _strip_comments(open(os.path.join(ROOT, "src", "sa_plan.h")).read())))
+PLAN_FWD, PLAN_BWD, PLAN_DECODE = (int(_KINDS["SA_PLAN_" + k]) for k in ("FWD", "BWD", "DECODE"))
 
 
 class Attn(ctypes.Structure):
@@ -103,7 +104,7 @@ def ptr(x):
 
 
 class Lib:
-  """libsinkattn.so with argtypes declared; `plans_api` is False when it does not export the plan API."""
+  """libsinkattn.so with argtypes declared (the plan API's too)."""
 
   def __init__(self, path=None):
     self.path = find_library(path)
@@ -118,15 +119,12 @@ class Lib:
                             ("sa_has_cuda", i32, [])):
       f = getattr(lib, name)
       f.restype, f.argtypes = res, args
-    names = ("sa_plan_list", "sa_plan_force", "sa_plan_last")
-    self.plans_api = all(hasattr(lib, n) for n in names)
-    if self.plans_api:
-      lib.sa_plan_list.restype = i32
-      lib.sa_plan_list.argtypes = [pa, i32, i32, ctypes.POINTER(ctypes.c_char_p), i32]
-      lib.sa_plan_force.restype = st
-      lib.sa_plan_force.argtypes = [i32, ctypes.c_char_p]
-      lib.sa_plan_last.restype = ctypes.c_char_p
-      lib.sa_plan_last.argtypes = [i32]
+    lib.sa_plan_list.restype = i32
+    lib.sa_plan_list.argtypes = [pa, i32, i32, ctypes.POINTER(ctypes.c_char_p), i32]
+    lib.sa_plan_force.restype = st
+    lib.sa_plan_force.argtypes = [i32, ctypes.c_char_p]
+    lib.sa_plan_last.restype = ctypes.c_char_p
+    lib.sa_plan_last.argtypes = [i32]
 
   def error(self):
     return self.lib.sa_last_error().decode()
@@ -136,25 +134,19 @@ class Lib:
       raise RuntimeError(f"{what}: status {status}: {self.error()}")
 
   def plans(self, a, which, backend):
-    """Every legal plan of this problem, best (the default) first; [DEFAULT_PLAN] without the plan API."""
-    if not self.plans_api:
-      return [DEFAULT_PLAN]
+    """Every legal plan of this problem, best (the default) first."""
     names = (ctypes.c_char_p * 64)()
     n = self.lib.sa_plan_list(ctypes.byref(a), which, backend, names, 64)
     return [names[i].decode() for i in range(min(n, 64))]
 
   def force(self, which, name):
     """Forces the calling thread's next calls of kind `which` to plan `name` (None or DEFAULT_PLAN: clears)."""
-    if not self.plans_api:
-      if name not in (None, DEFAULT_PLAN):
-        raise RuntimeError(f"plan {name} asked, but {self.path} has no plan API")
-      return
     self.check(self.lib.sa_plan_force(which, None if name in (None, DEFAULT_PLAN) else name.encode()),
                f"sa_plan_force({which}, {name})")
 
   def last(self, which):
-    """The description of the calling thread's last plan of kind `which` ("" without the plan API)."""
-    return self.lib.sa_plan_last(which).decode() if self.plans_api else ""
+    """The description of the calling thread's last plan of kind `which`."""
+    return self.lib.sa_plan_last(which).decode()
 
 
 def make_attn(lib, q, k, v, out, lse, *, sinks=None, softmax="learnable", causal=0, window=(-1, -1), scale=0.0,
@@ -188,7 +180,7 @@ def make_grad(dout, dq, dk, dv, dsinks, deterministic=1):
 
 def stamp(lib=None):
   """What every result file records: the commit (env SINKATTN_COMMIT where the tree has no .git, as on the
-  device's copy), the library and whether it has the plan API, the GPU, its driver, and the versions."""
+  device's copy), the library, the GPU, its driver, and the versions."""
   import platform
   import subprocess
   commit = os.environ.get("SINKATTN_COMMIT")
@@ -200,7 +192,7 @@ def stamp(lib=None):
       commit = "unknown"
   out = dict(commit=commit, host=platform.node(), python=platform.python_version())
   if lib is not None:
-    out.update(library=lib.path, plan_api=lib.plans_api)
+    out["library"] = lib.path
   try:
     q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem", "--format=csv,noheader"],
                        capture_output=True, text=True, timeout=20).stdout.strip().splitlines()

@@ -188,7 +188,7 @@ def main(argv=None):
   import torch
   torch.backends.cuda.matmul.allow_tf32 = False
   lib = sa_capi.Lib(a.lib)
-  print("plan API: %s" % ("yes" if lib.plans_api else "NO: default plans only"), flush=True)
+  print("library:", lib.path, flush=True)
   timer = gpu_timing.Timer(torch)
   meta = dict(sa_capi.stamp(lib), rounds=a.rounds, target_ms=a.target_ms, gated=timer.sleep is not None)
   out = a.out or os.path.join(os.environ.get("OUT", os.path.join(sa_capi.ROOT, "bench", "results")),

@@ -2,11 +2,9 @@
 kernels' scope), H 64 and 128, causal and not, GQA up to 8, windows (gpt-oss's (127, 0)), learnable sinks from
 U(-10, 10) with heads 0 and 1 at +50 and -50; forward (out, lse) and the gradients of q, k, v and sinks against the
 fp64 NumPy reference. On a compute capability 9.0 device each call must have run a Hopper plan (the plan's name,
-the first word of the library's last-plan description, starts with "hopper."), read through sinkattn.last_plan
-or, without it, the C library's sa_plan_last_any; without either the plan is not asserted. The other suites stay
-at T <= 24 in bf16 (f32 runs the jnp path on a GPU), so these are the only pytest cases of the Hopper kernels."""
-import ctypes
-
+the first word of the library's last-plan description, starts with "hopper."), read through sinkattn.last_plan;
+without it the plan is not asserted. The other suites stay at T <= 24 in bf16 (f32 runs the jnp path on a GPU),
+so these are the only pytest cases of the Hopper kernels."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,27 +26,14 @@ CASES = [
     ("h64_gptoss_window", 1, 768, 16, 2, 64, True, (127, 0)),
     ("h128_window_64_0", 1, 640, 4, 2, 128, True, (64, 0)),
 ]
-_KIND = {"fwd": 0, "bwd": 1}
 
 
 def _plan_ran(kind):
-  """The name of the last plan of `kind` the library ran in this process, or None when it cannot tell."""
+  """The name of the last plan of `kind` ('fwd' / 'bwd') the library ran in this process; None without
+  sinkattn.last_plan (then the plan is not asserted)."""
   fn = getattr(sinkattn, "last_plan", None)
-  if fn is not None:
-    try:
-      desc = fn(kind)
-    except TypeError:
-      desc = None
-    if desc:
-      return str(desc).split()[0]
-  lib = sinkattn._lib.load()
-  if not hasattr(lib, "sa_plan_last_any"):
-    return None
-  buf = ctypes.create_string_buffer(512)
-  lib.sa_plan_last_any.restype = ctypes.c_size_t
-  lib.sa_plan_last_any.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
-  lib.sa_plan_last_any(_KIND[kind], buf, len(buf))
-  return buf.value.decode().split()[0] if buf.value else None
+  desc = fn(kind) if fn is not None else ""
+  return desc.split()[0] if desc else None
 
 
 def _assert_hopper(kind):
