@@ -5,11 +5,11 @@
 #
 #   PART=1  correctness. Two builds side by side (build-gpu: Release, what the tests and benchmarks load;
 #           build-gpusan: RelWithDebInfo with -lineinfo for compute-sanitizer), then CONCURRENTLY (each its own
-#           process, the GPU time-sliced between them; none of these is timed): test_cuda over every plan (full),
-#           ctest's other C tests, pytest -m gpu, bench/prod_check.py (every grid row, default and persistent /
-#           one-pass plans against the fp64 reference), and compute-sanitizer over test_cuda: memcheck, synccheck
-#           and initcheck on strided subsets of its general and hopper tables, racecheck split into one process
-#           per Hopper plan family (the slow tool), memcheck over tests/test_gpu_kernels.py (kns=sa_).
+#           process, the GPU time-sliced between them; none of these is timed): test_cuda over every plan (full, a
+#           process per table), ctest's other C tests, pytest -m gpu, bench/prod_check.py (every grid row, default and
+#           persistent / one-pass plans against the fp64 reference), and compute-sanitizer over test_cuda: memcheck,
+#           synccheck and initcheck on strided subsets of its general and hopper tables, racecheck split into one
+#           process per Hopper plan family (the slow tool), memcheck over tests/test_gpu_kernels.py (kns=sa_).
 #   PART=2  behaviour and speed, each step ALONE and in turn: bench/gpu_progress.cu (the persistent and one-pass
 #           plans under a hog kernel holding k SMs, in green contexts, and the cooperative-launch experiment), ring
 #           attention on two GPUs (only where two are present), bench/kernel_bench.py (ours against cuDNN's SDPA
@@ -105,7 +105,9 @@ if [ "$PART" = 1 ] || [ "$PART" = all ]; then
   bg_step build_sanitizer 240 bash -c 'build "$@"' build build-gpusan RelWithDebInfo 8 --target test_cuda sinkattn_jax
   wait_steps
   export SINKATTN_LIBRARY=$PWD/build-gpu/libsinkattn_jax.so SINKATTN_C_LIBRARY=$PWD/build-gpu/libsinkattn.so
-  bg_step test_cuda 360 build-gpu/test_cuda
+  for t in general hopper prod; do  # test_cuda in full, one process a table (their fp64 references on 3 cores)
+    bg_step "test_cuda_$t" 360 build-gpu/test_cuda --table="$t"
+  done
   bg_step ctest 150 ctest --test-dir build-gpu --output-on-failure -E '^test_cuda$'
   bg_step pytest_gpu 330 "$PY" -m pytest tests -m gpu -q -p no:cacheprovider -rs --timeout=240 \
     -n "${PYTEST_WORKERS:-4}"
