@@ -156,13 +156,14 @@ fi
 {
   echo "gpu_verify PART=$PART commit $SINKATTN_COMMIT, $(grep -m1 -o 'NVIDIA H[0-9A-Za-z ]*' "$STAGE/machine.txt" \
     || echo 'GPU ?'), driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
-  printf '%-26s %5s %6s  %s\n' step rc seconds "key figure"
+  printf '%-34s %5s %6s  %s\n' step rc seconds "key figure"
   fail=0
   for s in "${STEPS[@]}"; do
     rc=$(cat "$STAGE/$s.rc" 2>/dev/null || echo '?')
     [ "$rc" = 0 ] || fail=1
     k=$(key "$s" | tr '\n' ' ' | cut -c1-200)
-    printf '%-26s %5s %6s  %s\n' "$s" "$rc" "$(cat "$STAGE/$s.secs" 2>/dev/null)" "${k:-$(tail -n 1 "$STAGE/$s.log" | cut -c1-160)}"
+    [ -n "$k" ] || k=$(tail -n 1 "$STAGE/$s.log" | cut -c1-160)
+    printf '%-34s %5s %6s  %s\n' "$s" "$rc" "$(cat "$STAGE/$s.secs" 2>/dev/null)" "$k"
   done
   [ -f "$STAGE/kernel_bench.log" ] && sed -n '/^kernel level, ms per call/,/^wrote /p' "$STAGE/kernel_bench.log" |
     cut -c1-210
