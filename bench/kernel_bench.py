@@ -15,7 +15,8 @@ ours against cudnn_sink (everything), and ours and cudnn_sink against the fp64 r
 kv head 0 and its G query heads. Then decode (sa_attn_decode_fwd, gpt-oss heads N64/8 H64, one token, learnable
 sinks), B = 1, 8, 64 and S = 4k .. 128k, against the device-to-device copy bandwidth measured in the same run.
 
-Budget (H200): ~2.5 min for the grid (rounds 5, batches of ~10 ms, JAX compiles ~30 s), ~20 s for decode.
+Budget (H200): ~2 min for the grid at kernel level (rounds 5, batches of ~10 ms, cuDNN's graphs built per row),
+~20 s for decode, then the JAX rows (compiles of ~1-3 s each) while --budget (225 s) lasts.
     python3 bench/kernel_bench.py [--rows 0,12] [--rounds 5] [--no-jax] [--no-cudnn] [--no-decode] [--out F.json]
     python3 bench/kernel_bench.py --dry-run     # the plan of work (rows, sets, contenders), no GPU
 """
@@ -24,6 +25,7 @@ import ctypes
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_timing  # noqa: E402
@@ -128,7 +130,7 @@ def check(torch, s, shape, have_cudnn):
   return res
 
 
-def bench_row(torch, lib, timer, shape, a, jax_mods):
+def bench_row(torch, lib, timer, shape, a):
   import cudnn_sink
   from sinkattn.bench import flops
   B, T, N, K, H, causal, window = shape
@@ -164,20 +166,22 @@ def bench_row(torch, lib, timer, shape, a, jax_mods):
     row[mode] = res
   del sets, ours, cd
   torch.cuda.empty_cache()
-  if jax_mods:
-    import jax_contenders
-    jax, jnp, sinkattn = jax_mods
-    try:
-      exes, args = jax_contenders.build(jax, jnp, sinkattn, shape, R, a.seed)
-      for mode, mult in (("fwd", 1.0), ("fb", 3.5)):
-        js = jax_contenders.rounds(jax, exes, args, R, mode, a.rounds)
-        row["jax_" + mode] = {n: dict(gpu_timing.stats(x), tflops=mult * fl / gpu_timing.stats(x)["median"] * 1e-9)
-                              for n, x in js.items()}
-        row["jax_" + mode]["cudnn_vanilla_over_ours"] = gpu_timing.paired(js["jax_cudnn_vanilla"], js["jax_ours"])
-      del exes, args
-    except Exception as e:  # noqa: BLE001
-      row["jax_error"] = "%s: %s" % (type(e).__name__, str(e)[:300])
   return row
+
+
+def bench_jax(row, shape, a, jax_mods):
+  """The end-to-end JAX figures of one row, into the row (on the same number of sets)."""
+  import jax_contenders
+  jax, jnp, sinkattn = jax_mods
+  try:
+    exes, args = jax_contenders.build(jax, jnp, sinkattn, shape, row["sets"], a.seed)
+    for mode, mult in (("fwd", 1.0), ("fb", 3.5)):
+      js = jax_contenders.rounds(jax, exes, args, row["sets"], mode, a.rounds)
+      row["jax_" + mode] = {n: dict(gpu_timing.stats(x), tflops=mult * row["flops_fwd"] / gpu_timing.stats(x)["median"]
+                                    * 1e-9) for n, x in js.items()}
+      row["jax_" + mode]["cudnn_vanilla_over_ours"] = gpu_timing.paired(js["jax_cudnn_vanilla"], js["jax_ours"])
+  except Exception as e:  # noqa: BLE001 -- reported in the row, the rest runs
+    row["jax_error"] = "%s: %s" % (type(e).__name__, str(e)[:300])
 
 
 def bench_decode(torch, lib, timer, a, copy_bps):
@@ -273,6 +277,7 @@ def main(argv=None):
   ap.add_argument("--lib", default=None)
   ap.add_argument("--seed", type=int, default=7)
   ap.add_argument("--out", default=None, help="result JSON (default $OUT/kernel_bench.json or bench/results/)")
+  ap.add_argument("--budget", type=float, default=225.0, help="seconds after which no JAX row starts")
   ap.add_argument("--dry-run", action="store_true", help="print the work without touching a GPU")
   a = ap.parse_args(argv)
   if a.rounds < 5:
@@ -306,6 +311,7 @@ def main(argv=None):
     import jax.numpy as jnp
     import sinkattn
     jax_mods = (jax, jnp, sinkattn)
+  t_start = time.time()
   timer = gpu_timing.Timer(torch)
   meta = dict(sa_capi.stamp(lib), rounds=a.rounds, target_ms=a.target_ms, gated=timer.sleep is not None,
               timing=gpu_timing.__doc__.strip(), ours="learnable sinks, default plan, deterministic=1",
@@ -317,17 +323,25 @@ def main(argv=None):
   def save():  # after every row: a run cut by its time limit keeps what it measured
     with open(out, "w") as fh:
       json.dump(dict(meta=meta, rows=rows, decode=decode), fh, indent=1)
+  # Kernel level first, then decode, then JAX end to end, so that a run cut by --budget loses the least of it.
   for i in idx if a.grid else []:
-    rows.append(bench_row(torch, lib, timer, grid[i], a, jax_mods))
+    rows.append(bench_row(torch, lib, timer, grid[i], a))
     save()
     r = rows[-1]
-    print("row %2d done: fwd ours %.4f ms, f+b %.4f ms, cudnn/ours fwd %s f+b %s" % (
-        i, r["fwd"]["ours"]["median"], r["fb"]["ours"]["median"], fmt_ratio(r["fwd"].get("cudnn_over_ours")),
-        fmt_ratio(r["fb"].get("cudnn_over_ours"))), flush=True)
+    print("row %2d done (%.0f s): fwd ours %.4f ms, f+b %.4f ms, cudnn/ours fwd %s f+b %s" % (
+        i, time.time() - t_start, r["fwd"]["ours"]["median"], r["fb"]["ours"]["median"],
+        fmt_ratio(r["fwd"].get("cudnn_over_ours")), fmt_ratio(r["fb"].get("cudnn_over_ours"))), flush=True)
   copy_bps = gpu_timing.copy_bandwidth(torch)
   meta["copy_GBps"] = copy_bps * 1e-9
   if a.decode:
     decode.extend(bench_decode(torch, lib, timer, a, copy_bps))
+  save()
+  for i, r in zip(idx, rows) if jax_mods else []:
+    if time.time() - t_start > a.budget:
+      r["jax_error"] = "not run: --budget %g s spent" % a.budget
+      continue
+    bench_jax(r, grid[i], a, jax_mods)
+    save()
   save()
   table(rows, decode, copy_bps)
   print("wrote", out)
