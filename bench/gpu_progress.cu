@@ -297,9 +297,12 @@ static int mode_hog(const shape *s) {
     CK(cudaStreamSynchronize(st));
     for (int i = 0; i < n; i++) {
       if (!plan_is_target(names[i])) continue;
-      /* alone: its time sets the hog's hold, its outputs the bitwise baseline */
-      double t0 = wall();
+      /* alone, after a first call that loads its kernels: its time sets the hog's hold, its outputs the bitwise
+         baseline */
       sa_status r = launch(&p, kind, names[i], 0, st);
+      CK(cudaStreamSynchronize(st));
+      double t0 = wall();
+      if (r == SA_OK) r = launch(&p, kind, names[i], 0, st);
       CK(cudaStreamSynchronize(st));
       double alone = wall() - t0;
       char base[512], errs[256];
@@ -340,8 +343,9 @@ static int mode_hog(const shape *s) {
         int bitwise = under.bytes == alone_out.bytes;
         int before = done < deadline && done < hog_end;
         printf("PROGRESS {%s,\"status\":\"%s\",\"finished\":\"%s\",\"ms\":%.3f,\"hog_sms\":%d,\"bitwise_vs_alone\":%d,"
-               "%s}\n", what, ok && bitwise && before ? "ok" : "WRONG", before ? "before_hog_deadline" : "after_hog",
-               (done - t_launch) * 1e-6, distinct, bitwise, errs);
+               "\"ran_under_hog\":\"%s\",%s}\n", what, ok && bitwise && before ? "ok" : "WRONG",
+               before ? "before_hog_deadline" : "after_hog", (done - t_launch) * 1e-6, distinct, bitwise, plan_ran(kind),
+               errs);
         bad |= !(ok && bitwise && before);
       }
     }
