@@ -23,7 +23,7 @@
 # files, and gpu_verify-PART.tgz with every log. Exit status: 0 when every step passed.
 # Knobs (env): SAN_STRIDE / SAN_HOPPER_STRIDE (every k-th case of test_cuda's general / hopper table under the
 # sanitizers; default 8 / 3), RACE_FAMILIES (racecheck over the hopper table, one process per plan-name
-# substring: "hopper.fwd hopper.bwd.onepass hopper.bwd.twopass"), RACE_HOPPER_STRIDE (2), PYTEST_WORKERS (4),
+# substring: "hopper.fwd hopper.bwd.onepass hopper.bwd.twopass"), RACE_HOPPER_STRIDE (3), PYTEST_WORKERS (4),
 # GREEN_SMS ("64 32 16 8"), PROGRESS_SHAPES, BENCH_ARGS, SEGMENTS_ARGS, BUDGET (560).
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -122,7 +122,7 @@ if [ "$PART" = 1 ] || [ "$PART" = all ]; then
   done
   san_step san_racecheck_general racecheck --table=general --stride="$gs"
   for fam in ${RACE_FAMILIES:-hopper.fwd hopper.bwd.onepass hopper.bwd.twopass}; do
-    san_step "san_racecheck_$fam" racecheck --table=hopper --plan="$fam" --stride="${RACE_HOPPER_STRIDE:-2}"
+    san_step "san_racecheck_$fam" racecheck --table=hopper --plan="$fam" --stride="${RACE_HOPPER_STRIDE:-3}"
   done
   bg_step san_pytest_memcheck 330 env SINKATTN_LIBRARY="$PWD/build-gpusan/libsinkattn_jax.so" "$SAN" --tool memcheck \
     --kernel-name kns=sa_ --error-exitcode 99 --print-limit 50 --log-file "$STAGE/san_pytest_memcheck.san.log" \
