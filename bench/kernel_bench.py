@@ -13,7 +13,8 @@ Forward and forward+backward on the performance grid (sinkattn.bench's GRIDS["h2
 included); TFLOP/s as performance.md (fwd 4 B N pairs H, f+b 3.5x). Outputs checked at every shape on set 0:
 ours against cudnn_sink (everything), and ours and cudnn_sink against the fp64 reference (bench/attn_ref.py) on
 kv head 0 and its G query heads. Then decode (sa_attn_decode_fwd, gpt-oss heads N64/8 H64, one token, learnable
-sinks), B = 1, 8, 64 and S = 4k .. 128k, against the device-to-device copy bandwidth measured in the same run.
+sinks, every legal plan), B = 1, 8, 64 and S = 4k .. 128k, against the device-to-device copy bandwidth measured in
+the same run.
 
 Budget (H200): ~2 min for the grid at kernel level (rounds 5, batches of ~10 ms, cuDNN's graphs built per row),
 ~20 s for decode, then the JAX rows (compiles of ~1-3 s each) while --budget (225 s) lasts.
@@ -203,30 +204,43 @@ def bench_decode(torch, lib, timer, a, copy_bps):
       s["out"], s["lse"] = torch.empty_like(s["q"]), torch.empty(B, N, 1, device="cuda")
       at = sa_capi.make_attn(lib, s["q"], s["k"], s["v"], s["out"], s["lse"], sinks=sink, causal=2, kv_lens=lens)
       calls.append((at, ctypes.byref(at)))
-    wsn = lib.lib.sa_attn_decode_workspace_size(calls[0][1], cuda)
-    ws = torch.empty(max(wsn, 16), dtype=torch.uint8, device="cuda")
+    plans = lib.plans(calls[0][0], sa_capi.PLAN_DECODE, cuda)
+    wsn = 16
+    for p in plans:  # the largest workspace of any plan (a forced plan sizes its own)
+      lib.force(sa_capi.PLAN_DECODE, p)
+      wsn = max(wsn, lib.lib.sa_attn_decode_workspace_size(calls[0][1], cuda))
+    lib.force(sa_capi.PLAN_DECODE, None)
+    ws = torch.empty(wsn, dtype=torch.uint8, device="cuda")
 
-    def run(i):
-      st = lib.lib.sa_attn_decode_fwd(calls[i][1], ws.data_ptr(), wsn, cuda, stream)
-      if st:
-        lib.check(st, "sa_attn_decode_fwd")
-    run(0)
-    torch.cuda.synchronize()
-    s0 = sets[0]
-    out_r, lse_r = attn_ref.forward(s0["q"][:, :, :N // K], s0["k"][:, :, :1], s0["v"][:, :, :1], sink[:N // K], causal=2)
+    def runner(plan):
+      def run(i):
+        lib.force(sa_capi.PLAN_DECODE, plan)
+        st = lib.lib.sa_attn_decode_fwd(calls[i][1], ws.data_ptr(), wsn, cuda, stream)
+        if st:
+          lib.check(st, "sa_attn_decode_fwd plan %s" % plan)
+      return run
+    s0, G = sets[0], N // K
+    out_r, lse_r = attn_ref.forward(s0["q"][:, :, :G], s0["k"][:, :, :1], s0["v"][:, :, :1], sink[:G], causal=2)
     o = attn_ref.ops_for(out_r)
-    e = dict(out=prod_check.errors(s0["out"][:, :, :N // K], out_r, o),
-             lse=prod_check.lse_error(s0["lse"][:, :N // K], lse_r, o))
-    samples = timer.rounds([gpu_timing.Contender("ours", run, R), gpu_timing.Contender("ours#2", run, R)],
-                           rounds=a.rounds, target_ms=a.target_ms)
-    st = gpu_timing.stats(samples["ours"])
-    bps = nbytes / (st["median"] * 1e-3)
-    rows.append(dict(B=B, S=S, N=N, K=K, H=H, sets=R, bytes=nbytes, ms=st, GBps=bps * 1e-9, of_copy=bps / copy_bps,
-                     aa=gpu_timing.paired(samples["ours#2"], samples["ours"]), plan=lib.last(sa_capi.PLAN_DECODE),
-                     check=dict(errors=e, ok=all(prod_check.verdict(key, x) for key, x in e.items()))))
-    print("decode B%-3d S%-7d %8.4f ms [%.4f, %.4f] %6.0f GB/s %5.1f%% of copy  %s" % (
-        B, S, st["median"], st["min"], st["max"], bps * 1e-9, 100 * bps / copy_bps,
-        "ok" if rows[-1]["check"]["ok"] else "CHECK FAILED"), flush=True)
+    cons, checks, ran = [], {}, {}
+    for p in plans:  # every legal decode plan, checked on set 0, then timed twice (A/A)
+      runner(p)(0)
+      torch.cuda.synchronize()
+      ran[p] = lib.last(sa_capi.PLAN_DECODE)
+      e = dict(out=prod_check.errors(s0["out"][:, :, :G], out_r, o), lse=prod_check.lse_error(s0["lse"][:, :G], lse_r, o))
+      checks[p] = dict(errors=e, ok=all(prod_check.verdict(key, x) for key, x in e.items()))
+      cons += [gpu_timing.Contender(p, runner(p), R), gpu_timing.Contender(p + "#2", runner(p), R)]
+    samples = timer.rounds(cons, rounds=a.rounds, target_ms=a.target_ms)
+    lib.force(sa_capi.PLAN_DECODE, None)
+    for p in plans:
+      st = gpu_timing.stats(samples[p])
+      bps = nbytes / (st["median"] * 1e-3)
+      rows.append(dict(B=B, S=S, N=N, K=K, H=H, sets=R, bytes=nbytes, plan=p, default=p == plans[0], ran=ran[p], ms=st,
+                       GBps=bps * 1e-9, of_copy=bps / copy_bps, aa=gpu_timing.paired(samples[p + "#2"], samples[p]),
+                       check=checks[p]))
+      print("decode B%-3d S%-7d %-22s %8.4f ms [%.4f, %.4f] %6.0f GB/s %5.1f%% of copy  %s" % (
+          B, S, p, st["median"], st["min"], st["max"], bps * 1e-9, 100 * bps / copy_bps,
+          "ok" if checks[p]["ok"] else "CHECK FAILED"), flush=True)
     del sets, calls, ws
     torch.cuda.empty_cache()
   return rows
@@ -257,12 +271,12 @@ def table(rows, decode, copy_bps):
           "%.4f" % j["jax_ours"]["median"] if j else "-", "%.4f" % j["jax_cudnn_vanilla"]["median"] if j else "-",
           "ok" if ok else "FAILED " + ",".join(k for k, c in r["check"].items() if not c["ok"])))
   if decode:
-    print("\ndecode (N/K %d/%d H%d, one token): copy bandwidth %.0f GB/s (read + write)" % (DECODE_HEADS + (
-        copy_bps * 1e-9,)))
+    print("\ndecode (N/K %d/%d H%d, one token, every legal plan, * the default): copy bandwidth %.0f GB/s "
+          "(read + write)" % (DECODE_HEADS + (copy_bps * 1e-9,)))
     for d in decode:
-      print("  B%-3d S%-7d %8.4f ms %6.0f GB/s %5.1f%% of copy  A/A %s  %s" % (
-          d["B"], d["S"], d["ms"]["median"], d["GBps"], 100 * d["of_copy"], fmt_ratio(d["aa"]),
-          "ok" if d["check"]["ok"] else "CHECK FAILED"))
+      print("  B%-3d S%-7d %-22s %8.4f ms %6.0f GB/s %5.1f%% of copy  A/A %s  %s" % (
+          d["B"], d["S"], d["plan"] + ("*" if d["default"] else ""), d["ms"]["median"], d["GBps"],
+          100 * d["of_copy"], fmt_ratio(d["aa"]), "ok" if d["check"]["ok"] else "CHECK FAILED"))
 
 
 def main(argv=None):
@@ -361,9 +375,10 @@ def digest(rows, decode):
     if x:
       parts.append("%s cudnn/ours %.3f..%.3f (%d of %d rows >= 1)" % (mode, min(x), max(x), sum(v >= 1 for v in x),
                                                                       len(x)))
-  if decode:
-    parts.append("decode %.0f..%.0f%% of copy, checks failed %d" % (
-        100 * min(d["of_copy"] for d in decode), 100 * max(d["of_copy"] for d in decode),
+  dd = [d for d in decode if d["default"]]
+  if dd:
+    parts.append("decode (default plans) %.0f..%.0f%% of copy, checks failed %d" % (
+        100 * min(d["of_copy"] for d in dd), 100 * max(d["of_copy"] for d in dd),
         sum(not d["check"]["ok"] for d in decode)))
   return "; ".join(parts)
 
