@@ -4,7 +4,8 @@
  * WHAT IT COMPUTES
  * For batch b, query head n, query row i (the "BTNH" layout of jax.nn.dot_product_attention):
  *
- *     s_ij  = scale * q_i . k_j                    for every valid (i, j)   (scale default 1/sqrt(H))
+ *     s_ij  = scale * q_i . k_j + bias[b,n,i,j]    for every valid (i, j)   (scale default 1/sqrt(H);
+ *                                                  bias optional, below; the sink is not biased)
  *     a_n   = -inf (VANILLA) | 0 (OFF_BY_ONE) | sinks[n] (LEARNABLE; fp32, NOT multiplied by scale)
  *     lse_i = log( sum_{j valid} exp(s_ij) + exp(a_n) )     the log-sum-exp INCLUDES the sink
  *     p_ij  = exp(s_ij - lse_i)
@@ -21,7 +22,20 @@
  *                  gpt-oss's 128-token sliding window is causal TOP_LEFT with window (127, 0).
  *                  diag_offset (default 0) is added to i' (a block of a larger problem).
  *     segments     q_segment_ids[b,i] == kv_segment_ids[b,j]  (packed sequences)
+ *     positions    with q_positions / kv_positions (Transformer Engine's segment_pos), causal and window
+ *                  compare positions instead of indices: with qp' = q_positions[b,i] + diag_offset,
+ *                  causal kv_positions[b,j] <= qp', window qp' - left <= kv_positions[b,j] <= qp' + right.
+ *                  Causal BOTTOM_RIGHT with positions is invalid (the positions already place every query).
+ *                  Lengths still count indices.
+ *     mask         mask[b,n,i,j] != 0   (True = attend; broadcast as bias, below)
  * Here kv_len[b] / q_len[b] are the clamped lengths, or S / T when no lengths are given.
+ *
+ * BIAS AND MASK (the meaning of jax.nn.dot_product_attention's bias and mask)
+ *     Each is rank 4 and broadcast to [B,N,T,S]: bias_dims / mask_dims hold its shape, every dim 1 (shared
+ *     along that axis) or the full size (B, N = q_heads, T, S); the data is dense row-major in those dims.
+ *     bias is added to the scaled logits in its own dtype (bias_dtype, independent of dtype); a row whose
+ *     every key has bias -inf is a row with no valid key. mask holds one byte per element, nonzero = attend.
+ *     +inf or NaN in bias propagate as in q and k (see EDGES).
  *
  * Backward with upstream dout (and optionally dlse, when the caller's loss uses lse):
  *     D_i   = sum_d dout_id * out_id - dlse_i
@@ -29,11 +43,14 @@
  *     dq_i  = scale * sum_j ds_ij k_j,   dk_j = scale * sum_i ds_ij q_i,   dv_j = sum_i p_ij dout_i
  *     dsinks[n] = - sum_{b,i} exp(a_n - lse_i) * D_i      (LEARNABLE only; fixed reduction order,
  *                                                          bitwise reproducible run to run)
+ *     dbias[b',n',i',j'] = sum of ds_ij over every (b,n,i,j) that read that bias element (the sum over
+ *                  bias's size-1 axes), fp32 with bias_dims, reduced in a fixed order (bitwise reproducible)
  * dk and dv are summed over the G = N/K query heads that share a kv head.
  *
  * LAYOUT (dense, row-major, no strides)
  *     q [B,T,N,H]  k [B,S,K,H]  v [B,S,K,Hv]  out [B,T,N,Hv]  lse [B,N,T] fp32  sinks [N] fp32
- *     q_lens, kv_lens [B] int32; q_segment_ids [B,T], kv_segment_ids [B,S] int32.
+ *     q_lens, kv_lens [B] int32; q_segment_ids, q_positions [B,T] and kv_segment_ids, kv_positions [B,S]
+ *     int32; bias [bias_dims] and mask [mask_dims] (uint8), broadcast to [B,N,T,S]; dbias like bias, fp32.
  *     Query head n reads kv head n / G. dq/dk/dv/dout have the shapes of q/k/v/out.
  *     Pointers are host memory for the REF and CPU backends and device memory for CUDA.
  *
@@ -57,8 +74,9 @@
  *                  the rows that read it and may reach every row of its (batch, kv head): causal,
  *                  window and segment masks are not guaranteed to isolate it (0 * NaN in a tile).
  *     Backends     A size or option one backend lacks is SA_ERR_UNSUPPORTED naming the field (e.g.
- *                  CUDA head_dim 72); SA_BACKEND_CUDA in a build without CUDA, or on a machine without a
- *                  CUDA device, is SA_ERR_DEVICE (before any other CUDA rule).
+ *                  CUDA head_dim 72; bias, mask and positions, which REF and CPU take and the CUDA kernels
+ *                  do not yet); SA_BACKEND_CUDA in a build without CUDA, or on a machine without a CUDA
+ *                  device, is SA_ERR_DEVICE (before any other CUDA rule).
  *     Threads      Every entry point may be called from many threads at once; CPU and REF results are
  *                  bitwise identical to a serial call and across sa_cpu_set_num_threads counts.
  *
@@ -137,6 +155,16 @@ typedef struct sa_attn {
      one block of a larger attention with global positions (context parallelism, chunked prefill).
      Query row i of this call is global row i + diag_offset relative to key 0 of this call. */
   int64_t diag_offset;
+  /* Added to the scaled logits; NULL = no bias. Broadcast to [B,N,T,S]: bias_dims[d] is 1 or the full size
+     of that axis (B, q_heads, q_len, kv_len), all 0 when bias is NULL; dense row-major in bias_dims. NULL
+     with bias_dims set is allowed only for an empty bias (a zero in the full sizes), as for every buffer. */
+  const void *bias;
+  sa_dtype bias_dtype;                            /* SA_F32, SA_F16 or SA_BF16, independent of dtype */
+  int64_t bias_dims[4];
+  const uint8_t *mask;                            /* NULL or broadcast like bias (mask_dims); nonzero = attend */
+  int64_t mask_dims[4];
+  /* [B,T], [B,S] or NULL (both or neither): causal and window compare these instead of i and j. */
+  const int32_t *q_positions, *kv_positions;
 } sa_attn;
 
 typedef struct sa_attn_grad {
@@ -146,6 +174,7 @@ typedef struct sa_attn_grad {
   float *dsinks;       /* [N] or NULL; fully overwritten (zeros unless LEARNABLE) */
   int deterministic;   /* CUDA: 1 = dq reduced in a fixed order too (dsinks always is). CPU and REF are
                           always deterministic. 0 lets the CUDA backend use float atomics for dq. */
+  float *dbias;        /* NULL (not wanted) or [bias_dims] fp32, bias required; fully overwritten */
 } sa_attn_grad;
 
 /* Fill *a with the defaults: everything zero/NULL except window_left = window_right = -1. */

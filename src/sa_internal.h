@@ -1,6 +1,7 @@
 /*
  * sa_internal.h — what every backend shares: error reporting, dtype conversion, the mask predicate
- * (lengths, causal, window, segments) and the backend entry points dispatch calls.
+ * (lengths, causal, window, segments, positions, the mask array), the broadcast indexing of bias and mask,
+ * and the backend entry points dispatch calls.
  * The mask helpers are the single definition of "valid (i, j)": the reference, the CPU backend and the
  * CUDA host code all call them, so a mask bug cannot hide in one backend only.
  */
@@ -131,13 +132,15 @@ static inline int64_t sa_kv_len_of(const sa_attn *a, int64_t b) {
 }
 
 /* Half-open key range [lo, hi) that lengths, causal and window allow for query row i of a batch with
-   valid lengths (ql, kl). Segments are not included (test them per pair with sa_segment_ok).
+   valid lengths (ql, kl). With positions, causal and window are per pair (sa_pair_ok) and the range is the
+   lengths' alone. Segments, positions and the mask are not included: test them per pair with sa_pair_ok.
    Empty (lo >= hi) when i >= ql. Pure arithmetic: usable on host and, copied, on device. */
 typedef struct { int64_t lo, hi; } sa_range;
 
 static inline sa_range sa_key_range(const sa_attn *a, int64_t ql, int64_t kl, int64_t i) {
   sa_range r = {0, kl};
   if (i >= ql) { r.hi = 0; return r; }
+  if (a->q_positions) return r;
   /* Windows wider than the problem act as unbounded; capping them keeps the sums below from
      overflowing int64 (diag_offset is checked to |x| < 2^40 by sa_attn_check). "Wider" counts the
      diagonal's shift too: with diag_offset -8 a right window of 8 still reaches key 0. */
@@ -158,12 +161,65 @@ static inline int sa_segment_ok(const sa_attn *a, int64_t b, int64_t i, int64_t 
   return a->q_segment_ids[b * a->q_len + i] == a->kv_segment_ids[b * a->kv_len + j];
 }
 
+/* Causal and window on positions: qp is the query's position plus diag_offset, kp the key's. Positions are
+   int32 and |diag_offset| < 2^40, so |qp - kp| < 2^41: windows are capped at 2^42, which then acts as
+   unbounded and keeps qp +- w from overflowing. */
+static inline int sa_positions_ok(const sa_attn *a, int64_t qp, int64_t kp) {
+  const int64_t cap = (int64_t)1 << 42;
+  if (a->causal != SA_CAUSAL_NONE && kp > qp) return 0;
+  if (a->window_left >= 0 && kp < qp - (a->window_left < cap ? a->window_left : cap)) return 0;
+  if (a->window_right >= 0 && kp > qp + (a->window_right < cap ? a->window_right : cap)) return 0;
+  return 1;
+}
+
+/* Element strides of a rank-4 operand broadcast to [B,N,T,S] (dims each 1 or the full size, dense
+   row-major): 0 on its size-1 axes, so that element (b, n, i, j) of the broadcast is at sa_bcast_at. */
+typedef struct { int64_t b, n, t, s; } sa_bcast;
+
+static inline sa_bcast sa_bcast_of(const int64_t d[4]) {
+  sa_bcast x;
+  x.s = d[3] == 1 ? 0 : 1;
+  x.t = d[2] == 1 ? 0 : d[3];
+  x.n = d[1] == 1 ? 0 : d[2] * d[3];
+  x.b = d[0] == 1 ? 0 : d[1] * d[2] * d[3];
+  return x;
+}
+
+static inline int64_t sa_bcast_at(sa_bcast x, int64_t b, int64_t n, int64_t i, int64_t j) {
+  return b * x.b + n * x.n + i * x.t + j * x.s;
+}
+
+/* A bias or mask is given when its dims are (validation makes the pointer non-NULL unless it is empty). */
+static inline int sa_dims_set(const int64_t d[4]) { return (d[0] | d[1] | d[2] | d[3]) != 0; }
+static inline int64_t sa_dims_count(const int64_t d[4]) { return d[0] * d[1] * d[2] * d[3]; }
+
+/* The per-pair part of validity for query head n: segments, causal / window on positions, the mask. */
+static inline int sa_pair_ok(const sa_attn *a, int64_t b, int64_t n, int64_t i, int64_t j) {
+  if (!sa_segment_ok(a, b, i, j)) return 0;
+  if (a->q_positions &&
+      !sa_positions_ok(a, a->q_positions[b * a->q_len + i] + a->diag_offset, a->kv_positions[b * a->kv_len + j]))
+    return 0;
+  return !a->mask || a->mask[sa_bcast_at(sa_bcast_of(a->mask_dims), b, n, i, j)] != 0;
+}
+
+/* The whole predicate: is (i, j) valid for batch b, query head n? */
+static inline int sa_attn_valid(const sa_attn *a, int64_t b, int64_t n, int64_t i, int64_t j) {
+  sa_range r = sa_key_range(a, sa_q_len_of(a, b), sa_kv_len_of(a, b), i);
+  return j >= r.lo && j < r.hi && sa_pair_ok(a, b, n, i, j);
+}
+
+/* bias[b, n, i, j] of the broadcast, in fp32 (0 without a bias). */
+static inline float sa_bias_at(const sa_attn *a, int64_t b, int64_t n, int64_t i, int64_t j) {
+  return a->bias ? sa_load(a->bias, a->bias_dtype, sa_bcast_at(sa_bcast_of(a->bias_dims), b, n, i, j)) : 0.0f;
+}
+
 /* ---- validation pieces of sinkattn.c, reused by the decode entry points (src/decode.c) ---------- */
 sa_status sa_check_backend_enum(sa_backend be);
 sa_status sa_check_dims(const sa_attn *a);    /* sizes, enums, options; no pointers */
 sa_status sa_check_shapes(const sa_attn *a);  /* sa_check_dims plus the pointers a call dereferences */
 sa_status sa_check_cuda_present(void);       /* SA_ERR_DEVICE unless built with CUDA and a device is present */
 sa_status sa_check_memory_kind(const sa_attn *a, sa_backend be);
+sa_status sa_check_cuda_inputs(const sa_attn *a); /* SA_ERR_UNSUPPORTED for bias, mask, positions */
 
 /* ---- backends -------------------------------------------------------------------------------- */
 /* Each backend says what it supports (SA_OK, or SA_ERR_UNSUPPORTED with the message set) and is only

@@ -81,6 +81,37 @@ static sa_status sa_check_counts(const sa_attn *a, int64_t *nq, int64_t *nk, int
   return sa_check_count("out", a->batch, a->q_len, a->q_heads, a->v_head_dim, es, no);
 }
 
+static const char *const sa_axis_names[4] = {"batch", "q_heads", "q_len", "kv_len"};
+
+/* A bias or mask shape (name_dims) must broadcast to [B,N,T,S]: all 0 (absent), or each dim 1 or the full
+   size; *count gets its elements (0 when absent). */
+static sa_status sa_check_bcast_dims(const sa_attn *a, const char *name, const int64_t d[4], size_t elem,
+                                     int64_t *count) {
+  const int64_t full[4] = {a->batch, a->q_heads, a->q_len, a->kv_len};
+  *count = 0;
+  if (!sa_dims_set(d)) return SA_OK;
+  for (int x = 0; x < 4; x++)
+    if (d[x] != 1 && d[x] != full[x])
+      return sa_error(SA_ERR_INVALID, "%s_dims[%d] %lld invalid: must be 1 or %s %lld (%s broadcasts to "
+                      "[batch, q_heads, q_len, kv_len] = [%lld, %lld, %lld, %lld])", name, x, (long long)d[x],
+                      sa_axis_names[x], (long long)full[x], name, (long long)full[0], (long long)full[1],
+                      (long long)full[2], (long long)full[3]);
+  return sa_check_count(name, d[0], d[1], d[2], d[3], elem, count);
+}
+
+/* The pointer of a bias or mask against its dims: set with dims all 0 is a shape left out; NULL with dims
+   set is allowed for an empty one only (as every buffer). */
+static sa_status sa_check_bcast_ptr(const char *name, const void *p, const int64_t d[4], int64_t count) {
+  if (p && !sa_dims_set(d))
+    return sa_error(SA_ERR_INVALID, "%s is set but %s_dims[0] is 0: give its shape (each dim 1 or the full "
+                    "batch, q_heads, q_len, kv_len)", name, name);
+  if (!p && count > 0)
+    return sa_error(SA_ERR_INVALID, "%s is NULL but %s_dims is [%lld, %lld, %lld, %lld]: give the buffer, "
+                    "or dims all 0 for none", name, name, (long long)d[0], (long long)d[1], (long long)d[2],
+                    (long long)d[3]);
+  return SA_OK;
+}
+
 #define SA_NEED_PTR(ptr, nonempty, name)                                                            \
   do {                                                                                              \
     if ((nonempty) && !(ptr)) return sa_error(SA_ERR_INVALID, name " is NULL (a non-empty buffer is required)"); \
@@ -121,8 +152,20 @@ sa_status sa_check_dims(const sa_attn *a) {
     return sa_error(SA_ERR_INVALID, "%s is NULL but %s is set: give both segment id arrays or neither",
                     a->q_segment_ids ? "kv_segment_ids" : "q_segment_ids",
                     a->q_segment_ids ? "q_segment_ids" : "kv_segment_ids");
-  int64_t nq = 0, nk = 0, nv = 0, no = 0;
-  return sa_check_counts(a, &nq, &nk, &nv, &no);
+  if ((a->q_positions == NULL) != (a->kv_positions == NULL))
+    return sa_error(SA_ERR_INVALID, "%s is NULL but %s is set: give both position arrays or neither",
+                    a->q_positions ? "kv_positions" : "q_positions", a->q_positions ? "q_positions" : "kv_positions");
+  if (a->q_positions && a->causal == SA_CAUSAL_BOTTOM_RIGHT)
+    return sa_error(SA_ERR_INVALID, "causal SA_CAUSAL_BOTTOM_RIGHT (2) invalid with q_positions / kv_positions: "
+                    "the positions already place every query (use SA_CAUSAL_TOP_LEFT)");
+  if (a->bias_dtype != SA_F32 && a->bias_dtype != SA_F16 && a->bias_dtype != SA_BF16)
+    return sa_error(SA_ERR_INVALID, "bias_dtype %d invalid: use SA_F32 (0), SA_F16 (1) or SA_BF16 (2)",
+                    (int)a->bias_dtype);
+  int64_t nq = 0, nk = 0, nv = 0, no = 0, nb = 0, nm = 0;
+  sa_status s = sa_check_counts(a, &nq, &nk, &nv, &no);
+  if (s == SA_OK) s = sa_check_bcast_dims(a, "bias", a->bias_dims, sa_dtype_size(a->bias_dtype), &nb);
+  if (s == SA_OK) s = sa_check_bcast_dims(a, "mask", a->mask_dims, 1, &nm);
+  return s;
 }
 
 /* Everything sa_check_dims accepts, plus the pointers a call dereferences. */
@@ -137,7 +180,12 @@ sa_status sa_check_shapes(const sa_attn *a) {
   SA_NEED_PTR(a->k, nk > 0, "k");
   SA_NEED_PTR(a->v, nv > 0, "v");
   SA_NEED_PTR(a->out, no > 0, "out");
-  return SA_OK;
+  int64_t nb = 0, nm = 0;
+  if ((s = sa_check_bcast_dims(a, "bias", a->bias_dims, sa_dtype_size(a->bias_dtype), &nb)) != SA_OK ||
+      (s = sa_check_bcast_ptr("bias", a->bias, a->bias_dims, nb)) != SA_OK ||
+      (s = sa_check_bcast_dims(a, "mask", a->mask_dims, 1, &nm)) != SA_OK)
+    return s;
+  return sa_check_bcast_ptr("mask", a->mask, a->mask_dims, nm);
 }
 
 sa_status sa_check_backend_enum(sa_backend be) {
@@ -180,13 +228,24 @@ sa_status sa_check_memory_kind(const sa_attn *a, sa_backend be) {
   return SA_OK;
 }
 
+/* What the CUDA kernels do not take yet, named before any of their own rules. */
+sa_status sa_check_cuda_inputs(const sa_attn *a) {
+  const char *what = sa_dims_set(a->bias_dims) ? "bias"
+                     : sa_dims_set(a->mask_dims) ? "mask"
+                     : a->q_positions ? "q_positions / kv_positions" : NULL;
+  if (!what) return SA_OK;
+  return sa_error(SA_ERR_UNSUPPORTED, "%s unsupported by the CUDA backend: its kernels do not take it yet "
+                  "(SA_BACKEND_CPU and SA_BACKEND_REF do, on host memory)", what);
+}
+
 static sa_status sa_check_for(const sa_attn *a, sa_backend be) {
   sa_status s;
   if ((s = sa_check_shapes(a)) != SA_OK) return s;
   switch (be) {
     case SA_BACKEND_CPU: s = sa_cpu_attn_supported(a); break;
     case SA_BACKEND_CUDA:
-      if ((s = sa_check_cuda_present()) == SA_OK) s = sa_cuda_attn_supported(a);
+      if ((s = sa_check_cuda_present()) == SA_OK && (s = sa_check_cuda_inputs(a)) == SA_OK)
+        s = sa_cuda_attn_supported(a);
       break;
     default: break;
   }
@@ -246,6 +305,9 @@ static sa_status sa_check_grad(const sa_attn *a, const sa_attn_grad *g) {
   SA_NEED_PTR(g->dq, nq > 0, "dq");
   SA_NEED_PTR(g->dk, nk > 0, "dk");
   SA_NEED_PTR(g->dv, nv > 0, "dv");
+  if (g->dbias && !sa_dims_set(a->bias_dims))
+    return sa_error(SA_ERR_INVALID, "dbias is set but bias is NULL: dbias is the gradient of a bias (give both, "
+                    "or leave dbias NULL)");
   return SA_OK;
 }
 
@@ -258,8 +320,9 @@ sa_status sa_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspace, 
   /* CUDA checks the workspace against its plan's need (a smaller one may still hold another plan's) */
   if (r == SA_BACKEND_CUDA) return sa_cuda_attn_bwd(a, g, workspace, workspace_size, stream);
   if ((s = sa_plan_host(SA_PLAN_BWD, r, a)) != SA_OK) return s;
-  if (a->batch == 0) { /* host memory (CUDA returned above); dsinks [N] is a sum over no rows */
+  if (a->batch == 0) { /* host memory (CUDA returned above); dsinks [N] and dbias are sums over no rows */
     if (g->dsinks) memset(g->dsinks, 0, (size_t)a->q_heads * sizeof *g->dsinks);
+    if (g->dbias) memset(g->dbias, 0, (size_t)sa_dims_count(a->bias_dims) * sizeof *g->dbias);
     return SA_OK;
   }
   if (r == SA_BACKEND_CPU) return sa_cpu_attn_bwd(a, g, workspace, workspace ? workspace_size : 0);

@@ -120,6 +120,16 @@ static int64_t t_compare(const char *what, const char *tag, const void *got, con
   return bad;
 }
 
+/* ---- bias and mask shapes ------------------------------------------------------------------ */
+
+/* A bias or mask shape as its size-1 axes (1 = broadcast) over [B,N,T,S]; 0 in a case = none. */
+#define T_BCAST(b, n, t, s) (1 + ((b) << 3 | (n) << 2 | (t) << 1 | (s)))
+
+/* The dims of a T_BCAST form over the full sizes [B,N,T,S]. */
+static void t_bcast_dims(int form, const int64_t full[4], int64_t *d) {
+  for (int x = 0; x < 4; x++) d[x] = (form - 1) >> (3 - x) & 1 ? 1 : full[x];
+}
+
 /* Any NaN in n elements? (NaN is never a valid result: not even for rows without keys.) */
 static int64_t t_count_nan(const void *p, sa_dtype t, int64_t n) {
   int64_t c = 0;

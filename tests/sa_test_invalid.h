@@ -14,8 +14,9 @@ enum { T_CALL_CHECK, T_CALL_FWD, T_CALL_BWD };
    entry of the table breaks in one place. Static storage: the table only reads it. */
 static float ti_q[2 * 3 * 4 * 8], ti_k[2 * 4 * 2 * 8], ti_v[2 * 4 * 2 * 8], ti_out[2 * 3 * 4 * 8];
 static float ti_lse[2 * 4 * 3], ti_dq[2 * 3 * 4 * 8], ti_dk[2 * 4 * 2 * 8], ti_dv[2 * 4 * 2 * 8];
-static float ti_sinks[4], ti_dsinks[4];
-static int32_t ti_qlens[2] = {3, 2}, ti_kvlens[2] = {4, 1}, ti_qseg[6], ti_kvseg[8];
+static float ti_sinks[4], ti_dsinks[4], ti_bias[2 * 4 * 3 * 4], ti_dbias[2 * 4 * 3 * 4];
+static uint8_t ti_mask[2 * 4 * 3 * 4];
+static int32_t ti_qlens[2] = {3, 2}, ti_kvlens[2] = {4, 1}, ti_qseg[6], ti_kvseg[8], ti_qpos[6], ti_kvpos[8];
 
 static void t_inv_base(sa_attn *a, sa_attn_grad *g) {
   sa_attn_init(a);
@@ -57,6 +58,19 @@ static void t_inv_expect(const char *what, int call, const sa_attn *a, const sa_
 
 /* One table row: start from the valid base, apply CODE (which may also set the pointers ap / gp that
    are passed), expect WANT and NEEDLE, for each host backend. */
+/* The base problem with a full bias, a mask and positions (causal top-left: bottom-right excludes
+   positions), and dbias. */
+static void t_inv_extras(sa_attn *a, sa_attn_grad *g) {
+  const int64_t full[4] = {2, 4, 3, 4};
+  a->bias = ti_bias; a->bias_dtype = SA_F32;
+  a->mask = ti_mask;
+  memcpy(a->bias_dims, full, sizeof full);
+  memcpy(a->mask_dims, full, sizeof full);
+  a->q_positions = ti_qpos; a->kv_positions = ti_kvpos;
+  a->causal = SA_CAUSAL_TOP_LEFT;
+  g->dbias = ti_dbias;
+}
+
 #define T_INV(call, want, needle, code)                                                             \
   for (int bi = 0; bi < 3; bi++) {                                                                  \
     static const sa_backend bes[3] = {SA_BACKEND_REF, SA_BACKEND_CPU, SA_BACKEND_AUTO};             \
@@ -125,6 +139,57 @@ static void t_invalid_group(void) {
   T_INV(T_CALL_BWD, INV, "dv", g.dv = NULL);
   T_INV(T_CALL_BWD, INV, "grad", gp = NULL);
   T_INV(T_CALL_BWD, INV, "q_segment_ids", a.q_segment_ids = NULL);
+  /* bias, mask, positions, dbias */
+  T_INV(T_CALL_FWD, INV, "bias_dims[2] 7 invalid: must be 1 or q_len 3", t_inv_extras(&a, &g); a.bias_dims[2] = 7);
+  T_INV(T_CALL_FWD, INV, "bias_dims[0] 0 invalid: must be 1 or batch 2", t_inv_extras(&a, &g); a.bias_dims[0] = 0);
+  T_INV(T_CALL_CHECK, INV, "bias_dims[3] -1 invalid", t_inv_extras(&a, &g); a.bias_dims[3] = -1);
+  T_INV(T_CALL_BWD, INV, "bias_dims[1] 2 invalid: must be 1 or q_heads 4", t_inv_extras(&a, &g); a.bias_dims[1] = 2);
+  T_INV(T_CALL_FWD, INV, "bias_dtype 9 invalid: use SA_F32 (0), SA_F16 (1) or SA_BF16 (2)",
+        t_inv_extras(&a, &g); a.bias_dtype = (sa_dtype)9);
+  T_INV(T_CALL_FWD, INV, "bias_dtype -1 invalid", a.bias_dtype = (sa_dtype)-1);
+  T_INV(T_CALL_FWD, INV, "bias is set but bias_dims[0] is 0", t_inv_extras(&a, &g); memset(a.bias_dims, 0, 32));
+  T_INV(T_CALL_FWD, INV, "bias is NULL but bias_dims is [2, 4, 3, 4]", t_inv_extras(&a, &g); a.bias = NULL);
+  T_INV(T_CALL_FWD, INV, "mask_dims[3] 5 invalid: must be 1 or kv_len 4", t_inv_extras(&a, &g); a.mask_dims[3] = 5);
+  T_INV(T_CALL_BWD, INV, "mask_dims[0] 3 invalid", t_inv_extras(&a, &g); a.mask_dims[0] = 3);
+  T_INV(T_CALL_FWD, INV, "mask is set but mask_dims[0] is 0", t_inv_extras(&a, &g); memset(a.mask_dims, 0, 32));
+  T_INV(T_CALL_FWD, INV, "mask is NULL but mask_dims is [2, 4, 3, 4]", t_inv_extras(&a, &g); a.mask = NULL);
+  T_INV(T_CALL_FWD, INV, "bias: size", t_inv_extras(&a, &g); a.q_len = a.kv_len = (int64_t)1 << 31;
+        a.bias_dims[2] = a.bias_dims[3] = (int64_t)1 << 31; a.mask = NULL; memset(a.mask_dims, 0, 32));
+  T_INV(T_CALL_FWD, INV, "q_positions is NULL but kv_positions is set", t_inv_extras(&a, &g); a.q_positions = NULL);
+  T_INV(T_CALL_BWD, INV, "kv_positions is NULL but q_positions is set", t_inv_extras(&a, &g); a.kv_positions = NULL);
+  T_INV(T_CALL_FWD, INV, "causal SA_CAUSAL_BOTTOM_RIGHT (2) invalid with q_positions",
+        t_inv_extras(&a, &g); a.causal = SA_CAUSAL_BOTTOM_RIGHT);
+  T_INV(T_CALL_BWD, INV, "dbias is set but bias is NULL", g.dbias = ti_dbias);
+  T_INV(T_CALL_BWD, INV, "dbias is set but bias is NULL", t_inv_extras(&a, &g); a.bias = NULL;
+        memset(a.bias_dims, 0, 32));
+  T_INV(T_CALL_FWD, SA_OK, "", t_inv_extras(&a, &g));
+  T_INV(T_CALL_BWD, SA_OK, "", t_inv_extras(&a, &g));
+  T_INV(T_CALL_BWD, SA_OK, "", t_inv_extras(&a, &g); g.dbias = NULL);
+  T_INV(T_CALL_BWD, SA_OK, "", t_inv_extras(&a, &g); a.bias_dims[0] = a.bias_dims[2] = 1; a.mask_dims[1] = 1;
+        a.bias_dtype = SA_BF16);
+  /* an empty bias may be NULL (as every empty buffer), and still has a dbias (of zeros) */
+  T_INV(T_CALL_BWD, SA_OK, "", t_inv_extras(&a, &g); a.q_len = 0; a.q = a.out = NULL; a.lse = NULL; g.dq = NULL;
+        g.dout = NULL; a.bias_dims[2] = 0; a.bias = NULL; a.mask = NULL; memset(a.mask_dims, 0, 32));
+  /* what the CUDA kernels do not take is named whether or not this build has them */
+  {
+    static const char *needles[3] = {"bias unsupported by the CUDA backend", "mask unsupported by the CUDA backend",
+                                     "q_positions / kv_positions unsupported by the CUDA backend"};
+    for (int w = 0; w < 3; w++) {
+      sa_attn a;
+      sa_attn_grad g;
+      t_inv_base(&a, &g);
+      t_inv_extras(&a, &g);
+      if (w > 0) { a.bias = NULL; memset(a.bias_dims, 0, 32); }
+      if (w > 1) { a.mask = NULL; memset(a.mask_dims, 0, 32); }
+      sa_status st = sa_check_cuda_inputs(&a);
+      int ok = st == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), needles[w]) != NULL;
+      if (!ok) t_report("sa_check_cuda_inputs: got %s \"%s\", want \"%s\"", sa_status_name(st), sa_last_error(),
+                        needles[w]);
+      t_count(ok);
+      ti_total++;
+      ti_pass += ok;
+    }
+  }
   /* no CUDA in this build: the CUDA backend says so instead of crashing on host pointers */
   if (!sa_has_cuda()) {
     T_INV(T_CALL_FWD, SA_ERR_DEVICE, "CUDA", be = SA_BACKEND_CUDA);

@@ -6,7 +6,7 @@
  * Memory beyond the caller's buffers: per thread one scratch of O(tile) floats, whatever T and S are
  * (at H = Hv = 128: 400 KiB forward, 560 KiB dq pass, 230 KiB dk/dv pass); for the backward also
  * D [B,N,T] and the dsinks partials [N,B,T/bq] fp32, from the caller's workspace when it is large
- * enough, else allocated per call.
+ * enough, else allocated per call. Bias, mask and dbias are read and summed in place, tile by tile.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -50,8 +50,10 @@ static void sa_cpu_ctx_init(sa_cpu_ctx *c, const sa_attn *a, const sa_attn_grad 
   c->a = a;
   c->g = g;
   c->G = a->q_heads / a->kv_heads;
-  /* G heads x bq positions share each K/V tile (one position per item when G exceeds the rows). */
-  int diag = a->causal != SA_CAUSAL_NONE || a->window_left >= 0 || a->window_right >= 0 || a->q_segment_ids;
+  /* G heads x bq positions share each K/V tile (one position per item when G exceeds the rows). A mask
+     array is treated as a diagonal mask: its all-false tiles are skipped, and shorter blocks skip more. */
+  int diag = a->causal != SA_CAUSAL_NONE || a->window_left >= 0 || a->window_right >= 0 || a->q_segment_ids ||
+             a->mask;
   int64_t rows = diag ? SA_CPU_ROWS_DIAG : SA_CPU_ROWS;
   c->bq = c->G >= rows ? 1 : rows / c->G;
   c->nqb = (a->q_len + c->bq - 1) / c->bq;
@@ -60,6 +62,27 @@ static void sa_cpu_ctx_init(sa_cpu_ctx *c, const sa_attn *a, const sa_attn_grad 
   c->hvp = sa_round_up(a->v_head_dim, SA_CPU_PAD);
   c->scale = sa_scale_of(a);
   c->scale2 = c->scale * SA_LOG2E;
+  c->bias_st = sa_bcast_of(a->bias_dims);
+  c->mask_st = sa_bcast_of(a->mask_dims);
+  c->fill = a->bias || a->mask;
+  c->dbias_pass = -1;
+  if (g && g->dbias) {
+    /* dbias is summed in the pass whose items already hold every pair of an element: the dk/dv pass holds
+       all query rows of its keys, the dq pass all keys of its rows. So the dq pass when bias is shared
+       along the keys only, else the dk/dv pass; its items then also span the batches, kv heads and (for a
+       bias shared along both rows and keys) key blocks along which bias is shared. */
+    const int64_t *d = a->bias_dims;
+    int bi = d[2] == 1 && a->q_len > 1, bj = d[3] == 1 && a->kv_len > 1;
+    c->dbias_pass = bj && !bi ? SA_CPU_BWD_DQ : SA_CPU_BWD_DKDV;
+    c->span_b = d[0] == 1 && a->batch > 1;
+    c->span_k = d[1] == 1 && a->q_heads > 1;
+    c->span_blk = c->dbias_pass == SA_CPU_BWD_DKDV && bj;
+  }
+}
+
+static int64_t sa_cpu_items(const sa_cpu_ctx *c, sa_cpu_pass pass) {
+  sa_cpu_grid g = sa_cpu_grid_of(c, pass);
+  return g.nb * g.nk * g.nl;
 }
 
 /* Upper bound of one pass's FLOPs (masks ignored): 2 T S (H + Hv) per query head. */
@@ -79,7 +102,7 @@ sa_status sa_cpu_attn_fwd(const sa_attn *a) {
   sa_cpu_ctx c;
   sa_cpu_ctx_init(&c, a, NULL);
   const sa_cpu_kernels *k = sa_cpu_kernels_pick();
-  return sa_cpu_parallel(k, &c, SA_CPU_FWD, a->batch * a->kv_heads * c.nqb, k->scratch(&c, SA_CPU_FWD),
+  return sa_cpu_parallel(k, &c, SA_CPU_FWD, sa_cpu_items(&c, SA_CPU_FWD), k->scratch(&c, SA_CPU_FWD),
                          sa_cpu_flops(a));
 }
 
@@ -117,13 +140,15 @@ sa_status sa_cpu_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspa
 
   const sa_cpu_kernels *k = sa_cpu_kernels_pick();
   sa_status s = SA_OK;
+  /* dbias is summed in place (pairs that no tile visits add nothing) */
+  if (g->dbias) memset(g->dbias, 0, (size_t)sa_dims_count(a->bias_dims) * sizeof *g->dbias);
   if (B > 0 && a->q_len > 0)
-    s = sa_cpu_parallel(k, &c, SA_CPU_BWD_DQ, B * a->kv_heads * c.nqb, k->scratch(&c, SA_CPU_BWD_DQ),
+    s = sa_cpu_parallel(k, &c, SA_CPU_BWD_DQ, sa_cpu_items(&c, SA_CPU_BWD_DQ), k->scratch(&c, SA_CPU_BWD_DQ),
                         1.5 * sa_cpu_flops(a));
   /* dk/dv read every D of pass 1, so the passes run one after the other. */
   if (s == SA_OK && B > 0 && a->kv_len > 0)
-    s = sa_cpu_parallel(k, &c, SA_CPU_BWD_DKDV, B * a->kv_heads * c.nkb, k->scratch(&c, SA_CPU_BWD_DKDV),
-                        2.0 * sa_cpu_flops(a));
+    s = sa_cpu_parallel(k, &c, SA_CPU_BWD_DKDV, sa_cpu_items(&c, SA_CPU_BWD_DKDV),
+                        k->scratch(&c, SA_CPU_BWD_DKDV), 2.0 * sa_cpu_flops(a));
 
   /* dsinks[n] = -sum over (b, query block) of the per-block partials, in that fixed order (double, so
      the sum of up to B*T/bq partials adds no error beyond the partials' own). */

@@ -50,15 +50,38 @@ typedef struct sa_cpu_ctx {
   float scale2;     /* scale * log2(e): scores are kept in base 2 so exp is exp2 */
   float *dbuf;      /* [B,N,T] D_i = dout_i . out_i - dlse_i (backward) */
   float *dsink_part; /* [N, B, nqb] per-block dsinks partials (backward, LEARNABLE) */
+  sa_bcast bias_st, mask_st; /* element strides of bias (and dbias) and mask, 0 on their size-1 axes */
+  int fill;         /* every score tile starts from an additive tile (bias, mask; see cpu_mask.h) */
+  int dbias_pass;   /* the backward pass that sums dbias (an sa_cpu_pass), -1 without dbias */
+  int span_b, span_k, span_blk; /* that pass's items span every batch / kv head / block (see sa_cpu_grid) */
 } sa_cpu_ctx;
 
 typedef enum { SA_CPU_FWD = 0, SA_CPU_BWD_DQ = 1, SA_CPU_BWD_DKDV = 2 } sa_cpu_pass;
+
+/* The items of a pass: one per (b, kv head, block) where blocks are query blocks (FWD, BWD_DQ) or key
+   blocks (BWD_DKDV), except in the pass that sums dbias, whose items span every axis along which two
+   items would add to the same dbias element: one item then sums each element in a fixed order, so dbias
+   is bitwise the same for every thread count, with no scratch beyond dbias. An item is the gb x gk x gl
+   sub-items (b, kv head, block) of one cell of the nb x nk x nl grid, run in that order. */
+typedef struct { int64_t gb, gk, gl, nb, nk, nl; } sa_cpu_grid;
+
+static inline sa_cpu_grid sa_cpu_grid_of(const sa_cpu_ctx *c, sa_cpu_pass pass) {
+  const int64_t nblk = pass == SA_CPU_BWD_DKDV ? c->nkb : c->nqb, span = (int)pass == c->dbias_pass;
+  sa_cpu_grid g;
+  g.gb = span && c->span_b && c->a->batch > 0 ? c->a->batch : 1;
+  g.gk = span && c->span_k ? c->a->kv_heads : 1;
+  g.gl = span && c->span_blk && nblk > 0 ? nblk : 1;
+  g.nb = c->a->batch / g.gb;
+  g.nk = c->a->kv_heads / g.gk;
+  g.nl = nblk / g.gl;
+  return g;
+}
 
 typedef struct sa_cpu_kernels {
   const char *name;
   /* Floats of scratch one worker needs for a pass (the items allocate nothing). */
   size_t (*scratch)(const sa_cpu_ctx *c, sa_cpu_pass pass);
-  /* Item indices: FWD and BWD_DQ (b, kv head, query block); BWD_DKDV (b, kv head, key block). */
+  /* Item indices of sa_cpu_grid_of's grid, (b, kv head, block) row-major. */
   void (*run)(const sa_cpu_ctx *c, sa_cpu_pass pass, int64_t item, float *scratch);
 } sa_cpu_kernels;
 

@@ -5,7 +5,8 @@
  * Everything here is static: each including file is one SIMD level and exports only its kernel table.
  *
  * Scores are kept in base 2: q is multiplied by scale * log2(e) when it is converted, so every
- * exponential is an exp2 and the sink logit a enters as a * log2(e).
+ * exponential is an exp2 and the sink logit a enters as a * log2(e) (a bias element too: cpu_mask.h
+ * builds the tile a score product starts from, and holds the masks and the dbias sums).
  *
  * Three passes, each a set of independent items (FlashAttention-2 style, no T x S matrix):
  *   FWD      item (b, kv head, query block): the G heads' M rows share each K/V tile; online softmax
@@ -14,6 +15,8 @@
  *            dq = scale * dS K over the key tiles, P recomputed from lse.
  *   BWD_DKDV item (b, kv head, key block): dk, dv accumulated in fp32 over the G heads and all query
  *            tiles.
+ * dbias is summed in BWD_DKDV, or in BWD_DQ for a bias shared along the keys only; that pass's items may
+ * span several (b, kv head, block) (sa_cpu_grid in cpu_internal.h).
  * All products are C (+)= A B with A read as broadcast scalars at any (row, k) strides and B as vectors
  * along its rows. Only operands reused across a whole item are transposed (q^T, dout^T in FWD/BWD_DQ:
  * scores are kept as S^T, keys x query rows, so the softmax runs down columns without horizontal
@@ -121,29 +124,7 @@ static void scatter_col(float *dst, int64_t ld, int64_t col, const float *row, i
   for (int64_t d = 0; d < n; d++) dst[d * ld + col] = row[d];
 }
 
-/* ---- masks ----------------------------------------------------------------------------------- */
-
-/* How key tile [j0, j0 + nk) meets query positions [i0, i0 + np) (key ranges rg): 0 no valid pair
-   (skip the tile), 1 some pairs (apply the mask), 2 every pair valid. Sorted segment ids (packed
-   sequences) make most off-diagonal tiles disjoint in their [min, max] id range: those are skipped too. */
-static int tile_class(const sa_attn *a, int64_t b, const sa_range *rg, int64_t i0, int64_t np, int64_t j0,
-                      int64_t nk) {
-  int any = 0, all = 1;
-  for (int64_t p = 0; p < np; p++) {
-    if (rg[p].lo < j0 + nk && rg[p].hi > j0) any = 1;
-    if (rg[p].lo > j0 || rg[p].hi < j0 + nk) all = 0;
-  }
-  if (!any) return 0;
-  if (a->q_segment_ids) {
-    const int32_t *qs = a->q_segment_ids + b * a->q_len + i0, *ks = a->kv_segment_ids + b * a->kv_len + j0;
-    int32_t qmin = qs[0], qmax = qs[0], kmin = ks[0], kmax = ks[0];
-    for (int64_t p = 1; p < np; p++) { qmin = SA_MIN(qmin, qs[p]); qmax = SA_MAX(qmax, qs[p]); }
-    for (int64_t j = 1; j < nk; j++) { kmin = SA_MIN(kmin, ks[j]); kmax = SA_MAX(kmax, ks[j]); }
-    if (qmax < kmin || kmax < qmin) return 0;
-    if (!(qmin == qmax && kmin == kmax && qmin == kmin)) all = 0;
-  }
-  return all ? 2 : 1;
-}
+#include "cpu_mask.h"
 
 /* ---- per-pass scratch ------------------------------------------------------------------------ */
 
@@ -151,6 +132,7 @@ static int64_t pad_to(int64_t x) { return (x + SA_CPU_PAD - 1) / SA_CPU_PAD * SA
 
 typedef struct {
   float *tmp, *tmp2, *q, *qt, *kt, *kr, *v, *vt, *d, *dt, *s, *dp, *acc, *acc2, *r1, *r2, *cm, *cl, *mlo, *mhi;
+  float *row, *db; /* one row of the additive tile (cpu_mask.h); dbias row sums of the dq pass */
 } sa_bufs;
 
 /* Lays the pass's tiles out in ws (64-byte aligned each) and returns the floats used; ws NULL: size only.
@@ -166,6 +148,7 @@ static size_t carve(const sa_cpu_ctx *c, sa_cpu_pass pass, float *ws, sa_bufs *B
   const int64_t hp = c->hp, hvp = c->hvp, BK = SA_CPU_BK, BK2 = SA_CPU_BK2, Q2 = SA_CPU_BQ2;
   memset(B, 0, sizeof *B);
   TAKE(B->tmp, SA_MAX(hp, hvp));
+  TAKE(B->row, SA_MAX(BK, BK2));
   if (pass == SA_CPU_FWD) {
     TAKE(B->qt, H * Mp); TAKE(B->kr, BK * hp); TAKE(B->v, BK * hvp); TAKE(B->s, BK * Mp);
     TAKE(B->acc, M * hvp); TAKE(B->r1, Mp); TAKE(B->r2, Mp); TAKE(B->cm, Mp); TAKE(B->cl, Mp);
@@ -173,7 +156,7 @@ static size_t carve(const sa_cpu_ctx *c, sa_cpu_pass pass, float *ws, sa_bufs *B
   } else if (pass == SA_CPU_BWD_DQ) {
     TAKE(B->tmp2, hvp); TAKE(B->qt, H * Mp); TAKE(B->dt, Hv * Mp); TAKE(B->kr, BK * hp); TAKE(B->v, BK * hvp);
     TAKE(B->s, BK * Mp); TAKE(B->dp, BK * Mp); TAKE(B->acc, M * hp); TAKE(B->r1, Mp); TAKE(B->r2, Mp);
-    TAKE(B->mlo, Mp); TAKE(B->mhi, Mp);
+    TAKE(B->mlo, Mp); TAKE(B->mhi, Mp); TAKE(B->db, Mp);
   } else {
     TAKE(B->kt, H * BK2); TAKE(B->vt, Hv * BK2); TAKE(B->q, Q2 * hp); TAKE(B->d, Q2 * hvp); TAKE(B->s, Q2 * BK2);
     TAKE(B->dp, Q2 * BK2); TAKE(B->acc, BK2 * hp); TAKE(B->acc2, BK2 * hvp); TAKE(B->r1, Q2); TAKE(B->r2, Q2);
@@ -203,43 +186,6 @@ static void ranges(const sa_attn *a, int64_t ql, int64_t kl, int64_t i0, int64_t
       *jlo = SA_MIN(*jlo, rg[p].lo);
       *jhi = SA_MAX(*jhi, rg[p].hi);
     }
-  }
-}
-
-/* Masked scores of the S^T tile [nk x Mp] (keys j0.. x the G * np rows; column r is position r % np) to
-   -inf: the key range of each column as a vector compare per row (a per-element byte mask cost 15% of the
-   causal forward), then segments element by element. */
-static void mask_cols(const sa_attn *a, int64_t b, float *s, int64_t nk, int64_t Mp, int64_t M, int64_t np,
-                      const sa_range *rg, int64_t i0, int64_t j0, float *mlo, float *mhi) {
-  for (int64_t r = 0; r < Mp; r++) {
-    int64_t p = r % np;
-    mlo[r] = r < M ? (float)SA_MAX(0, SA_MIN(rg[p].lo - j0, nk)) : 0.0f;
-    mhi[r] = r < M ? (float)SA_MAX(0, SA_MIN(rg[p].hi - j0, nk)) : (float)nk;
-  }
-  for (int64_t jj = 0; jj < nk; jj++) {
-    vf jv = V_SET1((float)jj);
-    float *row = s + jj * Mp;
-    for (int64_t e = 0; e < Mp; e += VW)
-      V_STORE(row + e, V_MASK_RANGE(V_LOAD(row + e), jv, V_LOAD(mlo + e), V_LOAD(mhi + e)));
-  }
-  if (a->q_segment_ids)
-    for (int64_t jj = 0; jj < nk; jj++)
-      for (int64_t r = 0; r < M; r++)
-        if (!sa_segment_ok(a, b, i0 + r % np, j0 + jj)) s[jj * Mp + r] = -INFINITY;
-}
-
-/* Masked scores of the S tile [np x bk] (positions i0.. x keys j0..; columns past nk are never read) to
-   -inf: each row's valid keys are one interval, then segments element by element. */
-static void mask_rows(const sa_attn *a, int64_t b, float *s, int64_t np, int64_t bk, int64_t nk,
-                      const sa_range *rg, int64_t i0, int64_t j0) {
-  for (int64_t p = 0; p < np; p++) {
-    int64_t lo = SA_MAX(0, SA_MIN(rg[p].lo - j0, nk)), hi = SA_MAX(lo, SA_MIN(rg[p].hi - j0, nk));
-    float *row = s + p * bk;
-    for (int64_t jj = 0; jj < lo; jj++) row[jj] = -INFINITY;
-    for (int64_t jj = hi; jj < nk; jj++) row[jj] = -INFINITY;
-    if (a->q_segment_ids)
-      for (int64_t jj = lo; jj < hi; jj++)
-        if (!sa_segment_ok(a, b, i0 + p, j0 + jj)) row[jj] = -INFINITY;
   }
 }
 
@@ -325,10 +271,10 @@ static void fwd_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
 
   for (int64_t j0 = jlo; j0 < jhi; j0 += BK) {
     const int64_t nk = SA_MIN(BK, jhi - j0);
-    const int cls = tile_class(a, b, rg, i0, np, j0, nk);
-    if (cls == 0) continue;
+    const int cls = tile_class(a, b, rg, i0, np, j0, nk), pos = a->q_positions && cls == 1, add = c->fill || pos;
+    if (cls == 0 || (add && !fill_cols(c, b, kh, B.s, B.row, nk, Mp, M, np, i0, j0, pos))) continue;
     load_kv_rows(c, &B, b, kh, j0, nk, jhi);
-    gemm(nk, Mp, H, B.kr, c->hp, 1, B.qt, Mp, B.s, Mp, 0); /* S^T = k q^T */
+    gemm(nk, Mp, H, B.kr, c->hp, 1, B.qt, Mp, B.s, Mp, add); /* S^T = (bias^T +) k q^T */
     if (cls == 1) mask_cols(a, b, B.s, nk, Mp, M, np, rg, i0, j0, B.mlo, B.mhi);
     softmax_cols(B.s, nk, Mp, M, B.r1, B.r2, B.acc, hvp, B.cm, B.cl);
     gemm(M, hvp, nk, B.s, 1, Mp, B.v, hvp, B.acc, hvp, 1); /* o += P v, P read through S^T's strides */
@@ -405,13 +351,15 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
     if (a->softmax == SA_SOFTMAX_LEARNABLE) c->dsink_part[(n * a->batch + b) * c->nqb + qb] = part;
   }
   memset(B.acc, 0, (size_t)(M * hp) * sizeof(float));
+  const int dbias = c->dbias_pass == SA_CPU_BWD_DQ;
+  if (dbias) memset(B.db, 0, (size_t)Mp * sizeof(float));
 
   for (int64_t j0 = jlo; j0 < jhi; j0 += BK) {
     const int64_t nk = SA_MIN(BK, jhi - j0);
-    const int cls = tile_class(a, b, rg, i0, np, j0, nk);
-    if (cls == 0) continue;
+    const int cls = tile_class(a, b, rg, i0, np, j0, nk), pos = a->q_positions && cls == 1, add = c->fill || pos;
+    if (cls == 0 || (add && !fill_cols(c, b, kh, B.s, B.row, nk, Mp, M, np, i0, j0, pos))) continue;
     load_kv_rows(c, &B, b, kh, j0, nk, jhi);
-    gemm(nk, Mp, H, B.kr, hp, 1, B.qt, Mp, B.s, Mp, 0); /* S^T = k q^T */
+    gemm(nk, Mp, H, B.kr, hp, 1, B.qt, Mp, B.s, Mp, add); /* S^T = (bias^T +) k q^T */
     if (cls == 1) mask_cols(a, b, B.s, nk, Mp, M, np, rg, i0, j0, B.mlo, B.mhi);
     gemm(nk, Mp, Hv, B.v, hvp, 1, B.dt, Mp, B.dp, Mp, 0); /* dP^T = v dout^T */
     for (int64_t jj = 0; jj < nk; jj++) { /* p = 2^(s - lse2); ds = p (dp - D), per column */
@@ -421,11 +369,13 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
         V_STORE(dp + e, V_MUL(p, V_SUB(V_LOAD(dp + e), V_LOAD(B.r2 + e))));
       }
     }
+    if (dbias) dbias_cols(B.dp, nk, Mp, B.db);
     gemm(M, hp, nk, B.dp, 1, Mp, B.kr, hp, B.acc, hp, 1); /* dq += dS k */
   }
   for (int64_t r = 0; r < M; r++) {
     int64_t g = r / np, p = r % np, n = kh * G + g;
     put(gr->dq, dt, ((b * T + i0 + p) * N + n) * H, B.acc + r * hp, H, c->scale);
+    if (dbias) gr->dbias[sa_bcast_at(c->bias_st, b, n, i0 + p, 0)] += B.db[r];
   }
 }
 
@@ -472,13 +422,16 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   const int64_t ie = nk > 0 ? first_row(a, ql, kl, ib, ql, j0 + nk, 0) : ib;
   sa_range rg[SA_CPU_BQ2];
 
+  const int dbias = c->dbias_pass == SA_CPU_BWD_DKDV;
+
   for (int64_t i0 = ib; i0 < ie; i0 += Q2) {
     const int64_t np = SA_MIN(Q2, ie - i0);
     for (int64_t p = 0; p < np; p++) rg[p] = sa_key_range(a, ql, kl, i0 + p);
-    const int cls = tile_class(a, b, rg, i0, np, j0, nk);
+    const int cls = tile_class(a, b, rg, i0, np, j0, nk), pos = a->q_positions && cls == 1, add = c->fill || pos;
     if (cls == 0) continue;
     for (int64_t g = 0; g < G; g++) {
       const int64_t n = kh * G + g;
+      if (add && !fill_rows(c, b, n, B.s, np, BK, nk, i0, j0, pos)) continue;
       for (int64_t p = 0; p < np; p++) {
         int64_t i = i0 + p, lrow = (b * N + n) * T + i;
         cvt(B.q + p * hp, a->q, dt, ((b * T + i) * N + n) * H, H, hp, c->scale2);
@@ -493,7 +446,7 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
           prefetch_rows(gr->dout, dt, b * T + ni, nn, N * Hv, ng * Hv, Hv);
         }
       }
-      gemm(np, BK, H, B.q, hp, 1, B.kt, BK, B.s, BK, 0); /* S = q k^T */
+      gemm(np, BK, H, B.q, hp, 1, B.kt, BK, B.s, BK, add); /* S = (bias +) q k^T */
       if (cls == 1) mask_rows(a, b, B.s, np, BK, nk, rg, i0, j0);
       for (int64_t p = 0; p < np; p++) {
         float *s = B.s + p * BK;
@@ -507,6 +460,7 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
         vf Dv = V_SET1(B.r2[p]);
         for (int64_t e = 0; e < BK; e += VW) V_STORE(dp + e, V_MUL(V_LOAD(s + e), V_SUB(V_LOAD(dp + e), Dv)));
       }
+      if (dbias) dbias_rows(c, b, n, B.dp, np, BK, nk, i0, j0);
       gemm(nk, hp, np, B.dp, 1, BK, B.q, hp, B.acc, hp, 1); /* dk += dS^T (scale2 q) */
     }
   }
@@ -518,12 +472,21 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   }
 }
 
+/* Item `item` of sa_cpu_grid_of's grid: its sub-items (b, kv head, block) in that order. */
 static void run(const sa_cpu_ctx *c, sa_cpu_pass pass, int64_t item, float *ws) {
-  switch (pass) {
-    case SA_CPU_FWD: fwd_item(c, item, ws); break;
-    case SA_CPU_BWD_DQ: dq_item(c, item, ws); break;
-    default: dkdv_item(c, item, ws); break;
-  }
+  const sa_cpu_grid g = sa_cpu_grid_of(c, pass);
+  const int64_t K = c->a->kv_heads, nblk = g.nl * g.gl;
+  const int64_t il = item % g.nl, ik = (item / g.nl) % g.nk, ib = item / (g.nl * g.nk);
+  for (int64_t b = ib * g.gb; b < (ib + 1) * g.gb; b++)
+    for (int64_t kh = ik * g.gk; kh < (ik + 1) * g.gk; kh++)
+      for (int64_t blk = il * g.gl; blk < (il + 1) * g.gl; blk++) {
+        const int64_t sub = (b * K + kh) * nblk + blk;
+        switch (pass) {
+          case SA_CPU_FWD: fwd_item(c, sub, ws); break;
+          case SA_CPU_BWD_DQ: dq_item(c, sub, ws); break;
+          default: dkdv_item(c, sub, ws); break;
+        }
+      }
 }
 
 const sa_cpu_kernels SA_K_TABLE = {SA_K_NAME, scratch, run};

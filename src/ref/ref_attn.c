@@ -29,25 +29,28 @@ static double sa_ref_sink(const sa_attn *a, const double *sinks, int64_t n) {
    multiply by the same number (1/sqrt(H) is not exact in float: 1/sqrt(80) differs by 3e-8 relative). */
 static double sa_ref_scale(const sa_attn *a) { return (double)sa_scale_of(a); }
 
-/* Scores of query row i (batch b, head n) against every key: s[j] = scale * q_i . k_j where (i, j) is
-   valid, -inf where it is not (exp(-inf) = 0 drops those keys from every sum below). */
-static void sa_ref_scores(const sa_attn *a, const double *q, const double *k, int64_t b, int64_t n,
-                          int64_t i, double *s) {
+/* Scores of query row i (batch b, head n) against every key: s[j] = scale * q_i . k_j + bias[b,n,i,j]
+   where (i, j) is valid, -inf where it is not (exp(-inf) = 0 drops those keys from every sum below; a
+   bias of -inf drops its key the same way). */
+static void sa_ref_scores(const sa_attn *a, const double *q, const double *k, const double *bias, int64_t b,
+                          int64_t n, int64_t i, double *s) {
   int64_t S = a->kv_len, H = a->head_dim, kh = n / (a->q_heads / a->kv_heads);
   sa_range r = sa_key_range(a, sa_q_len_of(a, b), sa_kv_len_of(a, b), i);
+  sa_bcast bs = sa_bcast_of(a->bias_dims);
   double scale = sa_ref_scale(a);
   for (int64_t j = 0; j < S; j++) {
     s[j] = -INFINITY;
-    if (j < r.lo || j >= r.hi || !sa_segment_ok(a, b, i, j)) continue;
+    if (j < r.lo || j >= r.hi || !sa_pair_ok(a, b, n, i, j)) continue;
     const double *qi = q + SA_Q(a, b, i, n), *kj = k + SA_K(a, b, j, kh);
     double dot = 0.0;
     for (int64_t d = 0; d < H; d++) dot += qi[d] * kj[d];
     s[j] = scale * dot;
+    if (bias) s[j] += bias[sa_bcast_at(bs, b, n, i, j)];
   }
 }
 
 sa_status sa_ref_fwd64(const sa_attn *a, const double *q, const double *k, const double *v,
-                       const double *sinks, double *out, double *lse) {
+                       const double *sinks, const double *bias, double *out, double *lse) {
   int64_t B = a->batch, T = a->q_len, S = a->kv_len, N = a->q_heads, Hv = a->v_head_dim;
   int64_t G = N / a->kv_heads;
   double *s = malloc((size_t)(S + 1) * sizeof *s);
@@ -60,7 +63,7 @@ sa_status sa_ref_fwd64(const sa_attn *a, const double *q, const double *k, const
 
         /* pass 1: scores and row max. The max starts at the sink logit: a huge sink (|a| = 100) then
            cannot overflow exp(), and a row without keys keeps m = a_n. */
-        sa_ref_scores(a, q, k, b, n, i, s);
+        sa_ref_scores(a, q, k, bias, b, n, i, s);
         double m = sink;
         /* A NaN score (NaN or inf in q or k) is kept as the max: the row then comes out NaN instead of
            looking empty (s > m is false for NaN, which would skip it). */
@@ -96,8 +99,9 @@ sa_status sa_ref_fwd64(const sa_attn *a, const double *q, const double *k, const
 }
 
 sa_status sa_ref_bwd64(const sa_attn *a, const double *q, const double *k, const double *v,
-                       const double *sinks, const double *out, const double *lse, const double *dout,
-                       const double *dlse, double *dq, double *dk, double *dv, double *dsinks) {
+                       const double *sinks, const double *bias, const double *out, const double *lse,
+                       const double *dout, const double *dlse, double *dq, double *dk, double *dv,
+                       double *dsinks, double *dbias) {
   int64_t B = a->batch, T = a->q_len, S = a->kv_len, N = a->q_heads, K = a->kv_heads;
   int64_t H = a->head_dim, Hv = a->v_head_dim, G = N / K;
   double scale = sa_ref_scale(a);
@@ -107,8 +111,11 @@ sa_status sa_ref_bwd64(const sa_attn *a, const double *q, const double *k, const
   memset(dk, 0, (size_t)(B * S * K * H) * sizeof *dk);
   memset(dv, 0, (size_t)(B * S * K * Hv) * sizeof *dv);
   if (dsinks) memset(dsinks, 0, (size_t)N * sizeof *dsinks);
+  if (dbias) memset(dbias, 0, (size_t)sa_dims_count(a->bias_dims) * sizeof *dbias);
+  sa_bcast bs = sa_bcast_of(a->bias_dims);
 
-  /* Loop order b, n, i: dsinks[n] is summed over (b, i) in this one fixed order. */
+  /* Loop order b, n, i (then j): dsinks[n] is summed over (b, i), and each dbias element over the pairs
+     that read it, in this one fixed order. */
   for (int64_t b = 0; b < B; b++)
     for (int64_t n = 0; n < N; n++)
       for (int64_t i = 0; i < T; i++) {
@@ -124,8 +131,9 @@ sa_status sa_ref_bwd64(const sa_attn *a, const double *q, const double *k, const
         double D = dlse ? -dlse[SA_L(a, b, n, i)] : 0.0;
         for (int64_t d = 0; d < Hv; d++) D += doi[d] * oi[d];
 
-        /* pass 2: probabilities from the saved lse, then ds = p (dp - D) into dq, dk, dv. */
-        sa_ref_scores(a, q, k, b, n, i, s);
+        /* pass 2: probabilities from the saved lse, then ds = p (dp - D) into dq, dk, dv, and into the
+           bias element the score read (ds is the gradient of the score itself). */
+        sa_ref_scores(a, q, k, bias, b, n, i, s);
         for (int64_t j = 0; j < S; j++) {
           if (s[j] == -INFINITY) continue;
           double p = exp(s[j] - lse_i);
@@ -137,6 +145,7 @@ sa_status sa_ref_bwd64(const sa_attn *a, const double *q, const double *k, const
           for (int64_t d = 0; d < H; d++) dqi[d] += scale * ds * kj[d];
           for (int64_t d = 0; d < H; d++) dkj[d] += scale * ds * qi[d];
           for (int64_t d = 0; d < Hv; d++) dvj[d] += p * doi[d];
+          if (dbias) dbias[sa_bcast_at(bs, b, n, i, j)] += ds;
         }
 
         /* pass 3: the sink gradient. The sink is a column with probability exp(a - lse) and value 0,
@@ -165,8 +174,8 @@ static void sa_ref_store(void *p, sa_dtype t, const double *x, int64_t n) {
   for (int64_t i = 0; i < n; i++) sa_store(p, t, i, (float)x[i]);
 }
 
-enum { SA_REF_Q, SA_REF_K, SA_REF_V, SA_REF_SINKS, SA_REF_OUT, SA_REF_LSE, SA_REF_DOUT, SA_REF_DLSE,
-       SA_REF_DQ, SA_REF_DK, SA_REF_DV, SA_REF_DSINKS, SA_REF_NBUF };
+enum { SA_REF_Q, SA_REF_K, SA_REF_V, SA_REF_SINKS, SA_REF_BIAS, SA_REF_OUT, SA_REF_LSE, SA_REF_DOUT,
+       SA_REF_DLSE, SA_REF_DQ, SA_REF_DK, SA_REF_DV, SA_REF_DSINKS, SA_REF_DBIAS, SA_REF_NBUF };
 
 static void sa_ref_free(double **x) {
   for (int i = 0; i < SA_REF_NBUF; i++) free(x[i]);
@@ -181,14 +190,16 @@ sa_status sa_ref_attn_fwd(const sa_attn *a) {
   x[SA_REF_K] = sa_ref_load(a->k, a->dtype, nk);
   x[SA_REF_V] = sa_ref_load(a->v, a->dtype, nv);
   x[SA_REF_SINKS] = sa_ref_load(a->softmax == SA_SOFTMAX_LEARNABLE ? a->sinks : NULL, SA_F32, N);
+  x[SA_REF_BIAS] = sa_ref_load(a->bias, a->bias_dtype, sa_dims_count(a->bias_dims));
   x[SA_REF_OUT] = sa_ref_load(NULL, SA_F32, no);
   x[SA_REF_LSE] = sa_ref_load(NULL, SA_F32, B * N * T);
   for (int i = 0; i <= SA_REF_LSE; i++)
     if (!x[i]) {
       sa_ref_free(x);
-      return sa_error(SA_ERR_NO_MEMORY, "reference: cannot allocate the fp64 copies of q, k, v, out");
+      return sa_error(SA_ERR_NO_MEMORY, "reference: cannot allocate the fp64 copies of q, k, v, bias, out");
     }
-  sa_status s = sa_ref_fwd64(a, x[SA_REF_Q], x[SA_REF_K], x[SA_REF_V], x[SA_REF_SINKS], x[SA_REF_OUT],
+  const double *bias = sa_dims_set(a->bias_dims) ? x[SA_REF_BIAS] : NULL;
+  sa_status s = sa_ref_fwd64(a, x[SA_REF_Q], x[SA_REF_K], x[SA_REF_V], x[SA_REF_SINKS], bias, x[SA_REF_OUT],
                              x[SA_REF_LSE]);
   if (s == SA_OK) {
     sa_ref_store(a->out, a->dtype, x[SA_REF_OUT], no);
@@ -201,12 +212,13 @@ sa_status sa_ref_attn_fwd(const sa_attn *a) {
 sa_status sa_ref_attn_bwd(const sa_attn *a, const sa_attn_grad *g) {
   int64_t B = a->batch, T = a->q_len, S = a->kv_len, N = a->q_heads, K = a->kv_heads;
   int64_t nq = B * T * N * a->head_dim, nk = B * S * K * a->head_dim, nv = B * S * K * a->v_head_dim;
-  int64_t no = B * T * N * a->v_head_dim;
+  int64_t no = B * T * N * a->v_head_dim, nb = sa_dims_count(a->bias_dims);
   double *x[SA_REF_NBUF] = {0};
   x[SA_REF_Q] = sa_ref_load(a->q, a->dtype, nq);
   x[SA_REF_K] = sa_ref_load(a->k, a->dtype, nk);
   x[SA_REF_V] = sa_ref_load(a->v, a->dtype, nv);
   x[SA_REF_SINKS] = sa_ref_load(a->softmax == SA_SOFTMAX_LEARNABLE ? a->sinks : NULL, SA_F32, N);
+  x[SA_REF_BIAS] = sa_ref_load(a->bias, a->bias_dtype, nb);
   x[SA_REF_OUT] = sa_ref_load(a->out, a->dtype, no);
   x[SA_REF_LSE] = sa_ref_load(a->lse, SA_F32, B * N * T);
   x[SA_REF_DOUT] = sa_ref_load(g->dout, a->dtype, no);
@@ -215,19 +227,22 @@ sa_status sa_ref_attn_bwd(const sa_attn *a, const sa_attn_grad *g) {
   x[SA_REF_DK] = sa_ref_load(NULL, SA_F32, nk);
   x[SA_REF_DV] = sa_ref_load(NULL, SA_F32, nv);
   x[SA_REF_DSINKS] = sa_ref_load(NULL, SA_F32, N);
+  x[SA_REF_DBIAS] = sa_ref_load(NULL, SA_F32, g->dbias ? nb : 0);
   for (int i = 0; i < SA_REF_NBUF; i++)
     if (!x[i]) {
       sa_ref_free(x);
       return sa_error(SA_ERR_NO_MEMORY, "reference: cannot allocate the fp64 copies of the tensors");
     }
-  sa_status s = sa_ref_bwd64(a, x[SA_REF_Q], x[SA_REF_K], x[SA_REF_V], x[SA_REF_SINKS], x[SA_REF_OUT],
-                             x[SA_REF_LSE], x[SA_REF_DOUT], g->dlse ? x[SA_REF_DLSE] : NULL, x[SA_REF_DQ],
-                             x[SA_REF_DK], x[SA_REF_DV], x[SA_REF_DSINKS]);
+  sa_status s = sa_ref_bwd64(a, x[SA_REF_Q], x[SA_REF_K], x[SA_REF_V], x[SA_REF_SINKS],
+                             sa_dims_set(a->bias_dims) ? x[SA_REF_BIAS] : NULL, x[SA_REF_OUT], x[SA_REF_LSE],
+                             x[SA_REF_DOUT], g->dlse ? x[SA_REF_DLSE] : NULL, x[SA_REF_DQ], x[SA_REF_DK],
+                             x[SA_REF_DV], x[SA_REF_DSINKS], g->dbias ? x[SA_REF_DBIAS] : NULL);
   if (s == SA_OK) {
     sa_ref_store(g->dq, a->dtype, x[SA_REF_DQ], nq);
     sa_ref_store(g->dk, a->dtype, x[SA_REF_DK], nk);
     sa_ref_store(g->dv, a->dtype, x[SA_REF_DV], nv);
     if (g->dsinks) sa_ref_store(g->dsinks, SA_F32, x[SA_REF_DSINKS], N);
+    if (g->dbias) sa_ref_store(g->dbias, SA_F32, x[SA_REF_DBIAS], nb);
   }
   sa_ref_free(x);
   return s;
