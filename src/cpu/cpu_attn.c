@@ -45,7 +45,7 @@ const char *sa_cpu_simd_name(void) { return sa_cpu_kernels_pick()->name; }
 
 static int64_t sa_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-static void sa_cpu_ctx_init(sa_cpu_ctx *c, const sa_attn *a, const sa_attn_grad *g) {
+void sa_cpu_ctx_init(sa_cpu_ctx *c, const sa_attn *a, const sa_attn_grad *g) {
   memset(c, 0, sizeof *c);
   c->a = a;
   c->g = g;

@@ -58,6 +58,9 @@ typedef struct sa_cpu_ctx {
 
 typedef enum { SA_CPU_FWD = 0, SA_CPU_BWD_DQ = 1, SA_CPU_BWD_DKDV = 2 } sa_cpu_pass;
 
+/* The context of a call (g NULL for a forward); tests read its dbias item grid too. */
+void sa_cpu_ctx_init(sa_cpu_ctx *c, const sa_attn *a, const sa_attn_grad *g);
+
 /* The items of a pass: one per (b, kv head, block) where blocks are query blocks (FWD, BWD_DQ) or key
    blocks (BWD_DKDV), except in the pass that sums dbias, whose items span every axis along which two
    items would add to the same dbias element: one item then sums each element in a fixed order, so dbias
@@ -75,6 +78,14 @@ static inline sa_cpu_grid sa_cpu_grid_of(const sa_cpu_ctx *c, sa_cpu_pass pass) 
   g.nk = c->a->kv_heads / g.gk;
   g.nl = nblk / g.gl;
   return g;
+}
+
+/* The k-th of the gb * gk * gl sub-items of item `item` (b outermost, the block innermost), as the index
+   (b * kv_heads + kv head) * blocks + block. */
+static inline int64_t sa_cpu_sub_item(const sa_cpu_grid *g, int64_t kv_heads, int64_t item, int64_t k) {
+  const int64_t il = item % g->nl, ik = (item / g->nl) % g->nk, ib = item / (g->nl * g->nk);
+  const int64_t sl = k % g->gl, sk = (k / g->gl) % g->gk, sb = k / (g->gl * g->gk);
+  return ((ib * g->gb + sb) * kv_heads + ik * g->gk + sk) * (g->nl * g->gl) + il * g->gl + sl;
 }
 
 typedef struct sa_cpu_kernels {

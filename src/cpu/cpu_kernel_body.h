@@ -472,21 +472,17 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   }
 }
 
-/* Item `item` of sa_cpu_grid_of's grid: its sub-items (b, kv head, block) in that order. */
+/* Item `item` of sa_cpu_grid_of's grid: its sub-items in order. */
 static void run(const sa_cpu_ctx *c, sa_cpu_pass pass, int64_t item, float *ws) {
   const sa_cpu_grid g = sa_cpu_grid_of(c, pass);
-  const int64_t K = c->a->kv_heads, nblk = g.nl * g.gl;
-  const int64_t il = item % g.nl, ik = (item / g.nl) % g.nk, ib = item / (g.nl * g.nk);
-  for (int64_t b = ib * g.gb; b < (ib + 1) * g.gb; b++)
-    for (int64_t kh = ik * g.gk; kh < (ik + 1) * g.gk; kh++)
-      for (int64_t blk = il * g.gl; blk < (il + 1) * g.gl; blk++) {
-        const int64_t sub = (b * K + kh) * nblk + blk;
-        switch (pass) {
-          case SA_CPU_FWD: fwd_item(c, sub, ws); break;
-          case SA_CPU_BWD_DQ: dq_item(c, sub, ws); break;
-          default: dkdv_item(c, sub, ws); break;
-        }
-      }
+  for (int64_t k = 0; k < g.gb * g.gk * g.gl; k++) {
+    const int64_t sub = sa_cpu_sub_item(&g, c->a->kv_heads, item, k);
+    switch (pass) {
+      case SA_CPU_FWD: fwd_item(c, sub, ws); break;
+      case SA_CPU_BWD_DQ: dq_item(c, sub, ws); break;
+      default: dkdv_item(c, sub, ws); break;
+    }
+  }
 }
 
 const sa_cpu_kernels SA_K_TABLE = {SA_K_NAME, scratch, run};
