@@ -3,35 +3,51 @@
  * "cpu" and "CUDA" platforms, plus the shape-only queries Python reads through ctypes.
  *
  * Buffers (positional, fixed order; an absent optional input is a placeholder the handler never reads,
- * announced by the has_* attributes or, for sinks, by softmax != LEARNABLE):
- *   forward  args  q k v sinks q_lens kv_lens q_seg kv_seg                   rets out lse
- *   backward args  q k v sinks q_lens kv_lens q_seg kv_seg out lse dout dlse rets dq dk dv dsinks [workspace]
- * The workspace result exists on CUDA only; Python sizes it at trace time (sa_jax_bwd_workspace_size).
+ * announced by the has_* attributes or, for sinks, by softmax != LEARNABLE; a placeholder holding
+ * elements is an error, so that nothing passed is ignored):
+ *   forward  args  q k v sinks q_lens kv_lens q_seg kv_seg bias mask q_pos kv_pos            rets out lse
+ *   backward args  q k v sinks q_lens kv_lens q_seg kv_seg bias mask q_pos kv_pos out lse dout dlse
+ *            rets  dq dk dv dsinks dbias [workspace]
+ * bias is f32, f16 or bf16 and mask PRED, both rank 4 with each dim 1 or the full B, N, T, S (their own
+ * dims are bias_dims / mask_dims); positions int32 [B,T], [B,S]; dbias f32 with bias's dims, zero-size
+ * when has_dbias is false. The workspace result exists on CUDA only; Python sizes it at trace time
+ * (sa_jax_bwd_workspace_size). Version 2 of this layout (sa_jax_attn_abi_version); a call without the
+ * has_bias / has_mask / has_positions attributes uses version 1's, which lacks the four inputs and dbias.
  *
  * vmap: Python uses ffi_call(vmap_method="expand_dims"), so every buffer may carry the same number of
  * extra leading dims, each of the full vmapped size or 1 (an unbatched input). When every batched input
  * is full and sinks are shared, the leading dims fold into the batch (one kernel call); otherwise the
  * handler runs one call per grid cell, broadcasting the size-1 inputs. dsinks is per cell, so a
- * LEARNABLE backward under vmap always runs per cell.
+ * LEARNABLE backward under vmap always runs per cell. A bias or mask folds when it spans the grid with its
+ * own batch dim full, or is shared by the whole grid with a batch dim of 1 (then not with dbias, which is
+ * per cell).
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "sa_ffi.h"
 
-enum { ARG_Q, ARG_K, ARG_V, ARG_SINKS, ARG_QLENS, ARG_KVLENS, ARG_QSEG, ARG_KVSEG, ARG_OUT, ARG_LSE,
-       ARG_DOUT, ARG_DLSE };
-enum { V_Q, V_K, V_V, V_SINKS, V_QLENS, V_KVLENS, V_QSEG, V_KVSEG, V_OUT, V_LSE, V_DOUT, V_DLSE, V_DQ, V_DK,
-       V_DV, V_DSINKS, V_WS, V_COUNT };
+enum { ARG_Q, ARG_K, ARG_V, ARG_SINKS, ARG_QLENS, ARG_KVLENS, ARG_QSEG, ARG_KVSEG, ARG_BIAS, ARG_MASK, ARG_QPOS,
+       ARG_KVPOS, ARG_OUT, ARG_LSE, ARG_DOUT, ARG_DLSE };
+enum { RET_DQ, RET_DK, RET_DV, RET_DSINKS, RET_DBIAS, RET_WS };
+enum { V_Q, V_K, V_V, V_SINKS, V_QLENS, V_KVLENS, V_QSEG, V_KVSEG, V_BIAS, V_MASK, V_QPOS, V_KVPOS, V_OUT, V_LSE,
+       V_DOUT, V_DLSE, V_DQ, V_DK, V_DV, V_DSINKS, V_DBIAS, V_WS, V_COUNT };
+
+#define SA_FFI_ABI_VERSION 2
 
 typedef struct {
   const char *target;
   int bwd;
+  int v1;                   /* the version 1 layout: no bias, mask, positions or dbias buffers */
   sa_attn a;                /* options and the cell's dims; pointers are set per cell */
   sa_ffi_grid g;
   sa_ffi_view v[V_COUNT];   /* present = 0 for absent optional buffers */
-  int has_dlse, deterministic;
+  int has_dlse, deterministic, has_bias, has_mask, has_pos, has_dbias;
 } sa_ffi_call;
+
+/* Index of input ARG_* or result RET_* in this call's layout (version 1 has four inputs and dbias fewer). */
+static int64_t sa_ffi_arg_index(const sa_ffi_call *c, int arg) { return c->v1 && arg > ARG_KVPOS ? arg - 4 : arg; }
+static int64_t sa_ffi_ret_index(const sa_ffi_call *c, int ret) { return c->v1 && ret > RET_DSINKS ? ret - 1 : ret; }
 
 /* ---- decoding ------------------------------------------------------------------------------ */
 
@@ -43,10 +59,27 @@ static XLA_FFI_Error *sa_ffi_decode_attrs(XLA_FFI_CallFrame *f, sa_ffi_call *c, 
       {"has_kv_lens", SA_ATTR_BOOL, 1, 0, 0, 0},   {"has_q_lens", SA_ATTR_BOOL, 1, 0, 0, 0},
       {"has_segments", SA_ATTR_BOOL, 1, 0, 0, 0},  {"scale", SA_ATTR_FLOAT, 1, 0, 0, 0},
       {"softmax", SA_ATTR_INT, 1, 0, 0, 0},        {"window_left", SA_ATTR_INT, 1, 0, 0, 0},
-      {"window_right", SA_ATTR_INT, 1, 0, 0, 0},
+      {"window_right", SA_ATTR_INT, 1, 0, 0, 0},   {"has_bias", SA_ATTR_BOOL, 0, 0, 0, 0},
+      {"has_mask", SA_ATTR_BOOL, 0, 0, 0, 0},      {"has_positions", SA_ATTR_BOOL, 0, 0, 0, 0},
+      {"has_dbias", SA_ATTR_BOOL, 0, 0, 0, 0},
   };
+  enum { A_BIAS = 11, A_MASK, A_POS, A_DBIAS };
   XLA_FFI_Error *e = sa_ffi_attrs_decode(f, c->target, at, (int)(sizeof at / sizeof at[0]));
   if (e) return e;
+  /* Version 2 has every one of its attributes, version 1 none (has_dbias: the backward's). */
+  int found = at[A_BIAS].found + at[A_MASK].found + at[A_POS].found + at[A_DBIAS].found;
+  c->v1 = found == 0;
+  if (!c->v1 && (found != 3 + c->bwd || (!c->bwd && at[A_DBIAS].found)))
+    return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: attributes has_bias, has_mask, has_positions%s "
+                        "go together (found %d of them%s)", c->target, c->bwd ? ", has_dbias" : "", found,
+                        !c->bwd && at[A_DBIAS].found ? "; has_dbias is the backward's" : "");
+  c->has_bias = (int)at[A_BIAS].i;
+  c->has_mask = (int)at[A_MASK].i;
+  c->has_pos = (int)at[A_POS].i;
+  c->has_dbias = (int)at[A_DBIAS].i;
+  if (c->has_dbias && !c->has_bias)
+    return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: has_dbias is true but has_bias is false: "
+                        "dbias is the gradient of a bias", c->target);
   /* Enum values outside int range would wrap when cast: reject them here, sa_attn_check does the rest. */
   if (at[0].i < 0 || at[0].i > 2 || at[8].i < 0 || at[8].i > 2)
     return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: softmax %lld / causal %lld invalid: use 0, 1 or 2",
@@ -68,12 +101,75 @@ static XLA_FFI_Error *sa_ffi_decode_attrs(XLA_FFI_CallFrame *f, sa_ffi_call *c, 
 #define SA_F32T XLA_FFI_DataType_F32
 #define SA_S32T XLA_FFI_DataType_S32
 
+/* An input or result the has_* attributes call absent must be a zero-size placeholder: data in it would
+   be ignored. */
+static XLA_FFI_Error *sa_ffi_check_absent(XLA_FFI_CallFrame *f, const char *target, XLA_FFI_Buffer *b,
+                                          const char *name, const char *flag) {
+  if (!b) return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: %s is missing or not a buffer", target, name);
+  int64_t n = 1;
+  for (int64_t d = 0; d < b->rank; d++) n *= b->dims[d];
+  if (n != 0)
+    return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: %s holds %lld elements but %s is false (an "
+                        "absent %s is a zero-size placeholder)", target, name, (long long)n, flag, name);
+  return NULL;
+}
+
+/* bias or mask: rank 4, dtype dt (INVALID: any of f32 / f16 / bf16), each dim 1 or the full size. */
+static XLA_FFI_Error *sa_ffi_bcast_view(XLA_FFI_CallFrame *f, sa_ffi_call *c, XLA_FFI_Buffer *b, const char *name,
+                                        XLA_FFI_DataType dt, const int64_t *full, int64_t *dims, sa_ffi_view *v) {
+  const int64_t any4[4] = {-1, -1, -1, -1};
+  XLA_FFI_Error *e = sa_ffi_view_make(f, c->target, &c->g, b, name, dt, 4, any4, dims, v);
+  if (e) return e;
+  for (int x = 0; x < 4; x++)
+    if (dims[x] != 1 && dims[x] != full[x])
+      return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: %s has shape [%lld,%lld,%lld,%lld]: expected "
+                          "each dim 1 or the full [B,N,T,S] = [%lld,%lld,%lld,%lld] (dim %d)", c->target, name,
+                          (long long)dims[0], (long long)dims[1], (long long)dims[2], (long long)dims[3],
+                          (long long)full[0], (long long)full[1], (long long)full[2], (long long)full[3], x);
+  return NULL;
+}
+
+/* bias, mask, q_pos, kv_pos (inputs 8-11 of version 2) and dbias (result 4 of the backward). */
+static XLA_FFI_Error *sa_ffi_decode_extras(XLA_FFI_CallFrame *f, sa_ffi_call *c, const int64_t *full) {
+  const sa_ffi_grid *g = &c->g;
+  sa_ffi_view *v = c->v;
+  const char *t = c->target;
+  const int64_t tw[2] = {full[0], full[2]}, sw[2] = {full[0], full[3]};
+  XLA_FFI_Error *e;
+  if (c->has_bias ? (e = sa_ffi_bcast_view(f, c, sa_ffi_buffer(f, 0, ARG_BIAS), "bias", XLA_FFI_DataType_INVALID,
+                                           full, c->a.bias_dims, &v[V_BIAS]))
+                  : (e = sa_ffi_check_absent(f, t, sa_ffi_buffer(f, 0, ARG_BIAS), "bias", "has_bias")))
+    return e;
+  if (c->has_mask ? (e = sa_ffi_bcast_view(f, c, sa_ffi_buffer(f, 0, ARG_MASK), "mask", XLA_FFI_DataType_PRED, full,
+                                           c->a.mask_dims, &v[V_MASK]))
+                  : (e = sa_ffi_check_absent(f, t, sa_ffi_buffer(f, 0, ARG_MASK), "mask", "has_mask")))
+    return e;
+  if (c->has_pos) {
+    if ((e = sa_ffi_view_make(f, t, g, sa_ffi_buffer(f, 0, ARG_QPOS), "query_positions", SA_S32T, 2, tw, NULL,
+                              &v[V_QPOS])) ||
+        (e = sa_ffi_view_make(f, t, g, sa_ffi_buffer(f, 0, ARG_KVPOS), "key_value_positions", SA_S32T, 2, sw, NULL,
+                              &v[V_KVPOS])))
+      return e;
+  } else if ((e = sa_ffi_check_absent(f, t, sa_ffi_buffer(f, 0, ARG_QPOS), "query_positions", "has_positions")) ||
+             (e = sa_ffi_check_absent(f, t, sa_ffi_buffer(f, 0, ARG_KVPOS), "key_value_positions", "has_positions"))) {
+    return e;
+  }
+  if (v[V_BIAS].present && !sa_ffi_dtype_of(v[V_BIAS].buf->dtype, &c->a.bias_dtype))
+    return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: bias dtype unsupported", t);
+  if (!c->bwd) return NULL;
+  if (c->has_dbias)
+    return sa_ffi_view_make(f, t, g, sa_ffi_buffer(f, 1, RET_DBIAS), "dbias", SA_F32T, 4, c->a.bias_dims, NULL,
+                            &v[V_DBIAS]);
+  return sa_ffi_check_absent(f, t, sa_ffi_buffer(f, 1, RET_DBIAS), "dbias", "has_dbias");
+}
+
 static XLA_FFI_Error *sa_ffi_decode(XLA_FFI_CallFrame *f, sa_ffi_call *c, int cuda) {
   int has_ql = 0, has_kl = 0, has_seg = 0;
   sa_attn_init(&c->a);
   XLA_FFI_Error *e = sa_ffi_decode_attrs(f, c, &has_ql, &has_kl, &has_seg);
   if (e) return e;
-  int64_t want_args = c->bwd ? 12 : 8, want_rets = c->bwd ? 4 + cuda : 2;
+  int64_t want_args = (c->bwd ? ARG_DLSE + 1 : ARG_KVPOS + 1) - (c->v1 ? 4 : 0);
+  int64_t want_rets = c->bwd ? sa_ffi_ret_index(c, RET_WS) + cuda : 2;
   if (f->args.size != want_args || f->rets.size != want_rets)
     return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: got %lld inputs and %lld results: expected %lld and %lld",
                         c->target, (long long)f->args.size, (long long)f->rets.size, (long long)want_args,
@@ -113,29 +209,32 @@ static XLA_FFI_Error *sa_ffi_decode(XLA_FFI_CallFrame *f, sa_ffi_call *c, int cu
                   (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_KVSEG), "key_value_segment_ids",
                                         SA_S32T, 2, sw, NULL, &v[V_KVSEG]))))
     return e;
+  const int64_t full[4] = {B, N, T, S};
+  if (!c->v1 && (e = sa_ffi_decode_extras(f, c, full))) return e;
   int ob = c->bwd ? 0 : 1; /* out and lse: results of the forward, inputs of the backward */
-  if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, ob, c->bwd ? ARG_OUT : 0), "out", dt, 4, ow, NULL,
-                            &v[V_OUT])) ||
-      (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, ob, c->bwd ? ARG_LSE : 1), "lse", SA_F32T, 3, lw, NULL,
-                            &v[V_LSE])))
+  if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, ob, c->bwd ? sa_ffi_arg_index(c, ARG_OUT) : 0), "out",
+                            dt, 4, ow, NULL, &v[V_OUT])) ||
+      (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, ob, c->bwd ? sa_ffi_arg_index(c, ARG_LSE) : 1), "lse",
+                            SA_F32T, 3, lw, NULL, &v[V_LSE])))
     return e;
   if (c->bwd) {
-    if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_DOUT), "dout", dt, 4, ow, NULL, &v[V_DOUT])))
+    if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, sa_ffi_arg_index(c, ARG_DOUT)), "dout", dt, 4, ow,
+                              NULL, &v[V_DOUT])))
       return e;
-    if (c->has_dlse &&
-        (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_DLSE), "dlse", SA_F32T, 3, lw, NULL, &v[V_DLSE])))
+    if (c->has_dlse && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, sa_ffi_arg_index(c, ARG_DLSE)),
+                                             "dlse", SA_F32T, 3, lw, NULL, &v[V_DLSE])))
       return e;
     const int64_t dkw[4] = {B, S, K, H}, dvw[4] = {B, S, K, Hv}; /* dv: Hv is known now (vw leaves it open) */
-    if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, 0), "dq", dt, 4, qd, NULL, &v[V_DQ])) ||
-        (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, 1), "dk", dt, 4, dkw, NULL, &v[V_DK])) ||
-        (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, 2), "dv", dt, 4, dvw, NULL, &v[V_DV])))
+    if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, RET_DQ), "dq", dt, 4, qd, NULL, &v[V_DQ])) ||
+        (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, RET_DK), "dk", dt, 4, dkw, NULL, &v[V_DK])) ||
+        (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, RET_DV), "dv", dt, 4, dvw, NULL, &v[V_DV])))
       return e;
-    if (learn &&
-        (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, 3), "dsinks", SA_F32T, 1, nw, NULL, &v[V_DSINKS])))
+    if (learn && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, RET_DSINKS), "dsinks", SA_F32T, 1, nw,
+                                       NULL, &v[V_DSINKS])))
       return e;
     const int64_t anyw[1] = {-1};
-    if (cuda && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, 4), "workspace", XLA_FFI_DataType_U8, 1,
-                                      anyw, NULL, &v[V_WS])))
+    if (cuda && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, sa_ffi_ret_index(c, RET_WS)), "workspace",
+                                      XLA_FFI_DataType_U8, 1, anyw, NULL, &v[V_WS])))
       return e;
   }
   if (!sa_ffi_dtype_of(dt, &c->a.dtype))
@@ -154,10 +253,20 @@ static void *sa_ffi_ptr(const sa_ffi_call *c, int k, int64_t cell) {
   return (char *)v->buf->data + off * (int64_t)sa_ffi_elem_size(v->buf->dtype);
 }
 
+/* A bias or mask spanning the grid with a full batch dim folds into the batch as [B * cells, ...]; one
+   shared by the whole grid keeps its batch dim of 1. */
+static int sa_ffi_bcast_full(const sa_ffi_call *c, int k, const int64_t *dims) {
+  return c->v[k].lead_full && dims[0] == c->a.batch;
+}
+
 /* Points a/g at grid cell `cell` (-1: the whole grid folded into the batch). */
 static void sa_ffi_bind(const sa_ffi_call *c, int64_t cell, sa_attn *a, sa_attn_grad *gr) {
   *a = c->a;
-  if (cell < 0) a->batch *= c->g.cells;
+  if (cell < 0) {
+    if (sa_ffi_bcast_full(c, V_BIAS, c->a.bias_dims)) a->bias_dims[0] *= c->g.cells;
+    if (sa_ffi_bcast_full(c, V_MASK, c->a.mask_dims)) a->mask_dims[0] *= c->g.cells;
+    a->batch *= c->g.cells;
+  }
   a->q = sa_ffi_ptr(c, V_Q, cell);
   a->k = sa_ffi_ptr(c, V_K, cell);
   a->v = sa_ffi_ptr(c, V_V, cell);
@@ -166,6 +275,10 @@ static void sa_ffi_bind(const sa_ffi_call *c, int64_t cell, sa_attn *a, sa_attn_
   a->kv_lens = (const int32_t *)sa_ffi_ptr(c, V_KVLENS, cell);
   a->q_segment_ids = (const int32_t *)sa_ffi_ptr(c, V_QSEG, cell);
   a->kv_segment_ids = (const int32_t *)sa_ffi_ptr(c, V_KVSEG, cell);
+  a->bias = sa_ffi_ptr(c, V_BIAS, cell);
+  a->mask = (const uint8_t *)sa_ffi_ptr(c, V_MASK, cell);
+  a->q_positions = (const int32_t *)sa_ffi_ptr(c, V_QPOS, cell);
+  a->kv_positions = (const int32_t *)sa_ffi_ptr(c, V_KVPOS, cell);
   a->out = sa_ffi_ptr(c, V_OUT, cell);
   a->lse = (float *)sa_ffi_ptr(c, V_LSE, cell);
   if (!gr) return;
@@ -176,17 +289,24 @@ static void sa_ffi_bind(const sa_ffi_call *c, int64_t cell, sa_attn *a, sa_attn_
   gr->dk = sa_ffi_ptr(c, V_DK, cell);
   gr->dv = sa_ffi_ptr(c, V_DV, cell);
   gr->dsinks = (float *)sa_ffi_ptr(c, V_DSINKS, cell);
+  gr->dbias = (float *)sa_ffi_ptr(c, V_DBIAS, cell);
   gr->deterministic = c->deterministic;
 }
 
 /* The grid folds into the batch when every batched buffer spans it fully and the shared ones (sinks) do
-   not vary; a per-cell result that is reduced over the batch (dsinks) forbids it. */
+   not vary; a per-cell result that is reduced over the batch (dsinks, a dbias shared by the batch) forbids
+   it. A bias or mask folds spanning the grid with a full batch dim, or shared by it with a batch dim of 1. */
 static int sa_ffi_can_fold(const sa_ffi_call *c) {
   if (c->g.nlead == 0) return 1;
   for (int k = 0; k < V_COUNT; k++) {
     const sa_ffi_view *v = &c->v[k];
     if (!v->present || k == V_WS) continue;
-    if (k == V_SINKS ? !v->lead_ones : !v->lead_full) return 0;
+    if (k == V_BIAS || k == V_MASK || k == V_DBIAS) {
+      const int64_t *d = k == V_MASK ? c->a.mask_dims : c->a.bias_dims;
+      if (!sa_ffi_bcast_full(c, k, d) && !(k != V_DBIAS && v->lead_ones && d[0] == 1)) return 0;
+    } else if (k == V_SINKS ? !v->lead_ones : !v->lead_full) {
+      return 0;
+    }
   }
   return !c->v[V_DSINKS].present || c->g.cells == 1;
 }
@@ -299,6 +419,10 @@ SA_FFI_EXPORT int sa_jax_cuda_supported(int dtype, int64_t batch, int64_t q_len,
   if (!ok && why && why_len) snprintf(why, why_len, "%s", sa_has_cuda() ? sa_last_error() : "built without CUDA");
   return ok;
 }
+
+/* The buffer layout of the attention handlers (see the top of this file): 2 takes bias, mask and positions
+   and returns dbias. */
+SA_FFI_EXPORT int sa_jax_attn_abi_version(void) { return SA_FFI_ABI_VERSION; }
 
 /* FFI API version of the jaxlib header this library was compiled against (major * 1000 + minor). */
 SA_FFI_EXPORT int sa_jax_ffi_api_version(void) { return XLA_FFI_API_MAJOR * 1000 + XLA_FFI_API_MINOR; }
