@@ -198,7 +198,9 @@ SA_API const char *sa_last_error(void); /* thread-local; "" when the last call o
    equals sa_attn_fwd's; the cache is cut into chunks processed in parallel, each producing a partial
    without the sink, merged in a fixed order with the sink added once (bitwise independent of the CPU
    thread count). The workspace holds the partials: on CUDA it is required (no allocation, no sync);
-   on CPU it is used when large enough, else allocated. q_len > 64 gives SA_ERR_UNSUPPORTED. */
+   on CPU it is used when large enough, else allocated. q_len > 64 gives SA_ERR_UNSUPPORTED. With a bias, a
+   mask or positions the CPU backend runs sa_attn_fwd's kernels instead (no workspace; the same result) and
+   CUDA answers SA_ERR_UNSUPPORTED naming the field. */
 SA_API size_t sa_attn_decode_workspace_size(const sa_attn *a, sa_backend be); /* shape-only, like bwd */
 SA_API sa_status sa_attn_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_size, sa_backend be,
                                     void *stream);

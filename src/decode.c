@@ -2,7 +2,9 @@
  * decode.c — the public decode entry points (sa_attn_decode_workspace_size, sa_attn_decode_fwd):
  * the validation of sa_attn_fwd (sinkattn.c's pieces), the decode limit q_len <= 64, the backend choice
  * and dispatch. REF runs the reference forward itself: decode is sa_attn_fwd with a short query, so the
- * reference is the oracle with no new math.
+ * reference is the oracle with no new math. The split-KV kernels take no bias, mask or positions: with
+ * any of them the CPU backend runs its attention forward (the same result, bitwise independent of the
+ * thread count too) and CUDA answers SA_ERR_UNSUPPORTED naming the field.
  */
 #include "sa_internal.h"
 #include "sa_plan.h"
@@ -36,7 +38,8 @@ static sa_status sa_decode_check(const sa_attn *a, sa_backend be, sa_backend *re
   switch (r) {
     case SA_BACKEND_CPU: s = sa_cpu_decode_supported(a); break;
     case SA_BACKEND_CUDA:
-      if ((s = sa_check_cuda_present()) == SA_OK) s = sa_cuda_decode_supported(a);
+      if ((s = sa_check_cuda_present()) == SA_OK && (s = sa_check_cuda_inputs(a)) == SA_OK)
+        s = sa_cuda_decode_supported(a);
       break;
     default: break;
   }
@@ -68,6 +71,9 @@ sa_status sa_attn_decode_fwd(const sa_attn *a, void *workspace, size_t workspace
                       "(sa_attn_decode_workspace_size)", workspace_size, need);
     return sa_cuda_decode_fwd(a, workspace, workspace_size, stream);
   }
-  if (r == SA_BACKEND_CPU) return sa_cpu_decode_fwd(a, workspace, workspace ? workspace_size : 0);
+  if (r == SA_BACKEND_CPU)
+    return sa_dims_set(a->bias_dims) || sa_dims_set(a->mask_dims) || a->q_positions
+               ? sa_cpu_attn_fwd(a)
+               : sa_cpu_decode_fwd(a, workspace, workspace ? workspace_size : 0);
   return sa_ref_attn_fwd(a);
 }

@@ -2,17 +2,13 @@
  * test_decode.c — sa_attn_decode_fwd (CPU, and CUDA when a GPU is present) against the fp64 reference
  * (sa_attn_fwd with SA_BACKEND_REF) on decode shapes: Tq in {1, 2, 5, 16}, GQA ratios 1/2/8, every
  * softmax type with sinks from U(-10, 10) and +-50, windows, cache lengths 0, 1, S and random, f32/f16/bf16,
- * several chunks per head; plus thread-count determinism (bitwise) and the error contract. The CPU cases
- * run twice: with the machine's best kernel and with SINKATTN_SIMD=scalar (the portable one).
+ * several chunks per head; bias, mask and positions (the CPU backend then runs sa_attn_fwd's kernels);
+ * plus thread-count determinism (bitwise) and the error contract. The CPU cases run twice: with the
+ * machine's best kernel and with SINKATTN_SIMD=scalar (the portable one).
  * Last line: "N passed, N failed".
  */
 #define _POSIX_C_SOURCE 200112L /* setenv */
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "sa_internal.h"
+#include "sa_test.h"
 
 #ifdef SINKATTN_WITH_CUDA
 /* The few CUDA runtime calls the test needs, declared here so a C compiler without the CUDA include path
@@ -23,23 +19,16 @@ extern int cudaMemcpy(void *dst, const void *src, size_t n, int kind);
 extern int cudaDeviceSynchronize(void);
 #endif
 
-static int n_pass, n_fail;
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static double rnd(void) { /* splitmix64 -> [0, 1) */
-  uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return (double)((z ^ (z >> 31)) >> 11) / 9007199254740992.0;
-}
+static t_rng d_rng = {0x9e3779b97f4a7c15ull};
 
 static void *rand_buf(sa_dtype t, int64_t n, float amp) {
-  void *p = malloc((size_t)(n > 0 ? n : 1) * sa_dtype_size(t));
-  for (int64_t i = 0; i < n; i++) sa_store(p, t, i, (float)((2.0 * rnd() - 1.0) * amp));
+  void *p = t_alloc(n, sa_dtype_size(t));
+  t_fill(p, t, n, &d_rng, -amp, amp);
   return p;
 }
 
 typedef struct {
+  const char *name; /* rows written by hand */
   sa_dtype dtype;
   int64_t B, Tq, S, N, K, H, Hv;
   sa_softmax softmax;
@@ -47,18 +36,12 @@ typedef struct {
   int lens;      /* 0: no kv_lens; 1: {0, 1, S, random...}; 2: random */
   int q_lens;    /* give q_lens {Tq, Tq - 1, ...} */
   sa_causal causal;
+  int bias, mask; /* T_BCAST forms or 0 */
+  int pos;        /* positions: queries at S - Tq + i, keys at j (causal then top-left) */
 } dcase;
 
-static const char *dt_name(sa_dtype t) { return t == SA_F32 ? "f32" : t == SA_F16 ? "f16" : "bf16"; }
-
-static void check(int ok, const char *what) {
-  if (ok) {
-    n_pass++;
-  } else {
-    n_fail++;
-    printf("FAIL: %s\n", what);
-  }
-}
+#define D_ALL .wl = -1, .wr = -1
+#define D_BR SA_CAUSAL_BOTTOM_RIGHT
 
 /* Fills a from c with fresh random data; the caller frees with free_attn. */
 static void make_attn(const dcase *c, sa_attn *a, float *sinks, int32_t *kvl, int32_t *ql) {
@@ -71,23 +54,47 @@ static void make_attn(const dcase *c, sa_attn *a, float *sinks, int32_t *kvl, in
   a->v = rand_buf(c->dtype, c->B * c->S * c->K * c->Hv, 1.0f);
   a->softmax = c->softmax;
   a->scale = c->H >= 64 ? 0.0f : 0.3f;  /* both the default and an explicit scale */
-  for (int64_t n = 0; n < c->N; n++) sinks[n] = (float)(20.0 * rnd() - 10.0);
+  for (int64_t n = 0; n < c->N; n++) sinks[n] = (float)t_unif(&d_rng, -10, 10);
   if (c->N > 2) { sinks[0] = 50.0f; sinks[1] = -50.0f; }
   if (c->softmax == SA_SOFTMAX_LEARNABLE) a->sinks = sinks;
   a->causal = c->causal;
   a->window_left = c->wl; a->window_right = c->wr;
   for (int64_t b = 0; b < c->B; b++) {
-    int64_t x = (int64_t)(rnd() * (double)(c->S + 1));
+    int64_t x = t_int(&d_rng, 0, c->S);
     if (c->lens == 1) x = b == 0 ? 0 : b == 1 ? 1 : b == 2 ? c->S : x;
     kvl[b] = (int32_t)x;
     ql[b] = (int32_t)(c->Tq - (b % 2));
   }
   if (c->lens) a->kv_lens = kvl;
   if (c->q_lens) a->q_lens = ql;
+  const int64_t full[4] = {c->B, c->N, c->Tq, c->S};
+  if (c->bias) {
+    t_bcast_dims(c->bias, full, a->bias_dims);
+    a->bias = rand_buf(SA_BF16, sa_dims_count(a->bias_dims), 2.0f);
+    a->bias_dtype = SA_BF16;
+  }
+  if (c->mask) {
+    t_bcast_dims(c->mask, full, a->mask_dims);
+    uint8_t *m = t_alloc(sa_dims_count(a->mask_dims), 1);
+    for (int64_t x = 0; x < sa_dims_count(a->mask_dims); x++) m[x] = t_unif(&d_rng, 0, 1) < 0.2 ? 0 : 1;
+    a->mask = m;
+  }
+  if (c->pos) {
+    int32_t *qp = t_alloc(c->B * c->Tq, 4), *kp = t_alloc(c->B * c->S, 4);
+    for (int64_t x = 0; x < c->B * c->Tq; x++) qp[x] = (int32_t)(c->S - c->Tq + x % c->Tq);
+    for (int64_t x = 0; x < c->B * c->S; x++) kp[x] = (int32_t)(x % c->S);
+    a->q_positions = qp; a->kv_positions = kp;
+  }
 }
 
 static void free_attn(sa_attn *a) {
-  free((void *)a->q); free((void *)a->k); free((void *)a->v);
+  free((void *)a->q); free((void *)a->k); free((void *)a->v); free((void *)a->bias); free((void *)a->mask);
+  free((void *)a->q_positions); free((void *)a->kv_positions);
+}
+
+static void check(int ok, const char *what) {
+  if (!ok) t_report("%s", what);
+  t_count(ok);
 }
 
 static int close_enough(const sa_attn *a, const void *out, const float *lse, const void *out_ref,
@@ -123,11 +130,12 @@ static void run_case(const dcase *c) {
   size_t ob = (size_t)(no > 0 ? no : 1) * sa_dtype_size(c->dtype);
   void *out_ref = malloc(ob), *out = malloc(ob);
   float *lse_ref = malloc((size_t)(nl + 1) * 4), *lse = malloc((size_t)(nl + 1) * 4);
-  char what[256];
-  snprintf(what, sizeof what, "%s B%lld Tq%lld S%lld N%lld K%lld H%lld Hv%lld softmax%d win(%lld,%lld) lens%d ql%d causal%d",
-           dt_name(c->dtype), (long long)c->B, (long long)c->Tq, (long long)c->S, (long long)c->N, (long long)c->K,
-           (long long)c->H, (long long)c->Hv, (int)c->softmax, (long long)c->wl, (long long)c->wr, c->lens,
-           c->q_lens, (int)c->causal);
+  char what[320];
+  snprintf(what, sizeof what, "%s%s%s B%lld Tq%lld S%lld N%lld K%lld H%lld Hv%lld softmax%d win(%lld,%lld) lens%d ql%d "
+           "causal%d bias%d mask%d pos%d", c->name ? c->name : "", c->name ? ": " : "", t_dtype_name(c->dtype),
+           (long long)c->B, (long long)c->Tq, (long long)c->S, (long long)c->N, (long long)c->K, (long long)c->H,
+           (long long)c->Hv, (int)c->softmax, (long long)c->wl, (long long)c->wr, c->lens, c->q_lens, (int)c->causal,
+           c->bias, c->mask, c->pos);
 
   a.out = out_ref; a.lse = lse_ref;
   sa_status s = sa_attn_fwd(&a, SA_BACKEND_REF, NULL);
@@ -146,7 +154,13 @@ static void run_case(const dcase *c) {
   free(w);
 
 #ifdef SINKATTN_WITH_CUDA
-  if (sa_cuda_available()) {
+  if (sa_cuda_available() && (c->bias || c->mask || c->pos)) {
+    s = sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_CUDA, NULL);
+    char w2[340];
+    snprintf(w2, sizeof w2, "cuda %s: SA_ERR_UNSUPPORTED naming it, got %s (%s)", what, sa_status_name(s),
+             sa_last_error());
+    check(s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "unsupported by the CUDA backend"), w2);
+  } else if (sa_cuda_available()) {
     size_t es = sa_dtype_size(c->dtype);
     int64_t nq = c->B * c->Tq * c->N * c->H, nk = c->B * c->S * c->K * c->H, nv = c->B * c->S * c->K * c->Hv;
     void *dq, *dk, *dv, *dout, *dsinks, *dkvl, *dql, *dlse, *dw = NULL;
@@ -170,7 +184,7 @@ static void run_case(const dcase *c) {
     cudaMemcpy(lse, dlse, (size_t)nl * 4, 2);
     ok = s == SA_OK && close_enough(&a, out, lse, out_ref, lse_ref, &worst);
     if (!ok) printf("  cuda: status %s (%s), worst error / tol %.3g\n", sa_status_name(s), sa_last_error(), worst);
-    char w2[300];
+    char w2[340];
     snprintf(w2, sizeof w2, "cuda %s", what);
     check(ok, w2);
     cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(dlse); cudaFree(dsinks);
@@ -183,7 +197,8 @@ static void run_case(const dcase *c) {
 
 /* The same problem on 1, 2, 3 and 7 threads (and without a workspace) gives bitwise equal results. */
 static void test_threads(sa_dtype t) {
-  dcase c = {t, 3, 2, 3000, 16, 2, 64, 64, SA_SOFTMAX_LEARNABLE, -1, -1, 2, 0, SA_CAUSAL_BOTTOM_RIGHT};
+  dcase c = {.dtype = t, .B = 3, .Tq = 2, .S = 3000, .N = 16, .K = 2, .H = 64, .Hv = 64,
+             .softmax = SA_SOFTMAX_LEARNABLE, D_ALL, .lens = 2, .causal = D_BR};
   float sinks[64];
   int32_t kvl[16], ql[16];
   sa_attn a;
@@ -208,14 +223,14 @@ static void test_threads(sa_dtype t) {
   }
   sa_cpu_set_num_threads(saved > 0 ? saved : 0);
   char what[80];
-  snprintf(what, sizeof what, "%s: bitwise equal for 1, 2, 3, 7 threads and without workspace", dt_name(t));
+  snprintf(what, sizeof what, "%s: bitwise equal for 1, 2, 3, 7 threads and without workspace", t_dtype_name(t));
   check(ok, what);
   free(o1); free(o2); free(l1); free(l2); free(w);
   free_attn(&a);
 }
 
 static void test_errors(void) {
-  dcase c = {SA_F32, 1, 65, 10, 4, 2, 32, 32, SA_SOFTMAX_VANILLA, -1, -1, 0, 0, SA_CAUSAL_BOTTOM_RIGHT};
+  dcase c = {.dtype = SA_F32, .B = 1, .Tq = 65, .S = 10, .N = 4, .K = 2, .H = 32, .Hv = 32, D_ALL, .causal = D_BR};
   float sinks[64];
   int32_t kvl[16], ql[16];
   sa_attn a;
@@ -244,12 +259,29 @@ static void test_errors(void) {
   a.q_segment_ids = seg; a.kv_segment_ids = seg;
   check(sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_CPU, NULL) == SA_ERR_UNSUPPORTED, "segments: CPU decode says unsupported");
   check(sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_AUTO, NULL) == SA_OK, "segments: AUTO runs the reference");
+  a.q_segment_ids = a.kv_segment_ids = NULL;
+  /* bias, mask and positions are validated as by sa_attn_fwd */
+  float bias[64 * 4 * 10];
+  a.bias = bias; a.bias_dims[0] = 1; a.bias_dims[1] = 3; a.bias_dims[2] = 1; a.bias_dims[3] = 10;
+  s = sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_CPU, NULL);
+  check(s == SA_ERR_INVALID && strstr(sa_last_error(), "bias_dims[1] 3 invalid"), "bias_dims[1] 3 -> SA_ERR_INVALID");
+  a.bias_dims[1] = 4;
+  check(sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_CPU, NULL) == SA_OK, "bias [1, N, 1, S] accepted");
+  a.q_positions = ql;
+  s = sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_CPU, NULL);
+  check(s == SA_ERR_INVALID && strstr(sa_last_error(), "kv_positions is NULL"), "q_positions alone -> SA_ERR_INVALID");
+  a.kv_positions = kvl;
+  s = sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_CPU, NULL);
+  check(s == SA_ERR_INVALID && strstr(sa_last_error(), "SA_CAUSAL_BOTTOM_RIGHT"), "positions with bottom-right causal");
+  a.bias = NULL;
+  a.q_positions = a.kv_positions = NULL;
   free_attn(&a);
 }
 
 /* REF through the decode entry point is the reference forward, bit for bit. */
 static void test_ref_path(void) {
-  dcase c = {SA_BF16, 2, 3, 200, 8, 2, 64, 32, SA_SOFTMAX_OFF_BY_ONE, 31, 0, 1, 0, SA_CAUSAL_BOTTOM_RIGHT};
+  dcase c = {.dtype = SA_BF16, .B = 2, .Tq = 3, .S = 200, .N = 8, .K = 2, .H = 64, .Hv = 32,
+             .softmax = SA_SOFTMAX_OFF_BY_ONE, .wl = 31, .wr = 0, .lens = 1, .causal = D_BR};
   float sinks[64];
   int32_t kvl[16], ql[16];
   sa_attn a;
@@ -277,30 +309,44 @@ int main(void) {
         for (int ti = 0; ti < 4; ti++)
           for (int si = 0; si < 3; si++, idx++) {
             int64_t G = groups[gi], K = G == 8 ? 1 : 2;
-            dcase c = {dts[di], 4, tqs[ti], 700 + 131 * (idx % 5), G * K, K, idx % 4 == 3 ? 40 : 64, 64,
-                       sms[si], wins[idx % 4][0], wins[idx % 4][1], 1 + (idx % 3 == 2), idx % 7 == 3,
-                       SA_CAUSAL_BOTTOM_RIGHT};
+            dcase c = {.dtype = dts[di], .B = 4, .Tq = tqs[ti], .S = 700 + 131 * (idx % 5), .N = G * K, .K = K,
+                       .H = idx % 4 == 3 ? 40 : 64, .Hv = 64, .softmax = sms[si], .wl = wins[idx % 4][0],
+                       .wr = wins[idx % 4][1], .lens = 1 + (idx % 3 == 2), .q_lens = idx % 7 == 3, .causal = D_BR};
             if (idx % 4 == 1) c.Hv = 32;
             if (idx % 11 == 5) c.lens = 0;
             run_case(&c);
           }
     /* several chunks per head (R = 8: 512-key chunks), H 128, no causal mask, top-left causal, odd dims */
-    dcase big[6] = {
-        {SA_BF16, 2, 1, 5000, 8, 1, 128, 128, SA_SOFTMAX_LEARNABLE, -1, -1, 1, 0, SA_CAUSAL_BOTTOM_RIGHT},
-        {SA_F16, 1, 4, 4100, 16, 2, 64, 64, SA_SOFTMAX_VANILLA, 1000, 0, 0, 0, SA_CAUSAL_BOTTOM_RIGHT},
-        {SA_F32, 2, 3, 2100, 4, 4, 96, 80, SA_SOFTMAX_OFF_BY_ONE, -1, -1, 2, 0, SA_CAUSAL_NONE},
-        {SA_BF16, 2, 16, 1500, 8, 2, 64, 64, SA_SOFTMAX_LEARNABLE, 200, 0, 2, 1, SA_CAUSAL_TOP_LEFT},
+    static const dcase rows[] = {
+        {.name = "several chunks, H 128", .dtype = SA_BF16, .B = 2, .Tq = 1, .S = 5000, .N = 8, .K = 1, .H = 128,
+         .Hv = 128, .softmax = SA_SOFTMAX_LEARNABLE, D_ALL, .lens = 1, .causal = D_BR},
+        {.name = "window 1000", .dtype = SA_F16, .B = 1, .Tq = 4, .S = 4100, .N = 16, .K = 2, .H = 64, .Hv = 64,
+         .wl = 1000, .wr = 0, .causal = D_BR},
+        {.name = "no causal mask", .dtype = SA_F32, .B = 2, .Tq = 3, .S = 2100, .N = 4, .K = 4, .H = 96, .Hv = 80,
+         .softmax = SA_SOFTMAX_OFF_BY_ONE, D_ALL, .lens = 2},
+        {.name = "top-left causal", .dtype = SA_BF16, .B = 2, .Tq = 16, .S = 1500, .N = 8, .K = 2, .H = 64, .Hv = 64,
+         .softmax = SA_SOFTMAX_LEARNABLE, .wl = 200, .wr = 0, .lens = 2, .q_lens = 1, .causal = SA_CAUSAL_TOP_LEFT},
         /* odd head dims: a half-filled bf16 pair and masked 16-lane tails in the AVX-512 kernel; R = 3, 6 */
-        {SA_BF16, 2, 1, 900, 9, 3, 33, 20, SA_SOFTMAX_LEARNABLE, -1, -1, 1, 0, SA_CAUSAL_BOTTOM_RIGHT},
-        {SA_F16, 1, 3, 700, 4, 2, 17, 47, SA_SOFTMAX_OFF_BY_ONE, 50, 0, 2, 0, SA_CAUSAL_BOTTOM_RIGHT},
+        {.name = "odd head dims, R 3", .dtype = SA_BF16, .B = 2, .Tq = 1, .S = 900, .N = 9, .K = 3, .H = 33,
+         .Hv = 20, .softmax = SA_SOFTMAX_LEARNABLE, D_ALL, .lens = 1, .causal = D_BR},
+        {.name = "odd head dims, R 6", .dtype = SA_F16, .B = 1, .Tq = 3, .S = 700, .N = 4, .K = 2, .H = 17, .Hv = 47,
+         .softmax = SA_SOFTMAX_OFF_BY_ONE, .wl = 50, .wr = 0, .lens = 2, .causal = D_BR},
+        /* empty shapes: no cache, no batch */
+        {.name = "no cache", .dtype = SA_F32, .B = 2, .Tq = 2, .S = 0, .N = 4, .K = 2, .H = 64, .Hv = 64,
+         .softmax = SA_SOFTMAX_LEARNABLE, D_ALL, .causal = D_BR},
+        {.name = "no batch", .dtype = SA_BF16, .B = 0, .Tq = 1, .S = 100, .N = 4, .K = 2, .H = 64, .Hv = 64, D_ALL,
+         .causal = D_BR},
+        /* bias (ALiBi-like, per head and key), masks, positions in place of the bottom-right alignment */
+        {.name = "bias [1,N,1,S]", .dtype = SA_BF16, .B = 3, .Tq = 1, .S = 2000, .N = 8, .K = 1, .H = 64, .Hv = 64,
+         .softmax = SA_SOFTMAX_LEARNABLE, .wl = 127, .wr = 0, .lens = 1, .causal = D_BR, .bias = T_BCAST(1, 0, 1, 0)},
+        {.name = "bias [B,N,Tq,S], mask [B,1,1,S]", .dtype = SA_F32, .B = 2, .Tq = 4, .S = 700, .N = 8, .K = 2,
+         .H = 64, .Hv = 64, .softmax = SA_SOFTMAX_OFF_BY_ONE, D_ALL, .lens = 2, .q_lens = 1, .causal = D_BR,
+         .bias = T_BCAST(0, 0, 0, 0), .mask = T_BCAST(0, 1, 1, 0)},
+        {.name = "positions, window, mask", .dtype = SA_F16, .B = 2, .Tq = 5, .S = 900, .N = 4, .K = 2, .H = 64,
+         .Hv = 32, .softmax = SA_SOFTMAX_LEARNABLE, .wl = 300, .wr = 0, .causal = SA_CAUSAL_TOP_LEFT,
+         .mask = T_BCAST(1, 0, 0, 0), .pos = 1},
     };
-    for (int i = 0; i < 6; i++) run_case(&big[i]);
-    /* empty shapes: no cache, no batch */
-    dcase empty[2] = {
-        {SA_F32, 2, 2, 0, 4, 2, 64, 64, SA_SOFTMAX_LEARNABLE, -1, -1, 0, 0, SA_CAUSAL_BOTTOM_RIGHT},
-        {SA_BF16, 0, 1, 100, 4, 2, 64, 64, SA_SOFTMAX_VANILLA, -1, -1, 0, 0, SA_CAUSAL_BOTTOM_RIGHT},
-    };
-    for (int i = 0; i < 2; i++) run_case(&empty[i]);
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) run_case(&rows[i]);
     for (int di = 0; di < 3; di++) test_threads(dts[di]);
   }
   unsetenv("SINKATTN_SIMD");
@@ -311,6 +357,6 @@ int main(void) {
 #else
   printf("CUDA decode: skipped (built without CUDA)\n");
 #endif
-  printf("%d passed, %d failed\n", n_pass, n_fail);
-  return n_fail != 0;
+  printf("%d passed, %d failed\n", t_passed, t_failed);
+  return t_failed != 0;
 }

@@ -5,49 +5,39 @@
  *   sinks of +-1e4, +-inf and NaN; NaN / inf in q, k, v (propagate into the rows that read them, never
  *   into others, never through padding); zero-size problems with NULL buffers; the CUDA backend's
  *   answer for a head dim it lacks; threads calling fwd and bwd at once (bitwise equal to serial runs);
- *   bitwise-identical results across repeated runs and CPU thread counts.
+ *   bitwise-identical results across repeated runs and CPU thread counts (with bias and mask too);
+ *   rows that a mask or a -inf bias empties (out 0, lse the sink logit, no gradient), NaN in a bias.
  * SINKATTN_TEST_QUICK=1 (the sanitizer run) cuts the concurrency and determinism repetitions by 4x.
  */
-#include <math.h>
 #include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
-#include "sa_internal.h"
+#include "sa_test.h"
 
-static int e_failed, e_passed, e_quick;
+static int e_quick;
 
 /* Counts every check; prints the first 3 failures of each call site (a broken edge fails in a loop). */
 #define E_CHECK(cond, ...)                                   \
   do {                                                       \
     static int shown_;                                       \
-    if (cond) { e_passed++; break; }                         \
-    e_failed++;                                              \
-    if (shown_++ >= 3) break;                                \
+    int ok_ = (cond) != 0;                                   \
+    t_count(ok_);                                            \
+    if (ok_ || shown_++ >= 3) break;                         \
     printf("FAIL %s:%d: ", __func__, __LINE__);              \
     printf(__VA_ARGS__);                                     \
     putchar('\n');                                           \
   } while (0)
 
-static uint64_t e_rng(uint64_t *s) { /* splitmix64 */
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-static float e_unif(uint64_t *s, float lo, float hi) {
-  return lo + (hi - lo) * (float)(e_rng(s) >> 40) * (1.0f / 16777216.0f);
-}
+static float e_unif(t_rng *r, float lo, float hi) { return (float)t_unif(r, lo, hi); }
 
 /* ---- one problem, f32, with its buffers --------------------------------------------------------- */
 
 typedef struct {
   sa_attn a;
   sa_attn_grad g;
-  float *q, *k, *v, *out, *lse, *sinks, *dout, *dq, *dk, *dv, *dsinks;
+  float *q, *k, *v, *out, *lse, *sinks, *dout, *dq, *dk, *dv, *dsinks, *bias, *dbias;
+  uint8_t *mask;
   int32_t *q_lens, *kv_lens;
-  int64_t nq, nk, nv, no, rows;
+  int64_t nq, nk, nv, no, rows, nb;
 } e_case;
 
 static float *e_buf(int64_t n) {
@@ -57,7 +47,8 @@ static float *e_buf(int64_t n) {
 }
 
 static void e_make(e_case *c, int64_t B, int64_t T, int64_t S, int64_t N, int64_t K, int64_t H, int64_t Hv,
-                   sa_softmax sm, uint64_t seed) {
+                   sa_softmax sm, uint64_t seed_) {
+  t_rng seed = {seed_};
   memset(c, 0, sizeof *c);
   sa_attn *a = &c->a;
   sa_attn_init(a);
@@ -80,9 +71,31 @@ static void e_make(e_case *c, int64_t B, int64_t T, int64_t S, int64_t N, int64_
   c->g.dsinks = sm == SA_SOFTMAX_LEARNABLE ? c->dsinks : NULL;
 }
 
+/* A bias of form `form` (T_BCAST) from U(-2, 2) with its dbias, and a mask of form `mform` (or 0: none)
+   with ~20% of its pairs false. */
+static void e_add_bias_mask(e_case *c, int form, int mform, uint64_t seed_) {
+  t_rng seed = {seed_};
+  sa_attn *a = &c->a;
+  const int64_t full[4] = {a->batch, a->q_heads, a->q_len, a->kv_len};
+  t_bcast_dims(form, full, a->bias_dims);
+  c->nb = sa_dims_count(a->bias_dims);
+  c->bias = e_buf(c->nb);
+  c->dbias = e_buf(c->nb);
+  for (int64_t x = 0; x < c->nb; x++) c->bias[x] = e_unif(&seed, -2.0f, 2.0f);
+  a->bias = c->bias;
+  c->g.dbias = c->dbias;
+  if (!mform) return;
+  t_bcast_dims(mform, full, a->mask_dims);
+  c->mask = t_alloc(sa_dims_count(a->mask_dims), 1);
+  for (int64_t x = 0; x < sa_dims_count(a->mask_dims); x++) c->mask[x] = e_unif(&seed, 0.0f, 1.0f) < 0.2f ? 0 : 1;
+  a->mask = c->mask;
+}
+
 static void e_free(e_case *c) {
-  float *f[] = {c->q, c->k, c->v, c->out, c->lse, c->sinks, c->dout, c->dq, c->dk, c->dv, c->dsinks};
+  float *f[] = {c->q, c->k, c->v, c->out, c->lse, c->sinks, c->dout, c->dq, c->dk, c->dv, c->dsinks, c->bias,
+                c->dbias};
   for (size_t x = 0; x < sizeof f / sizeof f[0]; x++) free(f[x]);
+  free(c->mask);
   free(c->q_lens);
   free(c->kv_lens);
 }
@@ -312,6 +325,57 @@ static void e_test_poison(sa_backend be) {
   e_free(&c);
 }
 
+/* A row that the mask array empties (every key false) and one that the bias empties (-inf on every key) are
+   rows without a key: out 0 and lse a_n bitwise, no gradient (dq 0, and 0 in dbias). NaN in one bias
+   element makes its row NaN and no other row of the forward changes, bitwise. */
+static void e_test_killed_rows(sa_backend be) {
+  for (int sm = 0; sm < 3; sm++) {
+    e_case c;
+    e_make(&c, 2, 7, 9, 4, 2, 16, 8, (sa_softmax)sm, 61 + sm);
+    c.a.causal = SA_CAUSAL_TOP_LEFT;
+    e_add_bias_mask(&c, T_BCAST(0, 0, 0, 0), T_BCAST(0, 0, 0, 0), 71 + sm);
+    const int64_t mrow = ((0 * 4 + 1) * 7 + 5) * 9, brow = ((1 * 4 + 0) * 7 + 3) * 9; /* (b0 n1 i5), (b1 n0 i3) */
+    for (int64_t j = 0; j < 9; j++) { c.mask[mrow + j] = 0; c.bias[brow + j] = -INFINITY; }
+    E_CHECK(e_fwd(&c, be) == SA_OK && e_bwd(&c, be) == SA_OK, "%s sm %d: %s", e_be_name(be), sm, sa_last_error());
+    const int64_t rows[2][3] = {{0, 1, 5}, {1, 0, 3}};
+    for (int r = 0; r < 2; r++) {
+      int64_t b = rows[r][0], n = rows[r][1], i = rows[r][2];
+      float a = sa_sink_logit(&c.a, n);
+      E_CHECK(e_same(c.lse[E_L(&c, b, n, i)], a), "%s sm %d emptied row %d: lse %g, want %g", e_be_name(be), sm, r,
+              c.lse[E_L(&c, b, n, i)], a);
+      for (int64_t d = 0; d < 8; d++)
+        E_CHECK(c.out[E_O(&c, b, i, n) + d] == 0.0f, "%s sm %d emptied row %d: out %g", e_be_name(be), sm, r,
+                c.out[E_O(&c, b, i, n) + d]);
+      for (int64_t d = 0; d < 16; d++)
+        E_CHECK(c.dq[((b * 7 + i) * 4 + n) * 16 + d] == 0.0f, "%s sm %d emptied row %d: dq %g", e_be_name(be), sm, r,
+                c.dq[((b * 7 + i) * 4 + n) * 16 + d]);
+      for (int64_t j = 0; j < 9; j++)
+        E_CHECK(c.dbias[((b * 4 + n) * 7 + i) * 9 + j] == 0.0f, "%s sm %d emptied row %d: dbias %g", e_be_name(be),
+                sm, r, c.dbias[((b * 4 + n) * 7 + i) * 9 + j]);
+    }
+    E_CHECK(e_all_finite(c.out, c.no) && e_all_finite(c.dq, c.nq) && e_all_finite(c.dk, c.nk) &&
+            e_all_finite(c.dv, c.nv) && e_all_finite(c.dbias, c.nb), "%s sm %d: non-finite results", e_be_name(be), sm);
+    /* NaN in bias element (b0, n2, i4, j1), a key row 4 of a causal mask sees */
+    float *out = e_copy(c.out, c.no), *lse = e_copy(c.lse, c.rows);
+    c.bias[((0 * 4 + 2) * 7 + 4) * 9 + 1] = NAN;
+    c.mask[((0 * 4 + 2) * 7 + 4) * 9 + 1] = 1;
+    E_CHECK(e_fwd(&c, be) == SA_OK, "%s sm %d NaN bias: %s", e_be_name(be), sm, sa_last_error());
+    E_CHECK(isnan(c.lse[E_L(&c, 0, 2, 4)]) && isnan(c.out[E_O(&c, 0, 4, 2)]), "%s sm %d: NaN bias, row not NaN",
+            e_be_name(be), sm);
+    for (int64_t b = 0; b < 2; b++)
+      for (int64_t i = 0; i < 7; i++)
+        for (int64_t n = 0; n < 4; n++) {
+          if (b == 0 && i == 4 && n == 2) continue;
+          E_CHECK(e_same(c.lse[E_L(&c, b, n, i)], lse[E_L(&c, b, n, i)]) &&
+                  e_bits_equal(c.out + E_O(&c, b, i, n), out + E_O(&c, b, i, n), 8),
+                  "%s sm %d: NaN bias of row (0, 2, 4) changed row (%lld, %lld, %lld)", e_be_name(be), sm,
+                  (long long)b, (long long)n, (long long)i);
+        }
+    free(out); free(lse);
+    e_free(&c);
+  }
+}
+
 /* A head dim the CUDA backend lacks is SA_ERR_UNSUPPORTED naming head_dim (when CUDA is built and a device
    is present), reported before the pointers' memory kind is looked at (these are host pointers); without
    the CUDA backend, or without a device, every SA_BACKEND_CUDA entry point is SA_ERR_DEVICE naming CUDA.
@@ -337,31 +401,36 @@ static void e_test_cuda_unsupported(void) {
 /* ---- concurrency and determinism (CPU) ------------------------------------------------------------ */
 
 enum { E_THREADS = 8 };
-typedef struct { e_case c; float *out, *lse, *dq, *dk, *dv, *ds; int reps, bad, errs; } e_job;
+typedef struct { e_case c; float *out, *lse, *dq, *dk, *dv, *ds, *db; int reps, bad, errs; } e_job;
 
 static void e_job_make(e_job *j, int t) {
-  /* Different shapes per thread, GQA, windows and masks, so the threads run different code paths. */
+  /* Different shapes per thread, GQA, windows and masks, so the threads run different code paths; every
+     other job has a bias (shared by heads and batches, per key, per row) and some a mask array. */
   e_make(&j->c, 1 + t % 2, 33 + 7 * t, 29 + 5 * t, 4, 2 - t % 2, t % 3 ? 64 : 32, 64,
          (sa_softmax)(t % 3), 1000 + t);
   j->c.a.causal = (sa_causal)(t % 3);
   if (t % 4 == 3) { j->c.a.window_left = 9; j->c.a.window_right = 2; }
+  static const int forms[4] = {T_BCAST(1, 1, 0, 0), T_BCAST(0, 1, 1, 0), T_BCAST(0, 0, 0, 1), T_BCAST(0, 0, 0, 0)};
+  if (t % 2) e_add_bias_mask(&j->c, forms[(t / 2) % 4], t % 3 == 1 ? T_BCAST(1, 0, 0, 0) : 0, 2000 + t);
 }
 
 static void e_job_snapshot(e_job *j) {
   j->out = e_copy(j->c.out, j->c.no); j->lse = e_copy(j->c.lse, j->c.rows);
   j->dq = e_copy(j->c.dq, j->c.nq); j->dk = e_copy(j->c.dk, j->c.nk); j->dv = e_copy(j->c.dv, j->c.nv);
   j->ds = e_copy(j->c.dsinks, j->c.a.q_heads);
+  j->db = j->c.dbias ? e_copy(j->c.dbias, j->c.nb) : NULL;
 }
 
 static int e_job_matches(e_job *j) {
   return e_bits_equal(j->out, j->c.out, j->c.no) && e_bits_equal(j->lse, j->c.lse, j->c.rows) &&
          e_bits_equal(j->dq, j->c.dq, j->c.nq) && e_bits_equal(j->dk, j->c.dk, j->c.nk) &&
          e_bits_equal(j->dv, j->c.dv, j->c.nv) &&
-         (!j->c.g.dsinks || e_bits_equal(j->ds, j->c.dsinks, j->c.a.q_heads));
+         (!j->c.g.dsinks || e_bits_equal(j->ds, j->c.dsinks, j->c.a.q_heads)) &&
+         (!j->c.dbias || e_bits_equal(j->db, j->c.dbias, j->c.nb));
 }
 
 static void e_job_free(e_job *j) {
-  free(j->out); free(j->lse); free(j->dq); free(j->dk); free(j->dv); free(j->ds);
+  free(j->out); free(j->lse); free(j->dq); free(j->dk); free(j->dv); free(j->ds); free(j->db);
   e_free(&j->c);
 }
 
@@ -424,10 +493,11 @@ int main(void) {
     e_test_empty(e_backends[b]);
     e_test_sinks(e_backends[b]);
     e_test_poison(e_backends[b]);
+    e_test_killed_rows(e_backends[b]);
   }
   e_test_cuda_unsupported();
   e_test_threads();
   e_test_thread_counts();
-  printf("test_edges: %d checks passed, %d failed (CPU SIMD %s)\n", e_passed, e_failed, sa_cpu_simd_name());
-  return e_failed ? 1 : 0;
+  printf("test_edges: %d checks passed, %d failed (CPU SIMD %s)\n", t_passed, t_failed, sa_cpu_simd_name());
+  return t_failed ? 1 : 0;
 }
