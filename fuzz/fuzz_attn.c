@@ -4,16 +4,19 @@
  *
  * The input bytes pick a small problem (B <= 3, T, S <= 12, N <= 6, H, Hv <= 40), every option, invalid
  * enum values, NULL pointers, lengths outside [0, T] / [0, S], sinks from {0, +-50, +-1e4, +-inf, NaN,
- * U(-10, 10)} and data that may hold inf / NaN. Buffers are malloc'ed at their exact size so that
- * AddressSanitizer sees any read or write one element past an end. What must hold:
+ * U(-10, 10)} and data that may hold inf / NaN; a bias (any of its 16 broadcast forms and 3 dtypes, with
+ * -inf entries), a mask array, positions up to the int32 limits and dbias, each also made invalid (a dim
+ * neither 1 nor full, NULL with dims, one position array, dbias without bias). Buffers are malloc'ed at
+ * their exact size so that AddressSanitizer sees any read or write one element past an end. What must hold:
  *   - sa_attn_fwd returns what sa_attn_check returns; on failure out/lse are untouched and
  *     sa_last_error() is non-empty; on success it is "".
- *   - the independent mask below agrees with sa_key_range + sa_segment_ok (the shared definition);
- *   - finite inputs (and finite sinks): a row with no valid key has out = 0 and lse = the sink logit,
- *     bitwise; out, dq, dk, dv, dsinks are finite and lse is not NaN; CPU agrees with REF (fwd and
- *     bwd) within a dtype tolerance when the CPU backend takes the case;
+ *   - the independent mask below agrees with sa_attn_valid (the shared definition);
+ *   - finite inputs (and finite sinks): a row with no key that counts (none valid, or all at bias -inf)
+ *     has out = 0 and lse = the sink logit, bitwise; out, dq, dk, dv, dsinks, dbias are finite and lse is
+ *     not NaN; CPU agrees with REF (fwd and bwd) within a dtype tolerance when the CPU backend takes the case;
  *   - NaN/inf data: no crash, no error status;
- *   - NaN planted in padding (keys at j >= kv_len, queries at i >= q_len) never reaches a valid result.
+ *   - NaN planted in padding (keys at j >= kv_len, queries at i >= q_len, and the bias elements only padding
+ *     reads) never reaches a valid result.
  * A violated property calls __builtin_trap() so libFuzzer records the input as a crash.
  */
 #include <math.h>
@@ -57,16 +60,35 @@ static int fz_same(float x, float y) { return (isnan(x) && isnan(y)) || x == y; 
 
 static int64_t fz_clamp(int64_t x, int64_t hi) { return x < 0 ? 0 : x > hi ? hi : x; }
 
-static int fz_valid(const sa_attn *a, int64_t b, int64_t i, int64_t j) {
+static int fz_valid(const sa_attn *a, int64_t b, int64_t n, int64_t i, int64_t j) {
   int64_t ql = a->q_lens ? fz_clamp(a->q_lens[b], a->q_len) : a->q_len;
   int64_t kl = a->kv_lens ? fz_clamp(a->kv_lens[b], a->kv_len) : a->kv_len;
   if (i >= ql || j >= kl) return 0;
-  __int128 d = (__int128)(a->causal == SA_CAUSAL_BOTTOM_RIGHT ? i + kl - ql : i) + a->diag_offset;
-  if (a->causal != SA_CAUSAL_NONE && j > d) return 0;
-  if (a->window_left >= 0 && (__int128)j < d - a->window_left) return 0;
-  if (a->window_right >= 0 && (__int128)j > d + a->window_right) return 0;
+  __int128 d = (__int128)(a->causal == SA_CAUSAL_BOTTOM_RIGHT ? i + kl - ql : i) + a->diag_offset, x = j;
+  if (a->q_positions) {
+    d = (__int128)a->q_positions[b * a->q_len + i] + a->diag_offset;
+    x = a->kv_positions[b * a->kv_len + j];
+  }
+  if (a->causal != SA_CAUSAL_NONE && x > d) return 0;
+  if (a->window_left >= 0 && x < d - a->window_left) return 0;
+  if (a->window_right >= 0 && x > d + a->window_right) return 0;
   if (a->q_segment_ids && a->q_segment_ids[b * a->q_len + i] != a->kv_segment_ids[b * a->kv_len + j]) return 0;
+  if (a->mask) {
+    const int64_t *md = a->mask_dims, idx[4] = {b, n, i, j};
+    int64_t off = 0;
+    for (int x4 = 0; x4 < 4; x4++) off = off * md[x4] + (md[x4] == 1 ? 0 : idx[x4]);
+    if (!a->mask[off]) return 0;
+  }
   return 1;
+}
+
+/* bias[b, n, i, j] of the broadcast, -inf included (0 without a bias). */
+static float fz_bias(const sa_attn *a, int64_t b, int64_t n, int64_t i, int64_t j) {
+  if (!a->bias) return 0.0f;
+  const int64_t *bd = a->bias_dims, idx[4] = {b, n, i, j};
+  int64_t off = 0;
+  for (int x = 0; x < 4; x++) off = off * bd[x] + (bd[x] == 1 ? 0 : idx[x]);
+  return sa_load(a->bias, a->bias_dtype, off);
 }
 
 /* ---- buffers ---------------------------------------------------------------------------------- */
@@ -74,10 +96,11 @@ static int fz_valid(const sa_attn *a, int64_t b, int64_t i, int64_t j) {
 typedef struct {
   sa_attn a;
   sa_attn_grad g;
-  float *sinks, *lse, *dlse, *dsinks;
-  int32_t *q_lens, *kv_lens, *qseg, *kseg;
-  void *q, *k, *v, *out, *dout, *dq, *dk, *dv;
-  int64_t nq, nk, nv, no, rows;
+  float *sinks, *lse, *dlse, *dsinks, *dbias;
+  int32_t *q_lens, *kv_lens, *qseg, *kseg, *qpos, *kpos;
+  void *q, *k, *v, *out, *dout, *dq, *dk, *dv, *bias;
+  uint8_t *mask;
+  int64_t nq, nk, nv, no, rows, nb;
 } fz_case;
 
 /* Exact-size allocation (NULL for 0 elements) so ASan flags one element past the end. */
@@ -88,8 +111,8 @@ static void fz_fill(fz_in *in, void *p, sa_dtype t, int64_t count, int poison) {
 }
 
 static void fz_case_free(fz_case *c) {
-  void *ptrs[] = {c->sinks, c->lse, c->dlse, c->dsinks, c->q_lens, c->kv_lens, c->qseg, c->kseg,
-                  c->q, c->k, c->v, c->out, c->dout, c->dq, c->dk, c->dv};
+  void *ptrs[] = {c->sinks, c->lse, c->dlse, c->dsinks, c->q_lens, c->kv_lens, c->qseg, c->kseg, c->q, c->k,
+                  c->v, c->out, c->dout, c->dq, c->dk, c->dv, c->dbias, c->qpos, c->kpos, c->bias, c->mask};
   for (size_t x = 0; x < sizeof ptrs / sizeof ptrs[0]; x++) free(ptrs[x]);
 }
 
@@ -99,17 +122,14 @@ static int fz_all_finite(const void *p, sa_dtype t, int64_t count) {
   return 1;
 }
 
-/* Every valid (i, j) of the problem is checked against the shared helpers; returns 1 when the row of
-   (b, i) has at least one valid key. */
-static int fz_row_nonempty(const sa_attn *a, int64_t b, int64_t i) {
-  int64_t ql = sa_q_len_of(a, b), kl = sa_kv_len_of(a, b);
-  sa_range r = sa_key_range(a, ql, kl, i);
+/* Every (i, j) of the row is checked against the shared predicate; returns 1 when the row of (b, n, i)
+   has at least one key that counts (valid, and not at bias -inf). */
+static int fz_row_nonempty(const sa_attn *a, int64_t b, int64_t n, int64_t i) {
   int any = 0;
   for (int64_t j = 0; j < a->kv_len; j++) {
-    int v = fz_valid(a, b, i, j);
-    int shared = j >= r.lo && j < r.hi && sa_segment_ok(a, b, i, j);
-    FZ_REQUIRE(v == shared);
-    any |= v;
+    int v = fz_valid(a, b, n, i, j);
+    FZ_REQUIRE(v == sa_attn_valid(a, b, n, i, j));
+    any |= v && fz_bias(a, b, n, i, j) != -INFINITY;
   }
   return any;
 }
@@ -118,6 +138,13 @@ static int fz_row_nonempty(const sa_attn *a, int64_t b, int64_t i) {
    reads them, so results (and dk, dv at those keys, which must be 0) stay as if they were finite. */
 static void fz_poison_padding(fz_case *c) {
   const sa_attn *a = &c->a;
+  /* bias elements that only padding pairs read: a batch of their own, and a row or key beyond the lengths */
+  const int64_t *bd = a->bias_dims;
+  for (int64_t x = 0; c->bias && bd[0] == a->batch && x < c->nb; x++) {
+    int64_t j = x % bd[3], i = x / bd[3] % bd[2], b = x / (bd[1] * bd[2] * bd[3]);
+    if ((bd[2] == a->q_len && i >= sa_q_len_of(a, b)) || (bd[3] == a->kv_len && j >= sa_kv_len_of(a, b)))
+      sa_store(c->bias, a->bias_dtype, x, NAN);
+  }
   for (int64_t b = 0; b < a->batch; b++) {
     for (int64_t i = sa_q_len_of(a, b); i < a->q_len; i++)
       for (int64_t x = 0; x < a->q_heads * a->head_dim; x++)
@@ -129,6 +156,63 @@ static void fz_poison_padding(fz_case *c) {
         sa_store(c->v, a->dtype, (b * a->kv_len + j) * a->kv_heads * a->v_head_dim + x, NAN);
     }
   }
+}
+
+/* ---- bias, mask, positions ------------------------------------------------------------------- */
+
+/* A broadcast shape over [B,N,T,S]: each axis 1 or full, and now and then a dim that is neither. */
+static void fz_bcast_dims(fz_in *in, const sa_attn *a, int64_t *d) {
+  const int64_t full[4] = {a->batch, a->q_heads, a->q_len, a->kv_len};
+  unsigned form = fz_u8(in);
+  for (int x = 0; x < 4; x++) d[x] = form >> x & 1 ? 1 : full[x];
+  if ((form & 0xf0) == 0xf0) d[(form >> 4) & 3] += 2; /* invalid */
+}
+
+/* The inputs of sinkattn.h's BIAS AND MASK and positions, from one flags byte (0: none, so inputs that end
+   early take none). Returns 0 when the bias holds NaN or +inf (results may then be NaN). */
+static int fz_extras(fz_in *in, fz_case *c, int poison) {
+  sa_attn *a = &c->a;
+  unsigned x = fz_u8(in);
+  int finite = 1;
+  if (a->q_heads < 1 || a->head_dim < 1) return 1;
+  if (x & 1) {
+    fz_bcast_dims(in, a, a->bias_dims);
+    a->bias_dtype = (sa_dtype)(fz_pick(in, 32) == 0 ? 4 : fz_pick(in, 3));
+    sa_dtype bt = a->bias_dtype <= SA_BF16 ? a->bias_dtype : SA_F32;
+    int64_t n = 1;
+    for (int d = 0; d < 4; d++) n *= a->bias_dims[d] > 0 ? a->bias_dims[d] : 0;
+    c->nb = n;
+    c->bias = fz_alloc(n, sa_dtype_size(bt));
+    for (int64_t e = 0; e < n; e++) {
+      unsigned v = fz_u8(in);
+      float f = v >= 230 ? -INFINITY : -3.0f + 6.0f * (float)v / 229.0f;
+      if (poison && v == 229) f = fz_pick(in, 2) ? NAN : INFINITY;
+      finite &= !isnan(f) && f != INFINITY;
+      sa_store(c->bias, bt, e, f);
+    }
+    a->bias = x & 64 ? NULL : c->bias; /* NULL with dims: invalid unless empty */
+  }
+  if (x & 2) {
+    fz_bcast_dims(in, a, a->mask_dims);
+    int64_t n = 1;
+    for (int d = 0; d < 4; d++) n *= a->mask_dims[d] > 0 ? a->mask_dims[d] : 0;
+    c->mask = fz_alloc(n, 1);
+    for (int64_t e = 0; e < n; e++) c->mask[e] = fz_pick(in, 4) ? (uint8_t)fz_u8(in) | 1 : 0;
+    a->mask = c->mask;
+  }
+  if (x & 4 && a->batch) {
+    static const int32_t edge[] = {INT32_MIN, -1, 0, 1, INT32_MAX};
+    c->qpos = fz_alloc(a->batch * a->q_len, 4);
+    c->kpos = fz_alloc(a->batch * a->kv_len, 4);
+    for (int64_t e = 0; e < a->batch * a->q_len; e++) c->qpos[e] = fz_pick(in, 16) ? fz_pick(in, 16) - 2 : edge[fz_pick(in, 5)];
+    for (int64_t e = 0; e < a->batch * a->kv_len; e++) c->kpos[e] = fz_pick(in, 16) ? fz_pick(in, 16) - 2 : edge[fz_pick(in, 5)];
+    a->q_positions = c->qpos;
+    a->kv_positions = x & 128 ? NULL : c->kpos; /* one of two: invalid */
+    if (a->causal == SA_CAUSAL_BOTTOM_RIGHT && !(x & 32)) a->causal = SA_CAUSAL_TOP_LEFT; /* else invalid */
+  }
+  if (x & 8) c->dbias = fz_alloc(c->nb, 4); /* with no bias, an invalid dbias (never written: 1 element) */
+  if (x & 8 && !c->dbias) c->dbias = malloc(4);
+  return finite;
 }
 
 /* ---- the properties --------------------------------------------------------------------------- */
@@ -148,8 +232,8 @@ static void fz_check_fwd(const fz_case *c, int finite) {
   const sa_attn *a = &c->a;
   for (int64_t b = 0; b < a->batch; b++)
     for (int64_t i = 0; i < a->q_len; i++) {
-      int nonempty = fz_row_nonempty(a, b, i);
       for (int64_t n = 0; n < a->q_heads; n++) {
+        int nonempty = fz_row_nonempty(a, b, n, i);
         float sink = sa_sink_logit(a, n);
         int64_t ro = ((b * a->q_len + i) * a->q_heads + n) * a->v_head_dim;
         float lse = c->lse ? c->lse[(b * a->q_heads + n) * a->q_len + i] : 0.0f;
@@ -237,6 +321,7 @@ static void fz_run(fz_in *in) {
     a->q_segment_ids = c.qseg;
     a->kv_segment_ids = flags & 512 ? NULL : c.kseg; /* one of two: invalid */
   }
+  finite &= fz_extras(in, &c, poison);
   if (flags & 8192 && a->q_lens && a->kv_lens && a->dtype <= SA_BF16 && c.nq && c.nk && c.nv)
     fz_poison_padding(&c);
   if (flags & 1024) { /* a NULL data pointer: invalid unless the buffer is empty */
@@ -290,14 +375,25 @@ static void fz_run(fz_in *in) {
       c.g.dlse = c.dlse;
     }
     if (a->softmax == SA_SOFTMAX_LEARNABLE) c.g.dsinks = c.dsinks = fz_alloc(a->q_heads, 4);
+    c.g.dbias = c.dbias;
     size_t ws = sa_attn_bwd_workspace_size(a, be);
     void *w = ws ? malloc(ws) : NULL;
-    FZ_REQUIRE(sa_attn_bwd(a, &c.g, w, ws, be, NULL) == SA_OK);
+    sa_status sb = sa_attn_bwd(a, &c.g, w, ws, be, NULL);
     free(w);
+    /* the one backward argument the forward did not check */
+    FZ_REQUIRE(sb == (c.dbias && !sa_dims_set(a->bias_dims) ? SA_ERR_INVALID : SA_OK));
+    if (sb != SA_OK) {
+      FZ_REQUIRE(strstr(sa_last_error(), "dbias") != NULL);
+      free(out_ref);
+      free(lse_ref);
+      fz_case_free(&c);
+      return;
+    }
     if (finite) {
       FZ_REQUIRE(fz_all_finite(c.dq, a->dtype, c.nq) && fz_all_finite(c.dk, a->dtype, c.nk) &&
                  fz_all_finite(c.dv, a->dtype, c.nv));
       for (int64_t n = 0; c.dsinks && n < a->q_heads; n++) FZ_REQUIRE(isfinite(c.dsinks[n]));
+      if (c.dbias) FZ_REQUIRE(fz_all_finite(c.dbias, SA_F32, c.nb));
     }
     /* REF backward on the SAME forward results (this backend's out and lse), compared with a looser bound:
        the gradient sums are longer, and half-precision dq/dk/dv round once more. Not on REF's own forward:
@@ -307,8 +403,8 @@ static void fz_run(fz_in *in) {
        forward; the input is a seed in fuzz/corpus/fuzz_attn). The forward is checked against REF above. */
     sa_attn_grad gr = c.g;
     void *dq = fz_alloc(c.nq, es), *dk = fz_alloc(c.nk, es), *dv = fz_alloc(c.nv, es);
-    float *ds = c.dsinks ? fz_alloc(a->q_heads, 4) : NULL;
-    gr.dq = dq; gr.dk = dk; gr.dv = dv; gr.dsinks = ds;
+    float *ds = c.dsinks ? fz_alloc(a->q_heads, 4) : NULL, *db = c.dbias ? fz_alloc(c.nb, 4) : NULL;
+    gr.dq = dq; gr.dk = dk; gr.dv = dv; gr.dsinks = ds; gr.dbias = db;
     FZ_REQUIRE(sa_attn_bwd(a, &gr, NULL, 0, SA_BACKEND_REF, NULL) == SA_OK);
     if (finite) {
       float tol = 4 * fz_tol(a->dtype);
@@ -317,8 +413,9 @@ static void fz_run(fz_in *in) {
       fz_close(c.dv, dv, a->dtype, c.nv, tol);
       for (int64_t n = 0; ds && n < a->q_heads; n++)
         FZ_REQUIRE(fabsf(c.dsinks[n] - ds[n]) <= tol * (1.0f + fabsf(ds[n])));
+      if (db) fz_close(c.dbias, db, SA_F32, c.nb, tol);
     }
-    free(dq); free(dk); free(dv); free(ds);
+    free(dq); free(dk); free(dv); free(ds); free(db);
   }
   free(out_ref);
   free(lse_ref);

@@ -1,7 +1,8 @@
 /*
  * fuzz_ffi.c — libFuzzer target for the XLA FFI handlers' decoding (src/ffi/): the four handlers
  * (fwd/bwd x cpu/CUDA) get call frames that start as a well-formed call (the buffer layout of
- * src/ffi/ffi_attn.c, 0-2 vmap dims) and then take up to 8 mutations picked by the input: wrong argument
+ * src/ffi/ffi_attn.c, version 2 with bias / mask / positions / dbias present or as placeholders, now and
+ * then version 1; 0-2 vmap dims) and then take up to 8 mutations picked by the input: wrong argument
  * or result counts, non-buffer argument types, dtypes, ranks and dims; attribute names (unknown, empty,
  * prefixes, not NUL-terminated), types (array, string, dictionary), scalar dtypes and values (enums out
  * of range, huge offsets, NaN scale); the metadata handshake and other execution stages.
@@ -74,7 +75,7 @@ static int ff_pick(ff_in *in, int n) { return (int)(ff_u8(in) % (unsigned)n); }
 
 /* ---- the frame ------------------------------------------------------------------------------------ */
 
-enum { FF_MAX_BUF = 18, FF_MAX_RANK = 12, FF_MAX_ATTR = 16 };
+enum { FF_MAX_BUF = 24, FF_MAX_RANK = 12, FF_MAX_ATTR = 20 };
 
 typedef struct {
   XLA_FFI_Buffer b;
@@ -120,31 +121,41 @@ static const XLA_FFI_DataType ff_dtypes[] = {
     XLA_FFI_DataType_F32, XLA_FFI_DataType_F16, XLA_FFI_DataType_BF16, XLA_FFI_DataType_S32, XLA_FFI_DataType_S64,
     XLA_FFI_DataType_U8,  XLA_FFI_DataType_PRED, XLA_FFI_DataType_F64, XLA_FFI_DataType_INVALID, XLA_FFI_DataType_C64};
 
-/* Buffer layouts of src/ffi/ffi_attn.c as dim letters: B T S N K H V(=Hv) W(=workspace bytes); the
-   kind says the dtype: 'd' the data dtype, 'f' f32, 'i' s32, 'u' u8. */
+/* Buffer layouts of src/ffi/ffi_attn.c as dim letters: B T S N K H V(=Hv) W(=workspace bytes) 0 (a
+   zero-size placeholder); the kind says the dtype: 'd' the data dtype, 'b' the bias dtype, 'f' f32,
+   'i' s32, 'u' u8, 'p' pred. */
 typedef struct { char kind; const char *dims; } ff_spec;
 static const ff_spec ff_fwd_args[] = {{'d', "BTNH"}, {'d', "BSKH"}, {'d', "BSKV"}, {'f', "N"},
                                       {'i', "B"},    {'i', "B"},    {'i', "BT"},   {'i', "BS"}};
+static const ff_spec ff_extra_args[] = {{'b', "BNTS"}, {'p', "BNTS"}, {'i', "BT"}, {'i', "BS"}};
 static const ff_spec ff_fwd_rets[] = {{'d', "BTNV"}, {'f', "BNT"}};
 static const ff_spec ff_bwd_extra_args[] = {{'d', "BTNV"}, {'f', "BNT"}, {'d', "BTNV"}, {'f', "BNT"}};
-static const ff_spec ff_bwd_rets[] = {{'d', "BTNH"}, {'d', "BSKH"}, {'d', "BSKV"}, {'f', "N"}, {'u', "W"}};
+static const ff_spec ff_bwd_rets[] = {{'d', "BTNH"}, {'d', "BSKH"}, {'d', "BSKV"}, {'f', "N"}, {'f', "BNTS"},
+                                      {'u', "W"}};
+static const ff_spec ff_placeholder = {'f', "0"};
 
-static void ff_set_buf(ff_buf *fb, const ff_spec *sp, const int64_t *sizes, XLA_FFI_DataType dt, int nlead,
-                       const int64_t *lead) {
+static void ff_set_buf(ff_buf *fb, const ff_spec *sp, const int64_t *sizes, XLA_FFI_DataType dt, XLA_FFI_DataType bt,
+                       int nlead, const int64_t *lead) {
   fb->b.struct_size = XLA_FFI_Buffer_STRUCT_SIZE;
-  fb->b.dtype = sp->kind == 'd' ? dt : sp->kind == 'f' ? XLA_FFI_DataType_F32
-                : sp->kind == 'i' ? XLA_FFI_DataType_S32 : XLA_FFI_DataType_U8;
+  fb->b.dtype = sp->kind == 'd' ? dt : sp->kind == 'b' ? bt : sp->kind == 'f' ? XLA_FFI_DataType_F32
+                : sp->kind == 'i' ? XLA_FFI_DataType_S32 : sp->kind == 'p' ? XLA_FFI_DataType_PRED : XLA_FFI_DataType_U8;
   int r = 0;
   for (int d = 0; d < nlead; d++) fb->dims[r++] = lead[d];
-  for (const char *c = sp->dims; *c; c++) fb->dims[r++] = sizes[strchr("BTSNKHVW", *c) - "BTSNKHVW"];
+  for (const char *c = sp->dims; *c; c++) fb->dims[r++] = sizes[strchr("BTSNKHVW0", *c) - "BTSNKHVW0"];
   fb->b.rank = r;
   fb->b.dims = fb->dims;
 }
 
+/* The size-1 axes of a bias or mask: dims 1 where `ones` has the bit (B N T S = bits 3 2 1 0). */
+static void ff_bcast(ff_buf *fb, int nlead, unsigned ones) {
+  for (int d = 0; d < 4; d++)
+    if (ones >> (3 - d) & 1) fb->dims[nlead + d] = 1;
+}
+
 static const char *const ff_attr_names[] = {"causal", "deterministic", "diag_offset", "has_dlse", "has_kv_lens",
                                             "has_q_lens", "has_segments", "scale", "softmax", "window_left",
-                                            "window_right"};
-enum { FF_NATTR = sizeof ff_attr_names / sizeof ff_attr_names[0] };
+                                            "window_right", "has_bias", "has_mask", "has_positions", "has_dbias"};
+enum { FF_NATTR = sizeof ff_attr_names / sizeof ff_attr_names[0], FF_NATTR_V1 = 11 };
 
 static void ff_set_attr(ff_attr *at, const char *name, XLA_FFI_DataType dt, int64_t value) {
   memset(at, 0, sizeof *at);
@@ -156,34 +167,51 @@ static void ff_set_attr(ff_attr *at, const char *name, XLA_FFI_DataType dt, int6
   at->fvalue = (double)value;
 }
 
-/* A well-formed call: what Python's ffi_call would send. */
+/* A well-formed call: what Python's ffi_call would send (version 2 of the layout; 1 in 8 calls version 1). */
 static void ff_build(ff_in *in, ff_frame *fr, int bwd, int cuda) {
   static const XLA_FFI_DataType dts[] = {XLA_FFI_DataType_F32, XLA_FFI_DataType_F16, XLA_FFI_DataType_BF16};
-  XLA_FFI_DataType dt = dts[ff_pick(in, 3)];
+  XLA_FFI_DataType dt = dts[ff_pick(in, 3)], bt = dts[ff_pick(in, 3)];
   int64_t K = 1 + ff_pick(in, 2), N = K * (1 + ff_pick(in, 2));
-  int64_t sizes[8] = {ff_pick(in, 3), ff_pick(in, 5), ff_pick(in, 5), N, K, 1 + ff_pick(in, 8), 1 + ff_pick(in, 8),
-                      ff_pick(in, 4) * 4096};
+  int64_t sizes[9] = {ff_pick(in, 3), ff_pick(in, 5), ff_pick(in, 5), N, K, 1 + ff_pick(in, 8), 1 + ff_pick(in, 8),
+                      ff_pick(in, 4) * 4096, 0};
   int nlead = ff_pick(in, 3);
   int64_t lead[2] = {ff_pick(in, 4), 1 + ff_pick(in, 2)};
+  int v1 = ff_pick(in, 8) == 0, has_bias = !v1 && ff_pick(in, 2), has_mask = !v1 && ff_pick(in, 2);
+  int has_pos = !v1 && ff_pick(in, 2), has_dbias = bwd && has_bias && ff_pick(in, 2);
+  unsigned bias_ones = ff_u8(in) & 15, mask_ones = ff_u8(in) & 15;
   fr->nargs = fr->nrets = 0;
-  for (int x = 0; x < 8; x++) ff_set_buf(&fr->bufs[fr->nargs++], &ff_fwd_args[x], sizes, dt, nlead, lead);
+  for (int x = 0; x < 8; x++) ff_set_buf(&fr->bufs[fr->nargs++], &ff_fwd_args[x], sizes, dt, bt, nlead, lead);
+  const int present[4] = {has_bias, has_mask, has_pos, has_pos};
+  for (int x = 0; x < 4 && !v1; x++) {
+    ff_buf *fb = &fr->bufs[fr->nargs++];
+    ff_set_buf(fb, present[x] ? &ff_extra_args[x] : &ff_placeholder, sizes, dt, bt, nlead, lead);
+    if (present[x] && x < 2) ff_bcast(fb, nlead, x == 0 ? bias_ones : mask_ones);
+    if (present[x] && x < 2 && nlead && ff_pick(in, 3) == 0) /* unbatched under vmap */
+      for (int d = 0; d < nlead; d++) fb->dims[d] = 1;
+  }
   if (bwd)
-    for (int x = 0; x < 4; x++) ff_set_buf(&fr->bufs[fr->nargs++], &ff_bwd_extra_args[x], sizes, dt, nlead, lead);
-  int nr = bwd ? 4 + cuda : 2;
-  for (int x = 0; x < nr; x++)
-    ff_set_buf(&fr->bufs[fr->nargs + fr->nrets++], bwd ? &ff_bwd_rets[x] : &ff_fwd_rets[x], sizes, dt, nlead, lead);
+    for (int x = 0; x < 4; x++) ff_set_buf(&fr->bufs[fr->nargs++], &ff_bwd_extra_args[x], sizes, dt, bt, nlead, lead);
+  for (int x = 0; x < (bwd ? 6 : 2); x++) {
+    if (bwd && x == 4 && v1) continue;   /* version 1 has no dbias */
+    if (bwd && x == 5 && !cuda) continue; /* the workspace: CUDA only */
+    ff_buf *fb = &fr->bufs[fr->nargs + fr->nrets++];
+    const ff_spec *sp = bwd ? (x == 4 && !has_dbias ? &ff_placeholder : &ff_bwd_rets[x]) : &ff_fwd_rets[x];
+    ff_set_buf(fb, sp, sizes, dt, bt, nlead, lead);
+    if (bwd && x == 4 && has_dbias) ff_bcast(fb, nlead, bias_ones);
+  }
   if (nlead && ff_pick(in, 2)) { /* unbatched sinks under vmap: lead dims of 1 */
     for (int d = 0; d < nlead; d++) fr->bufs[3].dims[d] = 1;
   }
   int64_t vals[FF_NATTR] = {ff_pick(in, 3), ff_pick(in, 2), (int64_t)ff_pick(in, 9) - 4, ff_pick(in, 2),
                             ff_pick(in, 2), ff_pick(in, 2), ff_pick(in, 2), 0, ff_pick(in, 3),
-                            (int64_t)ff_pick(in, 6) - 1, (int64_t)ff_pick(in, 6) - 1};
+                            (int64_t)ff_pick(in, 6) - 1, (int64_t)ff_pick(in, 6) - 1, has_bias, has_mask, has_pos,
+                            has_dbias};
   fr->nattrs = 0;
-  for (int x = 0; x < FF_NATTR; x++) {
-    if (!bwd && (x == 1 || x == 3)) continue; /* deterministic, has_dlse: backward only */
+  for (int x = 0; x < (v1 ? FF_NATTR_V1 : FF_NATTR); x++) {
+    if (!bwd && (x == 1 || x == 3 || x == 14)) continue; /* deterministic, has_dlse, has_dbias: backward only */
     ff_attr *at = &fr->attrs[fr->nattrs++];
     XLA_FFI_DataType t = x == 7 ? XLA_FFI_DataType_F64
-                         : (x == 1 || (x >= 3 && x <= 6)) ? XLA_FFI_DataType_PRED : XLA_FFI_DataType_S64;
+                         : (x == 1 || (x >= 3 && x <= 6) || x >= 11) ? XLA_FFI_DataType_PRED : XLA_FFI_DataType_S64;
     ff_set_attr(at, ff_attr_names[x], t, vals[x]);
     if (x == 7) at->fvalue = ff_pick(in, 2) ? 0.0 : 0.25;
   }
