@@ -132,7 +132,7 @@ static int64_t pad_to(int64_t x) { return (x + SA_CPU_PAD - 1) / SA_CPU_PAD * SA
 
 typedef struct {
   float *tmp, *tmp2, *q, *qt, *kt, *kr, *v, *vt, *d, *dt, *s, *dp, *acc, *acc2, *r1, *r2, *cm, *cl, *mlo, *mhi;
-  float *row, *db; /* one row of the additive tile (cpu_mask.h); dbias row sums of the dq pass */
+  float *row, *db; /* rows of the additive tile (cpu_mask.h); dbias row sums of the dq pass */
 } sa_bufs;
 
 /* Lays the pass's tiles out in ws (64-byte aligned each) and returns the floats used; ws NULL: size only.
@@ -148,7 +148,7 @@ static size_t carve(const sa_cpu_ctx *c, sa_cpu_pass pass, float *ws, sa_bufs *B
   const int64_t hp = c->hp, hvp = c->hvp, BK = SA_CPU_BK, BK2 = SA_CPU_BK2, Q2 = SA_CPU_BQ2;
   memset(B, 0, sizeof *B);
   TAKE(B->tmp, SA_MAX(hp, hvp));
-  TAKE(B->row, SA_MAX(BK, BK2));
+  TAKE(B->row, VW * SA_MAX(BK, BK2));
   if (pass == SA_CPU_FWD) {
     TAKE(B->qt, H * Mp); TAKE(B->kr, BK * hp); TAKE(B->v, BK * hvp); TAKE(B->s, BK * Mp);
     TAKE(B->acc, M * hvp); TAKE(B->r1, Mp); TAKE(B->r2, Mp); TAKE(B->cm, Mp); TAKE(B->cl, Mp);
