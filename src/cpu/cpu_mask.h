@@ -63,26 +63,45 @@ static int tile_class(const sa_attn *a, int64_t b, const sa_range *rg, int64_t i
 
 /* ---- the additive tile: bias, mask array, positions ------------------------------------------ */
 
+/* Asks for elements [off + ahead, off + ahead + n) of an operand of `count` elements to be brought into cache.
+   A tile reads up to 256 rows of bias or mask, each one stream of 64 keys; software prefetches of a whole
+   tile at once did nothing measurable (most are dropped), one row's at a time, as each row is read, took
+   the forward with a full f32 bias from 1.42x to 1.24x the call without one (CPU time, T = S = 2048,
+   N = 8, H = 128, one thread). */
+static void prefetch_ahead(const void *base, size_t es, int64_t off, int64_t ahead, int64_t n, int64_t count) {
+  if (ahead <= 0 || off + ahead + n > count) return;
+  const char *p = (const char *)base + (size_t)(off + ahead) * es;
+  for (int64_t x = 0; x < n * (int64_t)es; x += 64) __builtin_prefetch(p + x, 0, 3);
+}
+
 /* Keys [j0, j0 + nk) of row (b, n, i) of the additive tile into row[0, nk): bias * log2(e), or 0, and -inf
-   where the mask (or, with pos, the positions) forbid the pair. Returns 1 when some pair is allowed. */
+   where the mask (or, with pos, the positions) forbid the pair. Returns 1 when some pair is allowed. The
+   row `rows_ahead` rows further (dk/dv pass) or 2 key tiles further (else) is prefetched. */
 static int fill_row(const sa_cpu_ctx *c, int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float *row,
-                    int pos) {
+                    int pos, int64_t rows_ahead) {
   const sa_attn *a = c->a;
+  const sa_bcast bs = c->bias_st, ms = c->mask_st;
   if (!a->bias) {
     memset(row, 0, (size_t)nk * sizeof *row);
-  } else if (c->bias_st.s) {
-    cvt(row, a->bias, a->bias_dtype, sa_bcast_at(c->bias_st, b, n, i, j0), nk, nk, SA_LOG2E);
+  } else if (bs.s) {
+    const int64_t off = sa_bcast_at(bs, b, n, i, j0);
+    cvt(row, a->bias, a->bias_dtype, off, nk, nk, SA_LOG2E);
+    prefetch_ahead(a->bias, sa_dtype_size(a->bias_dtype), off, rows_ahead ? rows_ahead * bs.t : 2 * SA_CPU_BK, nk,
+                   sa_dims_count(a->bias_dims));
   } else { /* one bias for every key of the row */
-    float x = sa_load(a->bias, a->bias_dtype, sa_bcast_at(c->bias_st, b, n, i, 0)) * SA_LOG2E;
+    float x = sa_load(a->bias, a->bias_dtype, sa_bcast_at(bs, b, n, i, 0)) * SA_LOG2E;
     for (int64_t jj = 0; jj < nk; jj++) row[jj] = x;
   }
   if (!a->mask && !pos) return 1;
-  const uint8_t *m = a->mask ? a->mask + sa_bcast_at(c->mask_st, b, n, i, j0) : NULL;
-  const int64_t ms = c->mask_st.s, qp = pos ? a->q_positions[b * a->q_len + i] + a->diag_offset : 0;
+  const uint8_t *m = a->mask ? a->mask + sa_bcast_at(ms, b, n, i, j0) : NULL;
+  if (m && ms.s)
+    prefetch_ahead(a->mask, 1, m - a->mask, rows_ahead ? rows_ahead * ms.t : 2 * SA_CPU_BK, nk,
+                   sa_dims_count(a->mask_dims));
+  const int64_t qp = pos ? a->q_positions[b * a->q_len + i] + a->diag_offset : 0;
   const int32_t *kp = pos ? a->kv_positions + b * a->kv_len + j0 : NULL;
   int any = 0;
   for (int64_t jj = 0; jj < nk; jj++) {
-    int ok = (!m || m[jj * ms]) && (!pos || sa_positions_ok(a, qp, kp[jj]));
+    int ok = (!m || m[jj * ms.s]) && (!pos || sa_positions_ok(a, qp, kp[jj]));
     if (!ok) row[jj] = -INFINITY;
     any |= ok;
   }
@@ -101,7 +120,7 @@ static int fill_cols(const sa_cpu_ctx *c, int64_t b, int64_t kh, float *s, float
   for (int64_t r0 = 0; r0 < Mp; r0 += VW) {
     const int64_t nc = SA_MAX(0, SA_MIN(VW, M - r0));
     for (int64_t x = 0; x < nc; x++)
-      any |= fill_row(c, b, kh * c->G + (r0 + x) / np, i0 + (r0 + x) % np, j0, nk, blk + x * SA_CPU_BK, pos);
+      any |= fill_row(c, b, kh * c->G + (r0 + x) / np, i0 + (r0 + x) % np, j0, nk, blk + x * SA_CPU_BK, pos, 0);
     for (int64_t jj = 0; jj < nk; jj++) {
       float *dst = s + jj * Mp + r0;
       for (int64_t x = 0; x < nc; x++) dst[x] = blk[x * SA_CPU_BK + jj];
@@ -116,7 +135,7 @@ static int fill_rows(const sa_cpu_ctx *c, int64_t b, int64_t n, float *s, int64_
                      int64_t i0, int64_t j0, int pos) {
   int any = 0;
   for (int64_t p = 0; p < np; p++) {
-    any |= fill_row(c, b, n, i0 + p, j0, nk, s + p * bk, pos);
+    any |= fill_row(c, b, n, i0 + p, j0, nk, s + p * bk, pos, 2 * SA_CPU_BQ2);
     memset(s + p * bk + nk, 0, (size_t)(bk - nk) * sizeof *s);
   }
   return any;
