@@ -204,8 +204,10 @@ static int fz_extras(fz_in *in, fz_case *c, int poison) {
     static const int32_t edge[] = {INT32_MIN, -1, 0, 1, INT32_MAX};
     c->qpos = fz_alloc(a->batch * a->q_len, 4);
     c->kpos = fz_alloc(a->batch * a->kv_len, 4);
-    for (int64_t e = 0; e < a->batch * a->q_len; e++) c->qpos[e] = fz_pick(in, 16) ? fz_pick(in, 16) - 2 : edge[fz_pick(in, 5)];
-    for (int64_t e = 0; e < a->batch * a->kv_len; e++) c->kpos[e] = fz_pick(in, 16) ? fz_pick(in, 16) - 2 : edge[fz_pick(in, 5)];
+    for (int64_t e = 0; e < a->batch * a->q_len; e++)
+      c->qpos[e] = fz_pick(in, 16) ? fz_pick(in, 16) - 2 : edge[fz_pick(in, 5)];
+    for (int64_t e = 0; e < a->batch * a->kv_len; e++)
+      c->kpos[e] = fz_pick(in, 16) ? fz_pick(in, 16) - 2 : edge[fz_pick(in, 5)];
     a->q_positions = c->qpos;
     a->kv_positions = x & 128 ? NULL : c->kpos; /* one of two: invalid */
     if (a->causal == SA_CAUSAL_BOTTOM_RIGHT && !(x & 32)) a->causal = SA_CAUSAL_TOP_LEFT; /* else invalid */

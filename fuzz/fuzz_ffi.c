@@ -138,7 +138,8 @@ static void ff_set_buf(ff_buf *fb, const ff_spec *sp, const int64_t *sizes, XLA_
                        int nlead, const int64_t *lead) {
   fb->b.struct_size = XLA_FFI_Buffer_STRUCT_SIZE;
   fb->b.dtype = sp->kind == 'd' ? dt : sp->kind == 'b' ? bt : sp->kind == 'f' ? XLA_FFI_DataType_F32
-                : sp->kind == 'i' ? XLA_FFI_DataType_S32 : sp->kind == 'p' ? XLA_FFI_DataType_PRED : XLA_FFI_DataType_U8;
+                : sp->kind == 'i' ? XLA_FFI_DataType_S32 : sp->kind == 'p' ? XLA_FFI_DataType_PRED
+                : XLA_FFI_DataType_U8;
   int r = 0;
   for (int d = 0; d < nlead; d++) fb->dims[r++] = lead[d];
   for (const char *c = sp->dims; *c; c++) fb->dims[r++] = sizes[strchr("BTSNKHVW0", *c) - "BTSNKHVW0"];

@@ -62,7 +62,7 @@
  * EDGES (tested in tests/test_edges.c and fuzz/fuzz_attn.c)
  *     Sizes        B, T or S may be 0 (NULL buffers then allowed; nothing is written); T = S = 1 is
  *                  an ordinary problem. A row with no valid key (i >= q_len[b], kv_len[b] = 0, S = 0,
- *                  or every key masked) gives out 0 and lse a_n bitwise, and adds nothing to dq/dk/dv.
+ *                  or every key masked) gives out 0 and lse a_n bitwise, and adds nothing to dq/dk/dv/dbias.
  *     Sinks        +-1e4: exact limits (+1e4: out 0, lse 1e4; -1e4: vanilla within rounding).
  *                  -inf: identical to VANILLA, bitwise, with dsinks 0. +inf: out 0, lse +inf,
  *                  dq/dk/dv get nothing from those rows; dsinks of that head is unspecified (NaN).
@@ -70,9 +70,11 @@
  *                  other heads are untouched, bitwise. No sink value makes a call fail or crash.
  *     NaN/inf data NaN or inf in q, k, v propagate (never a crash, never an error status). Positions
  *                  outside the lengths (padding: i >= q_lens[b], j >= kv_lens[b]) never reach any
- *                  result, whatever they hold. Inside the lengths a non-finite element reaches at least
- *                  the rows that read it and may reach every row of its (batch, kv head): causal,
- *                  window and segment masks are not guaranteed to isolate it (0 * NaN in a tile).
+ *                  result, whatever they hold (bias elements that only such positions read included).
+ *                  Inside the lengths a non-finite element (of q, k, v or bias) reaches at least the
+ *                  rows that read it and may reach every row of its (batch, kv head): causal, window,
+ *                  segment, position and mask-array masks are not guaranteed to isolate it (0 * NaN in a
+ *                  tile).
  *     Backends     A size or option one backend lacks is SA_ERR_UNSUPPORTED naming the field (e.g.
  *                  CUDA head_dim 72; bias, mask and positions, which REF and CPU take and the CUDA kernels
  *                  do not yet); SA_BACKEND_CUDA in a build without CUDA, or on a machine without a CUDA

@@ -197,7 +197,7 @@ static void t_prob_free(t_prob *p) {
 /* Does the key j count for row (b, n, i): valid, and not dropped by a -inf bias? */
 static int t_key_counts(const sa_attn *a, int64_t b, int64_t n, int64_t i, int64_t j) {
   if (!sa_attn_valid(a, b, n, i, j)) return 0;
-  return !a->bias || sa_load(a->bias, a->bias_dtype, sa_bcast_at(sa_bcast_of(a->bias_dims), b, n, i, j)) != -INFINITY;
+  return sa_bias_at(a, b, n, i, j) != -INFINITY;
 }
 
 static int t_row_has_key(const sa_attn *a, int64_t b, int64_t n, int64_t i) {
@@ -323,8 +323,7 @@ static double t_key_mass(const t_prob *p, const t_case *c, int64_t b, int64_t n,
     for (int64_t d = 0; d < c->H; d++)
       dot += (double)sa_load(p->q, c->dt, ((b * c->T + i) * c->N + n) * c->H + d) *
              sa_load(p->k, c->dt, ((b * c->S + j) * c->K + n / (c->N / c->K)) * c->H + d);
-    double bias = a->bias ? sa_load(a->bias, a->bias_dtype, sa_bcast_at(sa_bcast_of(a->bias_dims), b, n, i, j)) : 0;
-    mass += exp(sc * dot + bias - lse);
+    mass += exp(sc * dot + sa_bias_at(a, b, n, i, j) - lse);
   }
   return mass;
 }

@@ -83,8 +83,8 @@ static void m_predicate_group(void) {
         for (int64_t i = 0; i < a.q_len; i++)
           for (int64_t j = 0; j < a.kv_len; j++)
             if (sa_attn_valid(&a, b, n, i, j) != m_valid(&a, b, n, i, j)) {
-              if (!bad) t_report("predicate problem %d: (b %lld, n %lld, i %lld, j %lld): sa_attn_valid %d, written out %d",
-                                 it, (long long)b, (long long)n, (long long)i, (long long)j,
+              if (!bad) t_report("predicate problem %d: (b %lld, n %lld, i %lld, j %lld): sa_attn_valid %d, "
+                                 "written out %d", it, (long long)b, (long long)n, (long long)i, (long long)j,
                                  sa_attn_valid(&a, b, n, i, j), m_valid(&a, b, n, i, j));
               bad++;
             }
@@ -203,7 +203,8 @@ static int m_pos_one(const m_pos_case *pc, sa_backend be, t_rng *r) {
     ok &= be == SA_BACKEND_REF ? memcmp(&o1[x], &o2[x], 4) == 0 : e <= 1e-6;
   }
   for (int64_t x = 0; ok && x < B * N * T; x++)
-    ok &= be == SA_BACKEND_REF ? memcmp(&l1[x], &l2[x], 4) == 0 : fabs((double)l1[x] - l2[x]) <= 1e-6 * (1 + fabs(l1[x]));
+    ok &= be == SA_BACKEND_REF ? memcmp(&l1[x], &l2[x], 4) == 0
+                               : fabs((double)l1[x] - l2[x]) <= 1e-6 * (1 + fabs(l1[x]));
   if (!ok)
     t_report("positions restating [%s] on %s: %s / %s, results differ (largest out difference %.3g)", pc->name,
              be == SA_BACKEND_REF ? "REF" : "CPU", sa_status_name(s1), sa_status_name(s2), worst);
@@ -216,7 +217,8 @@ static int m_pos_one(const m_pos_case *pc, sa_backend be, t_rng *r) {
 /* Window edges on the CPU tiles' borders: with 32 query rows per block (G = 2) and 64 keys per tile, a
    left window of 65 lets row 128 see exactly key 63 of tile 0, a right window of 33 row 31 key 64. */
 static const m_pos_case m_pos_cases[] = {
-    {.name = "bottom-right causal", .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = -1, .wr = -1, .T = 90, .S = 200, .shift = 1},
+    {.name = "bottom-right causal", .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = -1, .wr = -1, .T = 90, .S = 200,
+     .shift = 1},
     {.name = "bottom-right window (20, 0)", .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = 20, .wr = 0, .T = 150, .S = 260,
      .shift = 1},
     {.name = "causal, left window 65", .causal = SA_CAUSAL_TOP_LEFT, .wl = 65, .wr = 0, .T = 260, .S = 260},

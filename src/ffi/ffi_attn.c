@@ -105,7 +105,8 @@ static XLA_FFI_Error *sa_ffi_decode_attrs(XLA_FFI_CallFrame *f, sa_ffi_call *c, 
    be ignored. */
 static XLA_FFI_Error *sa_ffi_check_absent(XLA_FFI_CallFrame *f, const char *target, XLA_FFI_Buffer *b,
                                           const char *name, const char *flag) {
-  if (!b) return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: %s is missing or not a buffer", target, name);
+  if (!b)
+    return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: %s is missing or not a buffer", target, name);
   int64_t n = 1;
   for (int64_t d = 0; d < b->rank; d++) n *= b->dims[d];
   if (n != 0)
