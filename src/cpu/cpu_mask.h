@@ -64,10 +64,9 @@ static int tile_class(const sa_attn *a, int64_t b, const sa_range *rg, int64_t i
 /* ---- the additive tile: bias, mask array, positions ------------------------------------------ */
 
 /* Asks for elements [off + ahead, off + ahead + n) of an operand of `count` elements to be brought into cache.
-   A tile reads up to 256 rows of bias or mask, each one stream of 64 keys; software prefetches of a whole
-   tile at once did nothing measurable (most are dropped), one row's at a time, as each row is read, took
-   the forward with a full f32 bias from 1.42x to 1.24x the call without one (CPU time, T = S = 2048,
-   N = 8, H = 128, one thread). */
+   A tile reads up to 256 rows of bias or mask, each one stream of 64 keys; prefetching a whole tile in one
+   burst did nothing measurable, one row's at a time, as each row is read, took the forward with a full
+   f32 bias from 1.42x to 1.23x the call without one (CPU time, T = S = 2048, N = 8, H = 128, one thread). */
 static void prefetch_ahead(const void *base, size_t es, int64_t off, int64_t ahead, int64_t n, int64_t count) {
   if (ahead <= 0 || off + ahead + n > count) return;
   const char *p = (const char *)base + (size_t)(off + ahead) * es;
