@@ -10,7 +10,7 @@
  * their exact size so that AddressSanitizer sees any read or write one element past an end. What must hold:
  *   - sa_attn_fwd returns what sa_attn_check returns; on failure out/lse are untouched and
  *     sa_last_error() is non-empty; on success it is "".
- *   - the independent mask below agrees with sa_attn_valid (the shared definition);
+ *   - the mask written out in tests/sa_test_valid.h agrees with sa_attn_valid (the shared definition);
  *   - finite inputs (and finite sinks): a row with no key that counts (none valid, or all at bias -inf)
  *     has out = 0 and lse = the sink logit, bitwise; out, dq, dk, dv, dsinks, dbias are finite and lse is
  *     not NaN; CPU agrees with REF (fwd and bwd) within a dtype tolerance when the CPU backend takes the case;
@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "sa_internal.h"
+#include "../tests/sa_test_valid.h"
 
 /* ---- reading the input ------------------------------------------------------------------------ */
 
@@ -56,31 +57,7 @@ static float fz_value(fz_in *in, int poison) {
 
 static int fz_same(float x, float y) { return (isnan(x) && isnan(y)) || x == y; }
 
-/* ---- an independent statement of the mask (DESIGN.md section 1) ------------------------------ */
-
-static int64_t fz_clamp(int64_t x, int64_t hi) { return x < 0 ? 0 : x > hi ? hi : x; }
-
-static int fz_valid(const sa_attn *a, int64_t b, int64_t n, int64_t i, int64_t j) {
-  int64_t ql = a->q_lens ? fz_clamp(a->q_lens[b], a->q_len) : a->q_len;
-  int64_t kl = a->kv_lens ? fz_clamp(a->kv_lens[b], a->kv_len) : a->kv_len;
-  if (i >= ql || j >= kl) return 0;
-  __int128 d = (__int128)(a->causal == SA_CAUSAL_BOTTOM_RIGHT ? i + kl - ql : i) + a->diag_offset, x = j;
-  if (a->q_positions) {
-    d = (__int128)a->q_positions[b * a->q_len + i] + a->diag_offset;
-    x = a->kv_positions[b * a->kv_len + j];
-  }
-  if (a->causal != SA_CAUSAL_NONE && x > d) return 0;
-  if (a->window_left >= 0 && x < d - a->window_left) return 0;
-  if (a->window_right >= 0 && x > d + a->window_right) return 0;
-  if (a->q_segment_ids && a->q_segment_ids[b * a->q_len + i] != a->kv_segment_ids[b * a->kv_len + j]) return 0;
-  if (a->mask) {
-    const int64_t *md = a->mask_dims, idx[4] = {b, n, i, j};
-    int64_t off = 0;
-    for (int x4 = 0; x4 < 4; x4++) off = off * md[x4] + (md[x4] == 1 ? 0 : idx[x4]);
-    if (!a->mask[off]) return 0;
-  }
-  return 1;
-}
+/* ---- an independent statement of the mask: t_valid_written (tests/sa_test_valid.h) ----------- */
 
 /* bias[b, n, i, j] of the broadcast, -inf included (0 without a bias). */
 static float fz_bias(const sa_attn *a, int64_t b, int64_t n, int64_t i, int64_t j) {
@@ -127,7 +104,7 @@ static int fz_all_finite(const void *p, sa_dtype t, int64_t count) {
 static int fz_row_nonempty(const sa_attn *a, int64_t b, int64_t n, int64_t i) {
   int any = 0;
   for (int64_t j = 0; j < a->kv_len; j++) {
-    int v = fz_valid(a, b, n, i, j);
+    int v = t_valid_written(a, b, n, i, j);
     FZ_REQUIRE(v == sa_attn_valid(a, b, n, i, j));
     any |= v && fz_bias(a, b, n, i, j) != -INFINITY;
   }

@@ -13,35 +13,9 @@
  */
 #include "cpu/cpu_internal.h"
 #include "sa_test.h"
+#include "sa_test_valid.h"
 
 /* ---- 1. the predicate, written out ------------------------------------------------------------- */
-
-static int64_t m_clamp(int64_t x, int64_t hi) { return x < 0 ? 0 : x > hi ? hi : x; }
-
-static int m_valid(const sa_attn *a, int64_t b, int64_t n, int64_t i, int64_t j) {
-  int64_t ql = a->q_lens ? m_clamp(a->q_lens[b], a->q_len) : a->q_len;
-  int64_t kl = a->kv_lens ? m_clamp(a->kv_lens[b], a->kv_len) : a->kv_len;
-  if (i >= ql || j >= kl) return 0;
-  __int128 d, x;
-  if (a->q_positions) {
-    d = (__int128)a->q_positions[b * a->q_len + i] + a->diag_offset;
-    x = a->kv_positions[b * a->kv_len + j];
-  } else {
-    d = (__int128)(a->causal == SA_CAUSAL_BOTTOM_RIGHT ? i + kl - ql : i) + a->diag_offset;
-    x = j;
-  }
-  if (a->causal != SA_CAUSAL_NONE && x > d) return 0;
-  if (a->window_left >= 0 && x < d - a->window_left) return 0;
-  if (a->window_right >= 0 && x > d + a->window_right) return 0;
-  if (a->q_segment_ids && a->q_segment_ids[b * a->q_len + i] != a->kv_segment_ids[b * a->kv_len + j]) return 0;
-  if (a->mask) {
-    const int64_t *md = a->mask_dims, idx[4] = {b, n, i, j};
-    int64_t off = 0;
-    for (int x4 = 0; x4 < 4; x4++) off = off * md[x4] + (md[x4] == 1 ? 0 : idx[x4]);
-    if (!a->mask[off]) return 0;
-  }
-  return 1;
-}
 
 static int32_t m_position(t_rng *r) {
   static const int32_t edge[] = {INT32_MIN, INT32_MIN + 1, -1, 0, 1, INT32_MAX - 1, INT32_MAX};
@@ -82,10 +56,10 @@ static void m_predicate_group(void) {
       for (int64_t n = 0; n < a.q_heads; n++)
         for (int64_t i = 0; i < a.q_len; i++)
           for (int64_t j = 0; j < a.kv_len; j++)
-            if (sa_attn_valid(&a, b, n, i, j) != m_valid(&a, b, n, i, j)) {
+            if (sa_attn_valid(&a, b, n, i, j) != t_valid_written(&a, b, n, i, j)) {
               if (!bad) t_report("predicate problem %d: (b %lld, n %lld, i %lld, j %lld): sa_attn_valid %d, "
                                  "written out %d", it, (long long)b, (long long)n, (long long)i, (long long)j,
-                                 sa_attn_valid(&a, b, n, i, j), m_valid(&a, b, n, i, j));
+                                 sa_attn_valid(&a, b, n, i, j), t_valid_written(&a, b, n, i, j));
               bad++;
             }
     t_count(bad == 0);
