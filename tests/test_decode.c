@@ -156,7 +156,7 @@ static void run_case(const dcase *c) {
 #ifdef SINKATTN_WITH_CUDA
   if (sa_cuda_available() && (c->bias || c->mask || c->pos)) {
     s = sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_CUDA, NULL);
-    char w2[340];
+    char w2[1024];
     snprintf(w2, sizeof w2, "cuda %s: SA_ERR_UNSUPPORTED naming it, got %s (%s)", what, sa_status_name(s),
              sa_last_error());
     check(s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "unsupported by the CUDA backend"), w2);
@@ -184,7 +184,7 @@ static void run_case(const dcase *c) {
     cudaMemcpy(lse, dlse, (size_t)nl * 4, 2);
     ok = s == SA_OK && close_enough(&a, out, lse, out_ref, lse_ref, &worst);
     if (!ok) printf("  cuda: status %s (%s), worst error / tol %.3g\n", sa_status_name(s), sa_last_error(), worst);
-    char w2[340];
+    char w2[1024];
     snprintf(w2, sizeof w2, "cuda %s", what);
     check(ok, w2);
     cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(dlse); cudaFree(dsinks);
