@@ -47,7 +47,7 @@ BAD = [
     ("kv_seg_shape", dict(query_segment_ids=I32(2, 8), key_value_segment_ids=I32(2, 8)), ValueError,
      ["key_value_segment_ids", "(2, 8)", "(2, 6)"]),
     ("seg_only_one", dict(query_segment_ids=I32(2, 8)), ValueError, ["key_value_segment_ids", "both"]),
-    ("implementation", dict(implementation="cudnn"), ValueError, ["implementation", "cudnn", "reference"]),
+    ("implementation", dict(implementation="triton"), ValueError, ["implementation", "triton", "cudnn", "xla"]),
     ("return_residual_type", dict(return_residual="yes"), TypeError, ["return_residual", "bool"]),
 ]
 
@@ -96,7 +96,7 @@ FFI_BAD = [
      ["softmax"]),
     ("window_enum", lambda: primitives.attn_fwd(Q, K, V, SINKS, None, None, None, None,
                                                 **dict(KW, window_left=-5)), ["window_left", "-5"]),
-    ("bwd_dout_shape", lambda: primitives.attn_bwd(Q, K, V, SINKS, None, None, None, None, jnp.zeros((2, 8, 4, 8)),
+    ("bwd_dout_shape", lambda: primitives.attn_bwd(Q, K, V, SINKS, *(None,) * 8, jnp.zeros((2, 8, 4, 8)),
                                                    jnp.zeros((2, 4, 8)), jnp.zeros((2, 8, 4, 7)), None, **KW),
      ["dout", "[2,8,4,7]", "[2,8,4,8]"]),
 ]

@@ -237,11 +237,12 @@ def test_primitives_signature(platform):
   assert_close(out, want_out, OUT_TOL[np.dtype(dtype)], "out")
   assert_close(lse, want_lse, LSE_TOL[np.dtype(dtype)], "lse")
   dout = jnp.ones_like(out)
-  dq, dk, dv, ds = primitives.attn_bwd(q, k, v, sinks, None, None, None, None, out, lse, dout, None, **kw)
-  assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape and ds.shape == (4,)
+  none4 = (None,) * 4
+  dq, dk, dv, ds, db = primitives.attn_bwd(q, k, v, sinks, *none4, *none4, out, lse, dout, None, **kw)
+  assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape and ds.shape == (4,) and db is None
   kw["softmax"] = 0
   out, lse = primitives.attn_fwd(q, k, v, None, None, None, None, None, **kw)
-  ds = primitives.attn_bwd(q, k, v, None, None, None, None, None, out, lse, dout, None, **kw)[3]
+  ds = primitives.attn_bwd(q, k, v, None, *none4, *none4, out, lse, dout, None, **kw)[3]
   np.testing.assert_array_equal(np.asarray(ds), np.zeros(4))
 
 

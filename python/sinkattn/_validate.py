@@ -1,7 +1,7 @@
-"""Trace-time checking and normalisation of dot_product_attention's arguments.
+"""Trace-time checking and normalisation of the attention functions' arguments.
 
 Every error names the argument, the shape (or value) seen and the one expected, so that nothing reaches
-a kernel unchecked.
+a kernel unchecked, and no argument is accepted without an effect it is documented to have.
 """
 from __future__ import annotations
 
@@ -9,12 +9,17 @@ import math
 import os
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-_FLOATS = (np.dtype(np.float32), np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
-SOFTMAX_TYPES = {"vanilla": 0, "off_by_one": 1, "off-by-one": 1, "learnable": 2}
-IMPLEMENTATIONS = (None, "fused", "reference")
+from ._enums import FLOAT_DTYPES as _FLOATS
+from ._enums import SOFTMAX_NAMES, Causal, Softmax
+
+# None: the fused kernel of the platform; 'xla' (jax.nn's name for its jnp path) = 'reference'; 'cudnn'
+# (jax.nn's name for its fused GPU kernel) = the CUDA kernels, an error where they cannot run.
+IMPLEMENTATIONS = (None, "fused", "reference", "xla", "cudnn")
+_F64 = np.dtype(np.float64)
 
 
 class Options(NamedTuple):
@@ -25,6 +30,20 @@ class Options(NamedTuple):
   window_right: int
   scale: float
   return_residual: bool
+
+
+class Checked(NamedTuple):
+  """The checked arguments of one call: static options and the arrays the kernels read (None = absent)."""
+  opts: Options
+  sinks: object
+  q_lens: object
+  kv_lens: object
+  q_seg: object
+  kv_seg: object
+  bias: object
+  mask: object
+  q_pos: object
+  kv_pos: object
 
 
 def _shape(x):
@@ -81,22 +100,111 @@ def window(local_window_size):
 
 
 def implementation(impl):
-  if impl not in IMPLEMENTATIONS:
-    raise ValueError(f"implementation: expected None, 'fused' or 'reference', got {impl!r}")
+  """The implementation asked for: 'xla' reads as 'reference'; None reads env SINKATTN_IMPLEMENTATION."""
+  if not isinstance(impl, (str, type(None))) or impl not in IMPLEMENTATIONS:
+    raise ValueError(f"implementation: expected None, 'fused', 'reference', 'xla' or 'cudnn', got {impl!r}")
   if impl is None and os.environ.get("SINKATTN_IMPLEMENTATION", "").strip().lower() == "reference":
     return "reference"
-  return impl
+  return "reference" if impl == "xla" else impl
+
+
+def _check_broadcast(name, x, full):
+  """x must be rank 4 with every dim 1 or the full size of [B,N,T,S] = full (jax.nn's broadcast rule)."""
+  want = f"[B,N,T,S] = {full}, each dim 1 or that size"
+  if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+    raise TypeError(f"{name}: expected an array broadcastable to {want}, got {type(x).__name__}")
+  if len(x.shape) != 4:
+    raise ValueError(f"{name}: expected rank 4, broadcastable to {want}, got shape {_shape(x)} (rank "
+                     f"{len(x.shape)}: add the leading size-1 axes)")
+  for d, (n, f, letter) in enumerate(zip(x.shape, full, "BNTS")):
+    if n not in (1, f):
+      raise ValueError(f"{name}: dim {d} is {n}, expected 1 or {letter} = {f} (broadcastable to {want}), "
+                       f"got shape {_shape(x)}")
+
+
+def _bias(bias, full, allow_f64):
+  """A float bias, rank 4 broadcastable to [B,N,T,S]; float64 only where the computation is float64."""
+  if bias is None:
+    return None
+  _check_broadcast("bias", bias, full)
+  allowed = _FLOATS + ((_F64,) if allow_f64 else ())
+  if np.dtype(bias.dtype) not in allowed:
+    hint = ": a boolean / 0-1 array belongs in mask=" if not jnp.issubdtype(bias.dtype, jnp.floating) else ""
+    raise TypeError(f"bias: dtype {np.dtype(bias.dtype).name} unsupported: use "
+                    + ", ".join(d.name for d in allowed) + hint)
+  return jnp.asarray(bias)
+
+
+def _mask(mask, full):
+  """bool [B|1,N|1,T|1,S|1]: True (numeric: nonzero, NaN included, as jnp.where reads it) = attend."""
+  if mask is None:
+    return None
+  _check_broadcast("mask", mask, full)
+  if not (jnp.issubdtype(mask.dtype, jnp.bool_) or jnp.issubdtype(mask.dtype, jnp.integer)
+          or jnp.issubdtype(mask.dtype, jnp.floating)):
+    raise TypeError(f"mask: dtype {np.dtype(mask.dtype).name} unsupported: use bool (True = attend), or an "
+                    "integer / float array (nonzero = attend)")
+  mask = jnp.asarray(mask)
+  return mask if mask.dtype == jnp.bool_ else mask != 0
+
+
+def _positions(q_pos, kv_pos, B, T, S, causal, wl, wr):
+  """int32 [B,T] / [B,S] (both or neither), which place the causal and window masks: an error when neither
+  mask is on (the positions would change nothing) or with bottom-right alignment (they place every query)."""
+  q_pos = _check_int_array("query_positions", q_pos, (B, T), "B,T")
+  kv_pos = _check_int_array("key_value_positions", kv_pos, (B, S), "B,S")
+  if (q_pos is None) != (kv_pos is None):
+    missing = "key_value_positions" if q_pos is not None else "query_positions"
+    raise ValueError(f"{missing}: None, but the other position array is given: pass both or neither")
+  if q_pos is not None:
+    if causal == Causal.BOTTOM_RIGHT:
+      raise ValueError("causal_alignment: 'bottom_right' with query_positions / key_value_positions: the "
+                       "positions already place every query; use causal_alignment='top_left'")
+    if causal == Causal.NONE and (wl, wr) == (-1, -1):
+      raise ValueError("query_positions / key_value_positions: given, but neither is_causal nor "
+                       "local_window_size is set: positions only place the causal and window masks")
+  return q_pos, kv_pos
+
+
+def flax_arguments(*, dropout_rate, deterministic, broadcast_dropout, precision, force_fp32_for_softmax,
+                   qk_attn_weights_einsum, attn_weights_value_einsum):
+  """The arguments Flax passes to an attention_fn: accepted where they leave the result as computed
+  (no dropout applied, a precision and an fp32 softmax that the kernels meet or exceed), refused where they
+  would change it."""
+  if isinstance(dropout_rate, (bool, np.bool_)) or not isinstance(dropout_rate, (int, float, np.integer,
+                                                                                 np.floating)):
+    raise TypeError(f"dropout_rate: expected a Python float (static), got {type(dropout_rate).__name__}")
+  if not 0.0 <= float(dropout_rate) < 1.0:
+    raise ValueError(f"dropout_rate: expected a float in [0, 1), got {dropout_rate!r}")
+  for name, x in (("deterministic", deterministic), ("broadcast_dropout", broadcast_dropout),
+                  ("force_fp32_for_softmax", force_fp32_for_softmax)):
+    if x is not None and not isinstance(x, (bool, np.bool_)):
+      raise TypeError(f"{name}: expected a Python bool, got {type(x).__name__}")
+  if dropout_rate > 0 and deterministic is not True:
+    raise NotImplementedError(f"dropout_rate: {dropout_rate} with deterministic={deterministic} asks for "
+                              "attention dropout, which sinkattn does not implement: pass deterministic=True "
+                              "(or dropout_rate=0.0)")
+  for name, fn in (("qk_attn_weights_einsum", qk_attn_weights_einsum),
+                   ("attn_weights_value_einsum", attn_weights_value_einsum)):
+    if fn is not None:
+      raise NotImplementedError(f"{name}: a custom einsum ({fn!r}) replaces a product inside the fused "
+                                "kernel, which sinkattn cannot do: leave it None")
+  ok = precision is None or isinstance(precision, (str, jax.lax.Precision)) or (
+      isinstance(precision, (tuple, list)) and len(precision) == 2)
+  if not ok:
+    raise TypeError(f"precision: expected None, a jax.lax.Precision, its name or a pair of them, got {precision!r}")
 
 
 def arguments(query, key, value, sinks, *, softmax_type, scale, is_causal, causal_alignment, local_window_size,
               query_seq_lengths, key_value_seq_lengths, query_segment_ids, key_value_segment_ids,
-              return_residual, allow_f64=False):
-  """allow_f64: accept float64 q/k/v (the reference computes in it; the kernels do not).
-  -> (Options, sinks [N] or None, q_lens, kv_lens, q_seg, kv_seg) with integer arrays as int32."""
+              return_residual, bias=None, mask=None, query_positions=None, key_value_positions=None,
+              allow_f64=False) -> Checked:
+  """allow_f64: accept float64 q/k/v and bias (the reference computes in it; the kernels do not).
+  -> Checked, with integer arrays as int32 and the mask as bool."""
   _check_rank("query", query, 4, "B,T,N,H")
   _check_rank("key", key, 4, "B,S,K,H")
   _check_rank("value", value, 4, "B,S,K,Hv")
-  _check_float("query", query, _FLOATS + ((np.dtype(np.float64),) if allow_f64 else ()))
+  _check_float("query", query, _FLOATS + ((_F64,) if allow_f64 else ()))
   for name, x in (("key", key), ("value", value)):
     if np.dtype(x.dtype) != np.dtype(query.dtype):
       raise TypeError(f"{name}: dtype {np.dtype(x.dtype).name} differs from query's {np.dtype(query.dtype).name}: "
@@ -117,17 +225,17 @@ def arguments(query, key, value, sinks, *, softmax_type, scale, is_causal, causa
 
   if softmax_type is None:
     softmax_type = "vanilla" if sinks is None else "learnable"
-  if not isinstance(softmax_type, str) or softmax_type.lower() not in SOFTMAX_TYPES:
+  if not isinstance(softmax_type, str) or softmax_type.lower() not in SOFTMAX_NAMES:
     raise ValueError(f"softmax_type: expected 'vanilla', 'off_by_one' (or 'off-by-one') or 'learnable', "
                      f"got {softmax_type!r}")
-  softmax = SOFTMAX_TYPES[softmax_type.lower()]
-  if softmax == 2:
+  softmax = SOFTMAX_NAMES[softmax_type.lower()]
+  if softmax == Softmax.LEARNABLE:
     if sinks is None:
       raise ValueError("sinks: softmax_type='learnable' needs sinks of shape [N] or [1,N,1,1], got None")
     if not hasattr(sinks, "shape") or not hasattr(sinks, "dtype"):
       raise TypeError(f"sinks: expected an array of shape [N] = ({N},) or [1,N,1,1] = (1, {N}, 1, 1), "
                       f"got {type(sinks).__name__}")
-    _check_float("sinks", sinks, _FLOATS + (np.dtype(np.float64),))
+    _check_float("sinks", sinks, _FLOATS + (_F64,))
     if tuple(sinks.shape) not in ((N,), (1, N, 1, 1)):
       raise ValueError(f"sinks: expected shape [N] = ({N},) or [1,N,1,1] = (1, {N}, 1, 1), "
                        f"got shape {_shape(sinks)}")
@@ -144,7 +252,7 @@ def arguments(query, key, value, sinks, *, softmax_type, scale, is_causal, causa
   if bottom_right and not is_causal and (wl, wr) != (-1, -1):
     raise ValueError("causal_alignment='bottom_right' with a local_window_size needs is_causal=True "
                      "(the kernels align the window with the causal diagonal)")
-  causal = 0 if not is_causal else 2 if bottom_right else 1
+  causal = Causal.NONE if not is_causal else Causal.BOTTOM_RIGHT if bottom_right else Causal.TOP_LEFT
 
   if scale is None:
     scale = 1.0 / math.sqrt(H)
@@ -161,7 +269,11 @@ def arguments(query, key, value, sinks, *, softmax_type, scale, is_causal, causa
   if (q_seg is None) != (kv_seg is None):
     missing = "key_value_segment_ids" if q_seg is not None else "query_segment_ids"
     raise ValueError(f"{missing}: None, but the other segment id array is given: pass both or neither")
+  full = (B, N, T, S)
+  bias = _bias(bias, full, allow_f64)
+  mask = _mask(mask, full)
+  q_pos, kv_pos = _positions(query_positions, key_value_positions, B, T, S, causal, wl, wr)
   if not isinstance(return_residual, (bool, np.bool_)):
     raise TypeError(f"return_residual: expected a Python bool, got {type(return_residual).__name__}")
-  opts = Options(softmax, causal, wl, wr, scale, bool(return_residual))
-  return opts, sinks, q_lens, kv_lens, q_seg, kv_seg
+  opts = Options(int(softmax), int(causal), wl, wr, scale, bool(return_residual))
+  return Checked(opts, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos)

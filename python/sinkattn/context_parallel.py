@@ -38,9 +38,10 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from . import _validate, primitives
-from .sharding import to_varying as _to_varying, vma as _vma
+from ._enums import Causal, Softmax
+from .partitioning import to_varying as _to_varying
+from .partitioning import vma as _vma
 
-_VANILLA, _LEARNABLE = 0, 2
 _BIG = 1 << 60  # an unbounded window side, in block-classification arithmetic
 
 
@@ -117,8 +118,8 @@ def _schedule(cfg, t, cq, ck, rows, cols):
 def _block_statics(cfg, key):
   kind, d = key
   if kind == 'full':
-    return dict(softmax=_VANILLA, causal=0, window_left=-1, window_right=-1, diag_offset=0, scale=cfg.scale)
-  return dict(softmax=_VANILLA, causal=int(cfg.causal), window_left=cfg.window_left,
+    return dict(softmax=Softmax.VANILLA, causal=Causal.NONE, window_left=-1, window_right=-1, diag_offset=0, scale=cfg.scale)
+  return dict(softmax=Softmax.VANILLA, causal=int(cfg.causal), window_left=cfg.window_left,
               window_right=cfg.window_right, diag_offset=d, scale=cfg.scale)
 
 
@@ -170,9 +171,9 @@ def _merge(acc, part):
 
 
 def _sink_logits(cfg, sinks, n):
-  if cfg.softmax == _LEARNABLE:
+  if cfg.softmax == Softmax.LEARNABLE:
     return sinks
-  return jnp.full((n,), -jnp.inf if cfg.softmax == _VANILLA else 0.0, jnp.float32)
+  return jnp.full((n,), -jnp.inf if cfg.softmax == Softmax.VANILLA else 0.0, jnp.float32)
 
 
 def _ring_forward(cfg, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg):
@@ -223,8 +224,8 @@ def _ring_backward(cfg, res, dout, dlse):
     dk, dv = dkv
     for cq, ck, branches, index, q0, k0 in _blocks(cfg, t, rows, cols, nc):
       def compute(key, qc, kc, vc, ql, kl, qs, ks, oc, lc, doc, dlc):
-        dqb, dkb, dvb, _ = primitives.attn_bwd(qc, kc, vc, None, ql, kl, qs, ks, oc, lc, doc, dlc,
-                                               **_block_statics(cfg, key))
+        dqb, dkb, dvb, _, _ = primitives.attn_bwd(qc, kc, vc, None, ql, kl, qs, ks, None, None, None, None, oc,
+                                                  lc, doc, dlc, **_block_statics(cfg, key))
         return dqb, dkb, dvb
 
       def empty(qc, kc, vc, *_):
@@ -241,7 +242,7 @@ def _ring_backward(cfg, res, dout, dlse):
     dkv = jax.lax.ppermute((dk, dv), cfg.axis_name, ring)  # after P sends it is back home
     kv = nxt
   dsinks = None
-  if cfg.softmax == _LEARNABLE:
+  if cfg.softmax == Softmax.LEARNABLE:
     D = jnp.einsum('btnh,btnh->bnt', dout.astype(f32), out.astype(f32), precision=jax.lax.Precision.HIGHEST)
     if dlse is not None:
       D = D - dlse
@@ -286,7 +287,7 @@ def ring_attention(query, key, value, sinks=None, *, axis_name, layout='contiguo
   Returns this device's rows of out [B,T/P,N,Hv] (and lse [B,N,T/P] with return_residual=True).
   Differentiable in query, key, value and sinks, and through lse.
   """
-  o, sinks, q_lens, kv_lens, q_seg, kv_seg = _validate.arguments(
+  o, sinks, q_lens, kv_lens, q_seg, kv_seg, *_ = _validate.arguments(
       query, key, value, sinks, softmax_type=softmax_type, scale=scale, is_causal=is_causal,
       causal_alignment=causal_alignment, local_window_size=local_window_size,
       query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
@@ -300,7 +301,7 @@ def ring_attention(query, key, value, sinks=None, *, axis_name, layout='contiguo
     raise ValueError(f"layout='zigzag': local query/key lengths must be even (two chunks per device), "
                      f"got query {tuple(query.shape)}, key {tuple(key.shape)}")
   shift = 0
-  if o.causal == 2:
+  if o.causal == Causal.BOTTOM_RIGHT:
     if q_lens is not None or kv_lens is not None:
       raise NotImplementedError("ring_attention: causal_alignment='bottom_right' with sequence lengths "
                                 "has a per-batch diagonal; use 'top_left' or no lengths")

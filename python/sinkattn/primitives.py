@@ -1,25 +1,34 @@
-"""The two XLA FFI calls of the fused kernels, as plain module-level functions.
+"""Every XLA FFI call of the package: attention forward and backward, and decode.
 
-Layouts (the C API's): q [B,T,N,H], k [B,S,K,H], v [B,S,K,Hv], sinks fp32 [N] (or None), q_lens /
-kv_lens int32 [B], q_seg [B,T], kv_seg [B,S] int32, out [B,T,N,Hv], lse fp32 [B,N,T]. Integer options are
-the C enums (softmax 0/1/2 = vanilla/off-by-one/learnable, causal 0/1/2 = none/top-left/bottom-right).
-No argument checking happens here beyond what the C handler does (it rejects inconsistent shapes with
-INVALID_ARGUMENT): `sinkattn.dot_product_attention` validates user input first.
+Layouts (the C API's): q [B,T,N,H], k [B,S,K,H], v [B,S,K,Hv], sinks fp32 [N] (or None), q_lens / kv_lens
+int32 [B], q_seg [B,T], kv_seg [B,S] int32, bias [B|1,N|1,T|1,S|1] (f32, f16 or bf16), mask bool with bias's
+rule, q_pos [B,T] / kv_pos [B,S] int32, out [B,T,N,Hv], lse fp32 [B,N,T]. Integer options are the C enums of
+`_enums` (softmax, causal). No argument checking happens here beyond what the C handler does (it rejects
+inconsistent buffers with INVALID_ARGUMENT): `sinkattn.dot_product_attention` validates user input first.
 
-Under jax.vmap both calls use vmap_method="expand_dims": the handler folds the extra leading dims into
-the batch (or loops over them), so vmap costs no copies of q, k or v.
+vmap: every call goes through `_ffi`, which picks the vmap method per handler in one table (`_VMAP`).
 """
+
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from . import _lib
+from ._enums import Backend, Softmax, dtype_code
 
-SOFTMAX_LEARNABLE = 2
-_DTYPE_CODE = {np.dtype(np.float32): 0, np.dtype(jnp.float16): 1, np.dtype(jnp.bfloat16): 2}
-_BACKEND_CUDA = 3
+# The attention handlers fold vmapped leading dims into the batch (one kernel call), or loop over them reading
+# unbatched inputs in place: vmap costs no copies. The decode handler takes no vmapped dims, so XLA runs it
+# once per vmapped element.
+_VMAP = {_lib.FWD_TARGET: "expand_dims", _lib.BWD_TARGET: "expand_dims", _lib.BWD_TARGET_CUDA: "expand_dims",
+         _lib.DECODE_TARGET: "sequential", _lib.DECODE_TARGET_CUDA: "sequential"}
+
+
+def _ffi(target, results, args, attrs):
+  return tuple(jax.ffi.ffi_call(target, results, vmap_method=_VMAP[target])(*args, **attrs))
 
 
 def _placeholder(dtype):
@@ -27,41 +36,96 @@ def _placeholder(dtype):
   return jnp.zeros((0,), dtype)
 
 
-def _attrs(softmax, causal, window_left, window_right, diag_offset, scale, q_lens, kv_lens, q_seg):
-  return dict(softmax=int(softmax), causal=int(causal), window_left=int(window_left),
-              window_right=int(window_right), diag_offset=int(diag_offset), scale=np.float32(scale),
-              has_q_lens=q_lens is not None, has_kv_lens=kv_lens is not None, has_segments=q_seg is not None)
+def _on_platform(args, cpu, cuda):
+  """cpu(*args) or, in a library with the CUDA backend, the per-platform choice of cpu / cuda."""
+  if _lib.has_cuda():
+    return jax.lax.platform_dependent(*args, cpu=cpu, cuda=cuda)
+  return cpu(*args)
 
 
-def _inputs(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, softmax):
-  i32 = jnp.int32
+@functools.lru_cache(maxsize=None)
+def takes_bias_mask() -> bool:
+  """Whether the loaded library's attention handlers take bias, mask and positions (the 12-buffer forward
+  of the C contract). A library built from older sources answers a 12-buffer call with INVALID_ARGUMENT
+  ("unknown attribute" / "got 12 inputs"): one tiny forward, run once per process at first use, tells them
+  apart, on the CPU when jax has it (else on the default device, in bf16 with H 16, which CUDA takes)."""
+  _lib.load()
+  try:
+    device = jax.devices("cpu")[0]
+  except RuntimeError:
+    device = jax.devices()[0]
+  q = np.ones((1, 1, 1, 16), jnp.bfloat16)
+  args = [q, q, q, np.zeros((0,), np.float32)] + [np.zeros((0,), np.int32)] * 4
+  args += [np.zeros((0,), np.float32), np.zeros((0,), np.bool_)] + [np.zeros((0,), np.int32)] * 2
+  results = (jax.ShapeDtypeStruct((1, 1, 1, 16), jnp.bfloat16), jax.ShapeDtypeStruct((1, 1, 1), jnp.float32))
+  attrs = _attrs(dict(softmax=0, causal=0, window_left=-1, window_right=-1, diag_offset=0, scale=1.0),
+                 [None] * 12, new_abi=True)
+  with jax.ensure_compile_time_eval():
+    try:
+      out, _ = _ffi(_lib.FWD_TARGET, results, [jax.device_put(a, device) for a in args], attrs)
+      return bool(np.all(np.asarray(out, np.float32) == 1.0))
+    except Exception:  # noqa: BLE001 - any refusal of the call means the older buffer list
+      return False
+
+
+def _attrs(statics, inputs, new_abi):
+  """The attributes of a forward / backward call; inputs: the 12 forward inputs (None = absent)."""
+  q_lens, kv_lens, q_seg = inputs[4], inputs[5], inputs[6]
+  attrs = dict(softmax=int(statics["softmax"]), causal=int(statics["causal"]),
+               window_left=int(statics["window_left"]), window_right=int(statics["window_right"]),
+               diag_offset=int(statics["diag_offset"]), scale=np.float32(statics["scale"]),
+               has_q_lens=q_lens is not None, has_kv_lens=kv_lens is not None, has_segments=q_seg is not None)
+  if new_abi:
+    attrs.update(has_bias=inputs[8] is not None, has_mask=inputs[9] is not None, has_positions=inputs[10] is not None)
+  return attrs
+
+
+def _buffers(inputs, softmax):
+  """The forward's input buffers (12, or 8 for a library without bias/mask/positions), placeholders for the
+  absent ones; -> (buffers, new_abi)."""
+  q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos = inputs
   if (q_seg is None) != (kv_seg is None):
     raise ValueError("q_seg and kv_seg: give both segment id arrays or neither")
-  if softmax == SOFTMAX_LEARNABLE and sinks is None:
+  if (q_pos is None) != (kv_pos is None):
+    raise ValueError("q_pos and kv_pos: give both position arrays or neither")
+  if softmax == Softmax.LEARNABLE and sinks is None:
     raise ValueError("sinks is None but softmax is learnable (2): sinks [N] float32 is required")
-  sinks = (sinks.astype(jnp.float32) if softmax == SOFTMAX_LEARNABLE else _placeholder(jnp.float32))
-  pick = lambda x: _placeholder(i32) if x is None else x.astype(i32)
-  return [q, k, v, sinks, pick(q_lens), pick(kv_lens), pick(q_seg), pick(kv_seg)]
+  i32 = jnp.int32
+  pick = lambda x: _placeholder(i32) if x is None else x.astype(i32)  # noqa: E731
+  sinks = sinks.astype(jnp.float32) if softmax == Softmax.LEARNABLE else _placeholder(jnp.float32)
+  out = [q, k, v, sinks, pick(q_lens), pick(kv_lens), pick(q_seg), pick(kv_seg)]
+  new_abi = takes_bias_mask()
+  if not new_abi:
+    given = [n for n, x in (("bias", bias), ("mask", mask), ("positions", q_pos)) if x is not None]
+    if given:
+      raise NotImplementedError(f"{given[0]}: the loaded {_lib.LIB_NAME} was built from sources without bias, "
+                                "mask and positions: rebuild it (cmake --build build), or use "
+                                "implementation='reference'")
+    return out, False
+  out.append(_placeholder(jnp.float32) if bias is None else bias)
+  out.append(_placeholder(jnp.bool_) if mask is None else mask.astype(jnp.bool_))
+  out += [pick(q_pos), pick(kv_pos)]
+  return out, True
 
 
-def attn_fwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, *, softmax: int, causal: int, window_left: int,
-             window_right: int, diag_offset: int, scale: float):
+def attn_fwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias=None, mask=None, q_pos=None, kv_pos=None, *,
+             softmax: int, causal: int, window_left: int, window_right: int, diag_offset: int, scale: float):
   """-> (out [B,T,N,Hv] in q's dtype, lse [B,N,T] float32)."""
   _lib.load()
   B, T, N, _ = q.shape
-  Hv = v.shape[-1]
-  results = (jax.ShapeDtypeStruct((B, T, N, Hv), q.dtype), jax.ShapeDtypeStruct((B, N, T), jnp.float32))
-  call = jax.ffi.ffi_call(_lib.FWD_TARGET, results, vmap_method="expand_dims")
-  args = _inputs(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, softmax)
-  out, lse = call(*args, **_attrs(softmax, causal, window_left, window_right, diag_offset, scale, q_lens,
-                                  kv_lens, q_seg))
-  return out, lse
+  inputs = (q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos)
+  statics = dict(softmax=softmax, causal=causal, window_left=window_left, window_right=window_right,
+                 diag_offset=diag_offset, scale=scale)
+  args, new_abi = _buffers(inputs, softmax)
+  results = (jax.ShapeDtypeStruct((B, T, N, v.shape[-1]), q.dtype), jax.ShapeDtypeStruct((B, N, T), jnp.float32))
+  return _ffi(_lib.FWD_TARGET, results, args, _attrs(statics, inputs, new_abi))
 
 
-def attn_bwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, out, lse, dout, dlse, *, softmax: int,
-             causal: int, window_left: int, window_right: int, diag_offset: int, scale: float,
-             deterministic: bool = True):
-  """-> (dq, dk, dv, dsinks): dq/dk/dv like q/k/v, dsinks [N] float32 (zeros unless learnable).
+def attn_bwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos, out, lse, dout, dlse, *,
+             softmax: int, causal: int, window_left: int, window_right: int, diag_offset: int, scale: float,
+             want_dbias: bool = False, deterministic: bool = True):
+  """-> (dq, dk, dv, dsinks, dbias): dq/dk/dv like q/k/v, dsinks [N] float32 (zeros unless learnable), dbias
+  float32 in bias's shape when want_dbias (else None).
 
   out and lse are the forward's results; dlse (the cotangent of lse, [B,N,T]) may be None.
   deterministic=False lets the CUDA backend reduce dq with atomics (dsinks is always deterministic).
@@ -69,30 +133,50 @@ def attn_bwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, out, lse, dout, dls
   _lib.load()
   B, T, N, H = q.shape
   _, S, K, Hv = v.shape
-  learn = softmax == SOFTMAX_LEARNABLE
-  args = _inputs(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, softmax)
-  args += [out, lse, dout.astype(out.dtype),
-           _placeholder(jnp.float32) if dlse is None else dlse.astype(jnp.float32)]
-  attrs = _attrs(softmax, causal, window_left, window_right, diag_offset, scale, q_lens, kv_lens, q_seg)
+  if want_dbias and bias is None:
+    raise ValueError("want_dbias: True, but bias is None")
+  learn = softmax == Softmax.LEARNABLE
+  inputs = (q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos)
+  statics = dict(softmax=softmax, causal=causal, window_left=window_left, window_right=window_right,
+                 diag_offset=diag_offset, scale=scale)
+  args, new_abi = _buffers(inputs, softmax)
+  args += [out, lse, dout.astype(out.dtype), _placeholder(jnp.float32) if dlse is None else dlse.astype(jnp.float32)]
+  attrs = _attrs(statics, inputs, new_abi)
   attrs.update(has_dlse=dlse is not None, deterministic=bool(deterministic))
   grads = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
            jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct((N if learn else 0,), jnp.float32))
-
-  def cpu(*a):
-    return tuple(jax.ffi.ffi_call(_lib.BWD_TARGET, grads, vmap_method="expand_dims")(*a, **attrs))
+  if new_abi:
+    attrs.update(has_dbias=bool(want_dbias))
+    grads += (jax.ShapeDtypeStruct(bias.shape if want_dbias else (0,), jnp.float32),)
 
   def cuda(*a):
-    # XLA allocates the kernel's scratch as a fifth result, sized here at trace time (graph-safe).
-    ws = _lib.bwd_workspace_size(_DTYPE_CODE[np.dtype(q.dtype)], B, T, S, N, K, H, Hv, softmax, causal,
-                                 window_left, window_right, diag_offset,
-                                 q_lens is not None or kv_lens is not None, q_seg is not None, _BACKEND_CUDA)
-    res = grads + (jax.ShapeDtypeStruct((ws,), jnp.uint8),)
-    return tuple(jax.ffi.ffi_call(_lib.BWD_TARGET_CUDA, res, vmap_method="expand_dims")(*a, **attrs))[:4]
+    # XLA allocates the kernel's scratch as one more result, sized here at trace time (graph-safe).
+    ws = _lib.bwd_workspace_size(dtype_code(q.dtype), B, T, S, N, K, H, Hv, softmax, causal, window_left,
+                                 window_right, diag_offset, q_lens is not None or kv_lens is not None,
+                                 q_seg is not None, Backend.CUDA)
+    return _ffi(_lib.BWD_TARGET_CUDA, grads + (jax.ShapeDtypeStruct((ws,), jnp.uint8),), a, attrs)[:len(grads)]
 
-  if _lib.has_cuda():
-    dq, dk, dv, dsinks = jax.lax.platform_dependent(*args, cpu=cpu, cuda=cuda)
-  else:
-    dq, dk, dv, dsinks = cpu(*args)
+  res = _on_platform(args, lambda *a: _ffi(_lib.BWD_TARGET, grads, a, attrs), cuda)
+  dq, dk, dv, dsinks = res[:4]
   if not learn:
     dsinks = jnp.zeros((N,), jnp.float32)
-  return dq, dk, dv, dsinks
+  return dq, dk, dv, dsinks, (res[4] if want_dbias else None)
+
+
+def decode_fwd(q, k, v, sinks, lens, *, softmax: int, window_left: int, window_right: int, scale: float):
+  """The split-KV decode kernel: q [B,T,N,H] (T <= 64) against caches k [B,S,K,H], v [B,S,K,Hv] valid up to
+  lens [B] int32, causal bottom-right; -> (out [B,T,N,Hv], lse [B,N,T] float32)."""
+  _lib.load()
+  B, T, N, H = q.shape
+  _, S, K, Hv = v.shape
+  results = (jax.ShapeDtypeStruct((B, T, N, Hv), q.dtype), jax.ShapeDtypeStruct((B, N, T), jnp.float32))
+  attrs = dict(softmax=int(softmax), window_left=int(window_left), window_right=int(window_right),
+               scale=np.float32(scale))
+  args = (q, k, v, _placeholder(jnp.float32) if sinks is None else sinks.astype(jnp.float32), lens.astype(jnp.int32))
+
+  def cuda(*a):
+    # The split partials live in a workspace result that XLA allocates, sized here at trace time.
+    ws = _lib.decode_workspace_size(dtype_code(q.dtype), B, T, S, N, K, H, Hv, Backend.CUDA)
+    return _ffi(_lib.DECODE_TARGET_CUDA, results + (jax.ShapeDtypeStruct((ws,), jnp.uint8),), a, attrs)[:2]
+
+  return _on_platform(args, lambda *a: _ffi(_lib.DECODE_TARGET, results, a, attrs), cuda)

@@ -1,35 +1,47 @@
 """Pure jnp attention with sinks: the twin of the fused kernels, same arguments as primitives.attn_fwd.
 
-It materialises the [B,N,T,S] scores (O(T*S) memory), accumulates in float32 (float64 for float64 input) and is differentiated by
-JAX autodiff. Semantics match the C library exactly: lengths clamped to [0,T] / [0,S]; causal and window
-masks around the aligned diagonal i' = i (+ kv_len - q_len when bottom-right) + diag_offset; a row with
-no valid key gives out = 0 and lse = the sink logit (-inf for vanilla); neither the values nor the
-gradients are ever NaN (every exp/log sees a finite argument or an explicit -inf that masks to 0).
+It materialises the [B,N,T,S] scores (O(T*S) memory), accumulates in float32 (float64 for float64 input)
+and is differentiated by JAX autodiff (the bias gradient comes back reduced to bias's shape and dtype).
+Semantics match the C library exactly: lengths clamped to [0,T] / [0,S]; causal and window masks around the
+aligned diagonal i' = i (+ kv_len - q_len when bottom-right) + diag_offset, or around q_pos[i] + diag_offset
+against kv_pos[j] when positions are given; bias added to the scaled logits; mask nonzero = attend; a row
+with no valid key (or -inf bias on every key) gives out = 0 and lse = the sink logit (-inf for vanilla);
+neither the values nor the gradients are ever NaN for finite inputs (every exp/log sees a finite argument
+or an explicit -inf that masks to 0).
 """
+
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-VANILLA, OFF_BY_ONE, LEARNABLE = 0, 1, 2
-CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2
+from ._enums import Causal, Softmax
+
+# On GPU an f32 product defaults to TF32 (~1e-3 error), too coarse for a reference.
+_HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def mask(B, T, S, q_lens, kv_lens, q_seg, kv_seg, *, causal, window_left, window_right, diag_offset):
-  """Validity of (b, i, j) as a bool [B,T,S] array."""
+def valid(B, T, S, q_lens, kv_lens, q_seg, kv_seg, q_pos=None, kv_pos=None, *, causal, window_left, window_right,
+          diag_offset):
+  """Validity of (b, i, j) from lengths, causal, window, segments and positions, as a bool [B,T,S] array."""
   i = jnp.arange(T)[None, :, None]
   j = jnp.arange(S)[None, None, :]
   ql = jnp.full((B,), T, jnp.int32) if q_lens is None else jnp.clip(q_lens.astype(jnp.int32), 0, T)
   kl = jnp.full((B,), S, jnp.int32) if kv_lens is None else jnp.clip(kv_lens.astype(jnp.int32), 0, S)
   ql, kl = ql[:, None, None], kl[:, None, None]
   ok = (i < ql) & (j < kl)
-  diag = i + diag_offset + ((kl - ql) if causal == CAUSAL_BOTTOM_RIGHT else 0)
-  if causal != CAUSAL_NONE:
-    ok &= j <= diag
+  if q_pos is None:
+    row = i + diag_offset + ((kl - ql) if causal == Causal.BOTTOM_RIGHT else 0)
+    col = j
+  else:  # positions place every query and key; bottom-right alignment is refused before this point
+    row = q_pos.astype(jnp.int32)[:, :, None] + diag_offset
+    col = kv_pos.astype(jnp.int32)[:, None, :]
+  if causal != Causal.NONE:
+    ok &= col <= row
   if window_left >= 0:
-    ok &= j >= diag - window_left
+    ok &= col >= row - window_left
   if window_right >= 0:
-    ok &= j <= diag + window_right
+    ok &= col <= row + window_right
   if q_seg is not None:
     ok &= q_seg[:, :, None] == kv_seg[:, None, :]
   return ok
@@ -37,29 +49,36 @@ def mask(B, T, S, q_lens, kv_lens, q_seg, kv_seg, *, causal, window_left, window
 
 def sink_logits(N, sinks, softmax):
   """a_n as float32 [N] (float64 for float64 sinks): -inf, 0 or sinks."""
-  if softmax == LEARNABLE:
+  if softmax == Softmax.LEARNABLE:
     return sinks.astype(jnp.promote_types(sinks.dtype, jnp.float32)).reshape(N)
-  return jnp.full((N,), -jnp.inf if softmax == VANILLA else 0.0, jnp.float32)
+  return jnp.full((N,), -jnp.inf if softmax == Softmax.VANILLA else 0.0, jnp.float32)
 
 
-def attention(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, *, softmax: int, causal: int, window_left: int,
-              window_right: int, diag_offset: int, scale: float):
-  """-> (out [B,T,N,Hv] in q's dtype, lse [B,N,T] float32)."""
+def _heads5(x, K, G):
+  """A [B|1, N|1, T|1, S|1] array as [B|1, K|1, G|1, T|1, S|1] (query head n = kv head n // G, member n % G)."""
+  b, n, t, s = x.shape
+  return x.reshape(b, K, G, t, s) if n == K * G else x.reshape(b, 1, 1, t, s)
+
+
+def _probabilities(q, k, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos, *, softmax, causal,
+                   window_left, window_right, diag_offset, scale):
+  """-> (p [B,K,G,T,S], lse [B,K,G,T]) in the compute dtype (float32, or float64 for float64 inputs)."""
   B, T, N, H = q.shape
-  _, S, K, Hv = v.shape
+  _, S, K, _ = k.shape
   G = N // K
-  f32 = jnp.promote_types(q.dtype, jnp.float32).type  # float32, or float64 for float64 inputs
+  f32 = jnp.promote_types(q.dtype, jnp.float32).type
   qf = q.astype(f32).reshape(B, T, K, G, H)
-  kf, vf = k.astype(f32), v.astype(f32)
+  kf = k.astype(f32)
   if kv_lens is not None:  # padding never reaches a result: 0 * NaN in P.V or dS.K would
-    valid = (jnp.arange(S)[None, :] < jnp.clip(kv_lens.astype(jnp.int32), 0, S)[:, None])[:, :, None, None]
-    kf, vf = jnp.where(valid, kf, 0), jnp.where(valid, vf, 0)
-  # HIGHEST: on GPU an f32 product defaults to TF32 (~1e-3 error), too coarse for a reference.
-  hi = jax.lax.Precision.HIGHEST
-  s = jnp.einsum("btkgh,bskh->bkgts", qf, kf, precision=hi) * f32(scale)       # [B,K,G,T,S]
-  ok = mask(B, T, S, q_lens, kv_lens, q_seg, kv_seg, causal=causal, window_left=window_left,
-            window_right=window_right, diag_offset=diag_offset)[:, None, None]   # [B,1,1,T,S]
-  a = sink_logits(N, sinks, softmax).astype(f32).reshape(1, K, G, 1)                          # [1,K,G,1]
+    kf = jnp.where(_key_valid(kv_lens, S), kf, 0)
+  s = jnp.einsum("btkgh,bskh->bkgts", qf, kf, precision=_HIGHEST) * f32(scale)   # [B,K,G,T,S]
+  if bias is not None:
+    s = s + _heads5(bias, K, G).astype(jnp.promote_types(bias.dtype, f32))
+  ok = valid(B, T, S, q_lens, kv_lens, q_seg, kv_seg, q_pos, kv_pos, causal=causal, window_left=window_left,
+             window_right=window_right, diag_offset=diag_offset)[:, None, None]   # [B,1,1,T,S]
+  if mask is not None:
+    ok = ok & _heads5(mask.astype(bool), K, G)
+  a = sink_logits(N, sinks, softmax).astype(s.dtype).reshape(1, K, G, 1)          # [1,K,G,1]
   # Running max seeded with the sink (so huge sinks and empty rows stay finite); it cancels exactly in
   # lse and p, so no gradient flows through it.
   # (initial=-inf: with S = 0 every row is empty, and max of a zero-size axis needs a start value.)
@@ -70,6 +89,34 @@ def attention(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, *, softmax: int, c
   empty = l == 0.0                                                                # vanilla, no key
   l_safe = jnp.where(empty, 1.0, l)
   lse = jnp.where(empty, -jnp.inf, m + jnp.log(l_safe))                           # [B,K,G,T]
-  p = e / l_safe[..., None]
-  out = jnp.einsum("bkgts,bske->btkge", p, vf, precision=hi).reshape(B, T, N, Hv)
+  return e / l_safe[..., None], lse
+
+
+def _key_valid(kv_lens, S):
+  return (jnp.arange(S)[None, :] < jnp.clip(kv_lens.astype(jnp.int32), 0, S)[:, None])[:, :, None, None]
+
+
+def attention(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias=None, mask=None, q_pos=None, kv_pos=None, *,
+              softmax: int, causal: int, window_left: int, window_right: int, diag_offset: int, scale: float):
+  """-> (out [B,T,N,Hv] in q's dtype, lse [B,N,T] float32 (float64 for float64 inputs))."""
+  B, T, N, _ = q.shape
+  _, S, K, Hv = v.shape
+  p, lse = _probabilities(q, k, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos, softmax=softmax,
+                          causal=causal, window_left=window_left, window_right=window_right,
+                          diag_offset=diag_offset, scale=scale)
+  vf = v.astype(p.dtype)
+  if kv_lens is not None:
+    vf = jnp.where(_key_valid(kv_lens, S), vf, 0)
+  out = jnp.einsum("bkgts,bske->btkge", p, vf, precision=_HIGHEST).reshape(B, T, N, Hv)
   return out.astype(q.dtype), lse.reshape(B, N, T)
+
+
+def weights(q, k, sinks, q_lens, kv_lens, q_seg, kv_seg, bias=None, mask=None, q_pos=None, kv_pos=None, *,
+            softmax: int, causal: int, window_left: int, window_right: int, diag_offset: int, scale: float):
+  """The attention probabilities p [B,N,T,S] in q's dtype (each row sums to 1 - the sink's share; 0 where
+  masked), e.g. for a Flax module that sows its attention weights."""
+  B, T, N, _ = q.shape
+  p, _ = _probabilities(q, k, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos, softmax=softmax,
+                        causal=causal, window_left=window_left, window_right=window_right, diag_offset=diag_offset,
+                        scale=scale)
+  return p.reshape(B, N, T, k.shape[1]).astype(q.dtype)

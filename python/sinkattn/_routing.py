@@ -1,0 +1,113 @@
+"""Which implementation runs a call (dot_product_attention and decode_attention alike): the fused kernel,
+the pure-jnp reference, or a choice per platform made when the computation is lowered (the CPU kernel takes
+every input; the CUDA kernels do not take float32, some head dims, nor a bias / mask / positions yet, and on
+GPU such calls run the reference, with one warning per reason)."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Callable, Optional, Sequence
+
+import jax
+
+from . import _lib, primitives
+
+_warned: set = set()
+
+# What the CUDA kernels do not take yet (issue: bias / mask / positions in the CUDA backend); each costs a
+# call on GPU the reference path.
+CUDA_LACKS = ("bias", "mask", "query_positions")
+
+
+def _warn_once(key, message):
+  if key not in _warned:
+    _warned.add(key)
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_present() -> bool:
+  try:
+    return bool(jax.devices("gpu"))
+  except RuntimeError:
+    return False
+
+
+def likely_on_gpu(x) -> bool:
+  """Whether a call on x will run on a GPU: x's devices when x is a concrete array, else (a tracer) the
+  default device (jax.default_device, then the default backend). Only warnings and implementation='cudnn'
+  depend on it: the kernel choice itself is made per platform when the computation is lowered."""
+  try:
+    return any(d.platform == "gpu" for d in x.devices())
+  except (AttributeError, TypeError, jax.errors.ConcretizationTypeError):
+    pass
+  d = jax.config.jax_default_device
+  if d is not None:
+    return (d if isinstance(d, str) else d.platform) in ("gpu", "cuda")
+  return jax.default_backend() == "gpu"
+
+
+def run(impl: Optional[str], query, args: Sequence, *, op: str, fused: Callable, reference: Callable,
+        features: Sequence[str] = (), cuda_reason: Callable[[], Optional[str]] = lambda: None):
+  """fused(*args), reference(*args), or the choice of the two per platform, for `impl` (already checked).
+
+  features: names of the given arguments that the CUDA kernels do not take (from CUDA_LACKS) or that the
+  loaded library may not take (bias / mask / positions); cuda_reason(): why the CUDA kernels do not take
+  this dtype / shape, or None.
+  """
+  if impl == "reference":
+    return reference(*args)
+  if impl == "cudnn":
+    _check_cudnn(query, op, features, cuda_reason)
+    return fused(*args)
+  if jax.default_backend() == "gpu" and not _lib.has_cuda():
+    if impl == "fused":
+      _lib.load()  # a clear error when the library is missing altogether
+      raise RuntimeError(f"implementation='fused': {_lib.LIB_NAME} was built without CUDA, so there is no GPU "
+                         f"kernel for {op}: rebuild with nvcc on PATH, or use implementation=None / 'reference'")
+    _warn_once(("no cuda", op), f"sinkattn: {_lib.LIB_NAME} has no CUDA backend (built without nvcc); on GPU "
+               f"{op} falls back to the pure-jnp reference (O(T*S) memory, slower).")
+    return reference(*args)
+  if features and not primitives.takes_bias_mask():
+    if impl == "fused":
+      raise NotImplementedError(f"{features[0]}: the loaded {_lib.LIB_NAME} was built from sources without "
+                                "bias, mask and positions: rebuild it, or use implementation='reference'")
+    _warn_once(("old abi", features[0]), f"sinkattn: {features[0]}: the loaded {_lib.LIB_NAME} was built "
+               "from sources without bias, mask and positions; such calls run the pure-jnp reference "
+               "(O(T*S) memory, slower) until it is rebuilt.")
+    return reference(*args)
+  why = _cuda_fallback(features, cuda_reason)
+  if why is None:
+    return fused(*args)
+  if likely_on_gpu(query):
+    _warn_once(("cuda", why), f"sinkattn: {why}; on GPU such calls run the pure-jnp reference (O(T*S) memory, "
+               "slower); on CPU they keep the fused kernel.")
+  # Chosen when the computation is lowered, per platform: the CPU kernel takes every dtype and head dim.
+  return jax.lax.platform_dependent(*args, cuda=reference, default=fused)
+
+
+def _cuda_fallback(features, cuda_reason):
+  """Why a GPU in this process could not run this call on the CUDA kernels, or None."""
+  if not gpu_present() or not _lib.has_cuda():
+    return None
+  lacks = [f for f in features if f in CUDA_LACKS]
+  if lacks:
+    return f"{lacks[0]}: the CUDA kernels take no {lacks[0].replace('query_', '')} yet"
+  return cuda_reason()
+
+
+def _check_cudnn(query, op, features, cuda_reason) -> None:
+  """implementation='cudnn' (jax.nn's name for its fused GPU kernel): the CUDA kernels, or an error saying
+  why they cannot run this call."""
+  if not likely_on_gpu(query) or not gpu_present():
+    raise RuntimeError(f"implementation='cudnn': {op} would not run on a GPU here (jax default backend "
+                       f"{jax.default_backend()!r}): use implementation=None or 'fused' for the CPU kernel")
+  if not _lib.has_cuda():
+    _lib.load()
+    raise RuntimeError(f"implementation='cudnn': {_lib.LIB_NAME} was built without CUDA: rebuild with nvcc on "
+                       "PATH, or use implementation=None")
+  why = _cuda_fallback(features, cuda_reason)
+  if why is not None:
+    raise ValueError(f"implementation='cudnn': {why}; use implementation=None (the reference runs such calls "
+                     "on GPU) or 'reference'")
