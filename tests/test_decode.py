@@ -155,9 +155,9 @@ def test_flax_kv_cache_calls_decode_for_short_steps():
       assert want in _targets(step, v["cache"], x[:, :t]), (causal, t)
       assert len(_targets(step, v["cache"], x[:, :t])) == 1
 
-  m = NnxMHA(16, 4, 16, num_kv_heads=2, softmax_type="learnable", is_causal=True, dtype=jnp.bfloat16,
+  m = NnxMHA(4, 16, num_kv_heads=2, head_dim=16, softmax_type="learnable", is_causal=True, dtype=jnp.bfloat16,
              rngs=nnx.Rngs(0))
-  m.init_cache(2, 40)
+  m.init_cache((2, 40, 16))
   graph, state = nnx.split(m)
 
   def nnx_step(state, xt):

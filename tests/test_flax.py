@@ -111,7 +111,7 @@ def test_grad_reaches_softmax_offset():
 
 
 def _mha(**kw):
-    args = dict(num_heads=N, num_kv_heads=K, head_dim=H, softmax_type="learnable", use_rope=True)
+    args = dict(num_heads=N, num_kv_heads=K, head_dim=H, softmax_type="learnable", use_rope=True, use_bias=False)
     args.update(kw)
     return MultiHeadAttention(**args)
 

@@ -27,9 +27,9 @@ def _wide_sinks(seed=1):
 
 
 def _mha(**kw):
-    args = dict(num_kv_heads=K, softmax_type="learnable", use_rope=True, rngs=nnx.Rngs(0))
+    args = dict(num_kv_heads=K, head_dim=H, softmax_type="learnable", use_rope=True, use_bias=False, rngs=nnx.Rngs(0))
     args.update(kw)
-    return MultiHeadAttention(D, N, H, **args)
+    return MultiHeadAttention(N, D, **args)
 
 
 def test_learnable_param_name_shape_dtype_sharding():
@@ -120,7 +120,7 @@ def test_mha_equals_linen_twin():
     mha = _mha(**kw)
     mha.attention.softmax_offset[...] = _wide_sinks()
     linen = sa_linen.MultiHeadAttention(num_heads=N, num_kv_heads=K, head_dim=H, softmax_type="learnable",
-                                        use_rope=True, **kw)
+                                        use_rope=True, use_bias=False, **kw)
     params = nnx.to_pure_dict(nnx.state(mha, nnx.Param))
     assert jax.tree.structure(params) == jax.tree.structure(nn.unbox(linen.init(jax.random.key(1), x))["params"])
     seg = jnp.array([[0] * 5 + [1] * 7, [0] * 12], jnp.int32)
@@ -135,7 +135,7 @@ def test_mha_kv_cache_decode_matches_full_forward():
     mha = _mha(is_causal=True, local_window_size=(3, 0))
     mha.attention.softmax_offset[...] = _wide_sinks()
     full = mha(x)
-    mha.init_cache(B, T)
+    mha.init_cache((B, T, D))
     step = nnx.jit(lambda m, xt: m(xt, decode=True))
     ys = [step(mha, x[:, :4])]                            # prefill 4 tokens
     ys += [step(mha, x[:, t:t + 1]) for t in range(4, T)]  # then one token per call
@@ -200,7 +200,7 @@ def _worker():
     loss = lambda m, x: jnp.sum(m(x) ** 2)
     report = {}
     for impl in (None, "reference"):
-        make = lambda: MultiHeadAttention(D, MESH_N, H, num_kv_heads=MESH_K, softmax_type="learnable",
+        make = lambda: MultiHeadAttention(MESH_N, D, num_kv_heads=MESH_K, head_dim=H, softmax_type="learnable",
                                           use_rope=True, is_causal=True, use_bias=True, implementation=impl,
                                           rngs=nnx.Rngs(0))
         plain = make()

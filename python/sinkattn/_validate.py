@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import NamedTuple
+from typing import Any, NamedTuple, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +20,9 @@ from ._enums import SOFTMAX_NAMES, Causal, Softmax
 # (jax.nn's name for its fused GPU kernel) = the CUDA kernels, an error where they cannot run.
 IMPLEMENTATIONS = (None, "fused", "reference", "xla", "cudnn")
 _F64 = np.dtype(np.float64)
+
+ArrayLike = Any  # a jax.Array, a NumPy array or a tracer
+Window = Optional[Union[int, Tuple[Optional[int], Optional[int]]]]  # w, (left, right), None / -1 = unbounded
 
 
 class Options(NamedTuple):

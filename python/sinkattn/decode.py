@@ -19,10 +19,9 @@ import numpy as np
 
 from . import _routing, _validate, primitives, reference
 from ._enums import Causal
+from ._validate import ArrayLike, Window
 
 MAX_QUERY_TOKENS = 64   # the C library's decode limit (longer queries are prefill: dot_product_attention)
-ArrayLike = Any
-Window = Optional[Union[int, Tuple[Optional[int], Optional[int]]]]
 
 
 def _check(query, k_cache, v_cache, cache_lengths):

@@ -1,280 +1,438 @@
-"""Flax linen modules around `sinkattn.dot_product_attention`.
+"""Flax linen modules around `sinkattn.dot_product_attention`, and Transformer Engine checkpoint converters.
 
-Shape letters as in DESIGN.md: B batch, T query length, S key/value length, N query heads, K kv heads
-(N % K == 0), H head dim of q/k, Hv head dim of v, D model width.
-
-- `DotProductAttention`: the core op as a module. With softmax_type='learnable' it owns the sink logits,
-  a parameter named `softmax_offset`, shape (1, N, 1, 1), fp32, zeros init, logical axes
-  (None, 'heads', None, None): Transformer Engine's name, shape and sharding, so checkpoints move over.
-- `MultiHeadAttention`: q/k/v/out projections (DenseGeneral, BTNH), GQA, optional RoPE, and an optional
-  KV cache (`decode=True`, linen 'cache' collection) for autoregressive generation.
-
-The helpers `normalize_softmax_type` and `apply_rope` are shared with `sinkattn.nnx`.
+- `DotProductAttention`: the op as a module, with Transformer Engine's constructor and call
+  (transformer_engine.jax.flax.DotProductAttention: head_dim, num_attention_heads, num_gqa_groups,
+  attn_mask_type, attn_bias_type, window_size, transpose_batch_sequence, scale_factor, softmax_type, ...;
+  `(query, key, value, sequence_descriptor=None, bias=None, *, deterministic, mask)`) plus sinkattn's options.
+  With softmax_type='learnable' it owns `softmax_offset` (1, N, 1, 1) fp32, zeros, logical axes
+  (None, 'heads', None, None).
+- `MultiHeadAttention`: flax.linen.MultiHeadDotProductAttention's fields and call (num_heads, dtype,
+  param_dtype, qkv_features, out_features, ...; `(inputs_q, inputs_k, inputs_v, *, inputs_kv, mask,
+  deterministic, dropout_rng, sow_weights)`), plus GQA (num_kv_heads), head_dim, RoPE, sinks, and a KV cache
+  (decode=True) that also takes prefill chunks.
+- `from_transformer_engine` / `to_transformer_engine`: a TE checkpoint's learnable sink in and out.
+- `SequenceDescriptor`: TE's (lengths, segment ids and positions of packed documents).
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Optional, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
-from . import decode_attention, dot_product_attention
+from . import _te, layers
+from ._te import SequenceDescriptor
+from ._validate import ArrayLike, Window
+from .layers import DECODE_MAX_TOKENS, SOFTMAX_OFFSET_AXES, apply_rope, normalize_softmax_type, projection_dot_general
 
-__all__ = ["DotProductAttention", "MultiHeadAttention", "apply_rope", "normalize_softmax_type",
+__all__ = ["DotProductAttention", "MultiHeadAttention", "SequenceDescriptor", "from_transformer_engine",
+           "to_transformer_engine", "apply_rope", "normalize_softmax_type", "projection_dot_general",
            "SOFTMAX_OFFSET_AXES", "DECODE_MAX_TOKENS"]
 
-# A KV-cache call with at most this many new tokens runs `sinkattn.decode_attention` (split-KV: the cache is
-# cut into chunks over threads / thread blocks); longer calls (prefill) keep `dot_product_attention`. On the
-# 2-core CPU, decode vs fwd at T = 1 / 16 / 32 / 64: 0.26 vs 0.38, 0.98 vs 1.50, 1.77 vs 2.77, 3.5 vs 3.2 ms
-# (B 1, S 4k, N/K 8/2, f32); 3.1 vs 6.5, 22 vs 29, 44 vs 52, 86 vs 99 ms (B 8, S 2k, N/K 64/8, bf16).
-DECODE_MAX_TOKENS = 16
 
-SOFTMAX_OFFSET_AXES = (None, "heads", None, None)
-_SOFTMAX_TYPES = {"vanilla": "vanilla", "off_by_one": "off_by_one", "off-by-one": "off_by_one",
-                  "learnable": "learnable"}
-Window = Optional[Union[int, Tuple[int, int]]]
+def from_transformer_engine(params: Any) -> Any:
+  """A Transformer Engine parameter tree with sinkattn's layout for the learnable sink.
 
+  What maps: each TE DotProductAttention keeps its sink at `<path>/_FusedDotProductAttention_0/softmax_offset`
+  (or `_UnfusedDotProductAttention_0` when TE ran its unfused path); sinkattn.flax.DotProductAttention keeps
+  the same array (shape (1, N, 1, 1), fp32) at `<path>/softmax_offset`. The logical head axis of its
+  LogicallyPartitioned box, 'nvte_head' in TE, becomes 'heads'. Every other entry is returned unchanged (a
+  sinkattn module in place of the TE one at `<path>` then loads the tree); TE's other modules (its
+  MultiHeadAttention's fused qkv projections, LayerNorm, ...) have no sinkattn counterpart and are not mapped.
 
-def normalize_softmax_type(softmax_type: Optional[str]) -> str:
-    """'vanilla' | 'off_by_one' (alias 'off-by-one') | 'learnable' (any case) -> canonical name; None ->
-    'vanilla' (DESIGN.md section 3: None means 'learnable' only when sinks are given, and a module is given
-    none); else ValueError."""
-    if softmax_type is None:
-        return "vanilla"
-    try:
-        return _SOFTMAX_TYPES[softmax_type.lower()]
-    except (KeyError, AttributeError):
-        raise ValueError(f"softmax_type {softmax_type!r} unknown: use 'vanilla', 'off_by_one' "
-                         "(or 'off-by-one') or 'learnable'") from None
+  Args:
+    params: a nested mapping (dict or FrozenDict) such as `variables` or `variables['params']`.
+
+  Returns:
+    A new tree of the same mapping types.
+
+  Raises:
+    ValueError: a TE scope holding more than softmax_offset, or a softmax_offset already beside it.
+  """
+  return _te.from_transformer_engine(params)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax.Array:
-    """Rotary position embedding, rotate-half convention (GPT-NeoX, gpt-oss).
+def to_transformer_engine(params: Any, fused: bool = True) -> Any:
+  """The inverse of `from_transformer_engine`: each `<path>/softmax_offset` moves to
+  `<path>/_FusedDotProductAttention_0/softmax_offset` (fused=False: `_UnfusedDotProductAttention_0`), its head
+  axis renamed 'nvte_head'.
 
-    x [B,T,N,H] (H even), positions [B,T] or [T] integer -> [B,T,N,H] in x's dtype. The rotation is
-    computed in fp32: in bf16 the angle of position 4096 would already be off by ~16 rad * 2^-8.
-    """
-    h = x.shape[-1]
-    if h % 2:
-        raise ValueError(f"apply_rope: head dim must be even, got x.shape={x.shape}")
-    inv_freq = base ** (-jnp.arange(0, h // 2, dtype=jnp.float32) * 2.0 / h)      # [H/2]
-    pos = jnp.asarray(positions, jnp.float32)
-    if pos.ndim == 1:
-        pos = pos[None, :]
-    ang = pos[:, :, None, None] * inv_freq                                          # [B,T,1,H/2]
-    cos, sin = jnp.cos(ang), jnp.sin(ang)
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+  Args:
+    params: a nested mapping in which every mapping holding `softmax_offset` is a sinkattn DotProductAttention.
+    fused: which of TE's two scopes to write (TE picks one at run time from NVTE_FUSED_ATTN and the kernels it
+      finds; both hold the same parameter).
 
+  Returns:
+    A new tree of the same mapping types.
 
-def _typed_spec(x):
-    """(spec padded to x.ndim, sharding) of x's type: under an Explicit mesh the type names the mesh axes
-    each dim is split over; elsewhere the spec is all None."""
-    sharding = getattr(jax.typeof(x), "sharding", None)
-    spec = tuple(getattr(sharding, "spec", None) or ())
-    return spec + (None,) * (x.ndim - len(spec)), sharding
-
-
-def projection_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
-                           out_sharding=None):
-    """`jax.lax.dot_general` for the q/k/v/out projections, naming the output sharding where JAX's
-    explicit-sharding rule refuses to guess it.
-
-    Under an Explicit mesh with heads on a mesh axis, the out projection contracts [B,T,N,H] with its
-    kernel [N,H,D], both split over N on the same axis: each device holds a partial sum, and JAX raises
-    ShardingTypeError ("contracting dimensions are sharded") rather than pick all-reduce or
-    reduce-scatter. We pick all-reduce (Megatron's row-parallel layer): the output keeps the shardings of
-    the dims that survive (batch dims, then lhs's free dims, then rhs's), as JAX types every unambiguous
-    dot_general. Elsewhere (no mesh, Auto axes, a contraction split on one side only) out_sharding stays
-    None and JAX decides as it always did. (The fault first showed where the jnp reference ran, which
-    keeps q's heads sharding: implementation='reference', or f32 on a GPU, which the CUDA kernels do not
-    take. The fused op's output was typed replicated then; sharding.py now types it like q too.)
-    """
-    if out_sharding is None:
-        (l_con, r_con), (l_bat, r_bat) = dimension_numbers
-        l_con, l_bat = [d % lhs.ndim for d in l_con], [d % lhs.ndim for d in l_bat]
-        r_con, r_bat = [d % rhs.ndim for d in r_con], [d % rhs.ndim for d in r_bat]
-        l_spec, l_sharding = _typed_spec(lhs)
-        r_spec, _ = _typed_spec(rhs)
-        if any(l_spec[i] is not None and r_spec[j] is not None for i, j in zip(l_con, r_con)):
-            dims = ([l_spec[i] for i in l_bat] +
-                    [l_spec[i] for i in range(lhs.ndim) if i not in l_con and i not in l_bat] +
-                    [r_spec[i] for i in range(rhs.ndim) if i not in r_con and i not in r_bat])
-            used, out = set(), []
-            for d in dims:            # a mesh axis may split one output dim only: the first keeps it
-                axes = tuple(a for a in ((d,) if isinstance(d, str) else (d or ())) if a not in used)
-                used.update(axes)
-                out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
-            out_sharding = jax.sharding.NamedSharding(l_sharding.mesh, jax.sharding.PartitionSpec(*out))
-    kw = {} if preferred_element_type is None else dict(preferred_element_type=preferred_element_type)
-    return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision, out_sharding=out_sharding,
-                               **kw)
+  Raises:
+    ValueError: the TE scope exists already.
+  """
+  return _te.to_transformer_engine(params, fused)
 
 
 class DotProductAttention(nn.Module):
-    """Fused attention with sinks: query [B,T,N,H], key [B,S,K,H], value [B,S,K,Hv] -> out [B,T,N,Hv].
+  """Fused attention with sinks as a module, with Transformer Engine's fields first, then sinkattn's.
 
-    With `return_residual=True` the call returns `(out, lse)`, lse [B,N,T] fp32 including the sink
-    (the attention mass on the sink of row i is exp(a_n - lse_i)).
+  query [B,T,N,H], key [B,S,K,H], value [B,S,K,Hv] -> out [B,T,N,Hv] ([T,B,...] in and out with
+  transpose_batch_sequence=True); with return_residual=True also lse [B,N,T] fp32 (it includes the sink: the
+  attention mass on the sink of row i is exp(a_n - lse_i)).
 
-    Attributes:
-      softmax_type: 'vanilla' (or None) | 'off_by_one' | 'off-by-one' | 'learnable'. Only 'learnable'
-        creates a parameter: `softmax_offset` (1, N, 1, 1) fp32, zeros init, logical axes (None, 'heads', None, None).
-      scale: logit scale, default 1/sqrt(H) (the sink is not scaled).
-      is_causal, causal_alignment ('top_left' | 'bottom_right'), local_window_size (w -> (w, w), or
-        (left, right), -1 unbounded): the mask, exactly as `sinkattn.dot_product_attention` takes it.
-        gpt-oss's 128-token sliding window is is_causal=True, local_window_size=(127, 0).
-      dtype: cast q, k, v to this dtype before the op (None keeps theirs).
-      implementation: None | 'fused' | 'reference', passed through.
+  Defaults that differ from Transformer Engine's: attn_mask_type None (TE: 'causal') means no mask unless
+  is_causal is set; pass attn_mask_type explicitly when porting TE code. A `mask` (or an array
+  sequence_descriptor) follows TE's convention, True = masked OUT; `attention_mask` follows jax.nn's and
+  Flax's, True = attend.
+
+  Attributes:
+    head_dim: TE's; checked against query's last dim when given.
+    num_attention_heads: TE's; checked against query's heads when given.
+    num_gqa_groups: TE's kv head count; checked against key's heads when given.
+    attention_dropout: TE's; dropout is not implemented: > 0 needs deterministic=True at the call.
+    attn_mask_type: TE's 'no_mask', 'padding', 'causal', 'padding_causal' ('causal_padding'),
+      'causal_bottom_right', 'padding_causal_bottom_right' (and TE's other spellings); the 'padding' types
+      take a sequence_descriptor / mask. None: is_causal and causal_alignment decide.
+    attn_bias_type: TE's None (post-scale when a bias is given), 'no_bias', 'post_scale_bias' (added to the
+      scaled logits) or 'pre_scale_bias' (added before the scale: the op gets scale * bias).
+    dtype: cast query, key and value to it (None keeps theirs).
+    dropout_rng_name: TE's; used only with dropout.
+    float32_logits: TE's; the logits are always float32.
+    qkv_layout: 'bshd_bshd_bshd' (TE's separate layout); packed layouts raise NotImplementedError.
+    scale_factor: TE's name of `scale`.
+    transpose_batch_sequence: inputs and output are [T,B,N,H] (TE's SBHD).
+    window_size: TE's (left, right), -1 unbounded; the same as local_window_size.
+    max_segments_per_seq: TE's THD buffer size; no limit here.
+    context_parallel_causal_load_balanced: TE's; True raises (use sinkattn.ring_attention).
+    context_parallel_axis: TE's; non-empty raises (use sinkattn.ring_attention).
+    context_parallel_strategy: TE's; checked, used only with context parallelism.
+    context_checkpoint_name: the jax.ad_checkpoint name of the output (as TE names it).
+    softmax_type: 'vanilla' (or None), 'off_by_one' (or 'off-by-one') or 'learnable'; only 'learnable'
+      creates the parameter `softmax_offset`.
+    score_mod: TE's; must be None.
+    score_mod_bprop: TE's; must be None.
+    scale: logit scale, default 1/sqrt(H) (the sink is not scaled).
+    is_causal: as in sinkattn.dot_product_attention.
+    causal_alignment: as in sinkattn.dot_product_attention.
+    local_window_size: as in sinkattn.dot_product_attention (gpt-oss: is_causal=True, (127, 0)).
+    implementation: as in sinkattn.dot_product_attention.
+  """
+
+  head_dim: Optional[int] = None
+  num_attention_heads: Optional[int] = None
+  num_gqa_groups: Optional[int] = None
+  attention_dropout: float = 0.0
+  attn_mask_type: Optional[str] = None
+  attn_bias_type: Optional[str] = None
+  dtype: Any = None
+  dropout_rng_name: str = "dropout"
+  float32_logits: bool = False
+  qkv_layout: str = _te.SEPARATE_LAYOUT
+  scale_factor: Optional[float] = None
+  transpose_batch_sequence: bool = False
+  window_size: Optional[Tuple[int, int]] = None
+  max_segments_per_seq: Optional[int] = 1
+  context_parallel_causal_load_balanced: bool = False
+  context_parallel_axis: str = ""
+  context_parallel_strategy: str = "DEFAULT"
+  context_checkpoint_name: str = "context"
+  softmax_type: Optional[str] = "vanilla"
+  score_mod: Optional[Callable] = None
+  score_mod_bprop: Optional[Callable] = None
+  scale: Optional[float] = None
+  is_causal: bool = False
+  causal_alignment: str = "top_left"
+  local_window_size: Window = None
+  implementation: Optional[str] = None
+
+  @nn.compact
+  def __call__(self, query: ArrayLike, key: ArrayLike, value: ArrayLike, sequence_descriptor: Any = None,
+               bias: Optional[ArrayLike] = None, *, deterministic: bool = False, mask: Optional[ArrayLike] = None,
+               score_mod_tensors: Any = None, score_mod_bprop_tensors: Any = None,
+               attention_mask: Optional[ArrayLike] = None, query_seq_lengths: Optional[ArrayLike] = None,
+               key_value_seq_lengths: Optional[ArrayLike] = None, query_segment_ids: Optional[ArrayLike] = None,
+               key_value_segment_ids: Optional[ArrayLike] = None, query_positions: Optional[ArrayLike] = None,
+               key_value_positions: Optional[ArrayLike] = None, causal_alignment: Optional[str] = None,
+               return_residual: bool = False, cache_lengths: Optional[ArrayLike] = None, precision: Any = None,
+               sow_module: Any = None):
+    """Attention of query over key / value.
+
+    Args:
+      query: [B,T,N,H] ([T,B,N,H] with transpose_batch_sequence).
+      key: [B,S,K,H].
+      value: [B,S,K,Hv].
+      sequence_descriptor: TE's: a SequenceDescriptor (lengths, segment ids with 0 = padding, positions) or
+        an array mask (True = masked out); only with a 'padding' attn_mask_type (or none).
+      bias: added to the logits (see attn_bias_type), broadcastable to [B,N,T,S]; differentiable.
+      deterministic: TE's; True turns dropout off.
+      mask: TE's older name of an array sequence_descriptor (True = masked out).
+      score_mod_tensors: TE's; must be None.
+      score_mod_bprop_tensors: TE's; must be None.
+      attention_mask: jax.nn's mask, True = attend, broadcastable to [B,N,T,S].
+      query_seq_lengths: [B] int, as in sinkattn.dot_product_attention.
+      key_value_seq_lengths: [B] int.
+      query_segment_ids: [B,T] int.
+      key_value_segment_ids: [B,S] int.
+      query_positions: [B,T] int, placing the causal / window masks.
+      key_value_positions: [B,S] int.
+      causal_alignment: overrides the attribute for this call (the KV-cache path uses it).
+      return_residual: also return lse [B,N,T] fp32.
+      cache_lengths: [B] int: key / value are KV caches filled up to it, the T <= 64 queries being the last
+        T entries: runs sinkattn.decode_attention (causal, bottom-right; no other arrays).
+      precision: as in sinkattn.dot_product_attention.
+      sow_module: a Flax module to sow the attention weights into (MultiHeadAttention's sow_weights).
+
+    Returns:
+      out (and lse with return_residual=True).
     """
-    softmax_type: Optional[str] = "vanilla"
-    scale: Optional[float] = None
-    is_causal: bool = False
-    causal_alignment: str = "top_left"
-    local_window_size: Window = None
-    dtype: Any = None
-    implementation: Optional[str] = None
+    for name, x in (("score_mod_tensors", score_mod_tensors), ("score_mod_bprop_tensors", score_mod_bprop_tensors)):
+      if x is not None:
+        raise NotImplementedError(f"{name}: cuDNN score modification is not implemented")
+    if self.attention_dropout and deterministic is not True:
+      raise NotImplementedError(f"attention_dropout: {self.attention_dropout} with deterministic={deterministic} "
+                                "asks for dropout, which sinkattn does not implement: pass deterministic=True")
+    opts = _te.module_options(self)
+    if causal_alignment is not None:
+      opts["causal_alignment"] = causal_alignment
+    if self.transpose_batch_sequence:
+      query, key, value = (jnp.swapaxes(x, 0, 1) for x in (query, key, value))
+    self._check_heads(query, key)
+    softmax_type = normalize_softmax_type(self.softmax_type)
+    sinks = None
+    if softmax_type == "learnable":
+      init = nn.with_logical_partitioning(nn.initializers.zeros_init(), SOFTMAX_OFFSET_AXES)
+      sinks = self.param("softmax_offset", init, (1, query.shape[2], 1, 1), jnp.float32)
+    if self.dtype is not None:
+      query, key, value = (jnp.asarray(x, self.dtype) for x in (query, key, value))
+    positions_used = opts["is_causal"] or opts["local_window_size"] is not None
+    arrays = _te.call_arrays(sequence_descriptor, mask, attn_mask_type=self.attn_mask_type,
+                             positions_used=positions_used)
+    ours = dict(query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
+                query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids,
+                query_positions=query_positions, key_value_positions=key_value_positions)
+    for name, x in ours.items():
+      if x is not None:
+        if name in arrays:
+          raise ValueError(f"{name}: given, and the sequence_descriptor gives it too: pass one")
+        arrays[name] = x
+    if attention_mask is not None:
+      arrays["mask"] = attention_mask if "mask" not in arrays else jnp.logical_and(arrays["mask"], attention_mask != 0)
+    arrays["bias"] = self._bias(bias, query.shape[-1], opts["scale"])
+    res = layers.attend(query, key, value, sinks, softmax_type=softmax_type, implementation=self.implementation,
+                        cache_lengths=cache_lengths, return_residual=return_residual, module=sow_module,
+                        precision=precision, **opts, **arrays)
+    out, lse = res if return_residual else (res, None)
+    out = checkpoint_name(out, self.context_checkpoint_name)
+    if self.transpose_batch_sequence:
+      out = jnp.swapaxes(out, 0, 1)
+    return (out, lse) if return_residual else out
 
-    @nn.compact
-    def __call__(self, query, key, value, *, query_seq_lengths=None, key_value_seq_lengths=None,
-                 query_segment_ids=None, key_value_segment_ids=None, causal_alignment=None,
-                 return_residual: bool = False, cache_lengths=None):
-        """Lengths [B] int32 and segment ids [B,T] / [B,S] int32 as in `dot_product_attention`;
-        `causal_alignment` overrides the attribute for this call (the KV-cache path uses it).
-        `cache_lengths` [B] int32: key/value are KV caches filled up to it, the T <= 64 queries being the
-        last T entries; runs `sinkattn.decode_attention` (causal, bottom-right; lengths and segment ids
-        must then be None)."""
-        softmax_type = normalize_softmax_type(self.softmax_type)
-        sinks = None
-        if softmax_type == "learnable":
-            if query.ndim != 4:
-                raise ValueError(f"query: expected [B,T,N,H], got shape {query.shape}")
-            init = nn.with_logical_partitioning(nn.initializers.zeros_init(), SOFTMAX_OFFSET_AXES)
-            sinks = self.param("softmax_offset", init, (1, query.shape[2], 1, 1), jnp.float32)
-        if self.dtype is not None:
-            query, key, value = (jnp.asarray(x, self.dtype) for x in (query, key, value))
-        if cache_lengths is not None:
-            return decode_attention(query, key, value, cache_lengths, sinks, softmax_type=softmax_type,
-                                    local_window_size=self.local_window_size, scale=self.scale,
-                                    return_residual=return_residual, implementation=self.implementation)
-        return dot_product_attention(
-            query, key, value, sinks, softmax_type=softmax_type, scale=self.scale,
-            is_causal=self.is_causal, causal_alignment=causal_alignment or self.causal_alignment,
-            local_window_size=self.local_window_size, query_seq_lengths=query_seq_lengths,
-            key_value_seq_lengths=key_value_seq_lengths, query_segment_ids=query_segment_ids,
-            key_value_segment_ids=key_value_segment_ids, return_residual=return_residual,
-            implementation=self.implementation)
+  def _check_heads(self, query, key):
+    for name, want, got, what in (("head_dim", self.head_dim, query.shape[-1], "query's last dim"),
+                                  ("num_attention_heads", self.num_attention_heads, query.shape[-2], "query's heads"),
+                                  ("num_gqa_groups", self.num_gqa_groups, key.shape[-2], "key's heads")):
+      if want is not None and want != got:
+        raise ValueError(f"{name}: {want}, but {what} is {got} (query {tuple(query.shape)}, key {tuple(key.shape)})")
+
+  def _bias(self, bias, head_dim, scale):
+    """TE's attn_bias_type: None / 'post_scale_bias' add the bias to the scaled logits, 'pre_scale_bias'
+    before the scale (so scale * bias after it)."""
+    kind = self.attn_bias_type
+    if kind == "no_bias" and bias is not None:
+      raise ValueError("bias: given, but attn_bias_type='no_bias'")
+    if kind in ("pre_scale_bias", "post_scale_bias") and bias is None:
+      raise ValueError(f"bias: None, but attn_bias_type={kind!r} needs one")
+    if kind == "pre_scale_bias":
+      return bias * (head_dim ** -0.5 if scale is None else scale)
+    return bias
 
 
 class MultiHeadAttention(nn.Module):
-    """Projections + fused attention with sinks: inputs_q [B,T,D], inputs_kv [B,S,Dkv] -> [B,T,out_features].
+  """Projections + fused attention with sinks, with flax.linen.MultiHeadDotProductAttention's fields (in its
+  order) first, then sinkattn's.
 
-    q = inputs_q W_q [B,T,N,H]; k, v = inputs_kv W_k, W_v [B,S,K,H]; out = attn(q, k, v) W_o.
-    Submodules: 'query', 'key', 'value', 'out' (DenseGeneral) and 'attention' (`DotProductAttention`,
-    which holds `softmax_offset` when softmax_type='learnable').
+  inputs_q [B,T,D], inputs_k [B,S,Dk], inputs_v [B,S,Dv] -> [B,T,out_features]. q = inputs_q W_q [B,T,N,H];
+  k, v = [B,S,K,H]; out = attn(q, k, v) W_o. Submodules: 'query', 'key', 'value', 'out' (DenseGeneral, with
+  Flax's names and shapes: a Flax checkpoint loads), 'query_ln' / 'key_ln' (normalize_qk), and 'attention'
+  (DotProductAttention, which holds `softmax_offset` when softmax_type='learnable'). Kernels carry the logical
+  axes ('embed', 'heads' | 'kv_heads', 'head_dim') and ('heads', 'head_dim', 'embed').
 
-    Attributes:
-      num_heads (N), head_dim (H), num_kv_heads (K, default N; GQA when K < N), out_features (default D).
-      softmax_type, scale, is_causal, causal_alignment, local_window_size, implementation: as in
-        `DotProductAttention`.
-      use_rope, rope_base: rotary embedding on q and k (positions default to 0..T-1, or to the cache
-        index onwards when decoding).
-      use_bias, dtype (computation), param_dtype, kernel_init: of the projections.
-      decode: keep a KV cache in the 'cache' collection. `init` with a full-length input [B,L,D] sizes
-        it (L = the longest sequence); each later call (prefill of T tokens, then T = 1 steps) appends
-        its keys/values and attends to the filled part with bottom-right causal alignment: through
-        `sinkattn.decode_attention` when T <= DECODE_MAX_TOKENS (and is_causal, or T = 1), else through
-        `dot_product_attention` with key_value_seq_lengths = the filled length.
+  Attributes:
+    num_heads: N.
+    dtype: computation dtype (None: from the inputs and params).
+    param_dtype: of the parameters.
+    qkv_features: N * H (default: the input width D): defines H = qkv_features // N, as in Flax.
+    out_features: default D.
+    broadcast_dropout: Flax's; used only with dropout.
+    dropout_rate: Flax's; dropout is not implemented: > 0 needs deterministic=True.
+    deterministic: Flax's, merged with the call's.
+    precision: of the projections and the attention.
+    kernel_init: of the projections.
+    out_kernel_init: of the out projection (default kernel_init).
+    bias_init: of the projections' biases.
+    out_bias_init: of the out projection's bias (default bias_init).
+    use_bias: projection biases (Flax's default True).
+    attention_fn: must be None: the module runs sinkattn.dot_product_attention.
+    decode: keep a KV cache in the 'cache' collection ('cached_key', 'cached_value', 'cache_index', as Flax).
+      `init` with a full-length input [B,L,D] sizes it; each later call (a prefill of T tokens, then T = 1
+      steps: Flax takes single steps only) appends its keys / values and attends to the filled part with
+      bottom-right alignment, through sinkattn.decode_attention when T <= DECODE_MAX_TOKENS (and is_causal,
+      or T = 1, and no mask), else dot_product_attention.
+    normalize_qk: LayerNorm (no bias) on q and k, as Flax.
+    force_fp32_for_softmax: Flax's; the softmax is always float32.
+    qkv_dot_general: of the q/k/v projections (default: projection_dot_general).
+    out_dot_general: of the out projection (default: projection_dot_general).
+    qkv_dot_general_cls: Flax's.
+    out_dot_general_cls: Flax's.
+    qk_attn_weights_einsum_cls: must be None.
+    attn_weights_value_einsum_cls: must be None.
+    head_dim: H when given (qkv_features then defaults to N * H).
+    num_kv_heads: K (default N; GQA when K < N).
+    softmax_type: as in DotProductAttention.
+    scale: as in DotProductAttention.
+    is_causal: as in DotProductAttention.
+    causal_alignment: as in DotProductAttention.
+    local_window_size: as in DotProductAttention.
+    use_rope: rotary embedding on q and k (positions default to 0..T-1, or to the cache index onwards).
+    rope_base: its frequency base.
+    implementation: as in sinkattn.dot_product_attention.
+  """
+
+  num_heads: int
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  qkv_features: Optional[int] = None
+  out_features: Optional[int] = None
+  broadcast_dropout: bool = True
+  dropout_rate: float = 0.0
+  deterministic: Optional[bool] = None
+  precision: Any = None
+  kernel_init: Callable = nn.initializers.lecun_normal()
+  out_kernel_init: Optional[Callable] = None
+  bias_init: Callable = nn.initializers.zeros_init()
+  out_bias_init: Optional[Callable] = None
+  use_bias: bool = True
+  attention_fn: Optional[Callable] = None
+  decode: bool = False
+  normalize_qk: bool = False
+  force_fp32_for_softmax: bool = False
+  qkv_dot_general: Optional[Callable] = None
+  out_dot_general: Optional[Callable] = None
+  qkv_dot_general_cls: Any = None
+  out_dot_general_cls: Any = None
+  qk_attn_weights_einsum_cls: Any = None
+  attn_weights_value_einsum_cls: Any = None
+  head_dim: Optional[int] = None
+  num_kv_heads: Optional[int] = None
+  softmax_type: Optional[str] = "vanilla"
+  scale: Optional[float] = None
+  is_causal: bool = False
+  causal_alignment: str = "top_left"
+  local_window_size: Window = None
+  use_rope: bool = False
+  rope_base: float = 10000.0
+  implementation: Optional[str] = None
+
+  def _dense(self, features, axis, axes, name, out=False):
+    kernel_init = (self.out_kernel_init or self.kernel_init) if out else self.kernel_init
+    bias_init = (self.out_bias_init or self.bias_init) if out else self.bias_init
+    return nn.DenseGeneral(
+        features=tuple(features), axis=axis, use_bias=self.use_bias, dtype=self.dtype,
+        param_dtype=self.param_dtype, precision=self.precision, name=name,
+        kernel_init=nn.with_logical_partitioning(kernel_init, axes),
+        bias_init=nn.with_logical_partitioning(bias_init, axes[-len(features):]),
+        dot_general=(self.out_dot_general if out else self.qkv_dot_general) or projection_dot_general,
+        dot_general_cls=self.out_dot_general_cls if out else self.qkv_dot_general_cls)
+
+  @nn.compact
+  def __call__(self, inputs_q: ArrayLike, inputs_k: Optional[ArrayLike] = None, inputs_v: Optional[ArrayLike] = None,
+               *, inputs_kv: Optional[ArrayLike] = None, mask: Optional[ArrayLike] = None,
+               deterministic: Optional[bool] = None, dropout_rng: Any = None, sow_weights: bool = False,
+               query_positions: Optional[ArrayLike] = None, key_value_positions: Optional[ArrayLike] = None,
+               query_seq_lengths: Optional[ArrayLike] = None, key_value_seq_lengths: Optional[ArrayLike] = None,
+               query_segment_ids: Optional[ArrayLike] = None, key_value_segment_ids: Optional[ArrayLike] = None,
+               return_residual: bool = False):
+    """Multi-head attention of inputs_q over inputs_k / inputs_v.
+
+    Args:
+      inputs_q: [B,T,D].
+      inputs_k: [B,S,Dk] (default inputs_q).
+      inputs_v: [B,S,Dv] (default inputs_k).
+      inputs_kv: Flax's older name for inputs_k = inputs_v.
+      mask: True / nonzero = attend, broadcastable to [B,N,T,S] (Flax's make_causal_mask /
+        make_attention_mask build it).
+      deterministic: Flax's; True turns dropout off.
+      dropout_rng: Flax's; used only with dropout.
+      sow_weights: store the attention weights [B,N,T,S] in 'intermediates' as 'attention_weights' (computed
+        by the jnp reference: O(T*S)).
+      query_positions: [B,T] int RoPE positions (default 0..T-1).
+      key_value_positions: [B,S] int RoPE positions (default: query_positions in self-attention, else 0..S-1).
+      query_seq_lengths: [B] int, as in sinkattn.dot_product_attention.
+      key_value_seq_lengths: [B] int.
+      query_segment_ids: [B,T] int.
+      key_value_segment_ids: [B,S] int.
+      return_residual: also return lse [B,N,T] fp32.
+
+    Returns:
+      [B,T,out_features] (and lse with return_residual=True).
     """
-    num_heads: int
-    head_dim: int
-    num_kv_heads: Optional[int] = None
-    out_features: Optional[int] = None
-    softmax_type: Optional[str] = "vanilla"
-    scale: Optional[float] = None
-    is_causal: bool = False
-    causal_alignment: str = "top_left"
-    local_window_size: Window = None
-    use_rope: bool = False
-    rope_base: float = 10000.0
-    use_bias: bool = False
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-    kernel_init: Callable = nn.initializers.lecun_normal()
-    implementation: Optional[str] = None
-    decode: bool = False
+    del dropout_rng  # used only with dropout, refused by check_dropout
+    layers.flax_only_arguments(self.attention_fn, self.qk_attn_weights_einsum_cls, self.attn_weights_value_einsum_cls)
+    self_attention = inputs_k is None and inputs_v is None and inputs_kv is None
+    inputs_k, inputs_v = layers.key_value_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
+    if self_attention and key_value_positions is None:
+      key_value_positions = query_positions
+    if self.dropout_rate > 0.0:
+      layers.check_dropout(self.dropout_rate, nn.merge_param("deterministic", self.deterministic, deterministic))
+    n = self.num_heads
+    kvh, hd = layers.head_sizes(n, self.num_kv_heads, self.qkv_features, self.head_dim, inputs_q.shape[-1])
+    q = self._dense((n, hd), -1, ("embed", "heads", "head_dim"), "query")(inputs_q)
+    k = self._dense((kvh, hd), -1, ("embed", "kv_heads", "head_dim"), "key")(inputs_k)
+    v = self._dense((kvh, hd), -1, ("embed", "kv_heads", "head_dim"), "value")(inputs_v)
+    if self.normalize_qk:
+      q = nn.LayerNorm(name="query_ln", use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype)(q)
+      k = nn.LayerNorm(name="key_ln", use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype)(k)
+    call = {}
+    if self.decode:
+      given = [x for x in (query_seq_lengths, key_value_seq_lengths, query_segment_ids, key_value_segment_ids)
+               if x is not None]
+      if given or not self_attention:
+        raise ValueError("decode=True: lengths, segment ids and keys / values come from the cache; pass only "
+                         "inputs_q (and query_positions, mask)")
+      k, v, index, query_positions = self._cache_update(k, v, query_positions)
+      key_value_positions = query_positions
+      call = layers.cached_call(q.shape[1], index + q.shape[1], q.shape[0], self.is_causal, mask)
+    if self.use_rope:
+      q = apply_rope(q, jnp.arange(q.shape[1]) if query_positions is None else query_positions, self.rope_base)
+      if not self.decode:           # cached keys were rotated before they were stored
+        k = apply_rope(k, jnp.arange(k.shape[1]) if key_value_positions is None else key_value_positions,
+                       self.rope_base)
+    attn = DotProductAttention(softmax_type=self.softmax_type, scale=self.scale, is_causal=self.is_causal,
+                               causal_alignment=self.causal_alignment, local_window_size=self.local_window_size,
+                               dtype=self.dtype, implementation=self.implementation, name="attention")
+    res = attn(q, k, v, attention_mask=mask, query_seq_lengths=query_seq_lengths,
+               key_value_seq_lengths=call.pop("key_value_seq_lengths", key_value_seq_lengths),
+               query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids,
+               return_residual=return_residual, precision=self.precision,
+               sow_module=self if sow_weights else None, **call)
+    out, lse = res if return_residual else (res, None)
+    features = self.out_features or inputs_q.shape[-1]
+    y = self._dense((features,), (-2, -1), ("heads", "head_dim", "embed"), "out", out=True)(out)
+    return (y, lse) if return_residual else y
 
-    def _dense(self, features: Sequence[int], axis, axes: Tuple[str, ...], name: str):
-        return nn.DenseGeneral(
-            features=tuple(features), axis=axis, use_bias=self.use_bias, dtype=self.dtype,
-            param_dtype=self.param_dtype, name=name, dot_general=projection_dot_general,
-            kernel_init=nn.with_logical_partitioning(self.kernel_init, axes))
-
-    @nn.compact
-    def __call__(self, inputs_q, inputs_kv=None, *, query_positions=None, key_value_positions=None,
-                 query_seq_lengths=None, key_value_seq_lengths=None, query_segment_ids=None,
-                 key_value_segment_ids=None, return_residual: bool = False):
-        """inputs_q [B,T,D], inputs_kv [B,S,Dkv] (default inputs_q: self-attention); positions [B,T] /
-        [B,S] int for RoPE; lengths [B], segment ids [B,T] / [B,S]. Returns [B,T,out_features], and
-        lse [B,N,T] fp32 too with return_residual=True."""
-        n, kvh = self.num_heads, self.num_kv_heads or self.num_heads
-        if n % kvh:
-            raise ValueError(f"num_heads {n} must be a multiple of num_kv_heads {kvh}")
-        if inputs_kv is None:
-            inputs_kv = inputs_q
-            if key_value_positions is None:
-                key_value_positions = query_positions
-        q = self._dense((n, self.head_dim), -1, ("embed", "heads", "head_dim"), "query")(inputs_q)
-        k = self._dense((kvh, self.head_dim), -1, ("embed", "kv_heads", "head_dim"), "key")(inputs_kv)
-        v = self._dense((kvh, self.head_dim), -1, ("embed", "kv_heads", "head_dim"), "value")(inputs_kv)
-        b, t = q.shape[0], q.shape[1]
-        alignment = cache_lengths = None
-        if self.decode:
-            if any(x is not None for x in (query_seq_lengths, key_value_seq_lengths, query_segment_ids,
-                                           key_value_segment_ids, key_value_positions)):
-                raise ValueError("decode=True: lengths, segment ids and key_value_positions come from the "
-                                 "cache; pass only inputs_q (and query_positions)")
-            k, v, index, q_pos = self._cache_update(k, v, query_positions)
-            key_value_seq_lengths = jnp.full((b,), index + t, jnp.int32)
-            alignment = "bottom_right"    # the last query sees the last filled key
-            query_positions = key_value_positions = q_pos
-            if t <= DECODE_MAX_TOKENS and (self.is_causal or t == 1):   # decode_attention is always causal
-                cache_lengths, key_value_seq_lengths = key_value_seq_lengths, None
-        if self.use_rope:
-            qp = jnp.arange(t) if query_positions is None else query_positions
-            kp = jnp.arange(k.shape[1]) if key_value_positions is None else key_value_positions
-            q = apply_rope(q, qp, self.rope_base)
-            if not self.decode:           # cached keys were rotated before they were stored
-                k = apply_rope(k, kp, self.rope_base)
-        attn = DotProductAttention(
-            softmax_type=self.softmax_type, scale=self.scale, is_causal=self.is_causal,
-            causal_alignment=self.causal_alignment, local_window_size=self.local_window_size,
-            dtype=self.dtype, implementation=self.implementation, name="attention")
-        res = attn(q, k, v, query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
-                   query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids,
-                   causal_alignment=alignment, return_residual=return_residual, cache_lengths=cache_lengths)
-        out, lse = res if return_residual else (res, None)
-        features = self.out_features or inputs_q.shape[-1]
-        y = self._dense((features,), (-2, -1), ("heads", "head_dim", "embed"), "out")(out)
-        return (y, lse) if return_residual else y
-
-    def _cache_update(self, k, v, query_positions):
-        """Append k, v [B,T,K,H] at the cache index; returns the whole cache [B,L,K,H] (valid up to
-        index + T), the old index and the positions of the new tokens [B,T]."""
-        initialized = self.has_variable("cache", "cached_key")
-        ck = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
-        cv = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
-        ci = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
-        b, t = k.shape[0], k.shape[1]
-        index = ci.value
-        pos = index + jnp.arange(t, dtype=jnp.int32)
-        pos = jnp.broadcast_to(pos if query_positions is None else query_positions, (b, t))
-        if not initialized:               # init call: size the cache only
-            return k, v, index, pos
-        if self.use_rope:
-            k = apply_rope(k, pos, self.rope_base)
-        ck.value = jax.lax.dynamic_update_slice(ck.value, k.astype(ck.value.dtype), (0, index, 0, 0))
-        cv.value = jax.lax.dynamic_update_slice(cv.value, v.astype(cv.value.dtype), (0, index, 0, 0))
-        ci.value = index + t
-        return ck.value, cv.value, index, pos
+  def _cache_update(self, k, v, query_positions):
+    """Append k, v [B,T,K,H] at the cache index; returns the whole cache [B,L,K,H] (valid up to
+    index + T), the old index and the positions of the new tokens [B,T]."""
+    initialized = self.has_variable("cache", "cached_key")
+    ck = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+    cv = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+    ci = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    index = ci.value
+    if not initialized:               # init call: size the cache only
+      pos = jnp.broadcast_to(index + jnp.arange(k.shape[1], dtype=jnp.int32), k.shape[:2])
+      return k, v, index, pos if query_positions is None else query_positions
+    ck.value, cv.value, pos = layers.cache_update(ck.value, cv.value, index, k, v, query_positions,
+                                                  self.rope_base if self.use_rope else None)
+    ci.value = index + k.shape[1]
+    return ck.value, cv.value, index, pos

@@ -1,37 +1,39 @@
 """flax.nnx modules around `sinkattn.dot_product_attention` (the twins of `sinkattn.flax`).
 
-Shape letters as in DESIGN.md: B batch, T query length, S key/value length, N query heads, K kv heads,
-H head dim, Hv value head dim, D model width.
-
 - `DotProductAttention(num_heads, softmax_type=...)`: with 'learnable' it owns `softmax_offset`, an
   nnx.Param (1, N, 1, 1) fp32, zeros init, sharding metadata `out_sharding=(None, 'heads', None, None)`.
-- `MultiHeadAttention(in_features, num_heads, head_dim, ...)`: LinearGeneral projections 'query', 'key',
-  'value', 'out', the core as 'attention', GQA, optional RoPE, optional KV cache (`init_cache`).
+- `MultiHeadAttention(num_heads, in_features, qkv_features, out_features, num_kv_heads, in_kv_features, ...)`:
+  flax.nnx.MultiHeadAttention's constructor (in its order) and call, LinearGeneral projections 'query', 'key',
+  'value', 'out' (a Flax state loads), the core as 'attention', GQA, RoPE, sinks, a KV cache (`init_cache`).
 
 Sharding metadata is always attached; it is applied eagerly (flax's `use_eager_sharding`) only when a mesh
 is active, because flax raises for an eagerly sharded variable created without a mesh.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from . import decode_attention, dot_product_attention
-from .flax import (DECODE_MAX_TOKENS, SOFTMAX_OFFSET_AXES, Window, apply_rope, normalize_softmax_type,
-                    projection_dot_general)
+from . import layers
+from ._validate import ArrayLike, Window
+from .layers import SOFTMAX_OFFSET_AXES, apply_rope, normalize_softmax_type, projection_dot_general
 
 __all__ = ["DotProductAttention", "MultiHeadAttention"]
 
+_NO_METADATA: Mapping[str, Any] = MappingProxyType({})
+
 
 def _partitioned(init: Callable, axes) -> Callable:
-    """`init` with sharding metadata `axes`; eager sharding (flax >= 0.12) only under an active mesh."""
-    if not hasattr(nnx, "using_eager_sharding"):      # flax < 0.12: metadata only, nothing eager
-        return nnx.with_partitioning(init, axes)
-    eager = nnx.using_eager_sharding() and not jax.sharding.get_abstract_mesh().empty
-    return nnx.with_partitioning(init, axes, eager_sharding=eager)
+  """`init` with sharding metadata `axes`; eager sharding (flax >= 0.12) only under an active mesh."""
+  if not hasattr(nnx, "using_eager_sharding"):      # flax < 0.12: metadata only, nothing eager
+    return nnx.with_partitioning(init, axes)
+  eager = nnx.using_eager_sharding() and not jax.sharding.get_abstract_mesh().empty
+  return nnx.with_partitioning(init, axes, eager_sharding=eager)
 
 
 # flax >= 0.12 makes an attribute first set to None static; nnx.data keeps the cache slots data.
@@ -39,160 +41,291 @@ _data = getattr(nnx, "data", lambda x: x)
 
 
 class DotProductAttention(nnx.Module):
-    """Fused attention with sinks: query [B,T,N,H], key [B,S,K,H], value [B,S,K,Hv] -> out [B,T,N,Hv],
-    or (out, lse [B,N,T] fp32, including the sink) with return_residual=True.
+  """Fused attention with sinks: query [B,T,N,H], key [B,S,K,H], value [B,S,K,Hv] -> out [B,T,N,Hv],
+  or (out, lse [B,N,T] fp32, including the sink) with return_residual=True.
+
+  Args:
+    num_heads: N (sizes `softmax_offset`): needed with 'learnable' only (an nnx parameter exists before the
+      first call); when given, calls check query's heads against it.
+    softmax_type: 'vanilla' (or None), 'off_by_one' (or 'off-by-one') or 'learnable'; only 'learnable'
+      creates the parameter `softmax_offset` (1, N, 1, 1) fp32, zeros init.
+    scale: as in sinkattn.dot_product_attention.
+    is_causal: as in sinkattn.dot_product_attention.
+    causal_alignment: as in sinkattn.dot_product_attention.
+    local_window_size: as in sinkattn.dot_product_attention.
+    dtype: cast q, k, v to it first (None keeps theirs).
+    implementation: as in sinkattn.dot_product_attention.
+    rngs: unused (the sink is zeros-initialised); accepted as other nnx modules take it.
+  """
+
+  def __init__(self, num_heads: Optional[int] = None, *, softmax_type: Optional[str] = "vanilla",
+               scale: Optional[float] = None, is_causal: bool = False, causal_alignment: str = "top_left",
+               local_window_size: Window = None, dtype: Any = None, implementation: Optional[str] = None,
+               rngs: Optional[nnx.Rngs] = None):
+    del rngs
+    self.num_heads = num_heads
+    self.softmax_type = normalize_softmax_type(softmax_type)
+    self.scale, self.is_causal, self.causal_alignment = scale, is_causal, causal_alignment
+    self.local_window_size, self.dtype, self.implementation = local_window_size, dtype, implementation
+    if self.softmax_type == "learnable":
+      if num_heads is None:
+        raise ValueError("num_heads: None, but softmax_type='learnable' needs it to size softmax_offset "
+                         "(1, num_heads, 1, 1)")
+      init = _partitioned(nnx.initializers.zeros_init(), SOFTMAX_OFFSET_AXES)
+      self.softmax_offset = nnx.Param(init(jax.random.key(0), (1, num_heads, 1, 1), jnp.float32))
+    else:
+      self.softmax_offset = _data(None)
+
+  def __call__(self, query: ArrayLike, key: ArrayLike, value: ArrayLike, *, bias: Optional[ArrayLike] = None,
+               mask: Optional[ArrayLike] = None, query_seq_lengths: Optional[ArrayLike] = None,
+               key_value_seq_lengths: Optional[ArrayLike] = None, query_segment_ids: Optional[ArrayLike] = None,
+               key_value_segment_ids: Optional[ArrayLike] = None, query_positions: Optional[ArrayLike] = None,
+               key_value_positions: Optional[ArrayLike] = None, is_causal: bool = False,
+               causal_alignment: Optional[str] = None, return_residual: bool = False,
+               cache_lengths: Optional[ArrayLike] = None, precision: Any = None, sow_module: Any = None):
+    """Attention of query over key / value.
 
     Args:
-      num_heads: N (sizes `softmax_offset`): needed with 'learnable' only (an nnx parameter exists before
-        the first call); when given, calls check query's heads against it.
-      softmax_type: 'vanilla' (or None) | 'off_by_one' | 'off-by-one' | 'learnable'; only 'learnable'
-        creates the parameter `softmax_offset` (1, N, 1, 1) fp32, zeros init.
-      scale, is_causal, causal_alignment, local_window_size, implementation: passed through to
-        `sinkattn.dot_product_attention`; dtype: cast q, k, v to it first (None keeps theirs).
-      rngs: unused (the sink is zeros-initialised); accepted for symmetry with other nnx modules.
+      query: [B,T,N,H].
+      key: [B,S,K,H].
+      value: [B,S,K,Hv].
+      bias: as in sinkattn.dot_product_attention.
+      mask: True / nonzero = attend, broadcastable to [B,N,T,S].
+      query_seq_lengths: [B] int.
+      key_value_seq_lengths: [B] int.
+      query_segment_ids: [B,T] int.
+      key_value_segment_ids: [B,S] int.
+      query_positions: [B,T] int, placing the causal / window masks.
+      key_value_positions: [B,S] int.
+      is_causal: adds a causal mask for this call (Flax's call-time flag), on top of the attribute.
+      causal_alignment: overrides the attribute for this call.
+      return_residual: also return lse [B,N,T] fp32.
+      cache_lengths: [B] int: key / value are KV caches filled up to it, the T <= 64 queries being the last
+        T entries: runs sinkattn.decode_attention (causal, bottom-right).
+      precision: as in sinkattn.dot_product_attention.
+      sow_module: an nnx module to sow the attention weights into (MultiHeadAttention's sow_weights).
+
+    Returns:
+      out (and lse with return_residual=True).
     """
-
-    def __init__(self, num_heads: Optional[int] = None, *, softmax_type: Optional[str] = "vanilla",
-                 scale: Optional[float] = None, is_causal: bool = False, causal_alignment: str = "top_left",
-                 local_window_size: Window = None, dtype: Any = None, implementation: Optional[str] = None,
-                 rngs: Optional[nnx.Rngs] = None):
-        del rngs
-        self.num_heads = num_heads
-        self.softmax_type = normalize_softmax_type(softmax_type)
-        self.scale, self.is_causal, self.causal_alignment = scale, is_causal, causal_alignment
-        self.local_window_size, self.dtype, self.implementation = local_window_size, dtype, implementation
-        if self.softmax_type == "learnable":
-            if num_heads is None:
-                raise ValueError("num_heads: None, but softmax_type='learnable' needs it to size softmax_offset "
-                                 "(1, num_heads, 1, 1)")
-            init = _partitioned(nnx.initializers.zeros_init(), SOFTMAX_OFFSET_AXES)
-            self.softmax_offset = nnx.Param(init(jax.random.key(0), (1, num_heads, 1, 1), jnp.float32))
-        else:
-            self.softmax_offset = None
-
-    def __call__(self, query, key, value, *, query_seq_lengths=None, key_value_seq_lengths=None,
-                 query_segment_ids=None, key_value_segment_ids=None, causal_alignment=None,
-                 return_residual: bool = False, cache_lengths=None):
-        """Lengths [B] int32, segment ids [B,T] / [B,S] int32; `causal_alignment` overrides the
-        attribute for this call. `cache_lengths` [B] int32: key/value are KV caches filled up to it, the
-        T <= 64 queries being the last T entries; runs `sinkattn.decode_attention` (causal, bottom-right)."""
-        if query.ndim != 4 or self.num_heads not in (None, query.shape[2]):
-            raise ValueError(f"query: expected [B,T,N={self.num_heads},H], got shape {query.shape}")
-        sinks = None if self.softmax_offset is None else self.softmax_offset[...]
-        if self.dtype is not None:
-            query, key, value = (jnp.asarray(x, self.dtype) for x in (query, key, value))
-        if cache_lengths is not None:
-            return decode_attention(query, key, value, cache_lengths, sinks, softmax_type=self.softmax_type,
-                                    local_window_size=self.local_window_size, scale=self.scale,
-                                    return_residual=return_residual, implementation=self.implementation)
-        return dot_product_attention(
-            query, key, value, sinks, softmax_type=self.softmax_type, scale=self.scale,
-            is_causal=self.is_causal, causal_alignment=causal_alignment or self.causal_alignment,
-            local_window_size=self.local_window_size, query_seq_lengths=query_seq_lengths,
-            key_value_seq_lengths=key_value_seq_lengths, query_segment_ids=query_segment_ids,
-            key_value_segment_ids=key_value_segment_ids, return_residual=return_residual,
-            implementation=self.implementation)
+    if query.ndim != 4 or self.num_heads not in (None, query.shape[2]):
+      raise ValueError(f"query: expected [B,T,N={self.num_heads},H], got shape {query.shape}")
+    sinks = None if self.softmax_offset is None else self.softmax_offset[...]
+    if self.dtype is not None:
+      query, key, value = (jnp.asarray(x, self.dtype) for x in (query, key, value))
+    return layers.attend(
+        query, key, value, sinks, softmax_type=self.softmax_type, scale=self.scale,
+        is_causal=self.is_causal or is_causal, causal_alignment=causal_alignment or self.causal_alignment,
+        local_window_size=self.local_window_size, implementation=self.implementation, cache_lengths=cache_lengths,
+        return_residual=return_residual, module=sow_module, bias=bias, mask=mask,
+        query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
+        query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids,
+        query_positions=query_positions, key_value_positions=key_value_positions, precision=precision)
 
 
 class MultiHeadAttention(nnx.Module):
-    """Projections + fused attention with sinks: inputs_q [B,T,D], inputs_kv [B,S,Dkv] -> [B,T,out_features].
+  """Projections + fused attention with sinks, with flax.nnx.MultiHeadAttention's constructor (in its order)
+  and call, then sinkattn's options as keywords.
+
+  inputs_q [B,T,D], inputs_k [B,S,Dkv], inputs_v [B,S,Dkv] -> [B,T,out_features]. Kernels carry sharding
+  metadata ('embed', 'heads' | 'kv_heads', 'head_dim') and ('heads', 'head_dim', 'embed') unless
+  kernel_metadata / out_kernel_metadata say otherwise.
+
+  Args:
+    num_heads: N.
+    in_features: D.
+    qkv_features: N * H (default D): defines H = qkv_features // N, as in Flax.
+    out_features: default D.
+    num_kv_heads: K (default N; GQA when K < N).
+    in_kv_features: Dkv (default D).
+    dtype: computation dtype.
+    param_dtype: of the parameters.
+    broadcast_dropout: Flax's; used only with dropout.
+    dropout_rate: Flax's; dropout is not implemented: > 0 needs deterministic=True.
+    deterministic: Flax's default for the call.
+    precision: of the projections and the attention.
+    kernel_init: of the projections.
+    out_kernel_init: of the out projection (default kernel_init).
+    bias_init: of the projections' biases.
+    out_bias_init: of the out projection's bias (default bias_init).
+    use_bias: projection biases (Flax's default True).
+    attention_fn: must be None: the module runs sinkattn.dot_product_attention.
+    decode: the call's default for `decode`.
+    normalize_qk: LayerNorm (no bias) on q and k ('query_ln', 'key_ln'), as Flax.
+    qkv_promote_dtype: Flax's, for the q/k/v projections (None: Flax's default).
+    out_promote_dtype: Flax's, for the out projection.
+    ln_promote_dtype: Flax's, for the LayerNorms.
+    qkv_dot_general: of the q/k/v projections (default: projection_dot_general).
+    out_dot_general: of the out projection (default: projection_dot_general).
+    qkv_dot_general_cls: Flax's.
+    out_dot_general_cls: Flax's.
+    rngs: for the parameters.
+    keep_rngs: Flax's; the dropout stream is never used.
+    kernel_metadata: Flax's, replacing the default sharding metadata of the q/k/v kernels.
+    out_kernel_metadata: Flax's, for the out kernel.
+    bias_metadata: Flax's.
+    out_bias_metadata: Flax's.
+    query_ln_scale_metadata: Flax's.
+    key_ln_scale_metadata: Flax's.
+    head_dim: H when given (qkv_features then defaults to N * H).
+    softmax_type: as in DotProductAttention.
+    scale: as in DotProductAttention.
+    is_causal: as in DotProductAttention.
+    causal_alignment: as in DotProductAttention.
+    local_window_size: as in DotProductAttention.
+    use_rope: rotary embedding on q and k.
+    rope_base: its frequency base.
+    implementation: as in sinkattn.dot_product_attention.
+  """
+
+  def __init__(self, num_heads: int, in_features: int, qkv_features: Optional[int] = None,
+               out_features: Optional[int] = None, num_kv_heads: Optional[int] = None,
+               in_kv_features: Optional[int] = None, *, dtype: Any = None, param_dtype: Any = jnp.float32,
+               broadcast_dropout: bool = True, dropout_rate: float = 0.0, deterministic: Optional[bool] = None,
+               precision: Any = None, kernel_init: Callable = nnx.initializers.lecun_normal(),
+               out_kernel_init: Optional[Callable] = None, bias_init: Callable = nnx.initializers.zeros_init(),
+               out_bias_init: Optional[Callable] = None, use_bias: bool = True, attention_fn: Optional[Callable] = None,
+               decode: Optional[bool] = None, normalize_qk: bool = False, qkv_promote_dtype: Optional[Callable] = None,
+               out_promote_dtype: Optional[Callable] = None, ln_promote_dtype: Optional[Callable] = None,
+               qkv_dot_general: Optional[Callable] = None, out_dot_general: Optional[Callable] = None,
+               qkv_dot_general_cls: Any = None, out_dot_general_cls: Any = None, rngs: nnx.Rngs,
+               keep_rngs: bool = True, kernel_metadata: Mapping[str, Any] = _NO_METADATA,
+               out_kernel_metadata: Mapping[str, Any] = _NO_METADATA, bias_metadata: Mapping[str, Any] = _NO_METADATA,
+               out_bias_metadata: Mapping[str, Any] = _NO_METADATA,
+               query_ln_scale_metadata: Mapping[str, Any] = _NO_METADATA,
+               key_ln_scale_metadata: Mapping[str, Any] = _NO_METADATA, head_dim: Optional[int] = None,
+               softmax_type: Optional[str] = "vanilla", scale: Optional[float] = None, is_causal: bool = False,
+               causal_alignment: str = "top_left", local_window_size: Window = None, use_rope: bool = False,
+               rope_base: float = 10000.0, implementation: Optional[str] = None):
+    del broadcast_dropout, keep_rngs  # used only with dropout, refused at the call
+    layers.flax_only_arguments(attention_fn)
+    kvh, hd = layers.head_sizes(num_heads, num_kv_heads, qkv_features, head_dim, in_features)
+    self.num_heads, self.num_kv_heads, self.head_dim, self.in_features = num_heads, kvh, hd, in_features
+    self.dropout_rate, self.deterministic, self.decode = dropout_rate, deterministic, decode
+    self.use_rope, self.rope_base, self.normalize_qk = use_rope, rope_base, normalize_qk
+    kv_in = in_kv_features or in_features
+
+    def dense(fin, fout, axis, axes, out):
+      kw = dict(promote_dtype=out_promote_dtype if out else qkv_promote_dtype,
+                kernel_metadata=(out_kernel_metadata or kernel_metadata) if out else kernel_metadata,
+                bias_metadata=(out_bias_metadata or bias_metadata) if out else bias_metadata)
+      k_init, b_init = (out_kernel_init or kernel_init, out_bias_init or bias_init) if out else (kernel_init, bias_init)
+      if not kw["kernel_metadata"]:
+        k_init = _partitioned(k_init, axes)
+      if not kw["bias_metadata"]:
+        b_init = _partitioned(b_init, axes[-(1 if out else 2):])
+      return nnx.LinearGeneral(fin, fout, axis=axis, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
+                               kernel_init=k_init, bias_init=b_init, precision=precision,
+                               dot_general=(out_dot_general if out else qkv_dot_general) or projection_dot_general,
+                               dot_general_cls=out_dot_general_cls if out else qkv_dot_general_cls, rngs=rngs,
+                               **{k: v for k, v in kw.items() if v})
+
+    self.query = dense(in_features, (num_heads, hd), -1, ("embed", "heads", "head_dim"), False)
+    self.key = dense(kv_in, (kvh, hd), -1, ("embed", "kv_heads", "head_dim"), False)
+    self.value = dense(kv_in, (kvh, hd), -1, ("embed", "kv_heads", "head_dim"), False)
+    if normalize_qk:
+      def norm(metadata):
+        kw = {k: v for k, v in dict(promote_dtype=ln_promote_dtype, scale_metadata=metadata).items() if v}
+        return nnx.LayerNorm(hd, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs, **kw)
+      self.query_ln, self.key_ln = norm(query_ln_scale_metadata), norm(key_ln_scale_metadata)
+    else:
+      self.query_ln = self.key_ln = _data(None)
+    self.out = dense((num_heads, hd), out_features or in_features, (-2, -1), ("heads", "head_dim", "embed"), True)
+    self.attention = DotProductAttention(
+        num_heads, softmax_type=softmax_type, scale=scale, is_causal=is_causal, causal_alignment=causal_alignment,
+        local_window_size=local_window_size, dtype=dtype, implementation=implementation)
+    self.precision = precision
+    self.cached_key = self.cached_value = self.cache_index = _data(None)    # set by init_cache
+
+  def init_cache(self, input_shape, dtype: Any = jnp.float32) -> None:
+    """KV cache [*input_shape[:-1], K, H] (zeros) and its fill index, as flax.nnx.MultiHeadAttention's.
 
     Args:
-      in_features: D; num_heads: N; head_dim: H; num_kv_heads: K (default N; GQA when K < N);
-      in_kv_features: Dkv (default D); out_features (default D).
-      softmax_type, scale, is_causal, causal_alignment, local_window_size, implementation: as in
-        `DotProductAttention`.
-      use_rope, rope_base: rotary embedding on q and k.
-      use_bias, dtype (computation), param_dtype, kernel_init: of the projections (kernels carry
-        sharding metadata ('embed', 'heads' | 'kv_heads', 'head_dim') and ('heads', 'head_dim', 'embed')).
-      rngs: for the projection kernels.
-
-    Decoding: `init_cache(batch, max_len)` creates nnx.Cache variables; then calls with `decode=True`
-    (a prefill of T tokens, then T = 1 steps) append keys/values and attend with bottom-right alignment,
-    through `sinkattn.decode_attention` when T <= DECODE_MAX_TOKENS (and is_causal, or T = 1).
+      input_shape: the shape of the longest input, (B, L, D).
+      dtype: of the cache.
     """
+    shape = (*input_shape[:-1], self.num_kv_heads, self.head_dim)
+    self.cached_key = nnx.Cache(jnp.zeros(shape, dtype))
+    self.cached_value = nnx.Cache(jnp.zeros(shape, dtype))
+    self.cache_index = nnx.Cache(jnp.array(0, jnp.int32))
 
-    def __init__(self, in_features: int, num_heads: int, head_dim: int, *, num_kv_heads: Optional[int] = None,
-                 in_kv_features: Optional[int] = None, out_features: Optional[int] = None,
-                 softmax_type: Optional[str] = "vanilla", scale: Optional[float] = None, is_causal: bool = False,
-                 causal_alignment: str = "top_left", local_window_size: Window = None, use_rope: bool = False,
-                 rope_base: float = 10000.0, use_bias: bool = False, dtype: Any = None,
-                 param_dtype: Any = jnp.float32, kernel_init: Callable = nnx.initializers.lecun_normal(),
-                 implementation: Optional[str] = None, rngs: nnx.Rngs):
-        kvh = num_kv_heads or num_heads
-        if num_heads % kvh:
-            raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {kvh}")
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, kvh, head_dim
-        self.use_rope, self.rope_base, self.dtype = use_rope, rope_base, dtype
-        kv_in = in_kv_features or in_features
+  def __call__(self, inputs_q: ArrayLike, inputs_k: Optional[ArrayLike] = None, inputs_v: Optional[ArrayLike] = None,
+               *, mask: Optional[ArrayLike] = None, deterministic: Optional[bool] = None, rngs: Any = None,
+               sow_weights: bool = False, decode: Optional[bool] = None, is_causal: bool = False,
+               out_sharding: Any = None, qkv_sharding: Any = None, query_positions: Optional[ArrayLike] = None,
+               key_value_positions: Optional[ArrayLike] = None, query_seq_lengths: Optional[ArrayLike] = None,
+               key_value_seq_lengths: Optional[ArrayLike] = None, query_segment_ids: Optional[ArrayLike] = None,
+               key_value_segment_ids: Optional[ArrayLike] = None, return_residual: bool = False):
+    """Multi-head attention of inputs_q over inputs_k / inputs_v.
 
-        def dense(fin, fout, axis, axes):
-            return nnx.LinearGeneral(fin, fout, axis=axis, use_bias=use_bias, dtype=dtype,
-                                     param_dtype=param_dtype, kernel_init=_partitioned(kernel_init, axes),
-                                     dot_general=projection_dot_general, rngs=rngs)
+    Args:
+      inputs_q: [B,T,D].
+      inputs_k: [B,S,Dkv] (default inputs_q).
+      inputs_v: [B,S,Dkv] (default inputs_k).
+      mask: True / nonzero = attend, broadcastable to [B,N,T,S].
+      deterministic: Flax's; True turns dropout off (default: the constructor's).
+      rngs: Flax's; used only with dropout.
+      sow_weights: store the attention weights [B,N,T,S] as nnx.Intermediate 'attention_weights' (computed by
+        the jnp reference: O(T*S)).
+      decode: use the KV cache of init_cache (default: the constructor's, else False): each call (a prefill of
+        T tokens, then T = 1 steps) appends its keys / values and attends to the filled part with bottom-right
+        alignment, through sinkattn.decode_attention when T <= DECODE_MAX_TOKENS (and causal, or T = 1, and no
+        mask).
+      is_causal: Flax's call-time causal mask, on top of the constructor's is_causal.
+      out_sharding: of the out projection's output (Flax's).
+      qkv_sharding: of the q/k/v projections' outputs (Flax's).
+      query_positions: [B,T] int RoPE positions (default 0..T-1, or the cache index onwards).
+      key_value_positions: [B,S] int RoPE positions (default: query_positions in self-attention).
+      query_seq_lengths: [B] int, as in sinkattn.dot_product_attention.
+      key_value_seq_lengths: [B] int.
+      query_segment_ids: [B,T] int.
+      key_value_segment_ids: [B,S] int.
+      return_residual: also return lse [B,N,T] fp32.
 
-        self.query = dense(in_features, (num_heads, head_dim), -1, ("embed", "heads", "head_dim"))
-        self.key = dense(kv_in, (kvh, head_dim), -1, ("embed", "kv_heads", "head_dim"))
-        self.value = dense(kv_in, (kvh, head_dim), -1, ("embed", "kv_heads", "head_dim"))
-        self.out = dense((num_heads, head_dim), out_features or in_features, (-2, -1),
-                         ("heads", "head_dim", "embed"))
-        self.attention = DotProductAttention(
-            num_heads, softmax_type=softmax_type, scale=scale, is_causal=is_causal,
-            causal_alignment=causal_alignment, local_window_size=local_window_size, dtype=dtype,
-            implementation=implementation)
-        self.cached_key = self.cached_value = self.cache_index = _data(None)    # set by init_cache
-
-    def init_cache(self, batch: int, max_len: int, dtype: Any = jnp.float32):
-        """KV cache [B, max_len, K, H] (zeros) and its fill index."""
-        shape = (batch, max_len, self.num_kv_heads, self.head_dim)
-        self.cached_key = nnx.Cache(jnp.zeros(shape, dtype))
-        self.cached_value = nnx.Cache(jnp.zeros(shape, dtype))
-        self.cache_index = nnx.Cache(jnp.array(0, jnp.int32))
-
-    def __call__(self, inputs_q, inputs_kv=None, *, query_positions=None, key_value_positions=None,
-                 query_seq_lengths=None, key_value_seq_lengths=None, query_segment_ids=None,
-                 key_value_segment_ids=None, decode: bool = False, return_residual: bool = False):
-        """inputs_q [B,T,D], inputs_kv [B,S,Dkv] (default inputs_q); positions [B,T] / [B,S] int for RoPE;
-        lengths [B], segment ids [B,T] / [B,S]. Returns [B,T,out_features] (and lse [B,N,T] fp32)."""
-        if inputs_kv is None:
-            inputs_kv = inputs_q
-            if key_value_positions is None:
-                key_value_positions = query_positions
-        q, k, v = self.query(inputs_q), self.key(inputs_kv), self.value(inputs_kv)
-        b, t = q.shape[0], q.shape[1]
-        alignment = cache_lengths = None
-        if decode:
-            if self.cache_index is None:
-                raise ValueError("decode=True needs init_cache(batch, max_len) first")
-            if any(x is not None for x in (query_seq_lengths, key_value_seq_lengths, query_segment_ids,
-                                           key_value_segment_ids, key_value_positions)):
-                raise ValueError("decode=True: lengths, segment ids and key_value_positions come from the "
-                                 "cache; pass only inputs_q (and query_positions)")
-            index = self.cache_index[...]
-            pos = index + jnp.arange(t, dtype=jnp.int32)
-            query_positions = jnp.broadcast_to(pos if query_positions is None else query_positions, (b, t))
-            if self.use_rope:
-                k = apply_rope(k, query_positions, self.rope_base)
-            dt = self.cached_key[...].dtype
-            self.cached_key[...] = jax.lax.dynamic_update_slice(self.cached_key[...], k.astype(dt),
-                                                                (0, index, 0, 0))
-            self.cached_value[...] = jax.lax.dynamic_update_slice(self.cached_value[...], v.astype(dt),
-                                                                  (0, index, 0, 0))
-            self.cache_index[...] = index + t
-            k, v = self.cached_key[...], self.cached_value[...]
-            key_value_seq_lengths = jnp.full((b,), index + t, jnp.int32)
-            alignment = "bottom_right"    # the last query sees the last filled key
-            if t <= DECODE_MAX_TOKENS and (self.attention.is_causal or t == 1):   # decode is always causal
-                cache_lengths, key_value_seq_lengths = key_value_seq_lengths, None
-        elif self.use_rope:
-            kp = jnp.arange(k.shape[1]) if key_value_positions is None else key_value_positions
-            k = apply_rope(k, kp, self.rope_base)
-        if self.use_rope:
-            q = apply_rope(q, jnp.arange(t) if query_positions is None else query_positions, self.rope_base)
-        res = self.attention(q, k, v, query_seq_lengths=query_seq_lengths,
-                             key_value_seq_lengths=key_value_seq_lengths, query_segment_ids=query_segment_ids,
-                             key_value_segment_ids=key_value_segment_ids, causal_alignment=alignment,
-                             return_residual=return_residual, cache_lengths=cache_lengths)
-        out, lse = res if return_residual else (res, None)
-        y = self.out(out)
-        return (y, lse) if return_residual else y
+    Returns:
+      [B,T,out_features] (and lse with return_residual=True).
+    """
+    del rngs  # used only with dropout, refused by check_dropout
+    self_attention = inputs_k is None and inputs_v is None
+    inputs_k, inputs_v = layers.key_value_inputs(inputs_q, inputs_k, inputs_v)
+    if self_attention and key_value_positions is None:
+      key_value_positions = query_positions
+    if inputs_q.shape[-1] != self.in_features:
+      raise ValueError(f"inputs_q: last dim {inputs_q.shape[-1]}, expected in_features {self.in_features} (shape "
+                       f"{tuple(inputs_q.shape)})")
+    if self.dropout_rate > 0.0:
+      layers.check_dropout(self.dropout_rate, self.deterministic if deterministic is None else deterministic)
+    proj = {} if qkv_sharding is None else dict(out_sharding=qkv_sharding)
+    q, k, v = self.query(inputs_q, **proj), self.key(inputs_k, **proj), self.value(inputs_v, **proj)
+    if self.normalize_qk:
+      q, k = self.query_ln(q), self.key_ln(k)
+    causal = self.attention.is_causal or is_causal
+    call = {}
+    if (self.decode if decode is None else decode):
+      if self.cache_index is None:
+        raise ValueError("decode=True needs init_cache(input_shape) first")
+      given = [x for x in (query_seq_lengths, key_value_seq_lengths, query_segment_ids, key_value_segment_ids)
+               if x is not None]
+      if given or not self_attention:
+        raise ValueError("decode=True: lengths, segment ids and keys / values come from the cache; pass only "
+                         "inputs_q (and query_positions, mask)")
+      index = self.cache_index[...]
+      ck, cv, query_positions = layers.cache_update(self.cached_key[...], self.cached_value[...], index, k, v,
+                                                    query_positions, self.rope_base if self.use_rope else None)
+      self.cached_key[...], self.cached_value[...] = ck, cv
+      self.cache_index[...] = index + q.shape[1]
+      k, v = ck, cv
+      call = layers.cached_call(q.shape[1], index + q.shape[1], q.shape[0], causal, mask)
+    elif self.use_rope:
+      k = apply_rope(k, jnp.arange(k.shape[1]) if key_value_positions is None else key_value_positions,
+                     self.rope_base)
+    if self.use_rope:
+      q = apply_rope(q, jnp.arange(q.shape[1]) if query_positions is None else query_positions, self.rope_base)
+    res = self.attention(q, k, v, mask=mask, is_causal=is_causal, query_seq_lengths=query_seq_lengths,
+                         key_value_seq_lengths=call.pop("key_value_seq_lengths", key_value_seq_lengths),
+                         query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids,
+                         return_residual=return_residual, precision=self.precision,
+                         sow_module=self if sow_weights else None, **call)
+    out, lse = res if return_residual else (res, None)
+    y = self.out(out) if out_sharding is None else self.out(out, out_sharding=out_sharding)
+    return (y, lse) if return_residual else y

@@ -13,9 +13,8 @@ from jax.custom_derivatives import SymbolicZero
 
 from . import _lib, _routing, _validate, partitioning, reference
 from ._enums import dtype_code
+from ._validate import ArrayLike, Window
 
-ArrayLike = Any
-Window = Optional[Union[int, Tuple[Optional[int], Optional[int]]]]
 
 
 def _statics(o: _validate.Options):
