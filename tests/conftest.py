@@ -1,5 +1,6 @@
 """Shared pytest set-up: the `gpu` marker, the platform fixture (the same suite runs on CPU and, when
 present, on a GPU, where "fused" means the CUDA kernels), input builders and dtype tolerances."""
+
 import json
 import os
 import subprocess
@@ -24,8 +25,10 @@ def _gpu_devices():
     return []
 
 
-PLATFORMS = ["cpu", pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    not _gpu_devices(), reason="no GPU visible to jax")])]
+PLATFORMS = [
+  "cpu",
+  pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not _gpu_devices(), reason="no GPU visible to jax")]),
+]
 
 
 @pytest.fixture(params=PLATFORMS)
@@ -81,7 +84,8 @@ def run_on_cpu_devices(script, n=8, timeout=900):
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}").strip()
   env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONPATH"] = os.path.join(root, "python") + os.pathsep + env.get("PYTHONPATH", "")
-  proc = subprocess.run([sys.executable, os.path.abspath(script)], env=env, capture_output=True, text=True,
-                        timeout=timeout)
+  proc = subprocess.run(
+    [sys.executable, os.path.abspath(script)], env=env, capture_output=True, text=True, timeout=timeout
+  )
   assert proc.returncode == 0, proc.stderr[-4000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])

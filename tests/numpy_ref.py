@@ -3,11 +3,24 @@
 Written independently of python/sinkattn/reference.py (a per-row key-range loop for the mask, a
 log-sum-exp over [scores, sink] for the normaliser), from the formulas of include/sinkattn.h.
 """
+
 import numpy as np
 
 
-def mask(B, T, S, q_lens=None, kv_lens=None, q_seg=None, kv_seg=None, causal=0, window=(-1, -1),
-         diag_offset=0, q_pos=None, kv_pos=None):
+def mask(
+  B,
+  T,
+  S,
+  q_lens=None,
+  kv_lens=None,
+  q_seg=None,
+  kv_seg=None,
+  causal=0,
+  window=(-1, -1),
+  diag_offset=0,
+  q_pos=None,
+  kv_pos=None,
+):
   """bool [B,T,S]: row i of batch b may see key j (positions, when given, place the causal / window masks)."""
   m = np.zeros((B, T, S), bool)
   for b in range(B):
@@ -64,8 +77,26 @@ def _valid(B, T, S, N, q_lens, kv_lens, q_seg, kv_seg, causal, window, diag_offs
   return np.broadcast_to(m, (B, N, T, S))
 
 
-def forward(q, k, v, sinks=None, *, softmax=0, scale=None, causal=0, window=(-1, -1), q_lens=None,
-            kv_lens=None, q_seg=None, kv_seg=None, diag_offset=0, bias=None, attn_mask=None, q_pos=None, kv_pos=None):
+def forward(
+  q,
+  k,
+  v,
+  sinks=None,
+  *,
+  softmax=0,
+  scale=None,
+  causal=0,
+  window=(-1, -1),
+  q_lens=None,
+  kv_lens=None,
+  q_seg=None,
+  kv_seg=None,
+  diag_offset=0,
+  bias=None,
+  attn_mask=None,
+  q_pos=None,
+  kv_pos=None,
+):
   """-> (out [B,T,N,Hv], lse [B,N,T]) in fp64. bias / attn_mask: broadcastable to [B,N,T,S]."""
   B, T, N, H = q.shape
   S, K = k.shape[1], k.shape[2]
@@ -84,18 +115,49 @@ def forward(q, k, v, sinks=None, *, softmax=0, scale=None, causal=0, window=(-1,
   return out, lse
 
 
-def backward(q, k, v, sinks, dout, dlse=None, *, softmax=0, scale=None, causal=0, window=(-1, -1),
-             q_lens=None, kv_lens=None, q_seg=None, kv_seg=None, diag_offset=0, bias=None, attn_mask=None, q_pos=None,
-             kv_pos=None):
+def backward(
+  q,
+  k,
+  v,
+  sinks,
+  dout,
+  dlse=None,
+  *,
+  softmax=0,
+  scale=None,
+  causal=0,
+  window=(-1, -1),
+  q_lens=None,
+  kv_lens=None,
+  q_seg=None,
+  kv_seg=None,
+  diag_offset=0,
+  bias=None,
+  attn_mask=None,
+  q_pos=None,
+  kv_pos=None,
+):
   """-> (dq, dk, dv, dsinks[, dbias]) in fp64, from the formulas of sinkattn.h (dsinks zeros unless learnable;
   dbias, in bias's shape, the sum of ds over the axes the bias is broadcast over, only when bias is given)."""
   B, T, N, H = q.shape
   S, K = k.shape[1], k.shape[2]
   G = N // K
   scale = 1.0 / np.sqrt(H) if scale is None else scale
-  kw = dict(softmax=softmax, scale=scale, causal=causal, window=window, q_lens=q_lens, kv_lens=kv_lens,
-            q_seg=q_seg, kv_seg=kv_seg, diag_offset=diag_offset, bias=bias, attn_mask=attn_mask, q_pos=q_pos,
-            kv_pos=kv_pos)
+  kw = dict(
+    softmax=softmax,
+    scale=scale,
+    causal=causal,
+    window=window,
+    q_lens=q_lens,
+    kv_lens=kv_lens,
+    q_seg=q_seg,
+    kv_seg=kv_seg,
+    diag_offset=diag_offset,
+    bias=bias,
+    attn_mask=attn_mask,
+    q_pos=q_pos,
+    kv_pos=kv_pos,
+  )
   out, lse = forward(q, k, v, sinks, **kw)
   valid = _valid(B, T, S, N, q_lens, kv_lens, q_seg, kv_seg, causal, window, diag_offset, q_pos, kv_pos, attn_mask)
   s = _scores(q, k, scale, valid, bias)

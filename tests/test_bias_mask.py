@@ -3,6 +3,7 @@ for every broadcast form (vanilla softmax: jax.nn has no sink), against the fp64
 sinks, causal / window / lengths / segments combined, GQA, T != S, f32 and bf16, outputs and gradients (dbias
 included). Each test runs the jnp twin and, when the loaded library takes the bias / mask / positions buffers,
 the fused kernel."""
+
 import itertools
 
 import jax
@@ -16,15 +17,24 @@ from conftest import GRAD_TOL, LSE_TOL, OUT_TOL, assert_close, f64, make_inputs
 from sinkattn import _lib, primitives
 
 FUSED_TAKES_BIAS = _lib.available() and primitives.takes_bias_mask()
-IMPLS = ["reference", pytest.param("fused", marks=pytest.mark.skipif(
-    not FUSED_TAKES_BIAS, reason="the loaded libsinkattn_jax.so has no bias / mask / positions buffers (built "
-    "from sources before them): only the jnp twin runs"))]
-B, T, S, N, K, H = 2, 8, 12, 4, 2, 16   # GQA 2, T != S
+IMPLS = [
+  "reference",
+  pytest.param(
+    "fused",
+    marks=pytest.mark.skipif(
+      not FUSED_TAKES_BIAS,
+      reason="the loaded libsinkattn_jax.so has no bias / mask / positions buffers (built "
+      "from sources before them): only the jnp twin runs",
+    ),
+  ),
+]
+B, T, S, N, K, H = 2, 8, 12, 4, 2, 16  # GQA 2, T != S
 
 
 def _attn(impl, **kw):
-  return lambda q, k, v, s, b, m: sinkattn.dot_product_attention(q, k, v, s, bias=b, mask=m, implementation=impl,
-                                                                 return_residual=True, **kw)
+  return lambda q, k, v, s, b, m: sinkattn.dot_product_attention(
+    q, k, v, s, bias=b, mask=m, implementation=impl, return_residual=True, **kw
+  )
 
 
 def _jax_nn(**kw):
@@ -43,8 +53,22 @@ def _rows_with_keys(valid):
 
 
 def _valid(B_, T_, S_, N_, mask=None, **np_kw):
-  return numpy_ref._valid(B_, T_, S_, N_, np_kw.get("q_lens"), np_kw.get("kv_lens"), None, None,
-                          np_kw.get("causal", 0), np_kw.get("window", (-1, -1)), 0, None, None, mask)
+  return numpy_ref._valid(
+    B_,
+    T_,
+    S_,
+    N_,
+    np_kw.get("q_lens"),
+    np_kw.get("kv_lens"),
+    None,
+    None,
+    np_kw.get("causal", 0),
+    np_kw.get("window", (-1, -1)),
+    0,
+    None,
+    None,
+    mask,
+  )
 
 
 def _forms(full):
@@ -64,6 +88,7 @@ def test_bias_every_broadcast_form_vs_jax_nn(impl):
 
   def every_form(fn):
     return jax.jit(lambda q, k, v, bs: [_out_and_grads(fn, q, k, v, None, b, None, dout) for b in bs])(q, k, v, biases)
+
   got, want = every_form(_attn(impl, is_causal=True)), every_form(_jax_nn(is_causal=True))
   for shape, (go, gg), (wo, wg) in zip(shapes, got, want):
     assert gg[3].shape == shape and gg[3].dtype == jnp.float32
@@ -84,21 +109,33 @@ def test_mask_forms_and_dtypes_vs_jax_nn(impl):
   kw = dict(local_window_size=(6, 3), **lens)
   for shape, dtype in zip(MASK_FORMS, itertools.cycle((jnp.bool_, jnp.float32, jnp.int32))):
     keep = rng.random(shape) < 0.7
-    mask = jnp.asarray(keep * rng.integers(1, 5, shape), dtype)    # numeric: nonzero, not only 1
+    mask = jnp.asarray(keep * rng.integers(1, 5, shape), dtype)  # numeric: nonzero, not only 1
     got = jax.jit(_attn(impl, **kw))(q, k, v, None, None, mask)[0]
     want = jax.jit(_jax_nn(**kw))(q, k, v, None, None, jnp.asarray(keep))[0]
-    valid = _valid(B, T, S, N, keep, q_lens=np.asarray(lens["query_seq_lengths"]),
-                   kv_lens=np.asarray(lens["key_value_seq_lengths"]), window=(6, 3))
+    valid = _valid(
+      B,
+      T,
+      S,
+      N,
+      keep,
+      q_lens=np.asarray(lens["query_seq_lengths"]),
+      kv_lens=np.asarray(lens["key_value_seq_lengths"]),
+      window=(6, 3),
+    )
     seen = _rows_with_keys(valid)
-    assert_close(np.where(seen, f64(got), 0), np.where(seen, f64(want), 0), OUT_TOL[np.dtype(np.float32)],
-                 f"{impl} out mask {shape} {jnp.dtype(dtype).name}")
+    assert_close(
+      np.where(seen, f64(got), 0),
+      np.where(seen, f64(want), 0),
+      OUT_TOL[np.dtype(np.float32)],
+      f"{impl} out mask {shape} {jnp.dtype(dtype).name}",
+    )
     assert np.all(np.asarray(got)[~np.broadcast_to(seen, got.shape)] == 0), "a row without keys must give 0"
 
 
 COMBINED = [  # id, shape overrides, options, bias shape, mask shape
-    ("causal_lengths", {}, dict(is_causal=True, lengths=True), (B, N, T, S), (B, 1, 1, S)),
-    ("window_gqa4", dict(N=8, K=2), dict(local_window_size=(3, 1)), (1, 8, T, S), (1, 1, T, S)),
-    ("causal_window_mqa", dict(N=4, K=1), dict(is_causal=True, local_window_size=(4, 0)), (B, 1, T, S), (B, 4, T, S)),
+  ("causal_lengths", {}, dict(is_causal=True, lengths=True), (B, N, T, S), (B, 1, 1, S)),
+  ("window_gqa4", dict(N=8, K=2), dict(local_window_size=(3, 1)), (1, 8, T, S), (1, 1, T, S)),
+  ("causal_window_mqa", dict(N=4, K=1), dict(is_causal=True, local_window_size=(4, 0)), (B, 1, T, S), (B, 4, T, S)),
 ]
 
 
@@ -122,9 +159,13 @@ def test_combined_vs_jax_nn_and_fp64(impl, case, dtype):
   dout = jnp.asarray(rng.standard_normal((B, T, n, H)), dtype)
   got = jax.jit(lambda *a: _out_and_grads(_attn(impl, **kw), *a))(q, k, v, None, bias, jnp.asarray(keep), dout)
   w = opts.get("local_window_size")
-  np_kw = dict(causal=int(opts.get("is_causal", False)), window=w if w else (-1, -1), bias=f64(bias), attn_mask=keep,
-               **{{"query_seq_lengths": "q_lens", "key_value_seq_lengths": "kv_lens"}[a]: np.asarray(x)
-                  for a, x in extra.items()})
+  np_kw = dict(
+    causal=int(opts.get("is_causal", False)),
+    window=w if w else (-1, -1),
+    bias=f64(bias),
+    attn_mask=keep,
+    **{{"query_seq_lengths": "q_lens", "key_value_seq_lengths": "kv_lens"}[a]: np.asarray(x) for a, x in extra.items()},
+  )
   want = numpy_ref.backward(f64(q), f64(k), f64(v), None, f64(dout), **np_kw)
   want_out, _ = numpy_ref.forward(f64(q), f64(k), f64(v), None, **np_kw)
   tol = GRAD_TOL[np.dtype(dtype)]
@@ -132,11 +173,26 @@ def test_combined_vs_jax_nn_and_fp64(impl, case, dtype):
   for name, g, ww in zip(("dq", "dk", "dv", "dbias"), got[1], want[:3] + want[4:]):
     assert g.dtype == dtype, name
     assert_close(g, ww, tol, f"{impl} {name}")
-  seen = _rows_with_keys(_valid(B, T, S, n, keep, causal=np_kw["causal"], window=np_kw["window"],
-                                q_lens=np_kw.get("q_lens"), kv_lens=np_kw.get("kv_lens")))
+  seen = _rows_with_keys(
+    _valid(
+      B,
+      T,
+      S,
+      n,
+      keep,
+      causal=np_kw["causal"],
+      window=np_kw["window"],
+      q_lens=np_kw.get("q_lens"),
+      kv_lens=np_kw.get("kv_lens"),
+    )
+  )
   nn_out = jax.jit(_jax_nn(**kw))(q, k, v, None, bias, jnp.asarray(keep))[0]
-  assert_close(np.where(seen, f64(got[0]), 0), np.where(seen, f64(nn_out), 0), 2 * OUT_TOL[np.dtype(dtype)],
-               f"{impl} out vs jax.nn")
+  assert_close(
+    np.where(seen, f64(got[0]), 0),
+    np.where(seen, f64(nn_out), 0),
+    2 * OUT_TOL[np.dtype(dtype)],
+    f"{impl} out vs jax.nn",
+  )
 
 
 def _packed(lengths, L):
@@ -144,7 +200,7 @@ def _packed(lengths, L):
   ids, pos = np.zeros(L, np.int32), np.zeros(L, np.int32)
   start = 0
   for d, n in enumerate(lengths):
-    ids[start:start + n], pos[start:start + n] = d + 1, np.arange(n)
+    ids[start : start + n], pos[start : start + n] = d + 1, np.arange(n)
     start += n
   return ids, pos
 
@@ -161,8 +217,13 @@ def test_learnable_sinks_everything_vs_fp64(impl, dtype):
   q_ids, q_pos = zip(*[_packed(n, T) for n in ((3, 5), (8,))])
   kv_ids, kv_pos = zip(*[_packed(n, S) for n in ((5, 7), (10,))])
   arr = lambda x: jnp.asarray(np.stack(x))  # noqa: E731
-  extra = dict(query_segment_ids=arr(q_ids), key_value_segment_ids=arr(kv_ids), query_positions=arr(q_pos),
-               key_value_positions=arr(kv_pos), key_value_seq_lengths=jnp.asarray([S, 9], jnp.int32))
+  extra = dict(
+    query_segment_ids=arr(q_ids),
+    key_value_segment_ids=arr(kv_ids),
+    query_positions=arr(q_pos),
+    key_value_positions=arr(kv_pos),
+    key_value_seq_lengths=jnp.asarray([S, 9], jnp.int32),
+  )
   bias = jnp.asarray(rng.standard_normal((1, N, T, S)), jnp.float32)
   keep = rng.random((B, 1, T, S)) < 0.85
   opts = dict(is_causal=True, local_window_size=(3, 0))
@@ -170,11 +231,23 @@ def test_learnable_sinks_everything_vs_fp64(impl, dtype):
   dlse = jnp.asarray(rng.standard_normal((B, N, T)), jnp.float32)
 
   def f(q, k, v, s, b):
-    return sinkattn.dot_product_attention(q, k, v, s, bias=b, mask=jnp.asarray(keep), return_residual=True,
-                                          implementation=impl, **opts, **extra)
+    return sinkattn.dot_product_attention(
+      q, k, v, s, bias=b, mask=jnp.asarray(keep), return_residual=True, implementation=impl, **opts, **extra
+    )
+
   (out, lse), vjp = jax.vjp(f, q, k, v, sinks, bias)
-  np_kw = dict(softmax=2, causal=1, window=(3, 0), bias=f64(bias), attn_mask=keep, q_seg=np.stack(q_ids),
-               kv_seg=np.stack(kv_ids), q_pos=np.stack(q_pos), kv_pos=np.stack(kv_pos), kv_lens=np.asarray([S, 9]))
+  np_kw = dict(
+    softmax=2,
+    causal=1,
+    window=(3, 0),
+    bias=f64(bias),
+    attn_mask=keep,
+    q_seg=np.stack(q_ids),
+    kv_seg=np.stack(kv_ids),
+    q_pos=np.stack(q_pos),
+    kv_pos=np.stack(kv_pos),
+    kv_lens=np.asarray([S, 9]),
+  )
   want_out, want_lse = numpy_ref.forward(f64(q), f64(k), f64(v), f64(sinks), **np_kw)
   dlse = jnp.where(jnp.isfinite(want_lse), dlse, 0.0)
   grads = jax.jit(vjp)((dout, dlse))
@@ -193,11 +266,18 @@ def test_learnable_sinks_everything_vs_fp64(impl, dtype):
 def test_positions_equal_to_indices_change_nothing(impl):
   q, k, v, sinks = make_inputs(8, B=B, T=T, S=T, N=N, K=K, H=H)
   pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+
   def both(q, k, v, s, pos):
-    return [(sinkattn.dot_product_attention(q, k, v, s, implementation=impl, **o),
-             sinkattn.dot_product_attention(q, k, v, s, query_positions=pos, key_value_positions=pos,
-                                            implementation=impl, **o))
-            for o in (dict(is_causal=True), dict(local_window_size=(2, 3)), dict(is_causal=True, local_window_size=(4, 0)))]
+    return [
+      (
+        sinkattn.dot_product_attention(q, k, v, s, implementation=impl, **o),
+        sinkattn.dot_product_attention(
+          q, k, v, s, query_positions=pos, key_value_positions=pos, implementation=impl, **o
+        ),
+      )
+      for o in (dict(is_causal=True), dict(local_window_size=(2, 3)), dict(is_causal=True, local_window_size=(4, 0)))
+    ]
+
   for i, (want, got) in enumerate(jax.jit(both)(q, k, v, sinks, pos)):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6, err_msg=str(i))
 
@@ -212,12 +292,14 @@ def test_rows_emptied_by_mask_or_bias(impl):
 
   def f(q, s, b):
     return sinkattn.dot_product_attention(q, k, v, s, bias=b, mask=mask, return_residual=True, implementation=impl)
+
   out, lse = jax.jit(f)(q, sinks, bias)
   out, lse = np.asarray(out), np.asarray(lse)
   assert np.all(out[0, 2] == 0) and np.all(lse[0, :, 2] == np.asarray(sinks))
   assert np.all(out[:, 5, 1] == 0) and np.all(lse[:, 1, 5] == np.asarray(sinks)[1])
   grads = jax.jit(jax.grad(lambda q, s, b: jnp.sum(f(q, s, b)[0] ** 2) + jnp.sum(f(q, s, b)[1]), argnums=(0, 1, 2)))(
-      q, sinks, bias)
+    q, sinks, bias
+  )
   for g in grads:
     assert not np.any(np.isnan(np.asarray(g)))
   assert np.all(np.asarray(grads[0])[0, 2] == 0) and np.all(np.asarray(grads[2])[0, 1, 5] == 0)
@@ -228,18 +310,28 @@ def test_bias_dtypes_and_vmap(impl):
   """A bf16 / f16 bias gets its gradient in its dtype; vmap over q with a shared bias, and vmap(grad) with a
   per-example dbias, equal a Python loop."""
   q, k, v, sinks = make_inputs(10, B=B, T=T, S=S, N=N, K=K, H=H)
-  grad = jax.jit(jax.grad(lambda b: jnp.sum(sinkattn.dot_product_attention(q, k, v, sinks, bias=b,
-                                                                             implementation=impl))))
+  grad = jax.jit(
+    jax.grad(lambda b: jnp.sum(sinkattn.dot_product_attention(q, k, v, sinks, bias=b, implementation=impl)))
+  )
   for dt in (jnp.bfloat16, jnp.float16):
     bias = jnp.asarray(np.random.default_rng(11).standard_normal((B, 1, T, S)), dt)
     g = grad(bias)
     assert g.dtype == dt and g.shape == bias.shape
   bias = jnp.asarray(np.random.default_rng(12).standard_normal((1, N, T, S)), jnp.float32)
   qs = jnp.stack([q, -q, 0.5 * q])
-  f = lambda q, b: sinkattn.dot_product_attention(q, k, v, sinks, bias=b, is_causal=True,  # noqa: E731
-                                                  implementation=impl)
+  f = lambda q, b: sinkattn.dot_product_attention(
+    q,
+    k,
+    v,
+    sinks,
+    bias=b,
+    is_causal=True,  # noqa: E731
+    implementation=impl,
+  )
   loss = lambda q, b: jnp.sum(f(q, b) ** 2)  # noqa: E731
-  vmapped = jax.jit(lambda qs, b: (jax.vmap(f, (0, None))(qs, b), jax.vmap(jax.grad(loss, argnums=1), (0, None))(qs, b)))
+  vmapped = jax.jit(
+    lambda qs, b: (jax.vmap(f, (0, None))(qs, b), jax.vmap(jax.grad(loss, argnums=1), (0, None))(qs, b))
+  )
   looped = jax.jit(lambda qs, b: (jnp.stack([f(x, b) for x in qs]), jnp.stack([jax.grad(loss, 1)(x, b) for x in qs])))
   for got, want in zip(vmapped(qs, bias), looped(qs, bias)):
     np.testing.assert_allclose(got, want, atol=1e-5)

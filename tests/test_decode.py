@@ -1,11 +1,12 @@
 """decode_attention: fused (CPU; CUDA under the gpu marker) vs the jnp reference, jit/vmap, bad inputs."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import OUT_TOL
 import sinkattn
+from conftest import OUT_TOL
 from sinkattn import _lib
 
 pytestmark = pytest.mark.skipif(not _lib.available(), reason="libsinkattn_jax.so not built")
@@ -17,7 +18,7 @@ def _inputs(B, T, S, N, K, H, Hv, dtype, seed=0):
   kc = jax.random.normal(ks[1], (B, S, K, H), jnp.float32).astype(dtype)
   vc = jax.random.normal(ks[2], (B, S, K, Hv), jnp.float32).astype(dtype)
   sinks = jax.random.uniform(ks[3], (N,), minval=-10.0, maxval=10.0)
-  sinks = sinks.at[0].set(50.0).at[N - 1].set(-50.0)   # a wrong sink must show
+  sinks = sinks.at[0].set(50.0).at[N - 1].set(-50.0)  # a wrong sink must show
   lens = jax.random.randint(ks[4], (B,), 0, S + 1).at[0].set(0).at[B - 1].set(S).astype(jnp.int32)
   return q, kc, vc, sinks, lens
 
@@ -33,10 +34,10 @@ def _close(out, lse, rout, rlse, dtype):
 
 
 CASES = [  # B, T, S, N, K, H, Hv, dtype, softmax, window
-    (3, 1, 1500, 16, 2, 64, 64, jnp.bfloat16, "learnable", None),
-    (2, 5, 700, 8, 8, 64, 32, jnp.float32, "off_by_one", (127, 0)),
-    (4, 2, 1100, 4, 2, 40, 40, jnp.float16, "vanilla", (40, 0)),
-    (2, 16, 900, 16, 2, 128, 128, jnp.bfloat16, "learnable", 63),
+  (3, 1, 1500, 16, 2, 64, 64, jnp.bfloat16, "learnable", None),
+  (2, 5, 700, 8, 8, 64, 32, jnp.float32, "off_by_one", (127, 0)),
+  (4, 2, 1100, 4, 2, 40, 40, jnp.float16, "vanilla", (40, 0)),
+  (2, 16, 900, 16, 2, 128, 128, jnp.bfloat16, "learnable", 63),
 ]
 
 
@@ -51,8 +52,17 @@ def test_fused_matches_reference(case):
   assert out.dtype == q.dtype and out.shape == (B, T, N, Hv) and lse.shape == (B, N, T)
   _close(out, lse, rout, rlse, dtype)
   # the same as dot_product_attention with bottom-right causal alignment and the cache lengths
-  dout, dlse = sinkattn.dot_product_attention(q, kc, vc, s, is_causal=True, causal_alignment="bottom_right",
-                                              key_value_seq_lengths=lens, implementation="reference", **kw)
+  dout, dlse = sinkattn.dot_product_attention(
+    q,
+    kc,
+    vc,
+    s,
+    is_causal=True,
+    causal_alignment="bottom_right",
+    key_value_seq_lengths=lens,
+    implementation="reference",
+    **kw,
+  )
   _close(out, lse, dout, dlse, dtype)
 
 
@@ -72,12 +82,18 @@ def test_jit_and_vmap():
   qs, ks, vs, ls = (jnp.stack([x, x[::-1]]) for x in (q, kc, vc, lens))
   got = jax.vmap(lambda a, b, c, d: f(a, b, c, d, sinks))(qs, ks, vs, ls)
   for i in range(2):
-    want = sinkattn.decode_attention(qs[i], ks[i], vs[i], ls[i], sinks, local_window_size=(127, 0),
-                                     implementation="reference")
+    want = sinkattn.decode_attention(
+      qs[i], ks[i], vs[i], ls[i], sinks, local_window_size=(127, 0), implementation="reference"
+    )
     _close(got[i], np.zeros(1), want, np.zeros(1), jnp.bfloat16)
   got = jax.vmap(lambda a: f(a, kc, vc, lens, sinks))(jnp.stack([q, -q]))
-  _close(got[1], np.zeros(1), sinkattn.decode_attention(-q, kc, vc, lens, sinks, local_window_size=(127, 0),
-                                                        implementation="reference"), np.zeros(1), jnp.bfloat16)
+  _close(
+    got[1],
+    np.zeros(1),
+    sinkattn.decode_attention(-q, kc, vc, lens, sinks, local_window_size=(127, 0), implementation="reference"),
+    np.zeros(1),
+    jnp.bfloat16,
+  )
 
 
 def test_bad_inputs():
@@ -109,8 +125,14 @@ def test_bad_inputs():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not any(dv.platform == "gpu" for dv in jax.devices()), reason="no GPU visible to jax")
-@pytest.mark.parametrize("case", CASES + [(8, 1, 32768, 64, 8, 64, 64, jnp.bfloat16, "learnable", None),
-                                          (2, 1, 4096, 64, 8, 64, 64, jnp.float16, "learnable", (127, 0))])
+@pytest.mark.parametrize(
+  "case",
+  CASES
+  + [
+    (8, 1, 32768, 64, 8, 64, 64, jnp.bfloat16, "learnable", None),
+    (2, 1, 4096, 64, 8, 64, 64, jnp.float16, "learnable", (127, 0)),
+  ],
+)
 @pytest.mark.parametrize("kernel", ["default", "register"])
 def test_cuda_matches_reference(case, kernel, monkeypatch):
   # "register": the register split kernel also on the shapes the cp.async pipeline kernel takes by default
@@ -131,6 +153,7 @@ def test_cuda_matches_reference(case, kernel, monkeypatch):
 def _targets(f, *args):
   """The sinkattn FFI targets in the lowered HLO of jit(f)(*args)."""
   import re
+
   # the CUDA targets carry a platform suffix (sinkattn_decode_cuda): compare the names without it
   return {re.sub(r"_cuda$", "", t) for t in re.findall(r"sinkattn_\w+", jax.jit(f).lower(*args).as_text())}
 
@@ -139,6 +162,7 @@ def test_flax_kv_cache_calls_decode_for_short_steps():
   """linen and nnx MultiHeadAttention: a cached call of T <= 16 new tokens runs decode_attention, longer
   ones (prefill) and non-causal T > 1 calls dot_product_attention."""
   from flax import nnx
+
   from sinkattn.flax import MultiHeadAttention
   from sinkattn.nnx import MultiHeadAttention as NnxMHA
 
@@ -146,17 +170,28 @@ def test_flax_kv_cache_calls_decode_for_short_steps():
   # no sinkattn_fwd call to find)
   x = jnp.ones((2, 40, 16), jnp.bfloat16)
   for causal in (True, False):
-    mha = MultiHeadAttention(num_heads=4, num_kv_heads=2, head_dim=16, softmax_type="learnable",
-                             is_causal=causal, decode=True, dtype=jnp.bfloat16)
+    mha = MultiHeadAttention(
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=16,
+      softmax_type="learnable",
+      is_causal=causal,
+      decode=True,
+      dtype=jnp.bfloat16,
+    )
     v = mha.init(jax.random.key(0), x)
     step = lambda c, xt: mha.apply({"params": v["params"], "cache": c}, xt, mutable=["cache"])  # noqa: E731
-    for t, want in ((1, "sinkattn_decode"), (16, "sinkattn_decode" if causal else "sinkattn_fwd"),
-                    (17, "sinkattn_fwd")):
+    for t, want in (
+      (1, "sinkattn_decode"),
+      (16, "sinkattn_decode" if causal else "sinkattn_fwd"),
+      (17, "sinkattn_fwd"),
+    ):
       assert want in _targets(step, v["cache"], x[:, :t]), (causal, t)
       assert len(_targets(step, v["cache"], x[:, :t])) == 1
 
-  m = NnxMHA(4, 16, num_kv_heads=2, head_dim=16, softmax_type="learnable", is_causal=True, dtype=jnp.bfloat16,
-             rngs=nnx.Rngs(0))
+  m = NnxMHA(
+    4, 16, num_kv_heads=2, head_dim=16, softmax_type="learnable", is_causal=True, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)
+  )
   m.init_cache((2, 40, 16))
   graph, state = nnx.split(m)
 

@@ -1,54 +1,70 @@
 """Bad input: the exception type and the words of its message, for dot_product_attention (trace time)
 and for the C handlers reached directly through the primitives (FFI errors, never a crash)."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import sinkattn
-from sinkattn import primitives
 from conftest import make_inputs
+from sinkattn import primitives
 
 Q, K, V, SINKS = make_inputs(0, B=2, T=8, S=6, N=4, K=2, H=16, Hv=8)
 I32 = lambda *s: jnp.zeros(s, jnp.int32)
 
 # (id, argument overrides, exception type, substrings that must all appear in the message)
 BAD = [
-    ("query_rank", dict(query=Q[0]), ValueError, ["query", "[B,T,N,H]", "(8, 4, 16)"]),
-    ("query_not_array", dict(query=[[1.0]]), TypeError, ["query", "list"]),
-    ("query_int", dict(query=Q.astype(jnp.int32)), TypeError, ["query", "int32"]),
-    ("query_f64_fused", dict(query=np.zeros((2, 8, 4, 16), np.float64)), TypeError, ["query", "float64"]),
-    ("key_dtype", dict(key=K.astype(jnp.bfloat16)), TypeError, ["key", "bfloat16", "float32"]),
-    ("key_head_dim", dict(key=K[..., :8]), ValueError, ["key", "(2, 6, 2, 8)", "16"]),
-    ("key_batch", dict(key=K[:1]), ValueError, ["key", "(1, 6, 2, 16)"]),
-    ("value_len", dict(value=V[:, :5]), ValueError, ["value", "(2, 5, 2, 8)", "(2, 6, 2, Hv)"]),
-    ("gqa_divides", dict(key=jnp.zeros((2, 6, 3, 16)), value=jnp.zeros((2, 6, 3, 8))), ValueError,
-     ["K = 3", "N = 4"]),
-    ("sinks_shape", dict(sinks=SINKS[:3]), ValueError, ["sinks", "(3,)", "(4,)", "(1, 4, 1, 1)"]),
-    ("sinks_int", dict(sinks=jnp.zeros(4, jnp.int32)), TypeError, ["sinks", "int32"]),
-    ("sinks_list", dict(sinks=[0.0] * 4), TypeError, ["sinks", "list", "(4,)", "(1, 4, 1, 1)"]),
-    ("sinks_with_vanilla", dict(softmax_type="vanilla"), ValueError, ["sinks", "vanilla", "learnable"]),
-    ("learnable_without_sinks", dict(sinks=None, softmax_type="learnable"), ValueError, ["sinks", "None"]),
-    ("softmax_type", dict(softmax_type="softmax1"), ValueError, ["softmax_type", "softmax1", "off_by_one"]),
-    ("causal_alignment", dict(causal_alignment="bottom"), ValueError, ["causal_alignment", "bottom_right"]),
-    ("is_causal_type", dict(is_causal=1), TypeError, ["is_causal", "bool"]),
-    ("window_negative", dict(local_window_size=-2), ValueError, ["local_window_size", "-2"]),
-    ("window_triple", dict(local_window_size=(1, 2, 3)), ValueError, ["local_window_size", "pair"]),
-    ("window_float", dict(local_window_size=2.5), TypeError, ["local_window_size", "float"]),
-    ("window_bottom_right_no_causal", dict(causal_alignment="bottom_right", local_window_size=4), ValueError,
-     ["bottom_right", "is_causal=True"]),
-    ("scale_nan", dict(scale=float("nan")), ValueError, ["scale", "nan"]),
-    ("scale_array", dict(scale=jnp.float32(0.5) + jnp.zeros(())), TypeError, ["scale", "static"]),
-    ("q_lens_shape", dict(query_seq_lengths=I32(3)), ValueError, ["query_seq_lengths", "(3,)", "(2,)"]),
-    ("kv_lens_float", dict(key_value_seq_lengths=jnp.zeros(2)), TypeError, ["key_value_seq_lengths", "float32",
-                                                                              "integer"]),
-    ("q_seg_shape", dict(query_segment_ids=I32(2, 6), key_value_segment_ids=I32(2, 6)), ValueError,
-     ["query_segment_ids", "(2, 6)", "(2, 8)"]),
-    ("kv_seg_shape", dict(query_segment_ids=I32(2, 8), key_value_segment_ids=I32(2, 8)), ValueError,
-     ["key_value_segment_ids", "(2, 8)", "(2, 6)"]),
-    ("seg_only_one", dict(query_segment_ids=I32(2, 8)), ValueError, ["key_value_segment_ids", "both"]),
-    ("implementation", dict(implementation="triton"), ValueError, ["implementation", "triton", "cudnn", "xla"]),
-    ("return_residual_type", dict(return_residual="yes"), TypeError, ["return_residual", "bool"]),
+  ("query_rank", dict(query=Q[0]), ValueError, ["query", "[B,T,N,H]", "(8, 4, 16)"]),
+  ("query_not_array", dict(query=[[1.0]]), TypeError, ["query", "list"]),
+  ("query_int", dict(query=Q.astype(jnp.int32)), TypeError, ["query", "int32"]),
+  ("query_f64_fused", dict(query=np.zeros((2, 8, 4, 16), np.float64)), TypeError, ["query", "float64"]),
+  ("key_dtype", dict(key=K.astype(jnp.bfloat16)), TypeError, ["key", "bfloat16", "float32"]),
+  ("key_head_dim", dict(key=K[..., :8]), ValueError, ["key", "(2, 6, 2, 8)", "16"]),
+  ("key_batch", dict(key=K[:1]), ValueError, ["key", "(1, 6, 2, 16)"]),
+  ("value_len", dict(value=V[:, :5]), ValueError, ["value", "(2, 5, 2, 8)", "(2, 6, 2, Hv)"]),
+  ("gqa_divides", dict(key=jnp.zeros((2, 6, 3, 16)), value=jnp.zeros((2, 6, 3, 8))), ValueError, ["K = 3", "N = 4"]),
+  ("sinks_shape", dict(sinks=SINKS[:3]), ValueError, ["sinks", "(3,)", "(4,)", "(1, 4, 1, 1)"]),
+  ("sinks_int", dict(sinks=jnp.zeros(4, jnp.int32)), TypeError, ["sinks", "int32"]),
+  ("sinks_list", dict(sinks=[0.0] * 4), TypeError, ["sinks", "list", "(4,)", "(1, 4, 1, 1)"]),
+  ("sinks_with_vanilla", dict(softmax_type="vanilla"), ValueError, ["sinks", "vanilla", "learnable"]),
+  ("learnable_without_sinks", dict(sinks=None, softmax_type="learnable"), ValueError, ["sinks", "None"]),
+  ("softmax_type", dict(softmax_type="softmax1"), ValueError, ["softmax_type", "softmax1", "off_by_one"]),
+  ("causal_alignment", dict(causal_alignment="bottom"), ValueError, ["causal_alignment", "bottom_right"]),
+  ("is_causal_type", dict(is_causal=1), TypeError, ["is_causal", "bool"]),
+  ("window_negative", dict(local_window_size=-2), ValueError, ["local_window_size", "-2"]),
+  ("window_triple", dict(local_window_size=(1, 2, 3)), ValueError, ["local_window_size", "pair"]),
+  ("window_float", dict(local_window_size=2.5), TypeError, ["local_window_size", "float"]),
+  (
+    "window_bottom_right_no_causal",
+    dict(causal_alignment="bottom_right", local_window_size=4),
+    ValueError,
+    ["bottom_right", "is_causal=True"],
+  ),
+  ("scale_nan", dict(scale=float("nan")), ValueError, ["scale", "nan"]),
+  ("scale_array", dict(scale=jnp.float32(0.5) + jnp.zeros(())), TypeError, ["scale", "static"]),
+  ("q_lens_shape", dict(query_seq_lengths=I32(3)), ValueError, ["query_seq_lengths", "(3,)", "(2,)"]),
+  (
+    "kv_lens_float",
+    dict(key_value_seq_lengths=jnp.zeros(2)),
+    TypeError,
+    ["key_value_seq_lengths", "float32", "integer"],
+  ),
+  (
+    "q_seg_shape",
+    dict(query_segment_ids=I32(2, 6), key_value_segment_ids=I32(2, 6)),
+    ValueError,
+    ["query_segment_ids", "(2, 6)", "(2, 8)"],
+  ),
+  (
+    "kv_seg_shape",
+    dict(query_segment_ids=I32(2, 8), key_value_segment_ids=I32(2, 8)),
+    ValueError,
+    ["key_value_segment_ids", "(2, 8)", "(2, 6)"],
+  ),
+  ("seg_only_one", dict(query_segment_ids=I32(2, 8)), ValueError, ["key_value_segment_ids", "both"]),
+  ("implementation", dict(implementation="triton"), ValueError, ["implementation", "triton", "cudnn", "xla"]),
+  ("return_residual_type", dict(return_residual="yes"), TypeError, ["return_residual", "bool"]),
 ]
 
 
@@ -82,23 +98,46 @@ KW = dict(softmax=2, causal=0, window_left=-1, window_right=-1, diag_offset=0, s
 
 # Inconsistent buffers handed straight to the C handler: an FFI error naming the buffer and shapes.
 FFI_BAD = [
-    ("key_head_dim", lambda: primitives.attn_fwd(Q, K[..., :8], V, SINKS, None, None, None, None, **KW),
-     ["INVALID_ARGUMENT", "key", "[2,6,2,8]", "[2,?,?,16]"]),
-    ("sinks_len", lambda: primitives.attn_fwd(Q, K, V, SINKS[:3], None, None, None, None, **KW),
-     ["sinks", "[3]", "[4]"]),
-    ("lens_dtype", lambda: primitives.attn_fwd(Q, K, V, SINKS, I32(3), None, None, None, **KW),
-     ["query_seq_lengths", "[3]", "[2]"]),
-    ("value_dtype", lambda: primitives.attn_fwd(Q, K, V.astype(jnp.float16), SINKS, None, None, None, None, **KW),
-     ["value", "float16", "float32"]),
-    ("gqa", lambda: primitives.attn_fwd(Q, jnp.zeros((2, 6, 3, 16)), jnp.zeros((2, 6, 3, 8)), SINKS, None, None,
-                                        None, None, **KW), ["q_heads", "kv_heads"]),
-    ("softmax_enum", lambda: primitives.attn_fwd(Q, K, V, None, None, None, None, None, **dict(KW, softmax=7)),
-     ["softmax"]),
-    ("window_enum", lambda: primitives.attn_fwd(Q, K, V, SINKS, None, None, None, None,
-                                                **dict(KW, window_left=-5)), ["window_left", "-5"]),
-    ("bwd_dout_shape", lambda: primitives.attn_bwd(Q, K, V, SINKS, *(None,) * 8, jnp.zeros((2, 8, 4, 8)),
-                                                   jnp.zeros((2, 4, 8)), jnp.zeros((2, 8, 4, 7)), None, **KW),
-     ["dout", "[2,8,4,7]", "[2,8,4,8]"]),
+  (
+    "key_head_dim",
+    lambda: primitives.attn_fwd(Q, K[..., :8], V, SINKS, None, None, None, None, **KW),
+    ["INVALID_ARGUMENT", "key", "[2,6,2,8]", "[2,?,?,16]"],
+  ),
+  ("sinks_len", lambda: primitives.attn_fwd(Q, K, V, SINKS[:3], None, None, None, None, **KW), ["sinks", "[3]", "[4]"]),
+  (
+    "lens_dtype",
+    lambda: primitives.attn_fwd(Q, K, V, SINKS, I32(3), None, None, None, **KW),
+    ["query_seq_lengths", "[3]", "[2]"],
+  ),
+  (
+    "value_dtype",
+    lambda: primitives.attn_fwd(Q, K, V.astype(jnp.float16), SINKS, None, None, None, None, **KW),
+    ["value", "float16", "float32"],
+  ),
+  (
+    "gqa",
+    lambda: primitives.attn_fwd(
+      Q, jnp.zeros((2, 6, 3, 16)), jnp.zeros((2, 6, 3, 8)), SINKS, None, None, None, None, **KW
+    ),
+    ["q_heads", "kv_heads"],
+  ),
+  (
+    "softmax_enum",
+    lambda: primitives.attn_fwd(Q, K, V, None, None, None, None, None, **dict(KW, softmax=7)),
+    ["softmax"],
+  ),
+  (
+    "window_enum",
+    lambda: primitives.attn_fwd(Q, K, V, SINKS, None, None, None, None, **dict(KW, window_left=-5)),
+    ["window_left", "-5"],
+  ),
+  (
+    "bwd_dout_shape",
+    lambda: primitives.attn_bwd(
+      Q, K, V, SINKS, *(None,) * 8, jnp.zeros((2, 8, 4, 8)), jnp.zeros((2, 4, 8)), jnp.zeros((2, 8, 4, 7)), None, **KW
+    ),
+    ["dout", "[2,8,4,7]", "[2,8,4,8]"],
+  ),
 ]
 
 
@@ -114,6 +153,7 @@ def test_ffi_errors(case):
 
 def test_missing_library_message(monkeypatch, tmp_path):
   from sinkattn import _lib
+
   monkeypatch.setattr(_lib, "_lib", None)
   monkeypatch.setattr(_lib, "candidates", lambda: [str(tmp_path / "nope.so")])
   with pytest.raises(_lib.LibraryNotFoundError, match="cmake -S . -B build"):

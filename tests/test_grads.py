@@ -1,20 +1,36 @@
 """Gradients: jax.test_util.check_grads on the reference; fused gradients (dsinks included, and through
 lse) against the fp64 analytic backward of numpy_ref and against the reference's autodiff."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.test_util import check_grads
+from test_ops import CASES, _extras, _np_kwargs
 
 import numpy_ref
 import sinkattn
 from conftest import GRAD_TOL, assert_close, f64, make_inputs
-from test_ops import CASES, _extras, _np_kwargs
 
-GRAD_CASES = [c for c in CASES if c[0] in (
-    "vanilla", "off_by_one", "learnable", "learnable_sinks_pm50", "causal_bottom_right", "window_gptoss",
-    "lengths", "lengths_zero_and_empty_batch", "lengths_vanilla_empty", "segments_causal_lengths", "gqa_8_1",
-    "hv_ne_h")]
+GRAD_CASES = [
+  c
+  for c in CASES
+  if c[0]
+  in (
+    "vanilla",
+    "off_by_one",
+    "learnable",
+    "learnable_sinks_pm50",
+    "causal_bottom_right",
+    "window_gptoss",
+    "lengths",
+    "lengths_zero_and_empty_batch",
+    "lengths_vanilla_empty",
+    "segments_causal_lengths",
+    "gqa_8_1",
+    "hv_ne_h",
+  )
+]
 
 
 def _setup(case, dtype, seed=0):
@@ -25,15 +41,16 @@ def _setup(case, dtype, seed=0):
   extras = _extras(tag, q.shape[0], q.shape[1], k.shape[1], seed)
   learn = (opts.get("softmax_type") or "learnable") == "learnable"
   dout = jnp.asarray(np.random.default_rng(seed + 1).standard_normal(q.shape[:3] + v.shape[3:]), dtype)
-  dlse = jnp.asarray(np.random.default_rng(seed + 2).standard_normal((q.shape[0], q.shape[2], q.shape[1])),
-                     jnp.float32)
+  dlse = jnp.asarray(np.random.default_rng(seed + 2).standard_normal((q.shape[0], q.shape[2], q.shape[1])), jnp.float32)
   return q, k, v, (sinks if learn else None), extras, opts, dout, dlse
 
 
 def _grads(impl, q, k, v, s, extras, opts, dout, dlse):
   """VJP of (out, lse) with cotangents (dout, dlse), differentiated in q, k, v (and sinks)."""
+
   def f(q, k, v, s):
     return sinkattn.dot_product_attention(q, k, v, s, return_residual=True, implementation=impl, **opts, **extras)
+
   (out, lse), vjp = jax.vjp(f, q, k, v, s)
   return vjp((dout, jnp.where(jnp.isfinite(lse), dlse, 0.0)))
 
@@ -64,8 +81,9 @@ def test_fused_grads_low_precision(platform, case, dtype):
   q, k, v, s, extras, opts, dout, dlse = _setup(case, dtype)
   npkw = _np_kwargs(opts, extras, q.shape[2])
   _, lse64 = numpy_ref.forward(f64(q), f64(k), f64(v), f64(s), **npkw)
-  want = numpy_ref.backward(f64(q), f64(k), f64(v), f64(s), f64(dout), np.where(np.isfinite(lse64), f64(dlse), 0),
-                            **npkw)
+  want = numpy_ref.backward(
+    f64(q), f64(k), f64(v), f64(s), f64(dout), np.where(np.isfinite(lse64), f64(dlse), 0), **npkw
+  )
   got = _grads("fused", q, k, v, s, extras, opts, dout, dlse)
   for name, g, w in zip(("dq", "dk", "dv", "dsinks"), got, want):
     if g is not None:
@@ -73,9 +91,15 @@ def test_fused_grads_low_precision(platform, case, dtype):
       assert_close(g, w, GRAD_TOL[np.dtype(dtype)], f"fused {name}")
 
 
-@pytest.mark.parametrize("case", [c for c in GRAD_CASES if c[0] in (
-    "learnable", "causal_bottom_right", "window_gptoss", "lengths_vanilla_empty", "segments_causal_lengths")],
-    ids=lambda c: c[0])
+@pytest.mark.parametrize(
+  "case",
+  [
+    c
+    for c in GRAD_CASES
+    if c[0] in ("learnable", "causal_bottom_right", "window_gptoss", "lengths_vanilla_empty", "segments_causal_lengths")
+  ],
+  ids=lambda c: c[0],
+)
 def test_reference_check_grads(case):
   """Finite differences in float64 on the reference (x64 only inside this test)."""
   with jax.enable_x64(True):
@@ -85,9 +109,11 @@ def test_reference_check_grads(case):
     extras = {n: (a[:, :8] if n == "query_segment_ids" else a) for n, a in extras.items()}
 
     def f(q, k, v, s):
-      out, lse = sinkattn.dot_product_attention(q, k, v, s, return_residual=True, implementation="reference",
-                                                **opts, **extras)
+      out, lse = sinkattn.dot_product_attention(
+        q, k, v, s, return_residual=True, implementation="reference", **opts, **extras
+      )
       return jnp.sum(jnp.sin(out)) + jnp.sum(jnp.where(jnp.isfinite(lse), jnp.tanh(lse), 0.0))
+
     args = (q, k, v) if s is None else (q, k, v, s)
     g = f if s is not None else (lambda q, k, v: f(q, k, v, None))
     check_grads(g, args, order=1, modes=["rev"], atol=1e-5, rtol=1e-5, eps=1e-6)
@@ -114,8 +140,9 @@ def test_vmap_of_grad_all_batched(platform):
   """vmap(grad) with every input batched and no learnable sink: the backward folds the vmap dim."""
   q, k, v, _ = make_inputs(13, B=2, T=8, S=8)
   qs, ks, vs = (jnp.stack([x, -x, 0.5 * x]) for x in (q, k, v))
-  f = lambda q, k, v: jnp.sum(jnp.sin(sinkattn.dot_product_attention(q, k, v, softmax_type="off_by_one",
-                                                                      is_causal=True)))
+  f = lambda q, k, v: jnp.sum(
+    jnp.sin(sinkattn.dot_product_attention(q, k, v, softmax_type="off_by_one", is_causal=True))
+  )
   g = jax.vmap(jax.grad(f, argnums=(0, 1, 2)))(qs, ks, vs)
   for i in range(3):
     for got, want in zip(g, jax.grad(f, argnums=(0, 1, 2))(qs[i], ks[i], vs[i])):
@@ -135,6 +162,7 @@ def test_packed_documents_grads_tile_sizes(platform, H):
   test_packed_documents_tile_sizes): dq, dk, dv and dsinks against the fp64 backward, with a shifted key layout
   that leaves rows without keys, and dlse."""
   from test_ops import packed_ids
+
   q, k, v, s = make_inputs(23, B=2, T=384, S=384, N=4, K=2, H=H, dtype=jnp.bfloat16)
   extras = dict(query_segment_ids=packed_ids(2, 384), key_value_segment_ids=packed_ids(2, 384, 5))
   opts = dict(is_causal=True)
@@ -142,8 +170,9 @@ def test_packed_documents_grads_tile_sizes(platform, H):
   dlse = jnp.asarray(np.random.default_rng(25).standard_normal((2, 4, 384)), jnp.float32)
   npkw = _np_kwargs(opts, extras, 4)
   _, lse64 = numpy_ref.forward(f64(q), f64(k), f64(v), f64(s), **npkw)
-  want = numpy_ref.backward(f64(q), f64(k), f64(v), f64(s), f64(dout), np.where(np.isfinite(lse64), f64(dlse), 0),
-                            **npkw)
+  want = numpy_ref.backward(
+    f64(q), f64(k), f64(v), f64(s), f64(dout), np.where(np.isfinite(lse64), f64(dlse), 0), **npkw
+  )
   got = jax.jit(lambda *a: _grads("fused", *a[:4], a[4], opts, *a[5:]))(q, k, v, s, extras, dout, dlse)
   for name, g, w in zip(("dq", "dk", "dv", "dsinks"), got, want):
     assert_close(g, w, GRAD_TOL[np.dtype(jnp.bfloat16)], f"fused {name}")

@@ -2,6 +2,7 @@
 (bitwise-identical outputs and gradients, dsinks included, run to run; on CUDA too, marked gpu) and the
 edge behaviours of include/sinkattn.h's EDGES section as a JAX user sees them (empty rows, +-inf and NaN
 sinks, NaN in padding)."""
+
 import threading
 
 import jax
@@ -26,12 +27,21 @@ def _bits(x):
 
 
 def _loss(q, k, v, sinks, kv_lens):
-  out, lse = sinkattn.dot_product_attention(q, k, v, sinks, is_causal=True, causal_alignment="bottom_right",
-                                            key_value_seq_lengths=kv_lens, return_residual=True,
-                                            implementation="fused")
+  out, lse = sinkattn.dot_product_attention(
+    q,
+    k,
+    v,
+    sinks,
+    is_causal=True,
+    causal_alignment="bottom_right",
+    key_value_seq_lengths=kv_lens,
+    return_residual=True,
+    implementation="fused",
+  )
   # The lse term makes dlse non-zero, so the backward's D_i - dlse_i path is exercised.
   return jnp.sum(out.astype(jnp.float32) * jnp.cos(out.astype(jnp.float32))) + 0.1 * jnp.sum(
-      jnp.where(jnp.isfinite(lse), lse, 0.0))
+    jnp.where(jnp.isfinite(lse), lse, 0.0)
+  )
 
 
 _grad = jax.jit(jax.value_and_grad(_loss, argnums=(0, 1, 2, 3)))
@@ -84,16 +94,26 @@ def test_empty_rows_and_lengths_out_of_range():
   q, k, v, sinks = _inputs(5)
   kv_lens = jnp.asarray([0, 1000], jnp.int32)  # batch 0: no key; batch 1: clamped to S
   q_lens = jnp.asarray([-3, 37], jnp.int32)
-  out, lse = sinkattn.dot_product_attention(q, k, v, sinks, key_value_seq_lengths=kv_lens,
-                                            query_seq_lengths=q_lens, return_residual=True,
-                                            implementation="fused")
+  out, lse = sinkattn.dot_product_attention(
+    q,
+    k,
+    v,
+    sinks,
+    key_value_seq_lengths=kv_lens,
+    query_seq_lengths=q_lens,
+    return_residual=True,
+    implementation="fused",
+  )
   out, lse = np.asarray(out), np.asarray(lse)
   assert np.all(out[0] == 0), "a row without keys must give out = 0"
   assert _bits(lse[0]) == _bits(np.broadcast_to(np.asarray(sinks)[:, None], lse[0].shape)), "lse = sink"
   ref = sinkattn.dot_product_attention(q, k, v, sinks, implementation="fused")
   assert _bits(out[1]) == _bits(np.asarray(ref)[1]), "kv length 1000 must act as S"
-  g = jax.grad(lambda q: jnp.sum(sinkattn.dot_product_attention(
-      q, k, v, sinks, key_value_seq_lengths=kv_lens, implementation="fused")))(q)
+  g = jax.grad(
+    lambda q: jnp.sum(
+      sinkattn.dot_product_attention(q, k, v, sinks, key_value_seq_lengths=kv_lens, implementation="fused")
+    )
+  )(q)
   assert np.all(np.isfinite(np.asarray(g))) and np.all(np.asarray(g)[0] == 0)
 
 
@@ -103,12 +123,14 @@ def test_infinite_and_nan_sinks():
   sinks = base.at[0].set(jnp.inf).at[1].set(-jnp.inf).at[2].set(jnp.nan)
   out, lse = sinkattn.dot_product_attention(q, k, v, sinks, return_residual=True, implementation="fused")
   out, lse = np.asarray(out), np.asarray(lse)
-  van, van_lse = sinkattn.dot_product_attention(q, k, v, softmax_type="vanilla", return_residual=True,
-                                                implementation="fused")
+  van, van_lse = sinkattn.dot_product_attention(
+    q, k, v, softmax_type="vanilla", return_residual=True, implementation="fused"
+  )
   van, van_lse = np.asarray(van), np.asarray(van_lse)
   assert np.all(out[:, :, 0] == 0) and np.all(lse[:, 0] == np.inf), "+inf sink: out 0, lse +inf"
-  assert _bits(out[:, :, 1]) == _bits(van[:, :, 1]) and _bits(lse[:, 1]) == _bits(van_lse[:, 1]), \
-      "-inf sink must equal vanilla bitwise"
+  assert _bits(out[:, :, 1]) == _bits(van[:, :, 1]) and _bits(lse[:, 1]) == _bits(van_lse[:, 1]), (
+    "-inf sink must equal vanilla bitwise"
+  )
   assert np.all(np.isnan(out[:, :, 2])) and np.all(np.isnan(lse[:, 2])), "NaN sink: NaN in its head"
   clean = np.asarray(sinkattn.dot_product_attention(q, k, v, base, implementation="fused"))
   assert _bits(out[:, :, 3]) == _bits(clean[:, :, 3]), "a NaN sink in head 2 changed head 3"

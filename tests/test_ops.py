@@ -1,5 +1,6 @@
 """Forward of sinkattn.dot_product_attention: fused and reference against the fp64 NumPy reference, for
 every option; vmap, jit caching, sinks shapes and dtypes, edge rows."""
+
 import warnings
 
 import jax
@@ -16,30 +17,33 @@ SOFTMAX = {"vanilla": 0, "off_by_one": 1, "off-by-one": 1, "learnable": 2}
 # (id, shape overrides, dot_product_attention options, extra arrays). Lengths/segments are built by
 # `_extras` from a tag so the ids stay readable.
 CASES = [
-    ("vanilla", {}, dict(softmax_type="vanilla"), None),
-    ("off_by_one", {}, dict(softmax_type="off_by_one"), None),
-    ("off-by-one_alias_causal", {}, dict(softmax_type="off-by-one", is_causal=True), None),
-    ("learnable", {}, dict(), None),
-    ("learnable_sinks_pm50", dict(sink_range=50.0), dict(), None),
-    ("causal_top_left", dict(T=12, S=20), dict(is_causal=True), None),
-    ("causal_bottom_right", dict(T=12, S=20), dict(is_causal=True, causal_alignment="bottom_right"), None),
-    ("causal_bottom_right_T>S", dict(T=20, S=12), dict(is_causal=True, causal_alignment="bottom_right"), None),
-    ("window_sym", {}, dict(local_window_size=3), None),
-    ("window_gptoss", dict(T=24, S=24), dict(is_causal=True, local_window_size=(5, 0)), None),
-    ("window_left_only", {}, dict(local_window_size=(4, None)), None),
-    ("window_bottom_right", dict(T=8, S=20), dict(is_causal=True, causal_alignment="bottom_right",
-                                                  local_window_size=(6, 0)), None),
-    ("lengths", dict(B=3), dict(is_causal=True), "lengths"),
-    ("lengths_zero_and_empty_batch", dict(B=3), dict(), "lengths0"),
-    ("lengths_vanilla_empty", dict(B=3), dict(softmax_type="vanilla"), "lengths0"),
-    ("lengths_bottom_right", dict(B=3, T=10, S=18), dict(is_causal=True, causal_alignment="bottom_right"),
-     "lengths"),
-    ("segments", dict(T=20, S=20), dict(), "segments"),
-    ("segments_causal_lengths", dict(T=20, S=20), dict(is_causal=True), "both"),
-    ("gqa_8_1", dict(N=8, K=1), dict(is_causal=True), None),
-    ("mha_4_4", dict(N=4, K=4), dict(), None),
-    ("hv_ne_h", dict(H=16, Hv=8), dict(), None),
-    ("head_dim_64_scale", dict(H=64, Hv=32, T=9, S=33), dict(scale=0.3), None),
+  ("vanilla", {}, dict(softmax_type="vanilla"), None),
+  ("off_by_one", {}, dict(softmax_type="off_by_one"), None),
+  ("off-by-one_alias_causal", {}, dict(softmax_type="off-by-one", is_causal=True), None),
+  ("learnable", {}, dict(), None),
+  ("learnable_sinks_pm50", dict(sink_range=50.0), dict(), None),
+  ("causal_top_left", dict(T=12, S=20), dict(is_causal=True), None),
+  ("causal_bottom_right", dict(T=12, S=20), dict(is_causal=True, causal_alignment="bottom_right"), None),
+  ("causal_bottom_right_T>S", dict(T=20, S=12), dict(is_causal=True, causal_alignment="bottom_right"), None),
+  ("window_sym", {}, dict(local_window_size=3), None),
+  ("window_gptoss", dict(T=24, S=24), dict(is_causal=True, local_window_size=(5, 0)), None),
+  ("window_left_only", {}, dict(local_window_size=(4, None)), None),
+  (
+    "window_bottom_right",
+    dict(T=8, S=20),
+    dict(is_causal=True, causal_alignment="bottom_right", local_window_size=(6, 0)),
+    None,
+  ),
+  ("lengths", dict(B=3), dict(is_causal=True), "lengths"),
+  ("lengths_zero_and_empty_batch", dict(B=3), dict(), "lengths0"),
+  ("lengths_vanilla_empty", dict(B=3), dict(softmax_type="vanilla"), "lengths0"),
+  ("lengths_bottom_right", dict(B=3, T=10, S=18), dict(is_causal=True, causal_alignment="bottom_right"), "lengths"),
+  ("segments", dict(T=20, S=20), dict(), "segments"),
+  ("segments_causal_lengths", dict(T=20, S=20), dict(is_causal=True), "both"),
+  ("gqa_8_1", dict(N=8, K=1), dict(is_causal=True), None),
+  ("mha_4_4", dict(N=4, K=4), dict(), None),
+  ("hv_ne_h", dict(H=16, Hv=8), dict(), None),
+  ("head_dim_64_scale", dict(H=64, Hv=32, T=9, S=33), dict(scale=0.3), None),
 ]
 
 
@@ -55,10 +59,12 @@ def _extras(tag, B, T, S, seed=0):
   if tag in ("segments", "both"):
     cut_q = np.sort(rng.integers(0, T, (B, 2)), axis=1)
     cut_k = np.sort(rng.integers(0, S, (B, 2)), axis=1)
-    out["query_segment_ids"] = jnp.asarray((np.arange(T)[None] >= cut_q[:, :1]) + (np.arange(T)[None] >= cut_q[:, 1:]),
-                                           jnp.int32)
-    out["key_value_segment_ids"] = jnp.asarray((np.arange(S)[None] >= cut_k[:, :1])
-                                               + (np.arange(S)[None] >= cut_k[:, 1:]), jnp.int32)
+    out["query_segment_ids"] = jnp.asarray(
+      (np.arange(T)[None] >= cut_q[:, :1]) + (np.arange(T)[None] >= cut_q[:, 1:]), jnp.int32
+    )
+    out["key_value_segment_ids"] = jnp.asarray(
+      (np.arange(S)[None] >= cut_k[:, :1]) + (np.arange(S)[None] >= cut_k[:, 1:]), jnp.int32
+    )
   return out
 
 
@@ -69,8 +75,12 @@ def _np_kwargs(opts, extras, N):
   w = (-1, -1) if w is None else (w, w) if isinstance(w, int) else tuple(-1 if x is None else x for x in w)
   causal = 0 if not opts.get("is_causal") else 2 if opts.get("causal_alignment") == "bottom_right" else 1
   kw = dict(softmax=SOFTMAX[st], causal=causal, window=w, scale=opts.get("scale"))
-  names = dict(query_seq_lengths="q_lens", key_value_seq_lengths="kv_lens", query_segment_ids="q_seg",
-               key_value_segment_ids="kv_seg")
+  names = dict(
+    query_seq_lengths="q_lens",
+    key_value_seq_lengths="kv_lens",
+    query_segment_ids="q_seg",
+    key_value_segment_ids="kv_seg",
+  )
   kw.update({names[k]: np.asarray(v) for k, v in extras.items()})
   return kw
 
@@ -87,8 +97,11 @@ def run_case(case, dtype, seed=0):
   want_out, want_lse = numpy_ref.forward(f64(q), f64(k), f64(v), f64(s), **_np_kwargs(opts, extras, N))
   res = {}
   for impl in ("fused", "reference"):
-    res[impl] = jax.jit(lambda q, k, v, s, ex, impl=impl: sinkattn.dot_product_attention(
-        q, k, v, s, return_residual=True, implementation=impl, **opts, **ex))(q, k, v, s, extras)
+    res[impl] = jax.jit(
+      lambda q, k, v, s, ex, impl=impl: sinkattn.dot_product_attention(
+        q, k, v, s, return_residual=True, implementation=impl, **opts, **ex
+      )
+    )(q, k, v, s, extras)
   return res, want_out, want_lse
 
 
@@ -101,8 +114,21 @@ def test_forward_f32(platform, case):
     assert_close(lse, want_lse, LSE_TOL[np.dtype(np.float32)], f"{impl} lse")
 
 
-LOW = [c for c in CASES if c[0] in ("learnable", "causal_bottom_right", "window_gptoss", "lengths_zero_and_empty_batch",
-                                    "segments_causal_lengths", "gqa_8_1", "hv_ne_h", "learnable_sinks_pm50")]
+LOW = [
+  c
+  for c in CASES
+  if c[0]
+  in (
+    "learnable",
+    "causal_bottom_right",
+    "window_gptoss",
+    "lengths_zero_and_empty_batch",
+    "segments_causal_lengths",
+    "gqa_8_1",
+    "hv_ne_h",
+    "learnable_sinks_pm50",
+  )
+]
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
@@ -131,9 +157,17 @@ def test_empty_rows_and_huge_sinks(platform, impl):
   ql = jnp.asarray([3, 4], jnp.int32)
   kl = jnp.asarray([0, 6], jnp.int32)  # batch 0: every row empty
   for st, s in (("vanilla", None), ("off_by_one", None), ("learnable", sinks)):
-    out, lse = sinkattn.dot_product_attention(q, k, v, s, softmax_type=st, query_seq_lengths=ql,
-                                              key_value_seq_lengths=kl, return_residual=True,
-                                              implementation=impl)
+    out, lse = sinkattn.dot_product_attention(
+      q,
+      k,
+      v,
+      s,
+      softmax_type=st,
+      query_seq_lengths=ql,
+      key_value_seq_lengths=kl,
+      return_residual=True,
+      implementation=impl,
+    )
     assert not np.any(np.isnan(np.asarray(out))) and not np.any(np.isnan(np.asarray(lse)))
     assert np.all(np.asarray(out[0]) == 0.0) and np.all(np.asarray(out[1, 4:]) == 0.0)
     want = {"vanilla": -np.inf, "off_by_one": 0.0}.get(st)
@@ -151,11 +185,10 @@ def test_no_keys_at_all(platform, impl):
   out, lse = sinkattn.dot_product_attention(q, k, v, sinks, return_residual=True, implementation=impl)
   assert out.shape == (2, 3, 4, 8) and np.all(np.asarray(out) == 0.0)
   np.testing.assert_array_equal(np.asarray(lse), np.broadcast_to(np.asarray(sinks)[None, :, None], (2, 4, 3)))
-  loss = lambda q, s: jnp.sum(sinkattn.dot_product_attention(q, k, v, s, return_residual=True,
-                                                             implementation=impl)[1])
+  loss = lambda q, s: jnp.sum(sinkattn.dot_product_attention(q, k, v, s, return_residual=True, implementation=impl)[1])
   dq, ds = jax.grad(loss, argnums=(0, 1))(q, sinks)
   np.testing.assert_array_equal(np.asarray(dq), 0.0)
-  np.testing.assert_allclose(np.asarray(ds), 6.0)    # d lse / d a_n = exp(a_n - lse) = 1, over B*T rows
+  np.testing.assert_allclose(np.asarray(ds), 6.0)  # d lse / d a_n = exp(a_n - lse) = 1, over B*T rows
 
 
 def test_sinks_shapes_and_dtypes(platform):
@@ -166,7 +199,8 @@ def test_sinks_shapes_and_dtypes(platform):
   sb = sinks.astype(jnp.bfloat16)
   for impl in ("fused", "reference"):
     g = jax.grad(lambda s: jnp.sum(sinkattn.dot_product_attention(q, k, v, s, implementation=impl) ** 2))(
-        sb.reshape(1, -1, 1, 1))
+      sb.reshape(1, -1, 1, 1)
+    )
     assert g.dtype == jnp.bfloat16 and g.shape == (1, 4, 1, 1)
     assert float(jnp.max(jnp.abs(g.astype(jnp.float32)))) > 0
 
@@ -182,8 +216,9 @@ def test_vmap(platform, impl):
   ks = jnp.stack([k, k[::-1], 2 * k])
   ss = jnp.stack([sinks, -sinks, sinks + 3])
   lens = jnp.asarray([[3, 8], [8, 0], [1, 5]], jnp.int32)
-  f = lambda q, k, s, l: sinkattn.dot_product_attention(q, k, v, s, is_causal=True, key_value_seq_lengths=l,
-                                                        implementation=impl)
+  f = lambda q, k, s, l: sinkattn.dot_product_attention(
+    q, k, v, s, is_causal=True, key_value_seq_lengths=l, implementation=impl
+  )
   # fold path (everything batched but sinks) and loop path (batched sinks, unbatched k)
   got = jax.vmap(f, in_axes=(0, 0, None, 0))(qs, ks, sinks, lens)
   np.testing.assert_allclose(got, _loop(lambda q, k, l: f(q, k, sinks, l), qs, ks, lens), atol=1e-6)
@@ -227,13 +262,15 @@ def test_env_selects_reference(platform, monkeypatch):
 def test_primitives_signature(platform):
   """The internal primitives other modules build on: q/k/v BTNH, sinks fp32 [N], lse [B,N,T]."""
   from sinkattn import primitives
+
   # The raw FFI calls have no fallback: the CUDA kernels take 16-bit inputs only.
   dtype = jnp.float32 if platform == "cpu" else jnp.bfloat16
   q, k, v, sinks = make_inputs(7, T=8, S=8, dtype=dtype)
   kw = dict(softmax=2, causal=1, window_left=-1, window_right=-1, diag_offset=4, scale=0.25)
   out, lse = primitives.attn_fwd(q, k, v, sinks, None, None, None, None, **kw)
-  want_out, want_lse = numpy_ref.forward(f64(q), f64(k), f64(v), f64(sinks), softmax=2, causal=1, scale=0.25,
-                                         diag_offset=4)
+  want_out, want_lse = numpy_ref.forward(
+    f64(q), f64(k), f64(v), f64(sinks), softmax=2, causal=1, scale=0.25, diag_offset=4
+  )
   assert_close(out, want_out, OUT_TOL[np.dtype(dtype)], "out")
   assert_close(lse, want_lse, LSE_TOL[np.dtype(dtype)], "lse")
   dout = jnp.ones_like(out)
@@ -263,7 +300,7 @@ def packed_ids(B, L, shift=0):
   ids = np.zeros((B, L), np.int32)
   for b in range(B):
     for cut in np.cumsum(layouts[b % len(layouts)]):
-      ids[b, min(L, cut + shift):] += 1
+      ids[b, min(L, cut + shift) :] += 1
   return jnp.asarray(ids)
 
 
@@ -277,13 +314,15 @@ def test_packed_documents_tile_sizes(platform, H, shift):
   ex = dict(query_segment_ids=packed_ids(2, 384), key_value_segment_ids=packed_ids(2, 384, shift))
   opts = dict(is_causal=True)
   want_out, want_lse = numpy_ref.forward(f64(q), f64(k), f64(v), f64(sinks), **_np_kwargs(opts, ex, 4))
-  out, lse = jax.jit(lambda q, k, v, s, ex: sinkattn.dot_product_attention(
-      q, k, v, s, return_residual=True, **opts, **ex))(q, k, v, sinks, ex)
+  out, lse = jax.jit(
+    lambda q, k, v, s, ex: sinkattn.dot_product_attention(q, k, v, s, return_residual=True, **opts, **ex)
+  )(q, k, v, sinks, ex)
   assert_close(out, want_out, OUT_TOL[np.dtype(jnp.bfloat16)], "out")
   assert_close(lse, want_lse, LSE_TOL[np.dtype(jnp.bfloat16)], "lse")
   if shift:  # the rows that see no key: exactly 0 out and the sink as lse
-    empty = ~numpy_ref.mask(2, 384, 384, q_seg=np.asarray(ex["query_segment_ids"]),
-                            kv_seg=np.asarray(ex["key_value_segment_ids"]), causal=1).any(-1)  # [B, T]
+    empty = ~numpy_ref.mask(
+      2, 384, 384, q_seg=np.asarray(ex["query_segment_ids"]), kv_seg=np.asarray(ex["key_value_segment_ids"]), causal=1
+    ).any(-1)  # [B, T]
     assert empty.any()
     assert np.all(np.asarray(out, np.float32)[empty] == 0)
     assert np.all(np.asarray(lse).transpose(0, 2, 1)[empty] == np.asarray(sinks))

@@ -5,6 +5,7 @@ The device checks run in one subprocess (XLA's device count is fixed when jax st
 modules may have started it with one device); this module then asserts on its JSON report, one test
 per case. The schedule and zigzag helpers are pure and tested in-process.
 """
+
 import json
 import os
 import subprocess
@@ -18,29 +19,53 @@ TOL = 2e-5  # float32 throughout; observed max errors are ~1e-6
 
 # name: (P, layout, B, T, S, N, K, options); sinks U(-10, 10) with heads 0 and 1 at +50 and -50.
 CASES = {
-    "contig_causal_gqa": (4, "contiguous", 2, 32, 32, 4, 2, dict(is_causal=True)),
-    "contig_full": (4, "contiguous", 2, 32, 32, 4, 4, dict()),
-    "contig_window": (4, "contiguous", 1, 32, 32, 4, 1, dict(local_window_size=(3, 9))),
-    "contig_causal_lengths": (4, "contiguous", 2, 32, 32, 4, 2,
-                              dict(is_causal=True, query_seq_lengths=[27, 9], key_value_seq_lengths=[27, 9])),
-    "contig_segments": (4, "contiguous", 2, 32, 32, 4, 2, dict(is_causal=True, segments=True)),
-    "contig_bottom_right_cross": (4, "contiguous", 2, 16, 32, 4, 2,
-                                  dict(is_causal=True, causal_alignment="bottom_right")),
-    "zigzag_causal": (4, "zigzag", 2, 32, 32, 4, 2, dict(is_causal=True)),
-    "zigzag_causal_window": (4, "zigzag", 1, 32, 32, 4, 2, dict(is_causal=True, local_window_size=(5, 0))),
-    "zigzag_lengths_off_by_one": (4, "zigzag", 2, 32, 32, 4, 2,
-                                  dict(is_causal=True, softmax_type="off_by_one",
-                                       query_seq_lengths=[21, 32], key_value_seq_lengths=[21, 32])),
-    "zigzag_vanilla_p8": (8, "zigzag", 1, 32, 32, 2, 1, dict(is_causal=True, softmax_type="vanilla")),
-    "mesh2d_batch": (4, "contiguous", 2, 32, 32, 4, 2, dict(is_causal=True, mesh2d="batch")),
-    "mesh2d_heads": (4, "zigzag", 1, 32, 32, 4, 2, dict(is_causal=True, mesh2d="heads")),
+  "contig_causal_gqa": (4, "contiguous", 2, 32, 32, 4, 2, dict(is_causal=True)),
+  "contig_full": (4, "contiguous", 2, 32, 32, 4, 4, dict()),
+  "contig_window": (4, "contiguous", 1, 32, 32, 4, 1, dict(local_window_size=(3, 9))),
+  "contig_causal_lengths": (
+    4,
+    "contiguous",
+    2,
+    32,
+    32,
+    4,
+    2,
+    dict(is_causal=True, query_seq_lengths=[27, 9], key_value_seq_lengths=[27, 9]),
+  ),
+  "contig_segments": (4, "contiguous", 2, 32, 32, 4, 2, dict(is_causal=True, segments=True)),
+  "contig_bottom_right_cross": (
+    4,
+    "contiguous",
+    2,
+    16,
+    32,
+    4,
+    2,
+    dict(is_causal=True, causal_alignment="bottom_right"),
+  ),
+  "zigzag_causal": (4, "zigzag", 2, 32, 32, 4, 2, dict(is_causal=True)),
+  "zigzag_causal_window": (4, "zigzag", 1, 32, 32, 4, 2, dict(is_causal=True, local_window_size=(5, 0))),
+  "zigzag_lengths_off_by_one": (
+    4,
+    "zigzag",
+    2,
+    32,
+    32,
+    4,
+    2,
+    dict(is_causal=True, softmax_type="off_by_one", query_seq_lengths=[21, 32], key_value_seq_lengths=[21, 32]),
+  ),
+  "zigzag_vanilla_p8": (8, "zigzag", 1, 32, 32, 2, 1, dict(is_causal=True, softmax_type="vanilla")),
+  "mesh2d_batch": (4, "contiguous", 2, 32, 32, 4, 2, dict(is_causal=True, mesh2d="batch")),
+  "mesh2d_heads": (4, "zigzag", 1, 32, 32, 4, 2, dict(is_causal=True, mesh2d="heads")),
 }
 
 
 def _worker():
   import jax
   import jax.numpy as jnp
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
 
   import sinkattn
 
@@ -71,19 +96,19 @@ def _worker():
       return loss(out, lse), (out, lse)
 
     if mesh2d:  # batch or heads split 2 ways on a second mesh axis
-      mesh = Mesh(np.array(jax.devices()[:2 * n_dev]).reshape(2, n_dev), ("x", "sp"))
+      mesh = Mesh(np.array(jax.devices()[: 2 * n_dev]).reshape(2, n_dev), ("x", "sp"))
       extra = dict(batch_axes="x") if mesh2d == "batch" else dict(head_axes="x")
     else:
       mesh = Mesh(np.array(jax.devices()[:n_dev]), ("sp",))
       extra = {}
     zz = (lambda x, axis=1: sinkattn.zigzag_shard(x, n_dev, axis)) if layout == "zigzag" else (lambda x, axis=1: x)
-    unzz = ((lambda x, axis=1: sinkattn.zigzag_unshard(x, n_dev, axis)) if layout == "zigzag"
-            else (lambda x, axis=1: x))
+    unzz = (lambda x, axis=1: sinkattn.zigzag_unshard(x, n_dev, axis)) if layout == "zigzag" else (lambda x, axis=1: x)
     ring_opts = {kk: (zz(vv) if kk.endswith("segment_ids") else vv) for kk, vv in opts.items()}
 
     def ring(q, k, v, s):
-      out, lse = sinkattn.ring_attention_sharded(zz(q), zz(k), zz(v), s, mesh=mesh, axis_name="sp",
-                                                 layout=layout, return_residual=True, **extra, **ring_opts)
+      out, lse = sinkattn.ring_attention_sharded(
+        zz(q), zz(k), zz(v), s, mesh=mesh, axis_name="sp", layout=layout, return_residual=True, **extra, **ring_opts
+      )
       out, lse = unzz(out), unzz(lse, 2)
       return loss(out, lse), (out, lse)
 
@@ -93,9 +118,13 @@ def _worker():
     same_inf = bool(jnp.all(jnp.isfinite(l1) == jnp.isfinite(l2)))
     err = lambda a, b: float(jnp.max(jnp.abs(jnp.where(jnp.isfinite(a), a - b, 0.0))))
     scale = lambda a: float(jnp.max(jnp.abs(a)))
-    report[name] = dict(out=err(o1, o2), lse=err(l1, l2), same_inf=same_inf,
-                        grads={n: (err(a, b) / max(scale(a), 1.0)) for n, a, b in zip("qkvs", g1, g2)},
-                        dsinks_scale=scale(g1[3]) if learnable else None)
+    report[name] = dict(
+      out=err(o1, o2),
+      lse=err(l1, l2),
+      same_inf=same_inf,
+      grads={n: (err(a, b) / max(scale(a), 1.0)) for n, a, b in zip("qkvs", g1, g2)},
+      dsinks_scale=scale(g1[3]) if learnable else None,
+    )
 
   # The compiled program moves K/V with collective-permute only: no all-gather / all-to-all.
   mesh = Mesh(np.array(jax.devices()[:4]), ("sp",))
@@ -104,8 +133,9 @@ def _worker():
   s = jnp.ones((4,), jnp.float32)
 
   def grads(q, k, v, s):
-    f = lambda *a: jnp.sum(sinkattn.ring_attention_sharded(*a, mesh=mesh, axis_name="sp", layout="zigzag",
-                                                           is_causal=True) ** 2)
+    f = lambda *a: jnp.sum(
+      sinkattn.ring_attention_sharded(*a, mesh=mesh, axis_name="sp", layout="zigzag", is_causal=True) ** 2
+    )
     return jax.grad(f, (0, 1, 2, 3))(q, k, v, s)
 
   hlo = jax.jit(grads).lower(x, x, x, s).compile().as_text()
@@ -116,6 +146,7 @@ def _worker():
 @pytest.fixture(scope="module")
 def report():
   from conftest import run_on_cpu_devices
+
   return run_on_cpu_devices(__file__)
 
 
@@ -137,6 +168,7 @@ def test_ring_moves_kv_with_collective_permute_only(report):
 
 def test_zigzag_roundtrip_and_order():
   from sinkattn import zigzag_shard, zigzag_unshard
+
   x = np.arange(2 * 16).reshape(2, 16)
   z = np.asarray(zigzag_shard(x, 4, axis=1))
   # 8 chunks of 2; device r holds chunks r and 7 - r.
@@ -148,12 +180,14 @@ def test_zigzag_roundtrip_and_order():
 
 def _ring_cfg(size, zigzag, causal=True, window=(-1, -1)):
   from sinkattn.context_parallel import _Ring
+
   return _Ring("sp", size, zigzag, 2, causal, window[0], window[1], 0, 1.0, False)
 
 
 def _work(cfg, t, rows, cols):
   """Kernel calls per device at ring step t, and the diag_offsets of the partial blocks."""
   from sinkattn.context_parallel import _schedule
+
   n_chunks = 2 if cfg.zigzag else 1
   calls, offsets = [0] * cfg.size, set()
   for cq in range(n_chunks):
@@ -187,15 +221,16 @@ def test_schedule_skips_masked_steps_and_balances_zigzag():
 
 def test_block_classification():
   from sinkattn.context_parallel import _classify
+
   causal = _ring_cfg(2, False)
   assert _classify(0, 4, 4, causal) == "partial"
-  assert _classify(3, 4, 4, causal) == "full"      # row 0 sees keys 0..3
+  assert _classify(3, 4, 4, causal) == "full"  # row 0 sees keys 0..3
   assert _classify(2, 4, 4, causal) == "partial"
-  assert _classify(-4, 4, 4, causal) == "empty"    # row 3 sees key -1 at most
+  assert _classify(-4, 4, 4, causal) == "empty"  # row 3 sees key -1 at most
   assert _classify(-3, 4, 4, causal) == "partial"  # row 3 sees key 0
   window = _ring_cfg(2, False, causal=False, window=(1, 1))
-  assert _classify(6, 4, 4, window) == "empty"     # row 0 sees keys 5..7
-  assert _classify(4, 4, 4, window) == "partial"   # row 0 sees key 3
+  assert _classify(6, 4, 4, window) == "empty"  # row 0 sees keys 5..7
+  assert _classify(4, 4, 4, window) == "partial"  # row 0 sees key 3
   assert _classify(0, 1, 1, window) == "full"
 
 
@@ -206,8 +241,9 @@ def test_ring_bench_runs_on_cpu(tmp_path):
   env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
   bench = os.path.join(ROOT, "bench", "ring_bench.py")
-  proc = subprocess.run([sys.executable, bench, "--tiny", "--out", str(out)],
-                        env=env, capture_output=True, text=True, timeout=600)
+  proc = subprocess.run(
+    [sys.executable, bench, "--tiny", "--out", str(out)], env=env, capture_output=True, text=True, timeout=600
+  )
   assert proc.returncode == 0, proc.stderr[-4000:]
   result = json.loads(out.read_text())
   assert [r["per_device_len"] for r in result["rows"]] == [32, 64]

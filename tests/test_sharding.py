@@ -4,6 +4,7 @@ the unsharded run (out, lse, dq, dk, dv, dsinks) and the compiled program never 
 The device checks run in one subprocess (XLA's device count is fixed when jax starts, and other test
 modules may have started it with one device); this module asserts on its JSON report, one test per case.
 """
+
 import json
 
 import numpy as np
@@ -14,19 +15,20 @@ MOVES = ("all-gather", "all-to-all", "collective-permute")
 
 # name: (mesh shape, mesh axes, batch axes, head axes, B, N, K, options)
 CASES = {
-    "data8": ((8,), ("data",), "data", None, 8, 8, 2, dict(is_causal=True)),
-    "data2_model4": ((2, 4), ("data", "model"), "data", "model", 4, 8, 4, dict(local_window_size=(6, 2))),
-    "fsdp4_tp2": ((4, 2), ("fsdp", "tp"), "fsdp", "tp", 4, 8, 2, dict(is_causal=True, lengths=True)),
-    "fsdp_tp_both_batch": ((4, 2), ("fsdp", "tp"), ("fsdp", "tp"), None, 8, 4, 2, dict(is_causal=True)),
-    "mqa_tp4": ((2, 4), ("data", "model"), "data", "model", 4, 8, 1, dict(is_causal=True)),
-    "gqa_tp4_k2": ((2, 4), ("data", "model"), "data", "model", 4, 8, 2, dict(segments=True)),
+  "data8": ((8,), ("data",), "data", None, 8, 8, 2, dict(is_causal=True)),
+  "data2_model4": ((2, 4), ("data", "model"), "data", "model", 4, 8, 4, dict(local_window_size=(6, 2))),
+  "fsdp4_tp2": ((4, 2), ("fsdp", "tp"), "fsdp", "tp", 4, 8, 2, dict(is_causal=True, lengths=True)),
+  "fsdp_tp_both_batch": ((4, 2), ("fsdp", "tp"), ("fsdp", "tp"), None, 8, 4, 2, dict(is_causal=True)),
+  "mqa_tp4": ((2, 4), ("data", "model"), "data", "model", 4, 8, 1, dict(is_causal=True)),
+  "gqa_tp4_k2": ((2, 4), ("data", "model"), "data", "model", 4, 8, 2, dict(segments=True)),
 }
 
 
 def _worker():
   import jax
   import jax.numpy as jnp
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
 
   import sinkattn
   from sinkattn import primitives
@@ -58,18 +60,26 @@ def _worker():
     m = int(np.prod([mesh.shape[a] for a in ((h_ax,) if h_ax else ())]))
     kv_h = h_ax if K % m == 0 else None
     put = lambda x, *spec: jax.device_put(x, NamedSharding(mesh, P(*spec)))
-    args = (put(q, b_ax, None, h_ax, None), put(k, b_ax, None, kv_h, None), put(v, b_ax, None, kv_h, None),
-            put(sinks, h_ax), put(do, b_ax, None, h_ax, None), put(dl, b_ax, h_ax, None),
-            {n: put(x, b_ax, *([None] * (x.ndim - 1))) for n, x in extra.items()})
+    args = (
+      put(q, b_ax, None, h_ax, None),
+      put(k, b_ax, None, kv_h, None),
+      put(v, b_ax, None, kv_h, None),
+      put(sinks, h_ax),
+      put(do, b_ax, None, h_ax, None),
+      put(dl, b_ax, h_ax, None),
+      {n: put(x, b_ax, *([None] * (x.ndim - 1))) for n, x in extra.items()},
+    )
     want = jax.jit(run)(q, k, v, sinks, do, dl, extra)
     fn = jax.jit(run)
     got = fn(*args)
     hlo = fn.lower(*args).compile().as_text()
     names = ("out", "lse", "dq", "dk", "dv", "dsinks")
-    report[name] = dict(err={n: float(jnp.max(jnp.abs(a - b))) for n, a, b in zip(names, want, got)},
-                        dsinks_scale=float(jnp.max(jnp.abs(want[5]))),
-                        moves={op: hlo.count(op) for op in MOVES},
-                        out_batch_axes=got[0].sharding.spec[0])
+    report[name] = dict(
+      err={n: float(jnp.max(jnp.abs(a - b))) for n, a, b in zip(names, want, got)},
+      dsinks_scale=float(jnp.max(jnp.abs(want[5]))),
+      moves={op: hlo.count(op) for op in MOVES},
+      out_batch_axes=got[0].sharding.spec[0],
+    )
     # The same under an Explicit mesh (jax.sharding.set_mesh): sharding.py plans when tracing and runs
     # shard_map; results are typed sharded (custom_partitioning typed them replicated: XLA gathered them,
     # and custom_vjp rejected the gradients' types).
@@ -82,15 +92,32 @@ def _worker():
         egot, eager = efn(*eargs), run(*eargs)
         ehlo = efn.lower(*eargs).compile().as_text()
       err = lambda got: {n: float(jnp.max(jnp.abs(a - b))) for n, a, b in zip(names, want, got)}
-      report[name + "/explicit"] = dict(err=err(egot), err_eager=err(eager),
-                                        moves={op: ehlo.count(op) for op in MOVES},
-                                        types=[str(jax.typeof(x).sharding.spec) for x in egot],
-                                        want_types=[str(x.sharding.spec) for x in eargs[:4]])
+      report[name + "/explicit"] = dict(
+        err=err(egot),
+        err_eager=err(eager),
+        moves={op: ehlo.count(op) for op in MOVES},
+        types=[str(jax.typeof(x).sharding.spec) for x in egot],
+        want_types=[str(x.sharding.spec) for x in eargs[:4]],
+      )
     except Exception as e:  # noqa: BLE001
       report[name + "/explicit"] = dict(error=repr(e)[:2000])
     if name == "data2_model4":  # control: the bare FFI call is opaque to XLA, which gathers q/k/v
-      bare = lambda q, k, v, s: primitives.attn_fwd(q, k, v, s, None, None, None, None, softmax=2, causal=1,
-                                                    window_left=-1, window_right=-1, diag_offset=0, scale=0.3)
+      bare = lambda q, k, v, s: primitives.attn_fwd(
+        q,
+        k,
+        v,
+        s,
+        None,
+        None,
+        None,
+        None,
+        softmax=2,
+        causal=1,
+        window_left=-1,
+        window_right=-1,
+        diag_offset=0,
+        scale=0.3,
+      )
       hlo = jax.jit(bare).lower(*args[:4]).compile().as_text()
       report["control_bare_ffi"] = {op: hlo.count(op) for op in MOVES}
   # dot_product_attention inside shard_map, differentiated outside it: q heads split over 'd' with one kv
@@ -101,9 +128,10 @@ def _worker():
   q, k, v, do, dl = f32(2, T, 8, H), f32(2, T, 1, H), f32(2, T, 1, H), f32(2, T, 8, H), f32(2, 8, T)
   sinks = jnp.asarray(rng.uniform(-10, 10, 8), jnp.float32)
   attn = lambda q, k, v, s: sinkattn.dot_product_attention(q, k, v, s, is_causal=True, return_residual=True)
-  manual = jax.shard_map(attn, mesh=mesh, in_specs=(P(None, None, "d"), P(), P(), P("d")),
-                         out_specs=(P(None, None, "d"), P(None, "d")))
-  loss = lambda f: (lambda *a: jnp.sum(f(*a)[0] * do) + jnp.sum(f(*a)[1] * dl))
+  manual = jax.shard_map(
+    attn, mesh=mesh, in_specs=(P(None, None, "d"), P(), P(), P("d")), out_specs=(P(None, None, "d"), P(None, "d"))
+  )
+  loss = lambda f: lambda *a: jnp.sum(f(*a)[0] * do) + jnp.sum(f(*a)[1] * dl)
   want = jax.grad(loss(attn), (0, 1, 2, 3))(q, k, v, sinks)
   got = jax.jit(jax.grad(loss(manual), (0, 1, 2, 3)))(q, k, v, sinks)
   report["inside_shard_map"] = {n: float(jnp.max(jnp.abs(a - b))) for n, a, b in zip("qkvs", want, got)}
@@ -113,6 +141,7 @@ def _worker():
 @pytest.fixture(scope="module")
 def report():
   from conftest import run_on_cpu_devices
+
   return run_on_cpu_devices(__file__)
 
 

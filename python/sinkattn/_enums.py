@@ -42,8 +42,12 @@ class PlanKind(enum.IntEnum):
 
 
 # softmax_type names accepted by the Python API (the TE spelling 'off_by_one' and the paper's 'off-by-one').
-SOFTMAX_NAMES = {"vanilla": Softmax.VANILLA, "off_by_one": Softmax.OFF_BY_ONE, "off-by-one": Softmax.OFF_BY_ONE,
-                 "learnable": Softmax.LEARNABLE}
+SOFTMAX_NAMES = {
+  "vanilla": Softmax.VANILLA,
+  "off_by_one": Softmax.OFF_BY_ONE,
+  "off-by-one": Softmax.OFF_BY_ONE,
+  "learnable": Softmax.LEARNABLE,
+}
 
 # sa_dtype of q/k/v (and of a bias, which may differ from q's).
 DTYPE_CODES = {np.dtype(np.float32): 0, np.dtype(jnp.float16): 1, np.dtype(jnp.bfloat16): 2}

@@ -48,8 +48,17 @@ def likely_on_gpu(x) -> bool:
   return jax.default_backend() == "gpu"
 
 
-def run(impl: Optional[str], query, args: Sequence, *, op: str, fused: Callable, reference: Callable,
-        features: Sequence[str] = (), cuda_reason: Callable[[], Optional[str]] = lambda: None):
+def run(
+  impl: Optional[str],
+  query,
+  args: Sequence,
+  *,
+  op: str,
+  fused: Callable,
+  reference: Callable,
+  features: Sequence[str] = (),
+  cuda_reason: Callable[[], Optional[str]] = lambda: None,
+):
   """fused(*args), reference(*args), or the choice of the two per platform, for `impl` (already checked).
 
   features: names of the given arguments that the CUDA kernels do not take (from CUDA_LACKS) or that the
@@ -64,25 +73,38 @@ def run(impl: Optional[str], query, args: Sequence, *, op: str, fused: Callable,
   if jax.default_backend() == "gpu" and not _lib.has_cuda():
     if impl == "fused":
       _lib.load()  # a clear error when the library is missing altogether
-      raise RuntimeError(f"implementation='fused': {_lib.LIB_NAME} was built without CUDA, so there is no GPU "
-                         f"kernel for {op}: rebuild with nvcc on PATH, or use implementation=None / 'reference'")
-    _warn_once(("no cuda", op), f"sinkattn: {_lib.LIB_NAME} has no CUDA backend (built without nvcc); on GPU "
-               f"{op} falls back to the pure-jnp reference (O(T*S) memory, slower).")
+      raise RuntimeError(
+        f"implementation='fused': {_lib.LIB_NAME} was built without CUDA, so there is no GPU "
+        f"kernel for {op}: rebuild with nvcc on PATH, or use implementation=None / 'reference'"
+      )
+    _warn_once(
+      ("no cuda", op),
+      f"sinkattn: {_lib.LIB_NAME} has no CUDA backend (built without nvcc); on GPU "
+      f"{op} falls back to the pure-jnp reference (O(T*S) memory, slower).",
+    )
     return reference(*args)
   if features and not primitives.takes_bias_mask():
     if impl == "fused":
-      raise NotImplementedError(f"{features[0]}: the loaded {_lib.LIB_NAME} was built from sources without "
-                                "bias, mask and positions: rebuild it, or use implementation='reference'")
-    _warn_once(("old abi", features[0]), f"sinkattn: {features[0]}: the loaded {_lib.LIB_NAME} was built "
-               "from sources without bias, mask and positions; such calls run the pure-jnp reference "
-               "(O(T*S) memory, slower) until it is rebuilt.")
+      raise NotImplementedError(
+        f"{features[0]}: the loaded {_lib.LIB_NAME} was built from sources without "
+        "bias, mask and positions: rebuild it, or use implementation='reference'"
+      )
+    _warn_once(
+      ("old abi", features[0]),
+      f"sinkattn: {features[0]}: the loaded {_lib.LIB_NAME} was built "
+      "from sources without bias, mask and positions; such calls run the pure-jnp reference "
+      "(O(T*S) memory, slower) until it is rebuilt.",
+    )
     return reference(*args)
   why = _cuda_fallback(features, cuda_reason)
   if why is None:
     return fused(*args)
   if likely_on_gpu(query):
-    _warn_once(("cuda", why), f"sinkattn: {why}; on GPU such calls run the pure-jnp reference (O(T*S) memory, "
-               "slower); on CPU they keep the fused kernel.")
+    _warn_once(
+      ("cuda", why),
+      f"sinkattn: {why}; on GPU such calls run the pure-jnp reference (O(T*S) memory, "
+      "slower); on CPU they keep the fused kernel.",
+    )
   # Chosen when the computation is lowered, per platform: the CPU kernel takes every dtype and head dim.
   return jax.lax.platform_dependent(*args, cuda=reference, default=fused)
 
@@ -101,13 +123,18 @@ def _check_cudnn(query, op, features, cuda_reason) -> None:
   """implementation='cudnn' (jax.nn's name for its fused GPU kernel): the CUDA kernels, or an error saying
   why they cannot run this call."""
   if not likely_on_gpu(query) or not gpu_present():
-    raise RuntimeError(f"implementation='cudnn': {op} would not run on a GPU here (jax default backend "
-                       f"{jax.default_backend()!r}): use implementation=None or 'fused' for the CPU kernel")
+    raise RuntimeError(
+      f"implementation='cudnn': {op} would not run on a GPU here (jax default backend "
+      f"{jax.default_backend()!r}): use implementation=None or 'fused' for the CPU kernel"
+    )
   if not _lib.has_cuda():
     _lib.load()
-    raise RuntimeError(f"implementation='cudnn': {_lib.LIB_NAME} was built without CUDA: rebuild with nvcc on "
-                       "PATH, or use implementation=None")
+    raise RuntimeError(
+      f"implementation='cudnn': {_lib.LIB_NAME} was built without CUDA: rebuild with nvcc on "
+      "PATH, or use implementation=None"
+    )
   why = _cuda_fallback(features, cuda_reason)
   if why is not None:
-    raise ValueError(f"implementation='cudnn': {why}; use implementation=None (the reference runs such calls "
-                     "on GPU) or 'reference'")
+    raise ValueError(
+      f"implementation='cudnn': {why}; use implementation=None (the reference runs such calls on GPU) or 'reference'"
+    )

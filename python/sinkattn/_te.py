@@ -11,17 +11,17 @@ import jax.numpy as jnp
 
 # attn_mask_type -> (causal, alignment, padding: whether a sequence descriptor / mask may be given)
 MASK_TYPES = {
-    "no_mask": (False, "top_left", False),
-    "padding": (False, "top_left", True),
-    "causal": (True, "top_left", False),
-    "padding_causal": (True, "top_left", True),
-    "causal_padding": (True, "top_left", True),
-    "causal_bottom_right": (True, "bottom_right", False),
-    "bottom_right_causal": (True, "bottom_right", False),
-    "padding_causal_bottom_right": (True, "bottom_right", True),
-    "causal_padding_bottom_right": (True, "bottom_right", True),
-    "bottom_right_causal_padding": (True, "bottom_right", True),
-    "bottom_right_padding_causal": (True, "bottom_right", True),
+  "no_mask": (False, "top_left", False),
+  "padding": (False, "top_left", True),
+  "causal": (True, "top_left", False),
+  "padding_causal": (True, "top_left", True),
+  "causal_padding": (True, "top_left", True),
+  "causal_bottom_right": (True, "bottom_right", False),
+  "bottom_right_causal": (True, "bottom_right", False),
+  "padding_causal_bottom_right": (True, "bottom_right", True),
+  "causal_padding_bottom_right": (True, "bottom_right", True),
+  "bottom_right_causal_padding": (True, "bottom_right", True),
+  "bottom_right_padding_causal": (True, "bottom_right", True),
 }
 BIAS_TYPES = (None, "no_bias", "pre_scale_bias", "post_scale_bias")
 SEPARATE_LAYOUT = "bshd_bshd_bshd"
@@ -87,24 +87,30 @@ def call_arrays(sequence_descriptor, mask, *, attn_mask_type: Optional[str], pos
   if desc is None:
     return {}
   if attn_mask_type is not None and not MASK_TYPES[attn_mask_type][2]:
-    raise ValueError(f"{name}: given, but attn_mask_type={attn_mask_type!r} takes none (Transformer Engine "
-                     "ignores it): use a 'padding...' mask type")
+    raise ValueError(
+      f"{name}: given, but attn_mask_type={attn_mask_type!r} takes none (Transformer Engine "
+      "ignores it): use a 'padding...' mask type"
+    )
   if hasattr(desc, "shape"):
     return dict(mask=jnp.logical_not(jnp.asarray(desc).astype(bool)))
   if not all(hasattr(desc, f) for f in SequenceDescriptor._fields):
-    raise TypeError(f"{name}: expected an array (TE's mask, True = masked out) or a SequenceDescriptor, got "
-                    f"{type(desc).__name__}")
+    raise TypeError(
+      f"{name}: expected an array (TE's mask, True = masked out) or a SequenceDescriptor, got {type(desc).__name__}"
+    )
   if _given(desc.seq_offsets) is not None:
-    raise NotImplementedError(f"{name}: seq_offsets (THD packing) is not implemented: describe packed documents "
-                              "with SequenceDescriptor.from_segment_ids_and_pos on BSHD inputs")
+    raise NotImplementedError(
+      f"{name}: seq_offsets (THD packing) is not implemented: describe packed documents "
+      "with SequenceDescriptor.from_segment_ids_and_pos on BSHD inputs"
+    )
   out = {}
   seqlens, ids, pos = _given(desc.seqlens), _given(desc.segment_ids), _given(desc.segment_pos)
   if seqlens is not None:
     out.update(query_seq_lengths=seqlens[0], key_value_seq_lengths=seqlens[1])
   if ids is not None:
     q_ids, kv_ids = (jnp.asarray(x, jnp.int32) for x in ids)
-    out.update(query_segment_ids=jnp.where(q_ids == 0, -1, q_ids), key_value_segment_ids=jnp.where(kv_ids == 0, -2,
-                                                                                                    kv_ids))
+    out.update(
+      query_segment_ids=jnp.where(q_ids == 0, -1, q_ids), key_value_segment_ids=jnp.where(kv_ids == 0, -2, kv_ids)
+    )
   if pos is not None and positions_used:
     out.update(query_positions=pos[0], key_value_positions=pos[1])
   return out
@@ -115,8 +121,10 @@ def module_options(m) -> dict:
   refusing TE features that are not implemented and fields that say the same thing twice."""
   layout = str(m.qkv_layout).lower()
   if layout in PACKED_LAYOUTS:
-    raise NotImplementedError(f"qkv_layout: {m.qkv_layout!r} (packed) is not implemented: pass separate query, "
-                              f"key and value ({SEPARATE_LAYOUT!r})")
+    raise NotImplementedError(
+      f"qkv_layout: {m.qkv_layout!r} (packed) is not implemented: pass separate query, "
+      f"key and value ({SEPARATE_LAYOUT!r})"
+    )
   if layout != SEPARATE_LAYOUT:
     raise ValueError(f"qkv_layout: expected {SEPARATE_LAYOUT!r}, got {m.qkv_layout!r}")
   if m.attn_bias_type not in BIAS_TYPES:
@@ -125,13 +133,15 @@ def module_options(m) -> dict:
     if getattr(m, name) is not None:
       raise NotImplementedError(f"{name}: cuDNN score modification is not implemented")
   if m.context_parallel_axis or m.context_parallel_causal_load_balanced:
-    raise NotImplementedError("context_parallel_axis: context parallelism inside the module is not implemented: "
-                              "call sinkattn.ring_attention inside shard_map")
+    raise NotImplementedError(
+      "context_parallel_axis: context parallelism inside the module is not implemented: "
+      "call sinkattn.ring_attention inside shard_map"
+    )
   if str(m.context_parallel_strategy).upper() not in CP_STRATEGIES:
-    raise ValueError(f"context_parallel_strategy: expected one of {CP_STRATEGIES}, got "
-                     f"{m.context_parallel_strategy!r}")
-  opts = dict(is_causal=m.is_causal, causal_alignment=m.causal_alignment, local_window_size=m.local_window_size,
-              scale=m.scale)
+    raise ValueError(f"context_parallel_strategy: expected one of {CP_STRATEGIES}, got {m.context_parallel_strategy!r}")
+  opts = dict(
+    is_causal=m.is_causal, causal_alignment=m.causal_alignment, local_window_size=m.local_window_size, scale=m.scale
+  )
   if m.attn_mask_type is not None:
     if m.attn_mask_type not in MASK_TYPES:
       raise ValueError(f"attn_mask_type: expected one of {tuple(MASK_TYPES)}, got {m.attn_mask_type!r}")
@@ -158,27 +168,56 @@ def _like(tree, items):
   return dict(items) if isinstance(tree, dict) else type(tree)(dict(items))
 
 
-def from_transformer_engine(params):
-  """Moves every TE DotProductAttention's `.../_FusedDotProductAttention_0/softmax_offset` (or
-  `_UnfusedDotProductAttention_0`) one level up, where sinkattn.flax.DotProductAttention keeps it, renaming
-  the logical head axis 'nvte_head' of its LogicallyPartitioned box to 'heads'. See sinkattn.flax."""
+def from_transformer_engine(params: Any) -> Any:
+  """A Transformer Engine parameter tree with sinkattn's layout for the learnable sink.
+
+  What maps: each TE DotProductAttention keeps its sink at `<path>/_FusedDotProductAttention_0/softmax_offset`
+  (or `_UnfusedDotProductAttention_0` when TE ran its unfused path); sinkattn.flax.DotProductAttention keeps
+  the same array (shape (1, N, 1, 1), fp32) at `<path>/softmax_offset`. The logical head axis of its
+  LogicallyPartitioned box, 'nvte_head' in TE, becomes 'heads'. Every other entry is returned unchanged (a
+  sinkattn module in place of the TE one at `<path>` then loads the tree); TE's other modules (its
+  MultiHeadAttention's fused qkv projections, LayerNorm, ...) have no sinkattn counterpart and are not mapped.
+
+  Args:
+    params: a nested mapping (dict or FrozenDict) such as `variables` or `variables['params']`.
+
+  Returns:
+    A new tree of the same mapping types.
+
+  Raises:
+    ValueError: a TE scope holding more than softmax_offset, or a softmax_offset already beside it.
+  """
   if not isinstance(params, Mapping):
     return params
   items = {}
   for key, sub in params.items():
     if key in (FUSED_SCOPE, UNFUSED_SCOPE) and isinstance(sub, Mapping) and "softmax_offset" in sub:
       if set(sub) != {"softmax_offset"} or "softmax_offset" in params:
-        raise ValueError(f"{key}: expected TE's scope with only softmax_offset, got keys {sorted(sub)} "
-                         f"beside {sorted(params)}")
+        raise ValueError(
+          f"{key}: expected TE's scope with only softmax_offset, got keys {sorted(sub)} beside {sorted(params)}"
+        )
       items["softmax_offset"] = _rename_axis(sub["softmax_offset"], TE_HEAD_AXIS, HEAD_AXIS)
     else:
       items[key] = from_transformer_engine(sub)
   return _like(params, items)
 
 
-def to_transformer_engine(params, fused: bool = True):
-  """The inverse of from_transformer_engine: every `softmax_offset` moves into `_FusedDotProductAttention_0`
-  (fused=True) or `_UnfusedDotProductAttention_0`, its head axis renamed 'nvte_head'. See sinkattn.flax."""
+def to_transformer_engine(params: Any, fused: bool = True) -> Any:
+  """The inverse of `from_transformer_engine`: each `<path>/softmax_offset` moves to
+  `<path>/_FusedDotProductAttention_0/softmax_offset` (fused=False: `_UnfusedDotProductAttention_0`), its head
+  axis renamed 'nvte_head'.
+
+  Args:
+    params: a nested mapping in which every mapping holding `softmax_offset` is a sinkattn DotProductAttention.
+    fused: which of TE's two scopes to write (TE picks one at run time from NVTE_FUSED_ATTN and the kernels it
+      finds; both hold the same parameter).
+
+  Returns:
+    A new tree of the same mapping types.
+
+  Raises:
+    ValueError: the TE scope exists already.
+  """
   if not isinstance(params, Mapping):
     return params
   items = {k: to_transformer_engine(v, fused) for k, v in params.items() if k != "softmax_offset"}

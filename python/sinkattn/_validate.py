@@ -3,6 +3,7 @@
 Every error names the argument, the shape (or value) seen and the one expected, so that nothing reaches
 a kernel unchecked, and no argument is accepted without an effect it is documented to have.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,6 +28,7 @@ Window = Optional[Union[int, Tuple[Optional[int], Optional[int]]]]  # w, (left, 
 
 class Options(NamedTuple):
   """The static part of one call (hashable: used as a custom_vjp nondiff argument)."""
+
   softmax: int
   causal: int
   window_left: int
@@ -37,6 +39,7 @@ class Options(NamedTuple):
 
 class Checked(NamedTuple):
   """The checked arguments of one call: static options and the arrays the kernels read (None = absent)."""
+
   opts: Options
   sinks: object
   q_lens: object
@@ -62,8 +65,7 @@ def _check_rank(name, x, rank, letters):
 
 def _check_float(name, x, allowed=_FLOATS):
   if np.dtype(x.dtype) not in allowed:
-    raise TypeError(f"{name}: dtype {np.dtype(x.dtype).name} unsupported: use "
-                    + ", ".join(d.name for d in allowed))
+    raise TypeError(f"{name}: dtype {np.dtype(x.dtype).name} unsupported: use " + ", ".join(d.name for d in allowed))
 
 
 def _check_int_array(name, x, shape, letters):
@@ -92,13 +94,13 @@ def window(local_window_size):
       raise ValueError(f"local_window_size: expected an int or a pair (left, right), got {local_window_size!r}")
     sides = [-1 if w is None else _static_int("local_window_size", w) for w in local_window_size]
     if min(sides) < -1:
-      raise ValueError(f"local_window_size: each side must be >= 0 (or -1 / None for unbounded), "
-                       f"got {tuple(local_window_size)}")
+      raise ValueError(
+        f"local_window_size: each side must be >= 0 (or -1 / None for unbounded), got {tuple(local_window_size)}"
+      )
     return sides[0], sides[1]
   w = _static_int("local_window_size", local_window_size)
   if w < -1:
-    raise ValueError(f"local_window_size: expected an int >= 0 (or -1 for unbounded) or a pair (left, right), "
-                     f"got {w}")
+    raise ValueError(f"local_window_size: expected an int >= 0 (or -1 for unbounded) or a pair (left, right), got {w}")
   return w, w
 
 
@@ -117,12 +119,15 @@ def _check_broadcast(name, x, full):
   if not hasattr(x, "shape") or not hasattr(x, "dtype"):
     raise TypeError(f"{name}: expected an array broadcastable to {want}, got {type(x).__name__}")
   if len(x.shape) != 4:
-    raise ValueError(f"{name}: expected rank 4, broadcastable to {want}, got shape {_shape(x)} (rank "
-                     f"{len(x.shape)}: add the leading size-1 axes)")
+    raise ValueError(
+      f"{name}: expected rank 4, broadcastable to {want}, got shape {_shape(x)} (rank "
+      f"{len(x.shape)}: add the leading size-1 axes)"
+    )
   for d, (n, f, letter) in enumerate(zip(x.shape, full, "BNTS")):
     if n not in (1, f):
-      raise ValueError(f"{name}: dim {d} is {n}, expected 1 or {letter} = {f} (broadcastable to {want}), "
-                       f"got shape {_shape(x)}")
+      raise ValueError(
+        f"{name}: dim {d} is {n}, expected 1 or {letter} = {f} (broadcastable to {want}), got shape {_shape(x)}"
+      )
 
 
 def _bias(bias, full, allow_f64):
@@ -133,8 +138,9 @@ def _bias(bias, full, allow_f64):
   allowed = _FLOATS + ((_F64,) if allow_f64 else ())
   if np.dtype(bias.dtype) not in allowed:
     hint = ": a boolean / 0-1 array belongs in mask=" if not jnp.issubdtype(bias.dtype, jnp.floating) else ""
-    raise TypeError(f"bias: dtype {np.dtype(bias.dtype).name} unsupported: use "
-                    + ", ".join(d.name for d in allowed) + hint)
+    raise TypeError(
+      f"bias: dtype {np.dtype(bias.dtype).name} unsupported: use " + ", ".join(d.name for d in allowed) + hint
+    )
   return jnp.asarray(bias)
 
 
@@ -143,10 +149,15 @@ def _mask(mask, full):
   if mask is None:
     return None
   _check_broadcast("mask", mask, full)
-  if not (jnp.issubdtype(mask.dtype, jnp.bool_) or jnp.issubdtype(mask.dtype, jnp.integer)
-          or jnp.issubdtype(mask.dtype, jnp.floating)):
-    raise TypeError(f"mask: dtype {np.dtype(mask.dtype).name} unsupported: use bool (True = attend), or an "
-                    "integer / float array (nonzero = attend)")
+  if not (
+    jnp.issubdtype(mask.dtype, jnp.bool_)
+    or jnp.issubdtype(mask.dtype, jnp.integer)
+    or jnp.issubdtype(mask.dtype, jnp.floating)
+  ):
+    raise TypeError(
+      f"mask: dtype {np.dtype(mask.dtype).name} unsupported: use bool (True = attend), or an "
+      "integer / float array (nonzero = attend)"
+    )
   mask = jnp.asarray(mask)
   return mask if mask.dtype == jnp.bool_ else mask != 0
 
@@ -161,47 +172,88 @@ def _positions(q_pos, kv_pos, B, T, S, causal, wl, wr):
     raise ValueError(f"{missing}: None, but the other position array is given: pass both or neither")
   if q_pos is not None:
     if causal == Causal.BOTTOM_RIGHT:
-      raise ValueError("causal_alignment: 'bottom_right' with query_positions / key_value_positions: the "
-                       "positions already place every query; use causal_alignment='top_left'")
+      raise ValueError(
+        "causal_alignment: 'bottom_right' with query_positions / key_value_positions: the "
+        "positions already place every query; use causal_alignment='top_left'"
+      )
     if causal == Causal.NONE and (wl, wr) == (-1, -1):
-      raise ValueError("query_positions / key_value_positions: given, but neither is_causal nor "
-                       "local_window_size is set: positions only place the causal and window masks")
+      raise ValueError(
+        "query_positions / key_value_positions: given, but neither is_causal nor "
+        "local_window_size is set: positions only place the causal and window masks"
+      )
   return q_pos, kv_pos
 
 
-def flax_arguments(*, dropout_rate, deterministic, broadcast_dropout, precision, force_fp32_for_softmax,
-                   qk_attn_weights_einsum, attn_weights_value_einsum):
+def flax_arguments(
+  *,
+  dropout_rate,
+  deterministic,
+  broadcast_dropout,
+  precision,
+  force_fp32_for_softmax,
+  qk_attn_weights_einsum,
+  attn_weights_value_einsum,
+):
   """The arguments Flax passes to an attention_fn: accepted where they leave the result as computed
   (no dropout applied, a precision and an fp32 softmax that the kernels meet or exceed), refused where they
   would change it."""
-  if isinstance(dropout_rate, (bool, np.bool_)) or not isinstance(dropout_rate, (int, float, np.integer,
-                                                                                 np.floating)):
+  if isinstance(dropout_rate, (bool, np.bool_)) or not isinstance(dropout_rate, (int, float, np.integer, np.floating)):
     raise TypeError(f"dropout_rate: expected a Python float (static), got {type(dropout_rate).__name__}")
   if not 0.0 <= float(dropout_rate) < 1.0:
     raise ValueError(f"dropout_rate: expected a float in [0, 1), got {dropout_rate!r}")
-  for name, x in (("deterministic", deterministic), ("broadcast_dropout", broadcast_dropout),
-                  ("force_fp32_for_softmax", force_fp32_for_softmax)):
+  for name, x in (
+    ("deterministic", deterministic),
+    ("broadcast_dropout", broadcast_dropout),
+    ("force_fp32_for_softmax", force_fp32_for_softmax),
+  ):
     if x is not None and not isinstance(x, (bool, np.bool_)):
       raise TypeError(f"{name}: expected a Python bool, got {type(x).__name__}")
   if dropout_rate > 0 and deterministic is not True:
-    raise NotImplementedError(f"dropout_rate: {dropout_rate} with deterministic={deterministic} asks for "
-                              "attention dropout, which sinkattn does not implement: pass deterministic=True "
-                              "(or dropout_rate=0.0)")
-  for name, fn in (("qk_attn_weights_einsum", qk_attn_weights_einsum),
-                   ("attn_weights_value_einsum", attn_weights_value_einsum)):
+    raise NotImplementedError(
+      f"dropout_rate: {dropout_rate} with deterministic={deterministic} asks for "
+      "attention dropout, which sinkattn does not implement: pass deterministic=True "
+      "(or dropout_rate=0.0)"
+    )
+  for name, fn in (
+    ("qk_attn_weights_einsum", qk_attn_weights_einsum),
+    ("attn_weights_value_einsum", attn_weights_value_einsum),
+  ):
     if fn is not None:
-      raise NotImplementedError(f"{name}: a custom einsum ({fn!r}) replaces a product inside the fused "
-                                "kernel, which sinkattn cannot do: leave it None")
-  ok = precision is None or isinstance(precision, (str, jax.lax.Precision)) or (
-      isinstance(precision, (tuple, list)) and len(precision) == 2)
+      raise NotImplementedError(
+        f"{name}: a custom einsum ({fn!r}) replaces a product inside the fused "
+        "kernel, which sinkattn cannot do: leave it None"
+      )
+  ok = (
+    precision is None
+    or isinstance(precision, (str, jax.lax.Precision))
+    or (isinstance(precision, (tuple, list)) and len(precision) == 2)
+  )
   if not ok:
     raise TypeError(f"precision: expected None, a jax.lax.Precision, its name or a pair of them, got {precision!r}")
 
 
-def arguments(query, key, value, sinks, *, softmax_type, scale, is_causal, causal_alignment, local_window_size,
-              query_seq_lengths, key_value_seq_lengths, query_segment_ids, key_value_segment_ids,
-              return_residual, bias=None, mask=None, query_positions=None, key_value_positions=None,
-              allow_f64=False) -> Checked:
+def arguments(
+  query,
+  key,
+  value,
+  sinks,
+  *,
+  softmax_type,
+  scale,
+  is_causal,
+  causal_alignment,
+  local_window_size,
+  query_seq_lengths,
+  key_value_seq_lengths,
+  query_segment_ids,
+  key_value_segment_ids,
+  return_residual,
+  bias=None,
+  mask=None,
+  query_positions=None,
+  key_value_positions=None,
+  allow_f64=False,
+) -> Checked:
   """allow_f64: accept float64 q/k/v and bias (the reference computes in it; the kernels do not).
   -> Checked, with integer arrays as int32 and the mask as bool."""
   _check_rank("query", query, 4, "B,T,N,H")
@@ -210,41 +262,49 @@ def arguments(query, key, value, sinks, *, softmax_type, scale, is_causal, causa
   _check_float("query", query, _FLOATS + ((_F64,) if allow_f64 else ()))
   for name, x in (("key", key), ("value", value)):
     if np.dtype(x.dtype) != np.dtype(query.dtype):
-      raise TypeError(f"{name}: dtype {np.dtype(x.dtype).name} differs from query's {np.dtype(query.dtype).name}: "
-                      "query, key and value must share one dtype")
+      raise TypeError(
+        f"{name}: dtype {np.dtype(x.dtype).name} differs from query's {np.dtype(query.dtype).name}: "
+        "query, key and value must share one dtype"
+      )
   B, T, N, H = query.shape
   Bk, S, K, Hk = key.shape
   if Bk != B or Hk != H:
-    raise ValueError(f"key: expected shape [B,S,K,H] = ({B}, S, K, {H}) to match query {_shape(query)}, "
-                     f"got shape {_shape(key)}")
+    raise ValueError(
+      f"key: expected shape [B,S,K,H] = ({B}, S, K, {H}) to match query {_shape(query)}, got shape {_shape(key)}"
+    )
   if tuple(value.shape[:3]) != (B, S, K):
-    raise ValueError(f"value: expected shape [B,S,K,Hv] = ({B}, {S}, {K}, Hv) to match key {_shape(key)}, "
-                     f"got shape {_shape(value)}")
+    raise ValueError(
+      f"value: expected shape [B,S,K,Hv] = ({B}, {S}, {K}, Hv) to match key {_shape(key)}, got shape {_shape(value)}"
+    )
   if N % K != 0:
-    raise ValueError(f"key: kv heads K = {K} must divide the query heads N = {N} (query {_shape(query)}, "
-                     f"key {_shape(key)})")
+    raise ValueError(
+      f"key: kv heads K = {K} must divide the query heads N = {N} (query {_shape(query)}, key {_shape(key)})"
+    )
   if H < 1 or value.shape[3] < 1:
     raise ValueError(f"query/value: head dims must be >= 1, got H = {H}, Hv = {value.shape[3]}")
 
   if softmax_type is None:
     softmax_type = "vanilla" if sinks is None else "learnable"
   if not isinstance(softmax_type, str) or softmax_type.lower() not in SOFTMAX_NAMES:
-    raise ValueError(f"softmax_type: expected 'vanilla', 'off_by_one' (or 'off-by-one') or 'learnable', "
-                     f"got {softmax_type!r}")
+    raise ValueError(
+      f"softmax_type: expected 'vanilla', 'off_by_one' (or 'off-by-one') or 'learnable', got {softmax_type!r}"
+    )
   softmax = SOFTMAX_NAMES[softmax_type.lower()]
   if softmax == Softmax.LEARNABLE:
     if sinks is None:
       raise ValueError("sinks: softmax_type='learnable' needs sinks of shape [N] or [1,N,1,1], got None")
     if not hasattr(sinks, "shape") or not hasattr(sinks, "dtype"):
-      raise TypeError(f"sinks: expected an array of shape [N] = ({N},) or [1,N,1,1] = (1, {N}, 1, 1), "
-                      f"got {type(sinks).__name__}")
+      raise TypeError(
+        f"sinks: expected an array of shape [N] = ({N},) or [1,N,1,1] = (1, {N}, 1, 1), got {type(sinks).__name__}"
+      )
     _check_float("sinks", sinks, _FLOATS + (_F64,))
     if tuple(sinks.shape) not in ((N,), (1, N, 1, 1)):
-      raise ValueError(f"sinks: expected shape [N] = ({N},) or [1,N,1,1] = (1, {N}, 1, 1), "
-                       f"got shape {_shape(sinks)}")
+      raise ValueError(f"sinks: expected shape [N] = ({N},) or [1,N,1,1] = (1, {N}, 1, 1), got shape {_shape(sinks)}")
   elif sinks is not None:
-    raise ValueError(f"sinks: given, but softmax_type={softmax_type!r} has no learnable sink: "
-                     "use softmax_type='learnable' (or leave it None)")
+    raise ValueError(
+      f"sinks: given, but softmax_type={softmax_type!r} has no learnable sink: "
+      "use softmax_type='learnable' (or leave it None)"
+    )
 
   if not isinstance(is_causal, (bool, np.bool_)):
     raise TypeError(f"is_causal: expected a Python bool, got {type(is_causal).__name__}")
@@ -253,8 +313,10 @@ def arguments(query, key, value, sinks, *, softmax_type, scale, is_causal, causa
   wl, wr = window(local_window_size)
   bottom_right = causal_alignment == "bottom_right"
   if bottom_right and not is_causal and (wl, wr) != (-1, -1):
-    raise ValueError("causal_alignment='bottom_right' with a local_window_size needs is_causal=True "
-                     "(the kernels align the window with the causal diagonal)")
+    raise ValueError(
+      "causal_alignment='bottom_right' with a local_window_size needs is_causal=True "
+      "(the kernels align the window with the causal diagonal)"
+    )
   causal = Causal.NONE if not is_causal else Causal.BOTTOM_RIGHT if bottom_right else Causal.TOP_LEFT
 
   if scale is None:

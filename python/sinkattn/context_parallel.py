@@ -27,6 +27,7 @@ in jnp from the local rows; sinks enter the custom_vjp marked varying over every
 over, so JAX's transpose of that cast sums the partial dsinks over the ring axis and any batch-sharded
 axes, with no configuration.
 """
+
 from __future__ import annotations
 
 import functools
@@ -47,14 +48,15 @@ _BIG = 1 << 60  # an unbounded window side, in block-classification arithmetic
 
 class _Ring(NamedTuple):
   """Static configuration of one ring call (hashable: a custom_vjp nondiff argument)."""
+
   axis_name: object
-  size: int            # P, devices on the ring
+  size: int  # P, devices on the ring
   zigzag: bool
   softmax: int
-  causal: bool         # top-left after folding a bottom-right offset into `shift`
+  causal: bool  # top-left after folding a bottom-right offset into `shift`
   window_left: int
   window_right: int
-  shift: int           # added to every block's diag_offset (S - T for bottom-right alignment)
+  shift: int  # added to every block's diag_offset (S - T for bottom-right alignment)
   scale: float
   return_residual: bool
 
@@ -74,12 +76,13 @@ def _zigzag(x, n, axis, inverse):
   axis = axis % x.ndim
   length = x.shape[axis]
   if length % (2 * n):
-    raise ValueError(f"zigzag: sequence length {length} (axis {axis} of shape {x.shape}) must divide by "
-                     f"2 * num_shards = {2 * n}")
+    raise ValueError(
+      f"zigzag: sequence length {length} (axis {axis} of shape {x.shape}) must divide by 2 * num_shards = {2 * n}"
+    )
   order = np.array([c for r in range(n) for c in (r, 2 * n - 1 - r)])
   if inverse:
     order = np.argsort(order)
-  chunks = x.reshape(x.shape[:axis] + (2 * n, length // (2 * n)) + x.shape[axis + 1:])
+  chunks = x.reshape(x.shape[:axis] + (2 * n, length // (2 * n)) + x.shape[axis + 1 :])
   return jnp.take(chunks, order, axis=axis).reshape(x.shape)
 
 
@@ -94,10 +97,10 @@ def _classify(d, rows, cols, cfg):
   left = cfg.window_left if cfg.window_left >= 0 else _BIG
   # Row i sees columns [i + d - left, i + d + right]; both ends grow with i.
   if max(0, -d - right) > min(rows - 1, cols - 1 - d + left):
-    return 'empty'
+    return "empty"
   if rows - 1 + d - left <= 0 and d + right >= cols - 1:
-    return 'full'
-  return 'partial'
+    return "full"
+  return "partial"
 
 
 def _schedule(cfg, t, cq, ck, rows, cols):
@@ -108,7 +111,7 @@ def _schedule(cfg, t, cq, ck, rows, cols):
     qi, kj = _chunk_ids(cfg, r)[cq], _chunk_ids(cfg, (r - t) % cfg.size)[ck]
     d = qi * rows - kj * cols + cfg.shift
     kind = _classify(d, rows, cols, cfg)
-    keys.append(('partial', d) if kind == 'partial' else (kind, 0))
+    keys.append(("partial", d) if kind == "partial" else (kind, 0))
     q0.append(qi * rows)
     k0.append(kj * cols)
   branches = sorted(set(keys))
@@ -117,10 +120,18 @@ def _schedule(cfg, t, cq, ck, rows, cols):
 
 def _block_statics(cfg, key):
   kind, d = key
-  if kind == 'full':
-    return dict(softmax=Softmax.VANILLA, causal=Causal.NONE, window_left=-1, window_right=-1, diag_offset=0, scale=cfg.scale)
-  return dict(softmax=Softmax.VANILLA, causal=int(cfg.causal), window_left=cfg.window_left,
-              window_right=cfg.window_right, diag_offset=d, scale=cfg.scale)
+  if kind == "full":
+    return dict(
+      softmax=Softmax.VANILLA, causal=Causal.NONE, window_left=-1, window_right=-1, diag_offset=0, scale=cfg.scale
+    )
+  return dict(
+    softmax=Softmax.VANILLA,
+    causal=int(cfg.causal),
+    window_left=cfg.window_left,
+    window_right=cfg.window_right,
+    diag_offset=d,
+    scale=cfg.scale,
+  )
 
 
 def _blocks(cfg, t, rows, cols, n_chunks):
@@ -132,7 +143,7 @@ def _blocks(cfg, t, rows, cols, n_chunks):
   for cq in range(n_chunks):
     for ck in range(n_chunks):
       branches, index, q0, k0 = _schedule(cfg, t, cq, ck, rows, cols)
-      if branches != [('empty', 0)]:
+      if branches != [("empty", 0)]:
         out.append((cq, ck, branches, pick(index), pick(q0), pick(k0)))
   return out
 
@@ -153,7 +164,7 @@ def _dispatch(branches, index, compute, empty, operands):
   axes = frozenset().union(*[_vma(x) for x in jax.tree_util.tree_leaves(operands)])
 
   def branch(key):
-    fn = empty if key[0] == 'empty' else functools.partial(compute, key)
+    fn = empty if key[0] == "empty" else functools.partial(compute, key)
     return lambda ops: jax.tree_util.tree_map(lambda x: _to_varying(x, axes), fn(*ops))
 
   fns = [branch(key) for key in branches]
@@ -181,23 +192,29 @@ def _ring_forward(cfg, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg):
   nc = 2 if cfg.zigzag else 1
   rows, cols = T // nc, k.shape[1] // nc
   Hv = v.shape[3]
-  acc = [(jnp.zeros((B, rows, N, Hv), jnp.float32), jnp.full((B, N, rows), -jnp.inf, jnp.float32))
-         for _ in range(nc)]
+  acc = [(jnp.zeros((B, rows, N, Hv), jnp.float32), jnp.full((B, N, rows), -jnp.inf, jnp.float32)) for _ in range(nc)]
   ring = [(i, (i + 1) % cfg.size) for i in range(cfg.size)]
   kv = (k, v, kv_seg)
   for t in range(cfg.size):
     nxt = jax.lax.ppermute(kv, cfg.axis_name, ring) if t + 1 < cfg.size else None  # overlaps compute
     kc_all, vc_all, ks_all = kv
     for cq, ck, branches, index, q0, k0 in _blocks(cfg, t, rows, cols, nc):
+
       def compute(key, qc, kc, vc, ql, kl, qs, ks):
         return primitives.attn_fwd(qc, kc, vc, None, ql, kl, qs, ks, **_block_statics(cfg, key))
 
       def empty(*_):
         return (jnp.zeros((B, rows, N, Hv), q.dtype), jnp.full((B, N, rows), -jnp.inf, jnp.float32))
 
-      ops = (_sl(q, cq, rows, 1), _sl(kc_all, ck, cols, 1), _sl(vc_all, ck, cols, 1),
-             _lens(q_lens, q0, rows), _lens(kv_lens, k0, cols), _sl(q_seg, cq, rows, 1),
-             _sl(ks_all, ck, cols, 1))
+      ops = (
+        _sl(q, cq, rows, 1),
+        _sl(kc_all, ck, cols, 1),
+        _sl(vc_all, ck, cols, 1),
+        _lens(q_lens, q0, rows),
+        _lens(kv_lens, k0, cols),
+        _sl(q_seg, cq, rows, 1),
+        _sl(ks_all, ck, cols, 1),
+      )
       acc[cq] = _merge(acc[cq], _dispatch(branches, index, compute, empty, ops))
     kv = nxt
   a = _sink_logits(cfg, sinks, N)[None, :, None]
@@ -223,18 +240,29 @@ def _ring_backward(cfg, res, dout, dlse):
     kc_all, vc_all, ks_all = kv
     dk, dv = dkv
     for cq, ck, branches, index, q0, k0 in _blocks(cfg, t, rows, cols, nc):
+
       def compute(key, qc, kc, vc, ql, kl, qs, ks, oc, lc, doc, dlc):
-        dqb, dkb, dvb, _, _ = primitives.attn_bwd(qc, kc, vc, None, ql, kl, qs, ks, None, None, None, None, oc,
-                                                  lc, doc, dlc, **_block_statics(cfg, key))
+        dqb, dkb, dvb, _, _ = primitives.attn_bwd(
+          qc, kc, vc, None, ql, kl, qs, ks, None, None, None, None, oc, lc, doc, dlc, **_block_statics(cfg, key)
+        )
         return dqb, dkb, dvb
 
       def empty(qc, kc, vc, *_):
         return jnp.zeros_like(qc), jnp.zeros_like(kc), jnp.zeros_like(vc)
 
-      ops = (_sl(q, cq, rows, 1), _sl(kc_all, ck, cols, 1), _sl(vc_all, ck, cols, 1),
-             _lens(q_lens, q0, rows), _lens(kv_lens, k0, cols), _sl(q_seg, cq, rows, 1),
-             _sl(ks_all, ck, cols, 1), _sl(out, cq, rows, 1), _sl(lse, cq, rows, 2),
-             _sl(dout, cq, rows, 1), _sl(dlse, cq, rows, 2))
+      ops = (
+        _sl(q, cq, rows, 1),
+        _sl(kc_all, ck, cols, 1),
+        _sl(vc_all, ck, cols, 1),
+        _lens(q_lens, q0, rows),
+        _lens(kv_lens, k0, cols),
+        _sl(q_seg, cq, rows, 1),
+        _sl(ks_all, ck, cols, 1),
+        _sl(out, cq, rows, 1),
+        _sl(lse, cq, rows, 2),
+        _sl(dout, cq, rows, 1),
+        _sl(dlse, cq, rows, 2),
+      )
       dqb, dkb, dvb = _dispatch(branches, index, compute, empty, ops)
       dq[cq] = dq[cq] + dqb.astype(f32)
       dk = jax.lax.dynamic_update_slice_in_dim(dk, _sl(dk, ck, cols, 1) + dkb.astype(f32), ck * cols, 1)
@@ -243,7 +271,7 @@ def _ring_backward(cfg, res, dout, dlse):
     kv = nxt
   dsinks = None
   if cfg.softmax == Softmax.LEARNABLE:
-    D = jnp.einsum('btnh,btnh->bnt', dout.astype(f32), out.astype(f32), precision=jax.lax.Precision.HIGHEST)
+    D = jnp.einsum("btnh,btnh->bnt", dout.astype(f32), out.astype(f32), precision=jax.lax.Precision.HIGHEST)
     if dlse is not None:
       D = D - dlse
     dsinks = -jnp.sum(jnp.exp(sinks[None, :, None] - lse) * D, axis=(0, 2))
@@ -272,10 +300,25 @@ def _ring_bwd(cfg, res, ct):
 _ring.defvjp(_ring_fwd, _ring_bwd)
 
 
-def ring_attention(query, key, value, sinks=None, *, axis_name, layout='contiguous', softmax_type=None,
-                   scale=None, is_causal=False, causal_alignment='top_left', local_window_size=None,
-                   query_seq_lengths=None, key_value_seq_lengths=None, query_segment_ids=None,
-                   key_value_segment_ids=None, return_residual=False):
+def ring_attention(
+  query,
+  key,
+  value,
+  sinks=None,
+  *,
+  axis_name,
+  layout="contiguous",
+  softmax_type=None,
+  scale=None,
+  is_causal=False,
+  causal_alignment="top_left",
+  local_window_size=None,
+  query_seq_lengths=None,
+  key_value_seq_lengths=None,
+  query_segment_ids=None,
+  key_value_segment_ids=None,
+  return_residual=False,
+):
   """dot_product_attention over a sequence sharded on mesh axis `axis_name`; call it inside shard_map.
 
   query [B,T/P,N,H], key [B,S/P,K,H], value [B,S/P,K,Hv]: this device's slice of the sequence, in the
@@ -288,26 +331,50 @@ def ring_attention(query, key, value, sinks=None, *, axis_name, layout='contiguo
   Differentiable in query, key, value and sinks, and through lse.
   """
   o, sinks, q_lens, kv_lens, q_seg, kv_seg, *_ = _validate.arguments(
-      query, key, value, sinks, softmax_type=softmax_type, scale=scale, is_causal=is_causal,
-      causal_alignment=causal_alignment, local_window_size=local_window_size,
-      query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
-      query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids,
-      return_residual=return_residual)
-  if layout not in ('contiguous', 'zigzag'):
+    query,
+    key,
+    value,
+    sinks,
+    softmax_type=softmax_type,
+    scale=scale,
+    is_causal=is_causal,
+    causal_alignment=causal_alignment,
+    local_window_size=local_window_size,
+    query_seq_lengths=query_seq_lengths,
+    key_value_seq_lengths=key_value_seq_lengths,
+    query_segment_ids=query_segment_ids,
+    key_value_segment_ids=key_value_segment_ids,
+    return_residual=return_residual,
+  )
+  if layout not in ("contiguous", "zigzag"):
     raise ValueError(f"layout: expected 'contiguous' or 'zigzag', got {layout!r}")
   size = jax.lax.axis_size(axis_name)
   T, S = query.shape[1], key.shape[1]
-  if layout == 'zigzag' and (T % 2 or S % 2):
-    raise ValueError(f"layout='zigzag': local query/key lengths must be even (two chunks per device), "
-                     f"got query {tuple(query.shape)}, key {tuple(key.shape)}")
+  if layout == "zigzag" and (T % 2 or S % 2):
+    raise ValueError(
+      f"layout='zigzag': local query/key lengths must be even (two chunks per device), "
+      f"got query {tuple(query.shape)}, key {tuple(key.shape)}"
+    )
   shift = 0
   if o.causal == Causal.BOTTOM_RIGHT:
     if q_lens is not None or kv_lens is not None:
-      raise NotImplementedError("ring_attention: causal_alignment='bottom_right' with sequence lengths "
-                                "has a per-batch diagonal; use 'top_left' or no lengths")
+      raise NotImplementedError(
+        "ring_attention: causal_alignment='bottom_right' with sequence lengths "
+        "has a per-batch diagonal; use 'top_left' or no lengths"
+      )
     shift = size * (S - T)
-  cfg = _Ring(axis_name, size, layout == 'zigzag', o.softmax, o.causal != 0, o.window_left,
-              o.window_right, shift, o.scale, o.return_residual)
+  cfg = _Ring(
+    axis_name,
+    size,
+    layout == "zigzag",
+    o.softmax,
+    o.causal != 0,
+    o.window_left,
+    o.window_right,
+    shift,
+    o.scale,
+    o.return_residual,
+  )
   N = query.shape[2]
   s32 = None if sinks is None else sinks.reshape(N).astype(jnp.float32)
   if s32 is not None:  # partial dsinks of each device are summed by the transpose of this cast
@@ -320,9 +387,22 @@ def _entry(axes):
   return None if not axes else axes[0] if len(axes) == 1 else axes
 
 
-def ring_attention_sharded(query, key, value, sinks=None, *, mesh, axis_name, batch_axes=None,
-                           head_axes=None, query_seq_lengths=None, key_value_seq_lengths=None,
-                           query_segment_ids=None, key_value_segment_ids=None, **options):
+def ring_attention_sharded(
+  query,
+  key,
+  value,
+  sinks=None,
+  *,
+  mesh,
+  axis_name,
+  batch_axes=None,
+  head_axes=None,
+  query_seq_lengths=None,
+  key_value_seq_lengths=None,
+  query_segment_ids=None,
+  key_value_segment_ids=None,
+  **options,
+):
   """ring_attention on global arrays: runs the shard_map for the caller.
 
   query [B,T,N,H], key [B,S,K,H], value [B,S,K,Hv] (global, in `layout` order: zigzag_shard them first
@@ -333,21 +413,31 @@ def ring_attention_sharded(query, key, value, sinks=None, *, mesh, axis_name, ba
   b, h = _entry(batch_axes), _entry(head_axes)
   m = int(np.prod([mesh.shape[a] for a in ((h,) if isinstance(h, str) else h or ())]))
   if key.shape[2] % m:
-    raise ValueError(f"head_axes={head_axes!r}: {m} shards do not divide the K = {key.shape[2]} kv heads "
-                     f"of key {tuple(key.shape)}")
+    raise ValueError(
+      f"head_axes={head_axes!r}: {m} shards do not divide the K = {key.shape[2]} kv heads of key {tuple(key.shape)}"
+    )
   seq = P(b, axis_name, h, None)
   lse_spec = P(b, h, axis_name)
-  arrays = dict(query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
-                query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids)
-  specs = dict(query_seq_lengths=P(b), key_value_seq_lengths=P(b), query_segment_ids=P(b, axis_name),
-               key_value_segment_ids=P(b, axis_name))
+  arrays = dict(
+    query_seq_lengths=query_seq_lengths,
+    key_value_seq_lengths=key_value_seq_lengths,
+    query_segment_ids=query_segment_ids,
+    key_value_segment_ids=key_value_segment_ids,
+  )
+  specs = dict(
+    query_seq_lengths=P(b),
+    key_value_seq_lengths=P(b),
+    query_segment_ids=P(b, axis_name),
+    key_value_segment_ids=P(b, axis_name),
+  )
   given = {n: x for n, x in arrays.items() if x is not None}
   sink_spec = None if sinks is None else P(None, h, None, None) if sinks.ndim == 4 else P(h)
 
   def body(q, k, v, s, extra):
     return ring_attention(q, k, v, s, axis_name=axis_name, **extra, **options)
 
-  out_specs = (seq, lse_spec) if options.get('return_residual', False) else seq
-  fn = jax.shard_map(body, mesh=mesh, in_specs=(seq, seq, seq, sink_spec, {n: specs[n] for n in given}),
-                     out_specs=out_specs)
+  out_specs = (seq, lse_spec) if options.get("return_residual", False) else seq
+  fn = jax.shard_map(
+    body, mesh=mesh, in_specs=(seq, seq, seq, sink_spec, {n: specs[n] for n in given}), out_specs=out_specs
+  )
   return fn(query, key, value, sinks, given)

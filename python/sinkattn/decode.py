@@ -9,9 +9,10 @@ giving a partial without the sink, then merges them in a fixed order adding the 
 Forward only: there is no custom_vjp, so jax.grad through decode_attention raises (decoding is
 inference; train with dot_product_attention). vmap runs the call once per vmapped element.
 """
+
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,7 @@ from . import _routing, _validate, primitives, reference
 from ._enums import Causal
 from ._validate import ArrayLike, Window
 
-MAX_QUERY_TOKENS = 64   # the C library's decode limit (longer queries are prefill: dot_product_attention)
+MAX_QUERY_TOKENS = 64  # the C library's decode limit (longer queries are prefill: dot_product_attention)
 
 
 def _check(query, k_cache, v_cache, cache_lengths):
@@ -31,27 +32,44 @@ def _check(query, k_cache, v_cache, cache_lengths):
   _validate._check_rank("v_cache", v_cache, 4, "B,S,K,Hv")
   B, T, N, H = query.shape
   if tuple(k_cache.shape[:1]) + tuple(k_cache.shape[3:]) != (B, H):
-    raise ValueError(f"k_cache: expected shape [B,S,K,H] = ({B}, S, K, {H}) to match query {tuple(query.shape)}, "
-                     f"got shape {tuple(k_cache.shape)}")
+    raise ValueError(
+      f"k_cache: expected shape [B,S,K,H] = ({B}, S, K, {H}) to match query {tuple(query.shape)}, "
+      f"got shape {tuple(k_cache.shape)}"
+    )
   if tuple(v_cache.shape[:3]) != tuple(k_cache.shape[:3]):
-    raise ValueError(f"v_cache: expected shape [B,S,K,Hv] = {tuple(k_cache.shape[:3]) + ('Hv',)} to match k_cache "
-                     f"{tuple(k_cache.shape)}, got shape {tuple(v_cache.shape)}")
+    raise ValueError(
+      f"v_cache: expected shape [B,S,K,Hv] = {tuple(k_cache.shape[:3]) + ('Hv',)} to match k_cache "
+      f"{tuple(k_cache.shape)}, got shape {tuple(v_cache.shape)}"
+    )
   for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
     if np.dtype(x.dtype) != np.dtype(query.dtype):
-      raise TypeError(f"{name}: dtype {np.dtype(x.dtype).name} differs from query's {np.dtype(query.dtype).name}: "
-                      "query and the caches must share one dtype")
+      raise TypeError(
+        f"{name}: dtype {np.dtype(x.dtype).name} differs from query's {np.dtype(query.dtype).name}: "
+        "query and the caches must share one dtype"
+      )
   if T > MAX_QUERY_TOKENS:
-    raise ValueError(f"query: decode takes at most T = {MAX_QUERY_TOKENS} query tokens, got shape "
-                     f"{tuple(query.shape)} (T = {T}); use dot_product_attention for prefill")
+    raise ValueError(
+      f"query: decode takes at most T = {MAX_QUERY_TOKENS} query tokens, got shape "
+      f"{tuple(query.shape)} (T = {T}); use dot_product_attention for prefill"
+    )
   if cache_lengths is None:
     raise ValueError(f"cache_lengths: expected an int32 array of shape [B] = ({B},), got None")
   _validate._check_int_array("cache_lengths", cache_lengths, (B,), "B")
 
 
-def decode_attention(query: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike, cache_lengths: ArrayLike,
-                     sinks: Optional[ArrayLike] = None, *, softmax_type: Optional[str] = None,
-                     local_window_size: Window = None, scale: Optional[float] = None, return_residual: bool = False,
-                     implementation: Optional[str] = None) -> Union[jax.Array, Tuple[jax.Array, jax.Array]]:
+def decode_attention(
+  query: ArrayLike,
+  k_cache: ArrayLike,
+  v_cache: ArrayLike,
+  cache_lengths: ArrayLike,
+  sinks: Optional[ArrayLike] = None,
+  *,
+  softmax_type: Optional[str] = None,
+  local_window_size: Window = None,
+  scale: Optional[float] = None,
+  return_residual: bool = False,
+  implementation: Optional[str] = None,
+) -> Union[jax.Array, Tuple[jax.Array, jax.Array]]:
   """Attention of T <= 64 new query tokens over a KV cache, with attention sinks (forward only).
 
   Query token i of batch b sits at position cache_lengths[b] - T + i and sees the cache entries up to it
@@ -84,19 +102,36 @@ def decode_attention(query: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike, c
   ref = impl == "reference"
   _check(query, k_cache, v_cache, cache_lengths)
   c = _validate.arguments(
-      query, k_cache, v_cache, sinks, softmax_type=softmax_type, scale=scale, is_causal=True,
-      causal_alignment="bottom_right", local_window_size=local_window_size, query_seq_lengths=None,
-      key_value_seq_lengths=cache_lengths, query_segment_ids=None, key_value_segment_ids=None,
-      return_residual=return_residual, allow_f64=ref)
+    query,
+    k_cache,
+    v_cache,
+    sinks,
+    softmax_type=softmax_type,
+    scale=scale,
+    is_causal=True,
+    causal_alignment="bottom_right",
+    local_window_size=local_window_size,
+    query_seq_lengths=None,
+    key_value_seq_lengths=cache_lengths,
+    query_segment_ids=None,
+    key_value_segment_ids=None,
+    return_residual=return_residual,
+    allow_f64=ref,
+  )
   o = c.opts
   sink_dtype = jnp.promote_types(c.sinks.dtype, jnp.float32) if ref and c.sinks is not None else jnp.float32
   s = None if c.sinks is None else c.sinks.reshape(query.shape[2]).astype(sink_dtype)
   statics = dict(softmax=o.softmax, window_left=o.window_left, window_right=o.window_right, scale=o.scale)
 
   def ref_path(q, k, v, s, lens):
-    return reference.attention(q, k, v, s, None, lens, None, None, causal=Causal.BOTTOM_RIGHT, diag_offset=0,
-                               **statics)
+    return reference.attention(q, k, v, s, None, lens, None, None, causal=Causal.BOTTOM_RIGHT, diag_offset=0, **statics)
 
-  out, lse = _routing.run(impl, query, (query, k_cache, v_cache, s, c.kv_lens), op="decode_attention",
-                          fused=lambda *a: primitives.decode_fwd(*a, **statics), reference=ref_path)
+  out, lse = _routing.run(
+    impl,
+    query,
+    (query, k_cache, v_cache, s, c.kv_lens),
+    op="decode_attention",
+    fused=lambda *a: primitives.decode_fwd(*a, **statics),
+    reference=ref_path,
+  )
   return (out, lse) if o.return_residual else out

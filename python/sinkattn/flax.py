@@ -12,6 +12,9 @@
   (decode=True) that also takes prefill chunks.
 - `from_transformer_engine` / `to_transformer_engine`: a TE checkpoint's learnable sink in and out.
 - `SequenceDescriptor`: TE's (lengths, segment ids and positions of packed documents).
+
+Longer than 400 lines: it mirrors Flax's and Transformer Engine's full constructor and call signatures, one argument a line,
+each documented.
 """
 
 from __future__ import annotations
@@ -19,59 +22,26 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Tuple
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from . import _te, layers
-from ._te import SequenceDescriptor
+from ._te import SequenceDescriptor, from_transformer_engine, to_transformer_engine
 from ._validate import ArrayLike, Window
 from .layers import DECODE_MAX_TOKENS, SOFTMAX_OFFSET_AXES, apply_rope, normalize_softmax_type, projection_dot_general
 
-__all__ = ["DotProductAttention", "MultiHeadAttention", "SequenceDescriptor", "from_transformer_engine",
-           "to_transformer_engine", "apply_rope", "normalize_softmax_type", "projection_dot_general",
-           "SOFTMAX_OFFSET_AXES", "DECODE_MAX_TOKENS"]
-
-
-def from_transformer_engine(params: Any) -> Any:
-  """A Transformer Engine parameter tree with sinkattn's layout for the learnable sink.
-
-  What maps: each TE DotProductAttention keeps its sink at `<path>/_FusedDotProductAttention_0/softmax_offset`
-  (or `_UnfusedDotProductAttention_0` when TE ran its unfused path); sinkattn.flax.DotProductAttention keeps
-  the same array (shape (1, N, 1, 1), fp32) at `<path>/softmax_offset`. The logical head axis of its
-  LogicallyPartitioned box, 'nvte_head' in TE, becomes 'heads'. Every other entry is returned unchanged (a
-  sinkattn module in place of the TE one at `<path>` then loads the tree); TE's other modules (its
-  MultiHeadAttention's fused qkv projections, LayerNorm, ...) have no sinkattn counterpart and are not mapped.
-
-  Args:
-    params: a nested mapping (dict or FrozenDict) such as `variables` or `variables['params']`.
-
-  Returns:
-    A new tree of the same mapping types.
-
-  Raises:
-    ValueError: a TE scope holding more than softmax_offset, or a softmax_offset already beside it.
-  """
-  return _te.from_transformer_engine(params)
-
-
-def to_transformer_engine(params: Any, fused: bool = True) -> Any:
-  """The inverse of `from_transformer_engine`: each `<path>/softmax_offset` moves to
-  `<path>/_FusedDotProductAttention_0/softmax_offset` (fused=False: `_UnfusedDotProductAttention_0`), its head
-  axis renamed 'nvte_head'.
-
-  Args:
-    params: a nested mapping in which every mapping holding `softmax_offset` is a sinkattn DotProductAttention.
-    fused: which of TE's two scopes to write (TE picks one at run time from NVTE_FUSED_ATTN and the kernels it
-      finds; both hold the same parameter).
-
-  Returns:
-    A new tree of the same mapping types.
-
-  Raises:
-    ValueError: the TE scope exists already.
-  """
-  return _te.to_transformer_engine(params, fused)
+__all__ = [
+  "DotProductAttention",
+  "MultiHeadAttention",
+  "SequenceDescriptor",
+  "from_transformer_engine",
+  "to_transformer_engine",
+  "apply_rope",
+  "normalize_softmax_type",
+  "projection_dot_general",
+  "SOFTMAX_OFFSET_AXES",
+  "DECODE_MAX_TOKENS",
+]
 
 
 class DotProductAttention(nn.Module):
@@ -147,15 +117,31 @@ class DotProductAttention(nn.Module):
   implementation: Optional[str] = None
 
   @nn.compact
-  def __call__(self, query: ArrayLike, key: ArrayLike, value: ArrayLike, sequence_descriptor: Any = None,
-               bias: Optional[ArrayLike] = None, *, deterministic: bool = False, mask: Optional[ArrayLike] = None,
-               score_mod_tensors: Any = None, score_mod_bprop_tensors: Any = None,
-               attention_mask: Optional[ArrayLike] = None, query_seq_lengths: Optional[ArrayLike] = None,
-               key_value_seq_lengths: Optional[ArrayLike] = None, query_segment_ids: Optional[ArrayLike] = None,
-               key_value_segment_ids: Optional[ArrayLike] = None, query_positions: Optional[ArrayLike] = None,
-               key_value_positions: Optional[ArrayLike] = None, causal_alignment: Optional[str] = None,
-               return_residual: bool = False, cache_lengths: Optional[ArrayLike] = None, precision: Any = None,
-               sow_module: Any = None):
+  def __call__(
+    self,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    sequence_descriptor: Any = None,
+    bias: Optional[ArrayLike] = None,
+    *,
+    deterministic: bool = False,
+    mask: Optional[ArrayLike] = None,
+    score_mod_tensors: Any = None,
+    score_mod_bprop_tensors: Any = None,
+    attention_mask: Optional[ArrayLike] = None,
+    query_seq_lengths: Optional[ArrayLike] = None,
+    key_value_seq_lengths: Optional[ArrayLike] = None,
+    query_segment_ids: Optional[ArrayLike] = None,
+    key_value_segment_ids: Optional[ArrayLike] = None,
+    query_positions: Optional[ArrayLike] = None,
+    key_value_positions: Optional[ArrayLike] = None,
+    causal_alignment: Optional[str] = None,
+    return_residual: bool = False,
+    cache_lengths: Optional[ArrayLike] = None,
+    precision: Any = None,
+    sow_module: Any = None,
+  ):
     """Attention of query over key / value.
 
     Args:
@@ -190,8 +176,10 @@ class DotProductAttention(nn.Module):
       if x is not None:
         raise NotImplementedError(f"{name}: cuDNN score modification is not implemented")
     if self.attention_dropout and deterministic is not True:
-      raise NotImplementedError(f"attention_dropout: {self.attention_dropout} with deterministic={deterministic} "
-                                "asks for dropout, which sinkattn does not implement: pass deterministic=True")
+      raise NotImplementedError(
+        f"attention_dropout: {self.attention_dropout} with deterministic={deterministic} "
+        "asks for dropout, which sinkattn does not implement: pass deterministic=True"
+      )
     opts = _te.module_options(self)
     if causal_alignment is not None:
       opts["causal_alignment"] = causal_alignment
@@ -206,11 +194,17 @@ class DotProductAttention(nn.Module):
     if self.dtype is not None:
       query, key, value = (jnp.asarray(x, self.dtype) for x in (query, key, value))
     positions_used = opts["is_causal"] or opts["local_window_size"] is not None
-    arrays = _te.call_arrays(sequence_descriptor, mask, attn_mask_type=self.attn_mask_type,
-                             positions_used=positions_used)
-    ours = dict(query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
-                query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids,
-                query_positions=query_positions, key_value_positions=key_value_positions)
+    arrays = _te.call_arrays(
+      sequence_descriptor, mask, attn_mask_type=self.attn_mask_type, positions_used=positions_used
+    )
+    ours = dict(
+      query_seq_lengths=query_seq_lengths,
+      key_value_seq_lengths=key_value_seq_lengths,
+      query_segment_ids=query_segment_ids,
+      key_value_segment_ids=key_value_segment_ids,
+      query_positions=query_positions,
+      key_value_positions=key_value_positions,
+    )
     for name, x in ours.items():
       if x is not None:
         if name in arrays:
@@ -219,9 +213,20 @@ class DotProductAttention(nn.Module):
     if attention_mask is not None:
       arrays["mask"] = attention_mask if "mask" not in arrays else jnp.logical_and(arrays["mask"], attention_mask != 0)
     arrays["bias"] = self._bias(bias, query.shape[-1], opts["scale"])
-    res = layers.attend(query, key, value, sinks, softmax_type=softmax_type, implementation=self.implementation,
-                        cache_lengths=cache_lengths, return_residual=return_residual, module=sow_module,
-                        precision=precision, **opts, **arrays)
+    res = layers.attend(
+      query,
+      key,
+      value,
+      sinks,
+      softmax_type=softmax_type,
+      implementation=self.implementation,
+      cache_lengths=cache_lengths,
+      return_residual=return_residual,
+      module=sow_module,
+      precision=precision,
+      **opts,
+      **arrays,
+    )
     out, lse = res if return_residual else (res, None)
     out = checkpoint_name(out, self.context_checkpoint_name)
     if self.transpose_batch_sequence:
@@ -229,9 +234,11 @@ class DotProductAttention(nn.Module):
     return (out, lse) if return_residual else out
 
   def _check_heads(self, query, key):
-    for name, want, got, what in (("head_dim", self.head_dim, query.shape[-1], "query's last dim"),
-                                  ("num_attention_heads", self.num_attention_heads, query.shape[-2], "query's heads"),
-                                  ("num_gqa_groups", self.num_gqa_groups, key.shape[-2], "key's heads")):
+    for name, want, got, what in (
+      ("head_dim", self.head_dim, query.shape[-1], "query's last dim"),
+      ("num_attention_heads", self.num_attention_heads, query.shape[-2], "query's heads"),
+      ("num_gqa_groups", self.num_gqa_groups, key.shape[-2], "key's heads"),
+    ):
       if want is not None and want != got:
         raise ValueError(f"{name}: {want}, but {what} is {got} (query {tuple(query.shape)}, key {tuple(key.shape)})")
 
@@ -244,7 +251,7 @@ class DotProductAttention(nn.Module):
     if kind in ("pre_scale_bias", "post_scale_bias") and bias is None:
       raise ValueError(f"bias: None, but attn_bias_type={kind!r} needs one")
     if kind == "pre_scale_bias":
-      return bias * (head_dim ** -0.5 if scale is None else scale)
+      return bias * (head_dim**-0.5 if scale is None else scale)
     return bias
 
 
@@ -338,21 +345,39 @@ class MultiHeadAttention(nn.Module):
     kernel_init = (self.out_kernel_init or self.kernel_init) if out else self.kernel_init
     bias_init = (self.out_bias_init or self.bias_init) if out else self.bias_init
     return nn.DenseGeneral(
-        features=tuple(features), axis=axis, use_bias=self.use_bias, dtype=self.dtype,
-        param_dtype=self.param_dtype, precision=self.precision, name=name,
-        kernel_init=nn.with_logical_partitioning(kernel_init, axes),
-        bias_init=nn.with_logical_partitioning(bias_init, axes[-len(features):]),
-        dot_general=(self.out_dot_general if out else self.qkv_dot_general) or projection_dot_general,
-        dot_general_cls=self.out_dot_general_cls if out else self.qkv_dot_general_cls)
+      features=tuple(features),
+      axis=axis,
+      use_bias=self.use_bias,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      precision=self.precision,
+      name=name,
+      kernel_init=nn.with_logical_partitioning(kernel_init, axes),
+      bias_init=nn.with_logical_partitioning(bias_init, axes[-len(features) :]),
+      dot_general=(self.out_dot_general if out else self.qkv_dot_general) or projection_dot_general,
+      dot_general_cls=self.out_dot_general_cls if out else self.qkv_dot_general_cls,
+    )
 
   @nn.compact
-  def __call__(self, inputs_q: ArrayLike, inputs_k: Optional[ArrayLike] = None, inputs_v: Optional[ArrayLike] = None,
-               *, inputs_kv: Optional[ArrayLike] = None, mask: Optional[ArrayLike] = None,
-               deterministic: Optional[bool] = None, dropout_rng: Any = None, sow_weights: bool = False,
-               query_positions: Optional[ArrayLike] = None, key_value_positions: Optional[ArrayLike] = None,
-               query_seq_lengths: Optional[ArrayLike] = None, key_value_seq_lengths: Optional[ArrayLike] = None,
-               query_segment_ids: Optional[ArrayLike] = None, key_value_segment_ids: Optional[ArrayLike] = None,
-               return_residual: bool = False):
+  def __call__(
+    self,
+    inputs_q: ArrayLike,
+    inputs_k: Optional[ArrayLike] = None,
+    inputs_v: Optional[ArrayLike] = None,
+    *,
+    inputs_kv: Optional[ArrayLike] = None,
+    mask: Optional[ArrayLike] = None,
+    deterministic: Optional[bool] = None,
+    dropout_rng: Any = None,
+    sow_weights: bool = False,
+    query_positions: Optional[ArrayLike] = None,
+    key_value_positions: Optional[ArrayLike] = None,
+    query_seq_lengths: Optional[ArrayLike] = None,
+    key_value_seq_lengths: Optional[ArrayLike] = None,
+    query_segment_ids: Optional[ArrayLike] = None,
+    key_value_segment_ids: Optional[ArrayLike] = None,
+    return_residual: bool = False,
+  ):
     """Multi-head attention of inputs_q over inputs_k / inputs_v.
 
     Args:
@@ -395,27 +420,47 @@ class MultiHeadAttention(nn.Module):
       k = nn.LayerNorm(name="key_ln", use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype)(k)
     call = {}
     if self.decode:
-      given = [x for x in (query_seq_lengths, key_value_seq_lengths, query_segment_ids, key_value_segment_ids)
-               if x is not None]
+      given = [
+        x for x in (query_seq_lengths, key_value_seq_lengths, query_segment_ids, key_value_segment_ids) if x is not None
+      ]
       if given or not self_attention:
-        raise ValueError("decode=True: lengths, segment ids and keys / values come from the cache; pass only "
-                         "inputs_q (and query_positions, mask)")
+        raise ValueError(
+          "decode=True: lengths, segment ids and keys / values come from the cache; pass only "
+          "inputs_q (and query_positions, mask)"
+        )
       k, v, index, query_positions = self._cache_update(k, v, query_positions)
       key_value_positions = query_positions
       call = layers.cached_call(q.shape[1], index + q.shape[1], q.shape[0], self.is_causal, mask)
     if self.use_rope:
       q = apply_rope(q, jnp.arange(q.shape[1]) if query_positions is None else query_positions, self.rope_base)
-      if not self.decode:           # cached keys were rotated before they were stored
-        k = apply_rope(k, jnp.arange(k.shape[1]) if key_value_positions is None else key_value_positions,
-                       self.rope_base)
-    attn = DotProductAttention(softmax_type=self.softmax_type, scale=self.scale, is_causal=self.is_causal,
-                               causal_alignment=self.causal_alignment, local_window_size=self.local_window_size,
-                               dtype=self.dtype, implementation=self.implementation, name="attention")
-    res = attn(q, k, v, attention_mask=mask, query_seq_lengths=query_seq_lengths,
-               key_value_seq_lengths=call.pop("key_value_seq_lengths", key_value_seq_lengths),
-               query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids,
-               return_residual=return_residual, precision=self.precision,
-               sow_module=self if sow_weights else None, **call)
+      if not self.decode:  # cached keys were rotated before they were stored
+        k = apply_rope(
+          k, jnp.arange(k.shape[1]) if key_value_positions is None else key_value_positions, self.rope_base
+        )
+    attn = DotProductAttention(
+      softmax_type=self.softmax_type,
+      scale=self.scale,
+      is_causal=self.is_causal,
+      causal_alignment=self.causal_alignment,
+      local_window_size=self.local_window_size,
+      dtype=self.dtype,
+      implementation=self.implementation,
+      name="attention",
+    )
+    res = attn(
+      q,
+      k,
+      v,
+      attention_mask=mask,
+      query_seq_lengths=query_seq_lengths,
+      key_value_seq_lengths=call.pop("key_value_seq_lengths", key_value_seq_lengths),
+      query_segment_ids=query_segment_ids,
+      key_value_segment_ids=key_value_segment_ids,
+      return_residual=return_residual,
+      precision=self.precision,
+      sow_module=self if sow_weights else None,
+      **call,
+    )
     out, lse = res if return_residual else (res, None)
     features = self.out_features or inputs_q.shape[-1]
     y = self._dense((features,), (-2, -1), ("heads", "head_dim", "embed"), "out", out=True)(out)
@@ -429,10 +474,11 @@ class MultiHeadAttention(nn.Module):
     cv = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
     ci = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
     index = ci.value
-    if not initialized:               # init call: size the cache only
+    if not initialized:  # init call: size the cache only
       pos = jnp.broadcast_to(index + jnp.arange(k.shape[1], dtype=jnp.int32), k.shape[:2])
       return k, v, index, pos if query_positions is None else query_positions
-    ck.value, cv.value, pos = layers.cache_update(ck.value, cv.value, index, k, v, query_positions,
-                                                  self.rope_base if self.use_rope else None)
+    ck.value, cv.value, pos = layers.cache_update(
+      ck.value, cv.value, index, k, v, query_positions, self.rope_base if self.use_rope else None
+    )
     ci.value = index + k.shape[1]
     return ck.value, cv.value, index, pos

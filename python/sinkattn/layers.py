@@ -14,10 +14,10 @@ import jax
 import jax.numpy as jnp
 
 from . import _validate
-from .decode import decode_attention
-from .ops import dot_product_attention
 from ._enums import SOFTMAX_NAMES, Softmax
 from ._validate import ArrayLike, Window
+from .decode import decode_attention
+from .ops import dot_product_attention
 
 # A KV-cache call with at most this many new tokens runs `sinkattn.decode_attention` (split-KV: the cache is
 # cut into chunks over threads / thread blocks); longer calls (prefill) keep `dot_product_attention`. On the
@@ -29,8 +29,14 @@ DECODE_MAX_TOKENS = 16
 # logical axes (TE names the head axis 'nvte_head'; sinkattn.flax.from_transformer_engine renames it).
 SOFTMAX_OFFSET_AXES = (None, "heads", None, None)
 
-__all__ = ["DECODE_MAX_TOKENS", "SOFTMAX_OFFSET_AXES", "Window", "apply_rope", "normalize_softmax_type",
-           "projection_dot_general"]
+__all__ = [
+  "DECODE_MAX_TOKENS",
+  "SOFTMAX_OFFSET_AXES",
+  "Window",
+  "apply_rope",
+  "normalize_softmax_type",
+  "projection_dot_general",
+]
 
 
 def normalize_softmax_type(softmax_type: Optional[str]) -> str:
@@ -49,8 +55,9 @@ def normalize_softmax_type(softmax_type: Optional[str]) -> str:
   if softmax_type is None:
     return "vanilla"
   if not isinstance(softmax_type, str) or softmax_type.lower() not in SOFTMAX_NAMES:
-    raise ValueError(f"softmax_type {softmax_type!r} unknown: use 'vanilla', 'off_by_one' (or 'off-by-one') or "
-                     "'learnable'")
+    raise ValueError(
+      f"softmax_type {softmax_type!r} unknown: use 'vanilla', 'off_by_one' (or 'off-by-one') or 'learnable'"
+    )
   return SOFTMAX_NAMES[softmax_type.lower()].name.lower()
 
 
@@ -73,11 +80,11 @@ def apply_rope(x: jax.Array, positions: ArrayLike, base: float = 10000.0) -> jax
   h = x.shape[-1]
   if h % 2:
     raise ValueError(f"apply_rope: head dim must be even, got x.shape={x.shape}")
-  inv_freq = base ** (-jnp.arange(0, h // 2, dtype=jnp.float32) * 2.0 / h)      # [H/2]
+  inv_freq = base ** (-jnp.arange(0, h // 2, dtype=jnp.float32) * 2.0 / h)  # [H/2]
   pos = jnp.asarray(positions, jnp.float32)
   if pos.ndim == 1:
     pos = pos[None, :]
-  ang = pos[:, :, None, None] * inv_freq                                          # [B,T,1,H/2]
+  ang = pos[:, :, None, None] * inv_freq  # [B,T,1,H/2]
   cos, sin = jnp.cos(ang), jnp.sin(ang)
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
@@ -91,8 +98,7 @@ def _typed_spec(x):
   return spec + (None,) * (x.ndim - len(spec)), sharding
 
 
-def projection_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
-                           out_sharding=None):
+def projection_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
   """`jax.lax.dot_general` for the q/k/v/out projections, naming the output sharding where JAX's
   explicit-sharding rule refuses to guess it.
 
@@ -111,11 +117,13 @@ def projection_dot_general(lhs, rhs, dimension_numbers, precision=None, preferre
     l_spec, l_sharding = _typed_spec(lhs)
     r_spec, _ = _typed_spec(rhs)
     if any(l_spec[i] is not None and r_spec[j] is not None for i, j in zip(l_con, r_con)):
-      dims = ([l_spec[i] for i in l_bat] +
-              [l_spec[i] for i in range(lhs.ndim) if i not in l_con and i not in l_bat] +
-              [r_spec[i] for i in range(rhs.ndim) if i not in r_con and i not in r_bat])
+      dims = (
+        [l_spec[i] for i in l_bat]
+        + [l_spec[i] for i in range(lhs.ndim) if i not in l_con and i not in l_bat]
+        + [r_spec[i] for i in range(rhs.ndim) if i not in r_con and i not in r_bat]
+      )
       used, out = set(), []
-      for d in dims:            # a mesh axis may split one output dim only: the first keeps it
+      for d in dims:  # a mesh axis may split one output dim only: the first keeps it
         axes = tuple(a for a in ((d,) if isinstance(d, str) else (d or ())) if a not in used)
         used.update(axes)
         out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
@@ -124,8 +132,9 @@ def projection_dot_general(lhs, rhs, dimension_numbers, precision=None, preferre
   return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision, out_sharding=out_sharding, **kw)
 
 
-def head_sizes(num_heads: int, num_kv_heads: Optional[int], qkv_features: Optional[int], head_dim: Optional[int],
-               in_features: int) -> Tuple[int, int]:
+def head_sizes(
+  num_heads: int, num_kv_heads: Optional[int], qkv_features: Optional[int], head_dim: Optional[int], in_features: int
+) -> Tuple[int, int]:
   """(K, H) as Flax derives them: H = qkv_features // N (qkv_features defaults to the input width D), or
   head_dim when given (then qkv_features, if given, must equal N * head_dim); K = num_kv_heads or N."""
   kvh = num_kv_heads or num_heads
@@ -133,13 +142,14 @@ def head_sizes(num_heads: int, num_kv_heads: Optional[int], qkv_features: Option
     raise ValueError(f"num_kv_heads: {kvh} must divide num_heads {num_heads}")
   if head_dim is not None:
     if qkv_features is not None and qkv_features != num_heads * head_dim:
-      raise ValueError(f"qkv_features: {qkv_features} != num_heads * head_dim = {num_heads} * {head_dim}: give one "
-                       "of them (qkv_features defines head_dim = qkv_features // num_heads, as in Flax)")
+      raise ValueError(
+        f"qkv_features: {qkv_features} != num_heads * head_dim = {num_heads} * {head_dim}: give one "
+        "of them (qkv_features defines head_dim = qkv_features // num_heads, as in Flax)"
+      )
     return kvh, head_dim
   features = qkv_features or in_features
   if features % num_heads:
-    raise ValueError(f"qkv_features: {features} (default: the input width) must be divisible by num_heads "
-                     f"{num_heads}")
+    raise ValueError(f"qkv_features: {features} (default: the input width) must be divisible by num_heads {num_heads}")
   return kvh, features // num_heads
 
 
@@ -158,19 +168,30 @@ def key_value_inputs(inputs_q, inputs_k, inputs_v, inputs_kv=None):
 
 def flax_only_arguments(attention_fn: Any, qk_einsum: Any = None, value_einsum: Any = None) -> None:
   """Module arguments that plug other code into Flax's own attention: sinkattn's modules run the fused op."""
-  for name, x in (("attention_fn", attention_fn), ("qk_attn_weights_einsum_cls", qk_einsum),
-                  ("attn_weights_value_einsum_cls", value_einsum)):
+  for name, x in (
+    ("attention_fn", attention_fn),
+    ("qk_attn_weights_einsum_cls", qk_einsum),
+    ("attn_weights_value_einsum_cls", value_einsum),
+  ):
     if x is not None:
-      raise NotImplementedError(f"{name}: {x!r} replaces part of Flax's own attention, but sinkattn's module always "
-                                "runs sinkattn.dot_product_attention: leave it None (or use Flax's module with "
-                                "attention_fn=sinkattn.dot_product_attention)")
+      raise NotImplementedError(
+        f"{name}: {x!r} replaces part of Flax's own attention, but sinkattn's module always "
+        "runs sinkattn.dot_product_attention: leave it None (or use Flax's module with "
+        "attention_fn=sinkattn.dot_product_attention)"
+      )
 
 
 def check_dropout(dropout_rate: float, deterministic: Optional[bool]) -> None:
   """Dropout is not implemented: a rate > 0 is accepted only when deterministic is True."""
-  _validate.flax_arguments(dropout_rate=dropout_rate, deterministic=deterministic, broadcast_dropout=True,
-                           precision=None, force_fp32_for_softmax=True, qk_attn_weights_einsum=None,
-                           attn_weights_value_einsum=None)
+  _validate.flax_arguments(
+    dropout_rate=dropout_rate,
+    deterministic=deterministic,
+    broadcast_dropout=True,
+    precision=None,
+    force_fp32_for_softmax=True,
+    qk_attn_weights_einsum=None,
+    attn_weights_value_einsum=None,
+  )
 
 
 def cache_update(cached_k, cached_v, index, k, v, query_positions, rope_base: Optional[float]):
@@ -197,9 +218,23 @@ def cached_call(t: int, filled, batch: int, is_causal: bool, mask) -> dict:
   return dict(key_value_seq_lengths=lengths, causal_alignment="bottom_right")
 
 
-def attend(query, key, value, sinks, *, softmax_type: str, scale, is_causal: bool, causal_alignment: str,
-           local_window_size: Window, implementation, cache_lengths=None, return_residual: bool = False,
-           module: Any = None, **arrays):
+def attend(
+  query,
+  key,
+  value,
+  sinks,
+  *,
+  softmax_type: str,
+  scale,
+  is_causal: bool,
+  causal_alignment: str,
+  local_window_size: Window,
+  implementation,
+  cache_lengths=None,
+  return_residual: bool = False,
+  module: Any = None,
+  **arrays,
+):
   """The op a DotProductAttention module runs: decode_attention over a cache (cache_lengths given; causal,
   bottom-right, no other arrays), else dot_product_attention with `arrays` (lengths, segment ids, bias,
   mask, positions, precision)."""
@@ -207,13 +242,33 @@ def attend(query, key, value, sinks, *, softmax_type: str, scale, is_causal: boo
     given = [n for n, x in arrays.items() if x is not None and n != "precision"]
     if given or module is not None:
       raise ValueError(f"cache_lengths: decode_attention takes no {(given or ['module'])[0]}")
-    return decode_attention(query, key, value, cache_lengths, sinks, softmax_type=softmax_type,
-                            local_window_size=local_window_size, scale=scale, return_residual=return_residual,
-                            implementation=implementation)
-  return dot_product_attention(query, key, value, sinks, softmax_type=softmax_type, scale=scale,
-                               is_causal=is_causal, causal_alignment=causal_alignment,
-                               local_window_size=local_window_size, return_residual=return_residual,
-                               implementation=implementation, module=module, **arrays)
+    return decode_attention(
+      query,
+      key,
+      value,
+      cache_lengths,
+      sinks,
+      softmax_type=softmax_type,
+      local_window_size=local_window_size,
+      scale=scale,
+      return_residual=return_residual,
+      implementation=implementation,
+    )
+  return dot_product_attention(
+    query,
+    key,
+    value,
+    sinks,
+    softmax_type=softmax_type,
+    scale=scale,
+    is_causal=is_causal,
+    causal_alignment=causal_alignment,
+    local_window_size=local_window_size,
+    return_residual=return_residual,
+    implementation=implementation,
+    module=module,
+    **arrays,
+  )
 
 
 def learnable(softmax_type: Optional[str]) -> bool:

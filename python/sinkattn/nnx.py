@@ -8,6 +8,9 @@
 
 Sharding metadata is always attached; it is applied eagerly (flax's `use_eager_sharding`) only when a mesh
 is active, because flax raises for an eagerly sharded variable created without a mesh.
+
+Longer than 400 lines: it mirrors flax.nnx.MultiHeadAttention's full constructor and call signatures, one argument a line,
+each documented.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ _NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 
 def _partitioned(init: Callable, axes) -> Callable:
   """`init` with sharding metadata `axes`; eager sharding (flax >= 0.12) only under an active mesh."""
-  if not hasattr(nnx, "using_eager_sharding"):      # flax < 0.12: metadata only, nothing eager
+  if not hasattr(nnx, "using_eager_sharding"):  # flax < 0.12: metadata only, nothing eager
     return nnx.with_partitioning(init, axes)
   eager = nnx.using_eager_sharding() and not jax.sharding.get_abstract_mesh().empty
   return nnx.with_partitioning(init, axes, eager_sharding=eager)
@@ -58,10 +61,19 @@ class DotProductAttention(nnx.Module):
     rngs: unused (the sink is zeros-initialised); accepted as other nnx modules take it.
   """
 
-  def __init__(self, num_heads: Optional[int] = None, *, softmax_type: Optional[str] = "vanilla",
-               scale: Optional[float] = None, is_causal: bool = False, causal_alignment: str = "top_left",
-               local_window_size: Window = None, dtype: Any = None, implementation: Optional[str] = None,
-               rngs: Optional[nnx.Rngs] = None):
+  def __init__(
+    self,
+    num_heads: Optional[int] = None,
+    *,
+    softmax_type: Optional[str] = "vanilla",
+    scale: Optional[float] = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    local_window_size: Window = None,
+    dtype: Any = None,
+    implementation: Optional[str] = None,
+    rngs: Optional[nnx.Rngs] = None,
+  ):
     del rngs
     self.num_heads = num_heads
     self.softmax_type = normalize_softmax_type(softmax_type)
@@ -69,20 +81,35 @@ class DotProductAttention(nnx.Module):
     self.local_window_size, self.dtype, self.implementation = local_window_size, dtype, implementation
     if self.softmax_type == "learnable":
       if num_heads is None:
-        raise ValueError("num_heads: None, but softmax_type='learnable' needs it to size softmax_offset "
-                         "(1, num_heads, 1, 1)")
+        raise ValueError(
+          "num_heads: None, but softmax_type='learnable' needs it to size softmax_offset (1, num_heads, 1, 1)"
+        )
       init = _partitioned(nnx.initializers.zeros_init(), SOFTMAX_OFFSET_AXES)
       self.softmax_offset = nnx.Param(init(jax.random.key(0), (1, num_heads, 1, 1), jnp.float32))
     else:
       self.softmax_offset = _data(None)
 
-  def __call__(self, query: ArrayLike, key: ArrayLike, value: ArrayLike, *, bias: Optional[ArrayLike] = None,
-               mask: Optional[ArrayLike] = None, query_seq_lengths: Optional[ArrayLike] = None,
-               key_value_seq_lengths: Optional[ArrayLike] = None, query_segment_ids: Optional[ArrayLike] = None,
-               key_value_segment_ids: Optional[ArrayLike] = None, query_positions: Optional[ArrayLike] = None,
-               key_value_positions: Optional[ArrayLike] = None, is_causal: bool = False,
-               causal_alignment: Optional[str] = None, return_residual: bool = False,
-               cache_lengths: Optional[ArrayLike] = None, precision: Any = None, sow_module: Any = None):
+  def __call__(
+    self,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    *,
+    bias: Optional[ArrayLike] = None,
+    mask: Optional[ArrayLike] = None,
+    query_seq_lengths: Optional[ArrayLike] = None,
+    key_value_seq_lengths: Optional[ArrayLike] = None,
+    query_segment_ids: Optional[ArrayLike] = None,
+    key_value_segment_ids: Optional[ArrayLike] = None,
+    query_positions: Optional[ArrayLike] = None,
+    key_value_positions: Optional[ArrayLike] = None,
+    is_causal: bool = False,
+    causal_alignment: Optional[str] = None,
+    return_residual: bool = False,
+    cache_lengths: Optional[ArrayLike] = None,
+    precision: Any = None,
+    sow_module: Any = None,
+  ):
     """Attention of query over key / value.
 
     Args:
@@ -114,13 +141,29 @@ class DotProductAttention(nnx.Module):
     if self.dtype is not None:
       query, key, value = (jnp.asarray(x, self.dtype) for x in (query, key, value))
     return layers.attend(
-        query, key, value, sinks, softmax_type=self.softmax_type, scale=self.scale,
-        is_causal=self.is_causal or is_causal, causal_alignment=causal_alignment or self.causal_alignment,
-        local_window_size=self.local_window_size, implementation=self.implementation, cache_lengths=cache_lengths,
-        return_residual=return_residual, module=sow_module, bias=bias, mask=mask,
-        query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
-        query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids,
-        query_positions=query_positions, key_value_positions=key_value_positions, precision=precision)
+      query,
+      key,
+      value,
+      sinks,
+      softmax_type=self.softmax_type,
+      scale=self.scale,
+      is_causal=self.is_causal or is_causal,
+      causal_alignment=causal_alignment or self.causal_alignment,
+      local_window_size=self.local_window_size,
+      implementation=self.implementation,
+      cache_lengths=cache_lengths,
+      return_residual=return_residual,
+      module=sow_module,
+      bias=bias,
+      mask=mask,
+      query_seq_lengths=query_seq_lengths,
+      key_value_seq_lengths=key_value_seq_lengths,
+      query_segment_ids=query_segment_ids,
+      key_value_segment_ids=key_value_segment_ids,
+      query_positions=query_positions,
+      key_value_positions=key_value_positions,
+      precision=precision,
+    )
 
 
 class MultiHeadAttention(nnx.Module):
@@ -178,25 +221,54 @@ class MultiHeadAttention(nnx.Module):
     implementation: as in sinkattn.dot_product_attention.
   """
 
-  def __init__(self, num_heads: int, in_features: int, qkv_features: Optional[int] = None,
-               out_features: Optional[int] = None, num_kv_heads: Optional[int] = None,
-               in_kv_features: Optional[int] = None, *, dtype: Any = None, param_dtype: Any = jnp.float32,
-               broadcast_dropout: bool = True, dropout_rate: float = 0.0, deterministic: Optional[bool] = None,
-               precision: Any = None, kernel_init: Callable = nnx.initializers.lecun_normal(),
-               out_kernel_init: Optional[Callable] = None, bias_init: Callable = nnx.initializers.zeros_init(),
-               out_bias_init: Optional[Callable] = None, use_bias: bool = True, attention_fn: Optional[Callable] = None,
-               decode: Optional[bool] = None, normalize_qk: bool = False, qkv_promote_dtype: Optional[Callable] = None,
-               out_promote_dtype: Optional[Callable] = None, ln_promote_dtype: Optional[Callable] = None,
-               qkv_dot_general: Optional[Callable] = None, out_dot_general: Optional[Callable] = None,
-               qkv_dot_general_cls: Any = None, out_dot_general_cls: Any = None, rngs: nnx.Rngs,
-               keep_rngs: bool = True, kernel_metadata: Mapping[str, Any] = _NO_METADATA,
-               out_kernel_metadata: Mapping[str, Any] = _NO_METADATA, bias_metadata: Mapping[str, Any] = _NO_METADATA,
-               out_bias_metadata: Mapping[str, Any] = _NO_METADATA,
-               query_ln_scale_metadata: Mapping[str, Any] = _NO_METADATA,
-               key_ln_scale_metadata: Mapping[str, Any] = _NO_METADATA, head_dim: Optional[int] = None,
-               softmax_type: Optional[str] = "vanilla", scale: Optional[float] = None, is_causal: bool = False,
-               causal_alignment: str = "top_left", local_window_size: Window = None, use_rope: bool = False,
-               rope_base: float = 10000.0, implementation: Optional[str] = None):
+  def __init__(
+    self,
+    num_heads: int,
+    in_features: int,
+    qkv_features: Optional[int] = None,
+    out_features: Optional[int] = None,
+    num_kv_heads: Optional[int] = None,
+    in_kv_features: Optional[int] = None,
+    *,
+    dtype: Any = None,
+    param_dtype: Any = jnp.float32,
+    broadcast_dropout: bool = True,
+    dropout_rate: float = 0.0,
+    deterministic: Optional[bool] = None,
+    precision: Any = None,
+    kernel_init: Callable = nnx.initializers.lecun_normal(),
+    out_kernel_init: Optional[Callable] = None,
+    bias_init: Callable = nnx.initializers.zeros_init(),
+    out_bias_init: Optional[Callable] = None,
+    use_bias: bool = True,
+    attention_fn: Optional[Callable] = None,
+    decode: Optional[bool] = None,
+    normalize_qk: bool = False,
+    qkv_promote_dtype: Optional[Callable] = None,
+    out_promote_dtype: Optional[Callable] = None,
+    ln_promote_dtype: Optional[Callable] = None,
+    qkv_dot_general: Optional[Callable] = None,
+    out_dot_general: Optional[Callable] = None,
+    qkv_dot_general_cls: Any = None,
+    out_dot_general_cls: Any = None,
+    rngs: nnx.Rngs,
+    keep_rngs: bool = True,
+    kernel_metadata: Mapping[str, Any] = _NO_METADATA,
+    out_kernel_metadata: Mapping[str, Any] = _NO_METADATA,
+    bias_metadata: Mapping[str, Any] = _NO_METADATA,
+    out_bias_metadata: Mapping[str, Any] = _NO_METADATA,
+    query_ln_scale_metadata: Mapping[str, Any] = _NO_METADATA,
+    key_ln_scale_metadata: Mapping[str, Any] = _NO_METADATA,
+    head_dim: Optional[int] = None,
+    softmax_type: Optional[str] = "vanilla",
+    scale: Optional[float] = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    local_window_size: Window = None,
+    use_rope: bool = False,
+    rope_base: float = 10000.0,
+    implementation: Optional[str] = None,
+  ):
     del broadcast_dropout, keep_rngs  # used only with dropout, refused at the call
     layers.flax_only_arguments(attention_fn)
     kvh, hd = layers.head_sizes(num_heads, num_kv_heads, qkv_features, head_dim, in_features)
@@ -206,36 +278,57 @@ class MultiHeadAttention(nnx.Module):
     kv_in = in_kv_features or in_features
 
     def dense(fin, fout, axis, axes, out):
-      kw = dict(promote_dtype=out_promote_dtype if out else qkv_promote_dtype,
-                kernel_metadata=(out_kernel_metadata or kernel_metadata) if out else kernel_metadata,
-                bias_metadata=(out_bias_metadata or bias_metadata) if out else bias_metadata)
+      kw = dict(
+        promote_dtype=out_promote_dtype if out else qkv_promote_dtype,
+        kernel_metadata=(out_kernel_metadata or kernel_metadata) if out else kernel_metadata,
+        bias_metadata=(out_bias_metadata or bias_metadata) if out else bias_metadata,
+      )
       k_init, b_init = (out_kernel_init or kernel_init, out_bias_init or bias_init) if out else (kernel_init, bias_init)
       if not kw["kernel_metadata"]:
         k_init = _partitioned(k_init, axes)
       if not kw["bias_metadata"]:
-        b_init = _partitioned(b_init, axes[-(1 if out else 2):])
-      return nnx.LinearGeneral(fin, fout, axis=axis, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
-                               kernel_init=k_init, bias_init=b_init, precision=precision,
-                               dot_general=(out_dot_general if out else qkv_dot_general) or projection_dot_general,
-                               dot_general_cls=out_dot_general_cls if out else qkv_dot_general_cls, rngs=rngs,
-                               **{k: v for k, v in kw.items() if v})
+        b_init = _partitioned(b_init, axes[-(1 if out else 2) :])
+      return nnx.LinearGeneral(
+        fin,
+        fout,
+        axis=axis,
+        use_bias=use_bias,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        kernel_init=k_init,
+        bias_init=b_init,
+        precision=precision,
+        dot_general=(out_dot_general if out else qkv_dot_general) or projection_dot_general,
+        dot_general_cls=out_dot_general_cls if out else qkv_dot_general_cls,
+        rngs=rngs,
+        **{k: v for k, v in kw.items() if v},
+      )
 
     self.query = dense(in_features, (num_heads, hd), -1, ("embed", "heads", "head_dim"), False)
     self.key = dense(kv_in, (kvh, hd), -1, ("embed", "kv_heads", "head_dim"), False)
     self.value = dense(kv_in, (kvh, hd), -1, ("embed", "kv_heads", "head_dim"), False)
     if normalize_qk:
+
       def norm(metadata):
         kw = {k: v for k, v in dict(promote_dtype=ln_promote_dtype, scale_metadata=metadata).items() if v}
         return nnx.LayerNorm(hd, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs, **kw)
+
       self.query_ln, self.key_ln = norm(query_ln_scale_metadata), norm(key_ln_scale_metadata)
     else:
       self.query_ln = self.key_ln = _data(None)
     self.out = dense((num_heads, hd), out_features or in_features, (-2, -1), ("heads", "head_dim", "embed"), True)
     self.attention = DotProductAttention(
-        num_heads, softmax_type=softmax_type, scale=scale, is_causal=is_causal, causal_alignment=causal_alignment,
-        local_window_size=local_window_size, dtype=dtype, implementation=implementation)
+      num_heads,
+      softmax_type=softmax_type,
+      scale=scale,
+      is_causal=is_causal,
+      causal_alignment=causal_alignment,
+      local_window_size=local_window_size,
+      dtype=dtype,
+      implementation=implementation,
+    )
     self.precision = precision
-    self.cached_key = self.cached_value = self.cache_index = _data(None)    # set by init_cache
+    self.cached_key = self.cached_value = self.cache_index = _data(None)  # set by init_cache
 
   def init_cache(self, input_shape, dtype: Any = jnp.float32) -> None:
     """KV cache [*input_shape[:-1], K, H] (zeros) and its fill index, as flax.nnx.MultiHeadAttention's.
@@ -249,13 +342,28 @@ class MultiHeadAttention(nnx.Module):
     self.cached_value = nnx.Cache(jnp.zeros(shape, dtype))
     self.cache_index = nnx.Cache(jnp.array(0, jnp.int32))
 
-  def __call__(self, inputs_q: ArrayLike, inputs_k: Optional[ArrayLike] = None, inputs_v: Optional[ArrayLike] = None,
-               *, mask: Optional[ArrayLike] = None, deterministic: Optional[bool] = None, rngs: Any = None,
-               sow_weights: bool = False, decode: Optional[bool] = None, is_causal: bool = False,
-               out_sharding: Any = None, qkv_sharding: Any = None, query_positions: Optional[ArrayLike] = None,
-               key_value_positions: Optional[ArrayLike] = None, query_seq_lengths: Optional[ArrayLike] = None,
-               key_value_seq_lengths: Optional[ArrayLike] = None, query_segment_ids: Optional[ArrayLike] = None,
-               key_value_segment_ids: Optional[ArrayLike] = None, return_residual: bool = False):
+  def __call__(
+    self,
+    inputs_q: ArrayLike,
+    inputs_k: Optional[ArrayLike] = None,
+    inputs_v: Optional[ArrayLike] = None,
+    *,
+    mask: Optional[ArrayLike] = None,
+    deterministic: Optional[bool] = None,
+    rngs: Any = None,
+    sow_weights: bool = False,
+    decode: Optional[bool] = None,
+    is_causal: bool = False,
+    out_sharding: Any = None,
+    qkv_sharding: Any = None,
+    query_positions: Optional[ArrayLike] = None,
+    key_value_positions: Optional[ArrayLike] = None,
+    query_seq_lengths: Optional[ArrayLike] = None,
+    key_value_seq_lengths: Optional[ArrayLike] = None,
+    query_segment_ids: Optional[ArrayLike] = None,
+    key_value_segment_ids: Optional[ArrayLike] = None,
+    return_residual: bool = False,
+  ):
     """Multi-head attention of inputs_q over inputs_k / inputs_v.
 
     Args:
@@ -291,8 +399,10 @@ class MultiHeadAttention(nnx.Module):
     if self_attention and key_value_positions is None:
       key_value_positions = query_positions
     if inputs_q.shape[-1] != self.in_features:
-      raise ValueError(f"inputs_q: last dim {inputs_q.shape[-1]}, expected in_features {self.in_features} (shape "
-                       f"{tuple(inputs_q.shape)})")
+      raise ValueError(
+        f"inputs_q: last dim {inputs_q.shape[-1]}, expected in_features {self.in_features} (shape "
+        f"{tuple(inputs_q.shape)})"
+      )
     if self.dropout_rate > 0.0:
       layers.check_dropout(self.dropout_rate, self.deterministic if deterministic is None else deterministic)
     proj = {} if qkv_sharding is None else dict(out_sharding=qkv_sharding)
@@ -301,31 +411,50 @@ class MultiHeadAttention(nnx.Module):
       q, k = self.query_ln(q), self.key_ln(k)
     causal = self.attention.is_causal or is_causal
     call = {}
-    if (self.decode if decode is None else decode):
+    if self.decode if decode is None else decode:
       if self.cache_index is None:
         raise ValueError("decode=True needs init_cache(input_shape) first")
-      given = [x for x in (query_seq_lengths, key_value_seq_lengths, query_segment_ids, key_value_segment_ids)
-               if x is not None]
+      given = [
+        x for x in (query_seq_lengths, key_value_seq_lengths, query_segment_ids, key_value_segment_ids) if x is not None
+      ]
       if given or not self_attention:
-        raise ValueError("decode=True: lengths, segment ids and keys / values come from the cache; pass only "
-                         "inputs_q (and query_positions, mask)")
+        raise ValueError(
+          "decode=True: lengths, segment ids and keys / values come from the cache; pass only "
+          "inputs_q (and query_positions, mask)"
+        )
       index = self.cache_index[...]
-      ck, cv, query_positions = layers.cache_update(self.cached_key[...], self.cached_value[...], index, k, v,
-                                                    query_positions, self.rope_base if self.use_rope else None)
+      ck, cv, query_positions = layers.cache_update(
+        self.cached_key[...],
+        self.cached_value[...],
+        index,
+        k,
+        v,
+        query_positions,
+        self.rope_base if self.use_rope else None,
+      )
       self.cached_key[...], self.cached_value[...] = ck, cv
       self.cache_index[...] = index + q.shape[1]
       k, v = ck, cv
       call = layers.cached_call(q.shape[1], index + q.shape[1], q.shape[0], causal, mask)
     elif self.use_rope:
-      k = apply_rope(k, jnp.arange(k.shape[1]) if key_value_positions is None else key_value_positions,
-                     self.rope_base)
+      k = apply_rope(k, jnp.arange(k.shape[1]) if key_value_positions is None else key_value_positions, self.rope_base)
     if self.use_rope:
       q = apply_rope(q, jnp.arange(q.shape[1]) if query_positions is None else query_positions, self.rope_base)
-    res = self.attention(q, k, v, mask=mask, is_causal=is_causal, query_seq_lengths=query_seq_lengths,
-                         key_value_seq_lengths=call.pop("key_value_seq_lengths", key_value_seq_lengths),
-                         query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids,
-                         return_residual=return_residual, precision=self.precision,
-                         sow_module=self if sow_weights else None, **call)
+    res = self.attention(
+      q,
+      k,
+      v,
+      mask=mask,
+      is_causal=is_causal,
+      query_seq_lengths=query_seq_lengths,
+      key_value_seq_lengths=call.pop("key_value_seq_lengths", key_value_seq_lengths),
+      query_segment_ids=query_segment_ids,
+      key_value_segment_ids=key_value_segment_ids,
+      return_residual=return_residual,
+      precision=self.precision,
+      sow_module=self if sow_weights else None,
+      **call,
+    )
     out, lse = res if return_residual else (res, None)
     y = self.out(out) if out_sharding is None else self.out(out, out_sharding=out_sharding)
     return (y, lse) if return_residual else y

@@ -16,16 +16,22 @@ from ._enums import dtype_code
 from ._validate import ArrayLike, Window
 
 
-
 def _statics(o: _validate.Options):
-  return dict(softmax=o.softmax, causal=o.causal, window_left=o.window_left, window_right=o.window_right,
-              diag_offset=0, scale=o.scale)
+  return dict(
+    softmax=o.softmax,
+    causal=o.causal,
+    window_left=o.window_left,
+    window_right=o.window_right,
+    diag_offset=0,
+    scale=o.scale,
+  )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _fused(o, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos):
-  out, lse = partitioning.attn_fwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos,
-                                   **_statics(o))
+  out, lse = partitioning.attn_fwd(
+    q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos, **_statics(o)
+  )
   return (out, lse) if o.return_residual else out
 
 
@@ -34,7 +40,7 @@ def _fused_fwd(o, *primals):
   # or one computed from undifferentiated values) costs no dbias in the backward.
   args = [None if p is None else p.value for p in primals]
   out, lse = partitioning.attn_fwd(*args, **_statics(o))
-  want_dbias = () if args[8] is not None and primals[8].perturbed else None   # a static flag: () or None
+  want_dbias = () if args[8] is not None and primals[8].perturbed else None  # a static flag: () or None
   return ((out, lse) if o.return_residual else out), (args, out, lse, want_dbias)
 
 
@@ -53,12 +59,13 @@ def _typed_like(g, x):
 def _fused_bwd(o, res, ct):
   args, out, lse, want_dbias = res
   dout, dlse = ct if o.return_residual else (ct, None)
-  if isinstance(dlse, SymbolicZero):   # lse returned but not used
+  if isinstance(dlse, SymbolicZero):  # lse returned but not used
     dlse = None
   if isinstance(dout, SymbolicZero):
     dout = jnp.zeros(out.shape, out.dtype)
-  dq, dk, dv, dsinks, dbias = partitioning.attn_bwd(*args, out, lse, dout, dlse, **_statics(o),
-                                                    want_dbias=want_dbias is not None)
+  dq, dk, dv, dsinks, dbias = partitioning.attn_bwd(
+    *args, out, lse, dout, dlse, **_statics(o), want_dbias=want_dbias is not None
+  )
   q, k, v, sinks, bias = args[0], args[1], args[2], args[3], args[8]
   dsinks = dsinks if sinks is not None else None
   dbias = None if dbias is None else dbias.astype(bias.dtype)
@@ -84,26 +91,47 @@ def _sow_weights(module, c: _validate.Checked, query, key, sinks):
   """What Flax's own attention does with `module` (given when the caller asks to sow): store the attention
   probabilities [B,N,T,S] as 'attention_weights' in the module's intermediates (computed by the reference:
   the fused kernels never hold them)."""
-  w = reference.weights(query, key, sinks, c.q_lens, c.kv_lens, c.q_seg, c.kv_seg, c.bias, c.mask, c.q_pos, c.kv_pos,
-                        **_statics(c.opts))
+  w = reference.weights(
+    query, key, sinks, c.q_lens, c.kv_lens, c.q_seg, c.kv_seg, c.bias, c.mask, c.q_pos, c.kv_pos, **_statics(c.opts)
+  )
   from flax import nnx  # only a Flax module reaches this point
+
   collection = nnx.Intermediate if isinstance(module, nnx.Module) else "intermediates"
   module.sow(collection, "attention_weights", w)
 
 
 def dot_product_attention(
-    query: ArrayLike, key: ArrayLike, value: ArrayLike, sinks: Optional[ArrayLike] = None, *,
-    softmax_type: Optional[str] = None, scale: Optional[float] = None, is_causal: bool = False,
-    causal_alignment: str = "top_left", local_window_size: Window = None,
-    query_seq_lengths: Optional[ArrayLike] = None, key_value_seq_lengths: Optional[ArrayLike] = None,
-    query_segment_ids: Optional[ArrayLike] = None, key_value_segment_ids: Optional[ArrayLike] = None,
-    bias: Optional[ArrayLike] = None, mask: Optional[ArrayLike] = None,
-    query_positions: Optional[ArrayLike] = None, key_value_positions: Optional[ArrayLike] = None,
-    return_residual: bool = False, implementation: Optional[str] = None,
-    dropout_rng: Optional[ArrayLike] = None, dropout_rate: float = 0.0, broadcast_dropout: bool = True,
-    deterministic: Optional[bool] = None, dtype: Any = None, precision: Any = None, module: Any = None,
-    force_fp32_for_softmax: bool = False, qk_attn_weights_einsum: Any = None,
-    attn_weights_value_einsum: Any = None) -> Union[jax.Array, Tuple[jax.Array, jax.Array]]:
+  query: ArrayLike,
+  key: ArrayLike,
+  value: ArrayLike,
+  sinks: Optional[ArrayLike] = None,
+  *,
+  softmax_type: Optional[str] = None,
+  scale: Optional[float] = None,
+  is_causal: bool = False,
+  causal_alignment: str = "top_left",
+  local_window_size: Window = None,
+  query_seq_lengths: Optional[ArrayLike] = None,
+  key_value_seq_lengths: Optional[ArrayLike] = None,
+  query_segment_ids: Optional[ArrayLike] = None,
+  key_value_segment_ids: Optional[ArrayLike] = None,
+  bias: Optional[ArrayLike] = None,
+  mask: Optional[ArrayLike] = None,
+  query_positions: Optional[ArrayLike] = None,
+  key_value_positions: Optional[ArrayLike] = None,
+  return_residual: bool = False,
+  implementation: Optional[str] = None,
+  dropout_rng: Optional[ArrayLike] = None,
+  dropout_rate: float = 0.0,
+  broadcast_dropout: bool = True,
+  deterministic: Optional[bool] = None,
+  dtype: Any = None,
+  precision: Any = None,
+  module: Any = None,
+  force_fp32_for_softmax: bool = False,
+  qk_attn_weights_einsum: Any = None,
+  attn_weights_value_einsum: Any = None,
+) -> Union[jax.Array, Tuple[jax.Array, jax.Array]]:
   """Scaled dot-product attention with attention sinks (layout BTNH, like jax.nn.dot_product_attention).
 
   For each batch b, query head n and row i:
@@ -177,22 +205,40 @@ def dot_product_attention(
     RuntimeError: implementation='fused' / 'cudnn' where that kernel cannot run.
   """
   impl = _validate.implementation(implementation)
-  _validate.flax_arguments(dropout_rate=dropout_rate, deterministic=deterministic,
-                           broadcast_dropout=broadcast_dropout, precision=precision,
-                           force_fp32_for_softmax=force_fp32_for_softmax,
-                           qk_attn_weights_einsum=qk_attn_weights_einsum,
-                           attn_weights_value_einsum=attn_weights_value_einsum)
+  _validate.flax_arguments(
+    dropout_rate=dropout_rate,
+    deterministic=deterministic,
+    broadcast_dropout=broadcast_dropout,
+    precision=precision,
+    force_fp32_for_softmax=force_fp32_for_softmax,
+    qk_attn_weights_einsum=qk_attn_weights_einsum,
+    attn_weights_value_einsum=attn_weights_value_einsum,
+  )
   del dropout_rng  # used only with dropout, refused above
   if dtype is not None:
     query, key, value = (x.astype(dtype) if hasattr(x, "astype") else x for x in (query, key, value))
   ref = impl == "reference"
   c = _validate.arguments(
-      query, key, value, sinks, softmax_type=softmax_type, scale=scale, is_causal=is_causal,
-      causal_alignment=causal_alignment, local_window_size=local_window_size,
-      query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
-      query_segment_ids=query_segment_ids, key_value_segment_ids=key_value_segment_ids, bias=bias, mask=mask,
-      query_positions=query_positions, key_value_positions=key_value_positions, return_residual=return_residual,
-      allow_f64=ref)
+    query,
+    key,
+    value,
+    sinks,
+    softmax_type=softmax_type,
+    scale=scale,
+    is_causal=is_causal,
+    causal_alignment=causal_alignment,
+    local_window_size=local_window_size,
+    query_seq_lengths=query_seq_lengths,
+    key_value_seq_lengths=key_value_seq_lengths,
+    query_segment_ids=query_segment_ids,
+    key_value_segment_ids=key_value_segment_ids,
+    bias=bias,
+    mask=mask,
+    query_positions=query_positions,
+    key_value_positions=key_value_positions,
+    return_residual=return_residual,
+    allow_f64=ref,
+  )
   o = c.opts
   # Sinks enter the kernels as float32 [N]; autodiff of this reshape/cast returns the gradient in the
   # caller's shape and dtype.
@@ -205,9 +251,16 @@ def dot_product_attention(
     return (out, lse) if o.return_residual else out
 
   features = [n for n, x in (("bias", c.bias), ("mask", c.mask), ("query_positions", c.q_pos)) if x is not None]
-  result = _routing.run(impl, query, args, op="dot_product_attention", fused=lambda *a: _fused(o, *a),
-                        reference=ref_path, features=features,
-                        cuda_reason=lambda: _cuda_reason(query, key, value))
+  result = _routing.run(
+    impl,
+    query,
+    args,
+    op="dot_product_attention",
+    fused=lambda *a: _fused(o, *a),
+    reference=ref_path,
+    features=features,
+    cuda_reason=lambda: _cuda_reason(query, key, value),
+  )
   if module is not None:
     _sow_weights(module, c, query, key, s32)
   return result

@@ -103,9 +103,9 @@ def _plan(mesh, q, k):
   heads = tuple(a for a in (_dim_axes(q.sharding, 2) or _dim_axes(k.sharding, 2)) if a not in batch)
   m = _size(mesh, heads)
   if N % m == 0 and K % m == 0:
-    return batch, heads, heads   # whole GQA groups per shard
+    return batch, heads, heads  # whole GQA groups per shard
   if N % m == 0 and m % K == 0:
-    return batch, heads, ()      # a group spread over m / K shards: kv replicated, sliced per shard
+    return batch, heads, ()  # a group spread over m / K shards: kv replicated, sliced per shard
   return batch, (), ()
 
 
@@ -190,8 +190,9 @@ def _build(kind, dims_in, dims_out, statics):
 
   rule, replicated = _rule(dims_in, dims_out)
   cp = custom_partitioning(fn)
-  cp.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
-                   need_replication_factors=replicated)
+  cp.def_partition(
+    partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule, need_replication_factors=replicated
+  )
 
   @jax.custom_batching.custom_vmap
   def call(*args):
@@ -229,8 +230,7 @@ def _explicit_mesh(x):
   """The mesh of x's type when it has Explicit axes and no Manual ones (not inside shard_map), else None."""
   mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
   types = getattr(mesh, "axis_types", ())
-  if mesh is None or mesh.empty or jax.sharding.AxisType.Explicit not in types or \
-     jax.sharding.AxisType.Manual in types:
+  if mesh is None or mesh.empty or jax.sharding.AxisType.Explicit not in types or jax.sharding.AxisType.Manual in types:
     return None
   return mesh
 
@@ -245,8 +245,10 @@ def _call_explicit(kind, dims_in, dims_out, statics, mesh, args):
   plan = _plan(mesh, q, k)
   in_specs = tuple(_spec(d, *plan) for d in _present(dims_in))
   out_specs = tuple(_spec(d, *plan) for d in _present(dims_out))
-  args = [a if jax.typeof(a).sharding.spec == s else jax.sharding.reshard(a, NamedSharding(mesh, s))
-          for a, s in zip(args, in_specs)]
+  args = [
+    a if jax.typeof(a).sharding.spec == s else jax.sharding.reshard(a, NamedSharding(mesh, s))
+    for a, s in zip(args, in_specs)
+  ]
   return _explicit_fn(kind, dims_in, dims_out, statics, mesh, plan, k.shape[2], in_specs, out_specs)(*args)
 
 
@@ -284,19 +286,77 @@ def _call(kind, args, statics):
   return tuple(_fill(dims_out, outs))
 
 
-def attn_fwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias=None, mask=None, q_pos=None, kv_pos=None, *,
-             softmax, causal, window_left, window_right, diag_offset, scale):
+def attn_fwd(
+  q,
+  k,
+  v,
+  sinks,
+  q_lens,
+  kv_lens,
+  q_seg,
+  kv_seg,
+  bias=None,
+  mask=None,
+  q_pos=None,
+  kv_pos=None,
+  *,
+  softmax,
+  causal,
+  window_left,
+  window_right,
+  diag_offset,
+  scale,
+):
   """primitives.attn_fwd, partitioned over batch and heads: -> (out [B,T,N,Hv], lse [B,N,T] fp32)."""
-  statics = dict(softmax=softmax, causal=causal, window_left=window_left, window_right=window_right,
-                 diag_offset=diag_offset, scale=scale)
+  statics = dict(
+    softmax=softmax,
+    causal=causal,
+    window_left=window_left,
+    window_right=window_right,
+    diag_offset=diag_offset,
+    scale=scale,
+  )
   return _call("fwd", (q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos), statics)
 
 
-def attn_bwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos, out, lse, dout, dlse, *,
-             softmax, causal, window_left, window_right, diag_offset, scale, want_dbias=False, deterministic=True):
+def attn_bwd(
+  q,
+  k,
+  v,
+  sinks,
+  q_lens,
+  kv_lens,
+  q_seg,
+  kv_seg,
+  bias,
+  mask,
+  q_pos,
+  kv_pos,
+  out,
+  lse,
+  dout,
+  dlse,
+  *,
+  softmax,
+  causal,
+  window_left,
+  window_right,
+  diag_offset,
+  scale,
+  want_dbias=False,
+  deterministic=True,
+):
   """primitives.attn_bwd, partitioned over batch and heads: -> (dq, dk, dv, dsinks, dbias or None); dsinks
   (and dbias over its broadcast dims) summed over the sharded mesh axes."""
-  statics = dict(softmax=softmax, causal=causal, window_left=window_left, window_right=window_right,
-                 diag_offset=diag_offset, scale=scale, want_dbias=bool(want_dbias), deterministic=deterministic)
+  statics = dict(
+    softmax=softmax,
+    causal=causal,
+    window_left=window_left,
+    window_right=window_right,
+    diag_offset=diag_offset,
+    scale=scale,
+    want_dbias=bool(want_dbias),
+    deterministic=deterministic,
+  )
   args = (q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos, out, lse, dout, dlse)
   return _call("bwd", args, statics)

@@ -23,8 +23,13 @@ from ._enums import Backend, Softmax, dtype_code
 # The attention handlers fold vmapped leading dims into the batch (one kernel call), or loop over them reading
 # unbatched inputs in place: vmap costs no copies. The decode handler takes no vmapped dims, so XLA runs it
 # once per vmapped element.
-_VMAP = {_lib.FWD_TARGET: "expand_dims", _lib.BWD_TARGET: "expand_dims", _lib.BWD_TARGET_CUDA: "expand_dims",
-         _lib.DECODE_TARGET: "sequential", _lib.DECODE_TARGET_CUDA: "sequential"}
+_VMAP = {
+  _lib.FWD_TARGET: "expand_dims",
+  _lib.BWD_TARGET: "expand_dims",
+  _lib.BWD_TARGET_CUDA: "expand_dims",
+  _lib.DECODE_TARGET: "sequential",
+  _lib.DECODE_TARGET_CUDA: "sequential",
+}
 
 
 def _ffi(target, results, args, attrs):
@@ -58,8 +63,9 @@ def takes_bias_mask() -> bool:
   args = [q, q, q, np.zeros((0,), np.float32)] + [np.zeros((0,), np.int32)] * 4
   args += [np.zeros((0,), np.float32), np.zeros((0,), np.bool_)] + [np.zeros((0,), np.int32)] * 2
   results = (jax.ShapeDtypeStruct((1, 1, 1, 16), jnp.bfloat16), jax.ShapeDtypeStruct((1, 1, 1), jnp.float32))
-  attrs = _attrs(dict(softmax=0, causal=0, window_left=-1, window_right=-1, diag_offset=0, scale=1.0),
-                 [None] * 12, new_abi=True)
+  attrs = _attrs(
+    dict(softmax=0, causal=0, window_left=-1, window_right=-1, diag_offset=0, scale=1.0), [None] * 12, new_abi=True
+  )
   with jax.ensure_compile_time_eval():
     try:
       out, _ = _ffi(_lib.FWD_TARGET, results, [jax.device_put(a, device) for a in args], attrs)
@@ -71,10 +77,17 @@ def takes_bias_mask() -> bool:
 def _attrs(statics, inputs, new_abi):
   """The attributes of a forward / backward call; inputs: the 12 forward inputs (None = absent)."""
   q_lens, kv_lens, q_seg = inputs[4], inputs[5], inputs[6]
-  attrs = dict(softmax=int(statics["softmax"]), causal=int(statics["causal"]),
-               window_left=int(statics["window_left"]), window_right=int(statics["window_right"]),
-               diag_offset=int(statics["diag_offset"]), scale=np.float32(statics["scale"]),
-               has_q_lens=q_lens is not None, has_kv_lens=kv_lens is not None, has_segments=q_seg is not None)
+  attrs = dict(
+    softmax=int(statics["softmax"]),
+    causal=int(statics["causal"]),
+    window_left=int(statics["window_left"]),
+    window_right=int(statics["window_right"]),
+    diag_offset=int(statics["diag_offset"]),
+    scale=np.float32(statics["scale"]),
+    has_q_lens=q_lens is not None,
+    has_kv_lens=kv_lens is not None,
+    has_segments=q_seg is not None,
+  )
   if new_abi:
     attrs.update(has_bias=inputs[8] is not None, has_mask=inputs[9] is not None, has_positions=inputs[10] is not None)
   return attrs
@@ -98,9 +111,11 @@ def _buffers(inputs, softmax):
   if not new_abi:
     given = [n for n, x in (("bias", bias), ("mask", mask), ("positions", q_pos)) if x is not None]
     if given:
-      raise NotImplementedError(f"{given[0]}: the loaded {_lib.LIB_NAME} was built from sources without bias, "
-                                "mask and positions: rebuild it (cmake --build build), or use "
-                                "implementation='reference'")
+      raise NotImplementedError(
+        f"{given[0]}: the loaded {_lib.LIB_NAME} was built from sources without bias, "
+        "mask and positions: rebuild it (cmake --build build), or use "
+        "implementation='reference'"
+      )
     return out, False
   out.append(_placeholder(jnp.float32) if bias is None else bias)
   out.append(_placeholder(jnp.bool_) if mask is None else mask.astype(jnp.bool_))
@@ -108,22 +123,71 @@ def _buffers(inputs, softmax):
   return out, True
 
 
-def attn_fwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias=None, mask=None, q_pos=None, kv_pos=None, *,
-             softmax: int, causal: int, window_left: int, window_right: int, diag_offset: int, scale: float):
+def attn_fwd(
+  q,
+  k,
+  v,
+  sinks,
+  q_lens,
+  kv_lens,
+  q_seg,
+  kv_seg,
+  bias=None,
+  mask=None,
+  q_pos=None,
+  kv_pos=None,
+  *,
+  softmax: int,
+  causal: int,
+  window_left: int,
+  window_right: int,
+  diag_offset: int,
+  scale: float,
+):
   """-> (out [B,T,N,Hv] in q's dtype, lse [B,N,T] float32)."""
   _lib.load()
   B, T, N, _ = q.shape
   inputs = (q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos)
-  statics = dict(softmax=softmax, causal=causal, window_left=window_left, window_right=window_right,
-                 diag_offset=diag_offset, scale=scale)
+  statics = dict(
+    softmax=softmax,
+    causal=causal,
+    window_left=window_left,
+    window_right=window_right,
+    diag_offset=diag_offset,
+    scale=scale,
+  )
   args, new_abi = _buffers(inputs, softmax)
   results = (jax.ShapeDtypeStruct((B, T, N, v.shape[-1]), q.dtype), jax.ShapeDtypeStruct((B, N, T), jnp.float32))
   return _ffi(_lib.FWD_TARGET, results, args, _attrs(statics, inputs, new_abi))
 
 
-def attn_bwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos, out, lse, dout, dlse, *,
-             softmax: int, causal: int, window_left: int, window_right: int, diag_offset: int, scale: float,
-             want_dbias: bool = False, deterministic: bool = True):
+def attn_bwd(
+  q,
+  k,
+  v,
+  sinks,
+  q_lens,
+  kv_lens,
+  q_seg,
+  kv_seg,
+  bias,
+  mask,
+  q_pos,
+  kv_pos,
+  out,
+  lse,
+  dout,
+  dlse,
+  *,
+  softmax: int,
+  causal: int,
+  window_left: int,
+  window_right: int,
+  diag_offset: int,
+  scale: float,
+  want_dbias: bool = False,
+  deterministic: bool = True,
+):
   """-> (dq, dk, dv, dsinks, dbias): dq/dk/dv like q/k/v, dsinks [N] float32 (zeros unless learnable), dbias
   float32 in bias's shape when want_dbias (else None).
 
@@ -137,24 +201,49 @@ def attn_bwd(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, 
     raise ValueError("want_dbias: True, but bias is None")
   learn = softmax == Softmax.LEARNABLE
   inputs = (q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos)
-  statics = dict(softmax=softmax, causal=causal, window_left=window_left, window_right=window_right,
-                 diag_offset=diag_offset, scale=scale)
+  statics = dict(
+    softmax=softmax,
+    causal=causal,
+    window_left=window_left,
+    window_right=window_right,
+    diag_offset=diag_offset,
+    scale=scale,
+  )
   args, new_abi = _buffers(inputs, softmax)
   args += [out, lse, dout.astype(out.dtype), _placeholder(jnp.float32) if dlse is None else dlse.astype(jnp.float32)]
   attrs = _attrs(statics, inputs, new_abi)
   attrs.update(has_dlse=dlse is not None, deterministic=bool(deterministic))
-  grads = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
-           jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct((N if learn else 0,), jnp.float32))
+  grads = (
+    jax.ShapeDtypeStruct(q.shape, q.dtype),
+    jax.ShapeDtypeStruct(k.shape, k.dtype),
+    jax.ShapeDtypeStruct(v.shape, v.dtype),
+    jax.ShapeDtypeStruct((N if learn else 0,), jnp.float32),
+  )
   if new_abi:
     attrs.update(has_dbias=bool(want_dbias))
     grads += (jax.ShapeDtypeStruct(bias.shape if want_dbias else (0,), jnp.float32),)
 
   def cuda(*a):
     # XLA allocates the kernel's scratch as one more result, sized here at trace time (graph-safe).
-    ws = _lib.bwd_workspace_size(dtype_code(q.dtype), B, T, S, N, K, H, Hv, softmax, causal, window_left,
-                                 window_right, diag_offset, q_lens is not None or kv_lens is not None,
-                                 q_seg is not None, Backend.CUDA)
-    return _ffi(_lib.BWD_TARGET_CUDA, grads + (jax.ShapeDtypeStruct((ws,), jnp.uint8),), a, attrs)[:len(grads)]
+    ws = _lib.bwd_workspace_size(
+      dtype_code(q.dtype),
+      B,
+      T,
+      S,
+      N,
+      K,
+      H,
+      Hv,
+      softmax,
+      causal,
+      window_left,
+      window_right,
+      diag_offset,
+      q_lens is not None or kv_lens is not None,
+      q_seg is not None,
+      Backend.CUDA,
+    )
+    return _ffi(_lib.BWD_TARGET_CUDA, grads + (jax.ShapeDtypeStruct((ws,), jnp.uint8),), a, attrs)[: len(grads)]
 
   res = _on_platform(args, lambda *a: _ffi(_lib.BWD_TARGET, grads, a, attrs), cuda)
   dq, dk, dv, dsinks = res[:4]
@@ -170,8 +259,9 @@ def decode_fwd(q, k, v, sinks, lens, *, softmax: int, window_left: int, window_r
   B, T, N, H = q.shape
   _, S, K, Hv = v.shape
   results = (jax.ShapeDtypeStruct((B, T, N, Hv), q.dtype), jax.ShapeDtypeStruct((B, N, T), jnp.float32))
-  attrs = dict(softmax=int(softmax), window_left=int(window_left), window_right=int(window_right),
-               scale=np.float32(scale))
+  attrs = dict(
+    softmax=int(softmax), window_left=int(window_left), window_right=int(window_right), scale=np.float32(scale)
+  )
   args = (q, k, v, _placeholder(jnp.float32) if sinks is None else sinks.astype(jnp.float32), lens.astype(jnp.int32))
 
   def cuda(*a):

@@ -21,8 +21,9 @@ from ._enums import Causal, Softmax
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def valid(B, T, S, q_lens, kv_lens, q_seg, kv_seg, q_pos=None, kv_pos=None, *, causal, window_left, window_right,
-          diag_offset):
+def valid(
+  B, T, S, q_lens, kv_lens, q_seg, kv_seg, q_pos=None, kv_pos=None, *, causal, window_left, window_right, diag_offset
+):
   """Validity of (b, i, j) from lengths, causal, window, segments and positions, as a bool [B,T,S] array."""
   i = jnp.arange(T)[None, :, None]
   j = jnp.arange(S)[None, None, :]
@@ -60,8 +61,26 @@ def _heads5(x, K, G):
   return x.reshape(b, K, G, t, s) if n == K * G else x.reshape(b, 1, 1, t, s)
 
 
-def _probabilities(q, k, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos, *, softmax, causal,
-                   window_left, window_right, diag_offset, scale):
+def _probabilities(
+  q,
+  k,
+  sinks,
+  q_lens,
+  kv_lens,
+  q_seg,
+  kv_seg,
+  bias,
+  mask,
+  q_pos,
+  kv_pos,
+  *,
+  softmax,
+  causal,
+  window_left,
+  window_right,
+  diag_offset,
+  scale,
+):
   """-> (p [B,K,G,T,S], lse [B,K,G,T]) in the compute dtype (float32, or float64 for float64 inputs)."""
   B, T, N, H = q.shape
   _, S, K, _ = k.shape
@@ -71,24 +90,37 @@ def _probabilities(q, k, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_po
   kf = k.astype(f32)
   if kv_lens is not None:  # padding never reaches a result: 0 * NaN in P.V or dS.K would
     kf = jnp.where(_key_valid(kv_lens, S), kf, 0)
-  s = jnp.einsum("btkgh,bskh->bkgts", qf, kf, precision=_HIGHEST) * f32(scale)   # [B,K,G,T,S]
+  s = jnp.einsum("btkgh,bskh->bkgts", qf, kf, precision=_HIGHEST) * f32(scale)  # [B,K,G,T,S]
   if bias is not None:
     s = s + _heads5(bias, K, G).astype(jnp.promote_types(bias.dtype, f32))
-  ok = valid(B, T, S, q_lens, kv_lens, q_seg, kv_seg, q_pos, kv_pos, causal=causal, window_left=window_left,
-             window_right=window_right, diag_offset=diag_offset)[:, None, None]   # [B,1,1,T,S]
+  ok = valid(
+    B,
+    T,
+    S,
+    q_lens,
+    kv_lens,
+    q_seg,
+    kv_seg,
+    q_pos,
+    kv_pos,
+    causal=causal,
+    window_left=window_left,
+    window_right=window_right,
+    diag_offset=diag_offset,
+  )[:, None, None]  # [B,1,1,T,S]
   if mask is not None:
     ok = ok & _heads5(mask.astype(bool), K, G)
-  a = sink_logits(N, sinks, softmax).astype(s.dtype).reshape(1, K, G, 1)          # [1,K,G,1]
+  a = sink_logits(N, sinks, softmax).astype(s.dtype).reshape(1, K, G, 1)  # [1,K,G,1]
   # Running max seeded with the sink (so huge sinks and empty rows stay finite); it cancels exactly in
   # lse and p, so no gradient flows through it.
   # (initial=-inf: with S = 0 every row is empty, and max of a zero-size axis needs a start value.)
   m = jax.lax.stop_gradient(jnp.maximum(jnp.max(jnp.where(ok, s, -jnp.inf), axis=-1, initial=-jnp.inf), a))
-  m = jnp.where(jnp.isfinite(m), m, 0.0)                                          # vanilla empty row
-  e = jnp.exp(jnp.where(ok, s - m[..., None], -jnp.inf))                          # 0 where masked
+  m = jnp.where(jnp.isfinite(m), m, 0.0)  # vanilla empty row
+  e = jnp.exp(jnp.where(ok, s - m[..., None], -jnp.inf))  # 0 where masked
   l = jnp.sum(e, axis=-1) + jnp.exp(a - m)
-  empty = l == 0.0                                                                # vanilla, no key
+  empty = l == 0.0  # vanilla, no key
   l_safe = jnp.where(empty, 1.0, l)
-  lse = jnp.where(empty, -jnp.inf, m + jnp.log(l_safe))                           # [B,K,G,T]
+  lse = jnp.where(empty, -jnp.inf, m + jnp.log(l_safe))  # [B,K,G,T]
   return e / l_safe[..., None], lse
 
 
@@ -96,14 +128,49 @@ def _key_valid(kv_lens, S):
   return (jnp.arange(S)[None, :] < jnp.clip(kv_lens.astype(jnp.int32), 0, S)[:, None])[:, :, None, None]
 
 
-def attention(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias=None, mask=None, q_pos=None, kv_pos=None, *,
-              softmax: int, causal: int, window_left: int, window_right: int, diag_offset: int, scale: float):
+def attention(
+  q,
+  k,
+  v,
+  sinks,
+  q_lens,
+  kv_lens,
+  q_seg,
+  kv_seg,
+  bias=None,
+  mask=None,
+  q_pos=None,
+  kv_pos=None,
+  *,
+  softmax: int,
+  causal: int,
+  window_left: int,
+  window_right: int,
+  diag_offset: int,
+  scale: float,
+):
   """-> (out [B,T,N,Hv] in q's dtype, lse [B,N,T] float32 (float64 for float64 inputs))."""
   B, T, N, _ = q.shape
   _, S, K, Hv = v.shape
-  p, lse = _probabilities(q, k, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos, softmax=softmax,
-                          causal=causal, window_left=window_left, window_right=window_right,
-                          diag_offset=diag_offset, scale=scale)
+  p, lse = _probabilities(
+    q,
+    k,
+    sinks,
+    q_lens,
+    kv_lens,
+    q_seg,
+    kv_seg,
+    bias,
+    mask,
+    q_pos,
+    kv_pos,
+    softmax=softmax,
+    causal=causal,
+    window_left=window_left,
+    window_right=window_right,
+    diag_offset=diag_offset,
+    scale=scale,
+  )
   vf = v.astype(p.dtype)
   if kv_lens is not None:
     vf = jnp.where(_key_valid(kv_lens, S), vf, 0)
@@ -111,12 +178,46 @@ def attention(q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias=None, mask=No
   return out.astype(q.dtype), lse.reshape(B, N, T)
 
 
-def weights(q, k, sinks, q_lens, kv_lens, q_seg, kv_seg, bias=None, mask=None, q_pos=None, kv_pos=None, *,
-            softmax: int, causal: int, window_left: int, window_right: int, diag_offset: int, scale: float):
+def weights(
+  q,
+  k,
+  sinks,
+  q_lens,
+  kv_lens,
+  q_seg,
+  kv_seg,
+  bias=None,
+  mask=None,
+  q_pos=None,
+  kv_pos=None,
+  *,
+  softmax: int,
+  causal: int,
+  window_left: int,
+  window_right: int,
+  diag_offset: int,
+  scale: float,
+):
   """The attention probabilities p [B,N,T,S] in q's dtype (each row sums to 1 - the sink's share; 0 where
   masked), e.g. for a Flax module that sows its attention weights."""
   B, T, N, _ = q.shape
-  p, _ = _probabilities(q, k, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos, softmax=softmax,
-                        causal=causal, window_left=window_left, window_right=window_right, diag_offset=diag_offset,
-                        scale=scale)
+  p, _ = _probabilities(
+    q,
+    k,
+    sinks,
+    q_lens,
+    kv_lens,
+    q_seg,
+    kv_seg,
+    bias,
+    mask,
+    q_pos,
+    kv_pos,
+    softmax=softmax,
+    causal=causal,
+    window_left=window_left,
+    window_right=window_right,
+    diag_offset=diag_offset,
+    scale=scale,
+  )
   return p.reshape(B, N, T, k.shape[1]).astype(q.dtype)
