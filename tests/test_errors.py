@@ -8,7 +8,7 @@ import pytest
 
 import sinkattn
 from conftest import make_inputs
-from sinkattn import primitives
+from sinkattn import _lib, primitives
 
 Q, K, V, SINKS = make_inputs(0, B=2, T=8, S=6, N=4, K=2, H=16, Hv=8)
 I32 = lambda *s: jnp.zeros(s, jnp.int32)
@@ -65,12 +65,57 @@ BAD = [
   ("seg_only_one", dict(query_segment_ids=I32(2, 8)), ValueError, ["key_value_segment_ids", "both"]),
   ("implementation", dict(implementation="triton"), ValueError, ["implementation", "triton", "cudnn", "xla"]),
   ("return_residual_type", dict(return_residual="yes"), TypeError, ["return_residual", "bool"]),
+  # bias / mask: rank 4, each dim 1 or the full [B,N,T,S] = (2, 4, 8, 6)
+  ("bias_rank", dict(bias=jnp.zeros((8, 6))), ValueError, ["bias", "rank 4", "(8, 6)", "(2, 4, 8, 6)"]),
+  ("bias_dim", dict(bias=jnp.zeros((1, 4, 7, 6))), ValueError, ["bias", "dim 2 is 7", "T = 8", "(1, 4, 7, 6)"]),
+  ("bias_kv_heads", dict(bias=jnp.zeros((1, 2, 8, 6))), ValueError, ["bias", "dim 1 is 2", "N = 4"]),
+  ("bias_int", dict(bias=jnp.zeros((1, 1, 8, 6), jnp.int32)), TypeError, ["bias", "int32", "float32", "mask="]),
+  ("bias_bool", dict(bias=jnp.zeros((1, 1, 8, 6), bool)), TypeError, ["bias", "bool", "mask="]),
+  ("bias_complex", dict(bias=jnp.zeros((1, 1, 8, 6), jnp.complex64)), TypeError, ["bias", "complex64"]),
+  ("bias_f64_fused", dict(bias=np.zeros((1, 1, 8, 6))), TypeError, ["bias", "float64"]),
+  ("bias_list", dict(bias=[[0.0]]), TypeError, ["bias", "list", "(2, 4, 8, 6)"]),
+  ("mask_rank", dict(mask=jnp.ones((2, 8, 6), bool)), ValueError, ["mask", "rank 4", "(2, 8, 6)", "(2, 4, 8, 6)"]),
+  ("mask_dim", dict(mask=jnp.ones((2, 1, 1, 5), bool)), ValueError, ["mask", "dim 3 is 5", "S = 6"]),
+  ("mask_complex", dict(mask=jnp.ones((1, 1, 8, 6), jnp.complex64)), TypeError, ["mask", "complex64"]),
+  ("positions_one", dict(query_positions=I32(2, 8), is_causal=True), ValueError, ["key_value_positions", "both"]),
+  (
+    "positions_shape",
+    dict(query_positions=I32(2, 6), key_value_positions=I32(2, 6), is_causal=True),
+    ValueError,
+    ["query_positions", "(2, 6)", "(2, 8)"],
+  ),
+  (
+    "positions_float",
+    dict(query_positions=jnp.zeros((2, 8)), key_value_positions=I32(2, 6), is_causal=True),
+    TypeError,
+    ["query_positions", "float32", "integer"],
+  ),
+  (
+    "positions_no_mask",
+    dict(query_positions=I32(2, 8), key_value_positions=I32(2, 6)),
+    ValueError,
+    ["query_positions", "is_causal", "local_window_size"],
+  ),
+  (
+    "positions_bottom_right",
+    dict(query_positions=I32(2, 8), key_value_positions=I32(2, 6), is_causal=True, causal_alignment="bottom_right"),
+    ValueError,
+    ["causal_alignment", "positions"],
+  ),
+  # Flax's attention_fn arguments
+  ("dropout", dict(dropout_rate=0.1), NotImplementedError, ["dropout_rate", "deterministic=True"]),
+  ("dropout_range", dict(dropout_rate=1.5, deterministic=True), ValueError, ["dropout_rate", "[0, 1)"]),
+  ("einsum", dict(qk_attn_weights_einsum=jnp.einsum), NotImplementedError, ["qk_attn_weights_einsum", "None"]),
+  ("precision", dict(precision=2.0), TypeError, ["precision", "Precision"]),
+  ("cudnn_on_cpu", dict(implementation="cudnn"), RuntimeError, ["implementation='cudnn'", "GPU"]),
 ]
 
 
 @pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
 def test_bad_arguments(case):
-  _, over, exc, words = case
+  name, over, exc, words = case
+  if name == "cudnn_on_cpu" and jax.default_backend() == "gpu":
+    pytest.skip("a GPU is present: implementation='cudnn' can run")
   args = dict(query=Q, key=K, value=V, sinks=SINKS)
   args.update(over)
   q, k, v, s = (args.pop(n) for n in ("query", "key", "value", "sinks"))
@@ -141,7 +186,37 @@ FFI_BAD = [
 ]
 
 
-@pytest.mark.parametrize("case", FFI_BAD, ids=[c[0] for c in FFI_BAD])
+# The bias / mask / positions buffers, checked by the C handler (a library with buffer layout 2 only).
+FFI_BAD_BIAS = [
+  (
+    "bias_dims",
+    lambda: primitives.attn_fwd(Q, K, V, SINKS, *(None,) * 4, jnp.zeros((1, 4, 7, 6)), **KW),
+    ["INVALID_ARGUMENT", "bias", "[1,4,7,6]", "[2,4,8,6]"],
+  ),
+  (
+    "bias_dtype",
+    lambda: primitives.attn_fwd(Q, K, V, SINKS, *(None,) * 4, I32(1, 4, 8, 6), **KW),
+    ["bias", "int32", "float32"],
+  ),
+  (
+    "mask_dims",
+    lambda: primitives.attn_fwd(Q, K, V, SINKS, *(None,) * 5, jnp.ones((2, 1, 8, 5), bool), **KW),
+    ["mask", "[2,1,8,5]"],
+  ),
+  (
+    "positions_bottom_right",
+    lambda: primitives.attn_fwd(Q, K, V, SINKS, *(None,) * 6, I32(2, 8), I32(2, 6), **dict(KW, causal=2)),
+    ["causal", "positions"],
+  ),
+]
+TAKES_BIAS = _lib.available() and primitives.takes_bias_mask()
+FFI_BAD += [
+  pytest.param(c, marks=pytest.mark.skipif(not TAKES_BIAS, reason="the library has no bias buffers"))
+  for c in FFI_BAD_BIAS
+]
+
+
+@pytest.mark.parametrize("case", FFI_BAD, ids=[(c.values[0] if hasattr(c, "values") else c)[0] for c in FFI_BAD])
 def test_ffi_errors(case):
   _, call, words = case
   with pytest.raises(Exception) as info:

@@ -179,20 +179,20 @@ def test_zigzag_roundtrip_and_order():
 
 
 def _ring_cfg(size, zigzag, causal=True, window=(-1, -1)):
-  from sinkattn.context_parallel import _Ring
+  from sinkattn._ring import Ring
 
-  return _Ring("sp", size, zigzag, 2, causal, window[0], window[1], 0, 1.0, False)
+  return Ring("sp", size, zigzag, 2, causal, window[0], window[1], 0, 1.0, False)
 
 
 def _work(cfg, t, rows, cols):
   """Kernel calls per device at ring step t, and the diag_offsets of the partial blocks."""
-  from sinkattn.context_parallel import _schedule
+  from sinkattn._ring import schedule
 
   n_chunks = 2 if cfg.zigzag else 1
   calls, offsets = [0] * cfg.size, set()
   for cq in range(n_chunks):
     for ck in range(n_chunks):
-      branches, index, _, _ = _schedule(cfg, t, cq, ck, rows, cols)
+      branches, index, _, _ = schedule(cfg, t, cq, ck, rows, cols)
       for r in range(cfg.size):
         kind, d = branches[index[r]]
         calls[r] += kind != "empty"
@@ -220,18 +220,18 @@ def test_schedule_skips_masked_steps_and_balances_zigzag():
 
 
 def test_block_classification():
-  from sinkattn.context_parallel import _classify
+  from sinkattn._ring import classify
 
   causal = _ring_cfg(2, False)
-  assert _classify(0, 4, 4, causal) == "partial"
-  assert _classify(3, 4, 4, causal) == "full"  # row 0 sees keys 0..3
-  assert _classify(2, 4, 4, causal) == "partial"
-  assert _classify(-4, 4, 4, causal) == "empty"  # row 3 sees key -1 at most
-  assert _classify(-3, 4, 4, causal) == "partial"  # row 3 sees key 0
+  assert classify(0, 4, 4, causal) == "partial"
+  assert classify(3, 4, 4, causal) == "full"  # row 0 sees keys 0..3
+  assert classify(2, 4, 4, causal) == "partial"
+  assert classify(-4, 4, 4, causal) == "empty"  # row 3 sees key -1 at most
+  assert classify(-3, 4, 4, causal) == "partial"  # row 3 sees key 0
   window = _ring_cfg(2, False, causal=False, window=(1, 1))
-  assert _classify(6, 4, 4, window) == "empty"  # row 0 sees keys 5..7
-  assert _classify(4, 4, 4, window) == "partial"  # row 0 sees key 3
-  assert _classify(0, 1, 1, window) == "full"
+  assert classify(6, 4, 4, window) == "empty"  # row 0 sees keys 5..7
+  assert classify(4, 4, 4, window) == "partial"  # row 0 sees key 3
+  assert classify(0, 1, 1, window) == "full"
 
 
 def test_ring_bench_runs_on_cpu(tmp_path):

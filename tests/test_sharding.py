@@ -1,5 +1,7 @@
 """Sharded dot_product_attention (batch and heads over a Mesh) on 8 virtual CPU devices: results equal to
-the unsharded run (out, lse, dq, dk, dv, dsinks) and the compiled program never gathers or shuffles q/k/v.
+the unsharded run (out, lse, dq, dk, dv, dsinks, dbias) and the compiled program never gathers or shuffles
+q/k/v. A bias / mask follows q on its full batch and head dims; dbias is summed over the mesh axes of the dims
+it is broadcast over.
 
 The device checks run in one subprocess (XLA's device count is fixed when jax starts, and other test
 modules may have started it with one device); this module asserts on its JSON report, one test per case.
@@ -21,6 +23,10 @@ CASES = {
   "fsdp_tp_both_batch": ((4, 2), ("fsdp", "tp"), ("fsdp", "tp"), None, 8, 4, 2, dict(is_causal=True)),
   "mqa_tp4": ((2, 4), ("data", "model"), "data", "model", 4, 8, 1, dict(is_causal=True)),
   "gqa_tp4_k2": ((2, 4), ("data", "model"), "data", "model", 4, 8, 2, dict(segments=True)),
+  # bias / mask shapes by the dims they keep: b = batch, n = heads ("" = both broadcast)
+  "bias_bn_mask_b": ((2, 4), ("data", "model"), "data", "model", 4, 8, 4, dict(is_causal=True, bias="bn", mask="b")),
+  "bias_shared_mask_n": ((4, 2), ("fsdp", "tp"), "fsdp", "tp", 4, 8, 2, dict(bias="", mask="n", lengths=True)),
+  "bias_n_mqa_positions": ((2, 4), ("data", "model"), "data", "model", 4, 8, 1, dict(bias="n", positions=True)),
 }
 
 
@@ -31,8 +37,9 @@ def _worker():
   from jax.sharding import PartitionSpec as P
 
   import sinkattn
-  from sinkattn import primitives
+  from sinkattn import _lib, primitives
 
+  takes_bias = _lib.available() and primitives.takes_bias_mask()
   report = {}
   T, H = 16, 8
   for i, (name, (shape, axes, b_ax, h_ax, B, N, K, opts)) in enumerate(CASES.items()):
@@ -50,37 +57,54 @@ def _worker():
     if opts.pop("segments", False):
       ids = jnp.asarray(np.sort(rng.integers(0, 3, (B, T)), axis=1), jnp.int32)
       extra.update(query_segment_ids=ids, key_value_segment_ids=ids)
+    keeps = lambda tag: (B if "b" in tag else 1, N if "n" in tag else 1, T, T)
+    bias_tag, mask_tag = opts.pop("bias", None), opts.pop("mask", None)
+    if (bias_tag is not None or mask_tag is not None or opts.get("positions")) and not takes_bias:
+      report[name] = report[name + "/explicit"] = dict(skipped="the library has no bias / mask / positions buffers")
+      continue
+    bias = None if bias_tag is None else f32(*keeps(bias_tag))
+    if mask_tag is not None:
+      extra["mask"] = jnp.asarray(rng.random(keeps(mask_tag)) < 0.8).at[..., 0].set(True)
+    if opts.pop("positions", False):
+      pos = jnp.asarray(np.sort(rng.integers(0, 2 * T, (B, T)), axis=1), jnp.int32)
+      extra.update(query_positions=pos, key_value_positions=pos)
+      opts["is_causal"] = True
 
-    def run(q, k, v, s, do, dl, extra):
-      f = lambda q, k, v, s: sinkattn.dot_product_attention(q, k, v, s, return_residual=True, **extra, **opts)
-      (out, lse), vjp = jax.vjp(f, q, k, v, s)
-      return (out, lse) + vjp((do, dl))
+    def run(q, k, v, s, b, do, dl, extra):
+      f = lambda q, k, v, s, b: sinkattn.dot_product_attention(
+        q, k, v, s, bias=b, return_residual=True, **extra, **opts
+      )
+      (out, lse), vjp = jax.vjp(f, q, k, v, s, b)
+      return tuple(x for x in (out, lse) + vjp((do, dl)) if x is not None)
 
     mesh = Mesh(np.array(jax.devices()).reshape(shape), axes)
     m = int(np.prod([mesh.shape[a] for a in ((h_ax,) if h_ax else ())]))
     kv_h = h_ax if K % m == 0 else None
     put = lambda x, *spec: jax.device_put(x, NamedSharding(mesh, P(*spec)))
+    # a bias / mask is sharded like q on the dims it keeps
+    bn = lambda x: (b_ax if x.shape[0] == B else None, h_ax if x.shape[1] == N else None, None, None)
     args = (
       put(q, b_ax, None, h_ax, None),
       put(k, b_ax, None, kv_h, None),
       put(v, b_ax, None, kv_h, None),
       put(sinks, h_ax),
+      None if bias is None else put(bias, *bn(bias)),
       put(do, b_ax, None, h_ax, None),
       put(dl, b_ax, h_ax, None),
-      {n: put(x, b_ax, *([None] * (x.ndim - 1))) for n, x in extra.items()},
+      {n: put(x, *bn(x)) if n == "mask" else put(x, b_ax, *([None] * (x.ndim - 1))) for n, x in extra.items()},
     )
-    want = jax.jit(run)(q, k, v, sinks, do, dl, extra)
+    want = jax.jit(run)(q, k, v, sinks, bias, do, dl, extra)
     fn = jax.jit(run)
     got = fn(*args)
     hlo = fn.lower(*args).compile().as_text()
-    names = ("out", "lse", "dq", "dk", "dv", "dsinks")
+    names = ("out", "lse", "dq", "dk", "dv", "dsinks", "dbias")
     report[name] = dict(
       err={n: float(jnp.max(jnp.abs(a - b))) for n, a, b in zip(names, want, got)},
       dsinks_scale=float(jnp.max(jnp.abs(want[5]))),
       moves={op: hlo.count(op) for op in MOVES},
       out_batch_axes=got[0].sharding.spec[0],
     )
-    # The same under an Explicit mesh (jax.sharding.set_mesh): sharding.py plans when tracing and runs
+    # The same under an Explicit mesh (jax.sharding.set_mesh): partitioning.py plans when tracing and runs
     # shard_map; results are typed sharded (custom_partitioning typed them replicated: XLA gathered them,
     # and custom_vjp rejected the gradients' types).
     explicit = jax.sharding.AxisType.Explicit
@@ -97,7 +121,7 @@ def _worker():
         err_eager=err(eager),
         moves={op: ehlo.count(op) for op in MOVES},
         types=[str(jax.typeof(x).sharding.spec) for x in egot],
-        want_types=[str(x.sharding.spec) for x in eargs[:4]],
+        want_types=[str(x.sharding.spec) for x in eargs[:5] if x is not None],
       )
     except Exception as e:  # noqa: BLE001
       report[name + "/explicit"] = dict(error=repr(e)[:2000])
@@ -145,9 +169,16 @@ def report():
   return run_on_cpu_devices(__file__)
 
 
+def _case(report, key):
+  r = report[key]
+  if "skipped" in r:
+    pytest.skip(r["skipped"])
+  return r
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_sharded_equals_unsharded(report, name):
-  r = report[name]
+  r = _case(report, name)
   for n, e in r["err"].items():
     assert e < TOL, (n, r)
   assert r["dsinks_scale"] > 1e-3, r  # dsinks is exercised (a missing batch psum would show)
@@ -155,7 +186,7 @@ def test_sharded_equals_unsharded(report, name):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_no_gather_of_qkv(report, name):
-  r = report[name]
+  r = _case(report, name)
   assert all(c == 0 for c in r["moves"].values()), r
   b_ax = CASES[name][2]
   assert r["out_batch_axes"] == (b_ax if isinstance(b_ax, str) else list(b_ax)), r  # out stays sharded
@@ -164,19 +195,19 @@ def test_no_gather_of_qkv(report, name):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_explicit_mesh(report, name):
   """Under an Explicit mesh: the same numbers, no gather or shuffle, and out/lse/dq/dk/dv/dsinks typed
-  like the sharded operands (dq like q, ... dsinks like sinks; out like q, lse [B,N,T] like q's b and n)."""
-  r = report[name + "/explicit"]
+  like the sharded operands (dq like q, ... dsinks like sinks, dbias like bias; out like q, lse [B,N,T] like
+  q's b and n)."""
+  r = _case(report, name + "/explicit")
   assert "error" not in r, r["error"]
   for n, e in list(r["err"].items()) + list(r["err_eager"].items()):
     assert e < TOL, (n, r)
   assert all(c == 0 for c in r["moves"].values()), r
-  q_t, k_t, v_t, s_t = r["want_types"]
-  assert r["types"][2:] == [q_t, k_t, v_t, s_t], r
-  assert r["types"][0] == q_t, r
+  assert r["types"][2:] == r["want_types"], r
+  assert r["types"][0] == r["want_types"][0], r
 
 
 def test_control_bare_ffi_call_is_gathered(report):
-  # Without sharding.py XLA all-gathers the operands of the opaque call: the check above can fail.
+  # Without partitioning.py XLA all-gathers the operands of the opaque call: the check above can fail.
   assert report["control_bare_ffi"]["all-gather"] > 0, report["control_bare_ffi"]
 
 

@@ -3,9 +3,10 @@
     out = sinkattn.dot_product_attention(q, k, v, sinks, is_causal=True, local_window_size=(127, 0))
 
 Submodules: ops (dot_product_attention), primitives (the raw FFI calls), reference (pure jnp twin),
-flax / nnx (modules with a learnable `softmax_offset`), sharding, context_parallel (ring attention), bench.
+flax / nnx (modules with a learnable `softmax_offset`), partitioning (sharded calls), context_parallel (ring
+attention), bench.
 """
-from ._lib import LibraryNotFoundError, get_num_threads, has_cuda, set_num_threads, simd_name
+from ._lib import LibraryNotFoundError, get_num_threads, has_cuda, last_plan, set_num_threads, simd_name
 from .context_parallel import ring_attention, ring_attention_sharded, zigzag_shard, zigzag_unshard
 from .decode import decode_attention
 from .ops import dot_product_attention
@@ -23,5 +24,5 @@ def __getattr__(name):
 
 
 __all__ = ["dot_product_attention", "decode_attention", "ring_attention", "ring_attention_sharded", "zigzag_shard", "zigzag_unshard",
-           "LibraryNotFoundError", "has_cuda", "set_num_threads", "get_num_threads",
+           "LibraryNotFoundError", "has_cuda", "set_num_threads", "get_num_threads", "last_plan",
            "simd_name", "__version__"]

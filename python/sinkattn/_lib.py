@@ -126,6 +126,48 @@ def decode_workspace_size(dtype_code, B, T, S, N, K, H, Hv, backend):
   return int(load().sa_jax_decode_workspace_size(dtype_code, B, T, S, N, K, H, Hv, backend))
 
 
+def attn_abi_version() -> int:
+  """The attention handlers' buffer layout (sa_jax_attn_abi_version): 2 takes bias, mask and positions and
+  returns dbias; a library without the symbol has layout 1."""
+  lib = load()
+  fn = getattr(lib, "sa_jax_attn_abi_version", None)
+  if fn is None:
+    return 1
+  fn.restype = ctypes.c_int
+  return int(fn())
+
+
+def last_plan(kind: str = "fwd") -> str:
+  """A one-line description of the last plan of this kind that ran in the process (any thread).
+
+  The plan API is internal and unsupported: the text names the kernel family and its configuration (its first
+  word is the plan's name, e.g. "cpu.fwd.avx512"), for a user who wants to see which kernel ran.
+
+  Args:
+    kind: 'fwd', 'bwd' or 'decode'.
+
+  Returns:
+    The description, or '' before any call of that kind, or when the loaded library predates the plan API
+    (it lacks sa_plan_last_any).
+
+  Raises:
+    ValueError: an unknown kind.
+  """
+  kinds = {"fwd": 0, "bwd": 1, "decode": 2}
+  if kind not in kinds:
+    raise ValueError(f"kind: expected 'fwd', 'bwd' or 'decode', got {kind!r}")
+  fn = getattr(load(), "sa_plan_last_any", None)
+  if fn is None:
+    return ""
+  fn.restype, fn.argtypes = ctypes.c_size_t, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+  buf = ctypes.create_string_buffer(512)
+  n = int(fn(kinds[kind], buf, len(buf)))
+  if n >= len(buf):  # a longer description: ask again with room for all of it
+    buf = ctypes.create_string_buffer(n + 1)
+    fn(kinds[kind], buf, len(buf))
+  return buf.value.decode()
+
+
 def set_num_threads(n: int) -> None:
   """CPU backend threads (n <= 0: the default, env SINKATTN_NUM_THREADS or all cores)."""
   load().sa_cpu_set_num_threads(int(n))

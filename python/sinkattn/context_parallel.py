@@ -1,74 +1,60 @@
 """Context parallelism with attention sinks: ring attention over a mesh axis that shards the sequence.
 
-Each of the P devices of `axis_name` holds a slice of the sequence of q, k and v. K/V blocks travel
-around the ring with `jax.lax.ppermute` (the next transfer is issued before the current block is
-computed, so XLA can overlap them). Each (query block, key block) pair runs the fused kernel with the
-VANILLA softmax, so no block sees the sink; the partial (out, lse) pairs are merged in float32 and the
-sink enters exactly once, at the end:  lse = logaddexp(lse, a_n),  out *= exp(lse_blocks - lse).
-(Transformer Engine's context-parallel paths reject sinks; an earlier one silently dropped them.)
-
-Positions reach the kernel as a static `diag_offset` per block and per-block lengths. Which blocks a
-device meets at ring step t depends on its axis index r, a traced value, so for every step the
-schedule is computed for all r at trace time: each block pair is classified 'empty' (skipped: causal
-or window masks everything), 'full' (no position mask needed) or 'partial' (one static diag_offset),
-and a lax.switch on a table indexed by r picks the branch.
-
-Layouts: 'contiguous' (device r holds tokens [r*T/P, (r+1)*T/P)), or 'zigzag' for causal load balance:
-device r holds chunks r and 2P-1-r of 2P equal chunks, so every device does the same work at every
-step (with contiguous, device 0 skips all but one step while device P-1 computes all P).
-`zigzag_shard` / `zigzag_unshard` reorder a global sequence into / out of that layout (apply them to
-the tokens and positions once, before the model; the ring itself never gathers the sequence).
-
-Backward (custom_vjp): a second ring pass in which dk/dv accumulators travel with their K/V block and
-arrive home after P transfers; each block calls the fused backward with the VANILLA softmax and the
-GLOBAL out and lse (which includes the sink), so its probabilities are the global ones. The sink
-gradient dsinks = -sum_{b,i} exp(a_n - lse_i) * D_i (D_i = dout_i . out_i - dlse_i) is computed once
-in jnp from the local rows; sinks enter the custom_vjp marked varying over every axis that q varies
-over, so JAX's transpose of that cast sums the partial dsinks over the ring axis and any batch-sharded
-axes, with no configuration.
+Each of the P devices of `axis_name` holds a slice of the sequence of q, k and v; K/V blocks travel around
+the ring, every block pair runs the fused kernel without the sink, and the sink enters exactly once, when the
+partial results are merged (Transformer Engine's context-parallel paths reject sinks). The layout
+'contiguous' gives device r tokens [r*T/P, (r+1)*T/P); 'zigzag' (zigzag_shard / zigzag_unshard) gives it
+chunks r and 2P-1-r of 2P, so causal work is the same on every device. How the ring runs: _ring.py.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import NamedTuple
+from typing import Any, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from . import _validate, primitives
-from ._enums import Causal, Softmax
+from . import _ring, _validate
+from ._enums import Causal
+from ._validate import ArrayLike, Window
 from .partitioning import to_varying as _to_varying
 from .partitioning import vma as _vma
 
-_BIG = 1 << 60  # an unbounded window side, in block-classification arithmetic
 
-
-class _Ring(NamedTuple):
-  """Static configuration of one ring call (hashable: a custom_vjp nondiff argument)."""
-
-  axis_name: object
-  size: int  # P, devices on the ring
-  zigzag: bool
-  softmax: int
-  causal: bool  # top-left after folding a bottom-right offset into `shift`
-  window_left: int
-  window_right: int
-  shift: int  # added to every block's diag_offset (S - T for bottom-right alignment)
-  scale: float
-  return_residual: bool
-
-
-def zigzag_shard(x, num_shards, axis=1):
+def zigzag_shard(x: jax.Array, num_shards: int, axis: int = 1) -> jax.Array:
   """Reorders the sequence axis so that splitting it into `num_shards` equal slices gives slice r the
-  chunks r and 2P-1-r of the original order (P = num_shards; the length must divide by 2P)."""
+  chunks r and 2P-1-r of the original order.
+
+  Args:
+    x: any array; its sequence axis must divide by 2P (P = num_shards).
+    num_shards: P, the devices of the ring.
+    axis: the sequence axis.
+
+  Returns:
+    x reordered along `axis`.
+
+  Raises:
+    ValueError: a sequence length that does not divide by 2P.
+  """
   return _zigzag(x, num_shards, axis, inverse=False)
 
 
-def zigzag_unshard(x, num_shards, axis=1):
-  """Inverse of zigzag_shard: back to the original token order."""
+def zigzag_unshard(x: jax.Array, num_shards: int, axis: int = 1) -> jax.Array:
+  """The inverse of zigzag_shard: back to the original token order.
+
+  Args:
+    x: an array in zigzag order along `axis`.
+    num_shards: P, the devices of the ring.
+    axis: the sequence axis.
+
+  Returns:
+    x in the original order.
+
+  Raises:
+    ValueError: a sequence length that does not divide by 2P.
+  """
   return _zigzag(x, num_shards, axis, inverse=True)
 
 
@@ -86,249 +72,56 @@ def _zigzag(x, n, axis, inverse):
   return jnp.take(chunks, order, axis=axis).reshape(x.shape)
 
 
-def _chunk_ids(cfg, r):
-  """Global chunk indices held by device r, in local order."""
-  return (r, 2 * cfg.size - 1 - r) if cfg.zigzag else (r,)
-
-
-def _classify(d, rows, cols, cfg):
-  """'empty', 'full' or 'partial' for a rows x cols block whose row i sits at key column i + d."""
-  right = min(0 if cfg.causal else _BIG, cfg.window_right if cfg.window_right >= 0 else _BIG)
-  left = cfg.window_left if cfg.window_left >= 0 else _BIG
-  # Row i sees columns [i + d - left, i + d + right]; both ends grow with i.
-  if max(0, -d - right) > min(rows - 1, cols - 1 - d + left):
-    return "empty"
-  if rows - 1 + d - left <= 0 and d + right >= cols - 1:
-    return "full"
-  return "partial"
-
-
-def _schedule(cfg, t, cq, ck, rows, cols):
-  """For local q chunk cq and the k chunk ck met at step t: (branch keys, branch index per device,
-  global q start per device, global k start per device)."""
-  keys, q0, k0 = [], [], []
-  for r in range(cfg.size):
-    qi, kj = _chunk_ids(cfg, r)[cq], _chunk_ids(cfg, (r - t) % cfg.size)[ck]
-    d = qi * rows - kj * cols + cfg.shift
-    kind = _classify(d, rows, cols, cfg)
-    keys.append(("partial", d) if kind == "partial" else (kind, 0))
-    q0.append(qi * rows)
-    k0.append(kj * cols)
-  branches = sorted(set(keys))
-  return branches, [branches.index(key) for key in keys], q0, k0
-
-
-def _block_statics(cfg, key):
-  kind, d = key
-  if kind == "full":
-    return dict(
-      softmax=Softmax.VANILLA, causal=Causal.NONE, window_left=-1, window_right=-1, diag_offset=0, scale=cfg.scale
-    )
-  return dict(
-    softmax=Softmax.VANILLA,
-    causal=int(cfg.causal),
-    window_left=cfg.window_left,
-    window_right=cfg.window_right,
-    diag_offset=d,
-    scale=cfg.scale,
-  )
-
-
-def _blocks(cfg, t, rows, cols, n_chunks):
-  """Static schedule of step t: (cq, ck, branches, dynamic branch index, q start, k start) for every
-  pair that is not empty on every device."""
-  r = jax.lax.axis_index(cfg.axis_name)
-  pick = lambda table: jnp.asarray(np.array(table, np.int32))[r]
-  out = []
-  for cq in range(n_chunks):
-    for ck in range(n_chunks):
-      branches, index, q0, k0 = _schedule(cfg, t, cq, ck, rows, cols)
-      if branches != [("empty", 0)]:
-        out.append((cq, ck, branches, pick(index), pick(q0), pick(k0)))
-  return out
-
-
-def _lens(lens, start, size):
-  return None if lens is None else jnp.clip(lens - start, 0, size)
-
-
-def _sl(x, c, size, axis):
-  return None if x is None else jax.lax.slice_in_dim(x, c * size, (c + 1) * size, axis=axis)
-
-
-def _dispatch(branches, index, compute, empty, operands):
-  """Runs compute(key, *operands) for the branch of this device (empty() for an 'empty' block).
-
-  An FFI call's results carry no varying-axes type inside shard_map, so every branch's results are
-  cast to the axes its operands vary over: lax.switch needs equal types, autodiff needs the truth."""
-  axes = frozenset().union(*[_vma(x) for x in jax.tree_util.tree_leaves(operands)])
-
-  def branch(key):
-    fn = empty if key[0] == "empty" else functools.partial(compute, key)
-    return lambda ops: jax.tree_util.tree_map(lambda x: _to_varying(x, axes), fn(*ops))
-
-  fns = [branch(key) for key in branches]
-  if len(fns) == 1:
-    return fns[0](operands)
-  return jax.lax.switch(index, fns, operands)
-
-
-def _merge(acc, part):
-  """(out fp32 [B,T,N,Hv], lse [B,N,T]) of two disjoint key sets -> that of their union."""
-  (o1, l1), (o2, l2) = acc, part
-  lse = jnp.logaddexp(l1, l2)
-  w = lambda l: jnp.where(jnp.isneginf(lse), 0.0, jnp.exp(l - lse)).transpose(0, 2, 1)[..., None]
-  return o1 * w(l1) + o2.astype(jnp.float32) * w(l2), lse
-
-
-def _sink_logits(cfg, sinks, n):
-  if cfg.softmax == Softmax.LEARNABLE:
-    return sinks
-  return jnp.full((n,), -jnp.inf if cfg.softmax == Softmax.VANILLA else 0.0, jnp.float32)
-
-
-def _ring_forward(cfg, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg):
-  B, T, N, _ = q.shape
-  nc = 2 if cfg.zigzag else 1
-  rows, cols = T // nc, k.shape[1] // nc
-  Hv = v.shape[3]
-  acc = [(jnp.zeros((B, rows, N, Hv), jnp.float32), jnp.full((B, N, rows), -jnp.inf, jnp.float32)) for _ in range(nc)]
-  ring = [(i, (i + 1) % cfg.size) for i in range(cfg.size)]
-  kv = (k, v, kv_seg)
-  for t in range(cfg.size):
-    nxt = jax.lax.ppermute(kv, cfg.axis_name, ring) if t + 1 < cfg.size else None  # overlaps compute
-    kc_all, vc_all, ks_all = kv
-    for cq, ck, branches, index, q0, k0 in _blocks(cfg, t, rows, cols, nc):
-
-      def compute(key, qc, kc, vc, ql, kl, qs, ks):
-        return primitives.attn_fwd(qc, kc, vc, None, ql, kl, qs, ks, **_block_statics(cfg, key))
-
-      def empty(*_):
-        return (jnp.zeros((B, rows, N, Hv), q.dtype), jnp.full((B, N, rows), -jnp.inf, jnp.float32))
-
-      ops = (
-        _sl(q, cq, rows, 1),
-        _sl(kc_all, ck, cols, 1),
-        _sl(vc_all, ck, cols, 1),
-        _lens(q_lens, q0, rows),
-        _lens(kv_lens, k0, cols),
-        _sl(q_seg, cq, rows, 1),
-        _sl(ks_all, ck, cols, 1),
-      )
-      acc[cq] = _merge(acc[cq], _dispatch(branches, index, compute, empty, ops))
-    kv = nxt
-  a = _sink_logits(cfg, sinks, N)[None, :, None]
-  o = jnp.concatenate([o for o, _ in acc], axis=1)
-  lse_blocks = jnp.concatenate([l for _, l in acc], axis=2)
-  lse = jnp.logaddexp(lse_blocks, a)  # the sink, exactly once
-  scale = jnp.where(jnp.isneginf(lse), 0.0, jnp.exp(lse_blocks - lse)).transpose(0, 2, 1)[..., None]
-  return (o * scale).astype(q.dtype), lse
-
-
-def _ring_backward(cfg, res, dout, dlse):
-  q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, out, lse = res
-  B, T, N, H = q.shape
-  nc = 2 if cfg.zigzag else 1
-  rows, cols = T // nc, k.shape[1] // nc
-  f32 = jnp.float32
-  dq = [jnp.zeros((B, rows, N, H), f32) for _ in range(nc)]
-  dkv = (jnp.zeros(k.shape, f32), jnp.zeros(v.shape, f32))
-  ring = [(i, (i + 1) % cfg.size) for i in range(cfg.size)]
-  kv = (k, v, kv_seg)
-  for t in range(cfg.size):
-    nxt = jax.lax.ppermute(kv, cfg.axis_name, ring) if t + 1 < cfg.size else None
-    kc_all, vc_all, ks_all = kv
-    dk, dv = dkv
-    for cq, ck, branches, index, q0, k0 in _blocks(cfg, t, rows, cols, nc):
-
-      def compute(key, qc, kc, vc, ql, kl, qs, ks, oc, lc, doc, dlc):
-        dqb, dkb, dvb, _, _ = primitives.attn_bwd(
-          qc, kc, vc, None, ql, kl, qs, ks, None, None, None, None, oc, lc, doc, dlc, **_block_statics(cfg, key)
-        )
-        return dqb, dkb, dvb
-
-      def empty(qc, kc, vc, *_):
-        return jnp.zeros_like(qc), jnp.zeros_like(kc), jnp.zeros_like(vc)
-
-      ops = (
-        _sl(q, cq, rows, 1),
-        _sl(kc_all, ck, cols, 1),
-        _sl(vc_all, ck, cols, 1),
-        _lens(q_lens, q0, rows),
-        _lens(kv_lens, k0, cols),
-        _sl(q_seg, cq, rows, 1),
-        _sl(ks_all, ck, cols, 1),
-        _sl(out, cq, rows, 1),
-        _sl(lse, cq, rows, 2),
-        _sl(dout, cq, rows, 1),
-        _sl(dlse, cq, rows, 2),
-      )
-      dqb, dkb, dvb = _dispatch(branches, index, compute, empty, ops)
-      dq[cq] = dq[cq] + dqb.astype(f32)
-      dk = jax.lax.dynamic_update_slice_in_dim(dk, _sl(dk, ck, cols, 1) + dkb.astype(f32), ck * cols, 1)
-      dv = jax.lax.dynamic_update_slice_in_dim(dv, _sl(dv, ck, cols, 1) + dvb.astype(f32), ck * cols, 1)
-    dkv = jax.lax.ppermute((dk, dv), cfg.axis_name, ring)  # after P sends it is back home
-    kv = nxt
-  dsinks = None
-  if cfg.softmax == Softmax.LEARNABLE:
-    D = jnp.einsum("btnh,btnh->bnt", dout.astype(f32), out.astype(f32), precision=jax.lax.Precision.HIGHEST)
-    if dlse is not None:
-      D = D - dlse
-    dsinks = -jnp.sum(jnp.exp(sinks[None, :, None] - lse) * D, axis=(0, 2))
-  dq = jnp.concatenate(dq, axis=1).astype(q.dtype)
-  return dq, dkv[0].astype(k.dtype), dkv[1].astype(v.dtype), dsinks
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _ring(cfg, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg):
-  out, lse = _ring_forward(cfg, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg)
-  return (out, lse) if cfg.return_residual else out
-
-
-def _ring_fwd(cfg, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg):
-  out, lse = _ring_forward(cfg, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg)
-  res = (q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, out, lse)
-  return ((out, lse) if cfg.return_residual else out), res
-
-
-def _ring_bwd(cfg, res, ct):
-  dout, dlse = ct if cfg.return_residual else (ct, None)
-  dq, dk, dv, dsinks = _ring_backward(cfg, res, dout, dlse)
-  return dq, dk, dv, dsinks, None, None, None, None
-
-
-_ring.defvjp(_ring_fwd, _ring_bwd)
-
-
 def ring_attention(
-  query,
-  key,
-  value,
-  sinks=None,
+  query: ArrayLike,
+  key: ArrayLike,
+  value: ArrayLike,
+  sinks: Optional[ArrayLike] = None,
   *,
-  axis_name,
-  layout="contiguous",
-  softmax_type=None,
-  scale=None,
-  is_causal=False,
-  causal_alignment="top_left",
-  local_window_size=None,
-  query_seq_lengths=None,
-  key_value_seq_lengths=None,
-  query_segment_ids=None,
-  key_value_segment_ids=None,
-  return_residual=False,
-):
+  axis_name: Any,
+  layout: str = "contiguous",
+  softmax_type: Optional[str] = None,
+  scale: Optional[float] = None,
+  is_causal: bool = False,
+  causal_alignment: str = "top_left",
+  local_window_size: Window = None,
+  query_seq_lengths: Optional[ArrayLike] = None,
+  key_value_seq_lengths: Optional[ArrayLike] = None,
+  query_segment_ids: Optional[ArrayLike] = None,
+  key_value_segment_ids: Optional[ArrayLike] = None,
+  return_residual: bool = False,
+) -> Union[jax.Array, Tuple[jax.Array, jax.Array]]:
   """dot_product_attention over a sequence sharded on mesh axis `axis_name`; call it inside shard_map.
 
-  query [B,T/P,N,H], key [B,S/P,K,H], value [B,S/P,K,Hv]: this device's slice of the sequence, in the
-  `layout` 'contiguous' (slice r of the natural order) or 'zigzag' (chunks r and 2P-1-r of 2P: see
-  zigzag_shard; balances causal work). query_seq_lengths / key_value_seq_lengths [B] are the GLOBAL
-  lengths (replicated); query_segment_ids [B,T/P] / key_value_segment_ids [B,S/P] are sharded like the
-  sequence. sinks [N] or [1,N,1,1]. Other options as in sinkattn.dot_product_attention; bottom-right
-  causal alignment is supported without sequence lengths (its offset S - T is then static).
-  Returns this device's rows of out [B,T/P,N,Hv] (and lse [B,N,T/P] with return_residual=True).
-  Differentiable in query, key, value and sinks, and through lse.
+  Each argument is this device's slice of the sequence, in the `layout` 'contiguous' (slice r of the natural
+  order) or 'zigzag' (chunks r and 2P-1-r of 2P: see zigzag_shard; balances causal work). Bottom-right causal
+  alignment is supported without sequence lengths (its offset S - T is then static).
+
+  Args:
+    query: [B,T/P,N,H].
+    key: [B,S/P,K,H].
+    value: [B,S/P,K,Hv].
+    sinks: [N] or [1,N,1,1], as in sinkattn.dot_product_attention.
+    axis_name: the mesh axis (or axes) of the ring.
+    layout: 'contiguous' or 'zigzag'.
+    softmax_type: as in sinkattn.dot_product_attention.
+    scale: as in sinkattn.dot_product_attention.
+    is_causal: as in sinkattn.dot_product_attention.
+    causal_alignment: as in sinkattn.dot_product_attention.
+    local_window_size: as in sinkattn.dot_product_attention.
+    query_seq_lengths: [B], the GLOBAL lengths (replicated).
+    key_value_seq_lengths: [B], the GLOBAL lengths (replicated).
+    query_segment_ids: [B,T/P], sharded like the sequence.
+    key_value_segment_ids: [B,S/P], sharded like the sequence.
+    return_residual: also return lse [B,N,T/P].
+
+  Returns:
+    This device's rows of out [B,T/P,N,Hv] (and lse [B,N,T/P] with return_residual=True); differentiable in
+    query, key, value and sinks, and through lse.
+
+  Raises:
+    ValueError / TypeError: a bad argument, named.
+    NotImplementedError: bottom-right alignment with sequence lengths.
   """
   o, sinks, q_lens, kv_lens, q_seg, kv_seg, *_ = _validate.arguments(
     query,
@@ -363,7 +156,7 @@ def ring_attention(
         "has a per-batch diagonal; use 'top_left' or no lengths"
       )
     shift = size * (S - T)
-  cfg = _Ring(
+  cfg = _ring.Ring(
     axis_name,
     size,
     layout == "zigzag",
@@ -379,7 +172,7 @@ def ring_attention(
   s32 = None if sinks is None else sinks.reshape(N).astype(jnp.float32)
   if s32 is not None:  # partial dsinks of each device are summed by the transpose of this cast
     s32 = _to_varying(s32, _vma(query))
-  return _ring(cfg, query, key, value, s32, q_lens, kv_lens, q_seg, kv_seg)
+  return _ring.ring(cfg, query, key, value, s32, q_lens, kv_lens, q_seg, kv_seg)
 
 
 def _entry(axes):
@@ -388,27 +181,43 @@ def _entry(axes):
 
 
 def ring_attention_sharded(
-  query,
-  key,
-  value,
-  sinks=None,
+  query: ArrayLike,
+  key: ArrayLike,
+  value: ArrayLike,
+  sinks: Optional[ArrayLike] = None,
   *,
-  mesh,
-  axis_name,
-  batch_axes=None,
-  head_axes=None,
-  query_seq_lengths=None,
-  key_value_seq_lengths=None,
-  query_segment_ids=None,
-  key_value_segment_ids=None,
-  **options,
-):
+  mesh: jax.sharding.Mesh,
+  axis_name: Any,
+  batch_axes: Any = None,
+  head_axes: Any = None,
+  query_seq_lengths: Optional[ArrayLike] = None,
+  key_value_seq_lengths: Optional[ArrayLike] = None,
+  query_segment_ids: Optional[ArrayLike] = None,
+  key_value_segment_ids: Optional[ArrayLike] = None,
+  **options: Any,
+) -> Union[jax.Array, Tuple[jax.Array, jax.Array]]:
   """ring_attention on global arrays: runs the shard_map for the caller.
 
-  query [B,T,N,H], key [B,S,K,H], value [B,S,K,Hv] (global, in `layout` order: zigzag_shard them first
-  for layout='zigzag') are split over the sequence on mesh axis `axis_name`, over the batch on
-  `batch_axes` and over heads (q and kv alike: the head mesh size must divide K) on `head_axes`.
-  Lengths [B] and segment ids [B,T] / [B,S] are global too. Returns global out [B,T,N,Hv] (and lse).
+  Args:
+    query: [B,T,N,H], global, in `layout` order (zigzag_shard it first for layout='zigzag').
+    key: [B,S,K,H], global.
+    value: [B,S,K,Hv], global.
+    sinks: [N] or [1,N,1,1].
+    mesh: the device mesh.
+    axis_name: the mesh axis that splits the sequence (the ring).
+    batch_axes: mesh axis (or axes) that split the batch.
+    head_axes: mesh axis (or axes) that split the heads, q and kv alike (their size must divide K).
+    query_seq_lengths: [B], global.
+    key_value_seq_lengths: [B], global.
+    query_segment_ids: [B,T], global.
+    key_value_segment_ids: [B,S], global.
+    **options: ring_attention's other keywords (layout, softmax_type, scale, is_causal, ...).
+
+  Returns:
+    The global out [B,T,N,Hv] (and lse [B,N,T] with return_residual=True).
+
+  Raises:
+    ValueError: head axes that do not divide K, or any error of ring_attention.
   """
   b, h = _entry(batch_axes), _entry(head_axes)
   m = int(np.prod([mesh.shape[a] for a in ((h,) if isinstance(h, str) else h or ())]))

@@ -11,8 +11,6 @@ vmap: every call goes through `_ffi`, which picks the vmap method per handler in
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,30 +46,10 @@ def _on_platform(args, cpu, cuda):
   return cpu(*args)
 
 
-@functools.lru_cache(maxsize=None)
 def takes_bias_mask() -> bool:
-  """Whether the loaded library's attention handlers take bias, mask and positions (the 12-buffer forward
-  of the C contract). A library built from older sources answers a 12-buffer call with INVALID_ARGUMENT
-  ("unknown attribute" / "got 12 inputs"): one tiny forward, run once per process at first use, tells them
-  apart, on the CPU when jax has it (else on the default device, in bf16 with H 16, which CUDA takes)."""
-  _lib.load()
-  try:
-    device = jax.devices("cpu")[0]
-  except RuntimeError:
-    device = jax.devices()[0]
-  q = np.ones((1, 1, 1, 16), jnp.bfloat16)
-  args = [q, q, q, np.zeros((0,), np.float32)] + [np.zeros((0,), np.int32)] * 4
-  args += [np.zeros((0,), np.float32), np.zeros((0,), np.bool_)] + [np.zeros((0,), np.int32)] * 2
-  results = (jax.ShapeDtypeStruct((1, 1, 1, 16), jnp.bfloat16), jax.ShapeDtypeStruct((1, 1, 1), jnp.float32))
-  attrs = _attrs(
-    dict(softmax=0, causal=0, window_left=-1, window_right=-1, diag_offset=0, scale=1.0), [None] * 12, new_abi=True
-  )
-  with jax.ensure_compile_time_eval():
-    try:
-      out, _ = _ffi(_lib.FWD_TARGET, results, [jax.device_put(a, device) for a in args], attrs)
-      return bool(np.all(np.asarray(out, np.float32) == 1.0))
-    except Exception:  # noqa: BLE001 - any refusal of the call means the older buffer list
-      return False
+  """Whether the loaded library's attention handlers take bias, mask and positions (buffer layout 2); a
+  library built from older sources has layout 1, which lacks them."""
+  return _lib.attn_abi_version() >= 2
 
 
 def _attrs(statics, inputs, new_abi):
