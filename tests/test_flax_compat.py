@@ -155,15 +155,25 @@ def test_no_argument_flax_passes_is_ignored():
 
 
 def test_sow_weights_equal_flax():
+  """sow_weights / module: the attention weights sinkattn stores equal Flax's (linen 'intermediates', nnx
+  nnx.Intermediate), in Flax's modules with sinkattn as attention_fn and in sinkattn's modules."""
   x = _x(4)
   flax_mha = nn.MultiHeadDotProductAttention(num_heads=N)
   params = flax_mha.init(jax.random.key(1), x)
-  for mha in (flax_mha, flax_mha.clone(attention_fn=sinkattn.dot_product_attention)):
-    _, state = mha.apply(params, x, mask=MASKS["causal"], sow_weights=True, mutable=["intermediates"])
-    if mha is flax_mha:
-      want = state["intermediates"]["attention_weights"][0]
-    else:
-      np.testing.assert_allclose(state["intermediates"]["attention_weights"][0], want, atol=1e-6)
+  weights = lambda m: m.apply(params, x, mask=MASKS["causal"], sow_weights=True, mutable=["intermediates"])[1]
+  want = weights(flax_mha)["intermediates"]["attention_weights"][0]
+  for ours in (flax_mha.clone(attention_fn=sinkattn.dot_product_attention), sa_linen.MultiHeadAttention(num_heads=N)):
+    np.testing.assert_allclose(weights(ours)["intermediates"]["attention_weights"][0], want, atol=1e-6)
+  mods = [
+    nnx.MultiHeadAttention(N, D, decode=False, rngs=nnx.Rngs(0), **kw)
+    for kw in ({}, dict(attention_fn=sinkattn.dot_product_attention))
+  ] + [sa_nnx.MultiHeadAttention(N, D, rngs=nnx.Rngs(0))]
+  got = []
+  for m in mods:
+    m(x, mask=MASKS["causal"], sow_weights=True)
+    got.append(jax.tree.leaves(nnx.state(m, nnx.Intermediate))[0])
+  np.testing.assert_allclose(got[1], got[0], atol=1e-6)
+  np.testing.assert_allclose(got[2], got[0], atol=1e-6)
 
 
 @pytest.mark.parametrize("mask", ["causal", "arbitrary"])
@@ -260,40 +270,66 @@ def test_te_dot_product_attention_equals_the_op(case):
   np.testing.assert_allclose(got, want, atol=1e-6)
 
 
+def _positions(ids):
+  """Each token's position within its run of equal segment ids."""
+  out = []
+  for r in np.asarray(ids):
+    starts = np.where(np.r_[True, r[1:] != r[:-1]], np.arange(len(r)), 0)
+    out.append(np.arange(len(r)) - np.maximum.accumulate(starts))
+  return jnp.asarray(np.stack(out), jnp.int32)
+
+
 def test_te_layouts_bias_types_and_masks():
   """SBHD input (transpose_batch_sequence), pre- and post-scale bias, TE's mask (True = masked out), and
   packed documents from segment ids (0 = padding) and positions measuring the causal window."""
   te = functools.partial(sa_linen.DotProductAttention, head_dim=16, num_attention_heads=N)
-  sbhd = te(attn_mask_type="causal", transpose_batch_sequence=True)
-  got = sbhd.apply({}, *(jnp.swapaxes(x, 0, 1) for x in (TQ, TK, TV)))
-  np.testing.assert_allclose(jnp.swapaxes(got, 0, 1), sinkattn.dot_product_attention(TQ, TK, TV, is_causal=True), 1e-6)
   bias = jax.random.normal(jax.random.key(30), (1, N, T, S))
-  for kind, factor in (("post_scale_bias", 1.0), ("pre_scale_bias", 0.25)):
-    got = te(attn_mask_type="no_mask", attn_bias_type=kind).apply({}, TQ, TK, TV, bias=bias)
-    np.testing.assert_allclose(got, sinkattn.dot_product_attention(TQ, TK, TV, bias=factor * bias), atol=1e-6)
   masked_out = jax.random.bernoulli(jax.random.key(31), 0.3, (B, 1, T, S)).at[..., 0].set(False)
-  got = te(attn_mask_type="padding").apply({}, TQ, TK, TV, masked_out)
-  np.testing.assert_allclose(got, sinkattn.dot_product_attention(TQ, TK, TV, mask=~masked_out), atol=1e-6)
   q_ids = jnp.asarray([[1] * 4 + [2] * 6, [1] * 8 + [0] * 2], jnp.int32)
   kv_ids = jnp.asarray([[1] * 5 + [2] * 7, [1] * 9 + [0] * 3], jnp.int32)
-  pos = lambda ids: jnp.asarray(
-    [np.concatenate([np.arange(n) for n in np.unique(r, return_counts=True)[1]]) for r in np.asarray(ids)], jnp.int32
-  )
-  desc = sa_linen.SequenceDescriptor.from_segment_ids_and_pos((q_ids, kv_ids), (pos(q_ids), pos(kv_ids)))
-  got = te(attn_mask_type="padding_causal", window_size=(2, 0)).apply({}, TQ, TK, TV, desc)
-  want = sinkattn.dot_product_attention(
-    TQ,
-    TK,
-    TV,
-    is_causal=True,
-    local_window_size=(2, 0),
-    query_segment_ids=jnp.where(q_ids == 0, -1, q_ids),
-    key_value_segment_ids=jnp.where(kv_ids == 0, -2, kv_ids),
-    query_positions=pos(q_ids),
-    key_value_positions=pos(kv_ids),
-  )
-  np.testing.assert_allclose(got, want, atol=1e-6)
-  assert np.all(np.asarray(got)[1, 8:] == 0), "padding queries (segment id 0) see no key"
+  q_pos, kv_pos = _positions(q_ids), _positions(kv_ids)
+  desc = sa_linen.SequenceDescriptor.from_segment_ids_and_pos((q_ids, kv_ids), (q_pos, kv_pos))
+  op = functools.partial(sinkattn.dot_product_attention, TQ, TK, TV)
+  cases = [  # (module, call arguments, the equal op call)
+    (
+      te(attn_mask_type="causal", transpose_batch_sequence=True),
+      tuple(jnp.swapaxes(x, 0, 1) for x in (TQ, TK, TV)),
+      {},
+      lambda: jnp.swapaxes(op(is_causal=True), 0, 1),
+    ),
+    (
+      te(attn_mask_type="no_mask", attn_bias_type="post_scale_bias"),
+      (TQ, TK, TV),
+      dict(bias=bias),
+      lambda: op(bias=bias),
+    ),
+    (
+      te(attn_mask_type="no_mask", attn_bias_type="pre_scale_bias"),
+      (TQ, TK, TV),
+      dict(bias=bias),
+      lambda: op(bias=0.25 * bias),
+    ),
+    (te(attn_mask_type="padding"), (TQ, TK, TV, masked_out), {}, lambda: op(mask=~masked_out)),
+    (
+      te(attn_mask_type="padding_causal", window_size=(2, 0)),
+      (TQ, TK, TV, desc),
+      {},
+      lambda: op(
+        is_causal=True,
+        local_window_size=(2, 0),
+        query_segment_ids=jnp.where(q_ids == 0, -1, q_ids),
+        key_value_segment_ids=jnp.where(kv_ids == 0, -2, kv_ids),
+        query_positions=q_pos,
+        key_value_positions=kv_pos,
+      ),
+    ),
+  ]
+  got = jax.jit(lambda: [m.apply({}, *a, **kw) for m, a, kw, _ in cases])()
+  want = jax.jit(lambda: [fn() for *_, fn in cases])()
+  for i, (g, w) in enumerate(zip(got, want)):
+    np.testing.assert_allclose(g, w, atol=1e-6, err_msg=f"case {i}")
+  assert np.all(np.asarray(got[-1])[1, 8:] == 0), "padding queries (segment id 0) see no key"
+  assert float(jnp.abs(got[-1] - op(is_causal=True, local_window_size=(2, 0))).max()) > 1e-2
 
 
 TE_BAD = [

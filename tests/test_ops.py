@@ -326,3 +326,28 @@ def test_packed_documents_tile_sizes(platform, H, shift):
     assert empty.any()
     assert np.all(np.asarray(out, np.float32)[empty] == 0)
     assert np.all(np.asarray(lse).transpose(0, 2, 1)[empty] == np.asarray(sinks))
+
+
+def test_xla_is_the_reference(platform):
+  """jax.nn's implementation name 'xla' runs the pure jnp twin (no FFI call), bitwise equal to 'reference'."""
+  q, k, v, sinks = make_inputs(30)
+  f = lambda impl: lambda q: sinkattn.dot_product_attention(q, k, v, sinks, is_causal=True, implementation=impl)
+  assert "ffi_call" not in str(jax.make_jaxpr(f("xla"))(q))
+  np.testing.assert_array_equal(np.asarray(f("xla")(q)), np.asarray(f("reference")(q)))
+
+
+def test_last_plan_names_the_kernel(platform):
+  """sinkattn.last_plan: the plan of the last fused call of each kind, '' for a library without the plan API."""
+  from sinkattn import _lib
+
+  q, k, v, sinks = make_inputs(31, dtype=jnp.bfloat16)
+  jax.block_until_ready(jax.grad(lambda q: jnp.sum(sinkattn.dot_product_attention(q, k, v, sinks)))(q))
+  fwd, bwd = sinkattn.last_plan("fwd"), sinkattn.last_plan("bwd")
+  if getattr(_lib.load(), "sa_plan_last_any", None) is None:
+    assert fwd == bwd == ""
+  else:
+    backend = "cuda" if platform == "gpu" else "cpu"
+    assert fwd.split()[0].startswith((f"{backend}.fwd", "ref.fwd", "hopper.fwd")), fwd
+    assert bwd.split()[0].startswith((f"{backend}.bwd", "ref.bwd", "hopper.bwd")), bwd
+  with pytest.raises(ValueError, match="kind"):
+    sinkattn.last_plan("forward")
