@@ -13,8 +13,8 @@
 - `from_transformer_engine` / `to_transformer_engine`: a TE checkpoint's learnable sink in and out.
 - `SequenceDescriptor`: TE's (lengths, segment ids and positions of packed documents).
 
-Longer than 400 lines: it mirrors Flax's and Transformer Engine's full constructor and call signatures, one argument a line,
-each documented.
+Longer than 400 lines: it mirrors Flax's and Transformer Engine's full constructor and call signatures,
+one argument a line, each documented.
 """
 
 from __future__ import annotations
@@ -404,10 +404,9 @@ class MultiHeadAttention(nn.Module):
     """
     del dropout_rng  # used only with dropout, refused by check_dropout
     layers.flax_only_arguments(self.attention_fn, self.qk_attn_weights_einsum_cls, self.attn_weights_value_einsum_cls)
-    self_attention = inputs_k is None and inputs_v is None and inputs_kv is None
-    inputs_k, inputs_v = layers.key_value_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
-    if self_attention and key_value_positions is None:
-      key_value_positions = query_positions
+    inputs_k, inputs_v, key_value_positions, self_attention = layers.key_value_inputs(
+      inputs_q, inputs_k, inputs_v, inputs_kv, query_positions, key_value_positions
+    )
     if self.dropout_rate > 0.0:
       layers.check_dropout(self.dropout_rate, nn.merge_param("deterministic", self.deterministic, deterministic))
     n = self.num_heads
@@ -420,23 +419,17 @@ class MultiHeadAttention(nn.Module):
       k = nn.LayerNorm(name="key_ln", use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype)(k)
     call = {}
     if self.decode:
-      given = [
-        x for x in (query_seq_lengths, key_value_seq_lengths, query_segment_ids, key_value_segment_ids) if x is not None
-      ]
-      if given or not self_attention:
-        raise ValueError(
-          "decode=True: lengths, segment ids and keys / values come from the cache; pass only "
-          "inputs_q (and query_positions, mask)"
-        )
+      layers.check_decode_inputs(
+        self_attention,
+        query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths,
+        query_segment_ids=query_segment_ids,
+        key_value_segment_ids=key_value_segment_ids,
+      )
       k, v, index, query_positions = self._cache_update(k, v, query_positions)
-      key_value_positions = query_positions
       call = layers.cached_call(q.shape[1], index + q.shape[1], q.shape[0], self.is_causal, mask)
     if self.use_rope:
-      q = apply_rope(q, jnp.arange(q.shape[1]) if query_positions is None else query_positions, self.rope_base)
-      if not self.decode:  # cached keys were rotated before they were stored
-        k = apply_rope(
-          k, jnp.arange(k.shape[1]) if key_value_positions is None else key_value_positions, self.rope_base
-        )
+      q, k = layers.rotate(q, k, query_positions, key_value_positions, self.rope_base, keys_cached=self.decode)
     attn = DotProductAttention(
       softmax_type=self.softmax_type,
       scale=self.scale,

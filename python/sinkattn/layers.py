@@ -153,17 +153,44 @@ def head_sizes(
   return kvh, features // num_heads
 
 
-def key_value_inputs(inputs_q, inputs_k, inputs_v, inputs_kv=None):
-  """Flax's defaults: inputs_k = inputs_q, inputs_v = inputs_k; inputs_kv (linen's older name) = both."""
+def key_value_inputs(inputs_q, inputs_k, inputs_v, inputs_kv, query_positions, key_value_positions):
+  """Flax's defaults: inputs_k = inputs_q, inputs_v = inputs_k; inputs_kv (linen's older name) = both; in
+  self-attention the keys' RoPE positions default to the queries'.
+
+  Returns:
+    (inputs_k, inputs_v, key_value_positions, whether this is self-attention).
+  """
+  self_attention = inputs_k is None and inputs_v is None and inputs_kv is None
   if inputs_kv is not None:
     if inputs_k is not None or inputs_v is not None:
       raise ValueError("inputs_kv: given together with inputs_k / inputs_v: pass inputs_k (and inputs_v) only")
-    return inputs_kv, inputs_kv
+    inputs_k = inputs_v = inputs_kv
   if inputs_k is None:
     if inputs_v is not None:
       raise ValueError("inputs_k: None while inputs_v is given: pass inputs_k (inputs_v defaults to it)")
     inputs_k = inputs_q
-  return inputs_k, (inputs_k if inputs_v is None else inputs_v)
+  if self_attention and key_value_positions is None:
+    key_value_positions = query_positions
+  return inputs_k, (inputs_k if inputs_v is None else inputs_v), key_value_positions, self_attention
+
+
+def check_decode_inputs(self_attention: bool, **arrays) -> None:
+  """A cached call takes its keys / values, lengths and segment ids from the cache."""
+  given = [name for name, x in arrays.items() if x is not None]
+  if given or not self_attention:
+    raise ValueError(
+      f"decode=True: {(given or ['inputs_k / inputs_v'])[0]} given, but keys / values, lengths and "
+      "segment ids come from the cache: pass only inputs_q (and query_positions, mask)"
+    )
+
+
+def rotate(q, k, query_positions, key_value_positions, base: float, keys_cached: bool):
+  """RoPE on q and on k (unless k is a cache, whose keys were rotated when stored); positions default to
+  0..T-1 / 0..S-1."""
+  q = apply_rope(q, jnp.arange(q.shape[1]) if query_positions is None else query_positions, base)
+  if not keys_cached:
+    k = apply_rope(k, jnp.arange(k.shape[1]) if key_value_positions is None else key_value_positions, base)
+  return q, k
 
 
 def flax_only_arguments(attention_fn: Any, qk_einsum: Any = None, value_einsum: Any = None) -> None:

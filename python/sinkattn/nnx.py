@@ -9,8 +9,8 @@
 Sharding metadata is always attached; it is applied eagerly (flax's `use_eager_sharding`) only when a mesh
 is active, because flax raises for an eagerly sharded variable created without a mesh.
 
-Longer than 400 lines: it mirrors flax.nnx.MultiHeadAttention's full constructor and call signatures, one argument a line,
-each documented.
+Longer than 400 lines: it mirrors flax.nnx.MultiHeadAttention's full constructor and call signatures,
+one argument a line, each documented.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from flax import nnx
 
 from . import layers
 from ._validate import ArrayLike, Window
-from .layers import SOFTMAX_OFFSET_AXES, apply_rope, normalize_softmax_type, projection_dot_general
+from .layers import SOFTMAX_OFFSET_AXES, normalize_softmax_type, projection_dot_general
 
 __all__ = ["DotProductAttention", "MultiHeadAttention"]
 
@@ -394,10 +394,9 @@ class MultiHeadAttention(nnx.Module):
       [B,T,out_features] (and lse with return_residual=True).
     """
     del rngs  # used only with dropout, refused by check_dropout
-    self_attention = inputs_k is None and inputs_v is None
-    inputs_k, inputs_v = layers.key_value_inputs(inputs_q, inputs_k, inputs_v)
-    if self_attention and key_value_positions is None:
-      key_value_positions = query_positions
+    inputs_k, inputs_v, key_value_positions, self_attention = layers.key_value_inputs(
+      inputs_q, inputs_k, inputs_v, None, query_positions, key_value_positions
+    )
     if inputs_q.shape[-1] != self.in_features:
       raise ValueError(
         f"inputs_q: last dim {inputs_q.shape[-1]}, expected in_features {self.in_features} (shape "
@@ -409,37 +408,28 @@ class MultiHeadAttention(nnx.Module):
     q, k, v = self.query(inputs_q, **proj), self.key(inputs_k, **proj), self.value(inputs_v, **proj)
     if self.normalize_qk:
       q, k = self.query_ln(q), self.key_ln(k)
-    causal = self.attention.is_causal or is_causal
+    decode = self.decode if decode is None else decode
     call = {}
-    if self.decode if decode is None else decode:
+    if decode:
       if self.cache_index is None:
         raise ValueError("decode=True needs init_cache(input_shape) first")
-      given = [
-        x for x in (query_seq_lengths, key_value_seq_lengths, query_segment_ids, key_value_segment_ids) if x is not None
-      ]
-      if given or not self_attention:
-        raise ValueError(
-          "decode=True: lengths, segment ids and keys / values come from the cache; pass only "
-          "inputs_q (and query_positions, mask)"
-        )
-      index = self.cache_index[...]
-      ck, cv, query_positions = layers.cache_update(
-        self.cached_key[...],
-        self.cached_value[...],
-        index,
-        k,
-        v,
-        query_positions,
-        self.rope_base if self.use_rope else None,
+      layers.check_decode_inputs(
+        self_attention,
+        query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths,
+        query_segment_ids=query_segment_ids,
+        key_value_segment_ids=key_value_segment_ids,
       )
-      self.cached_key[...], self.cached_value[...] = ck, cv
-      self.cache_index[...] = index + q.shape[1]
-      k, v = ck, cv
+      index = self.cache_index[...]
+      rope = self.rope_base if self.use_rope else None
+      k, v, query_positions = layers.cache_update(
+        self.cached_key[...], self.cached_value[...], index, k, v, query_positions, rope
+      )
+      self.cached_key[...], self.cached_value[...], self.cache_index[...] = k, v, index + q.shape[1]
+      causal = self.attention.is_causal or is_causal
       call = layers.cached_call(q.shape[1], index + q.shape[1], q.shape[0], causal, mask)
-    elif self.use_rope:
-      k = apply_rope(k, jnp.arange(k.shape[1]) if key_value_positions is None else key_value_positions, self.rope_base)
     if self.use_rope:
-      q = apply_rope(q, jnp.arange(q.shape[1]) if query_positions is None else query_positions, self.rope_base)
+      q, k = layers.rotate(q, k, query_positions, key_value_positions, self.rope_base, keys_cached=decode)
     res = self.attention(
       q,
       k,

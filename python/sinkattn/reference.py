@@ -128,96 +128,32 @@ def _key_valid(kv_lens, S):
   return (jnp.arange(S)[None, :] < jnp.clip(kv_lens.astype(jnp.int32), 0, S)[:, None])[:, :, None, None]
 
 
-def attention(
-  q,
-  k,
-  v,
-  sinks,
-  q_lens,
-  kv_lens,
-  q_seg,
-  kv_seg,
-  bias=None,
-  mask=None,
-  q_pos=None,
-  kv_pos=None,
-  *,
-  softmax: int,
-  causal: int,
-  window_left: int,
-  window_right: int,
-  diag_offset: int,
-  scale: float,
-):
-  """-> (out [B,T,N,Hv] in q's dtype, lse [B,N,T] float32 (float64 for float64 inputs))."""
+def attention(q, k, v, sinks, *arrays, **statics):
+  """primitives.attn_fwd's arguments: q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, [bias, mask, q_pos, kv_pos]
+  (None = absent) and the keywords softmax, causal, window_left, window_right, diag_offset, scale.
+
+  Returns:
+    (out [B,T,N,Hv] in q's dtype, lse [B,N,T] float32, float64 for float64 inputs).
+  """
   B, T, N, _ = q.shape
   _, S, K, Hv = v.shape
-  p, lse = _probabilities(
-    q,
-    k,
-    sinks,
-    q_lens,
-    kv_lens,
-    q_seg,
-    kv_seg,
-    bias,
-    mask,
-    q_pos,
-    kv_pos,
-    softmax=softmax,
-    causal=causal,
-    window_left=window_left,
-    window_right=window_right,
-    diag_offset=diag_offset,
-    scale=scale,
-  )
+  p, lse = _probabilities(q, k, sinks, *_padded(arrays), **statics)
   vf = v.astype(p.dtype)
+  kv_lens = arrays[1]
   if kv_lens is not None:
     vf = jnp.where(_key_valid(kv_lens, S), vf, 0)
   out = jnp.einsum("bkgts,bske->btkge", p, vf, precision=_HIGHEST).reshape(B, T, N, Hv)
   return out.astype(q.dtype), lse.reshape(B, N, T)
 
 
-def weights(
-  q,
-  k,
-  sinks,
-  q_lens,
-  kv_lens,
-  q_seg,
-  kv_seg,
-  bias=None,
-  mask=None,
-  q_pos=None,
-  kv_pos=None,
-  *,
-  softmax: int,
-  causal: int,
-  window_left: int,
-  window_right: int,
-  diag_offset: int,
-  scale: float,
-):
+def weights(q, k, sinks, *arrays, **statics):
   """The attention probabilities p [B,N,T,S] in q's dtype (each row sums to 1 - the sink's share; 0 where
-  masked), e.g. for a Flax module that sows its attention weights."""
+  masked), e.g. for a Flax module that sows its attention weights; arguments as attention's, without v."""
   B, T, N, _ = q.shape
-  p, _ = _probabilities(
-    q,
-    k,
-    sinks,
-    q_lens,
-    kv_lens,
-    q_seg,
-    kv_seg,
-    bias,
-    mask,
-    q_pos,
-    kv_pos,
-    softmax=softmax,
-    causal=causal,
-    window_left=window_left,
-    window_right=window_right,
-    diag_offset=diag_offset,
-    scale=scale,
-  )
+  p, _ = _probabilities(q, k, sinks, *_padded(arrays), **statics)
   return p.reshape(B, N, T, k.shape[1]).astype(q.dtype)
+
+
+def _padded(arrays):
+  """The 8 optional arrays of a call (lengths, segment ids, bias, mask, positions), None where not given."""
+  return tuple(arrays) + (None,) * (8 - len(arrays))
