@@ -15,8 +15,8 @@ from . import _lib, primitives
 
 _warned: set = set()
 
-# What the CUDA kernels do not take yet (issue: bias / mask / positions in the CUDA backend); each costs a
-# call on GPU the reference path.
+# The arguments the CUDA kernels do not take yet (the CUDA backend answers SA_ERR_UNSUPPORTED naming the
+# field): on GPU a call with one of them runs the reference.
 CUDA_LACKS = ("bias", "mask", "query_positions")
 
 
