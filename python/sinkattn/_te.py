@@ -2,8 +2,6 @@
 mask types, bias types, layouts and sequence descriptors as dot_product_attention arguments, and its
 checkpoint layout for the learnable sink. Written from TE's documented API; TE itself is not needed."""
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Optional, Tuple
 

@@ -277,7 +277,7 @@ class MultiHeadAttention(nn.Module):
     precision: of the projections and the attention.
     kernel_init: of the projections.
     out_kernel_init: of the out projection (default kernel_init).
-    bias_init: of the projections' biases.
+    bias_init: of the projections' biases (None: zeros, Flax's default).
     out_bias_init: of the out projection's bias (default bias_init).
     use_bias: projection biases (Flax's default True).
     attention_fn: must be None: the module runs sinkattn.dot_product_attention.
@@ -317,7 +317,7 @@ class MultiHeadAttention(nn.Module):
   precision: Any = None
   kernel_init: Callable = nn.initializers.lecun_normal()
   out_kernel_init: Optional[Callable] = None
-  bias_init: Callable = nn.initializers.zeros_init()
+  bias_init: Optional[Callable] = None
   out_bias_init: Optional[Callable] = None
   use_bias: bool = True
   attention_fn: Optional[Callable] = None
@@ -343,7 +343,7 @@ class MultiHeadAttention(nn.Module):
 
   def _dense(self, features, axis, axes, name, out=False):
     kernel_init = (self.out_kernel_init or self.kernel_init) if out else self.kernel_init
-    bias_init = (self.out_bias_init or self.bias_init) if out else self.bias_init
+    bias_init = (self.out_bias_init if out else None) or self.bias_init or nn.initializers.zeros_init()
     return nn.DenseGeneral(
       features=tuple(features),
       axis=axis,
