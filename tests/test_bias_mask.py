@@ -347,3 +347,14 @@ def test_dbias_only_when_the_bias_is_differentiated():
   wrt_q, wrt_b = _bwd_calls(jax.grad(f), q, bias), _bwd_calls(jax.grad(f, argnums=1), q, bias)
   assert wrt_q and all("has_dbias = false" in line for line in wrt_q), wrt_q
   assert wrt_b and all("has_dbias = true" in line for line in wrt_b), wrt_b
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_numeric_masks_read_nonzero_as_attend(impl):
+  """A float mask attends where it is nonzero, NaN included (as jnp.where reads it, and Flax with it)."""
+  q, k, v, sinks = make_inputs(14, B=B, T=T, S=S, N=N, K=K, H=H)
+  keep = jnp.asarray(np.random.default_rng(15).random((B, 1, T, S)) < 0.6).at[..., 0].set(True)
+  f = jax.jit(lambda m: sinkattn.dot_product_attention(q, k, v, sinks, mask=m, implementation=impl))
+  want = f(keep)
+  for numeric in (jnp.where(keep, jnp.nan, 0.0), jnp.where(keep, -2.5, 0.0), keep.astype(jnp.int8)):
+    np.testing.assert_array_equal(np.asarray(f(numeric)), np.asarray(want))
