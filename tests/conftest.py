@@ -31,6 +31,14 @@ PLATFORMS = [
 ]
 
 
+@pytest.fixture
+def on_cpu():
+  """Runs the test body with jax's default device on the CPU: for comparisons with jax.nn / Flax at float32,
+  whose products run in TF32 on a GPU."""
+  with jax.default_device(jax.devices("cpu")[0]):
+    yield
+
+
 @pytest.fixture(params=PLATFORMS)
 def platform(request):
   """Runs the test body with jax's default device on the platform; yields its name."""

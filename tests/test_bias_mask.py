@@ -2,9 +2,10 @@
 for every broadcast form (vanilla softmax: jax.nn has no sink), against the fp64 NumPy reference with learnable
 sinks, causal / window / lengths / segments combined, GQA, T != S, f32 and bf16, outputs and gradients (dbias
 included). Each test runs the jnp twin and, when the loaded library takes the bias / mask / positions buffers,
-the fused kernel."""
+the fused kernel, on the CPU; on a GPU such calls run the reference, with one warning (the last test)."""
 
 import itertools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -13,8 +14,10 @@ import pytest
 
 import numpy_ref
 import sinkattn
-from conftest import GRAD_TOL, LSE_TOL, OUT_TOL, assert_close, f64, make_inputs
-from sinkattn import _lib, primitives
+from conftest import GRAD_TOL, LSE_TOL, OUT_TOL, _gpu_devices, assert_close, f64, make_inputs
+from sinkattn import _lib, _routing, primitives
+
+pytestmark = pytest.mark.usefixtures("on_cpu")
 
 FUSED_TAKES_BIAS = _lib.available() and primitives.takes_bias_mask()
 IMPLS = [
@@ -358,3 +361,34 @@ def test_numeric_masks_read_nonzero_as_attend(impl):
   want = f(keep)
   for numeric in (jnp.where(keep, jnp.nan, 0.0), jnp.where(keep, -2.5, 0.0), keep.astype(jnp.int8)):
     np.testing.assert_array_equal(np.asarray(f(numeric)), np.asarray(want))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_devices(), reason="no GPU visible to jax")
+def test_gpu_runs_bias_mask_positions_on_the_reference(monkeypatch):
+  """The CUDA kernels take no bias / mask / positions yet: on a GPU such a call runs the reference (the same
+  numbers as on the CPU), with one warning naming the argument; implementation='cudnn' refuses it."""
+  monkeypatch.setattr(_routing, "_warned", set())
+  q, k, v, sinks = make_inputs(16, B=B, T=T, S=S, N=N, K=K, H=64, dtype=jnp.bfloat16)
+  bias = jnp.asarray(np.random.default_rng(17).standard_normal((1, N, T, S)), jnp.float32)
+  pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+  calls = dict(
+    bias=dict(bias=bias),
+    mask=dict(mask=bias > 0),
+    query_positions=dict(
+      query_positions=pos, key_value_positions=jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S)), is_causal=True
+    ),
+  )
+  cpu = jax.devices("cpu")[0]
+  for name, kw in calls.items():
+    with warnings.catch_warnings(record=True) as seen:
+      warnings.simplefilter("always")
+      with jax.default_device(jax.devices("gpu")[0]):
+        got = [sinkattn.dot_product_attention(q, k, v, sinks, **kw) for _ in range(2)]
+    named = [w for w in seen if issubclass(w.category, RuntimeWarning) and name in str(w.message)]
+    assert len(named) == 1, [str(w.message) for w in seen]
+    want = sinkattn.dot_product_attention(*jax.device_put((q, k, v, sinks), cpu), **jax.device_put(kw, cpu))
+    for g in got:
+      assert_close(g, f64(want), OUT_TOL[np.dtype(jnp.bfloat16)], f"{name} on GPU")
+    with jax.default_device(jax.devices("gpu")[0]), pytest.raises(ValueError, match=name):
+      sinkattn.dot_product_attention(q, k, v, sinks, implementation="cudnn", **kw)

@@ -217,7 +217,7 @@ FFI_BAD += [
 
 
 @pytest.mark.parametrize("case", FFI_BAD, ids=[(c.values[0] if hasattr(c, "values") else c)[0] for c in FFI_BAD])
-def test_ffi_errors(case):
+def test_ffi_errors(case, on_cpu):
   _, call, words = case
   with pytest.raises(Exception) as info:
     jax.block_until_ready(call())

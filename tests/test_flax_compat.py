@@ -17,6 +17,8 @@ import sinkattn
 import sinkattn.flax as sa_linen
 import sinkattn.nnx as sa_nnx
 
+pytestmark = pytest.mark.usefixtures("on_cpu")  # Flax's float32 products run in TF32 on a GPU
+
 B, T, D, N = 2, 10, 32, 4
 
 
