@@ -37,8 +37,10 @@ demo: build
 demo-c: build
 	$(BUILD)/sinkattn_demo
 
+# The CPU's FMA / AMX / read-bandwidth peaks beside the kernels' figures, PyTorch's SDPA as a contender when
+# torch is importable (bench/cpu_bench.py); OUT=file.json says where the results go.
 bench-cpu: build
-	$(BUILD)/cpu_bench
+	$(VPY) bench/cpu_bench.py --lib $(BUILD)/libsinkattn_cpubench.so $(if $(OUT),--out $(OUT))
 
 bench: build
 	PYTHONPATH=python $(VPY) -m sinkattn.bench

@@ -213,10 +213,12 @@ SA_API sa_backend sa_backend_resolve(const sa_attn *a, sa_backend be);
 SA_API int sa_has_cuda(void);
 
 /* CPU backend threads: n >= 1 sets the count, n <= 0 restores the default (env SINKATTN_NUM_THREADS,
-   else all online cores). Results are bitwise identical for every thread count. Process-wide. */
+   else all online cores; read once per process). Results are bitwise identical for every thread count.
+   Process-wide. */
 SA_API void sa_cpu_set_num_threads(int n);
 SA_API int sa_cpu_get_num_threads(void);
-/* The SIMD level the CPU backend dispatched to: "avx512", "avx2" or "scalar". */
+/* The SIMD level the CPU backend dispatches to: "avx512", "avx2" or "scalar" (CPUID, lowered by env
+   SINKATTN_SIMD; both read once per process). */
 SA_API const char *sa_cpu_simd_name(void);
 
 #ifdef __cplusplus

@@ -1,7 +1,8 @@
 /*
  * sa_plan.c — the plan API of sa_plan.h: the list (per backend), the forced plan (thread-local, and
  * SINKATTN_PLAN read once), and the description of the last plan (thread-local and process-wide). The CUDA
- * backend's plans are src/cuda/plan.c's; REF and CPU run one plan each, named here.
+ * backend's plans are src/cuda/plan.c's, the CPU backend's src/cpu/cpu_plan.c's; REF runs one plan per
+ * kind, named here.
  */
 #include "sa_plan.h"
 
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/cpu_plan.h"
 #include "cuda/plan.h"
 #include "sa_internal.h"
 
@@ -17,23 +19,14 @@
 
 static const char *const sa_kind_names[SA_PLAN_KINDS] = {"fwd", "bwd", "decode"};
 
-/* REF and CPU plans: one per kind (the CPU's at the SIMD level it dispatches to, read once). */
-static const char *const sa_host_plans[] = {
-    "ref.fwd", "ref.bwd", "ref.decode",
-    "cpu.fwd.avx512", "cpu.bwd.avx512", "cpu.decode.avx512",
-    "cpu.fwd.avx2", "cpu.bwd.avx2", "cpu.decode.avx2",
-    "cpu.fwd.scalar", "cpu.bwd.scalar", "cpu.decode.scalar", NULL};
-
-static const char *sa_host_plan(int which, sa_backend be) {
-  if (be == SA_BACKEND_REF) return sa_host_plans[which];
-  const char *simd = sa_cpu_simd_name();
-  const int level = !strcmp(simd, "avx512") ? 0 : !strcmp(simd, "avx2") ? 1 : 2;
-  return sa_host_plans[3 + 3 * level + which];
-}
+/* REF's plans: one per kind. */
+static const char *const sa_ref_plans[] = {"ref.fwd", "ref.bwd", "ref.decode", NULL};
 
 static const char *sa_known(const char *name) {
-  for (int i = 0; sa_host_plans[i]; ++i)
-    if (!strcmp(sa_host_plans[i], name)) return sa_host_plans[i];
+  for (int i = 0; sa_ref_plans[i]; ++i)
+    if (!strcmp(sa_ref_plans[i], name)) return sa_ref_plans[i];
+  const char *cpu = sa_cpu_plan_known(name);
+  if (cpu) return cpu;
   for (int i = 0; sa_cuda_plan_names[i]; ++i)
     if (!strcmp(sa_cuda_plan_names[i], name)) return sa_cuda_plan_names[i];
   return NULL;
@@ -52,7 +45,9 @@ static int sa_kind_of(const char *name) {
 static sa_status sa_unknown(const char *name, const char *where) {
   char list[1024];
   size_t k = 0;
-  for (int i = 0; sa_host_plans[i] && k < sizeof list; ++i) k += snprintf(list + k, sizeof list - k, "%s ", sa_host_plans[i]);
+  for (int i = 0; sa_ref_plans[i] && k < sizeof list; ++i) k += snprintf(list + k, sizeof list - k, "%s ", sa_ref_plans[i]);
+  for (int i = 0; sa_cpu_plan_name(i) && k < sizeof list; ++i)
+    k += snprintf(list + k, sizeof list - k, "%s ", sa_cpu_plan_name(i));
   for (int i = 0; sa_cuda_plan_names[i] && k < sizeof list; ++i)
     k += snprintf(list + k, sizeof list - k, "%s ", sa_cuda_plan_names[i]);
   return sa_error(SA_ERR_INVALID, "%s plan '%s' unknown: use one of %s", where, name, list);
@@ -144,17 +139,22 @@ size_t sa_plan_last_any(int which, char *buf, size_t n) {
 
 /* ---- host backends ---- */
 
+/* The CPU's plan comes from cpu_plan.c (checked and recorded here, so a call with no rows has one too; the
+   backend records it again with the threads it ran on). */
 sa_status sa_plan_host(int which, sa_backend be, const sa_attn *a) {
-  (void)a;
   sa_status s = sa_plan_env_check();
   if (s != SA_OK) return s;
-  const char *name = sa_host_plan(which, be), *forced = sa_plan_forced(which);
+  if (be == SA_BACKEND_CPU) {
+    sa_cpu_plan p;
+    if ((s = sa_cpu_plan_of(a, which, &p)) == SA_OK) sa_cpu_plan_ran(&p, a, sa_cpu_get_num_threads());
+    return s;
+  }
+  const char *name = sa_ref_plans[which], *forced = sa_plan_forced(which);
   if (forced && strcmp(forced, name) != 0)
-    return sa_error(SA_ERR_UNSUPPORTED, "plan %s is not legal for this call: it runs on %s, whose plan is %s",
-                    forced, be == SA_BACKEND_REF ? "SA_BACKEND_REF" : "SA_BACKEND_CPU", name);
+    return sa_error(SA_ERR_UNSUPPORTED, "plan %s is not legal for this call: it runs on SA_BACKEND_REF, whose "
+                    "plan is %s", forced, name);
   char desc[SA_PLAN_DESC];
-  snprintf(desc, sizeof desc, "%s reason=%s", name,
-           be == SA_BACKEND_REF ? "the fp64 reference" : "the CPU backend at the SIMD level it dispatches to");
+  snprintf(desc, sizeof desc, "%s reason=the fp64 reference", name);
   sa_plan_record(which, desc);
   return SA_OK;
 }
@@ -176,11 +176,12 @@ int sa_plan_list(const sa_attn *a, int which, sa_backend be, const char **names,
                    (which == SA_PLAN_DECODE ? sa_cuda_decode_supported(a) : sa_cuda_attn_supported(a)) == SA_OK;
     n = ok ? sa_cuda_plans(a, which, dev, (size_t)-1, plans, 16) : 0;
     for (int i = 0; i < n && i < max && names; ++i) names[i] = plans[i].name;
+  } else if (r == SA_BACKEND_CPU) {
+    const int ok = (which == SA_PLAN_DECODE ? sa_cpu_decode_supported(a) : sa_cpu_attn_supported(a)) == SA_OK;
+    n = ok ? sa_cpu_plan_list(a, which, sa_cpu_record_get(), names ? names : NULL, names ? max : 0) : 0;
   } else {
-    const int ok = r == SA_BACKEND_REF ||
-                   (which == SA_PLAN_DECODE ? sa_cpu_decode_supported(a) : sa_cpu_attn_supported(a)) == SA_OK;
-    n = ok ? 1 : 0;
-    if (n && names && max > 0) names[0] = sa_host_plan(which, r);
+    n = 1;
+    if (names && max > 0) names[0] = sa_ref_plans[which];
   }
   sa_clear_error();
   return n;

@@ -3,11 +3,12 @@
  * (sa_attn_fwd with SA_BACKEND_REF) on decode shapes: Tq in {1, 2, 5, 16}, GQA ratios 1/2/8, every
  * softmax type with sinks from U(-10, 10) and +-50, windows, cache lengths 0, 1, S and random, f32/f16/bf16,
  * several chunks per head; bias, mask and positions (the CPU backend then runs sa_attn_fwd's kernels);
- * plus thread-count determinism (bitwise) and the error contract. The CPU cases run twice: with the
- * machine's best kernel and with SINKATTN_SIMD=scalar (the portable one).
+ * plus thread-count determinism (bitwise) and the error contract. The CPU cases run once per CPU decode
+ * plan this machine has (forced in turn: the AVX-512 kernel with vdpbf16ps or fp32 scores, the portable
+ * one, the attention forward's kernels).
  * Last line: "N passed, N failed".
  */
-#define _POSIX_C_SOURCE 200112L /* setenv */
+#include "sa_plan.h"
 #include "sa_test.h"
 
 #ifdef SINKATTN_WITH_CUDA
@@ -120,6 +121,18 @@ static int close_enough(const sa_attn *a, const void *out, const float *lse, con
   return ok;
 }
 
+/* The CPU decode plan of the current pass; a case it cannot run (vdpbf16ps scores of an f32 cache, the
+   split-KV kernels with a bias) takes the default plan. Returns the plan forced. */
+static const char *cpu_plan;
+static const char *force_cpu_plan(const sa_attn *a) {
+  const char *names[8], *use = NULL;
+  int n = sa_plan_list(a, SA_PLAN_DECODE, SA_BACKEND_CPU, names, 8);
+  for (int i = 0; i < n && i < 8; i++)
+    if (cpu_plan && strcmp(names[i], cpu_plan) == 0) use = cpu_plan;
+  sa_plan_force(SA_PLAN_DECODE, use);
+  return use;
+}
+
 /* One case on the CPU (and CUDA when present): decode vs reference; returns the CPU output. */
 static void run_case(const dcase *c) {
   float sinks[64];
@@ -144,12 +157,18 @@ static void run_case(const dcase *c) {
   memset(out, 0xff, ob);  /* poison: NaN in every dtype */
   memset(lse, 0xff, (size_t)(nl + 1) * 4);
   a.out = out; a.lse = lse;
+  const char *plan = force_cpu_plan(&a);
   size_t ws = sa_attn_decode_workspace_size(&a, SA_BACKEND_CPU);
   void *w = ws ? malloc(ws) : NULL;
   s = sa_attn_decode_fwd(&a, w, ws, SA_BACKEND_CPU, NULL);
   double worst = 0;
   int ok = s == SA_OK && close_enough(&a, out, lse, out_ref, lse_ref, &worst);
-  if (!ok) printf("  cpu: status %s (%s), worst error / tol %.3g\n", sa_status_name(s), sa_last_error(), worst);
+  /* the plan that ran is the one asked for (its name is the description's first word) */
+  if (s == SA_OK && plan)
+    ok &= strncmp(sa_plan_last(SA_PLAN_DECODE), plan, strlen(plan)) == 0 &&
+          sa_plan_last(SA_PLAN_DECODE)[strlen(plan)] == ' ';
+  if (!ok) printf("  cpu %s: status %s (%s), worst error / tol %.3g\n", sa_plan_last(SA_PLAN_DECODE),
+                  sa_status_name(s), sa_last_error(), worst);
   check(ok, what);
   free(w);
 
@@ -203,6 +222,7 @@ static void test_threads(sa_dtype t) {
   int32_t kvl[16], ql[16];
   sa_attn a;
   make_attn(&c, &a, sinks, kvl, ql);
+  force_cpu_plan(&a);
   int64_t no = c.B * c.Tq * c.N * c.Hv, nl = c.B * c.N * c.Tq;
   size_t ob = (size_t)no * sa_dtype_size(t);
   void *o1 = malloc(ob), *o2 = malloc(ob);
@@ -222,8 +242,9 @@ static void test_threads(sa_dtype t) {
     ok &= memcmp(o1, o2, ob) == 0 && memcmp(l1, l2, (size_t)nl * 4) == 0;
   }
   sa_cpu_set_num_threads(saved > 0 ? saved : 0);
-  char what[80];
-  snprintf(what, sizeof what, "%s: bitwise equal for 1, 2, 3, 7 threads and without workspace", t_dtype_name(t));
+  char what[400];
+  snprintf(what, sizeof what, "%s %s: bitwise equal for 1, 2, 3, 7 threads and without workspace", t_dtype_name(t),
+           sa_plan_last(SA_PLAN_DECODE));
   check(ok, what);
   free(o1); free(o2); free(l1); free(l2); free(w);
   free_attn(&a);
@@ -301,8 +322,18 @@ int main(void) {
   const int64_t groups[3] = {1, 2, 8}, tqs[4] = {1, 2, 5, 16};
   const int64_t wins[4][2] = {{-1, -1}, {127, 0}, {40, 0}, {9, 3}};
   const sa_softmax sms[3] = {SA_SOFTMAX_VANILLA, SA_SOFTMAX_OFF_BY_ONE, SA_SOFTMAX_LEARNABLE};
-  for (int level = 0; level < 2; level++) {
-    if (level == 1) setenv("SINKATTN_SIMD", "scalar", 1);
+  /* the plans of a bf16 problem: every CPU decode kernel this machine can run */
+  sa_attn probe;
+  sa_attn_init(&probe);
+  probe.dtype = SA_BF16;
+  probe.batch = probe.q_len = probe.kv_len = probe.q_heads = probe.kv_heads = 1;
+  probe.head_dim = probe.v_head_dim = 64;
+  const char *plans[8];
+  int nplans = sa_plan_list(&probe, SA_PLAN_DECODE, SA_BACKEND_CPU, plans, 8);
+  check(nplans >= 1, "the CPU has decode plans");
+  for (int level = 0; level < nplans && level < 8; level++) {
+    cpu_plan = plans[level];
+    printf("CPU decode plan %s\n", cpu_plan);
     int idx = 0;
     for (int di = 0; di < 3; di++)
       for (int gi = 0; gi < 3; gi++)
@@ -331,6 +362,16 @@ int main(void) {
          .Hv = 20, .softmax = SA_SOFTMAX_LEARNABLE, D_ALL, .lens = 1, .causal = D_BR},
         {.name = "odd head dims, R 6", .dtype = SA_F16, .B = 1, .Tq = 3, .S = 700, .N = 4, .K = 2, .H = 17, .Hv = 47,
          .softmax = SA_SOFTMAX_OFF_BY_ONE, .wl = 50, .wr = 0, .lens = 2, .causal = D_BR},
+        /* gpt-oss decode, N/K 64/8 (R = 8: two kv heads share a score vector), bf16 and f32; a 128-key window */
+        {.name = "gpt-oss", .dtype = SA_BF16, .B = 2, .Tq = 1, .S = 3000, .N = 64, .K = 8, .H = 64, .Hv = 64,
+         .softmax = SA_SOFTMAX_LEARNABLE, D_ALL, .lens = 1, .causal = D_BR},
+        {.name = "gpt-oss window", .dtype = SA_F32, .B = 1, .Tq = 1, .S = 2000, .N = 64, .K = 8, .H = 64, .Hv = 64,
+         .softmax = SA_SOFTMAX_LEARNABLE, .wl = 127, .wr = 0, .causal = D_BR},
+        /* R = 1 with 6 kv heads (4 lanes each: groups of 4 and 2), and R = 2 with 8 heads (one group of 8) */
+        {.name = "R 1, 6 kv heads", .dtype = SA_BF16, .B = 2, .Tq = 1, .S = 900, .N = 6, .K = 6, .H = 64, .Hv = 64,
+         .softmax = SA_SOFTMAX_OFF_BY_ONE, D_ALL, .lens = 2, .causal = D_BR},
+        {.name = "R 2, 8 kv heads", .dtype = SA_F16, .B = 1, .Tq = 2, .S = 800, .N = 8, .K = 8, .H = 48, .Hv = 40,
+         .wl = 30, .wr = 0, .lens = 2, .q_lens = 1, .causal = D_BR},
         /* empty shapes: no cache, no batch */
         {.name = "no cache", .dtype = SA_F32, .B = 2, .Tq = 2, .S = 0, .N = 4, .K = 2, .H = 64, .Hv = 64,
          .softmax = SA_SOFTMAX_LEARNABLE, D_ALL, .causal = D_BR},
@@ -349,7 +390,8 @@ int main(void) {
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) run_case(&rows[i]);
     for (int di = 0; di < 3; di++) test_threads(dts[di]);
   }
-  unsetenv("SINKATTN_SIMD");
+  cpu_plan = NULL;
+  sa_plan_force(SA_PLAN_DECODE, NULL);
   test_errors();
   test_ref_path();
 #ifdef SINKATTN_WITH_CUDA

@@ -1,7 +1,7 @@
 /*
- * cpu_attn.c — the CPU backend's entry points: SIMD level choice (CPUID, env SINKATTN_SIMD), the call
- * context (tile counts, padded dims, base-2 scale), and the order of the passes. The kernels are in
- * cpu_kernel_body.h, the threads in cpu_pool.c.
+ * cpu_attn.c — the CPU backend's entry points: the call's plan (cpu_plan.h: which SIMD level, rows per
+ * item), the call context (tile counts, padded dims, base-2 scale), and the order of the passes. The
+ * kernels are in cpu_kernel_body.h, the threads in cpu_pool.c.
  *
  * Memory beyond the caller's buffers: per thread one scratch of O(tile) floats, whatever T and S are
  * (at H = Hv = 128: 400 KiB forward, 560 KiB dq pass, 230 KiB dk/dv pass); for the backward also
@@ -12,36 +12,20 @@
 #include <string.h>
 
 #include "cpu_internal.h"
+#include "cpu_plan.h"
 
-/* ---- SIMD level ------------------------------------------------------------------------------ */
+/* ---- plan and context ------------------------------------------------------------------------ */
 
-static const sa_cpu_kernels *sa_cpu_kernels_pick(void) {
-  int best = 0; /* 0 scalar, 1 avx2, 2 avx512 */
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-  __builtin_cpu_init();
-#if defined(__clang__) && __clang_major__ < 15
-  /* clang 14 (the fuzz build) rejects the "f16c" feature string; every AVX2 CPU (Haswell, Zen) has F16C. */
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = 1;
-#else
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) best = 1;
-#endif
-  if (best == 1 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-    best = 2;
-#endif
-  /* SINKATTN_SIMD may only lower the level (a higher one than the CPU has would crash). Read at each
-     call so that a test can compare the levels in one process. */
-  const char *env = getenv("SINKATTN_SIMD");
-  if (env) {
-    if (strcmp(env, "scalar") == 0) best = 0;
-    else if (strcmp(env, "avx2") == 0 && best > 1) best = 1;
-  }
-  return best == 2 ? &sa_cpu_kernels_avx512 : best == 1 ? &sa_cpu_kernels_avx2 : &sa_cpu_kernels_scalar;
+/* The kernel table a plan runs (the plan's level is one CPUID and SINKATTN_SIMD allow). */
+static const sa_cpu_kernels *sa_cpu_kernels_of(const sa_cpu_plan *p) {
+  return p->simd == SA_CPU_AVX512 ? &sa_cpu_kernels_avx512 : p->simd == SA_CPU_AVX2 ? &sa_cpu_kernels_avx2
+                                                                                    : &sa_cpu_kernels_scalar;
 }
 
-const char *sa_cpu_simd_name(void) { return sa_cpu_kernels_pick()->name; }
-
-/* ---- context --------------------------------------------------------------------------------- */
+const char *sa_cpu_simd_name(void) {
+  sa_cpu_simd s = sa_cpu_record_get()->simd;
+  return s == SA_CPU_AVX512 ? "avx512" : s == SA_CPU_AVX2 ? "avx2" : "scalar";
+}
 
 static int64_t sa_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -50,12 +34,8 @@ void sa_cpu_ctx_init(sa_cpu_ctx *c, const sa_attn *a, const sa_attn_grad *g) {
   c->a = a;
   c->g = g;
   c->G = a->q_heads / a->kv_heads;
-  /* G heads x bq positions share each K/V tile (one position per item when G exceeds the rows). A mask
-     array is treated as a diagonal mask: its all-false tiles are skipped, and shorter blocks skip more. */
-  int diag = a->causal != SA_CAUSAL_NONE || a->window_left >= 0 || a->window_right >= 0 || a->q_segment_ids ||
-             a->mask;
-  int64_t rows = diag ? SA_CPU_ROWS_DIAG : SA_CPU_ROWS;
-  c->bq = c->G >= rows ? 1 : rows / c->G;
+  int64_t bq_min;
+  sa_cpu_plan_rows(a, &c->bq, &bq_min); /* the plan's rows */
   c->nqb = (a->q_len + c->bq - 1) / c->bq;
   c->nkb = (a->kv_len + SA_CPU_BK2 - 1) / SA_CPU_BK2;
   c->hp = sa_round_up(a->head_dim, SA_CPU_PAD);
@@ -98,12 +78,17 @@ sa_status sa_cpu_attn_supported(const sa_attn *a) {
 }
 
 sa_status sa_cpu_attn_fwd(const sa_attn *a) {
-  if (a->batch == 0 || a->q_len == 0) return SA_OK;
+  sa_cpu_plan p;
+  sa_status s = sa_cpu_plan_of(a, SA_PLAN_FWD, &p);
+  if (s != SA_OK || a->batch == 0 || a->q_len == 0) return s;
   sa_cpu_ctx c;
   sa_cpu_ctx_init(&c, a, NULL);
-  const sa_cpu_kernels *k = sa_cpu_kernels_pick();
-  return sa_cpu_parallel(k, &c, SA_CPU_FWD, sa_cpu_items(&c, SA_CPU_FWD), k->scratch(&c, SA_CPU_FWD),
-                         sa_cpu_flops(a));
+  const sa_cpu_kernels *k = sa_cpu_kernels_of(&p);
+  int threads = 0;
+  s = sa_cpu_parallel(k, &c, SA_CPU_FWD, sa_cpu_items(&c, SA_CPU_FWD), k->scratch(&c, SA_CPU_FWD), sa_cpu_flops(a),
+                      &threads);
+  sa_cpu_plan_ran(&p, a, threads);
+  return s;
 }
 
 /* ---- backward -------------------------------------------------------------------------------- */
@@ -111,44 +96,49 @@ sa_status sa_cpu_attn_fwd(const sa_attn *a) {
 /* D [B,N,T] then the dsinks partials [N,B,nqb], each rounded to 64 bytes. The partials are sized for the
    shorter query blocks of masked problems whatever this call's masks, so that the size depends on shapes
    only (the FFI layer asks at trace time, when segment ids are not known). */
-static size_t sa_cpu_bwd_bytes(const sa_cpu_ctx *c, size_t *part_off) {
-  const sa_attn *a = c->a;
-  int64_t bq_min = c->G >= SA_CPU_ROWS_DIAG ? 1 : SA_CPU_ROWS_DIAG / c->G;
-  int64_t nqb_max = (a->q_len + bq_min - 1) / bq_min;
+static size_t sa_cpu_bwd_bytes(const sa_attn *a, const sa_cpu_plan *p, size_t *part_off) {
+  int64_t nqb_max = (a->q_len + p->bq_min - 1) / p->bq_min;
   size_t d = ((size_t)(a->batch * a->q_heads * a->q_len) * sizeof(float) + 63) & ~(size_t)63;
-  size_t p = ((size_t)(a->q_heads * a->batch * nqb_max) * sizeof(float) + 63) & ~(size_t)63;
+  size_t parts = ((size_t)(a->q_heads * a->batch * nqb_max) * sizeof(float) + 63) & ~(size_t)63;
   if (part_off) *part_off = d;
-  return d + p;
+  return d + parts;
 }
 
+/* The forced plan's size when it can run, else the default's (the call itself then fails on the plan). */
 size_t sa_cpu_attn_bwd_workspace_size(const sa_attn *a) {
-  sa_cpu_ctx c;
-  sa_cpu_ctx_init(&c, a, NULL);
-  return sa_cpu_bwd_bytes(&c, NULL);
+  sa_cpu_plan p;
+  if (sa_cpu_plan_of(a, SA_PLAN_BWD, &p) != SA_OK &&
+      sa_cpu_plan_make(a, SA_PLAN_BWD, sa_cpu_record_get(), NULL, &p) != SA_OK)
+    return 0;
+  return sa_cpu_bwd_bytes(a, &p, NULL);
 }
 
 sa_status sa_cpu_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspace, size_t workspace_size) {
   const int64_t B = a->batch, N = a->q_heads;
+  sa_cpu_plan p;
+  sa_status s = sa_cpu_plan_of(a, SA_PLAN_BWD, &p);
+  if (s != SA_OK) return s;
   sa_cpu_ctx c;
   sa_cpu_ctx_init(&c, a, g);
-  size_t part_off, need = sa_cpu_bwd_bytes(&c, &part_off);
+  size_t part_off, need = sa_cpu_bwd_bytes(a, &p, &part_off);
   int own = workspace == NULL || workspace_size < need || ((uintptr_t)workspace & 3) != 0; /* floats */
   char *buf = own ? aligned_alloc(64, need) : (char *)workspace;
   if (!buf) return sa_error(SA_ERR_NO_MEMORY, "CPU backend: cannot allocate %zu bytes for the backward", need);
   c.dbuf = (float *)buf;
   c.dsink_part = (float *)(buf + part_off);
 
-  const sa_cpu_kernels *k = sa_cpu_kernels_pick();
-  sa_status s = SA_OK;
+  const sa_cpu_kernels *k = sa_cpu_kernels_of(&p);
+  int threads = 1;
   /* dbias is summed in place (pairs that no tile visits add nothing) */
   if (g->dbias) memset(g->dbias, 0, (size_t)sa_dims_count(a->bias_dims) * sizeof *g->dbias);
   if (B > 0 && a->q_len > 0)
     s = sa_cpu_parallel(k, &c, SA_CPU_BWD_DQ, sa_cpu_items(&c, SA_CPU_BWD_DQ), k->scratch(&c, SA_CPU_BWD_DQ),
-                        1.5 * sa_cpu_flops(a));
+                        1.5 * sa_cpu_flops(a), &threads);
   /* dk/dv read every D of pass 1, so the passes run one after the other. */
   if (s == SA_OK && B > 0 && a->kv_len > 0)
     s = sa_cpu_parallel(k, &c, SA_CPU_BWD_DKDV, sa_cpu_items(&c, SA_CPU_BWD_DKDV),
-                        k->scratch(&c, SA_CPU_BWD_DKDV), 2.0 * sa_cpu_flops(a));
+                        k->scratch(&c, SA_CPU_BWD_DKDV), 2.0 * sa_cpu_flops(a), &threads);
+  sa_cpu_plan_ran(&p, a, threads);
 
   /* dsinks[n] = -sum over (b, query block) of the per-block partials, in that fixed order (double, so
      the sum of up to B*T/bq partials adds no error beyond the partials' own). */

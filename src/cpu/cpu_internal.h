@@ -42,7 +42,7 @@ typedef struct sa_cpu_ctx {
   const sa_attn *a;
   const sa_attn_grad *g;
   int64_t G;        /* query heads per kv head */
-  int64_t bq;       /* query positions per forward / dq item (G * bq rows) */
+  int64_t bq;       /* query positions per forward / dq item (G * bq rows; the plan's) */
   int64_t nqb;      /* query blocks of bq positions */
   int64_t nkb;      /* key blocks of SA_CPU_BK2 in the dk/dv pass */
   int64_t hp, hvp;  /* head_dim, v_head_dim rounded up to SA_CPU_PAD */
@@ -100,10 +100,17 @@ extern const sa_cpu_kernels sa_cpu_kernels_avx512;
 extern const sa_cpu_kernels sa_cpu_kernels_avx2;
 extern const sa_cpu_kernels sa_cpu_kernels_scalar;
 
-/* Runs items [0, n) over the threads, each worker with its own scratch of scratch_floats floats; flops
-   (an estimate of the pass's work) caps the threads for small calls. SA_ERR_NO_MEMORY when no worker's
-   scratch can be allocated. */
+/* Runs fn(arg, i, scratch) for the items i in [0, n) on up to max_threads threads (the caller's among
+   them; fewer when sa_cpu_get_num_threads or n is smaller), each worker with its own scratch of
+   scratch_floats floats (64-byte aligned), items handed out by one atomic counter. *threads (may be
+   NULL) is raised to the count that ran. SA_ERR_NO_MEMORY when no worker's scratch can be allocated. */
+typedef void (*sa_cpu_item_fn)(void *arg, int64_t item, float *scratch);
+sa_status sa_cpu_run_items(sa_cpu_item_fn fn, void *arg, int64_t n, size_t scratch_floats, int64_t max_threads,
+                           int *threads);
+
+/* One pass of the attention kernels over items [0, n); flops (an estimate of the pass's work) caps the
+   threads for small calls. */
 sa_status sa_cpu_parallel(const sa_cpu_kernels *k, const sa_cpu_ctx *c, sa_cpu_pass pass, int64_t n,
-                          size_t scratch_floats, double flops);
+                          size_t scratch_floats, double flops, int *threads);
 
 #endif /* SA_CPU_INTERNAL_H */

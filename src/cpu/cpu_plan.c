@@ -1,0 +1,203 @@
+/*
+ * cpu_plan.c — the CPU backend's plans (cpu_plan.h): the table of kernels, when each is legal, the
+ * default, the work-item shapes, and the call's plan from the plan API's forced name.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+#include "cpu_plan.h"
+
+/* Preference order within a kind: the default is the first legal entry that is not override-only. */
+typedef struct {
+  const char *name;
+  int which;
+  sa_cpu_simd simd;
+  int tile, bf16_dot;
+  int override_only; /* reached only through a forced plan */
+} sa_cpu_plan_kind;
+
+static const sa_cpu_plan_kind sa_cpu_plan_kinds[] = {
+    {"cpu.fwd.avx512", SA_PLAN_FWD, SA_CPU_AVX512, 0, 0, 0},
+    {"cpu.fwd.avx2", SA_PLAN_FWD, SA_CPU_AVX2, 0, 0, 0},
+    {"cpu.fwd.scalar", SA_PLAN_FWD, SA_CPU_SCALAR, 0, 0, 0},
+    {"cpu.fwd.amx", SA_PLAN_FWD, SA_CPU_AVX512, 1, 0, 1},
+    {"cpu.bwd.avx512", SA_PLAN_BWD, SA_CPU_AVX512, 0, 0, 0},
+    {"cpu.bwd.avx2", SA_PLAN_BWD, SA_CPU_AVX2, 0, 0, 0},
+    {"cpu.bwd.scalar", SA_PLAN_BWD, SA_CPU_SCALAR, 0, 0, 0},
+    {"cpu.bwd.amx", SA_PLAN_BWD, SA_CPU_AVX512, 1, 0, 1},
+    /* The decode kernels: AVX-512 (scores by vdpbf16ps straight from a bf16 cache, or fp32 FMAs), and the
+       portable C one, which the avx2 and scalar levels get. */
+    {"cpu.decode.avx512bf16", SA_PLAN_DECODE, SA_CPU_AVX512, 0, 1, 0},
+    {"cpu.decode.avx512", SA_PLAN_DECODE, SA_CPU_AVX512, 0, 0, 0},
+    {"cpu.decode.portable", SA_PLAN_DECODE, SA_CPU_SCALAR, 0, 0, 0},
+};
+#define SA_CPU_NPLANS ((int)(sizeof sa_cpu_plan_kinds / sizeof sa_cpu_plan_kinds[0]))
+
+static const char *sa_cpu_simd_str(sa_cpu_simd s) {
+  return s == SA_CPU_AVX512 ? "avx512" : s == SA_CPU_AVX2 ? "avx2" : "scalar";
+}
+
+/* NULL when kind k can run a, else why not (static text). */
+static const char *sa_cpu_plan_why_not(const sa_cpu_plan_kind *k, const sa_attn *a, const sa_cpu_record *r) {
+  if (k->simd > r->simd_cpu) return "this CPU lacks the instructions (CPUID)";
+  if (k->simd > r->simd) return "SINKATTN_SIMD lowers the level below it";
+  if (k->bf16_dot) {
+    if (a->dtype != SA_BF16) return "its vdpbf16ps scores read a bf16 cache only";
+    if (!r->f.avx512_bf16) return "this CPU lacks AVX512-BF16 (CPUID)";
+  }
+  if (k->tile) {
+    if (a->dtype == SA_F32) return "the tile products take bf16 or f16 inputs only";
+    if (a->dtype == SA_BF16 && !r->f.amx_bf16) return "this CPU lacks AMX-TILE + AMX-BF16 (CPUID)";
+    if (a->dtype == SA_F16 && !r->f.amx_fp16) return "this CPU lacks AMX-TILE + AMX-FP16 (CPUID)";
+    if (!r->f.amx_os) return "the OS did not grant the tile state (XCR0, arch_prctl ARCH_REQ_XCOMP_PERM)";
+    return "the tile kernels are not written yet (their design is docs/cpu.md)";
+  }
+  return NULL;
+}
+
+static const sa_cpu_plan_kind *sa_cpu_plan_find(const char *name) {
+  for (int i = 0; i < SA_CPU_NPLANS; i++)
+    if (strcmp(sa_cpu_plan_kinds[i].name, name) == 0) return &sa_cpu_plan_kinds[i];
+  return NULL;
+}
+
+const char *sa_cpu_plan_known(const char *name) {
+  const sa_cpu_plan_kind *k = name ? sa_cpu_plan_find(name) : NULL;
+  return k ? k->name : NULL;
+}
+
+const char *sa_cpu_plan_name(int i) { return i >= 0 && i < SA_CPU_NPLANS ? sa_cpu_plan_kinds[i].name : NULL; }
+
+void sa_cpu_plan_rows(const sa_attn *a, int64_t *bq, int64_t *bq_min) {
+  const int64_t G = a->kv_heads > 0 ? a->q_heads / a->kv_heads : 1;
+  /* G heads x bq positions share each K/V tile (one position per item when G exceeds the rows). A mask
+     array is treated as a diagonal mask: its all-false tiles are skipped, and shorter blocks skip more. */
+  int diag = a->causal != SA_CAUSAL_NONE || a->window_left >= 0 || a->window_right >= 0 || a->q_segment_ids ||
+             a->mask;
+  int64_t rows = diag ? SA_CPU_ROWS_DIAG : SA_CPU_ROWS;
+  *bq = G >= rows ? 1 : rows / G;
+  *bq_min = G >= SA_CPU_ROWS_DIAG ? 1 : SA_CPU_ROWS_DIAG / G;
+}
+
+/* Work-item shapes of kind k for a (the tile table is cpu_internal.h). */
+static void sa_cpu_plan_shape(const sa_attn *a, sa_cpu_plan *p) {
+  const int64_t G = a->kv_heads > 0 ? a->q_heads / a->kv_heads : 1;
+  if (p->which != SA_PLAN_DECODE) {
+    sa_cpu_plan_rows(a, &p->bq, &p->bq_min);
+    p->rows = G * p->bq;
+    p->keys = SA_CPU_BK;
+    return;
+  }
+  /* Decode chunk = 16 * clamp(R, 32, 256) keys: at R = 8 rows (gpt-oss G = 8, one token) 512 keys, so the
+     partials (R * (Hv + 1) floats per chunk) are ~1.6% of the cache bytes the chunk reads (bf16, H = Hv),
+     and a 4k cache still gives 8 chunks per kv head to spread over threads. Larger R grows the chunk so
+     the partials stay under ~6% of the traffic. */
+  p->rows = G * a->q_len;
+  int64_t r = p->rows < 32 ? 32 : p->rows > 256 ? 256 : p->rows;
+  p->keys = 16 * r;
+  /* At least 8 work items (batch x chunks) while chunks stay >= 256 keys (shape only, like the rule above):
+     many rows (T = 64 tokens x G = 4: a 4096-key chunk) made a B = 1, 4k cache one item, one thread's work,
+     and decode took 6.7 ms against 3.4 for sa_attn_fwd on 2 cores (N/K 8/2, H 64, f32). Splitting whatever
+     the batch instead made B = 8 slower (44 -> 60 ms at T = 32, N/K 64/8, S 2k): 256 rows of partials per
+     256-key chunk are as many bytes as the chunk's cache. */
+  const int64_t want = a->batch >= 8 ? 1 : (8 + a->batch - 1) / (a->batch > 0 ? a->batch : 1);
+  int64_t part = ((a->kv_len + want - 1) / want + 31) / 32 * 32;
+  if (part < 256) part = 256;
+  if (part < p->keys) p->keys = part;
+  p->splits = a->kv_len > 0 ? (a->kv_len + p->keys - 1) / p->keys : 1;
+}
+
+static void sa_cpu_plan_fill(const sa_cpu_plan_kind *k, const sa_attn *a, const char *reason, sa_cpu_plan *p) {
+  memset(p, 0, sizeof *p);
+  p->name = k->name;
+  p->which = k->which;
+  p->simd = k->simd;
+  p->tile = k->tile;
+  p->bf16_dot = k->bf16_dot;
+  p->reason = reason;
+  sa_cpu_plan_shape(a, p);
+}
+
+static sa_status sa_cpu_plan_env_error(const sa_cpu_record *r) {
+  return sa_error(SA_ERR_INVALID, "SINKATTN_SIMD=\"%s\" unknown: use avx512, avx2 or scalar (it can only "
+                  "lower the level the CPU has, %s)", r->env, sa_cpu_simd_str(r->simd_cpu));
+}
+
+/* SA_ERR_INVALID naming the unknown plan and the known ones of the kind. */
+static sa_status sa_cpu_plan_unknown(int which, const char *name) {
+  char known[512];
+  size_t n = 0;
+  known[0] = 0;
+  for (int i = 0; i < SA_CPU_NPLANS; i++)
+    if (sa_cpu_plan_kinds[i].which == which && n < sizeof known)
+      n += (size_t)snprintf(known + n, sizeof known - n, "%s%s", n ? ", " : "", sa_cpu_plan_kinds[i].name);
+  return sa_error(SA_ERR_INVALID, "plan \"%s\" unknown for this kind of call: the CPU backend has %s", name,
+                  known);
+}
+
+sa_status sa_cpu_plan_make(const sa_attn *a, int which, const sa_cpu_record *r, const char *forced,
+                           sa_cpu_plan *p) {
+  if (r->env_bad) return sa_cpu_plan_env_error(r);
+  if (r->threads_bad)
+    return sa_error(SA_ERR_INVALID, "SINKATTN_NUM_THREADS=\"%s\" invalid: use a thread count >= 1 (0 or unset: "
+                    "every online core)", r->threads_env);
+  if (forced && *forced) {
+    const sa_cpu_plan_kind *k = sa_cpu_plan_find(forced);
+    /* another backend's plan (the plan API knows every backend's names) forced on a call the CPU runs */
+    if (strncmp(forced, "cpu.", 4) != 0)
+      return sa_error(SA_ERR_UNSUPPORTED, "plan %s cannot run this call: the CPU backend runs it (its plans are "
+                      "cpu.*)", forced);
+    if (!k || k->which != which) return sa_cpu_plan_unknown(which, forced);
+    const char *why = sa_cpu_plan_why_not(k, a, r);
+    if (why) return sa_error(SA_ERR_UNSUPPORTED, "plan %s cannot run this call: %s", forced, why);
+    sa_cpu_plan_fill(k, a, k->tile ? "forced; the tile path has not run on an AMX CPU yet" : "forced", p);
+    return SA_OK;
+  }
+  for (int i = 0; i < SA_CPU_NPLANS; i++) {
+    const sa_cpu_plan_kind *k = &sa_cpu_plan_kinds[i];
+    if (k->which != which || k->override_only || sa_cpu_plan_why_not(k, a, r)) continue;
+    sa_cpu_plan_fill(k, a, r->simd < r->simd_cpu ? "the widest kernels SINKATTN_SIMD allows"
+                                                 : "the widest kernels this CPU has", p);
+    return SA_OK;
+  }
+  /* unreachable: the scalar / portable entries are always legal */
+  return sa_error(SA_ERR_UNSUPPORTED, "CPU backend: no plan for call kind %d", which);
+}
+
+int sa_cpu_plan_list(const sa_attn *a, int which, const sa_cpu_record *r, const char **names, int max) {
+  int n = 0;
+  if (r->env_bad || r->threads_bad) return 0;
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < SA_CPU_NPLANS; i++) {
+      const sa_cpu_plan_kind *k = &sa_cpu_plan_kinds[i];
+      if (k->which != which || k->override_only != pass || sa_cpu_plan_why_not(k, a, r)) continue;
+      if (n < max) names[n] = k->name;
+      n++;
+    }
+  return n;
+}
+
+size_t sa_cpu_plan_describe(const sa_cpu_plan *p, const sa_attn *a, int threads, char *buf, size_t n) {
+  int w;
+  if (p->which == SA_PLAN_DECODE)
+    w = snprintf(buf, n, "%s rows=%lld chunk=%lld splits=%lld items=%lld threads=%d reason=%s", p->name,
+                 (long long)p->rows, (long long)p->keys, (long long)p->splits,
+                 (long long)(a->batch * p->splits), threads, p->reason);
+  else
+    w = snprintf(buf, n, "%s simd=%s tile=%d rows=%lld keys=%lld threads=%d reason=%s", p->name,
+                 sa_cpu_simd_str(p->simd), p->tile, (long long)p->rows, (long long)p->keys, threads, p->reason);
+  return w < 0 ? 0 : (size_t)w;
+}
+
+/* ---- the call's plan ------------------------------------------------------------------------- */
+
+sa_status sa_cpu_plan_of(const sa_attn *a, int which, sa_cpu_plan *p) {
+  return sa_cpu_plan_make(a, which, sa_cpu_record_get(), sa_plan_forced(which), p);
+}
+
+void sa_cpu_plan_ran(const sa_cpu_plan *p, const sa_attn *a, int threads) {
+  char desc[256];
+  sa_cpu_plan_describe(p, a, threads, desc, sizeof desc);
+  sa_plan_record(p->which, desc);
+}

@@ -1,0 +1,295 @@
+/*
+ * test_cpu_plan.c — the CPU backend's dispatch (src/cpu/cpu_plan.h): the record built from CPUID-like
+ * features, SINKATTN_SIMD (which may only lower the level) and SINKATTN_NUM_THREADS, which plans are legal and which is the
+ * default, the errors of forced plans (unknown: SA_ERR_INVALID; not legal here, the AMX tile path on a CPU
+ * without it: SA_ERR_UNSUPPORTED naming the plan and why), the record read once per process, and every
+ * plan legal on this machine forced in turn (sa_plan_force) on small problems against the fp64 reference,
+ * sa_plan_last naming it.
+ * Last line: "N passed, N failed".
+ */
+#define _POSIX_C_SOURCE 200112L /* setenv */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu_plan.h"
+#include "sa_internal.h"
+#include "sa_plan.h"
+
+static int n_pass, n_fail;
+
+static void check(int ok, const char *what) {
+  if (ok) n_pass++;
+  else {
+    n_fail++;
+    printf("FAIL: %s (last error: %s)\n", what, sa_last_error());
+  }
+}
+
+static const sa_cpu_features f_avx512 = {1, 1, 1, 0, 0, 0}, f_avx2 = {1, 0, 0, 0, 0, 0};
+
+static sa_attn problem(sa_dtype t) {
+  sa_attn a;
+  sa_attn_init(&a);
+  a.dtype = t;
+  a.batch = 1; a.q_len = 8; a.kv_len = 8; a.q_heads = 4; a.kv_heads = 2; a.head_dim = 16; a.v_head_dim = 16;
+  return a;
+}
+
+static int plan_is(const sa_attn *a, int which, const sa_cpu_record *r, const char *forced, const char *name) {
+  sa_cpu_plan p;
+  return sa_cpu_plan_make(a, which, r, forced, &p) == SA_OK && strcmp(p.name, name) == 0;
+}
+
+/* forced on a: status want, and the message names every word given */
+static int fails(const sa_attn *a, int which, const sa_cpu_record *r, const char *forced, sa_status want,
+                 const char *w1, const char *w2) {
+  sa_cpu_plan p;
+  sa_status s = sa_cpu_plan_make(a, which, r, forced, &p);
+  return s == want && (!w1 || strstr(sa_last_error(), w1)) && (!w2 || strstr(sa_last_error(), w2));
+}
+
+static void test_record(void) {
+  sa_cpu_record r;
+  sa_cpu_record_make(&f_avx512, NULL, NULL, 2, &r);
+  check(r.simd_cpu == SA_CPU_AVX512 && r.simd == SA_CPU_AVX512 && !r.env_bad, "AVX-512 CPU: level avx512");
+  sa_cpu_record_make(&f_avx512, "avx2", NULL, 2, &r);
+  check(r.simd == SA_CPU_AVX2 && r.simd_cpu == SA_CPU_AVX512, "SINKATTN_SIMD=avx2 lowers avx512 to avx2");
+  sa_cpu_record_make(&f_avx512, "scalar", NULL, 2, &r);
+  check(r.simd == SA_CPU_SCALAR, "SINKATTN_SIMD=scalar lowers to scalar");
+  sa_cpu_record_make(&f_avx2, "avx512", NULL, 2, &r);
+  check(r.simd == SA_CPU_AVX2 && !r.env_bad, "SINKATTN_SIMD=avx512 cannot raise an AVX2 CPU");
+  sa_cpu_record_make(&f_avx2, "", NULL, 2, &r);
+  check(r.simd == SA_CPU_AVX2 && !r.env_bad, "empty SINKATTN_SIMD is unset");
+  sa_cpu_record_make(&f_avx512, "avx-512", NULL, 2, &r);
+  check(r.env_bad && strcmp(r.env, "avx-512") == 0, "unknown SINKATTN_SIMD flagged");
+  sa_attn a = problem(SA_F32);
+  sa_cpu_plan p;
+  check(sa_cpu_plan_make(&a, SA_PLAN_FWD, &r, NULL, &p) == SA_ERR_INVALID &&
+            strstr(sa_last_error(), "SINKATTN_SIMD") && strstr(sa_last_error(), "avx-512"),
+        "unknown SINKATTN_SIMD: every plan fails with SA_ERR_INVALID naming it");
+  const char *names[8];
+  check(sa_cpu_plan_list(&a, SA_PLAN_FWD, &r, names, 8) == 0, "unknown SINKATTN_SIMD: no legal plan");
+
+  sa_cpu_record_make(&f_avx512, NULL, "3", 2, &r);
+  check(r.threads == 3 && !r.threads_bad, "SINKATTN_NUM_THREADS=3");
+  sa_cpu_record_make(&f_avx512, NULL, "0", 5, &r);
+  check(r.threads == 5 && !r.threads_bad, "SINKATTN_NUM_THREADS=0: the online cores");
+  sa_cpu_record_make(&f_avx512, NULL, NULL, 0, &r);
+  check(r.threads == 1, "no core count known: one thread");
+  sa_cpu_record_make(&f_avx512, NULL, "99999", 2, &r);
+  check(r.threads == 4096, "SINKATTN_NUM_THREADS above 4096 is 4096");
+  sa_cpu_record_make(&f_avx512, NULL, "4x", 2, &r);
+  check(r.threads_bad && sa_cpu_plan_make(&a, SA_PLAN_BWD, &r, NULL, &p) == SA_ERR_INVALID &&
+            strstr(sa_last_error(), "SINKATTN_NUM_THREADS") && strstr(sa_last_error(), "4x"),
+        "SINKATTN_NUM_THREADS=4x: every plan fails with SA_ERR_INVALID naming it");
+  sa_cpu_record_make(&f_avx512, NULL, "-2", 2, &r);
+  check(r.threads_bad, "SINKATTN_NUM_THREADS=-2 flagged");
+}
+
+static void test_plans(void) {
+  sa_cpu_record r512, r2, rlow;
+  sa_cpu_record_make(&f_avx512, NULL, NULL, 2, &r512);
+  sa_cpu_record_make(&f_avx2, NULL, NULL, 2, &r2);
+  sa_cpu_record_make(&f_avx512, "avx2", NULL, 2, &rlow);
+  sa_attn f32 = problem(SA_F32), bf = problem(SA_BF16), f16 = problem(SA_F16);
+
+  check(plan_is(&f32, SA_PLAN_FWD, &r512, NULL, "cpu.fwd.avx512"), "default fwd avx512");
+  check(plan_is(&f32, SA_PLAN_BWD, &r2, NULL, "cpu.bwd.avx2"), "AVX2 CPU: default bwd avx2");
+  check(plan_is(&f32, SA_PLAN_FWD, &rlow, NULL, "cpu.fwd.avx2"), "SINKATTN_SIMD=avx2: default fwd avx2");
+  check(plan_is(&bf, SA_PLAN_DECODE, &r512, NULL, "cpu.decode.avx512bf16"), "bf16 decode: vdpbf16ps default");
+  check(plan_is(&f32, SA_PLAN_DECODE, &r512, NULL, "cpu.decode.avx512"), "f32 decode: avx512 default");
+  check(plan_is(&bf, SA_PLAN_DECODE, &rlow, NULL, "cpu.decode.portable"), "SINKATTN_SIMD=avx2: portable decode");
+  check(plan_is(&f32, SA_PLAN_FWD, &r512, "cpu.fwd.scalar", "cpu.fwd.scalar"), "forcing a lower level works");
+  check(plan_is(&f32, SA_PLAN_FWD, &r512, "", "cpu.fwd.avx512"), "an empty forced name is the default");
+
+  check(fails(&f32, SA_PLAN_FWD, &r2, "cpu.fwd.avx512", SA_ERR_UNSUPPORTED, "cpu.fwd.avx512", "CPUID"),
+        "avx512 forced on an AVX2 CPU: SA_ERR_UNSUPPORTED naming the plan and CPUID");
+  check(fails(&f32, SA_PLAN_BWD, &rlow, "cpu.bwd.avx512", SA_ERR_UNSUPPORTED, "cpu.bwd.avx512", "SINKATTN_SIMD"),
+        "avx512 forced under SINKATTN_SIMD=avx2: SA_ERR_UNSUPPORTED naming SINKATTN_SIMD");
+  check(fails(&f32, SA_PLAN_FWD, &r512, "cpu.fwd.sse", SA_ERR_INVALID, "cpu.fwd.sse", "cpu.fwd.avx2"),
+        "unknown plan: SA_ERR_INVALID naming it and the known plans");
+  check(fails(&f32, SA_PLAN_FWD, &r512, "cpu.decode.avx512", SA_ERR_INVALID, "cpu.decode.avx512", NULL),
+        "a decode plan forced on a forward: SA_ERR_INVALID");
+  check(fails(&f32, SA_PLAN_FWD, &r512, "hopper.fwd.persistent", SA_ERR_UNSUPPORTED, "hopper.fwd.persistent",
+              "CPU"), "another backend's plan on a CPU call: SA_ERR_UNSUPPORTED naming it");
+  check(fails(&f32, SA_PLAN_DECODE, &r512, "cpu.decode.avx512bf16", SA_ERR_UNSUPPORTED, "bf16", NULL),
+        "vdpbf16ps decode forced on an f32 cache: SA_ERR_UNSUPPORTED");
+
+  /* the tile path: never a default, and each missing piece named */
+  sa_cpu_features f = f_avx512;
+  sa_cpu_record r;
+  sa_cpu_record_make(&f, NULL, NULL, 2, &r);
+  check(fails(&bf, SA_PLAN_FWD, &r, "cpu.fwd.amx", SA_ERR_UNSUPPORTED, "cpu.fwd.amx", "AMX-BF16"),
+        "AMX forced without AMX-BF16: SA_ERR_UNSUPPORTED naming the plan and CPUID");
+  f.amx_bf16 = 1;
+  sa_cpu_record_make(&f, NULL, NULL, 2, &r);
+  check(fails(&bf, SA_PLAN_BWD, &r, "cpu.bwd.amx", SA_ERR_UNSUPPORTED, "cpu.bwd.amx", "arch_prctl"),
+        "AMX without the OS's tile state: SA_ERR_UNSUPPORTED naming arch_prctl");
+  check(fails(&f16, SA_PLAN_FWD, &r, "cpu.fwd.amx", SA_ERR_UNSUPPORTED, "AMX-FP16", NULL),
+        "f16 on AMX-BF16 only: SA_ERR_UNSUPPORTED naming AMX-FP16");
+  f.amx_os = 1;
+  sa_cpu_record_make(&f, NULL, NULL, 2, &r);
+  check(fails(&f32, SA_PLAN_FWD, &r, "cpu.fwd.amx", SA_ERR_UNSUPPORTED, "bf16 or f16", NULL),
+        "AMX forced on f32: SA_ERR_UNSUPPORTED");
+  check(fails(&bf, SA_PLAN_FWD, &r, "cpu.fwd.amx", SA_ERR_UNSUPPORTED, "docs/cpu.md", NULL),
+        "AMX CPU and OS: the plan names the tile kernels' status");
+  check(plan_is(&bf, SA_PLAN_FWD, &r, NULL, "cpu.fwd.avx512"), "AMX CPU: the default stays avx512");
+
+  const char *names[8];
+  int n = sa_cpu_plan_list(&bf, SA_PLAN_DECODE, &r512, names, 8);
+  check(n == 3 && !strcmp(names[0], "cpu.decode.avx512bf16") && !strcmp(names[2], "cpu.decode.portable"),
+        "bf16 decode plans: avx512bf16, avx512, portable");
+  n = sa_cpu_plan_list(&f32, SA_PLAN_FWD, &r2, names, 8);
+  check(n == 2 && !strcmp(names[0], "cpu.fwd.avx2") && !strcmp(names[1], "cpu.fwd.scalar"),
+        "AVX2 CPU fwd plans: avx2, scalar");
+  check(sa_cpu_plan_list(&f32, SA_PLAN_BWD, &r512, names, 1) == 3 && !strcmp(names[0], "cpu.bwd.avx512"),
+        "the count exceeds max when more plans are legal");
+  check(sa_cpu_plan_known("cpu.bwd.amx") && !sa_cpu_plan_known("cpu.bwd") && !sa_cpu_plan_known(NULL),
+        "known names");
+}
+
+/* ---- this machine ------------------------------------------------------------------------------ */
+
+static void *rand_buf(sa_dtype t, int64_t n, unsigned *seed) {
+  void *p = malloc((size_t)n * sa_dtype_size(t));
+  for (int64_t i = 0; i < n; i++) {
+    *seed = *seed * 1664525u + 1013904223u;
+    sa_store(p, t, i, (float)((*seed >> 8) & 0xffff) / 32768.0f - 1.0f);
+  }
+  return p;
+}
+
+/* max |x - ref| / max |ref| over n elements; NaN in x gives +inf */
+static double rel_err(const void *x, const void *ref, sa_dtype t, int64_t n) {
+  double e = 0, m = 1e-30;
+  for (int64_t i = 0; i < n; i++) {
+    double g = sa_load(x, t, i), r = sa_load(ref, t, i);
+    if (isnan(g)) return INFINITY;
+    e = fmax(e, fabs(g - r));
+    m = fmax(m, fabs(r));
+  }
+  return e / m;
+}
+
+static int last_is(int which, const char *name) {
+  const char *d = sa_plan_last(which);
+  size_t n = strlen(name);
+  return strncmp(d, name, n) == 0 && d[n] == ' ' && strstr(d, "threads=") && strstr(d, "reason=");
+}
+
+/* Every fwd and bwd plan legal here, forced, on a causal GQA problem with learnable sinks. */
+static void test_forced_runs(sa_dtype t) {
+  sa_attn a = problem(t);
+  a.q_len = 77; a.kv_len = 91; a.q_heads = 8; a.kv_heads = 2; a.head_dim = 40; a.v_head_dim = 24;
+  a.causal = SA_CAUSAL_BOTTOM_RIGHT;
+  a.softmax = SA_SOFTMAX_LEARNABLE;
+  float sinks[8] = {-3, 0, 2, 50, -50, 1, 7, -9};
+  a.sinks = sinks;
+  unsigned seed = 7;
+  const int64_t nq = a.q_len * 8 * 40, nk = a.kv_len * 2 * 40, nv = a.kv_len * 2 * 24, no = a.q_len * 8 * 24;
+  a.q = rand_buf(t, nq, &seed); a.k = rand_buf(t, nk, &seed); a.v = rand_buf(t, nv, &seed);
+  void *dout = rand_buf(t, no, &seed);
+  size_t es = sa_dtype_size(t);
+  void *o_ref = malloc(no * es), *o = malloc(no * es), *dq_ref = malloc(nq * es), *dq = malloc(nq * es);
+  void *dk_ref = malloc(nk * es), *dk = malloc(nk * es), *dv_ref = malloc(nv * es), *dv = malloc(nv * es);
+  float lse_ref[8 * 77], lse[8 * 77], ds_ref[8], ds[8];
+  sa_attn_grad g = {0};
+  g.dout = dout;
+  a.out = o_ref; a.lse = lse_ref;
+  g.dq = dq_ref; g.dk = dk_ref; g.dv = dv_ref; g.dsinks = ds_ref;
+  check(sa_attn_fwd(&a, SA_BACKEND_REF, NULL) == SA_OK && sa_attn_bwd(&a, &g, NULL, 0, SA_BACKEND_REF, NULL) == SA_OK,
+        "reference fwd / bwd");
+  const double tol = t == SA_F32 ? 1e-5 : 2e-2;
+  const char *names[8];
+  for (int which = SA_PLAN_FWD; which <= SA_PLAN_BWD; which++) {
+    int n = sa_plan_list(&a, which, SA_BACKEND_CPU, names, 8);
+    for (int i = 0; i < n && i < 8; i++) {
+      char what[160];
+      check(sa_plan_force(which, names[i]) == SA_OK, "force a listed plan");
+      a.out = o; a.lse = lse;
+      memset(o, 0xff, no * es);
+      sa_status s = sa_attn_fwd(&a, SA_BACKEND_CPU, NULL); /* the bwd needs this call's out and lse */
+      if (which == SA_PLAN_FWD) {
+        snprintf(what, sizeof what, "%s %s: forward against the reference", t == SA_F32 ? "f32" : "bf16", names[i]);
+        check(s == SA_OK && last_is(which, names[i]) && rel_err(o, o_ref, t, no) < tol, what);
+        continue;
+      }
+      g.dq = dq; g.dk = dk; g.dv = dv; g.dsinks = ds;
+      size_t ws = sa_attn_bwd_workspace_size(&a, SA_BACKEND_CPU);
+      void *w = malloc(ws ? ws : 1);
+      s |= sa_attn_bwd(&a, &g, w, ws, SA_BACKEND_CPU, NULL);
+      free(w);
+      snprintf(what, sizeof what, "%s %s: gradients against the reference", t == SA_F32 ? "f32" : "bf16", names[i]);
+      double e = fmax(fmax(rel_err(dq, dq_ref, t, nq), rel_err(dk, dk_ref, t, nk)), rel_err(dv, dv_ref, t, nv));
+      e = fmax(e, rel_err(ds, ds_ref, SA_F32, 8));
+      check(s == SA_OK && last_is(which, names[i]) && e < 4 * tol, what);
+      g.dq = dq_ref; g.dk = dk_ref; g.dv = dv_ref; g.dsinks = ds_ref;
+    }
+    sa_plan_force(which, NULL);
+  }
+  /* a plan of another backend forced on a CPU call, and a CPU plan on a REF call: SA_ERR_UNSUPPORTED */
+  a.out = o; a.lse = lse;
+  check(sa_plan_force(SA_PLAN_FWD, "ref.fwd") == SA_OK && sa_attn_fwd(&a, SA_BACKEND_CPU, NULL) == SA_ERR_UNSUPPORTED &&
+            strstr(sa_last_error(), "ref.fwd"), "ref.fwd forced on a CPU call: SA_ERR_UNSUPPORTED naming it");
+  check(sa_plan_force(SA_PLAN_FWD, "cpu.fwd.scalar") == SA_OK && sa_attn_fwd(&a, SA_BACKEND_REF, NULL) == SA_ERR_UNSUPPORTED,
+        "a CPU plan forced on a REF call: SA_ERR_UNSUPPORTED");
+  sa_plan_force(SA_PLAN_FWD, NULL);
+  /* the tile path here: legal only on an AMX CPU with the tile kernels built, and never silently replaced */
+  check(sa_plan_force(SA_PLAN_FWD, "cpu.fwd.amx") == SA_OK, "cpu.fwd.amx is a known name");
+  a.out = o; a.lse = lse;
+  sa_status s = sa_attn_fwd(&a, SA_BACKEND_CPU, NULL);
+  check(t == SA_F32 ? s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "bf16 or f16")
+                    : s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "cpu.fwd.amx"),
+        "cpu.fwd.amx forced: SA_ERR_UNSUPPORTED naming the plan (no tile kernels run here)");
+  sa_plan_force(SA_PLAN_FWD, NULL);
+  free((void *)a.q); free((void *)a.k); free((void *)a.v); free(dout);
+  free(o_ref); free(o); free(dq_ref); free(dq); free(dk_ref); free(dk); free(dv_ref); free(dv);
+}
+
+static void test_machine(void) {
+  const sa_cpu_record *r = sa_cpu_record_get();
+  printf("this CPU: level %s (CPUID %d), AVX512-BF16 %d, AMX-BF16 %d, AMX-FP16 %d, tile state granted %d\n",
+         sa_cpu_simd_name(), (int)r->simd_cpu, r->f.avx512_bf16, r->f.amx_bf16, r->f.amx_fp16, r->f.amx_os);
+  check(sa_cpu_record_get() == r, "one record per process");
+  check(sa_plan_force(SA_PLAN_FWD, "cpu.fwd.none") == SA_ERR_INVALID && strstr(sa_last_error(), "cpu.fwd.none"),
+        "forcing an unknown name: SA_ERR_INVALID");
+  check(sa_plan_force(3, "cpu.fwd.avx2") == SA_ERR_INVALID, "forcing kind 3: SA_ERR_INVALID");
+  check(sa_plan_forced(SA_PLAN_FWD) == NULL, "a failed force leaves no plan forced");
+  test_forced_runs(SA_F32);
+  test_forced_runs(SA_BF16);
+
+  /* read once: the environment changed after the first call does not move the level */
+  char before[16];
+  snprintf(before, sizeof before, "%s", sa_cpu_simd_name());
+  setenv("SINKATTN_SIMD", r->simd == SA_CPU_SCALAR ? "avx2" : "scalar", 1);
+  sa_attn a = problem(SA_F32);
+  unsigned seed = 3;
+  a.q = rand_buf(SA_F32, 8 * 4 * 16, &seed); a.k = rand_buf(SA_F32, 8 * 2 * 16, &seed);
+  a.v = rand_buf(SA_F32, 8 * 2 * 16, &seed);
+  float out[8 * 4 * 16], lse[4 * 8];
+  a.out = out; a.lse = lse;
+  sa_status s = sa_attn_fwd(&a, SA_BACKEND_CPU, NULL);
+  char want[40];
+  snprintf(want, sizeof want, "cpu.fwd.%s", before);
+  check(s == SA_OK && !strcmp(sa_cpu_simd_name(), before) && last_is(SA_PLAN_FWD, want),
+        "SINKATTN_SIMD set after the first call changes nothing (read once)");
+  setenv("SINKATTN_SIMD", "bogus", 1);
+  check(sa_attn_fwd(&a, SA_BACKEND_CPU, NULL) == SA_OK, "nor does an unknown value set after it");
+  unsetenv("SINKATTN_SIMD");
+  const int threads = sa_cpu_get_num_threads();
+  setenv("SINKATTN_NUM_THREADS", threads == 3 ? "5" : "3", 1);
+  check(sa_cpu_get_num_threads() == threads && sa_attn_fwd(&a, SA_BACKEND_CPU, NULL) == SA_OK,
+        "SINKATTN_NUM_THREADS set after the first call changes nothing (read once)");
+  unsetenv("SINKATTN_NUM_THREADS");
+  free((void *)a.q); free((void *)a.k); free((void *)a.v);
+}
+
+int main(void) {
+  test_record();
+  test_plans();
+  test_machine();
+  printf("%d passed, %d failed\n", n_pass, n_fail);
+  return n_fail ? 1 : 0;
+}
