@@ -3,8 +3,8 @@
  * the validation of sa_attn_fwd (sinkattn.c's pieces), the decode limit q_len <= 64, the backend choice
  * and dispatch. REF runs the reference forward itself: decode is sa_attn_fwd with a short query, so the
  * reference is the oracle with no new math. The split-KV kernels take no bias, mask or positions: with
- * any of them the CPU backend runs its attention forward (the same result, bitwise independent of the
- * thread count too) and CUDA answers SA_ERR_UNSUPPORTED naming the field.
+ * any of them the CPU backend's plan is its attention forward (cpu.decode.fwd: the same result, bitwise
+ * independent of the thread count too) and CUDA answers SA_ERR_UNSUPPORTED naming the field.
  */
 #include "sa_internal.h"
 #include "sa_plan.h"
@@ -72,8 +72,6 @@ sa_status sa_attn_decode_fwd(const sa_attn *a, void *workspace, size_t workspace
     return sa_cuda_decode_fwd(a, workspace, workspace_size, stream);
   }
   if (r == SA_BACKEND_CPU)
-    return sa_dims_set(a->bias_dims) || sa_dims_set(a->mask_dims) || a->q_positions
-               ? sa_cpu_attn_fwd(a)
-               : sa_cpu_decode_fwd(a, workspace, workspace ? workspace_size : 0);
+    return sa_cpu_decode_fwd(a, workspace, workspace ? workspace_size : 0); /* its plan says which kernels */
   return sa_ref_attn_fwd(a);
 }

@@ -139,8 +139,19 @@ static void test_plans(void) {
 
   const char *names[8];
   int n = sa_cpu_plan_list(&bf, SA_PLAN_DECODE, &r512, names, 8);
-  check(n == 3 && !strcmp(names[0], "cpu.decode.avx512bf16") && !strcmp(names[2], "cpu.decode.portable"),
-        "bf16 decode plans: avx512bf16, avx512, portable");
+  check(n == 4 && !strcmp(names[0], "cpu.decode.avx512bf16") && !strcmp(names[2], "cpu.decode.portable") &&
+            !strcmp(names[3], "cpu.decode.fwd"),
+        "bf16 decode plans: avx512bf16, avx512, portable, fwd");
+  sa_attn biased = bf;
+  biased.bias_dims[0] = biased.bias_dims[1] = biased.bias_dims[2] = biased.bias_dims[3] = 1;
+  check(plan_is(&biased, SA_PLAN_DECODE, &r512, NULL, "cpu.decode.fwd"),
+        "a decode with a bias: the attention forward's kernels by default");
+  check(fails(&biased, SA_PLAN_DECODE, &r512, "cpu.decode.avx512", SA_ERR_UNSUPPORTED, "cpu.decode.avx512", "bias"),
+        "split-KV decode forced with a bias: SA_ERR_UNSUPPORTED naming the bias");
+  biased.bias_dims[0] = biased.bias_dims[1] = biased.bias_dims[2] = biased.bias_dims[3] = 0;
+  biased.q_positions = biased.kv_positions = (const int32_t *)&n;
+  check(sa_cpu_plan_list(&biased, SA_PLAN_DECODE, &r512, names, 8) == 1 && !strcmp(names[0], "cpu.decode.fwd"),
+        "a decode with positions: only cpu.decode.fwd");
   n = sa_cpu_plan_list(&f32, SA_PLAN_FWD, &r2, names, 8);
   check(n == 2 && !strcmp(names[0], "cpu.fwd.avx2") && !strcmp(names[1], "cpu.fwd.scalar"),
         "AVX2 CPU fwd plans: avx2, scalar");

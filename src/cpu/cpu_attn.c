@@ -77,17 +77,22 @@ sa_status sa_cpu_attn_supported(const sa_attn *a) {
   return SA_OK;
 }
 
+sa_status sa_cpu_attn_fwd_plan(const sa_attn *a, const sa_cpu_plan *p, int *threads) {
+  if (a->batch == 0 || a->q_len == 0) return SA_OK;
+  sa_cpu_ctx c;
+  sa_cpu_ctx_init(&c, a, NULL);
+  const sa_cpu_kernels *k = sa_cpu_kernels_of(p);
+  return sa_cpu_parallel(k, &c, SA_CPU_FWD, sa_cpu_items(&c, SA_CPU_FWD), k->scratch(&c, SA_CPU_FWD), sa_cpu_flops(a),
+                         threads);
+}
+
 sa_status sa_cpu_attn_fwd(const sa_attn *a) {
   sa_cpu_plan p;
   sa_status s = sa_cpu_plan_of(a, SA_PLAN_FWD, &p);
-  if (s != SA_OK || a->batch == 0 || a->q_len == 0) return s;
-  sa_cpu_ctx c;
-  sa_cpu_ctx_init(&c, a, NULL);
-  const sa_cpu_kernels *k = sa_cpu_kernels_of(&p);
+  if (s != SA_OK) return s;
   int threads = 0;
-  s = sa_cpu_parallel(k, &c, SA_CPU_FWD, sa_cpu_items(&c, SA_CPU_FWD), k->scratch(&c, SA_CPU_FWD), sa_cpu_flops(a),
-                      &threads);
-  sa_cpu_plan_ran(&p, a, threads);
+  s = sa_cpu_attn_fwd_plan(a, &p, &threads);
+  if (threads) sa_cpu_plan_ran(&p, a, threads);
   return s;
 }
 

@@ -36,7 +36,7 @@ size_t sa_cpu_decode_workspace_size(const sa_attn *a) {
   if (sa_cpu_plan_of(a, SA_PLAN_DECODE, &p) != SA_OK &&
       sa_cpu_plan_make(a, SA_PLAN_DECODE, sa_cpu_record_get(), NULL, &p) != SA_OK)
     return 0;
-  return (size_t)sa_cpu_decode_partial_floats(a, &p) * sizeof(float);
+  return p.fwd_kernels ? 0 : (size_t)sa_cpu_decode_partial_floats(a, &p) * sizeof(float);
 }
 
 typedef struct {
@@ -155,6 +155,12 @@ sa_status sa_cpu_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_
   sa_cpu_plan p;
   sa_status s = sa_cpu_plan_of(a, SA_PLAN_DECODE, &p);
   if (s != SA_OK) return s;
+  if (p.fwd_kernels) { /* bias, mask, positions (or forced): the attention forward, no partials */
+    int threads = 0;
+    s = sa_cpu_attn_fwd_plan(a, &p, &threads);
+    if (threads) sa_cpu_plan_ran(&p, a, threads);
+    return s;
+  }
   const int64_t items = a->batch * p.splits;
   if (items == 0 || a->q_len == 0) return SA_OK;
   const int64_t pf = sa_cpu_decode_partial_floats(a, &p);

@@ -108,6 +108,11 @@ typedef void (*sa_cpu_item_fn)(void *arg, int64_t item, float *scratch);
 sa_status sa_cpu_run_items(sa_cpu_item_fn fn, void *arg, int64_t n, size_t scratch_floats, int64_t max_threads,
                            int *threads);
 
+/* The attention forward under plan p (a forward plan, or the decode plan that runs its kernels); *threads
+   is raised to the threads it ran on. */
+struct sa_cpu_plan;
+sa_status sa_cpu_attn_fwd_plan(const sa_attn *a, const struct sa_cpu_plan *p, int *threads);
+
 /* One pass of the attention kernels over items [0, n); flops (an estimate of the pass's work) caps the
    threads for small calls. */
 sa_status sa_cpu_parallel(const sa_cpu_kernels *k, const sa_cpu_ctx *c, sa_cpu_pass pass, int64_t n,

@@ -15,22 +15,25 @@ typedef struct {
   sa_cpu_simd simd;
   int tile, bf16_dot;
   int override_only; /* reached only through a forced plan */
+  int fwd_kernels;   /* decode: the attention forward's kernels at the default level */
 } sa_cpu_plan_kind;
 
 static const sa_cpu_plan_kind sa_cpu_plan_kinds[] = {
-    {"cpu.fwd.avx512", SA_PLAN_FWD, SA_CPU_AVX512, 0, 0, 0},
-    {"cpu.fwd.avx2", SA_PLAN_FWD, SA_CPU_AVX2, 0, 0, 0},
-    {"cpu.fwd.scalar", SA_PLAN_FWD, SA_CPU_SCALAR, 0, 0, 0},
-    {"cpu.fwd.amx", SA_PLAN_FWD, SA_CPU_AVX512, 1, 0, 1},
-    {"cpu.bwd.avx512", SA_PLAN_BWD, SA_CPU_AVX512, 0, 0, 0},
-    {"cpu.bwd.avx2", SA_PLAN_BWD, SA_CPU_AVX2, 0, 0, 0},
-    {"cpu.bwd.scalar", SA_PLAN_BWD, SA_CPU_SCALAR, 0, 0, 0},
-    {"cpu.bwd.amx", SA_PLAN_BWD, SA_CPU_AVX512, 1, 0, 1},
-    /* The decode kernels: AVX-512 (scores by vdpbf16ps straight from a bf16 cache, or fp32 FMAs), and the
-       portable C one, which the avx2 and scalar levels get. */
-    {"cpu.decode.avx512bf16", SA_PLAN_DECODE, SA_CPU_AVX512, 0, 1, 0},
-    {"cpu.decode.avx512", SA_PLAN_DECODE, SA_CPU_AVX512, 0, 0, 0},
-    {"cpu.decode.portable", SA_PLAN_DECODE, SA_CPU_SCALAR, 0, 0, 0},
+    {"cpu.fwd.avx512", SA_PLAN_FWD, SA_CPU_AVX512, 0, 0, 0, 0},
+    {"cpu.fwd.avx2", SA_PLAN_FWD, SA_CPU_AVX2, 0, 0, 0, 0},
+    {"cpu.fwd.scalar", SA_PLAN_FWD, SA_CPU_SCALAR, 0, 0, 0, 0},
+    {"cpu.fwd.amx", SA_PLAN_FWD, SA_CPU_AVX512, 1, 0, 1, 0},
+    {"cpu.bwd.avx512", SA_PLAN_BWD, SA_CPU_AVX512, 0, 0, 0, 0},
+    {"cpu.bwd.avx2", SA_PLAN_BWD, SA_CPU_AVX2, 0, 0, 0, 0},
+    {"cpu.bwd.scalar", SA_PLAN_BWD, SA_CPU_SCALAR, 0, 0, 0, 0},
+    {"cpu.bwd.amx", SA_PLAN_BWD, SA_CPU_AVX512, 1, 0, 1, 0},
+    /* The split-KV decode kernels: AVX-512 (scores by vdpbf16ps straight from a bf16 cache, or fp32 FMAs),
+       and the portable C one, which the avx2 and scalar levels get; then the attention forward's kernels,
+       which take what those do not (a bias, a mask, positions). */
+    {"cpu.decode.avx512bf16", SA_PLAN_DECODE, SA_CPU_AVX512, 0, 1, 0, 0},
+    {"cpu.decode.avx512", SA_PLAN_DECODE, SA_CPU_AVX512, 0, 0, 0, 0},
+    {"cpu.decode.portable", SA_PLAN_DECODE, SA_CPU_SCALAR, 0, 0, 0, 0},
+    {"cpu.decode.fwd", SA_PLAN_DECODE, SA_CPU_SCALAR, 0, 0, 0, 1},
 };
 #define SA_CPU_NPLANS ((int)(sizeof sa_cpu_plan_kinds / sizeof sa_cpu_plan_kinds[0]))
 
@@ -40,6 +43,9 @@ static const char *sa_cpu_simd_str(sa_cpu_simd s) {
 
 /* NULL when kind k can run a, else why not (static text). */
 static const char *sa_cpu_plan_why_not(const sa_cpu_plan_kind *k, const sa_attn *a, const sa_cpu_record *r) {
+  if (k->which == SA_PLAN_DECODE && !k->fwd_kernels &&
+      (sa_dims_set(a->bias_dims) || sa_dims_set(a->mask_dims) || a->q_positions))
+    return "the split-KV kernels take no bias, mask or positions (cpu.decode.fwd does)";
   if (k->simd > r->simd_cpu) return "this CPU lacks the instructions (CPUID)";
   if (k->simd > r->simd) return "SINKATTN_SIMD lowers the level below it";
   if (k->bf16_dot) {
@@ -83,7 +89,7 @@ void sa_cpu_plan_rows(const sa_attn *a, int64_t *bq, int64_t *bq_min) {
 /* Work-item shapes of kind k for a (the tile table is cpu_internal.h). */
 static void sa_cpu_plan_shape(const sa_attn *a, sa_cpu_plan *p) {
   const int64_t G = a->kv_heads > 0 ? a->q_heads / a->kv_heads : 1;
-  if (p->which != SA_PLAN_DECODE) {
+  if (p->which != SA_PLAN_DECODE || p->fwd_kernels) {
     sa_cpu_plan_rows(a, &p->bq, &p->bq_min);
     p->rows = G * p->bq;
     p->keys = SA_CPU_BK;
@@ -108,13 +114,15 @@ static void sa_cpu_plan_shape(const sa_attn *a, sa_cpu_plan *p) {
   p->splits = a->kv_len > 0 ? (a->kv_len + p->keys - 1) / p->keys : 1;
 }
 
-static void sa_cpu_plan_fill(const sa_cpu_plan_kind *k, const sa_attn *a, const char *reason, sa_cpu_plan *p) {
+static void sa_cpu_plan_fill(const sa_cpu_plan_kind *k, const sa_attn *a, const sa_cpu_record *r, const char *reason,
+                             sa_cpu_plan *p) {
   memset(p, 0, sizeof *p);
   p->name = k->name;
   p->which = k->which;
-  p->simd = k->simd;
+  p->simd = k->fwd_kernels ? r->simd : k->simd;
   p->tile = k->tile;
   p->bf16_dot = k->bf16_dot;
+  p->fwd_kernels = k->fwd_kernels;
   p->reason = reason;
   sa_cpu_plan_shape(a, p);
 }
@@ -151,14 +159,16 @@ sa_status sa_cpu_plan_make(const sa_attn *a, int which, const sa_cpu_record *r, 
     if (!k || k->which != which) return sa_cpu_plan_unknown(which, forced);
     const char *why = sa_cpu_plan_why_not(k, a, r);
     if (why) return sa_error(SA_ERR_UNSUPPORTED, "plan %s cannot run this call: %s", forced, why);
-    sa_cpu_plan_fill(k, a, k->tile ? "forced; the tile path has not run on an AMX CPU yet" : "forced", p);
+    sa_cpu_plan_fill(k, a, r, k->tile ? "forced; the tile path has not run on an AMX CPU yet" : "forced", p);
     return SA_OK;
   }
   for (int i = 0; i < SA_CPU_NPLANS; i++) {
     const sa_cpu_plan_kind *k = &sa_cpu_plan_kinds[i];
     if (k->which != which || k->override_only || sa_cpu_plan_why_not(k, a, r)) continue;
-    sa_cpu_plan_fill(k, a, r->simd < r->simd_cpu ? "the widest kernels SINKATTN_SIMD allows"
-                                                 : "the widest kernels this CPU has", p);
+    sa_cpu_plan_fill(k, a, r,
+                     k->fwd_kernels ? "a bias, a mask or positions: the attention forward's kernels"
+                     : r->simd < r->simd_cpu ? "the widest kernels SINKATTN_SIMD allows"
+                                             : "the widest kernels this CPU has", p);
     return SA_OK;
   }
   /* unreachable: the scalar / portable entries are always legal */
@@ -180,7 +190,7 @@ int sa_cpu_plan_list(const sa_attn *a, int which, const sa_cpu_record *r, const 
 
 size_t sa_cpu_plan_describe(const sa_cpu_plan *p, const sa_attn *a, int threads, char *buf, size_t n) {
   int w;
-  if (p->which == SA_PLAN_DECODE)
+  if (p->which == SA_PLAN_DECODE && !p->fwd_kernels)
     w = snprintf(buf, n, "%s rows=%lld chunk=%lld splits=%lld items=%lld threads=%d reason=%s", p->name,
                  (long long)p->rows, (long long)p->keys, (long long)p->splits,
                  (long long)(a->batch * p->splits), threads, p->reason);

@@ -5,8 +5,8 @@
  * is read once per process (sa_cpu_record_get). The plan of a call is a pure function of the problem, the record and an
  * optional forced plan name (sa_cpu_plan_make): the workspace queries and the launches call the same
  * function, so they cannot disagree. The library's plan API (sa_plan.h) lists, forces and reports them. Plan names are backend.kind.variant: cpu.fwd.avx512, cpu.bwd.avx2,
- * cpu.fwd.scalar, cpu.decode.avx512bf16, cpu.decode.portable; cpu.fwd.amx / cpu.bwd.amx are the tile path
- * (docs/cpu.md), never a default: only a forced plan reaches them.
+ * cpu.fwd.scalar, cpu.decode.avx512bf16, cpu.decode.portable, cpu.decode.fwd; cpu.fwd.amx / cpu.bwd.amx are
+ * the tile path (docs/cpu.md), never a default: only a forced plan reaches them.
  */
 #ifndef SA_CPU_PLAN_H
 #define SA_CPU_PLAN_H
@@ -48,12 +48,13 @@ void sa_cpu_record_make(const sa_cpu_features *f, const char *simd_env, const ch
    call only. */
 const sa_cpu_record *sa_cpu_record_get(void);
 
-typedef struct {
+typedef struct sa_cpu_plan {
   const char *name;    /* static: "cpu.fwd.avx512" */
   int which;           /* SA_PLAN_FWD / BWD / DECODE */
   sa_cpu_simd simd;    /* vector level of the kernels */
   int tile;            /* AMX tile products under the kernel body */
   int bf16_dot;        /* decode: AVX512-BF16 dot products for Q.K^T */
+  int fwd_kernels;     /* decode: served by the attention forward (bias, mask, positions), at level simd */
   int64_t rows;        /* query rows per work item: fwd / bwd G * bq; decode R = G * Tq per kv head */
   int64_t bq;          /* fwd / bwd: query positions per forward / dq item */
   int64_t bq_min;      /* fwd / bwd: the smallest bq any mask gives this shape (sizes the dsinks partials) */
