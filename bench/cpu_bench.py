@@ -294,7 +294,8 @@ def main():
       torch = None
   out_path = args.out or os.path.join(REPO, "bench", "results", time.strftime("cpu-%Y%m%d-%H%M.json"))
   res = machine_stamp(lib, args.threads, torch)
-  res["library"] = lib_path
+  res["library"] = os.path.relpath(lib_path, REPO) if os.path.abspath(lib_path).startswith(REPO + os.sep) \
+      else os.path.basename(lib_path)
   b = res["build"]
   print(f"cpu_bench: {res['cpu']}, {args.threads} threads, SIMD {b['simd']}, AVX512-BF16 {b['avx512_bf16']}, "
         f"AMX-BF16 {b['amx_bf16']} (tile state {b['amx_os']}), commit {res['git_commit']}"
