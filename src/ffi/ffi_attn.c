@@ -424,6 +424,3 @@ SA_FFI_EXPORT int sa_jax_cuda_supported(int dtype, int64_t batch, int64_t q_len,
 /* The buffer layout of the attention handlers (see the top of this file): 2 takes bias, mask and positions
    and returns dbias. */
 SA_FFI_EXPORT int sa_jax_attn_abi_version(void) { return SA_FFI_ABI_VERSION; }
-
-/* FFI API version of the jaxlib header this library was compiled against (major * 1000 + minor). */
-SA_FFI_EXPORT int sa_jax_ffi_api_version(void) { return XLA_FFI_API_MAJOR * 1000 + XLA_FFI_API_MINOR; }

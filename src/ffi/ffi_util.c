@@ -1,21 +1,12 @@
 /*
- * ffi_util.c — call-frame decoding for the XLA FFI handlers: the metadata handshake, errors, attributes
- * by name with type checks, and buffers seen through the vmap grid (see sa_ffi.h).
+ * ffi_util.c — call-frame decoding for the XLA FFI handlers: errors, attributes by name with type checks,
+ * and buffers seen through the vmap grid (see sa_ffi.h).
  */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "sa_ffi.h"
-
-int sa_ffi_metadata(XLA_FFI_CallFrame *f, uint32_t traits) {
-  if (!f->extension_start || f->extension_start->type != XLA_FFI_Extension_Metadata) return 0;
-  XLA_FFI_Metadata_Extension *ext = (XLA_FFI_Metadata_Extension *)(void *)f->extension_start;
-  ext->metadata->api_version.major_version = XLA_FFI_API_MAJOR;
-  ext->metadata->api_version.minor_version = XLA_FFI_API_MINOR;
-  ext->metadata->traits = traits;
-  return 1;
-}
 
 static XLA_FFI_Error *sa_ffi_verror(const XLA_FFI_CallFrame *f, XLA_FFI_Error_Code code, const char *fmt,
                                     va_list ap) {

@@ -2,10 +2,11 @@
  * sa_ffi.h — shared by the XLA FFI handler files: call-frame decoding (attributes by name with type
  * checks, buffers with rank/dtype/dims checks), error creation, and the "vmap grid" of leading dims.
  *
- * Portability across jaxlib versions: jaxlib 0.10 ships FFI API 0.3 (extension pointers typed
- * XLA_FFI_Extension_Base*), jaxlib 0.11 ships 0.4 (XLA_FFI_InternalExtension*). This code never names
- * either type: it reads `extension_start->type` (a field both versions have), sets extension_start
- * to NULL in argument structs, and casts the metadata extension through void*.
+ * Portability across jaxlib versions: the handlers declare FFI API 0.1 whatever header they are
+ * compiled against, and use only what 0.1 has (ffi_version.c says why and pins the layout). Headers name
+ * the extension type differently (XLA_FFI_Extension_Base* up to 0.3, XLA_FFI_InternalExtension* from
+ * 0.4); this code never names it: it reads `extension_start->type` (a field every version has), sets
+ * extension_start to NULL in argument structs, and casts the metadata extension through void*.
  */
 #ifndef SA_FFI_H
 #define SA_FFI_H
@@ -20,8 +21,12 @@
 /* Largest number of vmap dims folded in front of a buffer's own dims (nested vmaps). */
 #define SA_FFI_MAX_LEAD 8
 
-/* 1 when this call is XLA's metadata query at registration (answered here, with the API version this
-   file was compiled against and the given traits): the handler then returns NULL at once. */
+/* The FFI API version every handler declares at registration (see ffi_version.c). */
+#define SA_FFI_API_MAJOR 0
+#define SA_FFI_API_MINOR 1
+
+/* 1 when this call is XLA's metadata query at registration (answered here, with SA_FFI_API_MAJOR /
+   MINOR and the given traits): the handler then returns NULL at once. */
 int sa_ffi_metadata(XLA_FFI_CallFrame *f, uint32_t traits);
 
 /* An XLA error with a printf-style message; code from an sa_status. */
