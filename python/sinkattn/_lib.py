@@ -3,15 +3,22 @@
 Search order: env SINKATTN_LIBRARY (a file), the package directory, then <repo>/build*/ (a source tree
 built with `cmake -S . -B build && cmake --build build`). Loading is lazy: importing sinkattn never
 fails for a missing library; the first fused call does, with the build command in the message.
+
+Before registering, the first load compares the XLA FFI API version the handlers declare with the one
+the running jaxlib implements, and raises FFIVersionError (an ImportError) naming both and the fix,
+instead of the registration error XLA would give at the first call.
 """
 from __future__ import annotations
 
 import ctypes
 import glob
 import os
+import re
 import threading
 
 import jax
+
+from ._version import jax_requirement
 
 LIB_NAME = "libsinkattn_jax.so"
 FWD_TARGET = "sinkattn_fwd"          # platforms "cpu" and "CUDA"
@@ -28,6 +35,41 @@ _lib = None
 
 class LibraryNotFoundError(RuntimeError):
   """libsinkattn_jax.so is missing: the fused kernels cannot run (implementation='reference' can)."""
+
+
+class FFIVersionError(ImportError):
+  """The library's XLA FFI handlers declare an API version that the running jaxlib does not accept."""
+
+
+def jaxlib_ffi_api_version() -> tuple[int, int] | None:
+  """(major, minor) of the XLA FFI API the running jaxlib implements, read from the C header it ships
+  (`jax.ffi.include_dir()`, the header handlers are built against); None when that header is absent."""
+  header = os.path.join(jax.ffi.include_dir(), "xla", "ffi", "api", "c_api.h")
+  try:
+    with open(header, encoding="utf-8") as f:
+      text = f.read()
+  except OSError:
+    return None
+  major = re.search(r"#define\s+XLA_FFI_API_MAJOR\s+(\d+)", text)
+  minor = re.search(r"#define\s+XLA_FFI_API_MINOR\s+(\d+)", text)
+  return (int(major.group(1)), int(minor.group(1))) if major and minor else None
+
+
+def check_ffi_api_version(path: str, declared: tuple[int, int], running: tuple[int, int] | None) -> None:
+  """Raises FFIVersionError unless XLA accepts handlers declaring `declared` (what the library at path says)
+  on a jaxlib implementing `running`: the same major and a minor from 1 to running's (measured on jaxlib
+  0.7 .. 0.12). running None (no header to read) is not checked: XLA's own registration then decides."""
+  if running is None:
+    return
+  if declared[0] == running[0] and 1 <= declared[1] <= running[1]:
+    return
+  import jaxlib
+  raise FFIVersionError(
+      "sinkattn: %s declares XLA FFI API %d.%d, which jaxlib %s (FFI API %d.%d, accepting %d.1 to %d.%d) does "
+      "not register. Fix: install the jax this sinkattn supports (pip install '%s'), or rebuild sinkattn "
+      "against this jaxlib (pip install --no-build-isolation --force-reinstall . from its source tree)."
+      % (path, declared[0], declared[1], getattr(jaxlib, "__version__", "?"), running[0], running[1], running[0],
+         running[0], running[1], jax_requirement()))
 
 
 def candidates() -> list[str]:
@@ -50,6 +92,7 @@ def _declare(lib):
   lib.sa_jax_bwd_workspace_size.argtypes = [c_int] + [i64] * 7 + [c_int, c_int, i64, i64, i64, c_int, c_int,
                                                                    c_int]
   lib.sa_jax_ffi_api_version.restype = c_int
+  lib.sa_jax_ffi_api_version.argtypes = []
   lib.sa_jax_cuda_supported.restype = c_int
   lib.sa_jax_cuda_supported.argtypes = [c_int] + [i64] * 7 + [ctypes.c_char_p, ctypes.c_size_t]
   lib.sa_jax_decode_workspace_size.restype = ctypes.c_size_t
@@ -84,10 +127,12 @@ def load():
       raise LibraryNotFoundError(
           "sinkattn: %s not found (looked in: %s). Build it from the repository root with\n"
           "  cmake -S . -B build -DPython_EXECUTABLE=$(which python) && cmake --build build -j\n"
-          "(it is copied into python/sinkattn/), or `pip install .`; or set SINKATTN_LIBRARY to its path. "
+          "(found there by a source tree on PYTHONPATH), or `pip install .`; or set SINKATTN_LIBRARY to its path. "
           "implementation='reference' works without it." % (LIB_NAME, ", ".join(tried)))
     lib = ctypes.CDLL(path)
     _declare(lib)
+    declared = divmod(int(lib.sa_jax_ffi_api_version()), 1000)
+    check_ffi_api_version(path, declared, jaxlib_ffi_api_version())
     _register(lib)
     _lib = lib
     return lib
