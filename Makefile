@@ -1,20 +1,40 @@
-# sinkattn — the README's commands. Everything is set up from a fresh clone: a .venv at the repository
-# root with the packages of requirements-dev.txt, a CMake build in build/, then the tests or the demo.
-PY      ?= python3
-VENV    := .venv
-VPY     := $(VENV)/bin/python
-BUILD   := build
-JOBS    ?= $(shell nproc)
+# sinkattn — the README's commands. Everything is set up from a fresh clone: two virtualenvs at the repository
+# root, .venv (Python $(PY): the oldest supported jax stack, requirements-dev.txt) and, for `make test`,
+# .venv-newest (Python 3.13: the newest, requirements-newest.txt); a CMake build in build/; then the tests,
+# the docs or the demo. One library serves both: the handlers declare XLA FFI API 0.1 (src/ffi/ffi_version.c).
+PY        ?= python3
+PY_NEWEST ?= $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.13*/bin/python3.13) \
+                         $(shell command -v python3.13 2>/dev/null | grep -v /shims/))
+VENV      := .venv
+VPY       := $(VENV)/bin/python
+VENV_NEW  := .venv-newest
+VPY_NEW   := $(VENV_NEW)/bin/python
+BUILD     := build
+JOBS      ?= $(shell nproc)
 CMAKE_FLAGS ?=
+WHEEL_ARGS ?=
 
-.PHONY: all build test test-c test-py demo demo-c bench bench-cpu sanitize fuzz clean
+.PHONY: all build test test-c test-py test-py-newest docs wheel wheel-compat demo demo-c bench bench-cpu \
+        sanitize fuzz clean
 
 all: build
 
-$(VENV)/.stamp: requirements-dev.txt
+$(VENV)/.stamp: requirements-dev.txt requirements-oldest.txt requirements-test.txt
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -r requirements-dev.txt
+	touch $@
+
+$(VENV_NEW)/.stamp: requirements-newest.txt requirements-test.txt
+	@test -n "$(PY_NEWEST)" || { echo "make: no Python 3.13 for the newest end of the tested range:" \
+	  "set PY_NEWEST=/path/to/python3.13"; exit 1; }
+	$(PY_NEWEST) -m venv $(VENV_NEW)
+	$(VPY_NEW) -m pip install -q --upgrade pip
+	$(VPY_NEW) -m pip install -q -r requirements-newest.txt -r requirements-test.txt
+	touch $@
+
+$(VENV)/.stamp-wheel: $(VENV)/.stamp requirements-wheel.txt
+	$(VPY) -m pip install -q -r requirements-wheel.txt
 	touch $@
 
 build: $(VENV)/.stamp
@@ -28,8 +48,30 @@ test-c: build
 test-py: build
 	PYTHONPATH=python $(VPY) -m pytest tests -q
 
-# The sanitizer run and the fuzz budget (2 x 60 s) are part of `make test`: about 6 minutes on 2 cores.
-test: test-c test-py sanitize fuzz
+# The same library (built against the oldest jaxlib's header) under the newest jax, flax and Python.
+test-py-newest: build $(VENV_NEW)/.stamp
+	PYTHONPATH=python $(VPY_NEW) -m pytest tests -q
+
+# The API reference (pdoc) from the docstrings, into build/docs/api; a warning fails it.
+docs: $(VENV)/.stamp
+	PYTHONPATH=python $(VPY) docs/api/build.py $(BUILD)/docs/api
+
+# Both ends of the version range, the sanitizer run and the fuzz budget (2 x 60 s): about N minutes on 2 cores.
+test: test-c test-py test-py-newest docs sanitize fuzz
+
+# The wheel users get from `pip wheel .`, built by the newest Python (so against the newest jaxlib's header),
+# then `auditwheel repair`: dist/sinkattn-<version>-py3-none-manylinux_*.whl (CUDA backend when nvcc is found;
+# WHEEL_ARGS=-Ccmake.define.SINKATTN_CUDA=OFF for the CPU backend only).
+wheel: $(VENV_NEW)/.stamp $(VENV)/.stamp-wheel
+	rm -rf dist
+	$(VPY_NEW) -m pip wheel . --no-deps -w dist/linux $(WHEEL_ARGS)
+	$(VENV)/bin/auditwheel repair -w dist dist/linux/sinkattn-*.whl
+	$(VENV)/bin/auditwheel show dist/sinkattn-*manylinux*.whl
+
+# A wheel built against the newest jaxlib on the oldest jax, and the reverse, both built from a read-only copy
+# (packaging/wheel_compat.sh says what runs).
+wheel-compat: $(VENV)/.stamp $(VENV_NEW)/.stamp
+	PY=$(PY) PY_NEWEST=$(PY_NEWEST) WHEEL_ARGS="$(WHEEL_ARGS)" packaging/wheel_compat.sh
 
 demo: build
 	PYTHONPATH=python $(VPY) -m sinkattn.demo
@@ -57,4 +99,4 @@ fuzz: $(VENV)/.stamp
 	JOBS=$(JOBS) PYTHON=$(VPY) fuzz/run.sh
 
 clean:
-	rm -rf $(BUILD) build-san build-fuzz python/sinkattn/*.so
+	rm -rf $(BUILD) build-san build-fuzz dist
