@@ -85,7 +85,7 @@ bench-cpu: build
 	$(VPY) bench/cpu_bench.py --lib $(BUILD)/libsinkattn_cpubench.so $(if $(OUT),--out $(OUT))
 
 bench: build
-	PYTHONPATH=python $(VPY) -m sinkattn.bench
+	PYTHONPATH=python $(VPY) -m sinkattn.bench --out bench/results/
 
 sanitize:
 	cmake -S . -B build-san -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSINKATTN_SANITIZE=ON -DSINKATTN_CUDA=OFF \

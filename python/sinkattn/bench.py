@@ -2,17 +2,21 @@
 
 Columns (ms and TFLOP/s, forward and forward+backward): the fused kernel, sinkattn's pure-jnp reference,
 "jnp sinks" (what a JAX user writes today: fp32 logits, a sink column concatenated, softmax, column
-dropped; notes/performance.md) and, on GPU, jax.nn.dot_product_attention(implementation='cudnn') without
-sinks. FLOPs follow the FlashAttention convention: forward 2*B*N*P*(H + Hv) for P valid (query, key)
-pairs (4*B*N*T*S*H dense, half of it causal, in-window pairs only for a window), forward+backward 3.5x.
+dropped) and, on GPU, jax.nn.dot_product_attention(implementation='cudnn') without sinks. Each row then
+prints the fused kernel's speed-up over the jnp sink attention, the reference and (GPU) cuDNN.
+FLOPs follow the FlashAttention convention: forward 2*B*N*P*(H + Hv) for P valid (query, key) pairs
+(4*B*N*T*S*H dense, half of it causal, in-window pairs only for a window), forward+backward 3.5x.
 Timing: `--inner` calls chained inside one jitted lax.fori_loop (each call depends on the previous one, so
-XLA cannot hoist it; `--loop`, see _loop), median of `--repeats` x `--rounds` (each round times every contender
-in turn: a clock drift reaches them alike; `--ab-env` adds the fused kernel under other SINKATTN_* switches as a
-contender, for an interleaved A/B); dispatch is amortised. Memory: the temp bytes XLA reserves
-for the jitted forward+backward (compiled.memory_analysis()), which shows the fused path linear in T and
-the jnp paths quadratic. Results go to bench/results/<platform>-jax-<time>.json with the git commit, the
-device and the jax/jaxlib versions.
+XLA cannot hoist it; `--loop`: see sinkattn._bench_timing), median of `--repeats` x `--rounds` (each round
+times every contender in turn: a clock drift reaches them alike; `--ab-env` adds the fused kernel under
+other SINKATTN_* switches as a contender, for an interleaved A/B); dispatch is amortised. Memory: the temp
+bytes XLA reserves for the jitted forward+backward (compiled.memory_analysis()), which shows the fused path
+linear in T and the jnp paths quadratic. A progress bar (tqdm, on a terminal) shows the ETA, the work
+weighted by each row's FLOPs. Results go to `--out` (a JSON file, or a directory for the default name
+<platform>-jax-<time>.json; default: the current directory) with the git commit, the device and the
+jax/jaxlib versions.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,16 +25,16 @@ import json
 import os
 import statistics
 import subprocess
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import ops
-from . import _lib
+from . import _lib, ops
+from ._bench_timing import _env, compile_loop, time_loop
 
-# (B, T=S, N, K, H, causal, window): the performance.md grid on GPU; a 2-core-sized one on CPU.
+# (B, T=S, N, K, H, causal, window): the performance grid on GPU; a 2-core-sized one on CPU.
+# fmt: off
 GRIDS = {
     "h200": [(16, 1024, 32, 32, 64, False, None), (16, 1024, 32, 32, 64, True, None),
              (4, 4096, 32, 32, 64, False, None), (4, 4096, 32, 32, 64, True, None),
@@ -60,6 +64,7 @@ GRIDS = {
     "gptoss": [(1, 4096, 64, 8, 64, True, None), (1, 4096, 64, 8, 64, True, (127, 0))],
     "tiny": [(1, 128, 4, 2, 64, False, None), (1, 256, 4, 2, 64, True, (31, 0))],
 }
+# fmt: on
 
 
 def jnp_sinks(q, k, v, sinks, causal, window):
@@ -86,15 +91,25 @@ def contenders(platform, softmax_type):
 
   def sink_fn(impl):
     def f(q, k, v, s, causal, window):
-      return ops.dot_product_attention(q, k, v, s if learn else None, softmax_type=softmax_type, is_causal=causal,
-                                       local_window_size=window, implementation=impl)
+      return ops.dot_product_attention(
+        q,
+        k,
+        v,
+        s if learn else None,
+        softmax_type=softmax_type,
+        is_causal=causal,
+        local_window_size=window,
+        implementation=impl,
+      )
+
     return f
 
   out = {"fused": sink_fn("fused"), "reference": sink_fn("reference"), "jnp_sinks": jnp_sinks}
   if platform == "gpu":
+
     def cudnn(q, k, v, s, causal, window):
-      return jax.nn.dot_product_attention(q, k, v, is_causal=causal, local_window_size=window,
-                                          implementation="cudnn")
+      return jax.nn.dot_product_attention(q, k, v, is_causal=causal, local_window_size=window, implementation="cudnn")
+
     out["cudnn_no_sink"] = cudnn
   return out
 
@@ -109,102 +124,24 @@ def flops(B, T, N, H, causal, window):
   return 2.0 * B * N * float(ok.sum()) * (H + H)
 
 
-def _loop(fn, n, grad, mode="barrier"):
-  """n calls of fn (fwd) or of its forward+backward in one jitted fori_loop, each call tied to the previous
-  one so XLA can neither hoist it out of the loop nor drop any part of its work.
-
-  mode "barrier" (default): q passes through lax.optimization_barrier together with the loop carry (a
-  loop-variant value, so the call cannot be hoisted, and no copy of q is made), the backward takes a fixed
-  cotangent dout (an argument, as in training, where it comes from the layer above), and every result (the
-  output included: without it XLA drops the jnp contenders' forward P V, which training needs) passes
-  through a second barrier before one element of each feeds the carry: the barrier forces the whole result
-  to exist, so even the jnp contenders must compute all of it. What is timed is the attention alone.
-  mode "sum" (the method of the first sessions): q + carry * 0 and a full sum of every result per call: an
-  elementwise pass over q and a reduction over each output per call, the same for every contender, but up to
-  ~20% of a T=1024 call (bench/NOTES.md, "timing method").
-  """
-  if mode == "sum":
-    def one(q, k, v, s, dout):
-      if not grad:
-        return jnp.sum(fn(q, k, v, s).astype(jnp.float32))
-      gs = jax.grad(lambda q, k, v, s: jnp.sum(fn(q, k, v, s).astype(jnp.float32)), argnums=(0, 1, 2, 3))(q, k, v, s)
-      return sum(jnp.sum(g.astype(jnp.float32)) for g in gs)
-
-    def body_of(q, k, v, s, dout):
-      def body(_, carry):
-        y = one(q + carry * 0.0, k, v, s, dout)  # a data dependence on the previous call; x*0.0 is not folded
-        return y.astype(q.dtype)
-      return body
-    init = lambda q: jnp.zeros((), q.dtype)  # noqa: E731
-  else:
-    def one(q, k, v, s, dout):
-      if not grad:
-        return (fn(q, k, v, s),)
-      out, vjp = jax.vjp(fn, q, k, v, s)
-      return (out,) + tuple(vjp(dout))  # out too: training feeds it to the next layer
-
-    def body_of(q, k, v, s, dout):
-      def body(_, carry):
-        qq, carry = jax.lax.optimization_barrier((q, carry))
-        res = jax.lax.optimization_barrier(one(qq, k, v, s, dout))
-        return carry + sum(x.reshape(-1)[0].astype(jnp.float32) for x in res)
-      return body
-    init = lambda q: jnp.zeros((), jnp.float32)  # noqa: E731
-
-  def run(q, k, v, s, dout):
-    return jax.lax.fori_loop(0, n, body_of(q, k, v, s, dout), init(q))
-  return jax.jit(run)
-
-
-def compile_loop(fn, args, inner, grad, mode="barrier"):
-  """The jitted loop of `inner` calls (see _loop), compiled and run once (warm-up); with XLA's temp bytes."""
-  compiled = _loop(fn, inner, grad, mode).lower(*args).compile()
-  jax.block_until_ready(compiled(*args))
-  mem = compiled.memory_analysis()
-  return compiled, None if mem is None else int(mem.temp_size_in_bytes)
-
-
-def time_loop(compiled, args, inner, repeats):
-  """`repeats` timings of one compiled loop, ms per call."""
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(compiled(*args))
-    times.append((time.perf_counter() - t0) / inner * 1e3)
-  return times
-
-
-class _env:
-  """The environment variables of an A/B contender set for the duration of a with block (the library reads its
-  SINKATTN_* switches at every call, so one process times both forms of a kernel, interleaved)."""
-
-  def __init__(self, assignments):
-    self.new = dict(kv.split("=", 1) for kv in assignments.split()) if assignments else {}
-
-  def __enter__(self):
-    self.old = {k: os.environ.get(k) for k in self.new}
-    os.environ.update(self.new)
-
-  def __exit__(self, *exc):
-    for k, v in self.old.items():
-      if v is None:
-        os.environ.pop(k, None)
-      else:
-        os.environ[k] = v
-
-
 def _git_commit():
   if os.environ.get("SINKATTN_COMMIT"):  # set by bench/gpu_verify.sh's caller: the device's tree copy has no .git
     return os.environ["SINKATTN_COMMIT"]
   try:
-    return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                          cwd=os.path.dirname(os.path.abspath(__file__)), check=True).stdout.strip()
+    return subprocess.run(
+      ["git", "rev-parse", "HEAD"],
+      capture_output=True,
+      text=True,
+      cwd=os.path.dirname(os.path.abspath(__file__)),
+      check=True,
+    ).stdout.strip()
   except (OSError, subprocess.CalledProcessError):
     return "unknown"
 
 
 def _jaxlib_version():
   import jaxlib
+
   return getattr(jaxlib, "__version__", "unknown")
 
 
@@ -216,17 +153,37 @@ def main(argv=None):
   p.add_argument("--contenders", default=None, help="comma list (default: all for the platform)")
   p.add_argument("--inner", type=int, default=None, help="calls per timed loop (default 20 GPU, 1 CPU)")
   p.add_argument("--repeats", type=int, default=3)
-  p.add_argument("--rounds", type=int, default=1,
-                 help="rounds per row: each times every contender `--repeats` times in turn (the order rotating by "
-                 "one a round), so a drift of the clocks reaches all alike; the row's figure is the median over all")
-  p.add_argument("--ab-env", default=None,
-                 help="'VAR=VAL ...': one more contender, fused_ab, the fused kernel with these environment "
-                 "variables set while it runs (the library's SINKATTN_* switches), interleaved with the rest")
-  p.add_argument("--loop", choices=("barrier", "sum"), default="barrier",
-                 help="how calls are chained and their results consumed (see _loop); the same for every contender")
-  p.add_argument("--max-ref-t", type=int, default=None, help="skip the jnp contenders above this T "
-                 "(they need O(T*S) memory; default 4096 on CPU, 16384 on GPU)")
-  p.add_argument("--out", default=None, help="JSON path (default bench/results/<platform>-jax-<time>.json)")
+  p.add_argument(
+    "--rounds",
+    type=int,
+    default=1,
+    help="rounds per row: each times every contender `--repeats` times in turn (the order rotating by "
+    "one a round), so a drift of the clocks reaches all alike; the row's figure is the median over all",
+  )
+  p.add_argument(
+    "--ab-env",
+    default=None,
+    help="'VAR=VAL ...': one more contender, fused_ab, the fused kernel with these environment "
+    "variables set while it runs (the library's SINKATTN_* switches), interleaved with the rest",
+  )
+  p.add_argument(
+    "--loop",
+    choices=("barrier", "sum"),
+    default="barrier",
+    help="how calls are chained and their results consumed (see sinkattn._bench_timing); the same for every contender",
+  )
+  p.add_argument(
+    "--max-ref-t",
+    type=int,
+    default=None,
+    help="skip the jnp contenders above this T (they need O(T*S) memory; default 4096 on CPU, 16384 on GPU)",
+  )
+  p.add_argument(
+    "--out",
+    default=None,
+    help="JSON file, or a directory for <platform>-jax-<time>.json there (default: the current directory)",
+  )
+  p.add_argument("--no-progress", action="store_true", help="no progress bar (default: one on a terminal)")
   a = p.parse_args(argv)
   platform = jax.default_backend()
   grid = GRIDS[a.grid or ("h200" if platform == "gpu" else "cpu")]
@@ -234,25 +191,40 @@ def main(argv=None):
   inner = a.inner or (20 if platform == "gpu" else 1)
   max_ref_t = a.max_ref_t or (16384 if platform == "gpu" else 4096)
   device = str(jax.devices()[0].device_kind)
-  print(f"# sinkattn bench on {platform} ({device}), jax {jax.__version__}, "
-        f"CPU SIMD {_lib.simd_name()} x{_lib.get_num_threads()} threads")
+  print(
+    f"# sinkattn bench on {platform} ({device}), jax {jax.__version__}, "
+    f"CPU SIMD {_lib.simd_name()} x{_lib.get_num_threads()} threads"
+  )
   rows = []
   stamp = datetime.datetime.now(datetime.timezone.utc)
-  meta = dict(commit=_git_commit(), time=stamp.isoformat(), platform=platform, device=device,
-              jax=jax.__version__, jaxlib=_jaxlib_version(),
-              cpu_simd=_lib.simd_name(), cpu_threads=_lib.get_num_threads(), inner=inner, repeats=a.repeats, loop=a.loop,
-              rounds=a.rounds, ab_env=a.ab_env,
-              flop_convention="fwd 2*B*N*pairs*(H+Hv); fwd+bwd 3.5x fwd")
-  path = a.out or os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                               "bench", "results", f"{platform}-jax-{stamp.strftime('%Y%m%d-%H%M%S')}.json")
+  meta = dict(
+    commit=_git_commit(),
+    time=stamp.isoformat(),
+    platform=platform,
+    device=device,
+    jax=jax.__version__,
+    jaxlib=_jaxlib_version(),
+    cpu_simd=_lib.simd_name(),
+    cpu_threads=_lib.get_num_threads(),
+    inner=inner,
+    repeats=a.repeats,
+    loop=a.loop,
+    rounds=a.rounds,
+    ab_env=a.ab_env,
+    flop_convention="fwd 2*B*N*pairs*(H+Hv); fwd+bwd 3.5x fwd",
+  )
+  path = a.out or os.curdir
+  if os.path.isdir(path) or path.endswith(os.sep):
+    path = os.path.join(path, f"{platform}-jax-{stamp.strftime('%Y%m%d-%H%M%S')}.json")
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
 
   def save():  # after every row: a run cut short by a time limit keeps what it measured
     with open(path, "w") as fh:
       json.dump(dict(meta=meta, rows=rows), fh, indent=1)
-  hdr = "%-34s %-14s %-10s %9s %8s %9s %8s %10s" % ("shape", "contender", "dtype", "fwd ms", "fwd TF/s", "f+b ms",
-                                                      "f+b TF/s", "f+b tempMB")
-  print(hdr)
+
+  from tqdm import tqdm
+
+  sets = {}
   for st in a.softmax.split(","):
     cons = contenders(platform, st)
     if a.contenders:
@@ -260,53 +232,109 @@ def main(argv=None):
     envs = {name: None for name in cons}
     if a.ab_env:
       cons["fused_ab"], envs["fused_ab"] = contenders(platform, st)["fused"], a.ab_env
-    for dt in dtypes:
-      for (B, T, N, K, H, causal, window) in grid:
-        rng = np.random.default_rng(0)
-        q = jnp.asarray(rng.standard_normal((B, T, N, H)), dt)
-        k = jnp.asarray(rng.standard_normal((B, T, K, H)), dt)
-        v = jnp.asarray(rng.standard_normal((B, T, K, H)), dt)
-        s = jnp.asarray(rng.uniform(-3, 3, N), jnp.float32)
-        dout = jnp.asarray(rng.standard_normal((B, T, N, H)), dt)
-        args = (q, k, v, s, dout)
-        fl = flops(B, T, N, H, causal, window)
-        shape = f"B{B} T{T} N{N}/{K} H{H}{' causal' if causal else ''}{' w' + str(window) if window else ''}"
-        names = [n for n in cons if n in ("fused", "fused_ab") or T <= max_ref_t]
-        loops, samples = {}, {n: ([], []) for n in names}
-        for name in names:  # compiled (and warmed up) once, under its own environment
-          f = lambda q, k, v, s, fn=cons[name]: fn(q, k, v, s, causal, window)
-          with _env(envs[name]):
-            loops[name] = (compile_loop(f, args, inner, False, a.loop), compile_loop(f, args, inner, True, a.loop))
-        for rnd in range(a.rounds):
-          # the order rotates by one a round: a contender timed right after another can read several percent
-          # slow or fast with the same code (H200 session 7: fused_ab, always after cuDNN, read 5% slower than
-          # fused at H128 T4096 with identical kernels), so over len(names) rounds each takes every position
-          k = rnd % len(names)
-          for name in names[k:] + names[:k]:
-            with _env(envs[name]):
-              samples[name][0].extend(time_loop(loops[name][0][0], args, inner, a.repeats))
-              samples[name][1].extend(time_loop(loops[name][1][0], args, inner, a.repeats))
-        for name in names:
-          fwd_ms, fb_ms = statistics.median(samples[name][0]), statistics.median(samples[name][1])
-          temp = loops[name][1][1]
-          row = dict(B=B, T=T, S=T, N=N, K=K, H=H, causal=causal, window=window, softmax=st, dtype=dt,
-                     contender=name, fwd_ms=fwd_ms, fwd_tflops=fl / fwd_ms * 1e-9, fwdbwd_ms=fb_ms,
-                     fwdbwd_tflops=3.5 * fl / fb_ms * 1e-9, fwdbwd_temp_bytes=temp,
-                     fwd_ms_samples=samples[name][0], fwdbwd_ms_samples=samples[name][1])
-          if envs[name]:
-            row["env"] = envs[name]
-          rows.append(row)
-          save()
-          print("%-34s %-14s %-10s %9.2f %8.3f %9.2f %8.3f %10s" % (
-              shape, name, dt, fwd_ms, row["fwd_tflops"], fb_ms, row["fwdbwd_tflops"],
-              "-" if temp is None else "%.1f" % (temp / 2**20)), flush=True)
-        del loops
-        base = {r["contender"]: r for r in rows[-len(names):]}
-        for other in ("reference", "cudnn_no_sink", "fused_ab"):
-          if "fused" in base and other in base:
-            print("%-34s fused vs %s: fwd %.3fx, fwd+bwd %.3fx" % (
-                "", other, base[other]["fwd_ms"] / base["fused"]["fwd_ms"],
-                base[other]["fwdbwd_ms"] / base["fused"]["fwdbwd_ms"]))
+    sets[st] = cons, envs
+  jobs = [(st, dt, row) for st in sets for dt in dtypes for row in grid]
+
+  def names_of(st, T):
+    return [n for n in sets[st][0] if n in ("fused", "fused_ab") or T <= max_ref_t]
+
+  # ETA: each contender of a row costs in proportion to the row's FLOPs, half compiling, half timing
+  work = sum(flops(B, T, N, H, c, w) * len(names_of(st, T)) for st, _, (B, T, N, K, H, c, w) in jobs)
+  bar = tqdm(
+    total=work,
+    disable=True if a.no_progress else None,
+    dynamic_ncols=True,
+    bar_format="{desc} {percentage:3.0f}%|{bar}| {elapsed} elapsed, ETA {remaining}",
+  )
+  say = tqdm.write
+  say(
+    "%-34s %-14s %-10s %9s %8s %9s %8s %10s"
+    % ("shape", "contender", "dtype", "fwd ms", "fwd TF/s", "f+b ms", "f+b TF/s", "f+b tempMB")
+  )
+  for st, dt, (B, T, N, K, H, causal, window) in jobs:
+    cons, envs = sets[st]
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((B, T, N, H)), dt)
+    k = jnp.asarray(rng.standard_normal((B, T, K, H)), dt)
+    v = jnp.asarray(rng.standard_normal((B, T, K, H)), dt)
+    s = jnp.asarray(rng.uniform(-3, 3, N), jnp.float32)
+    dout = jnp.asarray(rng.standard_normal((B, T, N, H)), dt)
+    args = (q, k, v, s, dout)
+    fl = flops(B, T, N, H, causal, window)
+    shape = f"B{B} T{T} N{N}/{K} H{H}{' causal' if causal else ''}{' w' + str(window) if window else ''}"
+    names = names_of(st, T)
+    loops, samples = {}, {n: ([], []) for n in names}
+    for name in names:  # compiled (and warmed up) once, under its own environment
+      bar.set_description_str(f"{shape} {st} {dt}: compiling {name}")
+      f = lambda q, k, v, s, fn=cons[name]: fn(q, k, v, s, causal, window)
+      with _env(envs[name]):
+        loops[name] = (compile_loop(f, args, inner, False, a.loop), compile_loop(f, args, inner, True, a.loop))
+      bar.update(fl / 2)
+    bar.set_description_str(f"{shape} {st} {dt}: timing")
+    for rnd in range(a.rounds):
+      # the order rotates by one a round: a contender timed right after another can read several percent
+      # slow or fast with the same code (on the H200, fused_ab, always after cuDNN, read 5% slower than
+      # fused at H128 T4096 with identical kernels), so over len(names) rounds each takes every position
+      k = rnd % len(names)
+      for name in names[k:] + names[:k]:
+        with _env(envs[name]):
+          samples[name][0].extend(time_loop(loops[name][0][0], args, inner, a.repeats))
+          samples[name][1].extend(time_loop(loops[name][1][0], args, inner, a.repeats))
+      bar.update(fl / 2 * len(names) / a.rounds)
+    for name in names:
+      fwd_ms, fb_ms = statistics.median(samples[name][0]), statistics.median(samples[name][1])
+      temp = loops[name][1][1]
+      row = dict(
+        B=B,
+        T=T,
+        S=T,
+        N=N,
+        K=K,
+        H=H,
+        causal=causal,
+        window=window,
+        softmax=st,
+        dtype=dt,
+        contender=name,
+        fwd_ms=fwd_ms,
+        fwd_tflops=fl / fwd_ms * 1e-9,
+        fwdbwd_ms=fb_ms,
+        fwdbwd_tflops=3.5 * fl / fb_ms * 1e-9,
+        fwdbwd_temp_bytes=temp,
+        fwd_ms_samples=samples[name][0],
+        fwdbwd_ms_samples=samples[name][1],
+      )
+      if envs[name]:
+        row["env"] = envs[name]
+      rows.append(row)
+      save()
+      say(
+        "%-34s %-14s %-10s %9.2f %8.3f %9.2f %8.3f %10s"
+        % (
+          shape,
+          name,
+          dt,
+          fwd_ms,
+          row["fwd_tflops"],
+          fb_ms,
+          row["fwdbwd_tflops"],
+          "-" if temp is None else "%.1f" % (temp / 2**20),
+        )
+      )
+    del loops
+    base = {r["contender"]: r for r in rows[-len(names) :]}
+    for other in ("jnp_sinks", "reference", "cudnn_no_sink", "fused_ab"):
+      if "fused" in base and other in base:
+        say(
+          "%-34s fused vs %s: fwd %.3fx, fwd+bwd %.3fx"
+          % (
+            "",
+            other,
+            base[other]["fwd_ms"] / base["fused"]["fwd_ms"],
+            base[other]["fwdbwd_ms"] / base["fused"]["fwdbwd_ms"],
+          )
+        )
+  bar.close()
   save()
   print(f"# wrote {path}")
 
