@@ -1,5 +1,6 @@
 """What installing sinkattn relies on: the FFI API version check at the first load (faked mismatches, and the
 real library against the running jaxlib) and the version written in one place."""
+
 import os
 import re
 import tomllib
@@ -36,8 +37,13 @@ def test_mismatch_raises_import_error_naming_both_versions_and_the_fix(declared,
     _lib.check_ffi_api_version("/x/libsinkattn_jax.so", declared, running)
   assert isinstance(info.value, sinkattn.FFIVersionError)
   msg = str(info.value)
-  for word in ["/x/libsinkattn_jax.so", "declares XLA FFI API %d.%d" % declared, "FFI API %d.%d" % running,
-               "pip install 'jax", "--no-build-isolation"]:
+  for word in [
+    "/x/libsinkattn_jax.so",
+    "declares XLA FFI API %d.%d" % declared,
+    "FFI API %d.%d" % running,
+    "pip install 'jax",
+    "--no-build-isolation",
+  ]:
     assert word in msg, (word, msg)
 
 
@@ -68,8 +74,10 @@ def test_c_header_version_matches_pyproject():
     version = tomllib.load(f)["project"]["version"]
   with open(os.path.join(REPO, "include", "sinkattn.h")) as f:
     header = f.read()
-  macros = {w: re.search(r"#define SINKATTN_VERSION_%s (\S+)" % w, header).group(1)
-            for w in ("MAJOR", "MINOR", "PATCH", "STRING")}
+  macros = {
+    w: re.search(r"#define SINKATTN_VERSION_%s (\S+)" % w, header).group(1)
+    for w in ("MAJOR", "MINOR", "PATCH", "STRING")
+  }
   assert sinkattn.__version__ == version
   assert macros["STRING"] == '"%s"' % version
   assert "%s.%s.%s" % (macros["MAJOR"], macros["MINOR"], macros["PATCH"]) == version

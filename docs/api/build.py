@@ -4,6 +4,7 @@ documented, found by walking the package, so a new or renamed module needs no ch
 pdoc gives while reading or rendering (an unparsable annotation, a docstring it cannot read, a module that
 fails to import) fails the build, and so `make test`.
 """
+
 import importlib
 import pathlib
 import pkgutil
@@ -16,8 +17,9 @@ import pdoc.render
 
 def public_modules(package: str) -> list[str]:
   pkg = importlib.import_module(package)
-  names = [package] + sorted(f"{package}.{m.name}" for m in pkgutil.iter_modules(pkg.__path__)
-                             if not m.name.startswith("_"))
+  names = [package] + sorted(
+    f"{package}.{m.name}" for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_")
+  )
   for name in names:  # imported before recording, so third-party import-time notices are not counted
     importlib.import_module(name)
   return names
@@ -25,8 +27,11 @@ def public_modules(package: str) -> list[str]:
 
 def main(out: str, package: str = "sinkattn") -> int:
   modules = public_modules(package)
-  pdoc.render.configure(docformat="google", show_source=False, footer_text=package + " " +
-                        getattr(importlib.import_module(package), "__version__", ""))
+  pdoc.render.configure(
+    docformat="google",
+    show_source=False,
+    footer_text=package + " " + getattr(importlib.import_module(package), "__version__", ""),
+  )
   with warnings.catch_warnings(record=True) as seen:
     warnings.simplefilter("always")
     pdoc.pdoc(*modules, output_directory=pathlib.Path(out))

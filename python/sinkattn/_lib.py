@@ -8,6 +8,7 @@ Before registering, the first load compares the XLA FFI API version the handlers
 the running jaxlib implements, and raises FFIVersionError (an ImportError) naming both and the fix,
 instead of the registration error XLA would give at the first call.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -21,10 +22,10 @@ import jax
 from ._version import jax_requirement
 
 LIB_NAME = "libsinkattn_jax.so"
-FWD_TARGET = "sinkattn_fwd"          # platforms "cpu" and "CUDA"
-BWD_TARGET = "sinkattn_bwd"          # "cpu": results dq dk dv dsinks
+FWD_TARGET = "sinkattn_fwd"  # platforms "cpu" and "CUDA"
+BWD_TARGET = "sinkattn_bwd"  # "cpu": results dq dk dv dsinks
 BWD_TARGET_CUDA = "sinkattn_bwd_cuda"  # "CUDA": results dq dk dv dsinks workspace
-DECODE_TARGET = "sinkattn_decode"          # "cpu": results out lse (decode.py)
+DECODE_TARGET = "sinkattn_decode"  # "cpu": results out lse (decode.py)
 DECODE_TARGET_CUDA = "sinkattn_decode_cuda"  # "CUDA": results out lse workspace
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -64,12 +65,24 @@ def check_ffi_api_version(path: str, declared: tuple[int, int], running: tuple[i
   if declared[0] == running[0] and 1 <= declared[1] <= running[1]:
     return
   import jaxlib
+
   raise FFIVersionError(
-      "sinkattn: %s declares XLA FFI API %d.%d, which jaxlib %s (FFI API %d.%d, accepting %d.1 to %d.%d) does "
-      "not register. Fix: install the jax this sinkattn supports (pip install '%s'), or rebuild sinkattn "
-      "against this jaxlib (pip install --no-build-isolation --force-reinstall . from its source tree)."
-      % (path, declared[0], declared[1], getattr(jaxlib, "__version__", "?"), running[0], running[1], running[0],
-         running[0], running[1], jax_requirement()))
+    "sinkattn: %s declares XLA FFI API %d.%d, which jaxlib %s (FFI API %d.%d, accepting %d.1 to %d.%d) does "
+    "not register. Fix: install the jax this sinkattn supports (pip install '%s'), or rebuild sinkattn "
+    "against this jaxlib (pip install --no-build-isolation --force-reinstall . from its source tree)."
+    % (
+      path,
+      declared[0],
+      declared[1],
+      getattr(jaxlib, "__version__", "?"),
+      running[0],
+      running[1],
+      running[0],
+      running[0],
+      running[1],
+      jax_requirement(),
+    )
+  )
 
 
 def candidates() -> list[str]:
@@ -89,8 +102,7 @@ def _declare(lib):
   lib.sa_has_cuda.restype = c_int
   lib.sa_has_cuda.argtypes = []
   lib.sa_jax_bwd_workspace_size.restype = ctypes.c_size_t
-  lib.sa_jax_bwd_workspace_size.argtypes = [c_int] + [i64] * 7 + [c_int, c_int, i64, i64, i64, c_int, c_int,
-                                                                   c_int]
+  lib.sa_jax_bwd_workspace_size.argtypes = [c_int] + [i64] * 7 + [c_int, c_int, i64, i64, i64, c_int, c_int, c_int]
   lib.sa_jax_ffi_api_version.restype = c_int
   lib.sa_jax_ffi_api_version.argtypes = []
   lib.sa_jax_cuda_supported.restype = c_int
@@ -125,10 +137,11 @@ def load():
     path = next((p for p in tried if os.path.isfile(p)), None)
     if path is None:
       raise LibraryNotFoundError(
-          "sinkattn: %s not found (looked in: %s). Build it from the repository root with\n"
-          "  cmake -S . -B build -DPython_EXECUTABLE=$(which python) && cmake --build build -j\n"
-          "(found there by a source tree on PYTHONPATH), or `pip install .`; or set SINKATTN_LIBRARY to its path. "
-          "implementation='reference' works without it." % (LIB_NAME, ", ".join(tried)))
+        "sinkattn: %s not found (looked in: %s). Build it from the repository root with\n"
+        "  cmake -S . -B build -DPython_EXECUTABLE=$(which python) && cmake --build build -j\n"
+        "(found there by a source tree on PYTHONPATH), or `pip install .`; or set SINKATTN_LIBRARY to its path. "
+        "implementation='reference' works without it." % (LIB_NAME, ", ".join(tried))
+      )
     lib = ctypes.CDLL(path)
     _declare(lib)
     declared = divmod(int(lib.sa_jax_ffi_api_version()), 1000)
@@ -159,11 +172,44 @@ def cuda_supported(dtype_code, B, T, S, N, K, H, Hv):
   return ok, why.value.decode()
 
 
-def bwd_workspace_size(dtype_code, B, T, S, N, K, H, Hv, softmax, causal, window_left, window_right,
-                       diag_offset, has_lengths, has_segments, backend):
-  return int(load().sa_jax_bwd_workspace_size(dtype_code, B, T, S, N, K, H, Hv, softmax, causal,
-                                              window_left, window_right, diag_offset, int(has_lengths),
-                                              int(has_segments), backend))
+def bwd_workspace_size(
+  dtype_code,
+  B,
+  T,
+  S,
+  N,
+  K,
+  H,
+  Hv,
+  softmax,
+  causal,
+  window_left,
+  window_right,
+  diag_offset,
+  has_lengths,
+  has_segments,
+  backend,
+):
+  return int(
+    load().sa_jax_bwd_workspace_size(
+      dtype_code,
+      B,
+      T,
+      S,
+      N,
+      K,
+      H,
+      Hv,
+      softmax,
+      causal,
+      window_left,
+      window_right,
+      diag_offset,
+      int(has_lengths),
+      int(has_segments),
+      backend,
+    )
+  )
 
 
 def decode_workspace_size(dtype_code, B, T, S, N, K, H, Hv, backend):

@@ -3,6 +3,7 @@
 A source tree (`PYTHONPATH=python`) reads pyproject.toml itself; an installed package reads the distribution
 metadata that the build wrote from it. CMake reads the same file for the C library's version.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -10,8 +11,9 @@ import os
 import re
 import tomllib
 
-_PYPROJECT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                          "pyproject.toml")
+_PYPROJECT = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "pyproject.toml"
+)
 
 
 def _read() -> tuple[str, list[str]]:
