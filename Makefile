@@ -66,8 +66,8 @@ test: test-c test-py test-py-newest docs sanitize fuzz
 wheel: $(VENV_NEW)/.stamp $(VENV)/.stamp-wheel
 	rm -rf dist
 	$(VPY_NEW) -m pip wheel . --no-deps -w dist/linux $(WHEEL_ARGS)
-	$(VENV)/bin/auditwheel repair -w dist dist/linux/sinkattn-*.whl
-	$(VENV)/bin/auditwheel show dist/sinkattn-*manylinux*.whl
+	PATH=$(abspath $(VENV))/bin:$$PATH auditwheel repair -w dist dist/linux/sinkattn-*.whl
+	PATH=$(abspath $(VENV))/bin:$$PATH auditwheel show dist/sinkattn-*manylinux*.whl
 
 # A wheel built against the newest jaxlib on the oldest jax, and the reverse, both built from a read-only copy
 # (packaging/wheel_compat.sh says what runs).
