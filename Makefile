@@ -14,7 +14,7 @@ JOBS      ?= $(shell nproc)
 CMAKE_FLAGS ?=
 WHEEL_ARGS ?=
 
-.PHONY: all build test test-c test-py test-py-newest docs wheel wheel-compat demo demo-c bench bench-cpu \
+.PHONY: all build test test-c test-py test-py-newest docs lint wheel wheel-compat demo demo-c bench bench-cpu \
         sanitize fuzz clean
 
 all: build
@@ -56,9 +56,15 @@ test-py-newest: build $(VENV_NEW)/.stamp
 docs: $(VENV)/.stamp
 	PYTHONPATH=python $(VPY) docs/api/build.py $(BUILD)/docs/api
 
+# The Python style (pyproject.toml's [tool.ruff]): lint rules and the formatter, over everything Python here.
+LINT_DIRS := python tests bench docs packaging
+lint: $(VENV)/.stamp
+	$(VENV)/bin/ruff check $(LINT_DIRS)
+	$(VENV)/bin/ruff format --check $(LINT_DIRS)
+
 # Both ends of the version range, the API reference, the sanitizer run and the fuzz budget (2 x 60 s): 17 min
 # from a fresh clone on the 2 shared cores, CUDA compiled (2026-12-02: 12 min of CPU; each pytest run 4-5 min).
-test: test-c test-py test-py-newest docs sanitize fuzz
+test: lint test-c test-py test-py-newest docs sanitize fuzz
 
 # The wheel users get from `pip wheel .`, built by the newest Python (so against the newest jaxlib's header),
 # then `auditwheel repair`: dist/sinkattn-<version>-py3-none-manylinux_*.whl (CUDA backend when nvcc is found;

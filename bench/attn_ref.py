@@ -9,6 +9,7 @@ its rows can see, so the causal grid costs half of the full one. On an H200 fp64
 tensor cores (DMMA) at about the fp32 rate, so the reference of the largest grid row (B1 T16384 N32 H64) takes
 seconds, not minutes.
 """
+
 import contextlib
 import math
 
@@ -55,9 +56,15 @@ class _TorchOps:
 
   def __init__(self, like):
     import torch
+
     self.t, self.device = torch, like.device
-    self.exp, self.log, self.where, self.maximum, self.isfinite = torch.exp, torch.log, torch.where, torch.maximum, \
-        torch.isfinite
+    self.exp, self.log, self.where, self.maximum, self.isfinite = (
+      torch.exp,
+      torch.log,
+      torch.where,
+      torch.maximum,
+      torch.isfinite,
+    )
     self.einsum = torch.einsum
 
   def f64(self, x):
@@ -96,11 +103,26 @@ class Problem:
   """The mask and sizes of one call: causal 0 none, 1 top-left, 2 bottom-right; window (left, right), -1 =
   unbounded; q_seg [B,T] / kv_seg [B,S] or None."""
 
-  def __init__(self, q, k, v, sinks, *, causal=0, window=(-1, -1), scale=None, q_seg=None, kv_seg=None,
-               q_lens=None, kv_lens=None, diag_offset=0):
+  def __init__(
+    self,
+    q,
+    k,
+    v,
+    sinks,
+    *,
+    causal=0,
+    window=(-1, -1),
+    scale=None,
+    q_seg=None,
+    kv_seg=None,
+    q_lens=None,
+    kv_lens=None,
+    diag_offset=0,
+  ):
     if q_lens is not None or kv_lens is not None or diag_offset:
-      raise NotImplementedError("attn_ref: lengths and diag_offset are not modelled (q_lens / kv_lens / "
-                                "diag_offset given)")
+      raise NotImplementedError(
+        "attn_ref: lengths and diag_offset are not modelled (q_lens / kv_lens / diag_offset given)"
+      )
     if (q_seg is None) != (kv_seg is None):
       raise ValueError("attn_ref: q_seg and kv_seg go together")
     self.B, self.T, self.N, self.H = q.shape

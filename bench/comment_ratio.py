@@ -6,6 +6,7 @@
 Comments are /* ... */ and // ... outside string literals; whitespace counts for neither side. Prints one line a
 file and the total.
 """
+
 import os
 import re
 import sys
@@ -17,7 +18,7 @@ def split(text):
   comment = code = 0
   pos = 0
   for m in TOKEN.finditer(text):
-    code += len(re.sub(r"\s", "", text[pos:m.start()]))
+    code += len(re.sub(r"\s", "", text[pos : m.start()]))
     tok = m.group(0)
     if tok.startswith("/*") or tok.startswith("//"):
       comment += len(re.sub(r"\s", "", tok))

@@ -14,6 +14,7 @@ FLOPs: forward 4 B N T S H (x 0.5 causal), forward+backward 3.5 x that; decode b
 Before timing, each shape's output is checked against the fp64 reference on a cropped copy (T, S <= 256;
 decode B = 1, S = 4096). Results (JSON) are stamped with the commit, the CPU model and the versions.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,10 @@ KIND_NAMES = {FWD: "fwd", FWDBWD: "fwd+bwd", DECODE: "decode"}
 
 class Problem(ctypes.Structure):
   """bench/cpu_bench_lib.c's sab_problem."""
+
   _fields_ = [(n, ctypes.c_int64) for n in ("dtype", "B", "T", "S", "N", "K", "H", "causal", "window_left")] + [
-      (n, ctypes.c_void_p) for n in ("q", "k", "v", "out", "dout", "dq", "dk", "dv", "lse", "sinks", "dsinks")]
+    (n, ctypes.c_void_p) for n in ("q", "k", "v", "out", "dout", "dq", "dk", "dv", "lse", "sinks", "dsinks")
+  ]
 
 
 def load_lib(path):
@@ -55,8 +58,15 @@ def load_lib(path):
   lib.sab_read_bw.restype = ctypes.c_double
   lib.sab_read_bw.argtypes = [ctypes.c_int, ctypes.c_double, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
   lib.sab_time.restype = ctypes.c_double
-  lib.sab_time.argtypes = [ctypes.POINTER(Problem), ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                           ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.POINTER(ctypes.c_double)]
+  lib.sab_time.argtypes = [
+    ctypes.POINTER(Problem),
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.POINTER(ctypes.c_int),
+    ctypes.c_char_p,
+    ctypes.POINTER(ctypes.c_double),
+  ]
   lib.sab_check.restype = ctypes.c_double
   lib.sab_check.argtypes = [ctypes.POINTER(Problem), ctypes.c_int, ctypes.c_void_p]
   lib.sab_info.restype = ctypes.c_char_p
@@ -87,8 +97,28 @@ class Case:
     self.sinks = rng.uniform(-3, 3, N).astype(np.float32)
     self.dsinks = np.zeros(N, np.float32)
     p = lambda a: a.ctypes.data
-    self.prob = Problem(dt, B, T, S, N, K, H, causal, -1, p(self.q), p(self.k), p(self.v), p(self.out), p(self.dout),
-                        p(self.dq), p(self.dk), p(self.dv), p(self.lse), p(self.sinks), p(self.dsinks))
+    self.prob = Problem(
+      dt,
+      B,
+      T,
+      S,
+      N,
+      K,
+      H,
+      causal,
+      -1,
+      p(self.q),
+      p(self.k),
+      p(self.v),
+      p(self.out),
+      p(self.dout),
+      p(self.dq),
+      p(self.dk),
+      p(self.dv),
+      p(self.lse),
+      p(self.sinks),
+      p(self.dsinks),
+    )
 
 
 def flops(c, kind):
@@ -121,8 +151,9 @@ class TorchSdpa:
       self.gqa, self.gqa_mode = False, "G query heads as rows"
       return
     try:  # enable_gqa reads each kv head once; without it (torch < 2.5) K and V are expanded once, up front
-      torch.nn.functional.scaled_dot_product_attention(self.q[:, :, :1], self.k[:, :, :1], self.v[:, :, :1],
-                                                       enable_gqa=self.gqa)
+      torch.nn.functional.scaled_dot_product_attention(
+        self.q[:, :, :1], self.k[:, :, :1], self.v[:, :, :1], enable_gqa=self.gqa
+      )
       self.kw = {"enable_gqa": self.gqa}
       self.gqa_mode = "enable_gqa" if self.gqa else "none"
     except TypeError:
@@ -176,6 +207,7 @@ def machine_stamp(lib, threads, torch):
       return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
       return "unknown"
+
   info = {}
   try:
     with open("/proc/cpuinfo") as f:
@@ -185,14 +217,24 @@ def machine_stamp(lib, threads, torch):
           info[k.strip()] = v.strip()
   except OSError:
     pass
-  model = f"{info.get('model name', 'unknown')} (family {info.get('cpu family', '?')}, model {info.get('model', '?')}, " \
-          f"stepping {info.get('stepping', '?')})"
-  return {"benchmark": "bench/cpu_bench.py", "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-          "git_commit": first(["git", "rev-parse", "--short", "HEAD"]),
-          "git_dirty": bool(first(["git", "status", "--porcelain", "--untracked-files=no"])),
-          "cpu": model, "cores_online": os.cpu_count(), "threads": threads, "build": json.loads(lib.sab_info()),
-          "python": platform.python_version(), "numpy": np.__version__,
-          "torch": torch.__version__ if torch else None, "loadavg_start": os.getloadavg()}
+  model = (
+    f"{info.get('model name', 'unknown')} (family {info.get('cpu family', '?')}, model {info.get('model', '?')}, "
+    f"stepping {info.get('stepping', '?')})"
+  )
+  return {
+    "benchmark": "bench/cpu_bench.py",
+    "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    "git_commit": first(["git", "rev-parse", "--short", "HEAD"]),
+    "git_dirty": bool(first(["git", "status", "--porcelain", "--untracked-files=no"])),
+    "cpu": model,
+    "cores_online": os.cpu_count(),
+    "threads": threads,
+    "build": json.loads(lib.sab_info()),
+    "python": platform.python_version(),
+    "numpy": np.__version__,
+    "torch": torch.__version__ if torch else None,
+    "loadavg_start": os.getloadavg(),
+  }
 
 
 def measure_peaks(lib, threads, read_bytes):
@@ -200,9 +242,14 @@ def measure_peaks(lib, threads, read_bytes):
   from other processes does not dilute it)."""
   per_cpu, fma_cpu = ctypes.c_double(0), ctypes.c_double(0)
   read = lib.sab_read_bw(threads, read_bytes, 5, ctypes.byref(per_cpu))
-  return {"fma_gflops": lib.sab_fma_peak(threads, 5, ctypes.byref(fma_cpu)), "fma_gflops_cpu_time": fma_cpu.value,
-          "amx_gflops": lib.sab_amx_peak(threads, 5, 0), "amx_gflops_with_loads": lib.sab_amx_peak(threads, 5, 1),
-          "read_gbps": read, "read_gbps_cpu_time": per_cpu.value}
+  return {
+    "fma_gflops": lib.sab_fma_peak(threads, 5, ctypes.byref(fma_cpu)),
+    "fma_gflops_cpu_time": fma_cpu.value,
+    "amx_gflops": lib.sab_amx_peak(threads, 5, 0),
+    "amx_gflops_with_loads": lib.sab_amx_peak(threads, 5, 1),
+    "read_gbps": read,
+    "read_gbps_cpu_time": per_cpu.value,
+  }
 
 
 def grid(quick):
@@ -213,7 +260,7 @@ def grid(quick):
     if not quick:
       rows.append((dt, 1, 2048, 2048, 8, 8, 128, 1, (FWD, FWDBWD)))
       rows.append((dt, 1, 4096, 4096, 64, 8, 64, 1, (FWD, FWDBWD)))
-    for B in ((1,) if quick else (1, 8)):
+    for B in (1,) if quick else (1, 8):
       rows.append((dt, B, 1, 32768, 64, 8, 64, 2, (DECODE,)))
   return rows
 
@@ -235,6 +282,7 @@ def time_kind(lib, c, kind, args, torch):
     t, cpu, _ = sinkattn_time(lib, c, kind, n, args.threads)
     cpu_rounds.append(cpu)
     return t
+
   contenders = {"sinkattn": ours}
   read_bytes = max(cache_bytes(c), 256 * 2.0**20)
   if kind == DECODE:  # the read bandwidth beside each round's decode: a ratio that the machine's load moves less
@@ -253,8 +301,12 @@ def time_kind(lib, c, kind, args, torch):
     if n == "read":
       continue
     med = statistics.median(times[n])
-    row[n] = {"ms": 1e3 * med, "ms_min": 1e3 * min(times[n]), "ms_rounds": [1e3 * t for t in times[n]],
-              "gflops": flops(c, kind) / med / 1e9}
+    row[n] = {
+      "ms": 1e3 * med,
+      "ms_min": 1e3 * min(times[n]),
+      "ms_rounds": [1e3 * t for t in times[n]],
+      "gflops": flops(c, kind) / med / 1e9,
+    }
     if kind == DECODE:
       row[n]["gbps"] = cache_bytes(c) / med / 1e9
   cpu_med = statistics.median(cpu_rounds)
@@ -264,7 +316,8 @@ def time_kind(lib, c, kind, args, torch):
     row["sinkattn"]["gbps_cpu_time"] = cache_bytes(c) / cpu_med / 1e9
     row["read_gbps_rounds"] = [read_bytes / t / 1e9 for t in times["read"]]
     row["of_read_same_round"] = statistics.median(
-        [t / s * cache_bytes(c) / read_bytes for t, s in zip(times["read"], times["sinkattn"])])
+      [t / s * cache_bytes(c) / read_bytes for t, s in zip(times["read"], times["sinkattn"])]
+    )
   if sdpa is not None:
     row["torch_sdpa"]["gqa"] = sdpa.gqa_mode
     row["torch_over_sinkattn"] = statistics.median([t / s for t, s in zip(times["torch_sdpa"], times["sinkattn"])])
@@ -279,8 +332,9 @@ def main():
   ap.add_argument("--rounds", type=int, default=5)
   ap.add_argument("--quick", action="store_true", help="one attention shape and B = 1 decode per dtype")
   ap.add_argument("--no-torch", action="store_true", help="skip PyTorch even when importable")
-  ap.add_argument("--only", choices=list(KIND_NAMES.values()), action="append",
-                  help="time only these kinds (repeatable; default all)")
+  ap.add_argument(
+    "--only", choices=list(KIND_NAMES.values()), action="append", help="time only these kinds (repeatable; default all)"
+  )
   ap.add_argument("--read-mib", type=int, default=512, help="size of the read-bandwidth buffer")
   args = ap.parse_args()
   if args.threads < 1 or args.rounds < 1:
@@ -294,17 +348,22 @@ def main():
       torch = None
   out_path = args.out or os.path.join(REPO, "bench", "results", time.strftime("cpu-%Y%m%d-%H%M.json"))
   res = machine_stamp(lib, args.threads, torch)
-  res["library"] = os.path.relpath(lib_path, REPO) if os.path.abspath(lib_path).startswith(REPO + os.sep) \
-      else os.path.basename(lib_path)
+  res["library"] = (
+    os.path.relpath(lib_path, REPO)
+    if os.path.abspath(lib_path).startswith(REPO + os.sep)
+    else os.path.basename(lib_path)
+  )
   b = res["build"]
-  print(f"cpu_bench: {res['cpu']}, {args.threads} threads, SIMD {b['simd']}, AVX512-BF16 {b['avx512_bf16']}, "
-        f"AMX-BF16 {b['amx_bf16']} (tile state {b['amx_os']}), commit {res['git_commit']}"
-        f"{' (dirty)' if res['git_dirty'] else ''}, {b['compiler']}, torch {res['torch'] or 'not importable'}")
+  print(
+    f"cpu_bench: {res['cpu']}, {args.threads} threads, SIMD {b['simd']}, AVX512-BF16 {b['avx512_bf16']}, "
+    f"AMX-BF16 {b['amx_bf16']} (tile state {b['amx_os']}), commit {res['git_commit']}"
+    f"{' (dirty)' if res['git_dirty'] else ''}, {b['compiler']}, torch {res['torch'] or 'not importable'}"
+  )
   read_bytes = args.read_mib * 2.0**20
   p0 = measure_peaks(lib, args.threads, read_bytes)
   rng = np.random.default_rng(0)
   rows = []
-  for (dt, B, T, S, N, K, H, causal, kinds) in grid(args.quick):
+  for dt, B, T, S, N, K, H, causal, kinds in grid(args.quick):
     kinds = tuple(k for k in kinds if not args.only or KIND_NAMES[k] in args.only)
     if not kinds:
       continue
@@ -315,20 +374,42 @@ def main():
       err = check(lib, dt, B, min(T, 256), min(S, 256), N, K, H, causal, FWD, rng)
     tol = 2e-2 if dt == BF16 else 1e-4
     if not (0 <= err <= tol):
-      sys.exit(f"cpu_bench: {name}: sinkattn disagrees with the fp64 reference (rel. error {err:.3g} > {tol}); "
-               "not timing")
+      sys.exit(
+        f"cpu_bench: {name}: sinkattn disagrees with the fp64 reference (rel. error {err:.3g} > {tol}); not timing"
+      )
     c = Case(dt, B, T, S, N, K, H, causal, rng, grads=FWDBWD in kinds)
     for kind in kinds:
       row = time_kind(lib, c, kind, args, torch)
-      row.update(name=name, kind=KIND_NAMES[kind], dtype=name.split()[0], B=B, T=T, S=S, N=N, K=K, H=H,
-                 causal=causal, check_rel_err=err)
+      row.update(
+        name=name,
+        kind=KIND_NAMES[kind],
+        dtype=name.split()[0],
+        B=B,
+        T=T,
+        S=S,
+        N=N,
+        K=K,
+        H=H,
+        causal=causal,
+        check_rel_err=err,
+      )
       rows.append(row)
-      print(f"  {name:28s} {KIND_NAMES[kind]:8s} sinkattn {row['sinkattn']['ms']:9.3f} ms"
-            + (f"  torch {row['torch_sdpa']['ms']:9.3f} ms" if "torch_sdpa" in row else ""), flush=True)
+      print(
+        f"  {name:28s} {KIND_NAMES[kind]:8s} sinkattn {row['sinkattn']['ms']:9.3f} ms"
+        + (f"  torch {row['torch_sdpa']['ms']:9.3f} ms" if "torch_sdpa" in row else ""),
+        flush=True,
+      )
   p1 = measure_peaks(lib, args.threads, read_bytes)
   peaks = {k: max(p0[k], p1[k]) for k in p0}
-  res.update(peaks_before=p0, peaks_after=p1, peaks=peaks, rows=rows, loadavg_end=os.getloadavg(),
-             rounds=args.rounds, flops="fwd 4BNTSH (x0.5 causal), fwd+bwd 3.5x fwd; decode GB/s of K+V cache bytes")
+  res.update(
+    peaks_before=p0,
+    peaks_after=p1,
+    peaks=peaks,
+    rows=rows,
+    loadavg_end=os.getloadavg(),
+    rounds=args.rounds,
+    flops="fwd 4BNTSH (x0.5 causal), fwd+bwd 3.5x fwd; decode GB/s of K+V cache bytes",
+  )
   report(res)
   os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
   with open(out_path, "w") as f:
@@ -338,25 +419,36 @@ def main():
 
 def report(res):
   pk = res["peaks"]
-  amx = f"{pk['amx_gflops']:.0f} GFLOP/s ({pk['amx_gflops_with_loads']:.0f} with tile loads)" \
-      if pk["amx_gflops"] > 0 else "none (no AMX-BF16, or the OS did not grant the tile state)"
-  print(f"\npeaks on {res['threads']} threads (the larger of before / after the grid): fp32 FMA "
-        f"{pk['fma_gflops']:.0f} GFLOP/s ({pk['fma_gflops_cpu_time']:.0f} per CPU second); AMX bf16 {amx}; "
-        f"memory read {pk['read_gbps']:.1f} GB/s ({pk['read_gbps_cpu_time']:.1f} per CPU second)")
-  print("sinkattn: learnable sinks; torch: PyTorch CPU scaled_dot_product_attention, vanilla (no sinks); medians "
-        f"of {res['rounds']} interleaved rounds; decode %read: of the read bandwidth measured in each round beside it; "
-        "'cpu' columns: by CPU time, against the per-CPU-second peaks")
-  hdr = f"{'shape':28s} {'kind':7s} {'ours ms':>9s} {'GFLOP/s':>7s} {'%FMA':>5s} {'%AMX':>5s} {'GB/s':>5s} " \
-        f"{'%read':>5s} {'cpu%FMA':>7s} {'cpu%read':>8s} | {'torch ms':>9s} {'GFLOP/s':>7s} {'torch/ours':>10s}"
+  amx = (
+    f"{pk['amx_gflops']:.0f} GFLOP/s ({pk['amx_gflops_with_loads']:.0f} with tile loads)"
+    if pk["amx_gflops"] > 0
+    else "none (no AMX-BF16, or the OS did not grant the tile state)"
+  )
+  print(
+    f"\npeaks on {res['threads']} threads (the larger of before / after the grid): fp32 FMA "
+    f"{pk['fma_gflops']:.0f} GFLOP/s ({pk['fma_gflops_cpu_time']:.0f} per CPU second); AMX bf16 {amx}; "
+    f"memory read {pk['read_gbps']:.1f} GB/s ({pk['read_gbps_cpu_time']:.1f} per CPU second)"
+  )
+  print(
+    "sinkattn: learnable sinks; torch: PyTorch CPU scaled_dot_product_attention, vanilla (no sinks); medians "
+    f"of {res['rounds']} interleaved rounds; decode %read: of the read bandwidth measured in each round beside it; "
+    "'cpu' columns: by CPU time, against the per-CPU-second peaks"
+  )
+  hdr = (
+    f"{'shape':28s} {'kind':7s} {'ours ms':>9s} {'GFLOP/s':>7s} {'%FMA':>5s} {'%AMX':>5s} {'GB/s':>5s} "
+    f"{'%read':>5s} {'cpu%FMA':>7s} {'cpu%read':>8s} | {'torch ms':>9s} {'GFLOP/s':>7s} {'torch/ours':>10s}"
+  )
   print(hdr)
   for r in res["rows"]:
     s = r["sinkattn"]
     amx = f"{100 * s['gflops'] / pk['amx_gflops']:5.1f}" if pk["amx_gflops"] > 0 else "    -"
     bw = f"{s['gbps']:5.1f} {100 * r['of_read_same_round']:5.0f}" if "gbps" in s else f"{'-':>5s} {'-':>5s}"
     cbw = f"{100 * s['gbps_cpu_time'] / pk['read_gbps_cpu_time']:8.0f}" if "gbps" in s else f"{'-':>8s}"
-    line = f"{r['name']:28s} {r['kind']:7s} {s['ms']:9.3f} {s['gflops']:7.1f} " \
-           f"{100 * s['gflops'] / pk['fma_gflops']:5.1f} {amx} {bw} " \
-           f"{100 * s['gflops_cpu_time'] / pk['fma_gflops_cpu_time']:7.1f} {cbw} | "
+    line = (
+      f"{r['name']:28s} {r['kind']:7s} {s['ms']:9.3f} {s['gflops']:7.1f} "
+      f"{100 * s['gflops'] / pk['fma_gflops']:5.1f} {amx} {bw} "
+      f"{100 * s['gflops_cpu_time'] / pk['fma_gflops_cpu_time']:7.1f} {cbw} | "
+    )
     if "torch_sdpa" in r:
       t = r["torch_sdpa"]
       line += f"{t['ms']:9.3f} {t['gflops']:7.1f} {r['torch_over_sinkattn']:10.2f}"

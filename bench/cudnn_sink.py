@@ -8,6 +8,7 @@ the sink token is (1, N, 1, 1) fp32 (our sinks [N]); stats (B, N, T, 1) fp32 are
 including the sink (our lse); a window (left, 0) is diagonal_band_left_bound = left + 1 (cuDNN keeps keys
 j > i - bound) with diagonal_band_right_bound = 0 (causal). Its dsink is documented as non-deterministic.
 """
+
 import math
 
 _UID = dict(q=1, k=2, v=3, sink=4, o=5, stats=6, dO=7, dQ=8, dK=9, dV=10, dSink=11)
@@ -17,6 +18,7 @@ def load(torch):
   """The cudnn module, after PyTorch has loaded its libcudnn (the frontend then dlopens the same one)."""
   torch.backends.cudnn.version()
   import cudnn
+
   return cudnn
 
 
@@ -28,13 +30,26 @@ class CudnnSink:
     self.h = cudnn.create_handle()
     cudnn.set_stream(handle=self.h, stream=torch.cuda.current_stream().cuda_stream)
     S = T
-    self.dims = dict(q=((B, N, T, H), (T * N * H, H, N * H, 1)), k=((B, K, S, H), (S * K * H, H, K * H, 1)),
-                     sink=((1, N, 1, 1), (N, 1, 1, 1)), stats=((B, N, T, 1), (N * T, T, 1, 1)))
-    self.dims.update(v=self.dims["k"], o=self.dims["q"], dO=self.dims["q"], dQ=self.dims["q"], dK=self.dims["k"],
-                     dV=self.dims["k"], dSink=self.dims["sink"])
-    self.mask = dict(diagonal_alignment=cudnn.diagonal_alignment.TOP_LEFT,
-                     diagonal_band_right_bound=0 if causal else None,
-                     diagonal_band_left_bound=window[0] + 1 if window else None)
+    self.dims = dict(
+      q=((B, N, T, H), (T * N * H, H, N * H, 1)),
+      k=((B, K, S, H), (S * K * H, H, K * H, 1)),
+      sink=((1, N, 1, 1), (N, 1, 1, 1)),
+      stats=((B, N, T, 1), (N * T, T, 1, 1)),
+    )
+    self.dims.update(
+      v=self.dims["k"],
+      o=self.dims["q"],
+      dO=self.dims["q"],
+      dQ=self.dims["q"],
+      dK=self.dims["k"],
+      dV=self.dims["k"],
+      dSink=self.dims["sink"],
+    )
+    self.mask = dict(
+      diagonal_alignment=cudnn.diagonal_alignment.TOP_LEFT,
+      diagonal_band_right_bound=0 if causal else None,
+      diagonal_band_left_bound=window[0] + 1 if window else None,
+    )
     if window and (not causal or window[1] != 0):
       raise NotImplementedError(f"cudnn_sink: window {window} without causal (left, 0) is not set up here")
     self.scale = 1.0 / math.sqrt(H)
@@ -52,8 +67,12 @@ class CudnnSink:
 
   def _graph(self):
     c = self.c
-    return c.pygraph(io_data_type=c.data_type.BFLOAT16, intermediate_data_type=c.data_type.FLOAT,
-                     compute_data_type=c.data_type.FLOAT, handle=self.h)
+    return c.pygraph(
+      io_data_type=c.data_type.BFLOAT16,
+      intermediate_data_type=c.data_type.FLOAT,
+      compute_data_type=c.data_type.FLOAT,
+      handle=self.h,
+    )
 
   def _finish(self, g):
     c = self.c
@@ -74,8 +93,16 @@ class CudnnSink:
     c, g = self.c, self._graph()
     bf, f = c.data_type.BFLOAT16, c.data_type.FLOAT
     q, k, v = (self._tensor(g, n, bf) for n in ("q", "k", "v"))
-    o, stats = g.sdpa(name="sdpa_fwd", q=q, k=k, v=v, generate_stats=True, attn_scale=self.scale,
-                      sink_token=self._tensor(g, "sink", f), **self.mask)
+    o, stats = g.sdpa(
+      name="sdpa_fwd",
+      q=q,
+      k=k,
+      v=v,
+      generate_stats=True,
+      attn_scale=self.scale,
+      sink_token=self._tensor(g, "sink", f),
+      **self.mask,
+    )
     self._out(o, "o")
     self._out(stats, "stats", f32=True)
     return self._finish(g)
@@ -84,9 +111,19 @@ class CudnnSink:
     c, g = self.c, self._graph()
     bf, f = c.data_type.BFLOAT16, c.data_type.FLOAT
     q, k, v, o, do = (self._tensor(g, n, bf) for n in ("q", "k", "v", "o", "dO"))
-    dq, dk, dv = g.sdpa_backward(name="sdpa_bwd", q=q, k=k, v=v, o=o, dO=do, stats=self._tensor(g, "stats", f),
-                                 attn_scale=self.scale, sink_token=self._tensor(g, "sink", f),
-                                 dSink_token=self._tensor(g, "dSink", f), **self.mask)
+    dq, dk, dv = g.sdpa_backward(
+      name="sdpa_bwd",
+      q=q,
+      k=k,
+      v=v,
+      o=o,
+      dO=do,
+      stats=self._tensor(g, "stats", f),
+      attn_scale=self.scale,
+      sink_token=self._tensor(g, "sink", f),
+      dSink_token=self._tensor(g, "dSink", f),
+      **self.mask,
+    )
     for x, n in ((dq, "dQ"), (dk, "dK"), (dv, "dV")):
       self._out(x, n)
     return self._finish(g)

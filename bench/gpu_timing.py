@@ -12,6 +12,7 @@ bench/segments_bench.py), on PyTorch's current stream.
   b / a ratios per round show the bias of position and the noise.
 - Medians over >= 5 rounds, with the per-round range; ratios paired per round (same round, same clocks).
 """
+
 import math
 import statistics
 
@@ -94,8 +95,13 @@ class Timer:
 
 def stats(samples):
   """Median and per-round range of one contender's figures."""
-  return dict(median=statistics.median(samples), min=min(samples), max=max(samples), rounds=len(samples),
-              samples=[round(x, 5) for x in samples])
+  return dict(
+    median=statistics.median(samples),
+    min=min(samples),
+    max=max(samples),
+    rounds=len(samples),
+    samples=[round(x, 5) for x in samples],
+  )
 
 
 def paired(num, den):

@@ -98,7 +98,8 @@ export PY
 { nvidia-smi; nvcc --version | tail -n 2; "$PY" --version; "$SAN" --version | tail -n 1
   "$PY" -c 'import jax, jaxlib, torch; print("jax", jax.__version__, "jaxlib", jaxlib.__version__, "torch",
 torch.__version__, "cuDNN", torch.backends.cudnn.version())'
-  echo "commit $SINKATTN_COMMIT part $PART gpus $NGPU cores $(nproc)"; } > "$STAGE/machine.txt" 2>&1
+  echo "commit $SINKATTN_COMMIT part $PART gpus $NGPU cores $(nproc)"
+  lscpu; } > "$STAGE/machine.txt" 2>&1
 
 if [ "$PART" = 1 ] || [ "$PART" = all ]; then
   bg_step build_release 240 bash -c 'build "$@"' build build-gpu Release 8
@@ -172,7 +173,7 @@ fi
   echo "status: $([ $fail = 0 ] && echo 'every step passed' || echo 'SOME STEPS FAILED (rc != 0)')"
 } > "$STAGE/summary.txt"
 cp "$STAGE/summary.txt" "$OUT/summary.txt"
-for f in prod_check.json kernel_bench.json segments.json progress.jsonl ring.json; do
+for f in machine.txt prod_check.json kernel_bench.json segments.json progress.jsonl ring.json; do
   [ -f "$STAGE/$f" ] && cp "$STAGE/$f" "$OUT/"
 done
 tar -C "$(dirname "$STAGE")" -czf "$OUT/gpu_verify-$PART.tgz" "gpu_verify-$PART"

@@ -5,6 +5,7 @@ jax.nn.dot_product_attention's cuDNN route (vanilla: it has no sink) and our sin
 before one block_until_ready, so dispatch is paid once per R * reps calls. Figure: host time / (R * reps),
 forward or forward+backward (jax.vjp with a fixed cotangent), per round in rotated order like gpu_timing.Timer.
 """
+
 import math
 import time
 
@@ -15,6 +16,7 @@ def _attn_fns(jax, sinkattn, causal, window):
 
   def ours(q, k, v, s):
     return sinkattn.dot_product_attention(q, k, v, s, is_causal=causal, local_window_size=window)
+
   return {"jax_cudnn_vanilla": cudnn, "jax_ours": ours}
 
 
@@ -24,21 +26,27 @@ def build(jax, jnp, sinkattn, shape, sets, seed=0):
   keys = jax.random.split(jax.random.PRNGKey(seed), 5 * sets)
   args = []
   for i in range(sets):
-    kq, kk, kv, kd, ks = keys[5 * i:5 * i + 5]
-    args += [jax.random.normal(kq, (B, T, N, H), jnp.bfloat16), jax.random.normal(kk, (B, T, K, H), jnp.bfloat16),
-             jax.random.normal(kv, (B, T, K, H), jnp.bfloat16), jax.random.uniform(ks, (N,), jnp.float32, -10, 10),
-             jax.random.normal(kd, (B, T, N, H), jnp.bfloat16)]
+    kq, kk, kv, kd, ks = keys[5 * i : 5 * i + 5]
+    args += [
+      jax.random.normal(kq, (B, T, N, H), jnp.bfloat16),
+      jax.random.normal(kk, (B, T, K, H), jnp.bfloat16),
+      jax.random.normal(kv, (B, T, K, H), jnp.bfloat16),
+      jax.random.uniform(ks, (N,), jnp.float32, -10, 10),
+      jax.random.normal(kd, (B, T, N, H), jnp.bfloat16),
+    ]
   out = {}
   for name, fn in _attn_fns(jax, sinkattn, causal, window).items():
+
     def fwd(*a, fn=fn):
-      return [fn(*a[5 * i:5 * i + 4]) for i in range(sets)]
+      return [fn(*a[5 * i : 5 * i + 4]) for i in range(sets)]
 
     def fb(*a, fn=fn):
       res = []
       for i in range(sets):
-        o, vjp = jax.vjp(fn, *a[5 * i:5 * i + 4])
+        o, vjp = jax.vjp(fn, *a[5 * i : 5 * i + 4])
         res.append((o, vjp(a[5 * i + 4])))
       return res
+
     for mode, f in (("fwd", fwd), ("fb", fb)):
       exe = jax.jit(f).lower(*args).compile()
       jax.block_until_ready(exe(*args))

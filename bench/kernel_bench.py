@@ -21,6 +21,7 @@ Budget (H200): ~2 min for the grid at kernel level (rounds 5, batches of ~10 ms,
     python3 bench/kernel_bench.py [--rows 0,12] [--rounds 5] [--no-jax] [--no-cudnn] [--no-decode] [--out F.json]
     python3 bench/kernel_bench.py --dry-run     # the plan of work (rows, sets, contenders), no GPU
 """
+
 import argparse
 import ctypes
 import json
@@ -52,8 +53,17 @@ class Ours:
     self.stream = torch.cuda.current_stream().cuda_stream
     self.a, self.g = [], []
     for s in sets:
-      a = sa_capi.make_attn(lib, s["q"], s["k"], s["v"], s["out"], s["lse"], sinks=s["sink"], causal=1 if causal else 0,
-                            window=tuple(window) if window else (-1, -1))
+      a = sa_capi.make_attn(
+        lib,
+        s["q"],
+        s["k"],
+        s["v"],
+        s["out"],
+        s["lse"],
+        sinks=s["sink"],
+        causal=1 if causal else 0,
+        window=tuple(window) if window else (-1, -1),
+      )
       self.a.append(a)
       self.g.append(sa_capi.make_grad(s["dO"], s["dq"], s["dk"], s["dv"], s["ds"], deterministic=1))
     self.pa = [ctypes.byref(a) for a in self.a]
@@ -105,6 +115,7 @@ def check(torch, s, shape, have_cudnn):
   """Set 0 after one f+b of each contender: ours vs cudnn_sink, and both vs the fp64 reference on kv head 0."""
   import attn_ref
   import prod_check
+
   B, T, N, K, H, causal, window = shape
   G = N // K
   o = attn_ref.ops_for(s["q"])
@@ -114,10 +125,22 @@ def check(torch, s, shape, have_cudnn):
   out_r, lse_r = attn_ref.forward(q, k, v, sk, block_bytes=4 << 30, **mask)
   grads = attn_ref.backward(q, k, v, sk, out_r.to(torch.bfloat16), lse_r, do, block_bytes=4 << 30, **mask)
   ref = dict(out=out_r, lse=lse_r, dq=grads[0], dk=grads[1], dv=grads[2], dsinks=grads[3])
-  mine = dict(out=sl(s["out"]), lse=s["lse"][:, :G], dq=sl(s["dq"]), dk=s["dk"][:, :, :1], dv=s["dv"][:, :, :1],
-              dsinks=s["ds"][:G])
-  theirs = dict(out=sl(s["o"]), lse=s["stats"][:, :G, :, 0], dq=sl(s["dQ"]), dk=s["dK"][:, :, :1],
-                dv=s["dV"][:, :, :1], dsinks=s["dSink"].reshape(N)[:G])
+  mine = dict(
+    out=sl(s["out"]),
+    lse=s["lse"][:, :G],
+    dq=sl(s["dq"]),
+    dk=s["dk"][:, :, :1],
+    dv=s["dv"][:, :, :1],
+    dsinks=s["ds"][:G],
+  )
+  theirs = dict(
+    out=sl(s["o"]),
+    lse=s["stats"][:, :G, :, 0],
+    dq=sl(s["dQ"]),
+    dk=s["dK"][:, :, :1],
+    dv=s["dV"][:, :, :1],
+    dsinks=s["dSink"].reshape(N)[:G],
+  )
   res = {}
   for who, got in (("ours", mine), ("cudnn_sink", theirs)) if have_cudnn else (("ours", mine),):
     e = {key: (prod_check.lse_error if key == "lse" else prod_check.errors)(got[key], ref[key], o) for key in ref}
@@ -133,14 +156,27 @@ def check(torch, s, shape, have_cudnn):
 
 def bench_row(torch, lib, timer, shape, a):
   import cudnn_sink
+
   from sinkattn.bench import flops
+
   B, T, N, K, H, causal, window = shape
   fl = flops(B, T, N, H, causal, window)
   R = gpu_timing.rotation(set_bytes(shape), gpu_timing.l2_bytes(torch))
   sets = make_sets(torch, shape, R, a.seed)
   ours = Ours(lib, torch, sets, causal, window)
-  row = dict(B=B, T=T, N=N, K=K, H=H, causal=causal, window=window, sets=R, flops_fwd=fl, plan_fwd=ours.plan_fwd,
-             plan_bwd=ours.plan_bwd)
+  row = dict(
+    B=B,
+    T=T,
+    N=N,
+    K=K,
+    H=H,
+    causal=causal,
+    window=window,
+    sets=R,
+    flops_fwd=fl,
+    plan_fwd=ours.plan_fwd,
+    plan_bwd=ours.plan_bwd,
+  )
   cd = None
   if a.cudnn:
     try:
@@ -158,8 +194,9 @@ def bench_row(torch, lib, timer, shape, a):
       if cd is not None:
         cons.append(gpu_timing.Contender("cudnn_sink" + inst, getattr(cd, mode), R))
     samples = timer.rounds(cons, rounds=a.rounds, target_ms=a.target_ms)
-    res = {n: dict(gpu_timing.stats(x), tflops=mult * fl / gpu_timing.stats(x)["median"] * 1e-9)
-           for n, x in samples.items()}
+    res = {
+      n: dict(gpu_timing.stats(x), tflops=mult * fl / gpu_timing.stats(x)["median"] * 1e-9) for n, x in samples.items()
+    }
     res["aa_ours"] = gpu_timing.paired(samples["ours#2"], samples["ours"])
     if cd is not None:
       res["cudnn_over_ours"] = gpu_timing.paired(samples["cudnn_sink"], samples["ours"])
@@ -173,13 +210,16 @@ def bench_row(torch, lib, timer, shape, a):
 def bench_jax(row, shape, a, jax_mods):
   """The end-to-end JAX figures of one row, into the row (on the same number of sets)."""
   import jax_contenders
+
   jax, jnp, sinkattn = jax_mods
   try:
     exes, args = jax_contenders.build(jax, jnp, sinkattn, shape, row["sets"], a.seed)
     for mode, mult in (("fwd", 1.0), ("fb", 3.5)):
       js = jax_contenders.rounds(jax, exes, args, row["sets"], mode, a.rounds)
-      row["jax_" + mode] = {n: dict(gpu_timing.stats(x), tflops=mult * row["flops_fwd"] / gpu_timing.stats(x)["median"]
-                                    * 1e-9) for n, x in js.items()}
+      row["jax_" + mode] = {
+        n: dict(gpu_timing.stats(x), tflops=mult * row["flops_fwd"] / gpu_timing.stats(x)["median"] * 1e-9)
+        for n, x in js.items()
+      }
       row["jax_" + mode]["cudnn_vanilla_over_ours"] = gpu_timing.paired(js["jax_cudnn_vanilla"], js["jax_ours"])
   except Exception as e:  # noqa: BLE001 -- reported in the row, the rest runs
     row["jax_error"] = "%s: %s" % (type(e).__name__, str(e)[:300])
@@ -188,6 +228,7 @@ def bench_jax(row, shape, a, jax_mods):
 def bench_decode(torch, lib, timer, a, copy_bps):
   import attn_ref
   import prod_check
+
   N, K, H = DECODE_HEADS
   rows, cuda = [], sa_capi.C["SA_BACKEND_CUDA"]
   stream = torch.cuda.current_stream().cuda_stream
@@ -218,7 +259,9 @@ def bench_decode(torch, lib, timer, a, copy_bps):
         st = lib.lib.sa_attn_decode_fwd(calls[i][1], ws.data_ptr(), wsn, cuda, stream)
         if st:
           lib.check(st, "sa_attn_decode_fwd plan %s" % plan)
+
       return run
+
     s0, G = sets[0], N // K
     out_r, lse_r = attn_ref.forward(s0["q"][:, :, :G], s0["k"][:, :, :1], s0["v"][:, :, :1], sink[:G], causal=2)
     o = attn_ref.ops_for(out_r)
@@ -227,7 +270,9 @@ def bench_decode(torch, lib, timer, a, copy_bps):
       runner(p)(0)
       torch.cuda.synchronize()
       ran[p] = lib.last(sa_capi.PLAN_DECODE)
-      e = dict(out=prod_check.errors(s0["out"][:, :, :G], out_r, o), lse=prod_check.lse_error(s0["lse"][:, :G], lse_r, o))
+      e = dict(
+        out=prod_check.errors(s0["out"][:, :, :G], out_r, o), lse=prod_check.lse_error(s0["lse"][:, :G], lse_r, o)
+      )
       checks[p] = dict(errors=e, ok=all(prod_check.verdict(key, x) for key, x in e.items()))
       cons += [gpu_timing.Contender(p, runner(p), R), gpu_timing.Contender(p + "#2", runner(p), R)]
     samples = timer.rounds(cons, rounds=a.rounds, target_ms=a.target_ms)
@@ -235,13 +280,41 @@ def bench_decode(torch, lib, timer, a, copy_bps):
     for p in plans:
       st = gpu_timing.stats(samples[p])
       bps = nbytes / (st["median"] * 1e-3)
-      rows.append(dict(B=B, S=S, N=N, K=K, H=H, sets=R, bytes=nbytes, plan=p, default=p == plans[0], ran=ran[p], ms=st,
-                       GBps=bps * 1e-9, of_copy=bps / copy_bps, aa=gpu_timing.paired(samples[p + "#2"], samples[p]),
-                       check=checks[p]))
-      print("decode B%-3d S%-7d %-22s %8.4f ms [%.4f, %.4f] %6.0f GB/s %5.1f%% of copy  %s" % (
-          B, S, p, st["median"], st["min"], st["max"], bps * 1e-9, 100 * bps / copy_bps,
-          "ok" if checks[p]["ok"] else "CHECK FAILED"), flush=True)
-    del sets, calls, ws
+      rows.append(
+        dict(
+          B=B,
+          S=S,
+          N=N,
+          K=K,
+          H=H,
+          sets=R,
+          bytes=nbytes,
+          plan=p,
+          default=p == plans[0],
+          ran=ran[p],
+          ms=st,
+          GBps=bps * 1e-9,
+          of_copy=bps / copy_bps,
+          aa=gpu_timing.paired(samples[p + "#2"], samples[p]),
+          check=checks[p],
+        )
+      )
+      print(
+        "decode B%-3d S%-7d %-22s %8.4f ms [%.4f, %.4f] %6.0f GB/s %5.1f%% of copy  %s"
+        % (
+          B,
+          S,
+          p,
+          st["median"],
+          st["min"],
+          st["max"],
+          bps * 1e-9,
+          100 * bps / copy_bps,
+          "ok" if checks[p]["ok"] else "CHECK FAILED",
+        ),
+        flush=True,
+      )
+    sets = calls = ws = None  # the rotated sets leave the GPU before the next shape
     torch.cuda.empty_cache()
   return rows
 
@@ -253,30 +326,74 @@ def fmt_ratio(r):
 def table(rows, decode, copy_bps):
   """The printed summary: ms and TFLOP/s of ours, cuDNN-sink over ours at kernel level (> 1: ours faster) with
   the per-round range, the A/A spreads, the JAX end-to-end figures, and each row's output check."""
-  print("\nkernel level, ms per call (median of rounds); cudnn/ours: cuDNN-sink ms over ours, paired per round, median "
-        "[min, max] (> 1: ours faster); A/A: instance #2 over #1; jax: end to end, host clock")
-  print("%-34s %-4s %9s %6s %9s %22s %22s %22s %9s %9s  %s" % (
-      "row", "mode", "ours ms", "TF/s", "cudnn ms", "cudnn/ours [range]", "A/A ours", "A/A cudnn", "jax ours",
-      "jax cuDNN", "check"))
+  print(
+    "\nkernel level, ms per call (median of rounds); cudnn/ours: cuDNN-sink ms over ours, paired per round, median "
+    "[min, max] (> 1: ours faster); A/A: instance #2 over #1; jax: end to end, host clock"
+  )
+  print(
+    "%-34s %-4s %9s %6s %9s %22s %22s %22s %9s %9s  %s"
+    % (
+      "row",
+      "mode",
+      "ours ms",
+      "TF/s",
+      "cudnn ms",
+      "cudnn/ours [range]",
+      "A/A ours",
+      "A/A cudnn",
+      "jax ours",
+      "jax cuDNN",
+      "check",
+    )
+  )
   for r in rows:
-    name = "B%d T%d N%d/%d H%d%s%s" % (r["B"], r["T"], r["N"], r["K"], r["H"], " c" if r["causal"] else "",
-                                      " w%s" % (tuple(r["window"]),) if r["window"] else "")
+    name = "B%d T%d N%d/%d H%d%s%s" % (
+      r["B"],
+      r["T"],
+      r["N"],
+      r["K"],
+      r["H"],
+      " c" if r["causal"] else "",
+      " w%s" % (tuple(r["window"]),) if r["window"] else "",
+    )
     ok = all(c["ok"] for c in r["check"].values())
     for mode in ("fwd", "fb"):
       m, j = r[mode], r.get("jax_" + mode, {})
-      print("%-34s %-4s %9.4f %6.0f %9s %22s %22s %22s %9s %9s  %s" % (
-          name, mode, m["ours"]["median"], m["ours"]["tflops"],
-          "%.4f" % m["cudnn_sink"]["median"] if "cudnn_sink" in m else "-", fmt_ratio(m.get("cudnn_over_ours")),
-          fmt_ratio(m["aa_ours"]), fmt_ratio(m.get("aa_cudnn")),
-          "%.4f" % j["jax_ours"]["median"] if j else "-", "%.4f" % j["jax_cudnn_vanilla"]["median"] if j else "-",
-          "ok" if ok else "FAILED " + ",".join(k for k, c in r["check"].items() if not c["ok"])))
+      print(
+        "%-34s %-4s %9.4f %6.0f %9s %22s %22s %22s %9s %9s  %s"
+        % (
+          name,
+          mode,
+          m["ours"]["median"],
+          m["ours"]["tflops"],
+          "%.4f" % m["cudnn_sink"]["median"] if "cudnn_sink" in m else "-",
+          fmt_ratio(m.get("cudnn_over_ours")),
+          fmt_ratio(m["aa_ours"]),
+          fmt_ratio(m.get("aa_cudnn")),
+          "%.4f" % j["jax_ours"]["median"] if j else "-",
+          "%.4f" % j["jax_cudnn_vanilla"]["median"] if j else "-",
+          "ok" if ok else "FAILED " + ",".join(k for k, c in r["check"].items() if not c["ok"]),
+        )
+      )
   if decode:
-    print("\ndecode (N/K %d/%d H%d, one token, every legal plan, * the default): copy bandwidth %.0f GB/s "
-          "(read + write)" % (DECODE_HEADS + (copy_bps * 1e-9,)))
+    print(
+      "\ndecode (N/K %d/%d H%d, one token, every legal plan, * the default): copy bandwidth %.0f GB/s "
+      "(read + write)" % (DECODE_HEADS + (copy_bps * 1e-9,))
+    )
     for d in decode:
-      print("  B%-3d S%-7d %-22s %8.4f ms %6.0f GB/s %5.1f%% of copy  A/A %s  %s" % (
-          d["B"], d["S"], d["plan"] + ("*" if d["default"] else ""), d["ms"]["median"], d["GBps"],
-          100 * d["of_copy"], fmt_ratio(d["aa"]), "ok" if d["check"]["ok"] else "CHECK FAILED"))
+      print(
+        "  B%-3d S%-7d %-22s %8.4f ms %6.0f GB/s %5.1f%% of copy  A/A %s  %s"
+        % (
+          d["B"],
+          d["S"],
+          d["plan"] + ("*" if d["default"] else ""),
+          d["ms"]["median"],
+          d["GBps"],
+          100 * d["of_copy"],
+          fmt_ratio(d["aa"]),
+          "ok" if d["check"]["ok"] else "CHECK FAILED",
+        )
+      )
 
 
 def main(argv=None):
@@ -297,24 +414,35 @@ def main(argv=None):
   if a.rounds < 5:
     ap.error("--rounds %d: at least 5 (each figure is a median of >= 5 rounds)" % a.rounds)
   from sinkattn.bench import GRIDS
+
   grid = GRIDS["h200"]
   idx = [int(x) for x in a.rows.split(",") if x.strip()] or list(range(len(grid)))
   if a.dry_run:
     for i in idx if a.grid else []:
       sh = grid[i]
-      print("row %2d %-40s sets %2d  contenders %s" % (i, sh, gpu_timing.rotation(set_bytes(sh), gpu_timing.L2_FALLBACK),
-                                                        ", ".join((["ours", "cudnn_sink"] if a.cudnn else ["ours"]) +
-                                                                  (["jax_ours", "jax_cudnn_vanilla"] if a.jax else []))))
+      print(
+        "row %2d %-40s sets %2d  contenders %s"
+        % (
+          i,
+          sh,
+          gpu_timing.rotation(set_bytes(sh), gpu_timing.L2_FALLBACK),
+          ", ".join(
+            (["ours", "cudnn_sink"] if a.cudnn else ["ours"]) + (["jax_ours", "jax_cudnn_vanilla"] if a.jax else [])
+          ),
+        )
+      )
     for B, S in DECODE if a.decode else []:
       N, K, H = DECODE_HEADS
       print("decode B%d S%d sets %d" % (B, S, gpu_timing.rotation(2 * B * S * K * H * 2, gpu_timing.L2_FALLBACK)))
     return 0
   import torch
+
   torch.backends.cuda.matmul.allow_tf32 = False
   lib = sa_capi.Lib(a.lib)
   if a.cudnn:
     try:
       import cudnn_sink
+
       a.cudnn_mod = cudnn_sink.load(torch)
     except Exception as e:  # noqa: BLE001 -- no frontend wheel: the run says so and times the rest
       print("cudnn_sink unavailable: %s: %s" % (type(e).__name__, e), flush=True)
@@ -323,28 +451,47 @@ def main(argv=None):
   if a.jax:
     import jax
     import jax.numpy as jnp
+
     import sinkattn
+
     jax_mods = (jax, jnp, sinkattn)
   t_start = time.time()
   timer = gpu_timing.Timer(torch)
-  meta = dict(sa_capi.stamp(lib), rounds=a.rounds, target_ms=a.target_ms, gated=timer.sleep is not None,
-              timing=gpu_timing.__doc__.strip(), ours="learnable sinks, default plan, deterministic=1",
-              cudnn_sink="cudnn-frontend graph API, default (non-deterministic) backward")
-  out = a.out or os.path.join(os.environ.get("OUT", os.path.join(sa_capi.ROOT, "bench", "results")),
-                              "kernel_bench-%s.json" % meta["commit"][:7])
+  meta = dict(
+    sa_capi.stamp(lib),
+    rounds=a.rounds,
+    target_ms=a.target_ms,
+    gated=timer.sleep is not None,
+    timing=gpu_timing.__doc__.strip(),
+    ours="learnable sinks, default plan, deterministic=1",
+    cudnn_sink="cudnn-frontend graph API, default (non-deterministic) backward",
+  )
+  out = a.out or os.path.join(
+    os.environ.get("OUT", os.path.join(sa_capi.ROOT, "bench", "results")), "kernel_bench-%s.json" % meta["commit"][:7]
+  )
   rows, decode = [], []
 
   def save():  # after every row: a run cut by its time limit keeps what it measured
     with open(out, "w") as fh:
       json.dump(dict(meta=meta, rows=rows, decode=decode), fh, indent=1)
+
   # Kernel level first, then decode, then JAX end to end, so that a run cut by --budget loses the least of it.
   for i in idx if a.grid else []:
     rows.append(bench_row(torch, lib, timer, grid[i], a))
     save()
     r = rows[-1]
-    print("row %2d done (%.0f s): fwd ours %.4f ms, f+b %.4f ms, cudnn/ours fwd %s f+b %s" % (
-        i, time.time() - t_start, r["fwd"]["ours"]["median"], r["fb"]["ours"]["median"],
-        fmt_ratio(r["fwd"].get("cudnn_over_ours")), fmt_ratio(r["fb"].get("cudnn_over_ours"))), flush=True)
+    print(
+      "row %2d done (%.0f s): fwd ours %.4f ms, f+b %.4f ms, cudnn/ours fwd %s f+b %s"
+      % (
+        i,
+        time.time() - t_start,
+        r["fwd"]["ours"]["median"],
+        r["fb"]["ours"]["median"],
+        fmt_ratio(r["fwd"].get("cudnn_over_ours")),
+        fmt_ratio(r["fb"].get("cudnn_over_ours")),
+      ),
+      flush=True,
+    )
   copy_bps = gpu_timing.copy_bandwidth(torch)
   meta["copy_GBps"] = copy_bps * 1e-9
   if a.decode:
@@ -367,19 +514,30 @@ def main(argv=None):
 
 def digest(rows, decode):
   """One line: how many rows and checks, and the range over rows of cuDNN-sink / ours (> 1: ours faster)."""
-  parts = ["%d rows, checks failed: ours %d, cuDNN-sink %d" % (
-      len(rows), sum(not r["check"]["ours_vs_ref"]["ok"] for r in rows),
-      sum(not c["ok"] for r in rows for k, c in r["check"].items() if k != "ours_vs_ref"))]
+  parts = [
+    "%d rows, checks failed: ours %d, cuDNN-sink %d"
+    % (
+      len(rows),
+      sum(not r["check"]["ours_vs_ref"]["ok"] for r in rows),
+      sum(not c["ok"] for r in rows for k, c in r["check"].items() if k != "ours_vs_ref"),
+    )
+  ]
   for mode in ("fwd", "fb"):
     x = [r[mode]["cudnn_over_ours"]["median"] for r in rows if "cudnn_over_ours" in r[mode]]
     if x:
-      parts.append("%s cudnn/ours %.3f..%.3f (%d of %d rows >= 1)" % (mode, min(x), max(x), sum(v >= 1 for v in x),
-                                                                      len(x)))
+      parts.append(
+        "%s cudnn/ours %.3f..%.3f (%d of %d rows >= 1)" % (mode, min(x), max(x), sum(v >= 1 for v in x), len(x))
+      )
   dd = [d for d in decode if d["default"]]
   if dd:
-    parts.append("decode (default plans) %.0f..%.0f%% of copy, checks failed %d" % (
-        100 * min(d["of_copy"] for d in dd), 100 * max(d["of_copy"] for d in dd),
-        sum(not d["check"]["ok"] for d in decode)))
+    parts.append(
+      "decode (default plans) %.0f..%.0f%% of copy, checks failed %d"
+      % (
+        100 * min(d["of_copy"] for d in dd),
+        100 * max(d["of_copy"] for d in dd),
+        sum(not d["check"]["ok"] for d in decode),
+      )
+    )
   return "; ".join(parts)
 
 

@@ -16,6 +16,7 @@ tensors, the array code of the GPU run.
     python3 bench/prod_check.py --cpu [--torch]
 Exit status 1 when any check fails. Prints one line per (shape, direction, plan), then the totals.
 """
+
 import argparse
 import ctypes
 import json
@@ -40,8 +41,9 @@ import sa_capi  # noqa: E402
 # - dsinks: fp32 sums of exp(a - lse_i) D_i over B * T rows; D from the stored bf16 out on both sides (the
 #   reference takes its own output rounded to bf16), so what differs is the rows' rounding, ~u / sqrt(rows):
 #   rel 1e-2.
-TOL = dict(out=(2e-2, 1e-2), lse=(1e-4, None), dq=(5e-2, 2e-2), dk=(5e-2, 2e-2), dv=(5e-2, 2e-2),
-           dsinks=(1e-2, 1e-2))  # (max element over the largest magnitude, relative)
+TOL = dict(
+  out=(2e-2, 1e-2), lse=(1e-4, None), dq=(5e-2, 2e-2), dk=(5e-2, 2e-2), dv=(5e-2, 2e-2), dsinks=(1e-2, 1e-2)
+)  # (max element over the largest magnitude, relative)
 # The small shapes of --cpu (B, T, N, K, H, causal, window): GQA, H64 and H128, causal and not, a gpt-oss window.
 CPU_GRID = [(2, 128, 4, 2, 64, False, None), (1, 256, 8, 2, 64, True, None), (1, 192, 4, 1, 128, True, (63, 0))]
 PERSISTENT_WORDS = ("persistent", "onepass")
@@ -49,10 +51,12 @@ PERSISTENT_WORDS = ("persistent", "onepass")
 
 class _Host:
   """NumPy arrays for the REF / CPU backends (bf16 through ml_dtypes)."""
+
   stream = None
 
   def __init__(self):
     import ml_dtypes
+
     self.bf16 = ml_dtypes.bfloat16
 
   def reseed(self, seed):
@@ -88,6 +92,7 @@ class _Torch:
 
   def __init__(self, device="cuda"):
     import torch
+
     self.t, self.device = torch, device
     self.stream = torch.cuda.current_stream().cuda_stream if device == "cuda" else None
 
@@ -116,8 +121,12 @@ class _Torch:
     return x.clone()
 
   def same(self, a, b):
-    return bool(self.t.equal(a.view(self.t.int16 if a.element_size() == 2 else self.t.int32),
-                             b.view(self.t.int16 if b.element_size() == 2 else self.t.int32)))
+    return bool(
+      self.t.equal(
+        a.view(self.t.int16 if a.element_size() == 2 else self.t.int32),
+        b.view(self.t.int16 if b.element_size() == 2 else self.t.int32),
+      )
+    )
 
   def sync(self):
     if self.device == "cuda":
@@ -132,8 +141,9 @@ def errors(got, ref, o):
   d = o.where(o.isfinite(g), g - ref, 0.0)
   mref = float(abs(ref).max())
   num, den = float((d * d).sum()), float((ref * ref).sum())
-  return dict(max=float(abs(d).max()) / max(mref, 1e-30), rel=math.sqrt(num / den) if den > 0 else math.sqrt(num),
-              nonfinite=bad)
+  return dict(
+    max=float(abs(d).max()) / max(mref, 1e-30), rel=math.sqrt(num / den) if den > 0 else math.sqrt(num), nonfinite=bad
+  )
 
 
 def lse_error(got, ref, o):
@@ -172,18 +182,44 @@ def check_shape(lib, arr, shape, backend, mode, seed):
   o = attn_ref.ops_for(q)
   out, lse = arr.empty(q.shape), arr.empty((B, N, T), f32=True)
   a = sa_capi.make_attn(lib, q, k, v, out, lse, sinks=sinks, **mask)
-  name = "B%d T%d N%d/%d H%d%s%s" % (B, T, N, K, H, " causal" if causal else "", " window %s" % (window,) if window else "")
+  name = "B%d T%d N%d/%d H%d%s%s" % (
+    B,
+    T,
+    N,
+    K,
+    H,
+    " causal" if causal else "",
+    " window %s" % (window,) if window else "",
+  )
   rows = []
 
   def row(kind, plan, res, ok, extra=None):
-    r = dict(shape=name, kind=kind, plan=plan, plan_ran=lib.last(sa_capi.PLAN_FWD if kind == "fwd" else
-                                                                  sa_capi.PLAN_BWD), ok=ok, errors=res,
-             ref_seconds=round(t_ref, 2))
+    r = dict(
+      shape=name,
+      kind=kind,
+      plan=plan,
+      plan_ran=lib.last(sa_capi.PLAN_FWD if kind == "fwd" else sa_capi.PLAN_BWD),
+      ok=ok,
+      errors=res,
+      ref_seconds=round(t_ref, 2),
+    )
     r.update(extra or {})
     rows.append(r)
-    print("%-4s %-40s %-34s %s %s" % (kind, name, plan, "PASS" if ok else "FAIL", " ".join(
-        "%s %.2e/%s" % (key, e["max"], "-" if e["rel"] is None else "%.2e" % e["rel"]) + (
-            " NONFINITE %d" % e["nonfinite"] if e["nonfinite"] else "") for key, e in res.items())), flush=True)
+    print(
+      "%-4s %-40s %-34s %s %s"
+      % (
+        kind,
+        name,
+        plan,
+        "PASS" if ok else "FAIL",
+        " ".join(
+          "%s %.2e/%s" % (key, e["max"], "-" if e["rel"] is None else "%.2e" % e["rel"])
+          + (" NONFINITE %d" % e["nonfinite"] if e["nonfinite"] else "")
+          for key, e in res.items()
+        ),
+      ),
+      flush=True,
+    )
 
   def fwd(plan):
     lib.force(sa_capi.PLAN_FWD, plan)
@@ -207,15 +243,23 @@ def check_shape(lib, arr, shape, backend, mode, seed):
     for _ in range(3):
       for x in (dq, dk, dv, ds):
         arr.poison(x)
-      lib.check(lib.lib.sa_attn_bwd(ctypes.byref(a), ctypes.byref(g), sa_capi.ptr(ws), wsn, backend, arr.stream),
-                "sa_attn_bwd plan %s" % plan)
+      lib.check(
+        lib.lib.sa_attn_bwd(ctypes.byref(a), ctypes.byref(g), sa_capi.ptr(ws), wsn, backend, arr.stream),
+        "sa_attn_bwd plan %s" % plan,
+      )
       arr.sync()
       runs.append([arr.copy(x) for x in (dq, dk, dv, ds)])
     res = {key: errors(x, r, o) for key, x, r in zip(("dq", "dk", "dv", "dsinks"), runs[0], grads_r)}
-    same = {key: all(arr.same(runs[0][i], runs[j][i]) for j in (1, 2))
-            for i, key in enumerate(("dq", "dk", "dv", "dsinks"))}
-    row("bwd", plan, res, all(verdict(key, e) for key, e in res.items()) and all(same.values()),
-        dict(bitwise_3_runs=same, workspace_bytes=wsn))
+    same = {
+      key: all(arr.same(runs[0][i], runs[j][i]) for j in (1, 2)) for i, key in enumerate(("dq", "dk", "dv", "dsinks"))
+    }
+    row(
+      "bwd",
+      plan,
+      res,
+      all(verdict(key, e) for key, e in res.items()) and all(same.values()),
+      dict(bitwise_3_runs=same, workspace_bytes=wsn),
+    )
     if not all(same.values()):
       print("     not bitwise over 3 runs:", [key for key, s in same.items() if not s], flush=True)
   lib.force(sa_capi.PLAN_BWD, None)
@@ -239,6 +283,7 @@ def main(argv=None):
   else:
     sys.path.insert(0, os.path.join(sa_capi.ROOT, "python"))
     from sinkattn.bench import GRIDS
+
     grid, arr = GRIDS["h200"], _Torch("cuda")
     arr.t.backends.cuda.matmul.allow_tf32 = False  # the reference's products stay fp64 (no tf32 anywhere)
     backends = [("cuda", sa_capi.C["SA_BACKEND_CUDA"])]

@@ -10,6 +10,7 @@ GPU; against the bench's row for the same shape, the difference is what its timi
 --contender cudnn: jax.nn.dot_product_attention(implementation="cudnn") without sinks, the reference vanilla
 kernel, timed the same way.
 """
+
 import argparse
 
 import jax
@@ -40,12 +41,12 @@ def main():
   window = (a.window, 0) if a.window >= 0 else None
 
   def fused(q, k, v, s):
-    return sinkattn.dot_product_attention(q, k, v, s, softmax_type="learnable", is_causal=a.causal,
-                                          local_window_size=window)
+    return sinkattn.dot_product_attention(
+      q, k, v, s, softmax_type="learnable", is_causal=a.causal, local_window_size=window
+    )
 
   def cudnn(q, k, v, s):
-    return jax.nn.dot_product_attention(q, k, v, is_causal=a.causal, local_window_size=window,
-                                        implementation="cudnn")
+    return jax.nn.dot_product_attention(q, k, v, is_causal=a.causal, local_window_size=window, implementation="cudnn")
 
   def fb(q, k, v, s, dout):
     f = fused if a.contender == "fused" else cudnn

@@ -4,6 +4,7 @@ ratios fused / cuDNN and fused / fused_ab (> 1: fused is faster). With --rounds 
 then each ratio also gets its spread: the ratio of every round's own medians, min..max (rounds time the
 contenders in turn, so a round's ratio compares timings taken seconds apart).
 """
+
 import json
 import statistics
 import sys
@@ -11,8 +12,11 @@ import sys
 
 def key(r):
   w = r.get("window")
-  return (f"B{r['B']} T{r['T']} N{r['N']}/{r['K']} H{r['H']}" + (" causal" if r["causal"] else "")
-          + (f" w{tuple(w)}" if w else ""))
+  return (
+    f"B{r['B']} T{r['T']} N{r['N']}/{r['K']} H{r['H']}"
+    + (" causal" if r["causal"] else "")
+    + (f" w{tuple(w)}" if w else "")
+  )
 
 
 def per_round(r, col, rounds):
@@ -20,7 +24,7 @@ def per_round(r, col, rounds):
   if not s or rounds < 2:
     return None
   n = len(s) // rounds
-  return [statistics.median(s[i * n:(i + 1) * n]) for i in range(rounds)]
+  return [statistics.median(s[i * n : (i + 1) * n]) for i in range(rounds)]
 
 
 def ratio_text(a, b, col, rounds):
@@ -37,13 +41,16 @@ def main(paths):
   for path in paths:
     d = json.load(open(path))
     rounds = d["meta"].get("rounds", 1)
-    print(f"# {path}: commit {d['meta']['commit'][:10]}, {d['meta']['device']}, rounds {rounds}"
-          + (f", fused_ab: {d['meta']['ab_env']}" if d["meta"].get("ab_env") else ""))
+    print(
+      f"# {path}: commit {d['meta']['commit'][:10]}, {d['meta']['device']}, rounds {rounds}"
+      + (f", fused_ab: {d['meta']['ab_env']}" if d["meta"].get("ab_env") else "")
+    )
     rows = {}
     for r in d["rows"]:
       rows.setdefault(key(r), {})[r["contender"]] = r
-    print("%-36s %13s %24s %24s %24s %24s" % ("row", "fused TF/s", "fwd vs cuDNN", "f+b vs cuDNN", "fwd vs ab",
-                                             "f+b vs ab"))
+    print(
+      "%-36s %13s %24s %24s %24s %24s" % ("row", "fused TF/s", "fwd vs cuDNN", "f+b vs cuDNN", "fwd vs ab", "f+b vs ab")
+    )
     for k, c in rows.items():
       f = c.get("fused")
       if not f:

@@ -16,6 +16,7 @@ usage (two GPUs):  PYTHONPATH=python python bench/ring_bench.py --devices 2
        (CPU smoke): XLA_FLAGS=--xla_force_host_platform_device_count=2 PYTHONPATH=python \
                     python bench/ring_bench.py --tiny --out /tmp/ring.json
 """
+
 import argparse
 import json
 import os
@@ -27,7 +28,8 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import sinkattn
 
@@ -82,8 +84,12 @@ def make_inputs(a, T, mesh, spec):
     k = jax.random.normal(kk, (a.batch, T, a.kv_heads, a.head_dim), dtype)
     v = jax.random.normal(kv, (a.batch, T, a.kv_heads, a.head_dim), dtype)
     s = jax.random.uniform(ks, (a.heads,), jnp.float32, -10, 10)
-    return (jax.lax.with_sharding_constraint(q, qkv), jax.lax.with_sharding_constraint(k, qkv),
-            jax.lax.with_sharding_constraint(v, qkv), jax.lax.with_sharding_constraint(s, rep))
+    return (
+      jax.lax.with_sharding_constraint(q, qkv),
+      jax.lax.with_sharding_constraint(k, qkv),
+      jax.lax.with_sharding_constraint(v, qkv),
+      jax.lax.with_sharding_constraint(s, rep),
+    )
 
   return gen(jax.random.key(T))
 
@@ -91,6 +97,7 @@ def make_inputs(a, T, mesh, spec):
 def fwd_bwd(attn):
   def loss(q, k, v, s):
     return jnp.sum(attn(q, k, v, s).astype(jnp.float32))
+
   return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
 
 
@@ -103,10 +110,13 @@ def one_device(a, L):
 
 
 def ring(a, L, layout):
-  mesh = Mesh(np.array(jax.devices()[:a.devices]), ("sp",))
+  mesh = Mesh(np.array(jax.devices()[: a.devices]), ("sp",))
   args = make_inputs(a, a.devices * L, mesh, P(None, "sp"))  # inputs taken to be in `layout` order already
-  fn = fwd_bwd(lambda q, k, v, s: sinkattn.ring_attention_sharded(
-      q, k, v, s, mesh=mesh, axis_name="sp", layout=layout, is_causal=not a.no_causal))
+  fn = fwd_bwd(
+    lambda q, k, v, s: sinkattn.ring_attention_sharded(
+      q, k, v, s, mesh=mesh, axis_name="sp", layout=layout, is_causal=not a.no_causal
+    )
+  )
   return timed(fn, args, a.iters)
 
 
@@ -119,8 +129,9 @@ def git_commit():
   if os.environ.get("SINKATTN_COMMIT"):
     return os.environ["SINKATTN_COMMIT"]
   try:
-    return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                          cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    return subprocess.run(
+      ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__))
+    ).stdout.strip()
   except OSError:
     return None
 
@@ -128,8 +139,10 @@ def git_commit():
 def main():
   a = parse()
   if len(jax.devices()) < a.devices:
-    sys.exit(f"ring_bench: {a.devices} devices asked, {len(jax.devices())} present "
-             "(on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N)")
+    sys.exit(
+      f"ring_bench: {a.devices} devices asked, {len(jax.devices())} present "
+      "(on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N)"
+    )
   layout = "contiguous" if a.no_causal else "zigzag"
   rows, reach = [], {"ring_max_global_len": None, "one_device_max_len": None}
   L, one_ok = a.start, True
@@ -158,24 +171,44 @@ def main():
     print(json.dumps(row), flush=True)
     L *= 2
   result = {
-      "bench": "ring_attention fwd+bwd vs one device", "commit": git_commit(),
-      "platform": jax.devices()[0].platform, "device_kind": jax.devices()[0].device_kind,
-      "devices": a.devices, "jax": jax.__version__, "sinkattn": sinkattn.__version__,
-      "config": {"batch": a.batch, "heads": a.heads, "kv_heads": a.kv_heads, "head_dim": a.head_dim,
-                 "dtype": a.dtype, "causal": not a.no_causal, "layout": layout, "iters": a.iters},
-      "rows": rows, "reach": reach,
-      "note": "reach stops at --max-len or the first failed allocation, whichever comes first",
+    "bench": "ring_attention fwd+bwd vs one device",
+    "commit": git_commit(),
+    "platform": jax.devices()[0].platform,
+    "device_kind": jax.devices()[0].device_kind,
+    "devices": a.devices,
+    "jax": jax.__version__,
+    "sinkattn": sinkattn.__version__,
+    "config": {
+      "batch": a.batch,
+      "heads": a.heads,
+      "kv_heads": a.kv_heads,
+      "head_dim": a.head_dim,
+      "dtype": a.dtype,
+      "causal": not a.no_causal,
+      "layout": layout,
+      "iters": a.iters,
+    },
+    "rows": rows,
+    "reach": reach,
+    "note": "reach stops at --max-len or the first failed allocation, whichever comes first",
   }
-  out = a.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                              f"ring_{result['platform']}_P{a.devices}.json")
+  out = a.out or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "results", f"ring_{result['platform']}_P{a.devices}.json"
+  )
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   with open(out, "w") as f:
     json.dump(result, f, indent=1)
   print("wrote", out)
   eff = [r["efficiency"] for r in rows if "efficiency" in r]
-  print("ring: P=%d, per-device length %s, %d iterations: efficiency %s" % (
-      a.devices, ",".join(str(r["per_device_len"]) for r in rows), a.iters,
-      "%.3f..%.3f" % (min(eff), max(eff)) if eff else "not measured (no one-device row)"))
+  print(
+    "ring: P=%d, per-device length %s, %d iterations: efficiency %s"
+    % (
+      a.devices,
+      ",".join(str(r["per_device_len"]) for r in rows),
+      a.iters,
+      "%.3f..%.3f" % (min(eff), max(eff)) if eff else "not measured (no one-device row)",
+    )
+  )
 
 
 if __name__ == "__main__":

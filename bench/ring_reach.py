@@ -32,6 +32,7 @@ usage (two GPUs):  PYTHONPATH=python python bench/ring_reach.py --out bench/resu
        (CPU smoke): XLA_FLAGS=--xla_force_host_platform_device_count=2 python bench/ring_reach.py \
                     --devices 2 --start 1024 --max-len 8192 --mem-gib 1 --time-budget 60 --out /tmp/reach.json
 """
+
 import argparse
 import datetime
 import json
@@ -46,7 +47,8 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 try:
   import sinkattn
@@ -63,9 +65,13 @@ def parse():
   p.add_argument("--devices", type=int, default=None, help="P for the ring (default: all visible devices)")
   p.add_argument("--start", type=int, default=1 << 16, help="first global sequence length (doubled)")
   p.add_argument("--max-len", type=int, default=1 << 26, help="stop doubling past this global length")
-  p.add_argument("--mem-gib", type=float, default=None,
-                 help="device memory, GiB (needed where memory_stats() has no bytes_limit, e.g. CPU; "
-                      "given, it overrides bytes_limit)")
+  p.add_argument(
+    "--mem-gib",
+    type=float,
+    default=None,
+    help="device memory, GiB (needed where memory_stats() has no bytes_limit, e.g. CPU; "
+    "given, it overrides bytes_limit)",
+  )
   p.add_argument("--time-budget", type=float, default=240, help="seconds for the runs of step 2")
   p.add_argument("--out", default=None, help="JSON path (default bench/results/reach_<platform>_P<P>.json)")
   return p.parse_args()
@@ -80,8 +86,12 @@ def git_commit():
   if os.environ.get("SINKATTN_COMMIT"):
     return os.environ["SINKATTN_COMMIT"]
   try:
-    return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                          cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
+    return (
+      subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__))
+      ).stdout.strip()
+      or None
+    )
   except OSError:
     return None
 
@@ -92,21 +102,24 @@ def shardings(mesh):
 
 def functions(mesh):
   """Jitted forward and forward+backward (value_and_grad w.r.t. q, k, v, sinks) of the ring."""
+
   def attn(q, k, v, s):
-    return sinkattn.ring_attention_sharded(q, k, v, s, mesh=mesh, axis_name="sp", layout="zigzag",
-                                           is_causal=True)
+    return sinkattn.ring_attention_sharded(q, k, v, s, mesh=mesh, axis_name="sp", layout="zigzag", is_causal=True)
 
   def loss(q, k, v, s):
     return jnp.sum(attn(q, k, v, s).astype(jnp.float32))
+
   return jax.jit(attn), jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
 
 
 def specs(mesh, T):
   seq, rep = shardings(mesh)
-  return (jax.ShapeDtypeStruct((B, T, N, H), DTYPE, sharding=seq),
-          jax.ShapeDtypeStruct((B, T, K, H), DTYPE, sharding=seq),
-          jax.ShapeDtypeStruct((B, T, K, H), DTYPE, sharding=seq),
-          jax.ShapeDtypeStruct((N,), jnp.float32, sharding=rep))
+  return (
+    jax.ShapeDtypeStruct((B, T, N, H), DTYPE, sharding=seq),
+    jax.ShapeDtypeStruct((B, T, K, H), DTYPE, sharding=seq),
+    jax.ShapeDtypeStruct((B, T, K, H), DTYPE, sharding=seq),
+    jax.ShapeDtypeStruct((N,), jnp.float32, sharding=rep),
+  )
 
 
 def inputs(mesh, T):
@@ -115,15 +128,24 @@ def inputs(mesh, T):
 
   def gen(key):
     kq, kk, kv, ks = jax.random.split(key, 4)
-    return (jax.random.normal(kq, (B, T, N, H), DTYPE), jax.random.normal(kk, (B, T, K, H), DTYPE),
-            jax.random.normal(kv, (B, T, K, H), DTYPE), jax.random.uniform(ks, (N,), jnp.float32, -10, 10))
+    return (
+      jax.random.normal(kq, (B, T, N, H), DTYPE),
+      jax.random.normal(kk, (B, T, K, H), DTYPE),
+      jax.random.normal(kv, (B, T, K, H), DTYPE),
+      jax.random.uniform(ks, (N,), jnp.float32, -10, 10),
+    )
+
   return jax.jit(gen, out_shardings=(seq, seq, seq, rep))(jax.random.key(T))
 
 
 def memory(compiled):
   m = compiled.memory_analysis()
-  d = dict(argument=m.argument_size_in_bytes, output=m.output_size_in_bytes, temp=m.temp_size_in_bytes,
-           alias=m.alias_size_in_bytes)
+  d = dict(
+    argument=m.argument_size_in_bytes,
+    output=m.output_size_in_bytes,
+    temp=m.temp_size_in_bytes,
+    alias=m.alias_size_in_bytes,
+  )
   d["total"] = d["argument"] + d["output"] + d["temp"] - d["alias"]
   return d
 
@@ -159,17 +181,35 @@ def compile_ladder(nd, a, limit):
     try:
       cf, cb = fwd.lower(*specs(mesh, T)).compile(), fb.lower(*specs(mesh, T)).compile()
     except Exception as e:  # noqa: BLE001 -- kept as a result: one device call must not lose the others
-      rows.append(dict(devices=nd, global_len=T, per_device_len=T // nd, fits_fwd=False, fits_fb=False,
-                       ran=False, error=f"compile: {type(e).__name__}: {str(e).splitlines()[0][:300]}"))
+      rows.append(
+        dict(
+          devices=nd,
+          global_len=T,
+          per_device_len=T // nd,
+          fits_fwd=False,
+          fits_fb=False,
+          ran=False,
+          error=f"compile: {type(e).__name__}: {str(e).splitlines()[0][:300]}",
+        )
+      )
       print(f"P={nd} T={T:>9}  {rows[-1]['error']}", flush=True)
       break
-    row = dict(devices=nd, global_len=T, per_device_len=T // nd, fwd_bytes=memory(cf), fb_bytes=memory(cb),
-               compile_s=round(time.perf_counter() - t0, 2))
+    row = dict(
+      devices=nd,
+      global_len=T,
+      per_device_len=T // nd,
+      fwd_bytes=memory(cf),
+      fb_bytes=memory(cb),
+      compile_s=round(time.perf_counter() - t0, 2),
+    )
     row["fits_fwd"], row["fits_fb"] = row["fwd_bytes"]["total"] <= limit, row["fb_bytes"]["total"] <= limit
     row["ran"] = False
     rows.append(row)
-    print(f"P={nd} T={T:>9}  compiled bytes/device: fwd {row['fwd_bytes']['total'] / 2**30:7.2f} GiB  "
-          f"f+b {row['fb_bytes']['total'] / 2**30:7.2f} GiB  fits f+b: {row['fits_fb']}", flush=True)
+    print(
+      f"P={nd} T={T:>9}  compiled bytes/device: fwd {row['fwd_bytes']['total'] / 2**30:7.2f} GiB  "
+      f"f+b {row['fb_bytes']['total'] / 2**30:7.2f} GiB  fits f+b: {row['fits_fb']}",
+      flush=True,
+    )
     if not row["fits_fwd"]:
       break
     if row["fits_fb"]:
@@ -205,16 +245,21 @@ def run_ladder(rows, compiled, mesh, budget):
     row["fwd_tflops"], row["fb_tflops"] = tflops(T, row["fwd_s"], False), tflops(T, row["fb_s"], True)
     last = time.perf_counter() - t0
     peak = "-" if row["fb_peak_bytes"] is None else f"{row['fb_peak_bytes'] / 2**30:.2f} GiB"
-    print(f"P={row['devices']} T={T:>9}  fwd {row['fwd_s']:8.3f} s {row['fwd_tflops']:7.2f} TFLOP/s  "
-          f"f+b {row['fb_s']:8.3f} s {row['fb_tflops']:7.2f} TFLOP/s  peak f+b {peak}", flush=True)
+    print(
+      f"P={row['devices']} T={T:>9}  fwd {row['fwd_s']:8.3f} s {row['fwd_tflops']:7.2f} TFLOP/s  "
+      f"f+b {row['fb_s']:8.3f} s {row['fb_tflops']:7.2f} TFLOP/s  peak f+b {peak}",
+      flush=True,
+    )
 
 
 def main():
   a = parse()
   ndev = a.devices or len(jax.devices())
   if len(jax.devices()) < ndev:
-    sys.exit(f"ring_reach: {ndev} devices asked, {len(jax.devices())} present "
-             "(on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N)")
+    sys.exit(
+      f"ring_reach: {ndev} devices asked, {len(jax.devices())} present "
+      "(on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N)"
+    )
   if a.start % (2 * ndev):
     sys.exit(f"ring_reach: --start {a.start} must divide by 2 * P = {2 * ndev} (zigzag: 2 chunks per device)")
   stats = jax.devices()[0].memory_stats() or {}
@@ -239,24 +284,46 @@ def main():
     fit_fwd = [r["global_len"] for r in rows if r["fits_fwd"]]
     ran = [r["global_len"] for r in rows if r["ran"]]
     summary[f"P{nd}"] = dict(
-        longest_fits_fb_compiler=max(fit, default=None), longest_fits_fwd_compiler=max(fit_fwd, default=None),
-        longest_run_fb=max(ran, default=None),
-        stopped_by="memory" if rows and not rows[-1]["fits_fwd"] else "--max-len")
+      longest_fits_fb_compiler=max(fit, default=None),
+      longest_fits_fwd_compiler=max(fit_fwd, default=None),
+      longest_run_fb=max(ran, default=None),
+      stopped_by="memory" if rows and not rows[-1]["fits_fwd"] else "--max-len",
+    )
   result = dict(
-      bench="ring_attention reach: longest sequence that fits (compiler accounting) and runs",
-      commit=git_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      platform=jax.devices()[0].platform, device_kind=jax.devices()[0].device_kind, devices=ndev,
-      jax=jax.__version__, jaxlib=jaxlib.__version__, sinkattn=sinkattn.__version__,
-      mem_limit_bytes=limit, mem_limit_source=source,
-      xla_mem_fraction=os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"),
-      config=dict(batch=B, heads=N, kv_heads=K, head_dim=H, dtype="bfloat16", softmax="learnable",
-                  causal=True, layout="zigzag", start=a.start, max_len=a.max_len, time_budget_s=a.time_budget),
-      rows=[r for rows, _, _ in ladders for r in rows], summary=summary,
-      note="bytes are per device: argument + output + temp - alias of the compiled program; tflops count all "
-           "devices together (causal fwd = 2*B*N*T^2*H, f+b = 3.5x); peak_bytes is memory_stats()' "
-           "peak_bytes_in_use where this run raised it (None: not raised, or no memory_stats)")
-  out = a.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                              f"reach_{result['platform']}_P{ndev}.json")
+    bench="ring_attention reach: longest sequence that fits (compiler accounting) and runs",
+    commit=git_commit(),
+    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    platform=jax.devices()[0].platform,
+    device_kind=jax.devices()[0].device_kind,
+    devices=ndev,
+    jax=jax.__version__,
+    jaxlib=jaxlib.__version__,
+    sinkattn=sinkattn.__version__,
+    mem_limit_bytes=limit,
+    mem_limit_source=source,
+    xla_mem_fraction=os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"),
+    config=dict(
+      batch=B,
+      heads=N,
+      kv_heads=K,
+      head_dim=H,
+      dtype="bfloat16",
+      softmax="learnable",
+      causal=True,
+      layout="zigzag",
+      start=a.start,
+      max_len=a.max_len,
+      time_budget_s=a.time_budget,
+    ),
+    rows=[r for rows, _, _ in ladders for r in rows],
+    summary=summary,
+    note="bytes are per device: argument + output + temp - alias of the compiled program; tflops count all "
+    "devices together (causal fwd = 2*B*N*T^2*H, f+b = 3.5x); peak_bytes is memory_stats()' "
+    "peak_bytes_in_use where this run raised it (None: not raised, or no memory_stats)",
+  )
+  out = a.out or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "results", f"reach_{result['platform']}_P{ndev}.json"
+  )
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   with open(out, "w") as f:
     json.dump(result, f, indent=1)

@@ -8,6 +8,7 @@ sa_plan_last: internal, exported for tests and benchmarks; src/sa_plan.h) lists,
 
 Buffers are NumPy arrays (host memory: the REF and CPU backends) or PyTorch tensors (device memory: CUDA).
 """
+
 import ctypes
 import glob
 import os
@@ -19,9 +20,16 @@ HEADER = os.path.join(ROOT, "include", "sinkattn.h")
 
 DEFAULT_PLAN = "default"  # "whatever the library picks": Lib.force clears the forced plan
 
-_SCALARS = {"int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32, "uint64_t": ctypes.c_uint64,
-            "uint32_t": ctypes.c_uint32, "int": ctypes.c_int, "float": ctypes.c_float, "double": ctypes.c_double,
-            "size_t": ctypes.c_size_t}
+_SCALARS = {
+  "int64_t": ctypes.c_int64,
+  "int32_t": ctypes.c_int32,
+  "uint64_t": ctypes.c_uint64,
+  "uint32_t": ctypes.c_uint32,
+  "int": ctypes.c_int,
+  "float": ctypes.c_float,
+  "double": ctypes.c_double,
+  "size_t": ctypes.c_size_t,
+}
 
 
 def _strip_comments(text):
@@ -59,8 +67,10 @@ def parse_header(path=HEADER):
         elif base in enum_types:
           ct = ctypes.c_int
         else:
-          raise ValueError(f"{path}: struct {name}: field {field} has type {base}, which sa_capi.py does not "
-                           f"map to ctypes (known: {sorted(_SCALARS)} and the header's enums)")
+          raise ValueError(
+            f"{path}: struct {name}: field {field} has type {base}, which sa_capi.py does not "
+            f"map to ctypes (known: {sorted(_SCALARS)} and the header's enums)"
+          )
         fields.append((field, ct * int(count) if count else ct))
     structs[alias] = fields
   return consts, enum_types, structs
@@ -68,8 +78,9 @@ def parse_header(path=HEADER):
 
 C, _ENUMS, _STRUCTS = parse_header()
 # The plan API's kinds, from its internal header (src/sa_plan.h: enum { SA_PLAN_FWD = 0, ... }).
-_KINDS = dict(re.findall(r"(SA_PLAN_[A-Z]+)\s*=\s*(\d+)",
-                         _strip_comments(open(os.path.join(ROOT, "src", "sa_plan.h")).read())))
+_KINDS = dict(
+  re.findall(r"(SA_PLAN_[A-Z]+)\s*=\s*(\d+)", _strip_comments(open(os.path.join(ROOT, "src", "sa_plan.h")).read()))
+)
 PLAN_FWD, PLAN_BWD, PLAN_DECODE = (int(_KINDS["SA_PLAN_" + k]) for k in ("FWD", "BWD", "DECODE"))
 
 
@@ -90,8 +101,10 @@ def find_library(path=None):
   for p in tried:
     if os.path.isfile(p):
       return p
-  raise FileNotFoundError("libsinkattn.so not found (tried %s): build it with cmake -S . -B build && cmake --build "
-                          "build, or pass its path" % ", ".join(tried))
+  raise FileNotFoundError(
+    "libsinkattn.so not found (tried %s): build it with cmake -S . -B build && cmake --build "
+    "build, or pass its path" % ", ".join(tried)
+  )
 
 
 def ptr(x):
@@ -109,14 +122,25 @@ class Lib:
   def __init__(self, path=None):
     self.path = find_library(path)
     lib = self.lib = ctypes.CDLL(self.path)
-    pa, pg, st, i32, vp, sz = ctypes.POINTER(Attn), ctypes.POINTER(Grad), ctypes.c_int, ctypes.c_int, \
-        ctypes.c_void_p, ctypes.c_size_t
-    for name, res, args in (("sa_attn_init", None, [pa]), ("sa_attn_check", st, [pa, i32]),
-                            ("sa_attn_fwd", st, [pa, i32, vp]), ("sa_attn_bwd_workspace_size", sz, [pa, i32]),
-                            ("sa_attn_bwd", st, [pa, pg, vp, sz, i32, vp]),
-                            ("sa_attn_decode_workspace_size", sz, [pa, i32]),
-                            ("sa_attn_decode_fwd", st, [pa, vp, sz, i32, vp]), ("sa_last_error", ctypes.c_char_p, []),
-                            ("sa_has_cuda", i32, [])):
+    pa, pg, st, i32, vp, sz = (
+      ctypes.POINTER(Attn),
+      ctypes.POINTER(Grad),
+      ctypes.c_int,
+      ctypes.c_int,
+      ctypes.c_void_p,
+      ctypes.c_size_t,
+    )
+    for name, res, args in (
+      ("sa_attn_init", None, [pa]),
+      ("sa_attn_check", st, [pa, i32]),
+      ("sa_attn_fwd", st, [pa, i32, vp]),
+      ("sa_attn_bwd_workspace_size", sz, [pa, i32]),
+      ("sa_attn_bwd", st, [pa, pg, vp, sz, i32, vp]),
+      ("sa_attn_decode_workspace_size", sz, [pa, i32]),
+      ("sa_attn_decode_fwd", st, [pa, vp, sz, i32, vp]),
+      ("sa_last_error", ctypes.c_char_p, []),
+      ("sa_has_cuda", i32, []),
+    ):
       f = getattr(lib, name)
       f.restype, f.argtypes = res, args
     lib.sa_plan_list.restype = i32
@@ -141,16 +165,34 @@ class Lib:
 
   def force(self, which, name):
     """Forces the calling thread's next calls of kind `which` to plan `name` (None or DEFAULT_PLAN: clears)."""
-    self.check(self.lib.sa_plan_force(which, None if name in (None, DEFAULT_PLAN) else name.encode()),
-               f"sa_plan_force({which}, {name})")
+    self.check(
+      self.lib.sa_plan_force(which, None if name in (None, DEFAULT_PLAN) else name.encode()),
+      f"sa_plan_force({which}, {name})",
+    )
 
   def last(self, which):
     """The description of the calling thread's last plan of kind `which`."""
     return self.lib.sa_plan_last(which).decode()
 
 
-def make_attn(lib, q, k, v, out, lse, *, sinks=None, softmax="learnable", causal=0, window=(-1, -1), scale=0.0,
-              q_seg=None, kv_seg=None, kv_lens=None, dtype="bf16"):
+def make_attn(
+  lib,
+  q,
+  k,
+  v,
+  out,
+  lse,
+  *,
+  sinks=None,
+  softmax="learnable",
+  causal=0,
+  window=(-1, -1),
+  scale=0.0,
+  q_seg=None,
+  kv_seg=None,
+  kv_lens=None,
+  dtype="bf16",
+):
   """An sa_attn over q [B,T,N,H], k [B,S,K,H], v [B,S,K,Hv], out, lse (arrays or tensors). causal: 0 none,
   1 top-left, 2 bottom-right; softmax: vanilla | off_by_one | learnable."""
   a = Attn()
@@ -183,19 +225,32 @@ def stamp(lib=None):
   device's copy), the library, the GPU, its driver, and the versions."""
   import platform
   import subprocess
+
   commit = os.environ.get("SINKATTN_COMMIT")
   if not commit:
     try:
-      commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or "unknown"
+      commit = (
+        subprocess.run(
+          ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        or "unknown"
+      )
     except OSError:
       commit = "unknown"
   out = dict(commit=commit, host=platform.node(), python=platform.python_version())
   if lib is not None:
     out["library"] = lib.path
   try:
-    q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem", "--format=csv,noheader"],
-                       capture_output=True, text=True, timeout=20).stdout.strip().splitlines()
+    q = (
+      subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+      )
+      .stdout.strip()
+      .splitlines()
+    )
     out["gpus"] = q
   except OSError:
     out["gpus"] = []

@@ -4,10 +4,10 @@
   bench/sass_compare.py OLD_DIR NEW_DIR [--expect bench/sass_expect.txt] [-o REPORT]
 
 Every *.o under each directory is dumped with `cuobjdump --dump-sass` and `--dump-resource-usage`, split by
-(architecture, demangled kernel name), and normalised: the address column (/*0a40*/) and the column padding go, the instruction text,
-its branch targets (function-relative) and its encoding words stay, so "identical" means byte-identical
-machine code. The resource line (registers, stack, shared, local, constant bank 0) is compared too. Anonymous
-namespaces demangle without their per-file hash, so moving a kernel between files keeps its key.
+(architecture, demangled kernel name), and normalised: the address column (/*0a40*/) and the column padding go,
+the instruction text, its branch targets (function-relative) and its encoding words stay, so "identical" means
+byte-identical machine code. The resource line (registers, stack, shared, local, constant bank 0) is compared too.
+Anonymous namespaces demangle without their per-file hash, so moving a kernel between files keeps its key.
 
 The expectations file lists, one per line, `renamed OLD => NEW` (demangled names, exact) and
 `deleted REGEX : REASON` (a kernel of OLD_DIR that is gone on purpose). Exit status 1 when a kept kernel
@@ -15,6 +15,7 @@ differs, a kernel vanished without a `deleted` line, or a new kernel appeared.
 
 cuobjdump: $CUOBJDUMP, else on PATH, else from the pip package nvidia-cuda-cuobjdump.
 """
+
 import argparse
 import glob
 import os
@@ -30,6 +31,7 @@ def find_cuobjdump():
     return cand
   try:
     import nvidia.cu13  # the pip package nvidia-cuda-cuobjdump installs bin/ here
+
     for base in nvidia.cu13.__path__:
       p = os.path.join(base, "bin", "cuobjdump")
       if os.path.exists(p):
@@ -52,8 +54,7 @@ ADDR = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s*")
 def dump(cuobjdump, obj):
   """{(arch, mangled): (normalised sass, resource line)} of one object file."""
   sass = subprocess.run([cuobjdump, "--dump-sass", obj], capture_output=True, text=True, check=True).stdout
-  res = subprocess.run([cuobjdump, "--dump-resource-usage", obj], capture_output=True, text=True,
-                       check=True).stdout
+  res = subprocess.run([cuobjdump, "--dump-resource-usage", obj], capture_output=True, text=True, check=True).stdout
   kernels, arch, name, lines = {}, None, None, []
 
   def flush():
@@ -120,10 +121,10 @@ def read_expect(path):
       if not line or line.startswith("#"):
         continue
       if line.startswith("renamed "):
-        old, new = line[len("renamed "):].split(" => ")
+        old, new = line[len("renamed ") :].split(" => ")
         renames[old.strip()] = new.strip()
       elif line.startswith("deleted "):
-        rx, reason = line[len("deleted "):].split(" : ", 1)
+        rx, reason = line[len("deleted ") :].split(" : ", 1)
         deleted.append((re.compile(rx.strip()), reason.strip()))
       else:
         sys.exit(f"sass_compare: {path}:{n}: expected 'renamed OLD => NEW' or 'deleted REGEX : REASON'")
@@ -144,7 +145,7 @@ def main():
   renames, deleted = read_expect(args.expect)
   rows, bad = [], 0
   matched_new = set()
-  for (arch, name) in sorted(old):
+  for arch, name in sorted(old):
     target = (arch, renames.get(name, name))
     if target in new:
       matched_new.add(target)
@@ -165,8 +166,9 @@ def main():
     counts[(arch, kind)] = counts.get((arch, kind), 0) + 1
   lines = [f"SASS per kernel: {args.label_old} ({args.old}) vs {args.label_new} ({args.new})", ""]
   for arch in sorted({r[0] for r in rows}):
-    summary = ", ".join(f"{k} {counts[(arch, k)]}" for k in ("identical", "deleted", "CHANGED", "MISSING", "ADDED")
-                        if (arch, k) in counts)
+    summary = ", ".join(
+      f"{k} {counts[(arch, k)]}" for k in ("identical", "deleted", "CHANGED", "MISSING", "ADDED") if (arch, k) in counts
+    )
     lines.append(f"{arch}: {summary}")
   lines.append("")
   for arch, kind, name, note in rows:
@@ -174,7 +176,9 @@ def main():
     if kind != "identical":
       lines.append(f"{'':17s}{note}")
   lines.append("")
-  lines.append("result: " + ("every kept kernel byte-identical" if bad == 0 else f"{bad} kernel(s) differ or unaccounted"))
+  lines.append(
+    "result: " + ("every kept kernel byte-identical" if bad == 0 else f"{bad} kernel(s) differ or unaccounted")
+  )
   text = "\n".join(lines) + "\n"
   sys.stdout.write(text)
   if args.output:

@@ -12,6 +12,7 @@ f+b 3.5x: docs_n at 80% of dense is issue 22's target. f+b of a backward plan = 
 
     python3 bench/segments_bench.py [--rounds 5] [--docs 1,4,16] [--t 4096,16384] [--h 64,128] [--out F.json]
 """
+
 import argparse
 import ctypes
 import json
@@ -45,13 +46,20 @@ class Layer:
     self.seg = None if docs is None else (torch.arange(T, device="cuda", dtype=torch.int32) // (T // docs))[None]
     self.sets, self.a, self.g = [], [], []
     for _ in range(sets):
-      s = dict(q=rnd(1, T, N_HEADS, H), k=rnd(1, T, KV_HEADS, H, sc=2.0), v=rnd(1, T, KV_HEADS, H),
-               dO=rnd(1, T, N_HEADS, H))
-      s.update(out=torch.empty_like(s["q"]), lse=torch.empty(1, N_HEADS, T, device="cuda"),
-               dq=torch.empty_like(s["q"]), dk=torch.empty_like(s["k"]), dv=torch.empty_like(s["v"]),
-               ds=torch.empty(N_HEADS, device="cuda"))
-      a = sa_capi.make_attn(lib, s["q"], s["k"], s["v"], s["out"], s["lse"], sinks=self.sink, causal=1,
-                            q_seg=self.seg, kv_seg=self.seg)
+      s = dict(
+        q=rnd(1, T, N_HEADS, H), k=rnd(1, T, KV_HEADS, H, sc=2.0), v=rnd(1, T, KV_HEADS, H), dO=rnd(1, T, N_HEADS, H)
+      )
+      s.update(
+        out=torch.empty_like(s["q"]),
+        lse=torch.empty(1, N_HEADS, T, device="cuda"),
+        dq=torch.empty_like(s["q"]),
+        dk=torch.empty_like(s["k"]),
+        dv=torch.empty_like(s["v"]),
+        ds=torch.empty(N_HEADS, device="cuda"),
+      )
+      a = sa_capi.make_attn(
+        lib, s["q"], s["k"], s["v"], s["out"], s["lse"], sinks=self.sink, causal=1, q_seg=self.seg, kv_seg=self.seg
+      )
       self.sets.append(s)
       self.a.append((a, ctypes.byref(a)))
       gr = sa_capi.make_grad(s["dO"], s["dq"], s["dk"], s["dv"], s["ds"], deterministic=1)
@@ -79,10 +87,12 @@ class Layer:
 
     def bwd(i):
       lib.force(sa_capi.PLAN_BWD, plan)
-      s = lib.lib.sa_attn_bwd(self.a[i][1], self.g[i][1], self.ws.data_ptr() if self.ws is not None else None,
-                              self.wsn, cuda, st)
+      s = lib.lib.sa_attn_bwd(
+        self.a[i][1], self.g[i][1], self.ws.data_ptr() if self.ws is not None else None, self.wsn, cuda, st
+      )
       if s:
         lib.check(s, "sa_attn_bwd plan %s" % plan)
+
     return fwd if which == sa_capi.PLAN_FWD else bwd
 
   def check(self, which, ref):
@@ -90,11 +100,20 @@ class Layer:
     s, G = self.sets[0], N_HEADS // KV_HEADS
     o = attn_ref.ops_for(s["q"])
     if which == sa_capi.PLAN_FWD:
-      e = dict(out=prod_check.errors(s["out"][:, :, :G], ref["out"], o),
-               lse=prod_check.lse_error(s["lse"][:, :G], ref["lse"], o))
+      e = dict(
+        out=prod_check.errors(s["out"][:, :, :G], ref["out"], o),
+        lse=prod_check.lse_error(s["lse"][:, :G], ref["lse"], o),
+      )
     else:
-      e = {key: prod_check.errors(x, ref[key], o) for key, x in (
-          ("dq", s["dq"][:, :, :G]), ("dk", s["dk"][:, :, :1]), ("dv", s["dv"][:, :, :1]), ("dsinks", s["ds"][:G]))}
+      e = {
+        key: prod_check.errors(x, ref[key], o)
+        for key, x in (
+          ("dq", s["dq"][:, :, :G]),
+          ("dk", s["dk"][:, :, :1]),
+          ("dv", s["dv"][:, :, :1]),
+          ("dsinks", s["ds"][:G]),
+        )
+      }
     return dict(errors=e, ok=all(prod_check.verdict(key, x) for key, x in e.items()))
 
   def reference(self):
@@ -102,8 +121,9 @@ class Layer:
     q, k, v, do = s["q"][:, :, :G], s["k"][:, :, :1], s["v"][:, :, :1], s["dO"][:, :, :G]
     mask = dict(causal=1, q_seg=seg, kv_seg=seg)
     out, lse = attn_ref.forward(q, k, v, self.sink[:G], block_bytes=4 << 30, **mask)
-    dq, dk, dv, ds = attn_ref.backward(q, k, v, self.sink[:G], out.to(self.t.bfloat16), lse, do, block_bytes=4 << 30,
-                                       **mask)
+    dq, dk, dv, ds = attn_ref.backward(
+      q, k, v, self.sink[:G], out.to(self.t.bfloat16), lse, do, block_bytes=4 << 30, **mask
+    )
     return dict(out=out, lse=lse, dq=dq, dk=dk, dv=dv, dsinks=ds)
 
 
@@ -142,13 +162,38 @@ def bench_shape(torch, lib, timer, T, H, docs, a):
   for key, s in st.items():
     is_fwd = key.startswith("fwd ")
     fb = None if is_fwd else fwd_default + s["median"]
-    rows.append(dict(T=T, H=H, N=N_HEADS, K=KV_HEADS, docs=docs or "dense", plan=key, ran=checks[key]["ran"], ms=s,
-                     tflops=fl / s["median"] * 1e-9 if is_fwd else None, fb_ms=fb,
-                     fb_tflops=None if is_fwd else 3.5 * fl / fb * 1e-9, useful_pairs=pairs, check=checks[key]))
-    print("T%-6d H%-3d docs %-5s %-44s %8.3f ms [%.3f, %.3f] %s  %s" % (
-        T, H, docs or "dense", key, s["median"], s["min"], s["max"],
+    rows.append(
+      dict(
+        T=T,
+        H=H,
+        N=N_HEADS,
+        K=KV_HEADS,
+        docs=docs or "dense",
+        plan=key,
+        ran=checks[key]["ran"],
+        ms=s,
+        tflops=fl / s["median"] * 1e-9 if is_fwd else None,
+        fb_ms=fb,
+        fb_tflops=None if is_fwd else 3.5 * fl / fb * 1e-9,
+        useful_pairs=pairs,
+        check=checks[key],
+      )
+    )
+    print(
+      "T%-6d H%-3d docs %-5s %-44s %8.3f ms [%.3f, %.3f] %s  %s"
+      % (
+        T,
+        H,
+        docs or "dense",
+        key,
+        s["median"],
+        s["min"],
+        s["max"],
         "%6.1f TF/s" % rows[-1]["tflops"] if is_fwd else "f+b %6.1f TF/s" % rows[-1]["fb_tflops"],
-        "ok" if checks[key]["ok"] else "CHECK FAILED"), flush=True)
+        "ok" if checks[key]["ok"] else "CHECK FAILED",
+      ),
+      flush=True,
+    )
   del L
   torch.cuda.empty_cache()
   return rows
@@ -186,13 +231,15 @@ def main(argv=None):
   if a.rounds < 5:
     ap.error("--rounds %d: at least 5" % a.rounds)
   import torch
+
   torch.backends.cuda.matmul.allow_tf32 = False
   lib = sa_capi.Lib(a.lib)
   print("library:", lib.path, flush=True)
   timer = gpu_timing.Timer(torch)
   meta = dict(sa_capi.stamp(lib), rounds=a.rounds, target_ms=a.target_ms, gated=timer.sleep is not None)
-  out = a.out or os.path.join(os.environ.get("OUT", os.path.join(sa_capi.ROOT, "bench", "results")),
-                              "segments-%s.json" % meta["commit"][:7])
+  out = a.out or os.path.join(
+    os.environ.get("OUT", os.path.join(sa_capi.ROOT, "bench", "results")), "segments-%s.json" % meta["commit"][:7]
+  )
   rows = []
   for T in map(int, a.t.split(",")):
     for H in map(int, a.h.split(",")):
@@ -203,8 +250,10 @@ def main(argv=None):
   print("wrote", out)
   summary(rows)
   nbad = sum(not r["check"]["ok"] for r in rows)
-  print("segments_bench: %d plan rows over %d shapes, checks failed %d" % (
-      len(rows), len({(r["T"], r["H"], r["docs"]) for r in rows}), nbad))
+  print(
+    "segments_bench: %d plan rows over %d shapes, checks failed %d"
+    % (len(rows), len({(r["T"], r["H"], r["docs"]) for r in rows}), nbad)
+  )
   return 1 if nbad else 0
 
 

@@ -1,8 +1,8 @@
 /*
  * fuzz_ffi.c — libFuzzer target for the XLA FFI handlers' decoding (src/ffi/): the four handlers
  * (fwd/bwd x cpu/CUDA) get call frames that start as a well-formed call (the buffer layout of
- * src/ffi/ffi_attn.c, version 2 with bias / mask / positions / dbias present or as placeholders, now and
- * then version 1; 0-2 vmap dims) and then take up to 8 mutations picked by the input: wrong argument
+ * src/ffi/ffi_attn.c, version 2 with bias / mask / positions / dbias present or as placeholders; 0-2
+ * vmap dims) and then take up to 8 mutations picked by the input: wrong argument
  * or result counts, non-buffer argument types, dtypes, ranks and dims; attribute names (unknown, empty,
  * prefixes, not NUL-terminated), types (array, string, dictionary), scalar dtypes and values (enums out
  * of range, huge offsets, NaN scale); the metadata handshake and other execution stages.
@@ -155,7 +155,7 @@ static void ff_bcast(ff_buf *fb, int nlead, unsigned ones) {
 static const char *const ff_attr_names[] = {"causal", "deterministic", "diag_offset", "has_dlse", "has_kv_lens",
                                             "has_q_lens", "has_segments", "scale", "softmax", "window_left",
                                             "window_right", "has_bias", "has_mask", "has_positions", "has_dbias"};
-enum { FF_NATTR = sizeof ff_attr_names / sizeof ff_attr_names[0], FF_NATTR_V1 = 11 };
+enum { FF_NATTR = sizeof ff_attr_names / sizeof ff_attr_names[0] };
 
 static void ff_set_attr(ff_attr *at, const char *name, XLA_FFI_DataType dt, int64_t value) {
   memset(at, 0, sizeof *at);
@@ -167,7 +167,7 @@ static void ff_set_attr(ff_attr *at, const char *name, XLA_FFI_DataType dt, int6
   at->fvalue = (double)value;
 }
 
-/* A well-formed call: what Python's ffi_call would send (version 2 of the layout; 1 in 8 calls version 1). */
+/* A well-formed call: what Python's ffi_call would send (version 2 of the layout). */
 static void ff_build(ff_in *in, ff_frame *fr, int bwd, int cuda) {
   static const XLA_FFI_DataType dts[] = {XLA_FFI_DataType_F32, XLA_FFI_DataType_F16, XLA_FFI_DataType_BF16};
   XLA_FFI_DataType dt = dts[ff_pick(in, 3)], bt = dts[ff_pick(in, 3)];
@@ -176,13 +176,13 @@ static void ff_build(ff_in *in, ff_frame *fr, int bwd, int cuda) {
                       ff_pick(in, 4) * 4096, 0};
   int nlead = ff_pick(in, 3);
   int64_t lead[2] = {ff_pick(in, 4), 1 + ff_pick(in, 2)};
-  int v1 = ff_pick(in, 8) == 0, has_bias = !v1 && ff_pick(in, 2), has_mask = !v1 && ff_pick(in, 2);
-  int has_pos = !v1 && ff_pick(in, 2), has_dbias = bwd && has_bias && ff_pick(in, 2);
+  int has_bias = ff_pick(in, 2), has_mask = ff_pick(in, 2);
+  int has_pos = ff_pick(in, 2), has_dbias = bwd && has_bias && ff_pick(in, 2);
   unsigned bias_ones = ff_u8(in) & 15, mask_ones = ff_u8(in) & 15;
   fr->nargs = fr->nrets = 0;
   for (int x = 0; x < 8; x++) ff_set_buf(&fr->bufs[fr->nargs++], &ff_fwd_args[x], sizes, dt, bt, nlead, lead);
   const int present[4] = {has_bias, has_mask, has_pos, has_pos};
-  for (int x = 0; x < 4 && !v1; x++) {
+  for (int x = 0; x < 4; x++) {
     ff_buf *fb = &fr->bufs[fr->nargs++];
     ff_set_buf(fb, present[x] ? &ff_extra_args[x] : &ff_placeholder, sizes, dt, bt, nlead, lead);
     if (present[x] && x < 2) ff_bcast(fb, nlead, x == 0 ? bias_ones : mask_ones);
@@ -192,7 +192,6 @@ static void ff_build(ff_in *in, ff_frame *fr, int bwd, int cuda) {
   if (bwd)
     for (int x = 0; x < 4; x++) ff_set_buf(&fr->bufs[fr->nargs++], &ff_bwd_extra_args[x], sizes, dt, bt, nlead, lead);
   for (int x = 0; x < (bwd ? 6 : 2); x++) {
-    if (bwd && x == 4 && v1) continue;   /* version 1 has no dbias */
     if (bwd && x == 5 && !cuda) continue; /* the workspace: CUDA only */
     ff_buf *fb = &fr->bufs[fr->nargs + fr->nrets++];
     const ff_spec *sp = bwd ? (x == 4 && !has_dbias ? &ff_placeholder : &ff_bwd_rets[x]) : &ff_fwd_rets[x];
@@ -207,7 +206,7 @@ static void ff_build(ff_in *in, ff_frame *fr, int bwd, int cuda) {
                             (int64_t)ff_pick(in, 6) - 1, (int64_t)ff_pick(in, 6) - 1, has_bias, has_mask, has_pos,
                             has_dbias};
   fr->nattrs = 0;
-  for (int x = 0; x < (v1 ? FF_NATTR_V1 : FF_NATTR); x++) {
+  for (int x = 0; x < FF_NATTR; x++) {
     if (!bwd && (x == 1 || x == 3 || x == 14)) continue; /* deterministic, has_dlse, has_dbias: backward only */
     ff_attr *at = &fr->attrs[fr->nattrs++];
     XLA_FFI_DataType t = x == 7 ? XLA_FFI_DataType_F64

@@ -1,6 +1,7 @@
 """The GPU benchmarks' and checks' harness where there is no GPU: bench/sa_capi.py's structs against the C
 compiler's layout of include/sinkattn.h, bench/prod_check.py's --cpu mode on the REF and CPU backends (and that it
 fails on a wrong reference), and bench/kernel_bench.py's argument handling and dry run."""
+
 import ctypes
 import os
 import shutil
@@ -27,7 +28,7 @@ def test_struct_layout_matches_the_c_compiler(tmp_path):
   cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
   if cc is None:
     pytest.skip("no C compiler")
-  lines = ['#include <stddef.h>', '#include <stdio.h>', '#include "sinkattn.h"', "int main(void) {"]
+  lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "sinkattn.h"', "int main(void) {"]
   want = []
   for cname, cls in (("sa_attn", sa_capi.Attn), ("sa_attn_grad", sa_capi.Grad)):
     lines.append('  printf("%%zu\\n", sizeof(%s));' % cname)
@@ -84,15 +85,18 @@ def test_prod_check_fails_on_a_wrong_reference(monkeypatch, where):
     monkeypatch.setattr(ref, "forward", lambda q, k, v, s, **kw: real(q, k, v, s + np.float32(0.25), **kw))
   else:
     real = ref.backward
-    monkeypatch.setattr(ref, "backward", lambda *a, **kw: tuple(x * (1.05 if i == 3 else 1.0)
-                                                                for i, x in enumerate(real(*a, **kw))))
-  rows = prod_check.check_shape(lib, prod_check._Host(), prod_check.CPU_GRID[0], sa_capi.C["SA_BACKEND_CPU"],
-                                "default", 5)
+    monkeypatch.setattr(
+      ref, "backward", lambda *a, **kw: tuple(x * (1.05 if i == 3 else 1.0) for i, x in enumerate(real(*a, **kw)))
+    )
+  rows = prod_check.check_shape(
+    lib, prod_check._Host(), prod_check.CPU_GRID[0], sa_capi.C["SA_BACKEND_CPU"], "default", 5
+  )
   assert rows and not any(r["ok"] for r in rows if r["kind"] == where)
 
 
 def test_kernel_bench_dry_run_and_arguments(capsys):
   import kernel_bench
+
   assert kernel_bench.main(["--dry-run", "--rows", "12,13"]) == 0
   out = capsys.readouterr().out
   assert "row 12" in out and "row 13" in out and "decode B64 S131072" in out

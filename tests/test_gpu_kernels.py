@@ -5,6 +5,7 @@ fp64 NumPy reference. On a compute capability 9.0 device each call must have run
 the first word of the library's last-plan description, starts with "hopper."), read through sinkattn.last_plan;
 without it the plan is not asserted. The other suites stay at T <= 24 in bf16 (f32 runs the jnp path on a GPU),
 so these are the only pytest cases of the Hopper kernels."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,12 +20,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpu_devices(), reason="no
 BF16 = np.dtype(jnp.bfloat16)
 # (id, B, T, N, K, H, causal, window)
 CASES = [
-    ("h64_gqa2", 1, 512, 4, 2, 64, False, None),
-    ("h128_causal", 1, 512, 4, 4, 128, True, None),
-    ("h64_gqa8_causal_b2", 2, 512, 8, 1, 64, True, None),
-    ("h128_gqa2_t1024", 1, 1024, 4, 2, 128, False, None),
-    ("h64_gptoss_window", 1, 768, 16, 2, 64, True, (127, 0)),
-    ("h128_window_64_0", 1, 640, 4, 2, 128, True, (64, 0)),
+  ("h64_gqa2", 1, 512, 4, 2, 64, False, None),
+  ("h128_causal", 1, 512, 4, 4, 128, True, None),
+  ("h64_gqa8_causal_b2", 2, 512, 8, 1, 64, True, None),
+  ("h128_gqa2_t1024", 1, 1024, 4, 2, 128, False, None),
+  ("h64_gptoss_window", 1, 768, 16, 2, 64, True, (127, 0)),
+  ("h128_window_64_0", 1, 640, 4, 2, 128, True, (64, 0)),
 ]
 
 

@@ -27,6 +27,9 @@ BWD_TARGET = "sinkattn_bwd"  # "cpu": results dq dk dv dsinks
 BWD_TARGET_CUDA = "sinkattn_bwd_cuda"  # "CUDA": results dq dk dv dsinks workspace
 DECODE_TARGET = "sinkattn_decode"  # "cpu": results out lse (decode.py)
 DECODE_TARGET_CUDA = "sinkattn_decode_cuda"  # "CUDA": results out lse workspace
+# The attention handlers' buffers and attributes (sa_jax_attn_abi_version in src/ffi/ffi_attn.c): 12 forward
+# inputs (bias, mask and positions included) and dbias among the backward's results.
+ATTN_ABI = 2
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_DIR = os.path.dirname(os.path.dirname(_PKG_DIR))
@@ -36,6 +39,10 @@ _lib = None
 
 class LibraryNotFoundError(RuntimeError):
   """libsinkattn_jax.so is missing: the fused kernels cannot run (implementation='reference' can)."""
+
+
+class StaleLibraryError(LibraryNotFoundError):
+  """The library found was built from other sources: its attention handlers take another buffer layout."""
 
 
 class FFIVersionError(ImportError):
@@ -144,6 +151,12 @@ def load():
       )
     lib = ctypes.CDLL(path)
     _declare(lib)
+    abi = _attn_abi_version(lib)
+    if abi != ATTN_ABI:
+      raise StaleLibraryError(
+        "sinkattn: %s was built from other sources: its attention handlers take buffer layout %d, this "
+        "package passes layout %d. Rebuild it (cmake --build build) or reinstall sinkattn." % (path, abi, ATTN_ABI)
+      )
     declared = divmod(int(lib.sa_jax_ffi_api_version()), 1000)
     check_ffi_api_version(path, declared, jaxlib_ffi_api_version())
     _register(lib)
@@ -217,10 +230,8 @@ def decode_workspace_size(dtype_code, B, T, S, N, K, H, Hv, backend):
   return int(load().sa_jax_decode_workspace_size(dtype_code, B, T, S, N, K, H, Hv, backend))
 
 
-def attn_abi_version() -> int:
-  """The attention handlers' buffer layout (sa_jax_attn_abi_version): 2 takes bias, mask and positions and
-  returns dbias; a library without the symbol has layout 1."""
-  lib = load()
+def _attn_abi_version(lib) -> int:
+  """The buffer layout of lib's attention handlers; a library without the symbol has layout 1."""
   fn = getattr(lib, "sa_jax_attn_abi_version", None)
   if fn is None:
     return 1

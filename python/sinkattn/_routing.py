@@ -11,7 +11,7 @@ from typing import Callable, Optional, Sequence
 
 import jax
 
-from . import _lib, primitives
+from . import _lib
 
 _warned: set = set()
 
@@ -81,19 +81,6 @@ def run(
       ("no cuda", op),
       f"sinkattn: {_lib.LIB_NAME} has no CUDA backend (built without nvcc); on GPU "
       f"{op} falls back to the pure-jnp reference (O(T*S) memory, slower).",
-    )
-    return reference(*args)
-  if features and not primitives.takes_bias_mask():
-    if impl == "fused":
-      raise NotImplementedError(
-        f"{features[0]}: the loaded {_lib.LIB_NAME} was built from sources without "
-        "bias, mask and positions: rebuild it, or use implementation='reference'"
-      )
-    _warn_once(
-      ("old abi", features[0]),
-      f"sinkattn: {features[0]}: the loaded {_lib.LIB_NAME} was built "
-      "from sources without bias, mask and positions; such calls run the pure-jnp reference "
-      "(O(T*S) memory, slower) until it is rebuilt.",
     )
     return reference(*args)
   why = _cuda_fallback(features, cuda_reason)

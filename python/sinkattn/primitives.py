@@ -46,13 +46,7 @@ def _on_platform(args, cpu, cuda):
   return cpu(*args)
 
 
-def takes_bias_mask() -> bool:
-  """Whether the loaded library's attention handlers take bias, mask and positions (buffer layout 2); a
-  library built from older sources has layout 1, which lacks them."""
-  return _lib.attn_abi_version() >= 2
-
-
-def _attrs(statics, inputs, new_abi):
+def _attrs(statics, inputs):
   """The attributes of a forward / backward call; inputs: the 12 forward inputs (None = absent)."""
   q_lens, kv_lens, q_seg = inputs[4], inputs[5], inputs[6]
   attrs = dict(
@@ -65,15 +59,15 @@ def _attrs(statics, inputs, new_abi):
     has_q_lens=q_lens is not None,
     has_kv_lens=kv_lens is not None,
     has_segments=q_seg is not None,
+    has_bias=inputs[8] is not None,
+    has_mask=inputs[9] is not None,
+    has_positions=inputs[10] is not None,
   )
-  if new_abi:
-    attrs.update(has_bias=inputs[8] is not None, has_mask=inputs[9] is not None, has_positions=inputs[10] is not None)
   return attrs
 
 
 def _buffers(inputs, softmax):
-  """The forward's input buffers (12, or 8 for a library without bias/mask/positions), placeholders for the
-  absent ones; -> (buffers, new_abi)."""
+  """The forward's 12 input buffers, placeholders for the absent ones."""
   q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos = inputs
   if (q_seg is None) != (kv_seg is None):
     raise ValueError("q_seg and kv_seg: give both segment id arrays or neither")
@@ -85,20 +79,10 @@ def _buffers(inputs, softmax):
   pick = lambda x: _placeholder(i32) if x is None else x.astype(i32)  # noqa: E731
   sinks = sinks.astype(jnp.float32) if softmax == Softmax.LEARNABLE else _placeholder(jnp.float32)
   out = [q, k, v, sinks, pick(q_lens), pick(kv_lens), pick(q_seg), pick(kv_seg)]
-  new_abi = takes_bias_mask()
-  if not new_abi:
-    given = [n for n, x in (("bias", bias), ("mask", mask), ("positions", q_pos)) if x is not None]
-    if given:
-      raise NotImplementedError(
-        f"{given[0]}: the loaded {_lib.LIB_NAME} was built from sources without bias, "
-        "mask and positions: rebuild it (cmake --build build), or use "
-        "implementation='reference'"
-      )
-    return out, False
   out.append(_placeholder(jnp.float32) if bias is None else bias)
   out.append(_placeholder(jnp.bool_) if mask is None else mask.astype(jnp.bool_))
   out += [pick(q_pos), pick(kv_pos)]
-  return out, True
+  return out
 
 
 def attn_fwd(
@@ -134,9 +118,9 @@ def attn_fwd(
     diag_offset=diag_offset,
     scale=scale,
   )
-  args, new_abi = _buffers(inputs, softmax)
+  args = _buffers(inputs, softmax)
   results = (jax.ShapeDtypeStruct((B, T, N, v.shape[-1]), q.dtype), jax.ShapeDtypeStruct((B, N, T), jnp.float32))
-  return _ffi(_lib.FWD_TARGET, results, args, _attrs(statics, inputs, new_abi))
+  return _ffi(_lib.FWD_TARGET, results, args, _attrs(statics, inputs))
 
 
 def attn_bwd(
@@ -187,19 +171,17 @@ def attn_bwd(
     diag_offset=diag_offset,
     scale=scale,
   )
-  args, new_abi = _buffers(inputs, softmax)
+  args = _buffers(inputs, softmax)
   args += [out, lse, dout.astype(out.dtype), _placeholder(jnp.float32) if dlse is None else dlse.astype(jnp.float32)]
-  attrs = _attrs(statics, inputs, new_abi)
-  attrs.update(has_dlse=dlse is not None, deterministic=bool(deterministic))
+  attrs = _attrs(statics, inputs)
+  attrs.update(has_dlse=dlse is not None, deterministic=bool(deterministic), has_dbias=bool(want_dbias))
   grads = (
     jax.ShapeDtypeStruct(q.shape, q.dtype),
     jax.ShapeDtypeStruct(k.shape, k.dtype),
     jax.ShapeDtypeStruct(v.shape, v.dtype),
     jax.ShapeDtypeStruct((N if learn else 0,), jnp.float32),
+    jax.ShapeDtypeStruct(bias.shape if want_dbias else (0,), jnp.float32),
   )
-  if new_abi:
-    attrs.update(has_dbias=bool(want_dbias))
-    grads += (jax.ShapeDtypeStruct(bias.shape if want_dbias else (0,), jnp.float32),)
 
   def cuda(*a):
     # XLA allocates the kernel's scratch as one more result, sized here at trace time (graph-safe).

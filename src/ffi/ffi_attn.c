@@ -11,8 +11,8 @@
  * bias is f32, f16 or bf16 and mask PRED, both rank 4 with each dim 1 or the full B, N, T, S (their own
  * dims are bias_dims / mask_dims); positions int32 [B,T], [B,S]; dbias f32 with bias's dims, zero-size
  * when has_dbias is false. The workspace result exists on CUDA only; Python sizes it at trace time
- * (sa_jax_bwd_workspace_size). Version 2 of this layout (sa_jax_attn_abi_version); a call without the
- * has_bias / has_mask / has_positions attributes uses version 1's, which lacks the four inputs and dbias.
+ * (sa_jax_bwd_workspace_size). Version 2 of this layout (sa_jax_attn_abi_version, which the Python package
+ * checks when it loads the library).
  *
  * vmap: Python uses ffi_call(vmap_method="expand_dims"), so every buffer may carry the same number of
  * extra leading dims, each of the full vmapped size or 1 (an unbatched input). When every batched input
@@ -38,16 +38,11 @@ enum { V_Q, V_K, V_V, V_SINKS, V_QLENS, V_KVLENS, V_QSEG, V_KVSEG, V_BIAS, V_MAS
 typedef struct {
   const char *target;
   int bwd;
-  int v1;                   /* the version 1 layout: no bias, mask, positions or dbias buffers */
   sa_attn a;                /* options and the cell's dims; pointers are set per cell */
   sa_ffi_grid g;
   sa_ffi_view v[V_COUNT];   /* present = 0 for absent optional buffers */
   int has_dlse, deterministic, has_bias, has_mask, has_pos, has_dbias;
 } sa_ffi_call;
-
-/* Index of input ARG_* or result RET_* in this call's layout (version 1 has four inputs and dbias fewer). */
-static int64_t sa_ffi_arg_index(const sa_ffi_call *c, int arg) { return c->v1 && arg > ARG_KVPOS ? arg - 4 : arg; }
-static int64_t sa_ffi_ret_index(const sa_ffi_call *c, int ret) { return c->v1 && ret > RET_DSINKS ? ret - 1 : ret; }
 
 /* ---- decoding ------------------------------------------------------------------------------ */
 
@@ -59,20 +54,13 @@ static XLA_FFI_Error *sa_ffi_decode_attrs(XLA_FFI_CallFrame *f, sa_ffi_call *c, 
       {"has_kv_lens", SA_ATTR_BOOL, 1, 0, 0, 0},   {"has_q_lens", SA_ATTR_BOOL, 1, 0, 0, 0},
       {"has_segments", SA_ATTR_BOOL, 1, 0, 0, 0},  {"scale", SA_ATTR_FLOAT, 1, 0, 0, 0},
       {"softmax", SA_ATTR_INT, 1, 0, 0, 0},        {"window_left", SA_ATTR_INT, 1, 0, 0, 0},
-      {"window_right", SA_ATTR_INT, 1, 0, 0, 0},   {"has_bias", SA_ATTR_BOOL, 0, 0, 0, 0},
-      {"has_mask", SA_ATTR_BOOL, 0, 0, 0, 0},      {"has_positions", SA_ATTR_BOOL, 0, 0, 0, 0},
-      {"has_dbias", SA_ATTR_BOOL, 0, 0, 0, 0},
+      {"window_right", SA_ATTR_INT, 1, 0, 0, 0},   {"has_bias", SA_ATTR_BOOL, 1, 0, 0, 0},
+      {"has_mask", SA_ATTR_BOOL, 1, 0, 0, 0},      {"has_positions", SA_ATTR_BOOL, 1, 0, 0, 0},
+      {"has_dbias", SA_ATTR_BOOL, c->bwd, 0, 0, 0},
   };
   enum { A_BIAS = 11, A_MASK, A_POS, A_DBIAS };
   XLA_FFI_Error *e = sa_ffi_attrs_decode(f, c->target, at, (int)(sizeof at / sizeof at[0]));
   if (e) return e;
-  /* Version 2 has every one of its attributes, version 1 none (has_dbias: the backward's). */
-  int found = at[A_BIAS].found + at[A_MASK].found + at[A_POS].found + at[A_DBIAS].found;
-  c->v1 = found == 0;
-  if (!c->v1 && (found != 3 + c->bwd || (!c->bwd && at[A_DBIAS].found)))
-    return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: attributes has_bias, has_mask, has_positions%s "
-                        "go together (found %d of them%s)", c->target, c->bwd ? ", has_dbias" : "", found,
-                        !c->bwd && at[A_DBIAS].found ? "; has_dbias is the backward's" : "");
   c->has_bias = (int)at[A_BIAS].i;
   c->has_mask = (int)at[A_MASK].i;
   c->has_pos = (int)at[A_POS].i;
@@ -169,8 +157,8 @@ static XLA_FFI_Error *sa_ffi_decode(XLA_FFI_CallFrame *f, sa_ffi_call *c, int cu
   sa_attn_init(&c->a);
   XLA_FFI_Error *e = sa_ffi_decode_attrs(f, c, &has_ql, &has_kl, &has_seg);
   if (e) return e;
-  int64_t want_args = (c->bwd ? ARG_DLSE + 1 : ARG_KVPOS + 1) - (c->v1 ? 4 : 0);
-  int64_t want_rets = c->bwd ? sa_ffi_ret_index(c, RET_WS) + cuda : 2;
+  int64_t want_args = c->bwd ? ARG_DLSE + 1 : ARG_KVPOS + 1;
+  int64_t want_rets = c->bwd ? RET_WS + cuda : 2;
   if (f->args.size != want_args || f->rets.size != want_rets)
     return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: got %lld inputs and %lld results: expected %lld and %lld",
                         c->target, (long long)f->args.size, (long long)f->rets.size, (long long)want_args,
@@ -211,18 +199,18 @@ static XLA_FFI_Error *sa_ffi_decode(XLA_FFI_CallFrame *f, sa_ffi_call *c, int cu
                                         SA_S32T, 2, sw, NULL, &v[V_KVSEG]))))
     return e;
   const int64_t full[4] = {B, N, T, S};
-  if (!c->v1 && (e = sa_ffi_decode_extras(f, c, full))) return e;
+  if ((e = sa_ffi_decode_extras(f, c, full))) return e;
   int ob = c->bwd ? 0 : 1; /* out and lse: results of the forward, inputs of the backward */
-  if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, ob, c->bwd ? sa_ffi_arg_index(c, ARG_OUT) : 0), "out",
+  if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, ob, c->bwd ? ARG_OUT : 0), "out",
                             dt, 4, ow, NULL, &v[V_OUT])) ||
-      (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, ob, c->bwd ? sa_ffi_arg_index(c, ARG_LSE) : 1), "lse",
+      (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, ob, c->bwd ? ARG_LSE : 1), "lse",
                             SA_F32T, 3, lw, NULL, &v[V_LSE])))
     return e;
   if (c->bwd) {
-    if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, sa_ffi_arg_index(c, ARG_DOUT)), "dout", dt, 4, ow,
+    if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_DOUT), "dout", dt, 4, ow,
                               NULL, &v[V_DOUT])))
       return e;
-    if (c->has_dlse && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, sa_ffi_arg_index(c, ARG_DLSE)),
+    if (c->has_dlse && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_DLSE),
                                              "dlse", SA_F32T, 3, lw, NULL, &v[V_DLSE])))
       return e;
     const int64_t dkw[4] = {B, S, K, H}, dvw[4] = {B, S, K, Hv}; /* dv: Hv is known now (vw leaves it open) */
@@ -234,7 +222,7 @@ static XLA_FFI_Error *sa_ffi_decode(XLA_FFI_CallFrame *f, sa_ffi_call *c, int cu
                                        NULL, &v[V_DSINKS])))
       return e;
     const int64_t anyw[1] = {-1};
-    if (cuda && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, sa_ffi_ret_index(c, RET_WS)), "workspace",
+    if (cuda && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, RET_WS), "workspace",
                                       XLA_FFI_DataType_U8, 1, anyw, NULL, &v[V_WS])))
       return e;
   }
