@@ -69,6 +69,27 @@ def test_first_load_raises_before_registering_on_a_faked_newer_jaxlib_major(monk
   assert registered == [] and _lib._lib is None
 
 
+@pytest.mark.skipif(not _lib.available(), reason="libsinkattn_jax.so not built")
+def test_library_takes_the_buffer_layout_the_package_passes():
+  assert _lib._attn_abi_version(_lib.load()) == _lib.ATTN_ABI
+
+
+@pytest.mark.skipif(not _lib.available(), reason="libsinkattn_jax.so not built")
+def test_first_load_refuses_a_library_of_another_buffer_layout(monkeypatch):
+  monkeypatch.setattr(_lib, "_lib", None)
+  monkeypatch.setattr(_lib, "_attn_abi_version", lambda lib: 1)
+  registered = []
+  monkeypatch.setattr(_lib, "_register", registered.append)
+  with pytest.raises(_lib.StaleLibraryError, match=r"handlers take buffer layout 1, this package passes layout 2"):
+    _lib.load()
+  assert registered == [] and _lib._lib is None
+  assert not _lib.available()  # a stale library counts as no library: the jnp twin still runs
+
+
+def test_a_library_without_the_layout_symbol_has_layout_1():
+  assert _lib._attn_abi_version(object()) == 1
+
+
 def test_c_header_version_matches_pyproject():
   with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
     version = tomllib.load(f)["project"]["version"]
