@@ -10,11 +10,11 @@ range, ratios paired per round):
 - end to end in JAX (host clock, bench/jax_contenders.py): jax.nn.dot_product_attention's cuDNN route (vanilla)
   and our sinkattn.dot_product_attention.
 Forward and forward+backward on the performance grid (sinkattn.bench's GRIDS["h200"]: both gpt-oss layers
-included); TFLOP/s as performance.md (fwd 4 B N pairs H, f+b 3.5x). Outputs checked at every shape on set 0:
-ours against cudnn_sink (everything), and ours and cudnn_sink against the fp64 reference (bench/attn_ref.py) on
-kv head 0 and its G query heads. Then decode (sa_attn_decode_fwd, gpt-oss heads N64/8 H64, one token, learnable
-sinks, every legal plan), B = 1, 8, 64 and S = 4k .. 128k, against the device-to-device copy bandwidth measured in
-the same run.
+included); TFLOP/s as sinkattn.bench.flops counts them (fwd 4 B N pairs H, f+b 3.5x; bench/perf_tables.py
+prints the tables). Outputs checked at every shape on set 0: ours against cudnn_sink (everything), and ours and
+cudnn_sink against the fp64 reference (bench/attn_ref.py) on kv head 0 and its G query heads. Then decode
+(sa_attn_decode_fwd, gpt-oss heads N64/8 H64, one token, learnable sinks, every legal plan), B = 1, 8, 64 and
+S = 4k .. 128k, against the device-to-device copy bandwidth measured in the same run.
 
 Budget (H200): ~2 min for the grid at kernel level (rounds 5, batches of ~10 ms, cuDNN's graphs built per row),
 ~20 s for decode, then the JAX rows (compiles of ~1-3 s each) while --budget (225 s) lasts.
