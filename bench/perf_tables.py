@@ -12,6 +12,7 @@ A file or a contender that is absent prints "not measured", so a run cut by its 
 
     python3 bench/perf_tables.py [DIR] [--kernel F.json] [--segments F.json] [--progress F.jsonl] [--out F.md]
 """
+
 import argparse
 import glob
 import json
@@ -55,8 +56,16 @@ def stamp(meta, what):
     parts.append(dev)
   if gpus and len(gpus[0].split(",")) > 1:
     parts.append("driver %s" % gpus[0].split(",")[1].strip())
-  names = (("torch", "torch"), ("torch_cuda", "CUDA"), ("cudnn_backend", "cuDNN"), ("cudnn", "cudnn-frontend"),
-           ("jax", "jax"), ("jaxlib", "jaxlib"), ("numpy", "numpy"), ("python", "Python"))
+  names = (
+    ("torch", "torch"),
+    ("torch_cuda", "CUDA"),
+    ("cudnn_backend", "cuDNN"),
+    ("cudnn", "cudnn-frontend"),
+    ("jax", "jax"),
+    ("jaxlib", "jaxlib"),
+    ("numpy", "numpy"),
+    ("python", "Python"),
+  )
   parts += ["%s %s" % (label, m[k]) for k, label in names if m.get(k) is not None]
   if m.get("rounds"):
     parts.append("%s rounds" % m["rounds"])
@@ -74,8 +83,15 @@ def tf(c):
 
 def rowname(r):
   w = r.get("window")
-  return "B%d T%d N%d/%d H%d%s%s" % (r["B"], r["T"], r["N"], r["K"], r["H"], " causal" if r.get("causal") else "",
-                                     " window (%d, %d)" % tuple(w) if w else "")
+  return "B%d T%d N%d/%d H%d%s%s" % (
+    r["B"],
+    r["T"],
+    r["N"],
+    r["K"],
+    r["H"],
+    " causal" if r.get("causal") else "",
+    " window (%d, %d)" % tuple(w) if w else "",
+  )
 
 
 def checked(c):
@@ -106,14 +122,40 @@ def kernel_tables(kb):
         continue
       refused = " (cuDNN refused the graph)" if r.get("cudnn_sink_error") else ""
       theirs = tf(m["cudnn_sink"]) if "cudnn_sink" in m else NM + refused
-      body.append([rowname(r), tf(m.get("ours")), theirs, ratio(m.get("cudnn_over_ours")), ratio(m.get("aa_ours")),
-                   ratio(m.get("aa_cudnn")), r.get("plan_fwd" if mode == "fwd" else "plan_bwd", NM),
-                   checked(r.get("check"))])
-    out.append("## Kernel level, %s\n\n%s\n\nTFLOP/s at the median of the rounds; cuDNN / ours: cuDNN's time over "
-               "ours paired per round, median [range] (> 1: ours faster); A/A: the second instance of a contender "
-               "over the first.\n\n%s" % (title, stamp(meta, "kernel_bench.json"), table(
-                   ["row", "ours TFLOP/s", "cuDNN SDPA+sink TFLOP/s", "cuDNN / ours", "A/A ours", "A/A cuDNN",
-                    "our plan", "check"], body or [[NM] * 8])))
+      body.append(
+        [
+          rowname(r),
+          tf(m.get("ours")),
+          theirs,
+          ratio(m.get("cudnn_over_ours")),
+          ratio(m.get("aa_ours")),
+          ratio(m.get("aa_cudnn")),
+          r.get("plan_fwd" if mode == "fwd" else "plan_bwd", NM),
+          checked(r.get("check")),
+        ]
+      )
+    out.append(
+      "## Kernel level, %s\n\n%s\n\nTFLOP/s at the median of the rounds; cuDNN / ours: cuDNN's time over "
+      "ours paired per round, median [range] (> 1: ours faster); A/A: the second instance of a contender "
+      "over the first.\n\n%s"
+      % (
+        title,
+        stamp(meta, "kernel_bench.json"),
+        table(
+          [
+            "row",
+            "ours TFLOP/s",
+            "cuDNN SDPA+sink TFLOP/s",
+            "cuDNN / ours",
+            "A/A ours",
+            "A/A cuDNN",
+            "our plan",
+            "check",
+          ],
+          body or [[NM] * 8],
+        ),
+      )
+    )
   return out
 
 
@@ -131,11 +173,26 @@ def jax_table(kb):
       line += [tf(j.get("jax_ours")), tf(j.get("jax_cudnn_vanilla")), ratio(j.get("cudnn_vanilla_over_ours"))]
     line.append(r.get("jax_error", ""))
     body.append(line)
-  return ("## JAX end to end (host clock)\n\n%s\n\nsinkattn.dot_product_attention against "
-          "jax.nn.dot_product_attention(implementation='cudnn') without a sink; cuDNN / ours as above.\n\n%s" % (
-              stamp(kb.get("meta"), "kernel_bench.json"), table(
-                  ["row", "fwd ours TFLOP/s", "fwd jax.nn cuDNN", "fwd cuDNN / ours", "f+b ours TFLOP/s",
-                   "f+b jax.nn cuDNN", "f+b cuDNN / ours", "note"], body or [[NM] * 8])))
+  return (
+    "## JAX end to end (host clock)\n\n%s\n\nsinkattn.dot_product_attention against "
+    "jax.nn.dot_product_attention(implementation='cudnn') without a sink; cuDNN / ours as above.\n\n%s"
+    % (
+      stamp(kb.get("meta"), "kernel_bench.json"),
+      table(
+        [
+          "row",
+          "fwd ours TFLOP/s",
+          "fwd jax.nn cuDNN",
+          "fwd cuDNN / ours",
+          "f+b ours TFLOP/s",
+          "f+b jax.nn cuDNN",
+          "f+b cuDNN / ours",
+          "note",
+        ],
+        body or [[NM] * 8],
+      ),
+    )
+  )
 
 
 def decode_table(kb):
@@ -143,14 +200,27 @@ def decode_table(kb):
     return "## Decode\n\n%s%s" % (NM, " (no kernel_bench.json)" if kb is None else " (no decode rows)")
   meta = kb.get("meta", {})
   copy = meta.get("copy_GBps")
-  body = [["B%d S%d N%d/%d H%d" % (d["B"], d["S"], d["N"], d["K"], d["H"]), d["plan"] + (" *" if d.get("default")
-           else ""), "%.4f [%.4f, %.4f]" % (d["ms"]["median"], d["ms"]["min"], d["ms"]["max"]), "%.0f" % d["GBps"],
-           "%.1f" % (100 * d["of_copy"]), ratio(d.get("aa")), "ok" if d["check"]["ok"] else "FAILED"]
-          for d in kb["decode"]]
-  return ("## Decode (one token, every legal plan; * the default)\n\n%s\n\nBytes read over the median time, against "
-          "the device-to-device copy measured in the same run (%s GB/s, read + write).\n\n%s" % (
-              stamp(meta, "kernel_bench.json"), "%.0f" % copy if copy else NM, table(
-                  ["shape", "plan", "ms [range]", "GB/s", "% of copy", "A/A", "check"], body)))
+  body = [
+    [
+      "B%d S%d N%d/%d H%d" % (d["B"], d["S"], d["N"], d["K"], d["H"]),
+      d["plan"] + (" *" if d.get("default") else ""),
+      "%.4f [%.4f, %.4f]" % (d["ms"]["median"], d["ms"]["min"], d["ms"]["max"]),
+      "%.0f" % d["GBps"],
+      "%.1f" % (100 * d["of_copy"]),
+      ratio(d.get("aa")),
+      "ok" if d["check"]["ok"] else "FAILED",
+    ]
+    for d in kb["decode"]
+  ]
+  return (
+    "## Decode (one token, every legal plan; * the default)\n\n%s\n\nBytes read over the median time, against "
+    "the device-to-device copy measured in the same run (%s GB/s, read + write).\n\n%s"
+    % (
+      stamp(meta, "kernel_bench.json"),
+      "%.0f" % copy if copy else NM,
+      table(["shape", "plan", "ms [range]", "GB/s", "% of copy", "A/A", "check"], body),
+    )
+  )
 
 
 def segments_table(sg):
@@ -172,14 +242,34 @@ def segments_table(sg):
     fbs = [r["fb_tflops"] for r in rs if r.get("fb_tflops")]
     fb = max(fbs) if fbs else None
     ref = dense.get(key[:2])
-    line += ["%.0f" % fb if fb else NM, "%.0f" % (100 * fb / ref) if fb and ref else NM,
-             "ok" if all(r["check"]["ok"] for r in rs) else "FAILED"]
+    line += [
+      "%.0f" % fb if fb else NM,
+      "%.0f" % (100 * fb / ref) if fb and ref else NM,
+      "ok" if all(r["check"]["ok"] for r in rs) else "FAILED",
+    ]
     body.append(line)
-  return ("## Packed sequences (segment ids)\n\n%s\n\nms of the default plan and of the fastest one; f+b useful "
-          "TFLOP/s (pairs inside documents only; the default forward plus the fastest backward) and its share of the "
-          "dense causal layer at the same T and H.\n\n%s" % (stamp(sg.get("meta"), "segments.json"), table(
-              ["shape", "documents", "fwd default ms", "fwd fastest ms (plan)", "bwd default ms",
-               "bwd fastest ms (plan)", "f+b useful TFLOP/s", "% of dense", "check"], body or [[NM] * 9])))
+  return (
+    "## Packed sequences (segment ids)\n\n%s\n\nms of the default plan and of the fastest one; f+b useful "
+    "TFLOP/s (pairs inside documents only; the default forward plus the fastest backward) and its share of the "
+    "dense causal layer at the same T and H.\n\n%s"
+    % (
+      stamp(sg.get("meta"), "segments.json"),
+      table(
+        [
+          "shape",
+          "documents",
+          "fwd default ms",
+          "fwd fastest ms (plan)",
+          "bwd default ms",
+          "bwd fastest ms (plan)",
+          "f+b useful TFLOP/s",
+          "% of dense",
+          "check",
+        ],
+        body or [[NM] * 9],
+      ),
+    )
+  )
 
 
 def progress_table(pg):
@@ -192,8 +282,17 @@ def progress_table(pg):
       continue
     mode, st = p.get("mode"), p.get("status")
     if mode == "coop":
-      coop.append([p.get("ctx"), p.get("launch"), p.get("grid"), p.get("hog_k"), p.get("launch_status"),
-                   p.get("sync_status"), p.get("barrier_timeouts")])
+      coop.append(
+        [
+          p.get("ctx"),
+          p.get("launch"),
+          p.get("grid"),
+          p.get("hog_k"),
+          p.get("launch_status"),
+          p.get("sync_status"),
+          p.get("barrier_timeouts"),
+        ]
+      )
       continue
     if st == "KILLED":  # a process gpu_progress.sh's time limit ended: its args are all it left
       body.append(["(process)", p.get("args", ""), "", "", "no (killed, rc %s)" % p.get("rc"), "-", ""])
@@ -209,22 +308,38 @@ def progress_table(pg):
     else:
       fin = {"before_hog_deadline": "yes", "after_hog": "only after the hog"}.get(p.get("finished"), "yes")
       ok = "yes" if st == "ok" else "no"
-    body.append([mode, "%s %s" % (p.get("shape", ""), p.get("kind", "")), p.get("plan", ""), where, fin, ok,
-                 p.get("ran_under_hog") or p.get("ran") or p.get("error", "")])
+    body.append(
+      [
+        mode,
+        "%s %s" % (p.get("shape", ""), p.get("kind", "")),
+        p.get("plan", ""),
+        where,
+        fin,
+        ok,
+        p.get("ran_under_hog") or p.get("ran") or p.get("error", ""),
+      ]
+    )
   n_ok = sum(1 for p in pg if p.get("status") in ("ok", "refused"))
-  out = ("## Progress under contention\n\n_progress.jsonl: its records carry no commit or device; gpu_verify.sh's "
-         "summary.txt of the same run names them_\n\n%d of %d records ok or refused by name.\n\n%s" % (
-             n_ok, len(pg), table(["mode", "case", "plan", "where", "finished", "correct", "ran / error"],
-                                  body or [[NM] * 7])))
+  out = (
+    "## Progress under contention\n\n_progress.jsonl: its records carry no commit or device; gpu_verify.sh's "
+    "summary.txt of the same run names them_\n\n%d of %d records ok or refused by name.\n\n%s"
+    % (
+      n_ok,
+      len(pg),
+      table(["mode", "case", "plan", "where", "finished", "correct", "ran / error"], body or [[NM] * 7]),
+    )
+  )
   if coop:
-    out += "\n\nCooperative launch:\n\n" + table(["context", "launch", "grid", "hog SMs", "launch", "sync",
-                                                 "barrier timeouts"], coop)
+    out += "\n\nCooperative launch:\n\n" + table(
+      ["context", "launch", "grid", "hog SMs", "launch", "sync", "barrier timeouts"], coop
+    )
   return out
 
 
 def render(kb, sg, pg):
-  return "\n\n".join(kernel_tables(kb) + [jax_table(kb), decode_table(kb), segments_table(sg),
-                                          progress_table(pg)]) + "\n"
+  return (
+    "\n\n".join(kernel_tables(kb) + [jax_table(kb), decode_table(kb), segments_table(sg), progress_table(pg)]) + "\n"
+  )
 
 
 def main(argv=None):
