@@ -76,12 +76,10 @@ static const tc_case tc_cases[] = {
 };
 
 /* Inside the scope of the sm_90a forward and backward (src/cuda/hopper/fwd.cu, hopper/bwd_twopass.cu: bf16, H == Hv
-   in {64, 128}, T and S multiples of 128; any causal alignment, window, diag_offset, lengths and, in the forward,
-   segment ids). main runs each twice: with the fast paths (the default; on a CC 9.0
-   device, with sm_90a code built, the Hopper forward and backward must be the ones that ran) and with
-   SINKATTN_CUDA_HOPPER=0 (the portable kernels), both against the reference: out, lse, and dq, dk, dv,
-   dsinks of three backward runs that must agree bitwise. The backward covers GQA 1 to 8 (64 / 8 heads),
-   T < S and T > S top-left causal (keys past T: zero dk, dv), the three softmax types, and dlse != 0. */
+   in {64, 128}, T and S multiples of 128; any causal alignment, window, diag_offset, lengths and segment ids):
+   every legal plan of each case (the Hopper ones and the portable kernels) against the reference: out, lse, and
+   dq, dk, dv, dsinks of three backward runs that must agree bitwise. The backward covers GQA 1 to 8 (64 / 8
+   heads), T < S and T > S top-left causal (keys past T: zero dk, dv), the three softmax types, and dlse != 0. */
 static const tc_case tc_hopper_cases[] = {
     {.name = "hop H128 256 GQA2", .dt = SA_BF16, .B = 2, .T = 256, .S = 256, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 10},
     {.name = "hop H128 256x512 causal +-50", .dt = SA_BF16, .B = 1, .T = 256, .S = 512, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .sink_range = 50},
@@ -117,7 +115,7 @@ static const tc_case tc_hopper_cases[] = {
     {.name = "hop H64 lens vanilla window 64,32", .dt = SA_BF16, .B = 2, .T = 512, .S = 256, .N = 2, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_NONE, .wl = 64, .wr = 32, .lens = 1, .dlse = 1, .sink_range = 10},
     {.name = "hop H128 lens causal diag -50 obo", .dt = SA_BF16, .B = 2, .T = 384, .S = 256, .N = 4, .K = 4, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .diag = -50, .lens = 1, .dlse = 1, .sink_range = 10},
     {.name = "hop H64 clamped lens", .dt = SA_BF16, .B = 3, .T = 128, .S = 256, .N = 2, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .lens = 2, .sink_range = 10},
-    /* segment ids (the forward's mask kind 4; the backward runs the portable kernels): short runs, unsorted ids
+    /* segment ids (mask kind 4 in both directions): short runs, unsorted ids
        from {0, 1, 2}, long runs across tiles; with lengths, causal alignments, a window, GQA, 192-row CTAs */
     {.name = "hop H128 segs causal", .dt = SA_BF16, .B = 2, .T = 256, .S = 384, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .segs = 1, .dlse = 1, .sink_range = 50},
     {.name = "hop H64 segs unsorted GQA2", .dt = SA_BF16, .B = 1, .T = 384, .S = 256, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .segs = 2, .sink_range = 10},

@@ -215,7 +215,7 @@ static const char *sa_bwd_twopass(const sa_pctx *c, sa_cuda_plan *p, int nck, in
   else p->grid[0] = (int)nkb, p->grid[1] = (int)c->K, p->grid[2] = (int)c->B;
   p->grid_dq[0] = (int)sa_cdiv(c->T, 64 * ncq), p->grid_dq[1] = (int)c->N, p->grid_dq[2] = (int)c->B;
   p->ws = sa_cuda_bwd_common_ws(a);
-  p->reason = c->segs ? "sm_90a dK/dV then dQ, segment ids tested per element (ran clean in test_cuda; not timed)"
+  p->reason = c->segs ? "sm_90a dK/dV then dQ, segment ids tested per element over the lengths' tile range"
                       : "sm_90a dK/dV then dQ: wgmma, TMA rings, no atomics";
   return NULL;
 }
@@ -349,11 +349,7 @@ static void sa_collect(const sa_attn *a, int which, const sa_cuda_device *dev, s
     sa_cuda_plan port;
     sa_fwd_portable(&c, &port);
     const int dflt = c.hop_why[0] ? 0 : sa_fwd_persist_default(&c);
-    /* segment ids at H128: the Hopper form ran clean in test_cuda but is not timed yet */
-    const int hop_first = !(c.segs && c.H == 128);
     if (c.hop_why[0]) snprintf(port.note, sizeof port.note, "not Hopper: %.96s", c.hop_why);
-    else if (!hop_first) snprintf(port.note, sizeof port.note, "the H128 segment-id Hopper forward is not timed yet");
-    if (!hop_first) sa_offer(l, &port, NULL);
     why = sa_fwd_hopper(&c, &p, dflt);
     sa_offer(l, &p, why);
     why = sa_fwd_hopper(&c, &p, !dflt);
@@ -366,8 +362,6 @@ static void sa_collect(const sa_attn *a, int which, const sa_cuda_device *dev, s
     sa_bwd_portable(&c, &port);
     const char *hw = sa_bwd_hop_scope(&c);
     if (hw) snprintf(port.note, sizeof port.note, "not Hopper: %.96s", hw);
-    else if (c.segs) snprintf(port.note, sizeof port.note, "the segment-id Hopper backward is not timed yet");
-    if (c.segs) sa_offer(l, &port, NULL); /* the segment-id two passes ran clean in test_cuda, not timed yet */
     why = sa_bwd_onepass(&c, &p, 0, ws_avail);
     sa_offer(l, &p, why);
     why = sa_bwd_twopass(&c, &p, 0, 0);

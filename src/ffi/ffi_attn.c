@@ -377,8 +377,10 @@ SA_FFI_EXPORT size_t sa_jax_bwd_workspace_size(int dtype, int64_t batch, int64_t
                                                int64_t v_head_dim, int softmax, int causal, int64_t window_left,
                                                int64_t window_right, int64_t diag_offset, int has_lengths,
                                                int has_segments, int backend) {
-  static const int32_t present = 0; /* a non-NULL marker: size queries never read data */
-  static const float sink = 0.0f;
+  /* Non-NULL markers (size queries never read data), 16-byte aligned as XLA's buffers are: the CUDA plans
+     refuse the Hopper kernels for segment ids that are not, and the query must pick the launch's plan. */
+  static _Alignas(16) const int32_t present[4] = {0};
+  static _Alignas(16) const float sink[4] = {0};
   sa_attn a;
   sa_attn_init(&a);
   a.dtype = (sa_dtype)dtype;
@@ -387,9 +389,9 @@ SA_FFI_EXPORT size_t sa_jax_bwd_workspace_size(int dtype, int64_t batch, int64_t
   a.softmax = (sa_softmax)softmax;
   a.causal = (sa_causal)causal;
   a.window_left = window_left; a.window_right = window_right; a.diag_offset = diag_offset;
-  if (softmax == SA_SOFTMAX_LEARNABLE) a.sinks = &sink;
-  if (has_lengths) { a.q_lens = &present; a.kv_lens = &present; }
-  if (has_segments) { a.q_segment_ids = &present; a.kv_segment_ids = &present; }
+  if (softmax == SA_SOFTMAX_LEARNABLE) a.sinks = sink;
+  if (has_lengths) { a.q_lens = present; a.kv_lens = present; }
+  if (has_segments) { a.q_segment_ids = present; a.kv_segment_ids = present; }
   return sa_attn_bwd_workspace_size(&a, (sa_backend)backend);
 }
 
