@@ -24,8 +24,8 @@
    steps past the data), Hv != H, G from 1 to 8, every mask kind, sinks U(-10, 10) and +-50. */
 static const t_case tt_cases[] = {
     {"plain", TT_BF, 1, 37, 53, 4, 2, 64, 64, TT_LEARN, T_UNBOUNDED},
-    {"sinks +-50, causal BR", TT_BF, 2, 65, 129, 6, 3, 32, 48, TT_LEARN, .sinks = T_SINK_BIG, .causal = SA_CAUSAL_BOTTOM_RIGHT,
-     T_UNBOUNDED},
+    {"sinks +-50, causal BR", TT_BF, 2, 65, 129, 6, 3, 32, 48, TT_LEARN, .sinks = T_SINK_BIG,
+     .causal = SA_CAUSAL_BOTTOM_RIGHT, T_UNBOUNDED},
     {"window TL 7", TT_BF, 1, 100, 100, 8, 1, 128, 128, TT_LEARN, .causal = SA_CAUSAL_TOP_LEFT, .wl = 7, .wr = 0},
     {"segments + lengths, H 80", TT_BF, 3, 70, 90, 4, 4, 80, 80, TT_LEARN, .sinks = T_SINK_BIG, .lens = T_LENS_RANDOM,
      .segs = T_SEGS_PACKED, T_UNBOUNDED},

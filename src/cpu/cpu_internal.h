@@ -3,9 +3,10 @@
  *
  * The kernels are written once (cpu_kernel_body.h) against a small vector layer and compiled three times
  * (cpu_kernel_avx512.c, cpu_kernel_avx2.c, cpu_kernel_scalar.c), and twice more with the products on AMX
- * tiles (cpu_kernel_amx.c, cpu_kernel_amxemu.c); each compilation exports one sa_cpu_kernels table. A kernel processes one independent work item with a private scratch buffer;
- * every output element is written by exactly one item in a fixed order, so the result does not depend
- * on how items are spread over threads (bitwise identical for any thread count).
+ * tiles (cpu_kernel_amx.c, cpu_kernel_amxemu.c); each compilation exports one sa_cpu_kernels table. A
+ * kernel processes one independent work item with a private scratch buffer; every output element is
+ * written by exactly one item in a fixed order, so the result does not depend on how items are spread over
+ * threads (bitwise identical for any thread count).
  */
 #ifndef SA_CPU_INTERNAL_H
 #define SA_CPU_INTERNAL_H

@@ -102,7 +102,7 @@ typedef struct {
 } sa_bufs;
 
 /* The products. The vector layer multiplies fp32 operands with q pre-scaled by scale * log2(e) (QSCALE);
-   the tile layer takes q as the bf16 input gives it, exact in a tile, and scales the products that
+   the tile layer takes q as the bf16 input gives it, exact in a tile, and scales the four products that
    contain q instead (PSCALE, its alpha). */
 #ifdef SA_TILE
 #define QSCALE(c) 1.0f
@@ -143,7 +143,8 @@ static size_t carve(const sa_cpu_ctx *c, sa_cpu_pass pass, float *ws, sa_bufs *B
   }
 #ifdef SA_TILE
   { /* depths: H, Hv, the keys of a tile, the rows of a dk/dv tile; widths: Mp, hp, hvp, the dk/dv keys */
-    const int64_t kmax = SA_MAX(SA_MAX(hp, hvp), SA_MAX(BK, SA_MAX(BK2, Q2))), nmax = SA_MAX(SA_MAX(Mp, hp), SA_MAX(hvp, BK2));
+    const int64_t kmax = SA_MAX(SA_MAX(hp, hvp), SA_MAX(BK, SA_MAX(BK2, Q2)));
+    const int64_t nmax = SA_MAX(SA_MAX(Mp, hp), SA_MAX(hvp, BK2));
     TAKE(B->ta, (tile_a_elems(kmax) + 1) / 2);
     TAKE(B->tb, (tile_b_elems(kmax, nmax) + 1) / 2);
     TAKE(B->tc, SA_TILE_C_FLOATS);

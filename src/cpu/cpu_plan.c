@@ -166,10 +166,10 @@ sa_status sa_cpu_plan_make(const sa_attn *a, int which, const sa_cpu_record *r, 
     if (!k || k->which != which) return sa_cpu_plan_unknown(which, forced);
     const char *why = sa_cpu_plan_why_not(k, a, r);
     if (why) return sa_error(SA_ERR_UNSUPPORTED, "plan %s cannot run this call: %s", forced, why);
-    sa_cpu_plan_fill(k, a, r,
-                     k->tile == SA_CPU_TILE_AMX        ? "forced; AMX tiles, checked against the emulated tiles by amx_check"
-                     : k->tile == SA_CPU_TILE_EMULATED ? "forced; a test vehicle: the tile code over emulated instructions"
-                                                       : "forced", p);
+    const char *reason = k->tile == SA_CPU_TILE_AMX ? "forced; AMX tiles (amx_check compares them with the emulation)"
+                         : k->tile == SA_CPU_TILE_EMULATED ? "forced; a test vehicle: the tile code, emulated tiles"
+                                                           : "forced";
+    sa_cpu_plan_fill(k, a, r, reason, p);
     return SA_OK;
   }
   for (int i = 0; i < SA_CPU_NPLANS; i++) {
