@@ -15,6 +15,8 @@
  * 6, 7: B, 16 VNNI pair-rows x 16 columns each. Per k step of 32: 4 loads, 4 TDPBF16PS.
  * Operands are staged in the worker's scratch, zero-padded to whole tiles: A as 32-row panels [32][kp]
  * bf16, B as VNNI blocks of 32 k x 16 columns (1 KiB each, one tile load), both rounded to nearest even.
+ * The B operands an item reuses for all its tiles (q^T and dout^T of the forward and dq items, k^T and v^T
+ * of the dk/dv items) are staged once per item by the body (STAGE_B), the others per product.
  */
 #ifndef SA_CPU_TILE_H
 #define SA_CPU_TILE_H
@@ -81,20 +83,23 @@ static void tile_pack_a(uint16_t *pa, int64_t kp, int64_t m0, int64_t M, int64_t
 }
 
 /* C[M x N] = alpha A B (acc 0) or C += alpha A B (acc 1), N a multiple of 16 (the body's padded widths).
-   pa, pb: staging of tile_a_elems / tile_b_elems bf16; pc: SA_TILE_C_FLOATS. The k steps of each C block
-   run in a fixed order, so the result does not depend on the thread that runs the item. */
+   staged: B already as tile_pack_b(kd, N) made it (operands reused by a whole item, staged once), else
+   NULL and B is staged into pb here. pa, pb: staging of tile_a_elems / tile_b_elems bf16; pc:
+   SA_TILE_C_FLOATS. The k steps of each C block run in a fixed order, so the result does not depend on the
+   thread that runs the item. */
 static void tile_gemm(int64_t M, int64_t N, int64_t kd, const float *A, int64_t ar, int64_t ak, const float *B,
-                      int64_t ldb, float *C, int64_t ldc, int acc, float alpha, uint16_t *pa, uint16_t *pb,
-                      float *pc) {
+                      int64_t ldb, const uint16_t *staged, float *C, int64_t ldc, int acc, float alpha, uint16_t *pa,
+                      uint16_t *pb, float *pc) {
   const int64_t kp = tile_round(kd, SA_TILE_K), ks = kp / SA_TILE_K;
   const int64_t np = tile_round(N, 2 * SA_TILE_N), bstride = SA_TILE_N * 2 * (int64_t)sizeof(uint16_t);
   const int64_t astride = kp * (int64_t)sizeof(uint16_t), cstride = SA_TILE_N * (int64_t)sizeof(float);
   const vf av = V_SET1(alpha);
-  tile_pack_b(pb, kd, N, B, ldb);
+  if (!staged) tile_pack_b(pb, kd, N, B, ldb);
+  const uint16_t *bv = staged ? staged : pb;
   for (int64_t m0 = 0; m0 < M; m0 += 2 * SA_TILE_M) {
     tile_pack_a(pa, kp, m0, M, kd, A, ar, ak);
     for (int64_t n0 = 0; n0 < np; n0 += 2 * SA_TILE_N) {
-      const uint16_t *b0 = pb + (n0 / SA_TILE_N) * ks * (SA_TILE_K * SA_TILE_N);
+      const uint16_t *b0 = bv + (n0 / SA_TILE_N) * ks * (SA_TILE_K * SA_TILE_N);
       const uint16_t *b1 = b0 + ks * (SA_TILE_K * SA_TILE_N);
       TILE_ZERO(0);
       TILE_ZERO(1);
