@@ -21,7 +21,8 @@
 #define TT_LEARN .sm = SA_SOFTMAX_LEARNABLE
 
 /* Lengths that are no multiple of the tiles (16 rows, 32-element k steps, 64-key blocks), H = 80 / 96 (k
-   steps past the data), Hv != H, G from 1 to 8, every mask kind, sinks U(-10, 10) and +-50. */
+   steps past the data) and 256, Hv != H, G from 1 to 8, several query blocks, every mask kind, sinks
+   U(-10, 10) and +-50. */
 static const t_case tt_cases[] = {
     {"plain", TT_BF, 1, 37, 53, 4, 2, 64, 64, TT_LEARN, T_UNBOUNDED},
     {"sinks +-50, causal BR", TT_BF, 2, 65, 129, 6, 3, 32, 48, TT_LEARN, .sinks = T_SINK_BIG,
@@ -40,6 +41,8 @@ static const t_case tt_cases[] = {
     {"GQA G 8, H 96", TT_BF, 1, 31, 77, 16, 2, 96, 64, TT_LEARN, .sinks = T_SINK_BIG, T_UNBOUNDED},
     {"bias -inf + mask, dbias", TT_BF, 1, 40, 70, 4, 2, 64, 64, TT_LEARN, T_UNBOUNDED, .bias = T_BCAST(0, 0, 0, 0),
      .bias_kind = T_BIAS_NEGINF, .mask = T_BCAST(1, 0, 0, 0)},
+    {"H 256, Hv 128", TT_BF, 1, 20, 40, 4, 2, 256, 128, TT_LEARN, T_UNBOUNDED},
+    {"two query blocks, G 1", TT_BF, 1, 300, 270, 2, 2, 64, 64, TT_LEARN, .sinks = T_SINK_BIG, T_UNBOUNDED},
     {"positions in segments, dlse, scale 0.3", TT_BF, 2, 50, 50, 4, 2, 64, 64, TT_LEARN, .segs = T_SEGS_PACKED,
      .pos = T_POS_SEGMENT, .causal = SA_CAUSAL_TOP_LEFT, T_UNBOUNDED, .dlse = 1, .scale = 0.3f},
 };

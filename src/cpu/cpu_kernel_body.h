@@ -104,9 +104,8 @@ typedef struct {
 
 /* The products. The vector layer multiplies fp32 operands with q pre-scaled by scale * log2(e) (QSCALE);
    the tile layer takes q as the bf16 input gives it, exact in a tile, and scales the four products that
-   contain q instead (PSCALE, its alpha). */
-/* STAGE_B stages a B operand that the whole item reuses in the tile layout once (a no-op for the vector
-   layer); PRODUCT's st is that staging or NULL. */
+   contain q instead (PSCALE, its alpha). STAGE_B puts a B operand that the whole item reuses into the tile
+   layout once (a no-op for the vector layer); PRODUCT's st is that staging or NULL. */
 #ifdef SA_TILE
 #define QSCALE(c) 1.0f
 #define PSCALE(c) ((c)->scale2)
