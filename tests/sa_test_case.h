@@ -363,7 +363,8 @@ static int64_t t_check_dbias(const t_prob *p, const t_case *c, const char *tag, 
                    T_ACC_DV, worst);
 }
 
-static int t_run_case(const t_case *c, int idx, t_stats *st) {
+/* inline: test_cpu_tile.c and amx_check.c include this file for its inputs and checks, not the driver */
+static inline int t_run_case(const t_case *c, int idx, t_stats *st) {
   char name[400], tag[440];
   t_case_name(c, name, sizeof name);
   snprintf(tag, sizeof tag, "case %d [%s]", idx, name);

@@ -2,7 +2,8 @@
  * test_cpu_plan.c — the CPU backend's dispatch (src/cpu/cpu_plan.h): the record built from CPUID-like
  * features, SINKATTN_SIMD (which may only lower the level) and SINKATTN_NUM_THREADS, which plans are legal and which is the
  * default, the errors of forced plans (unknown: SA_ERR_INVALID; not legal here, the AMX tile path on a CPU
- * without it: SA_ERR_UNSUPPORTED naming the plan and why), the record read once per process, and every
+ * without it: SA_ERR_UNSUPPORTED naming the plan and why; the emulated tile plans legal on any AVX-512 CPU
+ * for bf16, never a default), the record read once per process, and every
  * plan legal on this machine forced in turn (sa_plan_force) on small problems against the fp64 reference,
  * sa_plan_last naming it.
  * Last line: "N passed, N failed".
@@ -128,14 +129,39 @@ static void test_plans(void) {
   check(fails(&bf, SA_PLAN_BWD, &r, "cpu.bwd.amx", SA_ERR_UNSUPPORTED, "cpu.bwd.amx", "arch_prctl"),
         "AMX without the OS's tile state: SA_ERR_UNSUPPORTED naming arch_prctl");
   check(fails(&f16, SA_PLAN_FWD, &r, "cpu.fwd.amx", SA_ERR_UNSUPPORTED, "AMX-FP16", NULL),
-        "f16 on AMX-BF16 only: SA_ERR_UNSUPPORTED naming AMX-FP16");
+        "f16 on the tile path: SA_ERR_UNSUPPORTED naming AMX-FP16");
   f.amx_os = 1;
   sa_cpu_record_make(&f, NULL, NULL, 2, &r);
-  check(fails(&f32, SA_PLAN_FWD, &r, "cpu.fwd.amx", SA_ERR_UNSUPPORTED, "bf16 or f16", NULL),
+  check(fails(&f32, SA_PLAN_FWD, &r, "cpu.fwd.amx", SA_ERR_UNSUPPORTED, "bf16 inputs only", NULL),
         "AMX forced on f32: SA_ERR_UNSUPPORTED");
-  check(fails(&bf, SA_PLAN_FWD, &r, "cpu.fwd.amx", SA_ERR_UNSUPPORTED, "docs/cpu.md", NULL),
-        "AMX CPU and OS: the plan names the tile kernels' status");
+  {
+    sa_cpu_plan p;
+    sa_status s = sa_cpu_plan_make(&bf, SA_PLAN_FWD, &r, "cpu.fwd.amx", &p);
+    check(s == SA_OK ? p.tile == SA_CPU_TILE_AMX : s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "-mamx-tile"),
+          "AMX CPU and OS: cpu.fwd.amx legal, or refused naming the compiler's missing -mamx-tile");
+  }
   check(plan_is(&bf, SA_PLAN_FWD, &r, NULL, "cpu.fwd.avx512"), "AMX CPU: the default stays avx512");
+
+  /* the emulated tile plans: legal on any AVX-512 CPU for bf16, never a default, listed last */
+  check(plan_is(&bf, SA_PLAN_FWD, &r512, "cpu.fwd.amx.emulated", "cpu.fwd.amx.emulated") &&
+            plan_is(&bf, SA_PLAN_BWD, &r512, "cpu.bwd.amx.emulated", "cpu.bwd.amx.emulated"),
+        "emulated tile plans legal on an AVX-512 CPU without AMX (bf16)");
+  check(fails(&bf, SA_PLAN_FWD, &r512, "cpu.fwd.amx", SA_ERR_UNSUPPORTED, "cpu.fwd.amx", "AMX-BF16"),
+        "the same CPU: the real tile plan refused naming AMX-BF16");
+  check(fails(&bf, SA_PLAN_FWD, &r2, "cpu.fwd.amx.emulated", SA_ERR_UNSUPPORTED, "CPUID", NULL),
+        "emulated tile plan on an AVX2 CPU: SA_ERR_UNSUPPORTED (its vector layer is AVX-512)");
+  check(fails(&bf, SA_PLAN_BWD, &rlow, "cpu.bwd.amx.emulated", SA_ERR_UNSUPPORTED, "SINKATTN_SIMD", NULL),
+        "emulated tile plan under SINKATTN_SIMD=avx2: SA_ERR_UNSUPPORTED");
+  check(fails(&f32, SA_PLAN_FWD, &r512, "cpu.fwd.amx.emulated", SA_ERR_UNSUPPORTED, "bf16", NULL) &&
+            fails(&f16, SA_PLAN_BWD, &r512, "cpu.bwd.amx.emulated", SA_ERR_UNSUPPORTED, "AMX-FP16", NULL),
+        "emulated tile plans on f32 / f16: SA_ERR_UNSUPPORTED");
+  check(plan_is(&bf, SA_PLAN_BWD, &r512, NULL, "cpu.bwd.avx512"), "emulated tile plans are never a default");
+  {
+    const char *nm[8];
+    int nn = sa_cpu_plan_list(&bf, SA_PLAN_FWD, &r512, nm, 8);
+    check(nn == 4 && !strcmp(nm[0], "cpu.fwd.avx512") && !strcmp(nm[3], "cpu.fwd.amx.emulated"),
+          "bf16 fwd plans on AVX-512 without AMX: avx512, avx2, scalar, amx.emulated");
+  }
 
   const char *names[8];
   int n = sa_cpu_plan_list(&bf, SA_PLAN_DECODE, &r512, names, 8);
@@ -251,9 +277,12 @@ static void test_forced_runs(sa_dtype t) {
   check(sa_plan_force(SA_PLAN_FWD, "cpu.fwd.amx") == SA_OK, "cpu.fwd.amx is a known name");
   a.out = o; a.lse = lse;
   sa_status s = sa_attn_fwd(&a, SA_BACKEND_CPU, NULL);
-  check(t == SA_F32 ? s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "bf16 or f16")
-                    : s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "cpu.fwd.amx"),
-        "cpu.fwd.amx forced: SA_ERR_UNSUPPORTED naming the plan (no tile kernels run here)");
+  const sa_cpu_record *rec = sa_cpu_record_get();
+  if (t == SA_F32)
+    check(s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "bf16 inputs only"), "cpu.fwd.amx forced on f32: refused");
+  else if (!rec->f.amx_bf16 || !rec->f.amx_os)
+    check(s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "cpu.fwd.amx") && strstr(sa_last_error(), "AMX"),
+          "cpu.fwd.amx forced without AMX: SA_ERR_UNSUPPORTED naming the plan and AMX");
   sa_plan_force(SA_PLAN_FWD, NULL);
   free((void *)a.q); free((void *)a.k); free((void *)a.v); free(dout);
   free(o_ref); free(o); free(dq_ref); free(dq); free(dk_ref); free(dk); free(dv_ref); free(dv);

@@ -188,7 +188,7 @@ sa_status sa_cpu_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_
   for (int64_t b = 0; b < a->batch; b++) atomic_init(&job.done[b], 0);
   int threads = 1;
   s = sa_cpu_run_items(sa_cpu_decode_item_run, &job, items, (size_t)sa_cpu_decode_scratch(a, &p, job.kernel_floats),
-                       items, &threads);
+                       items, NULL, NULL, &threads);
   sa_cpu_plan_ran(&p, a, threads);
   free(owned);
   free(job.done);

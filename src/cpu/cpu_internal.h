@@ -2,10 +2,11 @@
  * cpu_internal.h — what the CPU backend's driver (cpu_attn.c, cpu_pool.c) shares with its kernels.
  *
  * The kernels are written once (cpu_kernel_body.h) against a small vector layer and compiled three times
- * (cpu_kernel_avx512.c, cpu_kernel_avx2.c, cpu_kernel_scalar.c); each compilation exports one
- * sa_cpu_kernels table. A kernel processes one independent work item with a private scratch buffer;
- * every output element is written by exactly one item in a fixed order, so the result does not depend
- * on how items are spread over threads (bitwise identical for any thread count).
+ * (cpu_kernel_avx512.c, cpu_kernel_avx2.c, cpu_kernel_scalar.c), and twice more with the products on AMX
+ * tiles (cpu_kernel_amx.c, cpu_kernel_amxemu.c); each compilation exports one sa_cpu_kernels table. A
+ * kernel processes one independent work item with a private scratch buffer; every output element is
+ * written by exactly one item in a fixed order, so the result does not depend on how items are spread over
+ * threads (bitwise identical for any thread count).
  */
 #ifndef SA_CPU_INTERNAL_H
 #define SA_CPU_INTERNAL_H
@@ -94,19 +95,30 @@ typedef struct sa_cpu_kernels {
   size_t (*scratch)(const sa_cpu_ctx *c, sa_cpu_pass pass);
   /* Item indices of sa_cpu_grid_of's grid, (b, kv head, block) row-major. */
   void (*run)(const sa_cpu_ctx *c, sa_cpu_pass pass, int64_t item, float *scratch);
+  /* Per worker thread, before its first item and after its last (NULL: none): the tile kernels load the
+     tile configuration and release the tile state there. */
+  void (*begin)(void);
+  void (*end)(void);
 } sa_cpu_kernels;
 
 extern const sa_cpu_kernels sa_cpu_kernels_avx512;
 extern const sa_cpu_kernels sa_cpu_kernels_avx2;
 extern const sa_cpu_kernels sa_cpu_kernels_scalar;
+/* The AVX-512 body with its products on AMX tiles: real instructions (built when the compiler takes
+   -mamx-tile -mamx-bf16: SA_CPU_HAVE_AMX), and the same code over emulated instructions (tests). */
+#ifdef SA_CPU_HAVE_AMX
+extern const sa_cpu_kernels sa_cpu_kernels_amx;
+#endif
+extern const sa_cpu_kernels sa_cpu_kernels_amxemu;
 
 /* Runs fn(arg, i, scratch) for the items i in [0, n) on up to max_threads threads (the caller's among
    them; fewer when sa_cpu_get_num_threads or n is smaller), each worker with its own scratch of
-   scratch_floats floats (64-byte aligned), items handed out by one atomic counter. *threads (may be
-   NULL) is raised to the count that ran. SA_ERR_NO_MEMORY when no worker's scratch can be allocated. */
+   scratch_floats floats (64-byte aligned), items handed out by one atomic counter; each worker calls
+   begin before its first item and end after its last where they are not NULL. *threads (may be NULL) is
+   raised to the count that ran. SA_ERR_NO_MEMORY when no worker's scratch can be allocated. */
 typedef void (*sa_cpu_item_fn)(void *arg, int64_t item, float *scratch);
 sa_status sa_cpu_run_items(sa_cpu_item_fn fn, void *arg, int64_t n, size_t scratch_floats, int64_t max_threads,
-                           int *threads);
+                           void (*begin)(void), void (*end)(void), int *threads);
 
 /* The attention forward under plan p (a forward plan, or the decode plan that runs its kernels); *threads
    is raised to the threads it ran on. */

@@ -22,6 +22,9 @@
  * scores are kept as S^T, keys x query rows, so the softmax runs down columns without horizontal
  * reductions; k^T, v^T in BWD_DKDV); per-tile operands are converted row by row and, where a product needs
  * their transpose as A, read through the strides. A per-tile scalar transpose cost 6-12% of the forward.
+ * The products go through PRODUCT: cpu_gemm.h's fp32 FMAs, or with SA_TILE defined (the AMX kernels,
+ * cpu_kernel_amx.c and its emulated twin cpu_kernel_amxemu.c) cpu_tile.h's bf16 tile products; everything
+ * else is the same code at both.
  */
 #include <math.h>
 #include <string.h>
@@ -30,7 +33,11 @@
 #define SA_MIN(x, y) ((x) < (y) ? (x) : (y))
 #define SA_MAX(x, y) ((x) > (y) ? (x) : (y))
 
+#ifdef SA_TILE
+#include "cpu_tile.h"
+#else
 #include "cpu_gemm.h"
+#endif
 
 /* ---- conversion ------------------------------------------------------------------------------ */
 
@@ -91,7 +98,28 @@ static int64_t pad_to(int64_t x) { return (x + SA_CPU_PAD - 1) / SA_CPU_PAD * SA
 typedef struct {
   float *tmp, *tmp2, *q, *qt, *kt, *kr, *v, *vt, *d, *dt, *s, *dp, *acc, *acc2, *r1, *r2, *cm, *cl, *mlo, *mhi;
   float *row, *db; /* rows of the additive tile (cpu_mask.h); dbias row sums of the dq pass */
+  float *ta, *tb, *tc; /* the tile layer's staging (cpu_tile.h): A panel, B blocks (bf16), C tiles */
+  float *sq, *sd, *sk, *sv; /* its per-item staging of q^T, dout^T (FWD, BWD_DQ) or k^T, v^T (BWD_DKDV) */
 } sa_bufs;
+
+/* The products. The vector layer multiplies fp32 operands with q pre-scaled by scale * log2(e) (QSCALE);
+   the tile layer takes q as the bf16 input gives it, exact in a tile, and scales the four products that
+   contain q instead (PSCALE, its alpha). STAGE_B puts a B operand that the whole item reuses into the tile
+   layout once (a no-op for the vector layer); PRODUCT's st is that staging or NULL. */
+#ifdef SA_TILE
+#define QSCALE(c) 1.0f
+#define PSCALE(c) ((c)->scale2)
+#define STAGE_B(dst, kd, N, src, ldb) tile_pack_b((uint16_t *)(dst), kd, N, src, ldb)
+#define PRODUCT(B, st, M, N, kd, A, ar, ak, Bm, ldb, C, ldc, acc, alpha)                                  \
+  tile_gemm(M, N, kd, A, ar, ak, Bm, ldb, (const uint16_t *)(st), C, ldc, acc, alpha, (uint16_t *)(B).ta, \
+            (uint16_t *)(B).tb, (B).tc)
+#else
+#define QSCALE(c) ((c)->scale2)
+#define PSCALE(c) 1.0f
+#define STAGE_B(dst, kd, N, src, ldb) ((void)0)
+#define PRODUCT(B, st, M, N, kd, A, ar, ak, Bm, ldb, C, ldc, acc, alpha) \
+  gemm(M, N, kd, A, ar, ak, Bm, ldb, C, ldc, acc)
+#endif
 
 /* Lays the pass's tiles out in ws (64-byte aligned each) and returns the floats used; ws NULL: size only.
    Mp: the G * bq query rows of an item padded to a vector multiple (the vector axis of S^T). */
@@ -119,6 +147,22 @@ static size_t carve(const sa_cpu_ctx *c, sa_cpu_pass pass, float *ws, sa_bufs *B
     TAKE(B->kt, H * BK2); TAKE(B->vt, Hv * BK2); TAKE(B->q, Q2 * hp); TAKE(B->d, Q2 * hvp); TAKE(B->s, Q2 * BK2);
     TAKE(B->dp, Q2 * BK2); TAKE(B->acc, BK2 * hp); TAKE(B->acc2, BK2 * hvp); TAKE(B->r1, Q2); TAKE(B->r2, Q2);
   }
+#ifdef SA_TILE
+  { /* depths: H, Hv, the keys of a tile, the rows of a dk/dv tile; widths: Mp, hp, hvp, the dk/dv keys */
+    const int64_t kmax = SA_MAX(SA_MAX(hp, hvp), SA_MAX(BK, SA_MAX(BK2, Q2)));
+    const int64_t nmax = SA_MAX(SA_MAX(Mp, hp), SA_MAX(hvp, BK2));
+    TAKE(B->ta, (tile_a_elems(kmax) + 1) / 2);
+    TAKE(B->tb, (tile_b_elems(kmax, nmax) + 1) / 2);
+    TAKE(B->tc, SA_TILE_C_FLOATS);
+    if (pass == SA_CPU_BWD_DKDV) {
+      TAKE(B->sk, (tile_b_elems(H, BK2) + 1) / 2);
+      TAKE(B->sv, (tile_b_elems(Hv, BK2) + 1) / 2);
+    } else {
+      TAKE(B->sq, (tile_b_elems(H, Mp) + 1) / 2);
+      if (pass == SA_CPU_BWD_DQ) TAKE(B->sd, (tile_b_elems(Hv, Mp) + 1) / 2);
+    }
+  }
+#endif
 #undef TAKE
   return off;
 }
@@ -220,22 +264,23 @@ static void fwd_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   for (int64_t g = 0; g < G; g++)
     for (int64_t p = 0; p < np; p++) {
       int64_t r = g * np + p, n = kh * G + g;
-      cvt(B.tmp, a->q, dt, ((b * T + i0 + p) * N + n) * H, H, H, c->scale2);
+      cvt(B.tmp, a->q, dt, ((b * T + i0 + p) * N + n) * H, H, H, QSCALE(c));
       scatter_col(B.qt, Mp, r, B.tmp, H);
       B.r1[r] = sa_sink_logit(a, n) * SA_LOG2E; /* running max, seeded with the sink */
       B.r2[r] = 0.0f;                           /* running sum, without the sink */
     }
   memset(B.acc, 0, (size_t)(M * hvp) * sizeof(float));
+  STAGE_B(B.sq, H, Mp, B.qt, Mp);
 
   for (int64_t j0 = jlo; j0 < jhi; j0 += BK) {
     const int64_t nk = SA_MIN(BK, jhi - j0);
     const int cls = tile_class(a, b, rg, i0, np, j0, nk), pos = a->q_positions && cls == 1, add = c->fill || pos;
     if (cls == 0 || (add && !fill_cols(c, b, kh, B.s, B.row, nk, Mp, M, np, i0, j0, pos))) continue;
     load_kv_rows(c, &B, b, kh, j0, nk, jhi);
-    gemm(nk, Mp, H, B.kr, c->hp, 1, B.qt, Mp, B.s, Mp, add); /* S^T = (bias^T +) k q^T */
+    PRODUCT(B, B.sq, nk, Mp, H, B.kr, c->hp, 1, B.qt, Mp, B.s, Mp, add, PSCALE(c)); /* S^T = (bias^T +) k q^T */
     if (cls == 1) mask_cols(a, b, B.s, nk, Mp, M, np, rg, i0, j0, B.mlo, B.mhi);
     softmax_cols(B.s, nk, Mp, M, B.r1, B.r2, B.acc, hvp, B.cm, B.cl);
-    gemm(M, hvp, nk, B.s, 1, Mp, B.v, hvp, B.acc, hvp, 1); /* o += P v, P read through S^T's strides */
+    PRODUCT(B, NULL, M, hvp, nk, B.s, 1, Mp, B.v, hvp, B.acc, hvp, 1, 1.0f); /* o += P v, P through S^T's strides */
   }
 
   /* The sink enters here, once: l_total = l + 2^(a - m). No valid key contributed (l == 0): out = 0 and
@@ -292,7 +337,7 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
     float sink = sa_sink_logit(a, n), part = 0.0f;
     for (int64_t p = 0; p < np; p++) {
       int64_t r = g * np + p, i = i0 + p, orow = ((b * T + i) * N + n) * Hv, lrow = (b * N + n) * T + i;
-      cvt(B.tmp, a->q, dt, ((b * T + i) * N + n) * H, H, H, c->scale2);
+      cvt(B.tmp, a->q, dt, ((b * T + i) * N + n) * H, H, H, QSCALE(c));
       scatter_col(B.qt, Mp, r, B.tmp, H);
       cvt(B.tmp, gr->dout, dt, orow, Hv, hvp, 1.0f);
       cvt(B.tmp2, a->out, dt, orow, Hv, hvp, 1.0f);
@@ -311,15 +356,17 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   memset(B.acc, 0, (size_t)(M * hp) * sizeof(float));
   const int dbias = c->dbias_pass == SA_CPU_BWD_DQ;
   if (dbias) memset(B.db, 0, (size_t)Mp * sizeof(float));
+  STAGE_B(B.sq, H, Mp, B.qt, Mp);
+  STAGE_B(B.sd, Hv, Mp, B.dt, Mp);
 
   for (int64_t j0 = jlo; j0 < jhi; j0 += BK) {
     const int64_t nk = SA_MIN(BK, jhi - j0);
     const int cls = tile_class(a, b, rg, i0, np, j0, nk), pos = a->q_positions && cls == 1, add = c->fill || pos;
     if (cls == 0 || (add && !fill_cols(c, b, kh, B.s, B.row, nk, Mp, M, np, i0, j0, pos))) continue;
     load_kv_rows(c, &B, b, kh, j0, nk, jhi);
-    gemm(nk, Mp, H, B.kr, hp, 1, B.qt, Mp, B.s, Mp, add); /* S^T = (bias^T +) k q^T */
+    PRODUCT(B, B.sq, nk, Mp, H, B.kr, hp, 1, B.qt, Mp, B.s, Mp, add, PSCALE(c)); /* S^T = (bias^T +) k q^T */
     if (cls == 1) mask_cols(a, b, B.s, nk, Mp, M, np, rg, i0, j0, B.mlo, B.mhi);
-    gemm(nk, Mp, Hv, B.v, hvp, 1, B.dt, Mp, B.dp, Mp, 0); /* dP^T = v dout^T */
+    PRODUCT(B, B.sd, nk, Mp, Hv, B.v, hvp, 1, B.dt, Mp, B.dp, Mp, 0, 1.0f); /* dP^T = v dout^T */
     for (int64_t jj = 0; jj < nk; jj++) { /* p = 2^(s - lse2); ds = p (dp - D), per column */
       float *s = B.s + jj * Mp, *dp = B.dp + jj * Mp;
       for (int64_t e = 0; e < Mp; e += VW) {
@@ -328,7 +375,7 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
       }
     }
     if (dbias) dbias_cols(B.dp, nk, Mp, B.db);
-    gemm(M, hp, nk, B.dp, 1, Mp, B.kr, hp, B.acc, hp, 1); /* dq += dS k */
+    PRODUCT(B, NULL, M, hp, nk, B.dp, 1, Mp, B.kr, hp, B.acc, hp, 1, 1.0f); /* dq += dS k */
   }
   for (int64_t r = 0; r < M; r++) {
     int64_t g = r / np, p = r % np, n = kh * G + g;
@@ -376,6 +423,8 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   }
   memset(B.acc, 0, (size_t)(nall * hp) * sizeof(float));
   memset(B.acc2, 0, (size_t)(nall * hvp) * sizeof(float));
+  STAGE_B(B.sk, H, BK, B.kt, BK);
+  STAGE_B(B.sv, Hv, BK, B.vt, BK);
   const int64_t ib = first_row(a, ql, kl, 0, ql, j0, 1);
   const int64_t ie = nk > 0 ? first_row(a, ql, kl, ib, ql, j0 + nk, 0) : ib;
   sa_range rg[SA_CPU_BQ2];
@@ -392,7 +441,7 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
       if (add && !fill_rows(c, b, n, B.s, np, BK, nk, i0, j0, pos)) continue;
       for (int64_t p = 0; p < np; p++) {
         int64_t i = i0 + p, lrow = (b * N + n) * T + i;
-        cvt(B.q + p * hp, a->q, dt, ((b * T + i) * N + n) * H, H, hp, c->scale2);
+        cvt(B.q + p * hp, a->q, dt, ((b * T + i) * N + n) * H, H, hp, QSCALE(c));
         cvt(B.d + p * hvp, gr->dout, dt, ((b * T + i) * N + n) * Hv, Hv, hvp, 1.0f);
         B.r1[p] = lse_base2(a->lse[lrow]);
         B.r2[p] = c->dbuf[lrow];
@@ -404,22 +453,22 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
           prefetch_rows(gr->dout, dt, b * T + ni, nn, N * Hv, ng * Hv, Hv);
         }
       }
-      gemm(np, BK, H, B.q, hp, 1, B.kt, BK, B.s, BK, add); /* S = (bias +) q k^T */
+      PRODUCT(B, B.sk, np, BK, H, B.q, hp, 1, B.kt, BK, B.s, BK, add, PSCALE(c)); /* S = (bias +) q k^T */
       if (cls == 1) mask_rows(a, b, B.s, np, BK, nk, rg, i0, j0);
       for (int64_t p = 0; p < np; p++) {
         float *s = B.s + p * BK;
         vf l2 = V_SET1(B.r1[p]);
         for (int64_t e = 0; e < BK; e += VW) V_STORE(s + e, V_EXP2(V_SUB(V_LOAD(s + e), l2)));
       }
-      gemm(nk, hvp, np, B.s, 1, BK, B.d, hvp, B.acc2, hvp, 1); /* dv += P^T dout */
-      gemm(np, BK, Hv, B.d, hvp, 1, B.vt, BK, B.dp, BK, 0);    /* dP = dout v^T */
+      PRODUCT(B, NULL, nk, hvp, np, B.s, 1, BK, B.d, hvp, B.acc2, hvp, 1, 1.0f); /* dv += P^T dout */
+      PRODUCT(B, B.sv, np, BK, Hv, B.d, hvp, 1, B.vt, BK, B.dp, BK, 0, 1.0f);    /* dP = dout v^T */
       for (int64_t p = 0; p < np; p++) {
         float *s = B.s + p * BK, *dp = B.dp + p * BK;
         vf Dv = V_SET1(B.r2[p]);
         for (int64_t e = 0; e < BK; e += VW) V_STORE(dp + e, V_MUL(V_LOAD(s + e), V_SUB(V_LOAD(dp + e), Dv)));
       }
       if (dbias) dbias_rows(c, b, n, B.dp, np, BK, nk, i0, j0);
-      gemm(nk, hp, np, B.dp, 1, BK, B.q, hp, B.acc, hp, 1); /* dk += dS^T (scale2 q) */
+      PRODUCT(B, NULL, nk, hp, np, B.dp, 1, BK, B.q, hp, B.acc, hp, 1, PSCALE(c)); /* dk += dS^T (scale2 q) */
     }
   }
   /* q was scaled by scale * log2(e): dk = scale * dS^T q = ln(2) * dS^T (scale2 q). */
@@ -443,4 +492,8 @@ static void run(const sa_cpu_ctx *c, sa_cpu_pass pass, int64_t item, float *ws) 
   }
 }
 
-const sa_cpu_kernels SA_K_TABLE = {SA_K_NAME, scratch, run};
+#ifdef SA_TILE
+const sa_cpu_kernels SA_K_TABLE = {SA_K_NAME, scratch, run, tile_begin, tile_end};
+#else
+const sa_cpu_kernels SA_K_TABLE = {SA_K_NAME, scratch, run, NULL, NULL};
+#endif

@@ -13,7 +13,8 @@ typedef struct {
   const char *name;
   int which;
   sa_cpu_simd simd;
-  int tile, bf16_dot;
+  sa_cpu_tile tile;
+  int bf16_dot;
   int override_only; /* reached only through a forced plan */
   int fwd_kernels;   /* decode: the attention forward's kernels at the default level */
 } sa_cpu_plan_kind;
@@ -22,11 +23,13 @@ static const sa_cpu_plan_kind sa_cpu_plan_kinds[] = {
     {"cpu.fwd.avx512", SA_PLAN_FWD, SA_CPU_AVX512, 0, 0, 0, 0},
     {"cpu.fwd.avx2", SA_PLAN_FWD, SA_CPU_AVX2, 0, 0, 0, 0},
     {"cpu.fwd.scalar", SA_PLAN_FWD, SA_CPU_SCALAR, 0, 0, 0, 0},
-    {"cpu.fwd.amx", SA_PLAN_FWD, SA_CPU_AVX512, 1, 0, 1, 0},
+    {"cpu.fwd.amx", SA_PLAN_FWD, SA_CPU_AVX512, SA_CPU_TILE_AMX, 0, 1, 0},
+    {"cpu.fwd.amx.emulated", SA_PLAN_FWD, SA_CPU_AVX512, SA_CPU_TILE_EMULATED, 0, 1, 0},
     {"cpu.bwd.avx512", SA_PLAN_BWD, SA_CPU_AVX512, 0, 0, 0, 0},
     {"cpu.bwd.avx2", SA_PLAN_BWD, SA_CPU_AVX2, 0, 0, 0, 0},
     {"cpu.bwd.scalar", SA_PLAN_BWD, SA_CPU_SCALAR, 0, 0, 0, 0},
-    {"cpu.bwd.amx", SA_PLAN_BWD, SA_CPU_AVX512, 1, 0, 1, 0},
+    {"cpu.bwd.amx", SA_PLAN_BWD, SA_CPU_AVX512, SA_CPU_TILE_AMX, 0, 1, 0},
+    {"cpu.bwd.amx.emulated", SA_PLAN_BWD, SA_CPU_AVX512, SA_CPU_TILE_EMULATED, 0, 1, 0},
     /* The split-KV decode kernels: AVX-512 (scores by vdpbf16ps straight from a bf16 cache, or fp32 FMAs),
        and the portable C one, which the avx2 and scalar levels get; then the attention forward's kernels,
        which take what those do not (a bias, a mask, positions). */
@@ -53,11 +56,15 @@ static const char *sa_cpu_plan_why_not(const sa_cpu_plan_kind *k, const sa_attn 
     if (!r->f.avx512_bf16) return "this CPU lacks AVX512-BF16 (CPUID)";
   }
   if (k->tile) {
-    if (a->dtype == SA_F32) return "the tile products take bf16 or f16 inputs only";
-    if (a->dtype == SA_BF16 && !r->f.amx_bf16) return "this CPU lacks AMX-TILE + AMX-BF16 (CPUID)";
-    if (a->dtype == SA_F16 && !r->f.amx_fp16) return "this CPU lacks AMX-TILE + AMX-FP16 (CPUID)";
+    if (a->dtype == SA_F32) return "the tile products take bf16 inputs only";
+    if (a->dtype == SA_F16)
+      return "the tile products take bf16 inputs only: f16 needs AMX-FP16's TDPFP16PS, which has no kernels yet";
+    if (k->tile == SA_CPU_TILE_EMULATED) return NULL;
+    if (!r->f.amx_bf16) return "this CPU lacks AMX-TILE + AMX-BF16 (CPUID)";
     if (!r->f.amx_os) return "the OS did not grant the tile state (XCR0, arch_prctl ARCH_REQ_XCOMP_PERM)";
-    return "the tile kernels are not written yet (their design is docs/cpu.md)";
+#ifndef SA_CPU_HAVE_AMX
+    return "this library was built without the AMX kernels (the compiler took no -mamx-tile -mamx-bf16)";
+#endif
   }
   return NULL;
 }
@@ -159,7 +166,10 @@ sa_status sa_cpu_plan_make(const sa_attn *a, int which, const sa_cpu_record *r, 
     if (!k || k->which != which) return sa_cpu_plan_unknown(which, forced);
     const char *why = sa_cpu_plan_why_not(k, a, r);
     if (why) return sa_error(SA_ERR_UNSUPPORTED, "plan %s cannot run this call: %s", forced, why);
-    sa_cpu_plan_fill(k, a, r, k->tile ? "forced; the tile path has not run on an AMX CPU yet" : "forced", p);
+    const char *reason = k->tile == SA_CPU_TILE_AMX ? "forced; AMX tiles (amx_check compares them with the emulation)"
+                         : k->tile == SA_CPU_TILE_EMULATED ? "forced; a test vehicle: the tile code, emulated tiles"
+                                                           : "forced";
+    sa_cpu_plan_fill(k, a, r, reason, p);
     return SA_OK;
   }
   for (int i = 0; i < SA_CPU_NPLANS; i++) {
@@ -196,7 +206,7 @@ size_t sa_cpu_plan_describe(const sa_cpu_plan *p, const sa_attn *a, int threads,
                  (long long)(a->batch * p->splits), threads, p->reason);
   else
     w = snprintf(buf, n, "%s simd=%s tile=%d rows=%lld keys=%lld threads=%d reason=%s", p->name,
-                 sa_cpu_simd_str(p->simd), p->tile, (long long)p->rows, (long long)p->keys, threads, p->reason);
+                 sa_cpu_simd_str(p->simd), (int)p->tile, (long long)p->rows, (long long)p->keys, threads, p->reason);
   return w < 0 ? 0 : (size_t)w;
 }
 

@@ -6,7 +6,9 @@
  * optional forced plan name (sa_cpu_plan_make): the workspace queries and the launches call the same
  * function, so they cannot disagree. The library's plan API (sa_plan.h) lists, forces and reports them. Plan names are backend.kind.variant: cpu.fwd.avx512, cpu.bwd.avx2,
  * cpu.fwd.scalar, cpu.decode.avx512bf16, cpu.decode.portable, cpu.decode.fwd; cpu.fwd.amx / cpu.bwd.amx are
- * the tile path (docs/cpu.md), never a default: only a forced plan reaches them.
+ * the tile path (docs/cpu.md), never a default: only a forced plan reaches them, on an AMX CPU only;
+ * cpu.fwd.amx.emulated / cpu.bwd.amx.emulated run the same tile code over emulated instructions, a test
+ * vehicle on any AVX-512 CPU, never a default either.
  */
 #ifndef SA_CPU_PLAN_H
 #define SA_CPU_PLAN_H
@@ -18,6 +20,9 @@
 #include "../sa_plan.h"
 
 typedef enum { SA_CPU_SCALAR = 0, SA_CPU_AVX2 = 1, SA_CPU_AVX512 = 2 } sa_cpu_simd;
+/* The products under the kernel body: fp32 vectors, AMX tiles, or the tile code over emulated tile
+   instructions (a test vehicle, docs/cpu.md). */
+typedef enum { SA_CPU_TILE_NONE = 0, SA_CPU_TILE_AMX = 1, SA_CPU_TILE_EMULATED = 2 } sa_cpu_tile;
 
 /* What the CPU and the OS report: the record's input (tests build their own). */
 typedef struct {
@@ -52,7 +57,7 @@ typedef struct sa_cpu_plan {
   const char *name;    /* static: "cpu.fwd.avx512" */
   int which;           /* SA_PLAN_FWD / BWD / DECODE */
   sa_cpu_simd simd;    /* vector level of the kernels */
-  int tile;            /* AMX tile products under the kernel body */
+  sa_cpu_tile tile;    /* the products under the kernel body */
   int bf16_dot;        /* decode: AVX512-BF16 dot products for Q.K^T */
   int fwd_kernels;     /* decode: served by the attention forward (bias, mask, positions), at level simd */
   int64_t rows;        /* query rows per work item: fwd / bwd G * bq; decode R = G * Tq per kv head */

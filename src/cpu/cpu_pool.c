@@ -28,6 +28,7 @@ typedef struct {
   void *arg;
   int64_t n;
   size_t scratch_floats;
+  void (*begin)(void), (*end)(void);
   atomic_llong next;
 } sa_cpu_job;
 
@@ -36,19 +37,21 @@ static void *sa_cpu_worker(void *p) {
   size_t bytes = (j->scratch_floats * sizeof(float) + 63) & ~(size_t)63;
   float *ws = aligned_alloc(64, bytes ? bytes : 64);
   if (!ws) return NULL; /* the other workers take this one's share; the caller checks the counter */
+  if (j->begin) j->begin();
   for (;;) {
     int64_t i = (int64_t)atomic_fetch_add(&j->next, 1);
     if (i >= j->n) break;
     j->fn(j->arg, i, ws);
   }
+  if (j->end) j->end();
   free(ws);
   return NULL;
 }
 
 sa_status sa_cpu_run_items(sa_cpu_item_fn fn, void *arg, int64_t n, size_t scratch_floats, int64_t max_threads,
-                           int *threads) {
+                           void (*begin)(void), void (*end)(void), int *threads) {
   if (n <= 0) return SA_OK;
-  sa_cpu_job job = {fn, arg, n, scratch_floats, 0};
+  sa_cpu_job job = {fn, arg, n, scratch_floats, begin, end, 0};
   int64_t nt = sa_cpu_get_num_threads();
   if (nt > max_threads) nt = max_threads;
   if (nt > n) nt = n;
@@ -89,5 +92,5 @@ sa_status sa_cpu_parallel(const sa_cpu_kernels *k, const sa_cpu_ctx *c, sa_cpu_p
   sa_cpu_pass_arg x = {k, c, pass};
   int64_t cap = (n + SA_CPU_MIN_ITEMS_PER_THREAD - 1) / SA_CPU_MIN_ITEMS_PER_THREAD;
   if ((double)cap > 1.0 + flops / SA_CPU_MIN_FLOPS_PER_THREAD) cap = (int64_t)(1.0 + flops / SA_CPU_MIN_FLOPS_PER_THREAD);
-  return sa_cpu_run_items(sa_cpu_pass_item, &x, n, scratch_floats, cap, threads);
+  return sa_cpu_run_items(sa_cpu_pass_item, &x, n, scratch_floats, cap, k->begin, k->end, threads);
 }

@@ -1,0 +1,39 @@
+/*
+ * cpu_vec_avx512.h — the AVX-512 vector layer of the kernel body (16 floats), shared by the AVX-512 kernels
+ * (cpu_kernel_avx512.c) and the tile kernels (cpu_kernel_amx.c, cpu_kernel_amxemu.c), whose softmax, masks
+ * and bookkeeping are the same AVX-512 code. Micro-kernel 4 rows x 4 vectors: 16 zmm accumulators, per step
+ * 4 loads + 4 broadcasts for 16 FMAs, so the two FMA pipes, not the load ports, are the limit.
+ */
+#ifndef SA_CPU_VEC_AVX512_H
+#define SA_CPU_VEC_AVX512_H
+
+#include <immintrin.h>
+
+#include "cpu_exp2_avx512.h"
+#include "cpu_internal.h"
+
+#define VW 16
+typedef __m512 vf;
+#define V_ZERO() _mm512_setzero_ps()
+#define V_SET1(x) _mm512_set1_ps(x)
+#define V_LOAD(p) _mm512_loadu_ps(p)
+#define V_STORE(p, x) _mm512_storeu_ps((p), (x))
+#define V_FMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define V_ADD(a, b) _mm512_add_ps((a), (b))
+#define V_SUB(a, b) _mm512_sub_ps((a), (b))
+#define V_MUL(a, b) _mm512_mul_ps((a), (b))
+#define V_MAX(a, b) _mm512_max_ps((a), (b))
+#define V_RADD(x) _mm512_reduce_add_ps(x)
+#define V_LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define V_LOAD_BF16(p) \
+  _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+/* x where lo <= j < hi, else -inf (the key-range mask of one row of S^T). */
+#define V_MASK_RANGE(x, j, lo, hi)                                                                     \
+  _mm512_mask_blend_ps(_mm512_cmp_ps_mask((lo), (j), _CMP_LE_OQ) & _mm512_cmp_ps_mask((j), (hi), _CMP_LT_OQ), \
+                       _mm512_set1_ps(-INFINITY), (x))
+#define MK_R 4
+#define MK_C 4
+
+#define V_EXP2(x) sa_exp2_avx512(x)
+
+#endif /* SA_CPU_VEC_AVX512_H */
