@@ -8,9 +8,6 @@
 
 Sharding metadata is always attached; it is applied eagerly (flax's `use_eager_sharding`) only when a mesh
 is active, because flax raises for an eagerly sharded variable created without a mesh.
-
-Longer than 400 lines: it mirrors flax.nnx.MultiHeadAttention's full constructor and call signatures,
-one argument a line, each documented.
 """
 
 from __future__ import annotations
@@ -18,152 +15,21 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Optional
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from . import layers
+from ._nnx_dpa import DotProductAttention, data_slot, partitioned
 from ._validate import ArrayLike, Window
-from .layers import SOFTMAX_OFFSET_AXES, normalize_softmax_type, projection_dot_general
+from .layers import SOFTMAX_OFFSET_AXES as SOFTMAX_OFFSET_AXES
+from .layers import normalize_softmax_type as normalize_softmax_type
+from .layers import projection_dot_general
 
+# __all__ (what the API page documents) names the two modules; SOFTMAX_OFFSET_AXES and normalize_softmax_type
+# (explicit re-exports above) are importable from here as from sinkattn.flax, whose page documents them.
 __all__ = ["DotProductAttention", "MultiHeadAttention"]
 
 _NO_METADATA: Mapping[str, Any] = MappingProxyType({})
-
-
-def _partitioned(init: Callable, axes) -> Callable:
-  """`init` with sharding metadata `axes`; eager sharding (flax >= 0.12) only under an active mesh."""
-  if not hasattr(nnx, "using_eager_sharding"):  # flax < 0.12: metadata only, nothing eager
-    return nnx.with_partitioning(init, axes)
-  eager = nnx.using_eager_sharding() and not jax.sharding.get_abstract_mesh().empty
-  return nnx.with_partitioning(init, axes, eager_sharding=eager)
-
-
-# flax >= 0.12 makes an attribute first set to None static; nnx.data keeps the cache slots data.
-_data = getattr(nnx, "data", lambda x: x)
-
-
-class DotProductAttention(nnx.Module):
-  """Fused attention with sinks: query [B,T,N,H], key [B,S,K,H], value [B,S,K,Hv] -> out [B,T,N,Hv],
-  or (out, lse [B,N,T] fp32, including the sink) with return_residual=True.
-
-  Args:
-    num_heads: N (sizes `softmax_offset`): needed with 'learnable' only (an nnx parameter exists before the
-      first call); when given, calls check query's heads against it.
-    softmax_type: 'vanilla' (or None), 'off_by_one' (or 'off-by-one') or 'learnable'; only 'learnable'
-      creates the parameter `softmax_offset` (1, N, 1, 1) fp32, zeros init.
-    scale: as in sinkattn.dot_product_attention.
-    is_causal: as in sinkattn.dot_product_attention.
-    causal_alignment: as in sinkattn.dot_product_attention.
-    local_window_size: as in sinkattn.dot_product_attention.
-    dtype: cast q, k, v to it first (None keeps theirs).
-    implementation: as in sinkattn.dot_product_attention.
-    rngs: unused (the sink is zeros-initialised); accepted as other nnx modules take it.
-  """
-
-  def __init__(
-    self,
-    num_heads: Optional[int] = None,
-    *,
-    softmax_type: Optional[str] = "vanilla",
-    scale: Optional[float] = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    local_window_size: Window = None,
-    dtype: Any = None,
-    implementation: Optional[str] = None,
-    rngs: Optional[nnx.Rngs] = None,
-  ):
-    del rngs
-    self.num_heads = num_heads
-    self.softmax_type = normalize_softmax_type(softmax_type)
-    self.scale, self.is_causal, self.causal_alignment = scale, is_causal, causal_alignment
-    self.local_window_size, self.dtype, self.implementation = local_window_size, dtype, implementation
-    if self.softmax_type == "learnable":
-      if num_heads is None:
-        raise ValueError(
-          "num_heads: None, but softmax_type='learnable' needs it to size softmax_offset (1, num_heads, 1, 1)"
-        )
-      init = _partitioned(nnx.initializers.zeros_init(), SOFTMAX_OFFSET_AXES)
-      self.softmax_offset = nnx.Param(init(jax.random.key(0), (1, num_heads, 1, 1), jnp.float32))
-    else:
-      self.softmax_offset = _data(None)
-
-  def __call__(
-    self,
-    query: ArrayLike,
-    key: ArrayLike,
-    value: ArrayLike,
-    *,
-    bias: Optional[ArrayLike] = None,
-    mask: Optional[ArrayLike] = None,
-    query_seq_lengths: Optional[ArrayLike] = None,
-    key_value_seq_lengths: Optional[ArrayLike] = None,
-    query_segment_ids: Optional[ArrayLike] = None,
-    key_value_segment_ids: Optional[ArrayLike] = None,
-    query_positions: Optional[ArrayLike] = None,
-    key_value_positions: Optional[ArrayLike] = None,
-    is_causal: bool = False,
-    causal_alignment: Optional[str] = None,
-    return_residual: bool = False,
-    cache_lengths: Optional[ArrayLike] = None,
-    precision: Any = None,
-    sow_module: Any = None,
-  ):
-    """Attention of query over key / value.
-
-    Args:
-      query: [B,T,N,H].
-      key: [B,S,K,H].
-      value: [B,S,K,Hv].
-      bias: as in sinkattn.dot_product_attention.
-      mask: True / nonzero = attend, broadcastable to [B,N,T,S].
-      query_seq_lengths: [B] int.
-      key_value_seq_lengths: [B] int.
-      query_segment_ids: [B,T] int.
-      key_value_segment_ids: [B,S] int.
-      query_positions: [B,T] int, placing the causal / window masks.
-      key_value_positions: [B,S] int.
-      is_causal: adds a causal mask for this call (Flax's call-time flag), on top of the attribute.
-      causal_alignment: overrides the attribute for this call.
-      return_residual: also return lse [B,N,T] fp32.
-      cache_lengths: [B] int: key / value are KV caches filled up to it, the T <= 64 queries being the last
-        T entries: runs sinkattn.decode_attention (causal, bottom-right).
-      precision: as in sinkattn.dot_product_attention.
-      sow_module: an nnx module to sow the attention weights into (MultiHeadAttention's sow_weights).
-
-    Returns:
-      out (and lse with return_residual=True).
-    """
-    if query.ndim != 4 or self.num_heads not in (None, query.shape[2]):
-      raise ValueError(f"query: expected [B,T,N={self.num_heads},H], got shape {query.shape}")
-    sinks = None if self.softmax_offset is None else self.softmax_offset[...]
-    if self.dtype is not None:
-      query, key, value = (jnp.asarray(x, self.dtype) for x in (query, key, value))
-    return layers.attend(
-      query,
-      key,
-      value,
-      sinks,
-      softmax_type=self.softmax_type,
-      scale=self.scale,
-      is_causal=self.is_causal or is_causal,
-      causal_alignment=causal_alignment or self.causal_alignment,
-      local_window_size=self.local_window_size,
-      implementation=self.implementation,
-      cache_lengths=cache_lengths,
-      return_residual=return_residual,
-      module=sow_module,
-      bias=bias,
-      mask=mask,
-      query_seq_lengths=query_seq_lengths,
-      key_value_seq_lengths=key_value_seq_lengths,
-      query_segment_ids=query_segment_ids,
-      key_value_segment_ids=key_value_segment_ids,
-      query_positions=query_positions,
-      key_value_positions=key_value_positions,
-      precision=precision,
-    )
 
 
 class MultiHeadAttention(nnx.Module):
@@ -285,9 +151,9 @@ class MultiHeadAttention(nnx.Module):
       )
       k_init, b_init = (out_kernel_init or kernel_init, out_bias_init or bias_init) if out else (kernel_init, bias_init)
       if not kw["kernel_metadata"]:
-        k_init = _partitioned(k_init, axes)
+        k_init = partitioned(k_init, axes)
       if not kw["bias_metadata"]:
-        b_init = _partitioned(b_init, axes[-(1 if out else 2) :])
+        b_init = partitioned(b_init, axes[-(1 if out else 2) :])
       return nnx.LinearGeneral(
         fin,
         fout,
@@ -315,7 +181,7 @@ class MultiHeadAttention(nnx.Module):
 
       self.query_ln, self.key_ln = norm(query_ln_scale_metadata), norm(key_ln_scale_metadata)
     else:
-      self.query_ln = self.key_ln = _data(None)
+      self.query_ln = self.key_ln = data_slot(None)
     self.out = dense((num_heads, hd), out_features or in_features, (-2, -1), ("heads", "head_dim", "embed"), True)
     self.attention = DotProductAttention(
       num_heads,
@@ -328,7 +194,7 @@ class MultiHeadAttention(nnx.Module):
       implementation=implementation,
     )
     self.precision = precision
-    self.cached_key = self.cached_value = self.cache_index = _data(None)  # set by init_cache
+    self.cached_key = self.cached_value = self.cache_index = data_slot(None)  # set by init_cache
 
   def init_cache(self, input_shape, dtype: Any = jnp.float32) -> None:
     """KV cache [*input_shape[:-1], K, H] (zeros) and its fill index, as flax.nnx.MultiHeadAttention's.
