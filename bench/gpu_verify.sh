@@ -10,7 +10,8 @@
 #           persistent / one-pass plans against the fp64 reference), and compute-sanitizer over test_cuda: memcheck,
 #           synccheck and initcheck on strided subsets of its general and hopper tables, racecheck split into one
 #           process per Hopper plan family (the slow tool), memcheck over tests/test_gpu_kernels.py (kns=sa_).
-#   PART=2  behaviour and speed, each step ALONE and in turn: bench/gpu_progress.cu (the persistent and one-pass
+#   PART=2  behaviour and speed, each step ALONE and in turn: tests/amx_check.c (the AMX tile kernels on the host
+#           CPU, where it has AMX), bench/gpu_progress.cu (the persistent and one-pass
 #           plans under a hog kernel holding k SMs, in green contexts, and the cooperative-launch experiment), ring
 #           attention on two GPUs (only where two are present), bench/kernel_bench.py (ours against cuDNN's SDPA
 #           with a sink, kernel level, plus JAX end to end and decode; needs the cudnn-frontend wheel in .whl/) and
@@ -71,6 +72,7 @@ key() {
            grep -h -E "test_cuda: [0-9]+ passed|[0-9]+ passed" "$log" | tail -n 1 | cut -c1-100 ;;
     pytest*|ctest) grep -h -E "[0-9]+ (passed|failed)|tests passed|tests failed" "$log" | tail -n 1 | cut -c1-160 ;;
     progress) cat "$STAGE/progress.digest" 2>/dev/null ;;
+    amx_check) grep -h -E "^(SKIP|bench: fwd|[0-9]+ passed)" "$log" | tr '\n' ' ' ;;
     *) grep -h -E "^(kernel_bench|segments_bench|ring|build|wheels):" "$log" | tail -n 1 ;;
   esac
 }
@@ -138,8 +140,11 @@ if [ "$PART" = 2 ] || [ "$PART" = all ]; then
     export PYTHONPATH=/tmp/site:$PYTHONPATH
   fi
   [ -x build-gpu/gpu_progress ] || run_step build_release 240 bash -c 'build "$@"' build build-gpu Release 16 \
-    --target sinkattn sinkattn_jax gpu_progress
+    --target sinkattn sinkattn_jax gpu_progress amx_check
   export SINKATTN_LIBRARY=$PWD/build-gpu/libsinkattn_jax.so SINKATTN_C_LIBRARY=$PWD/build-gpu/libsinkattn.so
+  # The host CPU's AMX tile kernels (tests/amx_check.c: exit 77 = no AMX here, which counts as passed), with
+  # their forward / forward+backward figures beside the AVX-512 plans'.
+  run_step amx_check 90 bash -c 'build-gpu/amx_check --bench; rc=$?; [ $rc = 77 ] && exit 0; exit $rc'
   run_step progress 180 bash bench/gpu_progress.sh "$STAGE/progress.jsonl" "$STAGE/progress.digest"
   if [ "$NGPU" -ge 2 ]; then
     run_step ring 150 "$PY" bench/ring_bench.py --devices 2 --start 16384 --max-len 65536 --iters 10 \

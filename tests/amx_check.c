@@ -9,7 +9,13 @@
  * Exit 77 (skipped, with the reason) where CPUID reports no AMX-TILE + AMX-BF16, the OS did not grant the
  * tile state, or the library was built without the AMX kernels.
  * Last line: "N passed, N failed".
+ * amx_check --bench: after the checks, the forward and forward+backward of B1 T = S = 2048 N8 H128 bf16 (learnable
+ * sinks) under cpu.fwd.amx / cpu.bwd.amx and the AVX-512 plans, interleaved, median of 5 rounds, in GFLOP/s: a
+ * figure printed for the lab log, never a pass / fail criterion.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include <string.h>
+#include <time.h>
 #include "cpu/cpu_plan.h"
 #include "sa_test_tile.h"
 
@@ -44,7 +50,59 @@ static const char *ac_skip_reason(void) {
   return NULL;
 }
 
-int main(void) {
+static double ac_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int ac_cmp(const void *x, const void *y) {
+  double a = *(const double *)x, b = *(const double *)y;
+  return (a > b) - (a < b);
+}
+
+/* Seconds of one forward (bwd = 0) or forward + backward under the two plans. */
+static double ac_time(t_prob *p, const t_case *c, const char *fwd, const char *bwd) {
+  sa_plan_force(SA_PLAN_FWD, fwd);
+  sa_plan_force(SA_PLAN_BWD, bwd);
+  double t0 = ac_now();
+  sa_status s = t_fwd(p, SA_BACKEND_CPU, p->out_c, p->lse_c);
+  if (s == SA_OK && bwd) s = t_bwd(p, c, SA_BACKEND_CPU, p->dq_c, p->dk_c, p->dv_c, p->ds_c, p->db_c);
+  double t = ac_now() - t0;
+  if (s != SA_OK) printf("bench: %s / %s: %s (%s)\n", fwd, bwd ? bwd : "-", sa_status_name(s), sa_last_error());
+  sa_plan_force(SA_PLAN_FWD, NULL);
+  sa_plan_force(SA_PLAN_BWD, NULL);
+  return s == SA_OK ? t : -1.0;
+}
+
+static void ac_bench(void) {
+  const t_case c = {"bench", TT_BF, 1, 2048, 2048, 8, 8, 128, 128, TT_LEARN, T_UNBOUNDED};
+  t_rng r = {0xbe4c0000ull};
+  t_prob p;
+  t_prob_make(&p, &c, &r, 0);
+  /* the backward reads the reference buffers' out and lse: fill them with a real forward */
+  sa_plan_force(SA_PLAN_FWD, "cpu.fwd.avx512");
+  t_fwd(&p, SA_BACKEND_CPU, p.out_r, p.lse_r);
+  sa_plan_force(SA_PLAN_FWD, NULL);
+  const double flops_fwd = 4.0 * c.B * c.N * (double)c.T * c.S * c.H, flops_fb = 3.5 * flops_fwd;
+  const char *names[4][2] = {{"cpu.fwd.amx", NULL}, {"cpu.fwd.avx512", NULL}, {"cpu.fwd.amx", "cpu.bwd.amx"},
+                             {"cpu.fwd.avx512", "cpu.bwd.avx512"}};
+  double t[4][5];
+  for (int k = 0; k < 4; k++) ac_time(&p, &c, names[k][0], names[k][1]); /* warm-up */
+  for (int round = 0; round < 5; round++)
+    for (int k = 0; k < 4; k++) t[k][round] = ac_time(&p, &c, names[k][0], names[k][1]);
+  printf("bench: B1 T=S=2048 N8 H128 bf16 learnable, %d threads, median of 5 interleaved rounds\n",
+         sa_cpu_get_num_threads());
+  for (int k = 0; k < 4; k++) {
+    qsort(t[k], 5, sizeof(double), ac_cmp);
+    const double fl = names[k][1] ? flops_fb : flops_fwd;
+    printf("bench: %-8s %-15s %8.1f ms  %7.0f GFLOP/s  (rounds %.1f..%.1f ms)\n", names[k][1] ? "fwd+bwd" : "fwd",
+           names[k][0] + 8, 1e3 * t[k][2], fl / t[k][2] * 1e-9, 1e3 * t[k][0], 1e3 * t[k][4]);
+  }
+  t_prob_free(&p);
+}
+
+int main(int argc, char **argv) {
   const char *skip = ac_skip_reason();
   if (skip) {
     printf("SKIP: %s: the real AMX tile kernels cannot run here (test_cpu_tile checks their code over emulated "
@@ -95,6 +153,7 @@ int main(void) {
   for (int k = 0; k < 7; k++) printf(" %s %.3f", tt_err_names[k], worst[k]);
   printf("\nAMX against emulated tiles: largest difference %.3g of max |ref| (bound %.3g), %lld of %lld elements "
          "differ in their bits\n", worst_emu, AC_TOL_EMU, (long long)differing, (long long)total);
+  if (argc > 1 && !strcmp(argv[1], "--bench") && !t_failed) ac_bench();
   printf("%d passed, %d failed\n", t_passed, t_failed);
   return t_failed ? 1 : 0;
 }
