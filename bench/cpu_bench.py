@@ -185,8 +185,20 @@ class TorchSdpa:
     return statistics.median(ts)
 
 
-def sinkattn_time(lib, c, kind, calls, threads):
-  """(median wall seconds, median CPU seconds / threads, the plan's description) of calls calls."""
+AMX_PLANS = ("cpu.fwd.amx", "cpu.bwd.amx")  # the tile kernels (docs/cpu.md), forced by --amx
+
+
+def sinkattn_time(lib, c, kind, calls, threads, force=None):
+  """(median wall seconds, median CPU seconds / threads, the plan's description) of calls calls; force: (fwd plan,
+  bwd plan) names forced for this thread's calls (sa_plan_force), None for the default plans."""
+  if force is not None:
+    for which, name in enumerate(force):
+      lib.sa_plan_force(which, name.encode())
+    try:
+      return sinkattn_time(lib, c, kind, calls, threads)
+    finally:
+      for which in range(2):
+        lib.sa_plan_force(which, None)
   st, plan, cpu = ctypes.c_int(0), ctypes.create_string_buffer(256), ctypes.c_double(0)
   t = lib.sab_time(ctypes.byref(c.prob), kind, calls, threads, ctypes.byref(st), plan, ctypes.byref(cpu))
   if t < 0:
@@ -284,6 +296,15 @@ def time_kind(lib, c, kind, args, torch):
     return t
 
   contenders = {"sinkattn": ours}
+  amx_plan = []
+  if args.amx and c.dt == BF16 and kind in (FWD, FWDBWD):  # the tile kernels beside the default plan
+
+    def ours_amx(n):
+      t, _, p = sinkattn_time(lib, c, kind, n, args.threads, AMX_PLANS)
+      amx_plan[:] = [p]
+      return t
+
+    contenders["sinkattn_amx"] = ours_amx
   read_bytes = max(cache_bytes(c), 256 * 2.0**20)
   if kind == DECODE:  # the read bandwidth beside each round's decode: a ratio that the machine's load moves less
     contenders["read"] = lambda n: read_bytes / (1e9 * lib.sab_read_bw(args.threads, read_bytes, 3, None))
@@ -297,6 +318,8 @@ def time_kind(lib, c, kind, args, torch):
       n = names[(i + r) % len(names)]
       times[n].append(contenders[n](calls))
   row = {"calls_per_round": calls, "plan": plan}
+  if amx_plan:
+    row["plan_amx"] = amx_plan[0]
   for n in names:
     if n == "read":
       continue
@@ -321,6 +344,8 @@ def time_kind(lib, c, kind, args, torch):
   if sdpa is not None:
     row["torch_sdpa"]["gqa"] = sdpa.gqa_mode
     row["torch_over_sinkattn"] = statistics.median([t / s for t, s in zip(times["torch_sdpa"], times["sinkattn"])])
+    if "sinkattn_amx" in times:
+      row["torch_over_amx"] = statistics.median([t / s for t, s in zip(times["torch_sdpa"], times["sinkattn_amx"])])
   return row
 
 
@@ -336,6 +361,7 @@ def main():
     "--only", choices=list(KIND_NAMES.values()), action="append", help="time only these kinds (repeatable; default all)"
   )
   ap.add_argument("--read-mib", type=int, default=512, help="size of the read-bandwidth buffer")
+  ap.add_argument("--amx", action="store_true", help="bf16 forward / forward+backward also under the AMX plans")
   args = ap.parse_args()
   if args.threads < 1 or args.rounds < 1:
     sys.exit(f"cpu_bench: --threads {args.threads} and --rounds {args.rounds} must be >= 1")
@@ -359,6 +385,9 @@ def main():
     f"AMX-BF16 {b['amx_bf16']} (tile state {b['amx_os']}), commit {res['git_commit']}"
     f"{' (dirty)' if res['git_dirty'] else ''}, {b['compiler']}, torch {res['torch'] or 'not importable'}"
   )
+  if args.amx and not (b["amx_bf16"] and b["amx_os"]):
+    print("cpu_bench: --amx: this CPU or OS cannot run the AMX plans; timing the default plans only")
+    args.amx = False
   read_bytes = args.read_mib * 2.0**20
   p0 = measure_peaks(lib, args.threads, read_bytes)
   rng = np.random.default_rng(0)
@@ -396,6 +425,7 @@ def main():
       rows.append(row)
       print(
         f"  {name:28s} {KIND_NAMES[kind]:8s} sinkattn {row['sinkattn']['ms']:9.3f} ms"
+        + (f"  amx {row['sinkattn_amx']['ms']:9.3f} ms" if "sinkattn_amx" in row else "")
         + (f"  torch {row['torch_sdpa']['ms']:9.3f} ms" if "torch_sdpa" in row else ""),
         flush=True,
       )
@@ -455,6 +485,12 @@ def report(res):
     else:
       line += f"{'-':>9s} {'-':>7s} {'-':>10s}"
     print(line)
+    if "sinkattn_amx" in r:
+      x = r["sinkattn_amx"]
+      amx = f"{100 * x['gflops'] / pk['amx_gflops']:5.1f}" if pk["amx_gflops"] > 0 else "    -"
+      vs = f"  torch/amx {r['torch_over_amx']:.2f}" if "torch_over_amx" in r else ""
+      name = "  under " + "/".join(AMX_PLANS)
+      print(f"{name:28s} {r['kind']:7s} {x['ms']:9.3f} {x['gflops']:7.1f} {'':5s} {amx}{vs}")
 
 
 if __name__ == "__main__":

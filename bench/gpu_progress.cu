@@ -17,12 +17,14 @@
  * SHAPE: h128_t16k_causal (B1 T16384 N16/16 H128 causal: 128 key blocks a head), gptoss (B1 T4096 N64/8 H64
  * causal), h128_t4k (B4 T4096 N16/16 H128). bf16, learnable sinks U(-10, 10) with heads 0 / 1 at +50 / -50.
  *
- * Each case prints "PROGRESS {json}": finished or not, whether it finished before the hog's deadline (progress
- * independent of the hog) or only after it, its time, its errors against the reference plan (a plan named
- * portable or two-pass, run on the same inputs) and, under the hog, whether it is bitwise equal to the same
- * A call that has not finished 10 s after the hog's deadline (8 s after its launch in a green context) is a hang:
- * the program prints it and exits at once with status 3 (the caller runs the next case in a new process). Exit 1: a wrong result or an
- * error status; 0: every case finished and matched.
+ * Each case prints "PROGRESS {json}": status ok (finished, within the tolerances of the reference plan, a plan
+ * named portable or two-pass run on the same inputs, and under the hog bitwise equal to the same plan run
+ * alone) or WRONG; "finished": before the hog's deadline (it ran beside the hog) or after_hog (it waited for the
+ * hog's SMs: a cooperative launch starts only when every CTA fits, the plain one pass stalls on CTAs not yet
+ * resident); its time and errors. A call that has not finished 10 s after the hog's deadline (8 s after its
+ * launch in a green context) is a hang: the program prints it and exits at once with status 3 (the caller runs
+ * the next case in a new process). Exit 1: a wrong result or an error status; 0: every case finished and
+ * matched.
  */
 #include <math.h>
 #include <stdint.h>
@@ -343,10 +345,10 @@ static int mode_hog(const shape *s) {
         int bitwise = under.bytes == alone_out.bytes;
         int before = done < deadline && done < hog_end;
         printf("PROGRESS {%s,\"status\":\"%s\",\"finished\":\"%s\",\"ms\":%.3f,\"hog_sms\":%d,\"bitwise_vs_alone\":%d,"
-               "\"ran_under_hog\":\"%s\",%s}\n", what, ok && bitwise && before ? "ok" : "WRONG",
+               "\"ran_under_hog\":\"%s\",%s}\n", what, ok && bitwise ? "ok" : "WRONG",
                before ? "before_hog_deadline" : "after_hog", (done - t_launch) * 1e-6, distinct, bitwise, plan_ran(kind),
                errs);
-        bad |= !(ok && bitwise && before);
+        bad |= !(ok && bitwise);
       }
     }
   }

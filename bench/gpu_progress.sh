@@ -43,7 +43,8 @@ main=$(grep -v -F "$DIAG" "$out")
 diag=$(grep -F "$DIAG" "$out")
 count() { printf '%s\n' "$1" | grep -c "\"status\":\"$2\""; }
 echo "progress: $(count "$main" ok) ok, $(count "$main" refused) refused, $(count "$main" WRONG) wrong," \
-  "$(count "$main" ERROR) error, $(count "$main" HANG) hang, $(count "$main" KILLED) killed;" \
+  "$(count "$main" ERROR) error, $(count "$main" HANG) hang, $(count "$main" KILLED) killed" \
+  "($(printf '%s\n' "$main" | grep -c '"finished":"after_hog"') waited for the hog's SMs);" \
   "$DIAG (diagnostic): $(count "$diag" ok) ok, $(count "$diag" WRONG) wrong, $(count "$diag" HANG) hang;" \
   "coop: $(grep -c '"mode":"coop"' "$out") records" | tee "$digest"
 [ "$(printf '%s\n' "$main" | grep -c -E '"status":"(WRONG|ERROR|HANG|KILLED)"|"fatal"')" = 0 ]

@@ -11,7 +11,7 @@
 #           synccheck and initcheck on strided subsets of its general and hopper tables, racecheck split into one
 #           process per Hopper plan family (the slow tool), memcheck over tests/test_gpu_kernels.py (kns=sa_).
 #   PART=2  behaviour and speed, each step ALONE and in turn: tests/amx_check.c (the AMX tile kernels on the host
-#           CPU, where it has AMX), bench/gpu_progress.cu (the persistent and one-pass
+#           CPU, where it has AMX) and bench/cpu_bench.py on 2 host cores, bench/gpu_progress.cu (the persistent and one-pass
 #           plans under a hog kernel holding k SMs, in green contexts, and the cooperative-launch experiment), ring
 #           attention on two GPUs (only where two are present), bench/kernel_bench.py (ours against cuDNN's SDPA
 #           with a sink, kernel level, plus JAX end to end and decode; needs the cudnn-frontend wheel in .whl/) and
@@ -73,6 +73,7 @@ key() {
     pytest*|ctest) grep -h -E "[0-9]+ (passed|failed)|tests passed|tests failed" "$log" | tail -n 1 | cut -c1-160 ;;
     progress) cat "$STAGE/progress.digest" 2>/dev/null ;;
     amx_check) grep -h -E "^(SKIP|bench: fwd|[0-9]+ passed)" "$log" | tr '\n' ' ' ;;
+    cpu_bench) grep -h -E "^peaks on|under cpu" "$log" | cut -c1-120 | tr '\n' ' ' ;;
     *) grep -h -E "^(kernel_bench|segments_bench|ring|build|wheels):" "$log" | tail -n 1 ;;
   esac
 }
@@ -140,11 +141,15 @@ if [ "$PART" = 2 ] || [ "$PART" = all ]; then
     export PYTHONPATH=/tmp/site:$PYTHONPATH
   fi
   [ -x build-gpu/gpu_progress ] || run_step build_release 240 bash -c 'build "$@"' build build-gpu Release 16 \
-    --target sinkattn sinkattn_jax gpu_progress amx_check
+    --target sinkattn sinkattn_jax gpu_progress amx_check sinkattn_cpubench
   export SINKATTN_LIBRARY=$PWD/build-gpu/libsinkattn_jax.so SINKATTN_C_LIBRARY=$PWD/build-gpu/libsinkattn.so
   # The host CPU's AMX tile kernels (tests/amx_check.c: exit 77 = no AMX here, which counts as passed), with
   # their forward / forward+backward figures beside the AVX-512 plans'.
   run_step amx_check 90 bash -c 'build-gpu/amx_check --bench; rc=$?; [ $rc = 77 ] && exit 0; exit $rc'
+  # bench-cpu on 2 of the host's cores (the size of the CI machines the CPU targets are set for), AMX forced
+  # beside the default plans and PyTorch's SDPA: the peaks and the kernels' figures in one run.
+  run_step cpu_bench 150 "$PY" bench/cpu_bench.py --lib build-gpu/libsinkattn_cpubench.so --quick --amx --threads 2 \
+    --rounds 3 --out "$STAGE/cpu_bench.json"
   run_step progress 180 bash bench/gpu_progress.sh "$STAGE/progress.jsonl" "$STAGE/progress.digest"
   if [ "$NGPU" -ge 2 ]; then
     run_step ring 150 "$PY" bench/ring_bench.py --devices 2 --start 16384 --max-len 65536 --iters 10 \
@@ -178,7 +183,7 @@ fi
   echo "status: $([ $fail = 0 ] && echo 'every step passed' || echo 'SOME STEPS FAILED (rc != 0)')"
 } > "$STAGE/summary.txt"
 cp "$STAGE/summary.txt" "$OUT/summary.txt"
-for f in machine.txt prod_check.json kernel_bench.json segments.json progress.jsonl ring.json; do
+for f in machine.txt prod_check.json kernel_bench.json segments.json progress.jsonl ring.json cpu_bench.json; do
   [ -f "$STAGE/$f" ] && cp "$STAGE/$f" "$OUT/"
 done
 tar -C "$(dirname "$STAGE")" -czf "$OUT/gpu_verify-$PART.tgz" "gpu_verify-$PART"

@@ -144,6 +144,7 @@ def check(torch, s, shape, have_cudnn):
   res = {}
   for who, got in (("ours", mine), ("cudnn_sink", theirs)) if have_cudnn else (("ours", mine),):
     e = {key: (prod_check.lse_error if key == "lse" else prod_check.errors)(got[key], ref[key], o) for key in ref}
+    e["dsinks"] = prod_check.errors(got["dsinks"], prod_check.dsinks_of(got["out"], do, lse_r, sk, o), o)
     res[who + "_vs_ref"] = dict(errors=e, ok=all(prod_check.verdict(key, x) for key, x in e.items()))
   if have_cudnn:
     full = dict(out=("out", "o"), dq=("dq", "dQ"), dk=("dk", "dK"), dv=("dv", "dV"))

@@ -111,9 +111,10 @@ class Layer:
           ("dq", s["dq"][:, :, :G]),
           ("dk", s["dk"][:, :, :1]),
           ("dv", s["dv"][:, :, :1]),
-          ("dsinks", s["ds"][:G]),
         )
       }
+      own = prod_check.dsinks_of(s["out"][:, :, :G], s["dO"][:, :, :G], ref["lse"], self.sink[:G], o)
+      e["dsinks"] = prod_check.errors(s["ds"][:G], own, o)
     return dict(errors=e, ok=all(prod_check.verdict(key, x) for key, x in e.items()))
 
   def reference(self):

@@ -171,6 +171,7 @@ static void run_case(const dcase *c) {
                   sa_status_name(s), sa_last_error(), worst);
   check(ok, what);
   free(w);
+  sa_plan_force(SA_PLAN_DECODE, NULL); /* a CPU plan forced for this thread would fail the CUDA calls below */
 
 #ifdef SINKATTN_WITH_CUDA
   if (sa_cuda_available() && (c->bias || c->mask || c->pos)) {

@@ -35,11 +35,13 @@ def gpu_present() -> bool:
 
 
 def likely_on_gpu(x) -> bool:
-  """Whether a call on x will run on a GPU: x's devices when x is a concrete array, else (a tracer) the
-  default device (jax.default_device, then the default backend). Only warnings and implementation='cudnn'
-  depend on it: the kernel choice itself is made per platform when the computation is lowered."""
+  """Whether a call on x will run on a GPU: x's devices when x is an array committed to them, else (a tracer,
+  or an array that follows the computation, as jnp results without device_put do) the default device
+  (jax.default_device, then the default backend). Only warnings and implementation='cudnn' depend on it: the
+  kernel choice itself is made per platform when the computation is lowered."""
   try:
-    return any(d.platform == "gpu" for d in x.devices())
+    if x.committed:
+      return any(d.platform == "gpu" for d in x.devices())
   except (AttributeError, TypeError, jax.errors.ConcretizationTypeError):
     pass
   d = jax.config.jax_default_device
