@@ -27,16 +27,18 @@ static void ck_drv(CUresult e, const char *what, int line) {
 }
 
 /* The driver's green-context functions, from the runtime's entry-point query: no link against libcuda, so the
-   program starts (and says there is no GPU) on a machine without a driver. */
+   program starts (and says there is no GPU) on a machine without a driver. Asked by the toolkit's version (the
+   prototypes compiled here): cuGreenCtxStreamCreate exists from CUDA 12.5, and a query by 12.4 does not find it. */
 #define SA_DRV(f) static decltype(&f) d_##f
 SA_DRV(cuInit); SA_DRV(cuDeviceGet); SA_DRV(cuDeviceGetDevResource); SA_DRV(cuDevSmResourceSplitByCount);
 SA_DRV(cuDevResourceGenerateDesc); SA_DRV(cuGreenCtxCreate); SA_DRV(cuCtxFromGreenCtx); SA_DRV(cuCtxSetCurrent);
 SA_DRV(cuGreenCtxStreamCreate);
 static void drv_sym(const char *name, void **f) {
   cudaDriverEntryPointQueryResult q;
-  if (cudaGetDriverEntryPointByVersion(name, f, 12040, cudaEnableDefault, &q) != cudaSuccess ||
+  if (cudaGetDriverEntryPointByVersion(name, f, CUDART_VERSION, cudaEnableDefault, &q) != cudaSuccess ||
       q != cudaDriverEntryPointSuccess) {
-    printf("PROGRESS {\"fatal\":\"driver entry point %s not found (no driver, or one older than CUDA 12.4)\"}\n", name);
+    printf("PROGRESS {\"fatal\":\"driver entry point %s not found at CUDA %d (no driver, or an older one)\"}\n", name,
+           CUDART_VERSION);
     exit(2);
   }
 }

@@ -386,7 +386,8 @@ def test_gpu_runs_bias_mask_positions_on_the_reference(monkeypatch):
         got = [sinkattn.dot_product_attention(q, k, v, sinks, **kw) for _ in range(2)]
     named = [w for w in seen if issubclass(w.category, RuntimeWarning) and name in str(w.message)]
     assert len(named) == 1, [str(w.message) for w in seen]
-    want = sinkattn.dot_product_attention(*jax.device_put((q, k, v, sinks), cpu), **jax.device_put(kw, cpu))
+    on_cpu = {n: jax.device_put(x, cpu) if hasattr(x, "shape") else x for n, x in kw.items()}  # is_causal stays a bool
+    want = sinkattn.dot_product_attention(*jax.device_put((q, k, v, sinks), cpu), **on_cpu)
     for g in got:
       assert_close(g, f64(want), OUT_TOL[np.dtype(jnp.bfloat16)], f"{name} on GPU")
     with jax.default_device(jax.devices("gpu")[0]), pytest.raises(ValueError, match=name):
