@@ -13,7 +13,8 @@ The expectations file lists, one per line, `renamed OLD => NEW` (demangled names
 `deleted REGEX : REASON` (a kernel of OLD_DIR that is gone on purpose). Exit status 1 when a kept kernel
 differs, a kernel vanished without a `deleted` line, or a new kernel appeared.
 
-cuobjdump: $CUOBJDUMP, else on PATH, else from the pip package nvidia-cuda-cuobjdump.
+cuobjdump: $CUOBJDUMP, else on PATH, else from the pip package nvidia-cuda-cuobjdump; it runs nvdisasm, found
+on PATH or beside it (the pip package nvidia-cuda-nvdisasm installs it there).
 """
 
 import argparse
@@ -27,18 +28,22 @@ import sys
 
 def find_cuobjdump():
   cand = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
-  if cand:
-    return cand
-  try:
-    import nvidia.cu13  # the pip package nvidia-cuda-cuobjdump installs bin/ here
+  if not cand:
+    try:
+      import nvidia.cu13  # the pip package nvidia-cuda-cuobjdump installs bin/ here
 
-    for base in nvidia.cu13.__path__:
-      p = os.path.join(base, "bin", "cuobjdump")
-      if os.path.exists(p):
-        return p
-  except ImportError:
-    pass
-  sys.exit("sass_compare: cuobjdump not found (set CUOBJDUMP or pip install nvidia-cuda-cuobjdump)")
+      found = [os.path.join(b, "bin", "cuobjdump") for b in nvidia.cu13.__path__]
+      cand = next((p for p in found if os.path.exists(p)), None)
+    except ImportError:
+      pass
+  if not cand:
+    sys.exit("sass_compare: cuobjdump not found (set CUOBJDUMP or pip install nvidia-cuda-cuobjdump)")
+  beside = os.path.join(os.path.dirname(cand), "nvdisasm")
+  if not shutil.which("nvdisasm") and "NVDISASM_PATH" not in os.environ:
+    if not os.path.exists(beside):
+      sys.exit("sass_compare: nvdisasm not found (cuobjdump needs it: pip install nvidia-cuda-nvdisasm)")
+    os.environ["NVDISASM_PATH"] = os.path.dirname(beside)
+  return cand
 
 
 def demangle(names):
@@ -53,7 +58,11 @@ ADDR = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s*")
 
 def dump(cuobjdump, obj):
   """{(arch, mangled): (normalised sass, resource line)} of one object file."""
-  sass = subprocess.run([cuobjdump, "--dump-sass", obj], capture_output=True, text=True, check=True).stdout
+  run = subprocess.run([cuobjdump, "--dump-sass", obj], capture_output=True, text=True)
+  if run.returncode != 0 and "does not contain device code" in run.stdout + run.stderr:
+    return {}  # a host object (plan.c.o) among the CUDA ones
+  run.check_returncode()
+  sass = run.stdout
   res = subprocess.run([cuobjdump, "--dump-resource-usage", obj], capture_output=True, text=True, check=True).stdout
   kernels, arch, name, lines = {}, None, None, []
 
