@@ -56,11 +56,14 @@ test-py-newest: build $(VENV_NEW)/.stamp
 docs: $(VENV)/.stamp
 	PYTHONPATH=python $(VPY) docs/api/build.py $(BUILD)/docs/api
 
-# The Python style (pyproject.toml's [tool.ruff]): lint rules and the formatter, over everything Python here.
+# The style: Python by ruff (pyproject.toml's [tool.ruff]: lint rules and the formatter), C and CUDA by
+# clang-format 14 (.clang-format), each over every file of its language.
 LINT_DIRS := python tests bench docs packaging
 lint: $(VENV)/.stamp
 	$(VENV)/bin/ruff check $(LINT_DIRS)
 	$(VENV)/bin/ruff format --check $(LINT_DIRS)
+	$(VENV)/bin/clang-format --dry-run --Werror --style=file $$(find src include tests fuzz bench examples \
+	  \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.cpp' \) -not -path '*/corpus/*')
 
 # Both ends of the version range, the API reference, the sanitizer run and the fuzz budget (2 x 60 s): 17 min
 # from a fresh clone on the 2 shared cores, CUDA compiled (2026-12-02: 12 min of CPU; each pytest run 4-5 min).

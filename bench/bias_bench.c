@@ -37,12 +37,18 @@ static long maxrss_kib(void) {
 /* n elements of U(-amp, amp) in f32 or bf16 (truncated: the values only need to be ordinary). */
 static void *fill(size_t n, int bf16, float amp, unsigned *seed) {
   void *p = malloc(n * (bf16 ? 2 : 4));
-  if (!p) { fprintf(stderr, "bias_bench: out of memory\n"); exit(2); }
+  if (!p) {
+    fprintf(stderr, "bias_bench: out of memory\n");
+    exit(2);
+  }
   for (size_t i = 0; i < n; i++) {
     *seed = *seed * 1664525u + 1013904223u;
     float x = amp * ((float)(*seed >> 8) * (2.0f / 16777216.0f) - 1.0f);
-    if (bf16) { unsigned u; memcpy(&u, &x, 4); ((unsigned short *)p)[i] = (unsigned short)(u >> 16); }
-    else ((float *)p)[i] = x;
+    if (bf16) {
+      unsigned u;
+      memcpy(&u, &x, 4);
+      ((unsigned short *)p)[i] = (unsigned short)(u >> 16);
+    } else ((float *)p)[i] = x;
   }
   return p;
 }
@@ -65,7 +71,10 @@ int main(int argc, char **argv) {
   sa_attn a;
   sa_attn_init(&a);
   a.dtype = bf16 ? SA_BF16 : SA_F32;
-  a.batch = B; a.q_len = a.kv_len = T; a.q_heads = a.kv_heads = N; a.head_dim = a.v_head_dim = H;
+  a.batch = B;
+  a.q_len = a.kv_len = T;
+  a.q_heads = a.kv_heads = N;
+  a.head_dim = a.v_head_dim = H;
   a.softmax = SA_SOFTMAX_LEARNABLE;
   size_t nq = (size_t)(B * T * N * H), es = bf16 ? 2 : 4;
   a.q = fill(nq, bf16, 2.0f, &seed);
@@ -89,15 +98,22 @@ int main(int argc, char **argv) {
     mask[i] = (seed >> 24) >= 26;
   }
   sa_attn_grad g = {0};
-  g.dout = dout; g.dq = dq; g.dk = dk; g.dv = dv; g.dsinks = dsinks;
+  g.dout = dout;
+  g.dq = dq;
+  g.dk = dk;
+  g.dv = dv;
+  g.dsinks = dsinks;
   if (!strcmp(form, "full") || !strcmp(form, "shared")) {
     a.bias = bias;
     a.bias_dtype = a.dtype;
-    a.bias_dims[0] = 1; a.bias_dims[1] = strcmp(form, "full") ? 1 : N; a.bias_dims[2] = a.bias_dims[3] = T;
+    a.bias_dims[0] = 1;
+    a.bias_dims[1] = strcmp(form, "full") ? 1 : N;
+    a.bias_dims[2] = a.bias_dims[3] = T;
     g.dbias = dbias;
   } else if (!strcmp(form, "mask")) {
     a.mask = mask;
-    a.mask_dims[0] = a.mask_dims[1] = 1; a.mask_dims[2] = a.mask_dims[3] = T;
+    a.mask_dims[0] = a.mask_dims[1] = 1;
+    a.mask_dims[2] = a.mask_dims[3] = T;
   } else if (strcmp(form, "none")) {
     fprintf(stderr, "bias_bench: form %s: use none, full, shared or mask\n", form);
     return 2;
@@ -105,8 +121,12 @@ int main(int argc, char **argv) {
   size_t wss = bwd ? sa_attn_bwd_workspace_size(&a, SA_BACKEND_CPU) : 0;
   void *ws = wss ? malloc(wss) : NULL;
   /* every caller's buffer touched, so that the RSS growth below is the backend's own */
-  memset(a.out, 0, nq * es); memset(a.lse, 0, (size_t)(B * N * T) * 4); memset(dq, 0, nq * es);
-  memset(dk, 0, nq * es); memset(dv, 0, nq * es); memset(dbias, 0, nb * 4);
+  memset(a.out, 0, nq * es);
+  memset(a.lse, 0, (size_t)(B * N * T) * 4);
+  memset(dq, 0, nq * es);
+  memset(dk, 0, nq * es);
+  memset(dv, 0, nq * es);
+  memset(dbias, 0, nb * 4);
   if (ws) memset(ws, 0, wss);
   long rss0 = maxrss_kib();
   double t[64], cpu[64];
@@ -126,8 +146,10 @@ int main(int argc, char **argv) {
   }
   qsort(t, (size_t)n, sizeof t[0], cmp_double);
   qsort(cpu, (size_t)n, sizeof cpu[0], cmp_double);
-  printf("%s %s %s T=%lld: median %.1f ms wall, %.1f ms CPU over %d calls, peak RSS growth over the calls %ld KiB, "
-         "%d threads, %s\n", argv[1], argv[2], form, (long long)T, 1e3 * t[n / 2], 1e3 * cpu[n / 2], n,
-         maxrss_kib() - rss0, sa_cpu_get_num_threads(), sa_cpu_simd_name());
+  printf(
+      "%s %s %s T=%lld: median %.1f ms wall, %.1f ms CPU over %d calls, peak RSS growth over the calls %ld KiB, "
+      "%d threads, %s\n",
+      argv[1], argv[2], form, (long long)T, 1e3 * t[n / 2], 1e3 * cpu[n / 2], n, maxrss_kib() - rss0,
+      sa_cpu_get_num_threads(), sa_cpu_simd_name());
   return 0;
 }

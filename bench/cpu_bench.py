@@ -1,4 +1,5 @@
-"""CPU benchmark that names the limit (`make bench-cpu`).
+"""CPU benchmark that names the limit (`make bench-cpu`). Larger than 400 lines: the peaks, the contenders
+(ours, AMX forced, PyTorch), the checks and the report of one run read best together.
 
 Measures this machine's limits in the same run (fp32 FMA peak, AMX bf16 tile peak when the CPU and OS have
 it, memory read bandwidth; before and after the grid), then times sinkattn's CPU backend (learnable sinks)

@@ -57,15 +57,23 @@ static double sab_threads(int nt, void *(*fn)(void *), void *args, size_t arg_si
 #define SAB_FMA_ITERS 20000000L
 
 /* 12 named accumulators: an array of them could live on the stack. */
-#define SAB_FMA_BODY(T, SET1, FMA)                                                                   \
-  T x = SET1(0.999999f), y = SET1(1e-7f), a0 = SET1(0), a1 = SET1(1), a2 = SET1(2), a3 = SET1(3),      \
-    a4 = SET1(4), a5 = SET1(5), a6 = SET1(6), a7 = SET1(7), a8 = SET1(8), a9 = SET1(9), a10 = SET1(10), \
-    a11 = SET1(11);                                                                                   \
-  for (long it = 0; it < iters; it++) {                                                               \
-    a0 = FMA(a0, x, y); a1 = FMA(a1, x, y); a2 = FMA(a2, x, y); a3 = FMA(a3, x, y);                    \
-    a4 = FMA(a4, x, y); a5 = FMA(a5, x, y); a6 = FMA(a6, x, y); a7 = FMA(a7, x, y);                    \
-    a8 = FMA(a8, x, y); a9 = FMA(a9, x, y); a10 = FMA(a10, x, y); a11 = FMA(a11, x, y);                \
-  }                                                                                                   \
+#define SAB_FMA_BODY(T, SET1, FMA)                                                                              \
+  T x = SET1(0.999999f), y = SET1(1e-7f), a0 = SET1(0), a1 = SET1(1), a2 = SET1(2), a3 = SET1(3), a4 = SET1(4), \
+    a5 = SET1(5), a6 = SET1(6), a7 = SET1(7), a8 = SET1(8), a9 = SET1(9), a10 = SET1(10), a11 = SET1(11);       \
+  for (long it = 0; it < iters; it++) {                                                                         \
+    a0 = FMA(a0, x, y);                                                                                         \
+    a1 = FMA(a1, x, y);                                                                                         \
+    a2 = FMA(a2, x, y);                                                                                         \
+    a3 = FMA(a3, x, y);                                                                                         \
+    a4 = FMA(a4, x, y);                                                                                         \
+    a5 = FMA(a5, x, y);                                                                                         \
+    a6 = FMA(a6, x, y);                                                                                         \
+    a7 = FMA(a7, x, y);                                                                                         \
+    a8 = FMA(a8, x, y);                                                                                         \
+    a9 = FMA(a9, x, y);                                                                                         \
+    a10 = FMA(a10, x, y);                                                                                       \
+    a11 = FMA(a11, x, y);                                                                                       \
+  }                                                                                                             \
   T s = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;
 
 __attribute__((target("avx512f,fma"))) static float sab_fma512(long iters) {
@@ -187,7 +195,9 @@ SA_API double sab_amx_peak(int threads, int reps, int with_loads) {
   }
   return best;
 #else
-  (void)threads; (void)reps; (void)with_loads;
+  (void)threads;
+  (void)reps;
+  (void)with_loads;
   return -1.0;
 #endif
 }
@@ -217,7 +227,10 @@ static uint64_t sab_read64(const char *p, size_t n) {
   const uint64_t *w = (const uint64_t *)(const void *)p;
   uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
   for (size_t i = 0; i + 4 <= n / 8; i += 4) {
-    s0 ^= w[i]; s1 ^= w[i + 1]; s2 ^= w[i + 2]; s3 ^= w[i + 3];
+    s0 ^= w[i];
+    s1 ^= w[i + 1];
+    s2 ^= w[i + 2];
+    s3 ^= w[i + 3];
   }
   return s0 ^ s1 ^ s2 ^ s3;
 }
@@ -273,9 +286,18 @@ typedef struct {
 static void sab_attn_of(const sab_problem *p, sa_attn *a, sa_attn_grad *g) {
   sa_attn_init(a);
   a->dtype = (sa_dtype)p->dtype;
-  a->batch = p->B; a->q_len = p->T; a->kv_len = p->S; a->q_heads = p->N; a->kv_heads = p->K;
-  a->head_dim = p->H; a->v_head_dim = p->H;
-  a->q = p->q; a->k = p->k; a->v = p->v; a->out = p->out; a->lse = p->lse;
+  a->batch = p->B;
+  a->q_len = p->T;
+  a->kv_len = p->S;
+  a->q_heads = p->N;
+  a->kv_heads = p->K;
+  a->head_dim = p->H;
+  a->v_head_dim = p->H;
+  a->q = p->q;
+  a->k = p->k;
+  a->v = p->v;
+  a->out = p->out;
+  a->lse = p->lse;
   a->softmax = SA_SOFTMAX_LEARNABLE;
   a->sinks = p->sinks;
   a->causal = (sa_causal)p->causal;
@@ -284,7 +306,11 @@ static void sab_attn_of(const sab_problem *p, sa_attn *a, sa_attn_grad *g) {
     a->window_right = 0;
   }
   memset(g, 0, sizeof *g);
-  g->dout = p->dout; g->dq = p->dq; g->dk = p->dk; g->dv = p->dv; g->dsinks = p->dsinks;
+  g->dout = p->dout;
+  g->dq = p->dq;
+  g->dk = p->dk;
+  g->dv = p->dv;
+  g->dsinks = p->dsinks;
 }
 
 /* kind 0 forward, 1 forward + backward, 2 decode */
@@ -298,14 +324,14 @@ static sa_status sab_call(const sa_attn *a, const sa_attn_grad *g, int kind, voi
 /* Median seconds of `calls` calls on `threads` threads (after one untimed call); -1 and *status on failure.
    *cpu_s gets the median process CPU seconds of a call divided by threads (the call's time had its threads
    run undisturbed), *plan the description of the plan that ran (up to 256 bytes). */
-SA_API double sab_time(const sab_problem *p, int kind, int calls, int threads, int *status, char *plan,
-                       double *cpu_s) {
+SA_API double sab_time(const sab_problem *p, int kind, int calls, int threads, int *status, char *plan, double *cpu_s) {
   sa_attn a;
   sa_attn_grad g;
   sab_attn_of(p, &a, &g);
   sa_cpu_set_num_threads(threads);
-  size_t wss = kind == 2 ? sa_attn_decode_workspace_size(&a, SA_BACKEND_CPU)
-                         : kind == 1 ? sa_attn_bwd_workspace_size(&a, SA_BACKEND_CPU) : 0;
+  size_t wss = kind == 2   ? sa_attn_decode_workspace_size(&a, SA_BACKEND_CPU)
+               : kind == 1 ? sa_attn_bwd_workspace_size(&a, SA_BACKEND_CPU)
+                           : 0;
   void *ws = wss ? malloc(wss) : NULL;
   double t[256], ct[256];
   if (calls > 256) calls = 256;
@@ -337,7 +363,8 @@ SA_API double sab_check(const sab_problem *p, int kind, void *ref_out) {
   sab_attn_of(p, &a, &g);
   size_t wss = kind == 2 ? sa_attn_decode_workspace_size(&a, SA_BACKEND_CPU) : 0;
   void *ws = wss ? malloc(wss) : NULL;
-  sa_status s = kind == 2 ? sa_attn_decode_fwd(&a, ws, wss, SA_BACKEND_CPU, NULL) : sa_attn_fwd(&a, SA_BACKEND_CPU, NULL);
+  sa_status s =
+      kind == 2 ? sa_attn_decode_fwd(&a, ws, wss, SA_BACKEND_CPU, NULL) : sa_attn_fwd(&a, SA_BACKEND_CPU, NULL);
   free(ws);
   a.out = ref_out;
   if (s != SA_OK || sa_attn_fwd(&a, SA_BACKEND_REF, NULL) != SA_OK) return -1.0;
@@ -361,8 +388,10 @@ SA_API const char *sab_info(void) {
 #else
   const char *cc = "gcc " __VERSION__;
 #endif
-  snprintf(buf, sizeof buf, "{\"simd\": \"%s\", \"avx512_bf16\": %d, \"amx_bf16\": %d, \"amx_fp16\": %d, "
-           "\"amx_os\": %d, \"compiler\": \"%s\", \"sinkattn\": \"%s\"}", sa_cpu_simd_name(), r->f.avx512_bf16,
-           r->f.amx_bf16, r->f.amx_fp16, r->f.amx_os, cc, SINKATTN_VERSION_STRING);
+  snprintf(buf, sizeof buf,
+           "{\"simd\": \"%s\", \"avx512_bf16\": %d, \"amx_bf16\": %d, \"amx_fp16\": %d, "
+           "\"amx_os\": %d, \"compiler\": \"%s\", \"sinkattn\": \"%s\"}",
+           sa_cpu_simd_name(), r->f.avx512_bf16, r->f.amx_bf16, r->f.amx_fp16, r->f.amx_os, cc,
+           SINKATTN_VERSION_STRING);
   return buf;
 }

@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CK(x) ck_rt((x), #x, __LINE__)
+#define CK(x)  ck_rt((x), #x, __LINE__)
 #define CKD(x) ck_drv((x), #x, __LINE__)
 static void ck_rt(cudaError_t e, const char *what, int line) {
   if (e == cudaSuccess) return;
@@ -30,8 +30,14 @@ static void ck_drv(CUresult e, const char *what, int line) {
    program starts (and says there is no GPU) on a machine without a driver. Asked by the toolkit's version (the
    prototypes compiled here): cuGreenCtxStreamCreate exists from CUDA 12.5, and a query by 12.4 does not find it. */
 #define SA_DRV(f) static decltype(&f) d_##f
-SA_DRV(cuInit); SA_DRV(cuDeviceGet); SA_DRV(cuDeviceGetDevResource); SA_DRV(cuDevSmResourceSplitByCount);
-SA_DRV(cuDevResourceGenerateDesc); SA_DRV(cuGreenCtxCreate); SA_DRV(cuCtxFromGreenCtx); SA_DRV(cuCtxSetCurrent);
+SA_DRV(cuInit);
+SA_DRV(cuDeviceGet);
+SA_DRV(cuDeviceGetDevResource);
+SA_DRV(cuDevSmResourceSplitByCount);
+SA_DRV(cuDevResourceGenerateDesc);
+SA_DRV(cuGreenCtxCreate);
+SA_DRV(cuCtxFromGreenCtx);
+SA_DRV(cuCtxSetCurrent);
 SA_DRV(cuGreenCtxStreamCreate);
 static void drv_sym(const char *name, void **f) {
   cudaDriverEntryPointQueryResult q;
@@ -44,9 +50,15 @@ static void drv_sym(const char *name, void **f) {
 }
 #define SA_DRV_LOAD(f) drv_sym(#f, (void **)&d_##f)
 static void drv_load(void) {
-  SA_DRV_LOAD(cuInit); SA_DRV_LOAD(cuDeviceGet); SA_DRV_LOAD(cuDeviceGetDevResource);
-  SA_DRV_LOAD(cuDevSmResourceSplitByCount); SA_DRV_LOAD(cuDevResourceGenerateDesc); SA_DRV_LOAD(cuGreenCtxCreate);
-  SA_DRV_LOAD(cuCtxFromGreenCtx); SA_DRV_LOAD(cuCtxSetCurrent); SA_DRV_LOAD(cuGreenCtxStreamCreate);
+  SA_DRV_LOAD(cuInit);
+  SA_DRV_LOAD(cuDeviceGet);
+  SA_DRV_LOAD(cuDeviceGetDevResource);
+  SA_DRV_LOAD(cuDevSmResourceSplitByCount);
+  SA_DRV_LOAD(cuDevResourceGenerateDesc);
+  SA_DRV_LOAD(cuGreenCtxCreate);
+  SA_DRV_LOAD(cuCtxFromGreenCtx);
+  SA_DRV_LOAD(cuCtxSetCurrent);
+  SA_DRV_LOAD(cuGreenCtxStreamCreate);
 }
 
 /* ---- the GPU clock and the hog ------------------------------------------------------------------------- */
@@ -60,7 +72,10 @@ __device__ __forceinline__ unsigned smid(void) {
   asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
   return s;
 }
-struct hog_rec { unsigned long long start, end; unsigned sm, pad; };
+struct hog_rec {
+  unsigned long long start, end;
+  unsigned sm, pad;
+};
 struct shared_rec { /* mapped host memory: the host reads it while kernels run */
   volatile int started, stop;
   volatile unsigned long long now, launched, done;
@@ -114,7 +129,10 @@ static unsigned long long gpu_now(hog *h) {
 /* Starts k hog CTAs (one an SM) that spin until now + hold_ns or until released; returns the deadline once every
    CTA is running (they are, on distinct SMs: each takes the SM's whole shared memory). */
 static unsigned long long hog_start(hog *h, int k, unsigned long long hold_ns) {
-  h->sh->started = 0; h->sh->stop = 0; h->sh->launched = 0; h->sh->done = 0;
+  h->sh->started = 0;
+  h->sh->stop = 0;
+  h->sh->launched = 0;
+  h->sh->done = 0;
   unsigned long long deadline = gpu_now(h) + hold_ns;
   hog_kernel<<<k, 32, h->smem, h->st>>>(deadline, h->sh, h->rec);
   CK(cudaGetLastError());
@@ -136,7 +154,10 @@ static unsigned long long hog_release(hog *h, int k, int *distinct) {
   *distinct = 0;
   for (int i = 0; i < k; i++) {
     if (h->rec[i].end < end) end = h->rec[i].end;
-    if (!seen[h->rec[i].sm & 255]) { seen[h->rec[i].sm & 255] = 1; (*distinct)++; }
+    if (!seen[h->rec[i].sm & 255]) {
+      seen[h->rec[i].sm & 255] = 1;
+      (*distinct)++;
+    }
   }
   return end;
 }

@@ -58,14 +58,17 @@ static const char *plan_ran(int kind) { return sa_plan_last(kind); }
 /* A target: a persistent grid or an ordering between CTAs. The reference: portable or two-pass kernels. */
 static int plan_is_target(const char *n) {
   static const char *w[] = {"persistent", "onepass"};
-  for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) if (strstr(n, w[i])) return 1;
+  for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+    if (strstr(n, w[i])) return 1;
   return 0;
 }
 static const char *plan_reference(const char **names, int n) {
   static const char *w[] = {"portable", "twopass"};
   for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
-    for (int j = 0; j < n; j++) if (strstr(names[j], w[i])) return names[j];
-  for (int j = n - 1; j >= 0; j--) if (!plan_is_target(names[j])) return names[j];
+    for (int j = 0; j < n; j++)
+      if (strstr(names[j], w[i])) return names[j];
+  for (int j = n - 1; j >= 0; j--)
+    if (!plan_is_target(names[j])) return names[j];
   return names[0];
 }
 
@@ -89,7 +92,11 @@ static float bf2f(uint16_t h) {
   return f;
 }
 
-struct shape { const char *name; int64_t B, T, N, K, H; sa_causal causal; };
+struct shape {
+  const char *name;
+  int64_t B, T, N, K, H;
+  sa_causal causal;
+};
 static const shape shapes[] = {
     {"h128_t16k_causal", 1, 16384, 16, 16, 128, SA_CAUSAL_TOP_LEFT},
     {"gptoss", 1, 4096, 64, 8, 64, SA_CAUSAL_TOP_LEFT},
@@ -105,7 +112,7 @@ struct problem {
   void *q, *k, *v, *dout, *ws;
   float *sinks;
   size_t wsn;
-  void *out[2], *dq[2], *dk[2], *dv[2];  /* [0]: the case, [1]: the reference */
+  void *out[2], *dq[2], *dk[2], *dv[2]; /* [0]: the case, [1]: the reference */
   float *lse[2], *ds[2];
 };
 
@@ -120,7 +127,10 @@ static void problem_init(problem *p, const shape *s, cudaStream_t st) {
   p->nq = s->B * s->T * s->N * s->H;
   p->nk = s->B * s->T * s->K * s->H;
   p->nl = s->B * s->N * s->T;
-  p->q = dalloc(p->nq * 2); p->k = dalloc(p->nk * 2); p->v = dalloc(p->nk * 2); p->dout = dalloc(p->nq * 2);
+  p->q = dalloc(p->nq * 2);
+  p->k = dalloc(p->nk * 2);
+  p->v = dalloc(p->nk * 2);
+  p->dout = dalloc(p->nq * 2);
   fill_kernel<<<264, 256, 0, st>>>((uint16_t *)p->q, p->nq, 1, 2.0f);
   fill_kernel<<<264, 256, 0, st>>>((uint16_t *)p->k, p->nk, 2, 4.0f);
   fill_kernel<<<264, 256, 0, st>>>((uint16_t *)p->v, p->nk, 3, 1.0f);
@@ -137,15 +147,31 @@ static void problem_init(problem *p, const shape *s, cudaStream_t st) {
   p->sinks = (float *)dalloc(s->N * 4);
   CK(cudaMemcpy(p->sinks, sk.data(), s->N * 4, cudaMemcpyHostToDevice));
   for (int i = 0; i < 2; i++) {
-    p->out[i] = dalloc(p->nq * 2); p->lse[i] = (float *)dalloc(p->nl * 4);
-    p->dq[i] = dalloc(p->nq * 2); p->dk[i] = dalloc(p->nk * 2); p->dv[i] = dalloc(p->nk * 2);
+    p->out[i] = dalloc(p->nq * 2);
+    p->lse[i] = (float *)dalloc(p->nl * 4);
+    p->dq[i] = dalloc(p->nq * 2);
+    p->dk[i] = dalloc(p->nk * 2);
+    p->dv[i] = dalloc(p->nk * 2);
     p->ds[i] = (float *)dalloc(s->N * 4);
   }
   sa_attn_init(&p->a);
   sa_attn *a = &p->a;
-  a->dtype = SA_BF16; a->batch = s->B; a->q_len = s->T; a->kv_len = s->T; a->q_heads = s->N; a->kv_heads = s->K;
-  a->head_dim = s->H; a->v_head_dim = s->H; a->q = p->q; a->k = p->k; a->v = p->v; a->sinks = p->sinks;
-  a->softmax = SA_SOFTMAX_LEARNABLE; a->causal = s->causal; a->out = p->out[1]; a->lse = p->lse[1];
+  a->dtype = SA_BF16;
+  a->batch = s->B;
+  a->q_len = s->T;
+  a->kv_len = s->T;
+  a->q_heads = s->N;
+  a->kv_heads = s->K;
+  a->head_dim = s->H;
+  a->v_head_dim = s->H;
+  a->q = p->q;
+  a->k = p->k;
+  a->v = p->v;
+  a->sinks = p->sinks;
+  a->softmax = SA_SOFTMAX_LEARNABLE;
+  a->causal = s->causal;
+  a->out = p->out[1];
+  a->lse = p->lse[1];
   memset(&p->g, 0, sizeof p->g);
   p->g.dout = p->dout;
   p->g.deterministic = 1;
@@ -170,13 +196,17 @@ static sa_status launch(problem *p, int kind, const char *plan, int slot, cudaSt
   plan_force(kind, plan);
   sa_status r;
   if (kind == KIND_FWD) {
-    a.out = p->out[slot]; a.lse = p->lse[slot];
+    a.out = p->out[slot];
+    a.lse = p->lse[slot];
     CK(cudaMemsetAsync(a.out, 0xff, p->nq * 2, st));
     CK(cudaMemsetAsync(a.lse, 0xff, p->nl * 4, st));
     r = sa_attn_fwd(&a, SA_BACKEND_CUDA, st);
   } else {
     sa_attn_grad g = p->g;
-    g.dq = p->dq[slot]; g.dk = p->dk[slot]; g.dv = p->dv[slot]; g.dsinks = p->ds[slot];
+    g.dq = p->dq[slot];
+    g.dk = p->dk[slot];
+    g.dv = p->dv[slot];
+    g.dsinks = p->ds[slot];
     CK(cudaMemsetAsync(g.dq, 0xff, p->nq * 2, st));
     CK(cudaMemsetAsync(g.dk, 0xff, p->nk * 2, st));
     CK(cudaMemsetAsync(g.dv, 0xff, p->nk * 2, st));
@@ -193,11 +223,13 @@ static double rel_err(const void *x, const void *r, size_t n, int f32) {
   std::vector<float> a32, b32;
   double num = 0, den = 0;
   if (f32) {
-    a32.resize(n); b32.resize(n);
+    a32.resize(n);
+    b32.resize(n);
     CK(cudaMemcpy(a32.data(), x, n * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(b32.data(), r, n * 4, cudaMemcpyDeviceToHost));
   } else {
-    a16.resize(n); b16.resize(n);
+    a16.resize(n);
+    b16.resize(n);
     CK(cudaMemcpy(a16.data(), x, n * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(b16.data(), r, n * 2, cudaMemcpyDeviceToHost));
   }
@@ -235,7 +267,9 @@ static int compare(problem *p, int kind, char *buf, size_t n) {
 }
 
 /* A copy of slot 0's outputs (to compare a run under the hog with the same plan run alone, bitwise). */
-struct snapshot { std::vector<char> bytes; };
+struct snapshot {
+  std::vector<char> bytes;
+};
 static snapshot snap(problem *p, int kind) {
   snapshot s;
   void *src[4] = {kind == KIND_FWD ? p->out[0] : p->dq[0], kind == KIND_FWD ? (void *)p->lse[0] : p->dk[0],
@@ -251,15 +285,18 @@ static snapshot snap(problem *p, int kind) {
 }
 
 static const shape *shape_named(const char *name) {
-  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) if (!strcmp(shapes[i].name, name)) return &shapes[i];
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    if (!strcmp(shapes[i].name, name)) return &shapes[i];
   printf("PROGRESS {\"fatal\":\"unknown shape %s (h128_t16k_causal, gptoss, h128_t4k)\"}\n", name);
   exit(2);
 }
 
-
 /* Cooperative-launch probe: every CTA records its start and SM, meets the others at a grid barrier (an atomic
    count; it gives up after 2 s so that a grid that never becomes co-resident cannot hang) and records its exit. */
-struct coop_rec { unsigned long long start, leave; unsigned sm, timed_out; };
+struct coop_rec {
+  unsigned long long start, leave;
+  unsigned sm, timed_out;
+};
 __global__ void coop_kernel(unsigned *count, coop_rec *rec) {
   extern __shared__ char smem[];
   if (threadIdx.x) return;
@@ -270,7 +307,10 @@ __global__ void coop_kernel(unsigned *count, coop_rec *rec) {
   atomicAdd(count, 1u);
   unsigned to = 0;
   while (atomicAdd(count, 0u) < gridDim.x) {
-    if (gtime() - t0 > 2000000000ull) { to = 1; break; }
+    if (gtime() - t0 > 2000000000ull) {
+      to = 1;
+      break;
+    }
     __nanosleep(1000);
   }
   rec[blockIdx.x].leave = gtime();
@@ -344,10 +384,11 @@ static int mode_hog(const shape *s) {
         snapshot under = snap(&p, kind);
         int bitwise = under.bytes == alone_out.bytes;
         int before = done < deadline && done < hog_end;
-        printf("PROGRESS {%s,\"status\":\"%s\",\"finished\":\"%s\",\"ms\":%.3f,\"hog_sms\":%d,\"bitwise_vs_alone\":%d,"
-               "\"ran_under_hog\":\"%s\",%s}\n", what, ok && bitwise ? "ok" : "WRONG",
-               before ? "before_hog_deadline" : "after_hog", (done - t_launch) * 1e-6, distinct, bitwise, plan_ran(kind),
-               errs);
+        printf(
+            "PROGRESS {%s,\"status\":\"%s\",\"finished\":\"%s\",\"ms\":%.3f,\"hog_sms\":%d,\"bitwise_vs_alone\":%d,"
+            "\"ran_under_hog\":\"%s\",%s}\n",
+            what, ok && bitwise ? "ok" : "WRONG", before ? "before_hog_deadline" : "after_hog",
+            (done - t_launch) * 1e-6, distinct, bitwise, plan_ran(kind), errs);
         bad |= !(ok && bitwise);
       }
     }
@@ -367,14 +408,21 @@ static int mode_green(const shape *s, int nsm, int kind, const char *plan) {
   char what[512], errs[256];
   snprintf(what, sizeof what, "\"mode\":\"green\",\"sms\":%d,\"shape\":\"%s\",\"kind\":\"%s\",\"plan\":\"%s\"", nsm,
            s->name, kind ? "bwd" : "fwd", plan);
-  struct { int kind, slot; const char *plan; } steps[3];
+  struct {
+    int kind, slot;
+    const char *plan;
+  } steps[3];
   int ns = 0;
   for (int k = KIND_FWD; k <= kind; k++) { /* the reference of every kind up to this one, in slot 1 */
     const char *names[64];
     int n = plans(&p.a, k, names, 64);
-    steps[ns].kind = k; steps[ns].slot = 1; steps[ns++].plan = plan_reference(names, n);
+    steps[ns].kind = k;
+    steps[ns].slot = 1;
+    steps[ns++].plan = plan_reference(names, n);
   }
-  steps[ns].kind = kind; steps[ns].slot = 0; steps[ns++].plan = plan;
+  steps[ns].kind = kind;
+  steps[ns].slot = 0;
+  steps[ns++].plan = plan;
   for (int i = 0; i < ns; i++) {
     sh->done = 0;
     double t0 = wall();
@@ -426,13 +474,14 @@ static void coop_once(hog *h, cudaStream_t st, int grid, int cooperative, int k,
     if (rec[i].start < first) first = rec[i].start;
     if (rec[i].start > last) last = rec[i].start;
   }
-  printf("PROGRESS {\"mode\":\"coop\",\"ctx\":\"%s\",\"launch\":\"%s\",\"grid\":%d,\"hog_k\":%d,\"launch_status\":\"%s\","
-         "\"sync_status\":\"%s\",\"ctas_started_before_hog_end\":%d,\"barrier_timeouts\":%d,\"start_spread_ms\":%.3f,"
-         "\"first_start_vs_hog_end_ms\":%.3f,\"hog_deadline_vs_end_ms\":%.3f}\n", ctx,
-         cooperative ? "cooperative" : "plain", grid, k, cudaGetErrorString(e), cudaGetErrorString(e2), before, timed_out,
-         e == cudaSuccess ? (last - first) * 1e-6 : -1.0,
-         e == cudaSuccess && k ? ((double)first - (double)hog_end) * 1e-6 : 0.0,
-         k ? ((double)deadline - (double)hog_end) * 1e-6 : 0.0);
+  printf(
+      "PROGRESS {\"mode\":\"coop\",\"ctx\":\"%s\",\"launch\":\"%s\",\"grid\":%d,\"hog_k\":%d,\"launch_status\":\"%s\","
+      "\"sync_status\":\"%s\",\"ctas_started_before_hog_end\":%d,\"barrier_timeouts\":%d,\"start_spread_ms\":%.3f,"
+      "\"first_start_vs_hog_end_ms\":%.3f,\"hog_deadline_vs_end_ms\":%.3f}\n",
+      ctx, cooperative ? "cooperative" : "plain", grid, k, cudaGetErrorString(e), cudaGetErrorString(e2), before,
+      timed_out, e == cudaSuccess ? (last - first) * 1e-6 : -1.0,
+      e == cudaSuccess && k ? ((double)first - (double)hog_end) * 1e-6 : 0.0,
+      k ? ((double)deadline - (double)hog_end) * 1e-6 : 0.0);
   CK(cudaFree(count));
   CK(cudaFreeHost(rec));
 }
@@ -467,7 +516,8 @@ int main(int argc, char **argv) {
     for (int kind = KIND_FWD; kind <= KIND_BWD; kind++) {
       const char *names[64];
       int n = plans(&p.a, kind, names, 64);
-      for (int i = 0; i < n; i++) if (plan_is_target(names[i])) printf("%s %s\n", kind ? "bwd" : "fwd", names[i]);
+      for (int i = 0; i < n; i++)
+        if (plan_is_target(names[i])) printf("%s %s\n", kind ? "bwd" : "fwd", names[i]);
     }
     return 0;
   }

@@ -1,4 +1,5 @@
 """bench/kernel_bench.py: our kernels against cuDNN's own sink attention, at kernel level, on the H200.
+Larger than 400 lines: the grid, the decode rows, their checks and the report share one set of contenders.
 
 Contenders, each twice (A/A, instances "#2"), interleaved in rotated rounds (bench/gpu_timing.py: L2-sized
 rotation of input/output sets, CUDA events around a gated batch, medians of --rounds rounds with the per-round

@@ -75,16 +75,28 @@ int main(int argc, char **argv) {
   sa_attn a;
   sa_attn_init(&a); /* zeros, and window (-1, -1) = unbounded */
   a.dtype = SA_F32;
-  a.batch = B; a.q_len = T; a.kv_len = S; a.q_heads = N; a.kv_heads = K; a.head_dim = H; a.v_head_dim = H;
-  a.q = q; a.k = k; a.v = v;
-  a.softmax = SA_SOFTMAX_LEARNABLE; a.sinks = sinks;
+  a.batch = B;
+  a.q_len = T;
+  a.kv_len = S;
+  a.q_heads = N;
+  a.kv_heads = K;
+  a.head_dim = H;
+  a.v_head_dim = H;
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.softmax = SA_SOFTMAX_LEARNABLE;
+  a.sinks = sinks;
   a.causal = SA_CAUSAL_TOP_LEFT; /* scale 0 = 1/sqrt(H) */
 
   /* Outputs: [0] from the fast backend, [1] from the reference. */
   float *out[2], *lse[2], *dq[2], *dk[2], *dv[2];
   for (int r = 0; r < 2; r++) {
-    out[r] = alloc_floats(nq); lse[r] = alloc_floats(nl);
-    dq[r] = alloc_floats(nq); dk[r] = alloc_floats(nk); dv[r] = alloc_floats(nk);
+    out[r] = alloc_floats(nq);
+    lse[r] = alloc_floats(nl);
+    dq[r] = alloc_floats(nq);
+    dk[r] = alloc_floats(nk);
+    dv[r] = alloc_floats(nk);
   }
   sa_backend be = sa_backend_resolve(&a, SA_BACKEND_AUTO);
   printf("sinkattn %s: B=%lld T=S=%lld N=%lld K=%lld H=%lld, f32, learnable sinks, causal; backend %s",
@@ -100,7 +112,8 @@ int main(int argc, char **argv) {
   double t_fwd = 0, t_bwd = 0;
   for (int r = 0; r < 2; r++) {
     sa_backend use = r == 0 ? SA_BACKEND_AUTO : SA_BACKEND_REF;
-    a.out = out[r]; a.lse = lse[r];
+    a.out = out[r];
+    a.lse = lse[r];
     /* The fast backend runs 3 times and keeps the best time (the first call warms caches and threads). */
     for (int rep = 0; rep < (r == 0 ? 3 : 1); rep++) {
       double t0 = now_s();
@@ -110,7 +123,11 @@ int main(int argc, char **argv) {
       }
       double t1 = now_s();
       sa_attn_grad g = {0};
-      g.dout = dout; g.dq = dq[r]; g.dk = dk[r]; g.dv = dv[r]; g.dsinks = r == 0 ? dsinks : dsinks_ref;
+      g.dout = dout;
+      g.dq = dq[r];
+      g.dk = dk[r];
+      g.dv = dv[r];
+      g.dsinks = r == 0 ? dsinks : dsinks_ref;
       size_t ws = sa_attn_bwd_workspace_size(&a, use);
       void *w = ws ? malloc(ws) : NULL;
       sa_status s = sa_attn_bwd(&a, &g, w, ws, use, NULL);
@@ -122,12 +139,11 @@ int main(int argc, char **argv) {
       double t2 = now_s();
       if (r == 0 && (rep == 0 || t1 - t0 < t_fwd)) t_fwd = t1 - t0;
       if (r == 0 && (rep == 0 || t2 - t1 < t_bwd)) t_bwd = t2 - t1;
-      if (r == 1)
-        printf("reference (fp64):  forward %8.2f ms, backward %8.2f ms\n", 1e3 * (t1 - t0), 1e3 * (t2 - t1));
+      if (r == 1) printf("reference (fp64):  forward %8.2f ms, backward %8.2f ms\n", 1e3 * (t1 - t0), 1e3 * (t2 - t1));
     }
     if (r == 0)
-      printf("%-9s          forward %8.2f ms (%6.1f GFLOP/s), backward %8.2f ms (%6.1f GFLOP/s)\n",
-             backend_name(be), 1e3 * t_fwd, fwd_flop / t_fwd * 1e-9, 1e3 * t_bwd, bwd_flop / t_bwd * 1e-9);
+      printf("%-9s          forward %8.2f ms (%6.1f GFLOP/s), backward %8.2f ms (%6.1f GFLOP/s)\n", backend_name(be),
+             1e3 * t_fwd, fwd_flop / t_fwd * 1e-9, 1e3 * t_bwd, bwd_flop / t_bwd * 1e-9);
   }
 
   /* fp32 against fp64: relative to the largest value, 1e-4 is ~1000 fp32 ulps of headroom. */
@@ -145,8 +161,15 @@ int main(int argc, char **argv) {
   }
   printf("\n%s\n", ok ? "OK" : "MISMATCH");
   for (int r = 0; r < 2; r++) {
-    free(out[r]); free(lse[r]); free(dq[r]); free(dk[r]); free(dv[r]);
+    free(out[r]);
+    free(lse[r]);
+    free(dq[r]);
+    free(dk[r]);
+    free(dv[r]);
   }
-  free(q); free(k); free(v); free(dout);
+  free(q);
+  free(k);
+  free(v);
+  free(dout);
   return ok ? 0 : 1;
 }

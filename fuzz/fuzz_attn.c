@@ -29,7 +29,10 @@
 
 /* ---- reading the input ------------------------------------------------------------------------ */
 
-typedef struct { const uint8_t *p; size_t n; } fz_in;
+typedef struct {
+  const uint8_t *p;
+  size_t n;
+} fz_in;
 
 static unsigned fz_u8(fz_in *in) {
   if (!in->n) return 0;
@@ -39,7 +42,10 @@ static unsigned fz_u8(fz_in *in) {
 static unsigned fz_u16(fz_in *in) { return fz_u8(in) | (fz_u8(in) << 8); }
 static int fz_pick(fz_in *in, int n) { return (int)(fz_u8(in) % (unsigned)n); }
 
-#define FZ_REQUIRE(cond) do { if (!(cond)) __builtin_trap(); } while (0)
+#define FZ_REQUIRE(cond)           \
+  do {                             \
+    if (!(cond)) __builtin_trap(); \
+  } while (0)
 
 static float fz_special(fz_in *in) {
   static const float table[] = {0.0f, 50.0f, -50.0f, 1e4f, -1e4f, INFINITY, -INFINITY, NAN, 1.0f, -3.5f};
@@ -88,8 +94,8 @@ static void fz_fill(fz_in *in, void *p, sa_dtype t, int64_t count, int poison) {
 }
 
 static void fz_case_free(fz_case *c) {
-  void *ptrs[] = {c->sinks, c->lse, c->dlse, c->dsinks, c->q_lens, c->kv_lens, c->qseg, c->kseg, c->q, c->k,
-                  c->v, c->out, c->dout, c->dq, c->dk, c->dv, c->dbias, c->qpos, c->kpos, c->bias, c->mask};
+  void *ptrs[] = {c->sinks, c->lse,  c->dlse, c->dsinks, c->q_lens, c->kv_lens, c->qseg, c->kseg, c->q,    c->k,   c->v,
+                  c->out,   c->dout, c->dq,   c->dk,     c->dv,     c->dbias,   c->qpos, c->kpos, c->bias, c->mask};
   for (size_t x = 0; x < sizeof ptrs / sizeof ptrs[0]; x++) free(ptrs[x]);
 }
 
@@ -186,7 +192,7 @@ static int fz_extras(fz_in *in, fz_case *c, int poison) {
     for (int64_t e = 0; e < a->batch * a->kv_len; e++)
       c->kpos[e] = fz_pick(in, 16) ? fz_pick(in, 16) - 2 : edge[fz_pick(in, 5)];
     a->q_positions = c->qpos;
-    a->kv_positions = x & 128 ? NULL : c->kpos; /* one of two: invalid */
+    a->kv_positions = x & 128 ? NULL : c->kpos;                                           /* one of two: invalid */
     if (a->causal == SA_CAUSAL_BOTTOM_RIGHT && !(x & 32)) a->causal = SA_CAUSAL_TOP_LEFT; /* else invalid */
   }
   if (x & 8) c->dbias = fz_alloc(c->nb, 4); /* with no bias, an invalid dbias (never written: 1 element) */
@@ -267,13 +273,20 @@ static void fz_run(fz_in *in) {
   }
   size_t es = a->dtype <= SA_BF16 ? sa_dtype_size(a->dtype) : 4;
   sa_dtype dt = a->dtype <= SA_BF16 ? a->dtype : SA_F32;
-  c.q = fz_alloc(c.nq, es); c.k = fz_alloc(c.nk, es); c.v = fz_alloc(c.nv, es);
+  c.q = fz_alloc(c.nq, es);
+  c.k = fz_alloc(c.nk, es);
+  c.v = fz_alloc(c.nv, es);
   c.out = fz_alloc(c.no, es);
-  fz_fill(in, c.q, dt, c.nq, poison); fz_fill(in, c.k, dt, c.nk, poison); fz_fill(in, c.v, dt, c.nv, poison);
+  fz_fill(in, c.q, dt, c.nq, poison);
+  fz_fill(in, c.k, dt, c.nk, poison);
+  fz_fill(in, c.v, dt, c.nv, poison);
   if (c.no) memset(c.out, 0x7b, (size_t)c.no * es);
-  int finite = fz_all_finite(c.q, dt, c.nq) && fz_all_finite(c.k, dt, c.nk) && fz_all_finite(c.v, dt, c.nv) &&
-               !big_scale;
-  a->q = c.q; a->k = c.k; a->v = c.v; a->out = c.out;
+  int finite =
+      fz_all_finite(c.q, dt, c.nq) && fz_all_finite(c.k, dt, c.nk) && fz_all_finite(c.v, dt, c.nv) && !big_scale;
+  a->q = c.q;
+  a->k = c.k;
+  a->v = c.v;
+  a->out = c.out;
   if (!(flags & 16) && c.rows) {
     c.lse = fz_alloc(c.rows, 4);
     memset(c.lse, 0x7b, (size_t)c.rows * 4);
@@ -285,7 +298,8 @@ static void fz_run(fz_in *in) {
     a->sinks = c.sinks;
   }
   if (flags & 64 && a->batch) {
-    c.q_lens = fz_alloc(a->batch, 4); c.kv_lens = fz_alloc(a->batch, 4);
+    c.q_lens = fz_alloc(a->batch, 4);
+    c.kv_lens = fz_alloc(a->batch, 4);
     for (int64_t b = 0; b < a->batch; b++) {
       c.q_lens[b] = fz_pick(in, 8) == 0 ? (int32_t)0x80000000u + fz_pick(in, 3) : (int32_t)fz_pick(in, 17) - 2;
       c.kv_lens[b] = fz_pick(in, 8) == 0 ? INT32_MAX - fz_pick(in, 3) : (int32_t)fz_pick(in, 17) - 2;
@@ -294,15 +308,15 @@ static void fz_run(fz_in *in) {
     a->kv_lens = flags & 128 ? NULL : c.kv_lens;
   }
   if (flags & 256 && a->batch) {
-    c.qseg = fz_alloc(a->batch * a->q_len, 4); c.kseg = fz_alloc(a->batch * a->kv_len, 4);
+    c.qseg = fz_alloc(a->batch * a->q_len, 4);
+    c.kseg = fz_alloc(a->batch * a->kv_len, 4);
     for (int64_t x = 0; x < a->batch * a->q_len; x++) c.qseg[x] = fz_pick(in, 3);
     for (int64_t x = 0; x < a->batch * a->kv_len; x++) c.kseg[x] = fz_pick(in, 3);
     a->q_segment_ids = c.qseg;
     a->kv_segment_ids = flags & 512 ? NULL : c.kseg; /* one of two: invalid */
   }
   finite &= fz_extras(in, &c, poison);
-  if (flags & 8192 && a->q_lens && a->kv_lens && a->dtype <= SA_BF16 && c.nq && c.nk && c.nv)
-    fz_poison_padding(&c);
+  if (flags & 8192 && a->q_lens && a->kv_lens && a->dtype <= SA_BF16 && c.nq && c.nk && c.nv) fz_poison_padding(&c);
   if (flags & 1024) { /* a NULL data pointer: invalid unless the buffer is empty */
     switch (fz_pick(in, 4)) {
       case 0: a->q = NULL; break;
@@ -345,9 +359,15 @@ static void fz_run(fz_in *in) {
   }
 
   if (c.lse && !(flags & 2048)) {
-    c.dout = fz_alloc(c.no, es); c.dq = fz_alloc(c.nq, es); c.dk = fz_alloc(c.nk, es); c.dv = fz_alloc(c.nv, es);
+    c.dout = fz_alloc(c.no, es);
+    c.dq = fz_alloc(c.nq, es);
+    c.dk = fz_alloc(c.nk, es);
+    c.dv = fz_alloc(c.nv, es);
     fz_fill(in, c.dout, a->dtype, c.no, 0);
-    c.g.dout = c.dout; c.g.dq = c.dq; c.g.dk = c.dk; c.g.dv = c.dv;
+    c.g.dout = c.dout;
+    c.g.dq = c.dq;
+    c.g.dk = c.dk;
+    c.g.dv = c.dv;
     if (flags & 4096) {
       c.dlse = fz_alloc(c.rows, 4);
       for (int64_t x = 0; x < c.rows; x++) c.dlse[x] = fz_value(in, 0);
@@ -383,7 +403,11 @@ static void fz_run(fz_in *in) {
     sa_attn_grad gr = c.g;
     void *dq = fz_alloc(c.nq, es), *dk = fz_alloc(c.nk, es), *dv = fz_alloc(c.nv, es);
     float *ds = c.dsinks ? fz_alloc(a->q_heads, 4) : NULL, *db = c.dbias ? fz_alloc(c.nb, 4) : NULL;
-    gr.dq = dq; gr.dk = dk; gr.dv = dv; gr.dsinks = ds; gr.dbias = db;
+    gr.dq = dq;
+    gr.dk = dk;
+    gr.dv = dv;
+    gr.dsinks = ds;
+    gr.dbias = db;
     FZ_REQUIRE(sa_attn_bwd(a, &gr, NULL, 0, SA_BACKEND_REF, NULL) == SA_OK);
     if (finite) {
       float tol = 4 * fz_tol(a->dtype);
@@ -394,7 +418,11 @@ static void fz_run(fz_in *in) {
         FZ_REQUIRE(fabsf(c.dsinks[n] - ds[n]) <= tol * (1.0f + fabsf(ds[n])));
       if (db) fz_close(c.dbias, db, SA_F32, c.nb, tol);
     }
-    free(dq); free(dk); free(dv); free(ds); free(db);
+    free(dq);
+    free(dk);
+    free(dv);
+    free(ds);
+    free(db);
   }
   free(out_ref);
   free(lse_ref);

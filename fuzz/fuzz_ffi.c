@@ -27,12 +27,19 @@ XLA_FFI_Error *sa_jax_attn_fwd_cuda(XLA_FFI_CallFrame *f);
 XLA_FFI_Error *sa_jax_attn_bwd_cuda(XLA_FFI_CallFrame *f);
 int sa_jax_ffi_api_version(void);
 
-#define FF_REQUIRE(cond) do { if (!(cond)) __builtin_trap(); } while (0)
+#define FF_REQUIRE(cond)           \
+  do {                             \
+    if (!(cond)) __builtin_trap(); \
+  } while (0)
 
 /* ---- the fake XLA ----------------------------------------------------------------------------- */
 
 #define FF_MAGIC 0x5a17e11u
-struct XLA_FFI_Error { uint32_t magic; XLA_FFI_Error_Code code; char msg[]; };
+struct XLA_FFI_Error {
+  uint32_t magic;
+  XLA_FFI_Error_Code code;
+  char msg[];
+};
 
 static XLA_FFI_Error *ff_error_create(XLA_FFI_Error_Create_Args *args) {
   FF_REQUIRE(args->struct_size >= XLA_FFI_Error_Create_Args_STRUCT_SIZE && args->message);
@@ -64,7 +71,10 @@ static void ff_api_init(void) {
 
 /* ---- reading the input ------------------------------------------------------------------------- */
 
-typedef struct { const uint8_t *p; size_t n; } ff_in;
+typedef struct {
+  const uint8_t *p;
+  size_t n;
+} ff_in;
 static unsigned ff_u8(ff_in *in) {
   if (!in->n) return 0;
   in->n--;
@@ -109,36 +119,48 @@ typedef struct {
 
 static size_t ff_elem(XLA_FFI_DataType t) {
   switch (t) {
-    case XLA_FFI_DataType_F64: case XLA_FFI_DataType_S64: case XLA_FFI_DataType_U64: return 8;
-    case XLA_FFI_DataType_F32: case XLA_FFI_DataType_S32: case XLA_FFI_DataType_U32: return 4;
-    case XLA_FFI_DataType_F16: case XLA_FFI_DataType_BF16: case XLA_FFI_DataType_S16: return 2;
+    case XLA_FFI_DataType_F64:
+    case XLA_FFI_DataType_S64:
+    case XLA_FFI_DataType_U64: return 8;
+    case XLA_FFI_DataType_F32:
+    case XLA_FFI_DataType_S32:
+    case XLA_FFI_DataType_U32: return 4;
+    case XLA_FFI_DataType_F16:
+    case XLA_FFI_DataType_BF16:
+    case XLA_FFI_DataType_S16: return 2;
     default: return 1;
   }
 }
 
 static const XLA_FFI_DataType ff_dtypes[] = {
-    XLA_FFI_DataType_F32, XLA_FFI_DataType_F16, XLA_FFI_DataType_BF16, XLA_FFI_DataType_S32, XLA_FFI_DataType_S64,
-    XLA_FFI_DataType_U8,  XLA_FFI_DataType_PRED, XLA_FFI_DataType_F64, XLA_FFI_DataType_INVALID, XLA_FFI_DataType_C64};
+    XLA_FFI_DataType_F32, XLA_FFI_DataType_F16,  XLA_FFI_DataType_BF16, XLA_FFI_DataType_S32,     XLA_FFI_DataType_S64,
+    XLA_FFI_DataType_U8,  XLA_FFI_DataType_PRED, XLA_FFI_DataType_F64,  XLA_FFI_DataType_INVALID, XLA_FFI_DataType_C64};
 
 /* Buffer layouts of src/ffi/ffi_attn.c as dim letters: B T S N K H V(=Hv) W(=workspace bytes) 0 (a
    zero-size placeholder); the kind says the dtype: 'd' the data dtype, 'b' the bias dtype, 'f' f32,
    'i' s32, 'u' u8, 'p' pred. */
-typedef struct { char kind; const char *dims; } ff_spec;
+typedef struct {
+  char kind;
+  const char *dims;
+} ff_spec;
 static const ff_spec ff_fwd_args[] = {{'d', "BTNH"}, {'d', "BSKH"}, {'d', "BSKV"}, {'f', "N"},
                                       {'i', "B"},    {'i', "B"},    {'i', "BT"},   {'i', "BS"}};
 static const ff_spec ff_extra_args[] = {{'b', "BNTS"}, {'p', "BNTS"}, {'i', "BT"}, {'i', "BS"}};
 static const ff_spec ff_fwd_rets[] = {{'d', "BTNV"}, {'f', "BNT"}};
 static const ff_spec ff_bwd_extra_args[] = {{'d', "BTNV"}, {'f', "BNT"}, {'d', "BTNV"}, {'f', "BNT"}};
-static const ff_spec ff_bwd_rets[] = {{'d', "BTNH"}, {'d', "BSKH"}, {'d', "BSKV"}, {'f', "N"}, {'f', "BNTS"},
-                                      {'u', "W"}};
+static const ff_spec ff_bwd_rets[] = {{'d', "BTNH"}, {'d', "BSKH"}, {'d', "BSKV"},
+                                      {'f', "N"},    {'f', "BNTS"}, {'u', "W"}};
 static const ff_spec ff_placeholder = {'f', "0"};
 
 static void ff_set_buf(ff_buf *fb, const ff_spec *sp, const int64_t *sizes, XLA_FFI_DataType dt, XLA_FFI_DataType bt,
                        int nlead, const int64_t *lead) {
   fb->b.struct_size = XLA_FFI_Buffer_STRUCT_SIZE;
-  fb->b.dtype = sp->kind == 'd' ? dt : sp->kind == 'b' ? bt : sp->kind == 'f' ? XLA_FFI_DataType_F32
-                : sp->kind == 'i' ? XLA_FFI_DataType_S32 : sp->kind == 'p' ? XLA_FFI_DataType_PRED
-                : XLA_FFI_DataType_U8;
+  fb->b.dtype = sp->kind == 'd'   ? dt
+                : sp->kind == 'b' ? bt
+                : sp->kind == 'f' ? XLA_FFI_DataType_F32
+                : sp->kind == 'i' ? XLA_FFI_DataType_S32
+                : sp->kind == 'p' ? XLA_FFI_DataType_PRED
+                                  : XLA_FFI_DataType_U8;
   int r = 0;
   for (int d = 0; d < nlead; d++) fb->dims[r++] = lead[d];
   for (const char *c = sp->dims; *c; c++) fb->dims[r++] = sizes[strchr("BTSNKHVW0", *c) - "BTSNKHVW0"];
@@ -152,9 +174,9 @@ static void ff_bcast(ff_buf *fb, int nlead, unsigned ones) {
     if (ones >> (3 - d) & 1) fb->dims[nlead + d] = 1;
 }
 
-static const char *const ff_attr_names[] = {"causal", "deterministic", "diag_offset", "has_dlse", "has_kv_lens",
-                                            "has_q_lens", "has_segments", "scale", "softmax", "window_left",
-                                            "window_right", "has_bias", "has_mask", "has_positions", "has_dbias"};
+static const char *const ff_attr_names[] = {
+    "causal",  "deterministic", "diag_offset",  "has_dlse", "has_kv_lens", "has_q_lens",    "has_segments", "scale",
+    "softmax", "window_left",   "window_right", "has_bias", "has_mask",    "has_positions", "has_dbias"};
 enum { FF_NATTR = sizeof ff_attr_names / sizeof ff_attr_names[0] };
 
 static void ff_set_attr(ff_attr *at, const char *name, XLA_FFI_DataType dt, int64_t value) {
@@ -172,8 +194,8 @@ static void ff_build(ff_in *in, ff_frame *fr, int bwd, int cuda) {
   static const XLA_FFI_DataType dts[] = {XLA_FFI_DataType_F32, XLA_FFI_DataType_F16, XLA_FFI_DataType_BF16};
   XLA_FFI_DataType dt = dts[ff_pick(in, 3)], bt = dts[ff_pick(in, 3)];
   int64_t K = 1 + ff_pick(in, 2), N = K * (1 + ff_pick(in, 2));
-  int64_t sizes[9] = {ff_pick(in, 3), ff_pick(in, 5), ff_pick(in, 5), N, K, 1 + ff_pick(in, 8), 1 + ff_pick(in, 8),
-                      ff_pick(in, 4) * 4096, 0};
+  int64_t sizes[9] = {ff_pick(in, 3),     ff_pick(in, 5),     ff_pick(in, 5),        N, K,
+                      1 + ff_pick(in, 8), 1 + ff_pick(in, 8), ff_pick(in, 4) * 4096, 0};
   int nlead = ff_pick(in, 3);
   int64_t lead[2] = {ff_pick(in, 4), 1 + ff_pick(in, 2)};
   int has_bias = ff_pick(in, 2), has_mask = ff_pick(in, 2);
@@ -201,16 +223,28 @@ static void ff_build(ff_in *in, ff_frame *fr, int bwd, int cuda) {
   if (nlead && ff_pick(in, 2)) { /* unbatched sinks under vmap: lead dims of 1 */
     for (int d = 0; d < nlead; d++) fr->bufs[3].dims[d] = 1;
   }
-  int64_t vals[FF_NATTR] = {ff_pick(in, 3), ff_pick(in, 2), (int64_t)ff_pick(in, 9) - 4, ff_pick(in, 2),
-                            ff_pick(in, 2), ff_pick(in, 2), ff_pick(in, 2), 0, ff_pick(in, 3),
-                            (int64_t)ff_pick(in, 6) - 1, (int64_t)ff_pick(in, 6) - 1, has_bias, has_mask, has_pos,
+  int64_t vals[FF_NATTR] = {ff_pick(in, 3),
+                            ff_pick(in, 2),
+                            (int64_t)ff_pick(in, 9) - 4,
+                            ff_pick(in, 2),
+                            ff_pick(in, 2),
+                            ff_pick(in, 2),
+                            ff_pick(in, 2),
+                            0,
+                            ff_pick(in, 3),
+                            (int64_t)ff_pick(in, 6) - 1,
+                            (int64_t)ff_pick(in, 6) - 1,
+                            has_bias,
+                            has_mask,
+                            has_pos,
                             has_dbias};
   fr->nattrs = 0;
   for (int x = 0; x < FF_NATTR; x++) {
     if (!bwd && (x == 1 || x == 3 || x == 14)) continue; /* deterministic, has_dlse, has_dbias: backward only */
     ff_attr *at = &fr->attrs[fr->nattrs++];
-    XLA_FFI_DataType t = x == 7 ? XLA_FFI_DataType_F64
-                         : (x == 1 || (x >= 3 && x <= 6) || x >= 11) ? XLA_FFI_DataType_PRED : XLA_FFI_DataType_S64;
+    XLA_FFI_DataType t = x == 7                                      ? XLA_FFI_DataType_F64
+                         : (x == 1 || (x >= 3 && x <= 6) || x >= 11) ? XLA_FFI_DataType_PRED
+                                                                     : XLA_FFI_DataType_S64;
     ff_set_attr(at, ff_attr_names[x], t, vals[x]);
     if (x == 7) at->fvalue = ff_pick(in, 2) ? 0.0 : 0.25;
   }
@@ -235,13 +269,19 @@ static void ff_mutate(ff_in *in, ff_frame *fr) {
       if (ff_pick(in, 2) && fr->nrets) fr->nrets--;
       else if (nb < FF_MAX_BUF && nb) fr->bufs[fr->nargs + fr->nrets++] = fr->bufs[nb - 1];
       break;
-    case 2: if (b) b->b.dtype = ff_dtypes[ff_pick(in, 10)]; break;
+    case 2:
+      if (b) b->b.dtype = ff_dtypes[ff_pick(in, 10)];
+      break;
     case 3: /* rank: drop the last dim or append a 1 */
       if (b && ff_pick(in, 2) && b->b.rank > 0) b->b.rank--;
       else if (b && b->b.rank < FF_MAX_RANK) b->dims[b->b.rank++] = 1;
       break;
-    case 4: if (b && b->b.rank) b->dims[ff_pick(in, (int)b->b.rank)] = ff_pick(in, 7); break;
-    case 5: if (fr->nargs) fr->arg_types[ff_pick(in, fr->nargs)] = (XLA_FFI_ArgType)ff_pick(in, 3); break;
+    case 4:
+      if (b && b->b.rank) b->dims[ff_pick(in, (int)b->b.rank)] = ff_pick(in, 7);
+      break;
+    case 5:
+      if (fr->nargs) fr->arg_types[ff_pick(in, fr->nargs)] = (XLA_FFI_ArgType)ff_pick(in, 3);
+      break;
     case 6: /* a name: a prefix of itself (not NUL-terminated at len), empty, or other bytes */
       if (at) {
         size_t len = (size_t)ff_pick(in, (int)sizeof at->name);
@@ -249,10 +289,18 @@ static void ff_mutate(ff_in *in, ff_frame *fr) {
         at->span.len = len < at->span.len || ff_pick(in, 2) ? len : at->span.len;
       }
       break;
-    case 7: if (at) at->type = (XLA_FFI_AttrType)(1 + ff_pick(in, 4)); break;
-    case 8: if (at) at->dtype = ff_dtypes[ff_pick(in, 10)]; break;
-    case 9: if (at) *at = fr->attrs[--fr->nattrs]; break; /* drop one */
-    case 10: if (at && fr->nattrs < FF_MAX_ATTR) fr->attrs[fr->nattrs++] = *at; break; /* duplicate */
+    case 7:
+      if (at) at->type = (XLA_FFI_AttrType)(1 + ff_pick(in, 4));
+      break;
+    case 8:
+      if (at) at->dtype = ff_dtypes[ff_pick(in, 10)];
+      break;
+    case 9:
+      if (at) *at = fr->attrs[--fr->nattrs];
+      break; /* drop one */
+    case 10:
+      if (at && fr->nattrs < FF_MAX_ATTR) fr->attrs[fr->nattrs++] = *at;
+      break;   /* duplicate */
     default: { /* a value outside the accepted range */
       static const int64_t odd[] = {-1, 3, 7, -7, INT64_MAX, INT64_MIN, (int64_t)1 << 40, 0x100000002ll, 2};
       if (at) {
@@ -285,11 +333,20 @@ static void ff_materialize(ff_in *in, ff_frame *fr) {
     size_t es = ff_elem(at->dtype);
     at->payload = malloc(es);
     if (at->dtype == XLA_FFI_DataType_F64) memcpy(at->payload, &at->fvalue, 8);
-    else if (at->dtype == XLA_FFI_DataType_F32) { float v = (float)at->fvalue; memcpy(at->payload, &v, 4); }
-    else if (es == 8) memcpy(at->payload, &at->value, 8);
-    else if (es == 4) { int32_t v = (int32_t)at->value; memcpy(at->payload, &v, 4); }
-    else if (es == 2) { int16_t v = (int16_t)at->value; memcpy(at->payload, &v, 2); }
-    else { uint8_t v = (uint8_t)at->value; memcpy(at->payload, &v, 1); }
+    else if (at->dtype == XLA_FFI_DataType_F32) {
+      float v = (float)at->fvalue;
+      memcpy(at->payload, &v, 4);
+    } else if (es == 8) memcpy(at->payload, &at->value, 8);
+    else if (es == 4) {
+      int32_t v = (int32_t)at->value;
+      memcpy(at->payload, &v, 4);
+    } else if (es == 2) {
+      int16_t v = (int16_t)at->value;
+      memcpy(at->payload, &v, 2);
+    } else {
+      uint8_t v = (uint8_t)at->value;
+      memcpy(at->payload, &v, 1);
+    }
     at->scalar.dtype = at->dtype;
     at->scalar.value = at->payload;
     at->array.dtype = at->dtype;
@@ -335,8 +392,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   f.stage = ff_pick(&in, 16) ? XLA_FFI_ExecutionStage_EXECUTE : (XLA_FFI_ExecutionStage)ff_pick(&in, 3);
   f.args = (XLA_FFI_Args){XLA_FFI_Args_STRUCT_SIZE, NULL, fr->nargs, fr->arg_types, fr->arg_ptrs};
   f.rets = (XLA_FFI_Rets){XLA_FFI_Rets_STRUCT_SIZE, NULL, fr->nrets, fr->ret_types, fr->ret_ptrs};
-  f.attrs = (XLA_FFI_Attrs){XLA_FFI_Attrs_STRUCT_SIZE, NULL, fr->nattrs, fr->attr_types, fr->attr_names,
-                            fr->attr_ptrs};
+  f.attrs = (XLA_FFI_Attrs){XLA_FFI_Attrs_STRUCT_SIZE, NULL, fr->nattrs, fr->attr_types, fr->attr_names, fr->attr_ptrs};
   XLA_FFI_Metadata meta;
   XLA_FFI_Metadata_Extension ext;
   int metadata = ff_pick(&in, 32) == 0;
@@ -350,8 +406,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   XLA_FFI_Error *e = handlers[h](&f);
   if (metadata) {
-    FF_REQUIRE(e == NULL && meta.api_version.major_version * 1000 + meta.api_version.minor_version ==
-                                sa_jax_ffi_api_version());
+    FF_REQUIRE(e == NULL &&
+               meta.api_version.major_version * 1000 + meta.api_version.minor_version == sa_jax_ffi_api_version());
   } else if (e) {
     FF_REQUIRE(e->magic == FF_MAGIC && e->msg[0] != '\0');
     XLA_FFI_Error_Destroy_Args d = {XLA_FFI_Error_Destroy_Args_STRUCT_SIZE, NULL, e};

@@ -117,9 +117,9 @@
 extern "C" {
 #endif
 
-#define SINKATTN_VERSION_MAJOR 0
-#define SINKATTN_VERSION_MINOR 1
-#define SINKATTN_VERSION_PATCH 0
+#define SINKATTN_VERSION_MAJOR  0
+#define SINKATTN_VERSION_MINOR  1
+#define SINKATTN_VERSION_PATCH  0
 #define SINKATTN_VERSION_STRING "0.1.0"
 
 #if defined(_WIN32)
@@ -141,18 +141,18 @@ typedef enum {
 } sa_status;
 
 typedef struct sa_attn {
-  sa_dtype dtype;                                 /* of q, k, v, out, dout, dq, dk, dv */
+  sa_dtype dtype;                                                        /* of q, k, v, out, dout, dq, dk, dv */
   int64_t batch, q_len, kv_len, q_heads, kv_heads, head_dim, v_head_dim; /* B T S N K H Hv */
-  const void *q, *k, *v;                          /* host pointers for REF/CPU, device for CUDA */
-  const float *sinks;                             /* [N], LEARNABLE only, else NULL (ignored there) */
-  const int32_t *q_lens, *kv_lens;                /* [B] or NULL; clamped to [0,T] / [0,S] */
-  const int32_t *q_segment_ids, *kv_segment_ids;  /* [B,T], [B,S] or NULL (both or neither) */
-  float scale;                                    /* 0 = 1/sqrt(head_dim) */
+  const void *q, *k, *v;                         /* host pointers for REF/CPU, device for CUDA */
+  const float *sinks;                            /* [N], LEARNABLE only, else NULL (ignored there) */
+  const int32_t *q_lens, *kv_lens;               /* [B] or NULL; clamped to [0,T] / [0,S] */
+  const int32_t *q_segment_ids, *kv_segment_ids; /* [B,T], [B,S] or NULL (both or neither) */
+  float scale;                                   /* 0 = 1/sqrt(head_dim) */
   sa_softmax softmax;
   sa_causal causal;
-  int64_t window_left, window_right;              /* -1 = unbounded; 0 = the diagonal only (see sa_attn_init) */
-  void *out;                                      /* [B,T,N,Hv] */
-  float *lse;                                     /* [B,N,T]; may be NULL in a forward-only call */
+  int64_t window_left, window_right; /* -1 = unbounded; 0 = the diagonal only (see sa_attn_init) */
+  void *out;                         /* [B,T,N,Hv] */
+  float *lse;                        /* [B,N,T]; may be NULL in a forward-only call */
   /* Added to the aligned diagonal i' used by causal and window masks (0 by default): lets a caller run
      one block of a larger attention with global positions (context parallelism, chunked prefill).
      Query row i of this call is global row i + diag_offset relative to key 0 of this call. */
@@ -161,22 +161,22 @@ typedef struct sa_attn {
      of that axis (B, q_heads, q_len, kv_len), all 0 when bias is NULL; dense row-major in bias_dims. NULL
      with bias_dims set is allowed only for an empty bias (a zero in the full sizes), as for every buffer. */
   const void *bias;
-  sa_dtype bias_dtype;                            /* SA_F32, SA_F16 or SA_BF16, independent of dtype */
+  sa_dtype bias_dtype; /* SA_F32, SA_F16 or SA_BF16, independent of dtype */
   int64_t bias_dims[4];
-  const uint8_t *mask;                            /* NULL or broadcast like bias (mask_dims); nonzero = attend */
+  const uint8_t *mask; /* NULL or broadcast like bias (mask_dims); nonzero = attend */
   int64_t mask_dims[4];
   /* [B,T], [B,S] or NULL (both or neither): causal and window compare these instead of i and j. */
   const int32_t *q_positions, *kv_positions;
 } sa_attn;
 
 typedef struct sa_attn_grad {
-  const void *dout;    /* [B,T,N,Hv] */
-  const float *dlse;   /* [B,N,T] or NULL */
-  void *dq, *dk, *dv;  /* like q, k, v; fully overwritten */
-  float *dsinks;       /* [N] or NULL; fully overwritten (zeros unless LEARNABLE) */
-  int deterministic;   /* CUDA: 1 = dq reduced in a fixed order too (dsinks always is). CPU and REF are
+  const void *dout;   /* [B,T,N,Hv] */
+  const float *dlse;  /* [B,N,T] or NULL */
+  void *dq, *dk, *dv; /* like q, k, v; fully overwritten */
+  float *dsinks;      /* [N] or NULL; fully overwritten (zeros unless LEARNABLE) */
+  int deterministic;  /* CUDA: 1 = dq reduced in a fixed order too (dsinks always is). CPU and REF are
                           always deterministic. 0 lets the CUDA backend use float atomics for dq. */
-  float *dbias;        /* NULL (not wanted) or [bias_dims] fp32, bias required; fully overwritten */
+  float *dbias;       /* NULL (not wanted) or [bias_dims] fp32, bias required; fully overwritten */
 } sa_attn_grad;
 
 /* Fill *a with the defaults: everything zero/NULL except window_left = window_right = -1. */
@@ -188,8 +188,8 @@ SA_API sa_status sa_attn_fwd(const sa_attn *a, sa_backend be, void *stream);
    workspace but uses one when given). Returns 0 too when *a is invalid: sa_attn_bwd reports why. */
 SA_API size_t sa_attn_bwd_workspace_size(const sa_attn *a, sa_backend be);
 /* a->out and a->lse must hold the forward results of the same call (lse is required here). */
-SA_API sa_status sa_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspace,
-                             size_t workspace_size, sa_backend be, void *stream);
+SA_API sa_status sa_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspace, size_t workspace_size,
+                             sa_backend be, void *stream);
 
 SA_API const char *sa_status_name(sa_status s);
 SA_API const char *sa_last_error(void); /* thread-local; "" when the last call on this thread was fine */

@@ -22,8 +22,10 @@ static sa_backend sa_decode_resolve(const sa_attn *a, sa_backend be) {
 
 static sa_status sa_decode_limit(const sa_attn *a) {
   if (a->q_len > SA_DECODE_MAX_Q_LEN)
-    return sa_error(SA_ERR_UNSUPPORTED, "q_len %lld unsupported by decode: use q_len <= %d "
-                    "(sa_attn_fwd handles longer queries)", (long long)a->q_len, SA_DECODE_MAX_Q_LEN);
+    return sa_error(SA_ERR_UNSUPPORTED,
+                    "q_len %lld unsupported by decode: use q_len <= %d "
+                    "(sa_attn_fwd handles longer queries)",
+                    (long long)a->q_len, SA_DECODE_MAX_Q_LEN);
   return SA_OK;
 }
 
@@ -57,8 +59,7 @@ size_t sa_attn_decode_workspace_size(const sa_attn *a, sa_backend be) {
   }
 }
 
-sa_status sa_attn_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_size, sa_backend be,
-                             void *stream) {
+sa_status sa_attn_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_size, sa_backend be, void *stream) {
   sa_backend r = SA_BACKEND_REF;
   sa_status s = sa_decode_check(a, be, &r);
   if (s != SA_OK) return s;
@@ -67,8 +68,10 @@ sa_status sa_attn_decode_fwd(const sa_attn *a, void *workspace, size_t workspace
   if (r == SA_BACKEND_CUDA) {
     size_t need = sa_cuda_decode_workspace_size(a);
     if (workspace_size < need || (need && !workspace))
-      return sa_error(SA_ERR_INVALID, "workspace_size %zu too small: this decode needs %zu bytes "
-                      "(sa_attn_decode_workspace_size)", workspace_size, need);
+      return sa_error(SA_ERR_INVALID,
+                      "workspace_size %zu too small: this decode needs %zu bytes "
+                      "(sa_attn_decode_workspace_size)",
+                      workspace_size, need);
     return sa_cuda_decode_fwd(a, workspace, workspace_size, stream);
   }
   if (r == SA_BACKEND_CPU)

@@ -56,7 +56,10 @@ static inline float sa_f16_to_f32(uint16_t h) {
       u = sign;
     } else { /* subnormal: renormalise */
       int e = -1;
-      do { man <<= 1; e++; } while (!(man & 0x400u));
+      do {
+        man <<= 1;
+        e++;
+      } while (!(man & 0x400u));
       u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
     }
   } else if (exp == 31) {
@@ -74,12 +77,12 @@ static inline uint16_t sa_f32_to_f16(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);
   uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);   /* NaN */
-  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);  /* >= 65520 rounds to inf */
-  if (a < 0x38800000u) {                                    /* below 2^-14: subnormal or zero */
-    if (a < 0x33000000u) return (uint16_t)sign;             /* below 2^-25: rounds to 0 */
+  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* NaN */
+  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
+  if (a < 0x38800000u) {                                   /* below 2^-14: subnormal or zero */
+    if (a < 0x33000000u) return (uint16_t)sign;            /* below 2^-25: rounds to 0 */
     uint32_t man = (a & 0x7fffffu) | 0x800000u;
-    int shift = 126 - (int)(a >> 23);                       /* 14..24 */
+    int shift = 126 - (int)(a >> 23); /* 14..24 */
     uint32_t r = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
     if (rem > half || (rem == half && (r & 1u))) r++;
     return (uint16_t)(sign | r);
@@ -135,11 +138,16 @@ static inline int64_t sa_kv_len_of(const sa_attn *a, int64_t b) {
    valid lengths (ql, kl). With positions, causal and window are per pair (sa_pair_ok) and the range is the
    lengths' alone. Segments, positions and the mask are not included: test them per pair with sa_pair_ok.
    Empty (lo >= hi) when i >= ql. Pure arithmetic: usable on host and, copied, on device. */
-typedef struct { int64_t lo, hi; } sa_range;
+typedef struct {
+  int64_t lo, hi;
+} sa_range;
 
 static inline sa_range sa_key_range(const sa_attn *a, int64_t ql, int64_t kl, int64_t i) {
   sa_range r = {0, kl};
-  if (i >= ql) { r.hi = 0; return r; }
+  if (i >= ql) {
+    r.hi = 0;
+    return r;
+  }
   if (a->q_positions) return r;
   /* Windows wider than the problem act as unbounded; capping them keeps the sums below from
      overflowing int64 (diag_offset is checked to |x| < 2^40 by sa_attn_check). "Wider" counts the
@@ -174,7 +182,9 @@ static inline int sa_positions_ok(const sa_attn *a, int64_t qp, int64_t kp) {
 
 /* Element strides of a rank-4 operand broadcast to [B,N,T,S] (dims each 1 or the full size, dense
    row-major): 0 on its size-1 axes, so that element (b, n, i, j) of the broadcast is at sa_bcast_at. */
-typedef struct { int64_t b, n, t, s; } sa_bcast;
+typedef struct {
+  int64_t b, n, t, s;
+} sa_bcast;
 
 static inline sa_bcast sa_bcast_of(const int64_t d[4]) {
   sa_bcast x;
@@ -215,8 +225,8 @@ static inline float sa_bias_at(const sa_attn *a, int64_t b, int64_t n, int64_t i
 
 /* ---- validation pieces of sinkattn.c, reused by the decode entry points (src/decode.c) ---------- */
 sa_status sa_check_backend_enum(sa_backend be);
-sa_status sa_check_dims(const sa_attn *a);    /* sizes, enums, options; no pointers */
-sa_status sa_check_shapes(const sa_attn *a);  /* sa_check_dims plus the pointers a call dereferences */
+sa_status sa_check_dims(const sa_attn *a);   /* sizes, enums, options; no pointers */
+sa_status sa_check_shapes(const sa_attn *a); /* sa_check_dims plus the pointers a call dereferences */
 sa_status sa_check_cuda_present(void);       /* SA_ERR_DEVICE unless built with CUDA and a device is present */
 sa_status sa_check_memory_kind(const sa_attn *a, sa_backend be);
 sa_status sa_check_cuda_inputs(const sa_attn *a); /* SA_ERR_UNSUPPORTED for bias, mask, positions */
@@ -234,7 +244,7 @@ size_t sa_cpu_attn_bwd_workspace_size(const sa_attn *a);
 sa_status sa_cpu_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspace, size_t workspace_size);
 
 /* The CUDA backend (src/cuda/); when built without CUDA, src/sa_cuda_stub.c answers SA_ERR_DEVICE. */
-int sa_cuda_available(void);                 /* built with CUDA and a device is present */
+int sa_cuda_available(void);                  /* built with CUDA and a device is present */
 int sa_cuda_is_device_pointer(const void *p); /* p is device (or managed) memory */
 sa_status sa_cuda_attn_supported(const sa_attn *a);
 sa_status sa_cuda_attn_fwd(const sa_attn *a, void *stream);

@@ -45,7 +45,8 @@ static int sa_kind_of(const char *name) {
 static sa_status sa_unknown(const char *name, const char *where) {
   char list[1024];
   size_t k = 0;
-  for (int i = 0; sa_ref_plans[i] && k < sizeof list; ++i) k += snprintf(list + k, sizeof list - k, "%s ", sa_ref_plans[i]);
+  for (int i = 0; sa_ref_plans[i] && k < sizeof list; ++i)
+    k += snprintf(list + k, sizeof list - k, "%s ", sa_ref_plans[i]);
   for (int i = 0; sa_cpu_plan_name(i) && k < sizeof list; ++i)
     k += snprintf(list + k, sizeof list - k, "%s ", sa_cpu_plan_name(i));
   for (int i = 0; sa_cuda_plan_names[i] && k < sizeof list; ++i)
@@ -73,8 +74,10 @@ static void sa_env_read(void) {
       if ((size_t)(eq - tok) == strlen(sa_kind_names[i]) && !strncmp(tok, sa_kind_names[i], (size_t)(eq - tok))) k = i;
     const char *name = eq ? sa_known(eq + 1) : NULL;
     if (k < 0 || !name || sa_kind_of(name) != k) {
-      snprintf(sa_env_error, sizeof sa_env_error, "SINKATTN_PLAN entry '%.160s' invalid: use fwd=NAME, bwd=NAME or "
-               "decode=NAME with a plan of that kind (sa_plan_list names them)", tok);
+      snprintf(sa_env_error, sizeof sa_env_error,
+               "SINKATTN_PLAN entry '%.160s' invalid: use fwd=NAME, bwd=NAME or "
+               "decode=NAME with a plan of that kind (sa_plan_list names them)",
+               tok);
       return;
     }
     sa_env_plan[k] = name;
@@ -92,7 +95,8 @@ static _Thread_local const char *sa_forced[SA_PLAN_KINDS];
 
 sa_status sa_plan_force(int which, const char *name) {
   if (which < 0 || which >= SA_PLAN_KINDS)
-    return sa_error(SA_ERR_INVALID, "which %d invalid: use SA_PLAN_FWD (0), SA_PLAN_BWD (1) or SA_PLAN_DECODE (2)", which);
+    return sa_error(SA_ERR_INVALID, "which %d invalid: use SA_PLAN_FWD (0), SA_PLAN_BWD (1) or SA_PLAN_DECODE (2)",
+                    which);
   if (!name || !*name) {
     sa_forced[which] = NULL;
     return SA_OK;
@@ -151,8 +155,10 @@ sa_status sa_plan_host(int which, sa_backend be, const sa_attn *a) {
   }
   const char *name = sa_ref_plans[which], *forced = sa_plan_forced(which);
   if (forced && strcmp(forced, name) != 0)
-    return sa_error(SA_ERR_UNSUPPORTED, "plan %s is not legal for this call: it runs on SA_BACKEND_REF, whose "
-                    "plan is %s", forced, name);
+    return sa_error(SA_ERR_UNSUPPORTED,
+                    "plan %s is not legal for this call: it runs on SA_BACKEND_REF, whose "
+                    "plan is %s",
+                    forced, name);
   char desc[SA_PLAN_DESC];
   snprintf(desc, sizeof desc, "%s reason=the fp64 reference", name);
   sa_plan_record(which, desc);

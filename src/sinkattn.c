@@ -60,13 +60,13 @@ static int sa_mul_ok(int64_t *acc, int64_t x) {
   return 1;
 }
 
-static sa_status sa_check_count(const char *name, int64_t d0, int64_t d1, int64_t d2, int64_t d3,
-                                size_t elem, int64_t *count) {
+static sa_status sa_check_count(const char *name, int64_t d0, int64_t d1, int64_t d2, int64_t d3, size_t elem,
+                                int64_t *count) {
   int64_t n = 1;
   if (!sa_mul_ok(&n, d0) || !sa_mul_ok(&n, d1) || !sa_mul_ok(&n, d2) || !sa_mul_ok(&n, d3) ||
       !sa_mul_ok(&n, (int64_t)elem))
-    return sa_error(SA_ERR_INVALID, "%s: size %lld x %lld x %lld x %lld overflows", name, (long long)d0,
-                    (long long)d1, (long long)d2, (long long)d3);
+    return sa_error(SA_ERR_INVALID, "%s: size %lld x %lld x %lld x %lld overflows", name, (long long)d0, (long long)d1,
+                    (long long)d2, (long long)d3);
   *count = n;
   return SA_OK;
 }
@@ -92,10 +92,11 @@ static sa_status sa_check_bcast_dims(const sa_attn *a, const char *name, const i
   if (!sa_dims_set(d)) return SA_OK;
   for (int x = 0; x < 4; x++)
     if (d[x] != 1 && d[x] != full[x])
-      return sa_error(SA_ERR_INVALID, "%s_dims[%d] %lld invalid: must be 1 or %s %lld (%s broadcasts to "
-                      "[batch, q_heads, q_len, kv_len] = [%lld, %lld, %lld, %lld])", name, x, (long long)d[x],
-                      sa_axis_names[x], (long long)full[x], name, (long long)full[0], (long long)full[1],
-                      (long long)full[2], (long long)full[3]);
+      return sa_error(SA_ERR_INVALID,
+                      "%s_dims[%d] %lld invalid: must be 1 or %s %lld (%s broadcasts to "
+                      "[batch, q_heads, q_len, kv_len] = [%lld, %lld, %lld, %lld])",
+                      name, x, (long long)d[x], sa_axis_names[x], (long long)full[x], name, (long long)full[0],
+                      (long long)full[1], (long long)full[2], (long long)full[3]);
   return sa_check_count(name, d[0], d[1], d[2], d[3], elem, count);
 }
 
@@ -103,17 +104,20 @@ static sa_status sa_check_bcast_dims(const sa_attn *a, const char *name, const i
    set is allowed for an empty one only (as every buffer). */
 static sa_status sa_check_bcast_ptr(const char *name, const void *p, const int64_t d[4], int64_t count) {
   if (p && !sa_dims_set(d))
-    return sa_error(SA_ERR_INVALID, "%s is set but %s_dims[0] is 0: give its shape (each dim 1 or the full "
-                    "batch, q_heads, q_len, kv_len)", name, name);
+    return sa_error(SA_ERR_INVALID,
+                    "%s is set but %s_dims[0] is 0: give its shape (each dim 1 or the full "
+                    "batch, q_heads, q_len, kv_len)",
+                    name, name);
   if (!p && count > 0)
-    return sa_error(SA_ERR_INVALID, "%s is NULL but %s_dims is [%lld, %lld, %lld, %lld]: give the buffer, "
-                    "or dims all 0 for none", name, name, (long long)d[0], (long long)d[1], (long long)d[2],
-                    (long long)d[3]);
+    return sa_error(SA_ERR_INVALID,
+                    "%s is NULL but %s_dims is [%lld, %lld, %lld, %lld]: give the buffer, "
+                    "or dims all 0 for none",
+                    name, name, (long long)d[0], (long long)d[1], (long long)d[2], (long long)d[3]);
   return SA_OK;
 }
 
-#define SA_NEED_PTR(ptr, nonempty, name)                                                            \
-  do {                                                                                              \
+#define SA_NEED_PTR(ptr, nonempty, name)                                                                         \
+  do {                                                                                                           \
     if ((nonempty) && !(ptr)) return sa_error(SA_ERR_INVALID, name " is NULL (a non-empty buffer is required)"); \
   } while (0)
 
@@ -128,26 +132,31 @@ sa_status sa_check_dims(const sa_attn *a) {
   if (a->q_heads < 1) return sa_error(SA_ERR_INVALID, "q_heads %lld invalid: must be >= 1", (long long)a->q_heads);
   if (a->kv_heads < 1) return sa_error(SA_ERR_INVALID, "kv_heads %lld invalid: must be >= 1", (long long)a->kv_heads);
   if (a->q_heads % a->kv_heads != 0)
-    return sa_error(SA_ERR_INVALID, "q_heads %lld invalid: must be a multiple of kv_heads %lld",
-                    (long long)a->q_heads, (long long)a->kv_heads);
+    return sa_error(SA_ERR_INVALID, "q_heads %lld invalid: must be a multiple of kv_heads %lld", (long long)a->q_heads,
+                    (long long)a->kv_heads);
   if (a->head_dim < 1) return sa_error(SA_ERR_INVALID, "head_dim %lld invalid: must be >= 1", (long long)a->head_dim);
   if (a->v_head_dim < 1)
     return sa_error(SA_ERR_INVALID, "v_head_dim %lld invalid: must be >= 1", (long long)a->v_head_dim);
   if (a->softmax != SA_SOFTMAX_VANILLA && a->softmax != SA_SOFTMAX_OFF_BY_ONE && a->softmax != SA_SOFTMAX_LEARNABLE)
-    return sa_error(SA_ERR_INVALID,
-                    "softmax %d invalid: use SA_SOFTMAX_VANILLA (0), SA_SOFTMAX_OFF_BY_ONE (1) or SA_SOFTMAX_LEARNABLE (2)",
-                    (int)a->softmax);
+    return sa_error(
+        SA_ERR_INVALID,
+        "softmax %d invalid: use SA_SOFTMAX_VANILLA (0), SA_SOFTMAX_OFF_BY_ONE (1) or SA_SOFTMAX_LEARNABLE (2)",
+        (int)a->softmax);
   if (a->causal != SA_CAUSAL_NONE && a->causal != SA_CAUSAL_TOP_LEFT && a->causal != SA_CAUSAL_BOTTOM_RIGHT)
     return sa_error(SA_ERR_INVALID,
                     "causal %d invalid: use SA_CAUSAL_NONE (0), SA_CAUSAL_TOP_LEFT (1) or SA_CAUSAL_BOTTOM_RIGHT (2)",
                     (int)a->causal);
   if (a->window_left < -1)
-    return sa_error(SA_ERR_INVALID, "window_left %lld invalid: must be >= 0, or -1 for unbounded", (long long)a->window_left);
+    return sa_error(SA_ERR_INVALID, "window_left %lld invalid: must be >= 0, or -1 for unbounded",
+                    (long long)a->window_left);
   if (a->window_right < -1)
-    return sa_error(SA_ERR_INVALID, "window_right %lld invalid: must be >= 0, or -1 for unbounded", (long long)a->window_right);
+    return sa_error(SA_ERR_INVALID, "window_right %lld invalid: must be >= 0, or -1 for unbounded",
+                    (long long)a->window_right);
   if (a->diag_offset <= -((int64_t)1 << 40) || a->diag_offset >= ((int64_t)1 << 40))
-    return sa_error(SA_ERR_INVALID, "diag_offset %lld invalid: must satisfy |diag_offset| < 2^40", (long long)a->diag_offset);
-  if (!isfinite(a->scale)) return sa_error(SA_ERR_INVALID, "scale %g invalid: must be finite (0 = 1/sqrt(head_dim))", (double)a->scale);
+    return sa_error(SA_ERR_INVALID, "diag_offset %lld invalid: must satisfy |diag_offset| < 2^40",
+                    (long long)a->diag_offset);
+  if (!isfinite(a->scale))
+    return sa_error(SA_ERR_INVALID, "scale %g invalid: must be finite (0 = 1/sqrt(head_dim))", (double)a->scale);
   if ((a->q_segment_ids == NULL) != (a->kv_segment_ids == NULL))
     return sa_error(SA_ERR_INVALID, "%s is NULL but %s is set: give both segment id arrays or neither",
                     a->q_segment_ids ? "kv_segment_ids" : "q_segment_ids",
@@ -156,7 +165,8 @@ sa_status sa_check_dims(const sa_attn *a) {
     return sa_error(SA_ERR_INVALID, "%s is NULL but %s is set: give both position arrays or neither",
                     a->q_positions ? "kv_positions" : "q_positions", a->q_positions ? "q_positions" : "kv_positions");
   if (a->q_positions && a->causal == SA_CAUSAL_BOTTOM_RIGHT)
-    return sa_error(SA_ERR_INVALID, "causal SA_CAUSAL_BOTTOM_RIGHT (2) invalid with q_positions / kv_positions: "
+    return sa_error(SA_ERR_INVALID,
+                    "causal SA_CAUSAL_BOTTOM_RIGHT (2) invalid with q_positions / kv_positions: "
                     "the positions already place every query (use SA_CAUSAL_TOP_LEFT)");
   if (a->bias_dtype != SA_F32 && a->bias_dtype != SA_F16 && a->bias_dtype != SA_BF16)
     return sa_error(SA_ERR_INVALID, "bias_dtype %d invalid: use SA_F32 (0), SA_F16 (1) or SA_BF16 (2)",
@@ -190,9 +200,10 @@ sa_status sa_check_shapes(const sa_attn *a) {
 
 sa_status sa_check_backend_enum(sa_backend be) {
   if (be != SA_BACKEND_AUTO && be != SA_BACKEND_REF && be != SA_BACKEND_CPU && be != SA_BACKEND_CUDA)
-    return sa_error(SA_ERR_INVALID,
-                    "backend %d invalid: use SA_BACKEND_AUTO (0), SA_BACKEND_REF (1), SA_BACKEND_CPU (2) or SA_BACKEND_CUDA (3)",
-                    (int)be);
+    return sa_error(
+        SA_ERR_INVALID,
+        "backend %d invalid: use SA_BACKEND_AUTO (0), SA_BACKEND_REF (1), SA_BACKEND_CPU (2) or SA_BACKEND_CUDA (3)",
+        (int)be);
   return SA_OK;
 }
 
@@ -208,9 +219,11 @@ sa_backend sa_backend_resolve(const sa_attn *a, sa_backend be) {
 sa_status sa_check_cuda_present(void) {
   if (sa_cuda_available()) return SA_OK;
   if (!sa_has_cuda())
-    return sa_error(SA_ERR_DEVICE, "backend SA_BACKEND_CUDA unavailable: sinkattn was built without CUDA "
+    return sa_error(SA_ERR_DEVICE,
+                    "backend SA_BACKEND_CUDA unavailable: sinkattn was built without CUDA "
                     "(nvcc not found at configure time)");
-  return sa_error(SA_ERR_DEVICE, "backend SA_BACKEND_CUDA unavailable: sinkattn has the CUDA backend but "
+  return sa_error(SA_ERR_DEVICE,
+                  "backend SA_BACKEND_CUDA unavailable: sinkattn has the CUDA backend but "
                   "no CUDA device was found (use SA_BACKEND_CPU, SA_BACKEND_REF or SA_BACKEND_AUTO)");
 }
 
@@ -230,12 +243,15 @@ sa_status sa_check_memory_kind(const sa_attn *a, sa_backend be) {
 
 /* What the CUDA kernels do not take yet, named before any of their own rules. */
 sa_status sa_check_cuda_inputs(const sa_attn *a) {
-  const char *what = sa_dims_set(a->bias_dims) ? "bias"
+  const char *what = sa_dims_set(a->bias_dims)   ? "bias"
                      : sa_dims_set(a->mask_dims) ? "mask"
-                     : a->q_positions ? "q_positions / kv_positions" : NULL;
+                     : a->q_positions            ? "q_positions / kv_positions"
+                                                 : NULL;
   if (!what) return SA_OK;
-  return sa_error(SA_ERR_UNSUPPORTED, "%s unsupported by the CUDA backend: its kernels do not take it yet "
-                  "(SA_BACKEND_CPU and SA_BACKEND_REF do, on host memory)", what);
+  return sa_error(SA_ERR_UNSUPPORTED,
+                  "%s unsupported by the CUDA backend: its kernels do not take it yet "
+                  "(SA_BACKEND_CPU and SA_BACKEND_REF do, on host memory)",
+                  what);
 }
 
 static sa_status sa_check_for(const sa_attn *a, sa_backend be) {
@@ -306,13 +322,14 @@ static sa_status sa_check_grad(const sa_attn *a, const sa_attn_grad *g) {
   SA_NEED_PTR(g->dk, nk > 0, "dk");
   SA_NEED_PTR(g->dv, nv > 0, "dv");
   if (g->dbias && !sa_dims_set(a->bias_dims))
-    return sa_error(SA_ERR_INVALID, "dbias is set but bias is NULL: dbias is the gradient of a bias (give both, "
+    return sa_error(SA_ERR_INVALID,
+                    "dbias is set but bias is NULL: dbias is the gradient of a bias (give both, "
                     "or leave dbias NULL)");
   return SA_OK;
 }
 
-sa_status sa_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspace, size_t workspace_size,
-                      sa_backend be, void *stream) {
+sa_status sa_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspace, size_t workspace_size, sa_backend be,
+                      void *stream) {
   sa_status s = sa_attn_check(a, be);
   if (s != SA_OK) return s;
   if ((s = sa_check_grad(a, g)) != SA_OK) return s;

@@ -85,7 +85,9 @@ static void ac_bench(void) {
   t_fwd(&p, SA_BACKEND_CPU, p.out_r, p.lse_r);
   sa_plan_force(SA_PLAN_FWD, NULL);
   const double flops_fwd = 4.0 * c.B * c.N * (double)c.T * c.S * c.H, flops_fb = 3.5 * flops_fwd;
-  const char *names[4][2] = {{"cpu.fwd.amx", NULL}, {"cpu.fwd.avx512", NULL}, {"cpu.fwd.amx", "cpu.bwd.amx"},
+  const char *names[4][2] = {{"cpu.fwd.amx", NULL},
+                             {"cpu.fwd.avx512", NULL},
+                             {"cpu.fwd.amx", "cpu.bwd.amx"},
                              {"cpu.fwd.avx512", "cpu.bwd.avx512"}};
   double t[4][5];
   for (int k = 0; k < 4; k++) ac_time(&p, &c, names[k][0], names[k][1]); /* warm-up */
@@ -105,8 +107,10 @@ static void ac_bench(void) {
 int main(int argc, char **argv) {
   const char *skip = ac_skip_reason();
   if (skip) {
-    printf("SKIP: %s: the real AMX tile kernels cannot run here (test_cpu_tile checks their code over emulated "
-           "instructions)\n", skip);
+    printf(
+        "SKIP: %s: the real AMX tile kernels cannot run here (test_cpu_tile checks their code over emulated "
+        "instructions)\n",
+        skip);
     return 77;
   }
   double worst[7] = {0}, worst_emu = 0.0;
@@ -131,8 +135,8 @@ int main(int argc, char **argv) {
     /* keep the real outputs, then run the emulated plans into the same buffers */
     const size_t es = sa_dtype_size(c->dt);
     const int64_t n[5] = {p.no, p.nq, p.nk, p.nv, p.nl};
-    void *real[5], *cur[5] = {p.out_c, p.dq_c, p.dk_c, p.dv_c, p.lse_c}, *ref[5] = {p.out_r, p.dq_r, p.dk_r, p.dv_r,
-                                                                                     p.lse_r};
+    void *real[5], *cur[5] = {p.out_c, p.dq_c, p.dk_c, p.dv_c, p.lse_c},
+                   *ref[5] = {p.out_r, p.dq_r, p.dk_r, p.dv_r, p.lse_r};
     for (int k = 0; k < 5; k++) {
       size_t bytes = (size_t)n[k] * (k == 4 ? 4 : es);
       real[k] = memcpy(malloc(bytes ? bytes : 1), cur[k], bytes);
@@ -151,8 +155,10 @@ int main(int argc, char **argv) {
   }
   printf("%d cases, AMX tiles against the fp64 reference; largest error / tolerance:", TT_NCASES);
   for (int k = 0; k < 7; k++) printf(" %s %.3f", tt_err_names[k], worst[k]);
-  printf("\nAMX against emulated tiles: largest difference %.3g of max |ref| (bound %.3g), %lld of %lld elements "
-         "differ in their bits\n", worst_emu, AC_TOL_EMU, (long long)differing, (long long)total);
+  printf(
+      "\nAMX against emulated tiles: largest difference %.3g of max |ref| (bound %.3g), %lld of %lld elements "
+      "differ in their bits\n",
+      worst_emu, AC_TOL_EMU, (long long)differing, (long long)total);
   if (argc > 1 && !strcmp(argv[1], "--bench") && !t_failed) ac_bench();
   printf("%d passed, %d failed\n", t_passed, t_failed);
   return t_failed ? 1 : 0;

@@ -34,7 +34,9 @@ static inline void t_count(int ok) {
 
 /* ---- PRNG: splitmix64, fast and the same sequence on every platform --------------------------- */
 
-typedef struct { uint64_t s; } t_rng;
+typedef struct {
+  uint64_t s;
+} t_rng;
 
 static inline uint64_t t_next(t_rng *r) {
   uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
@@ -84,7 +86,10 @@ static inline double t_abs_floor(sa_dtype t) { return t == SA_F16 ? 0x1p-24 : 0.
 
 /* How a tensor splits into heads for the comparison: element i belongs to head (i / inner) % heads
    (out [B,T,N,Hv]: inner Hv, heads N; lse [B,N,T]: inner T, heads N; dk [B,S,K,H]: inner H, heads K). */
-typedef struct { int64_t inner, heads; const double *floor; } t_layout;
+typedef struct {
+  int64_t inner, heads;
+  const double *floor;
+} t_layout;
 
 #define T_MAX_HEADS 64
 
@@ -95,7 +100,7 @@ typedef struct { int64_t inner, heads; const double *floor; } t_layout;
    values e^-50 times another's. Returns the number of bad elements and reports the first; *worst gets
    the largest error / bound seen. */
 static inline int64_t t_compare(const char *what, const char *tag, const void *got, const void *ref, sa_dtype t,
-                         int64_t n, t_layout lay, double acc, double *worst) {
+                                int64_t n, t_layout lay, double acc, double *worst) {
   double amax[T_MAX_HEADS] = {0};
   for (int64_t i = 0; i < n; i++) {
     int64_t h = (i / lay.inner) % lay.heads;
@@ -110,8 +115,9 @@ static inline int64_t t_compare(const char *what, const char *tag, const void *g
     if (g == r) continue; /* covers -inf == -inf */
     double bound = u2 * fabs(r) + acc * amax[(i / lay.inner) % lay.heads] + floor_, err = fabs(g - r);
     if (!(err <= bound)) {
-      if (!bad) t_report("%s: %s[%lld] = %.9g, reference %.9g (|err| %.3g > bound %.3g)", tag, what,
-                         (long long)i, g, r, err, bound);
+      if (!bad)
+        t_report("%s: %s[%lld] = %.9g, reference %.9g (|err| %.3g > bound %.3g)", tag, what, (long long)i, g, r, err,
+                 bound);
       bad++;
     } else if (worst && err / bound > *worst) {
       *worst = err / bound;

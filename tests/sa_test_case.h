@@ -8,13 +8,13 @@
 
 #include "sa_test.h"
 
-enum { T_SINK_U10, T_SINK_BIG };                                 /* U(-10,10) | +50 / -50 / U(-10,10) */
+enum { T_SINK_U10, T_SINK_BIG }; /* U(-10,10) | +50 / -50 / U(-10,10) */
 enum { T_LENS_NONE, T_LENS_RANDOM, T_LENS_EDGE, T_LENS_Q_ONLY, T_LENS_KV_ONLY };
 enum { T_SEGS_NONE, T_SEGS_PACKED, T_SEGS_RANDOM };
 /* positions: each token's index within its segment (packed documents; the index itself without segments),
    queries shifted to end with the keys (the bottom-right alignment, written as positions), or random */
 enum { T_POS_NONE, T_POS_SEGMENT, T_POS_SHIFT, T_POS_RANDOM };
-enum { T_BIAS_UNIFORM, T_BIAS_NEGINF };  /* U(-2, 2) | the same with 10% -inf and whole -inf rows */
+enum { T_BIAS_UNIFORM, T_BIAS_NEGINF }; /* U(-2, 2) | the same with 10% -inf and whole -inf rows */
 
 #define T_UNBOUNDED .wl = -1, .wr = -1
 
@@ -26,12 +26,12 @@ typedef struct {
   int sinks, lens, segs, dlse, no_dsinks;
   sa_causal causal;
   int64_t wl, wr, diag;
-  float scale;   /* 0 = default 1/sqrt(H) */
-  int bias;      /* T_BCAST(...) or 0 */
+  float scale; /* 0 = default 1/sqrt(H) */
+  int bias;    /* T_BCAST(...) or 0 */
   sa_dtype bias_dt;
   int bias_kind, no_dbias;
-  int mask;      /* T_BCAST(...) or 0; ~25% of the pairs false and one row false everywhere */
-  int pos;       /* T_POS_* */
+  int mask; /* T_BCAST(...) or 0; ~25% of the pairs false and one row false everywhere */
+  int pos;  /* T_POS_* */
 } t_case;
 
 static void t_bcast_name(int form, char *buf) {
@@ -52,10 +52,11 @@ static void t_case_name(const t_case *c, char *buf, size_t n) {
              c->no_dbias ? " no-dbias" : "");
   }
   if (c->mask) t_bcast_name(c->mask, mask);
-  snprintf(buf, n, "%s%s%s B%lld T%lld S%lld N%lld K%lld H%lld Hv%lld %s%s causal=%s win=(%lld,%lld) diag=%lld "
-           "lens=%s segs=%s pos=%s bias=%s mask=%s dlse=%d scale=%g", c->name ? c->name : "", c->name ? ": " : "",
-           t_dtype_name(c->dt), (long long)c->B, (long long)c->T, (long long)c->S, (long long)c->N, (long long)c->K,
-           (long long)c->H, (long long)c->Hv, sm[c->sm],
+  snprintf(buf, n,
+           "%s%s%s B%lld T%lld S%lld N%lld K%lld H%lld Hv%lld %s%s causal=%s win=(%lld,%lld) diag=%lld "
+           "lens=%s segs=%s pos=%s bias=%s mask=%s dlse=%d scale=%g",
+           c->name ? c->name : "", c->name ? ": " : "", t_dtype_name(c->dt), (long long)c->B, (long long)c->T,
+           (long long)c->S, (long long)c->N, (long long)c->K, (long long)c->H, (long long)c->Hv, sm[c->sm],
            c->sm == SA_SOFTMAX_LEARNABLE ? (c->sinks == T_SINK_BIG ? "(+-50)" : "(U10)") : "", ca[c->causal],
            (long long)c->wl, (long long)c->wr, (long long)c->diag, le[c->lens], se[c->segs], po[c->pos], bias, mask,
            c->dlse, (double)c->scale);
@@ -74,7 +75,10 @@ typedef struct {
 static void t_segments(int32_t *ids, int64_t n, int mode, t_rng *r) {
   int32_t id = 0;
   for (int64_t i = 0; i < n; i++) {
-    if (mode == T_SEGS_RANDOM) { ids[i] = (int32_t)t_int(r, 0, 3); continue; }
+    if (mode == T_SEGS_RANDOM) {
+      ids[i] = (int32_t)t_int(r, 0, 3);
+      continue;
+    }
     if (i > 0 && t_unif(r, 0, 1) < 0.15) id++; /* ~7-token segments: several per row of 37 */
     ids[i] = id;
   }
@@ -126,19 +130,43 @@ static void t_prob_make(t_prob *p, const t_case *c, t_rng *r, int idx) {
   sa_attn *a = &p->a;
   sa_attn_init(a);
   a->dtype = c->dt;
-  a->batch = c->B; a->q_len = c->T; a->kv_len = c->S; a->q_heads = c->N; a->kv_heads = c->K;
-  a->head_dim = c->H; a->v_head_dim = c->Hv;
-  a->softmax = c->sm; a->causal = c->causal;
-  a->window_left = c->wl; a->window_right = c->wr; a->diag_offset = c->diag; a->scale = c->scale;
+  a->batch = c->B;
+  a->q_len = c->T;
+  a->kv_len = c->S;
+  a->q_heads = c->N;
+  a->kv_heads = c->K;
+  a->head_dim = c->H;
+  a->v_head_dim = c->Hv;
+  a->softmax = c->sm;
+  a->causal = c->causal;
+  a->window_left = c->wl;
+  a->window_right = c->wr;
+  a->diag_offset = c->diag;
+  a->scale = c->scale;
   size_t es = sa_dtype_size(c->dt);
-  p->nq = c->B * c->T * c->N * c->H; p->nk = c->B * c->S * c->K * c->H;
-  p->nv = c->B * c->S * c->K * c->Hv; p->no = c->B * c->T * c->N * c->Hv; p->nl = c->B * c->N * c->T;
-  p->q = t_alloc(p->nq, es); p->k = t_alloc(p->nk, es); p->v = t_alloc(p->nv, es);
-  p->dout = t_alloc(p->no, es); p->out_r = t_alloc(p->no, es); p->out_c = t_alloc(p->no, es);
-  p->dq_r = t_alloc(p->nq, es); p->dq_c = t_alloc(p->nq, es); p->dk_r = t_alloc(p->nk, es);
-  p->dk_c = t_alloc(p->nk, es); p->dv_r = t_alloc(p->nv, es); p->dv_c = t_alloc(p->nv, es);
-  p->sinks = t_alloc(c->N, 4); p->dlse = t_alloc(p->nl, 4); p->lse_r = t_alloc(p->nl, 4);
-  p->lse_c = t_alloc(p->nl, 4); p->ds_r = t_alloc(c->N, 4); p->ds_c = t_alloc(c->N, 4);
+  p->nq = c->B * c->T * c->N * c->H;
+  p->nk = c->B * c->S * c->K * c->H;
+  p->nv = c->B * c->S * c->K * c->Hv;
+  p->no = c->B * c->T * c->N * c->Hv;
+  p->nl = c->B * c->N * c->T;
+  p->q = t_alloc(p->nq, es);
+  p->k = t_alloc(p->nk, es);
+  p->v = t_alloc(p->nv, es);
+  p->dout = t_alloc(p->no, es);
+  p->out_r = t_alloc(p->no, es);
+  p->out_c = t_alloc(p->no, es);
+  p->dq_r = t_alloc(p->nq, es);
+  p->dq_c = t_alloc(p->nq, es);
+  p->dk_r = t_alloc(p->nk, es);
+  p->dk_c = t_alloc(p->nk, es);
+  p->dv_r = t_alloc(p->nv, es);
+  p->dv_c = t_alloc(p->nv, es);
+  p->sinks = t_alloc(c->N, 4);
+  p->dlse = t_alloc(p->nl, 4);
+  p->lse_r = t_alloc(p->nl, 4);
+  p->lse_c = t_alloc(p->nl, 4);
+  p->ds_r = t_alloc(c->N, 4);
+  p->ds_c = t_alloc(c->N, 4);
   /* q, k in U(-2.5, 2.5): scores have a standard deviation of ~2 (a^2/3 at the default scale), so the
      softmax is peaked enough for a wrong max or a wrong sink to show, and never degenerate. */
   t_fill(p->q, c->dt, p->nq, r, -2.5, 2.5);
@@ -152,14 +180,21 @@ static void t_prob_make(t_prob *p, const t_case *c, t_rng *r, int idx) {
   }
   if (c->sm == SA_SOFTMAX_LEARNABLE) a->sinks = p->sinks;
   if (c->lens != T_LENS_NONE) {
-    p->qlens = t_alloc(c->B, 4); p->kvlens = t_alloc(c->B, 4);
+    p->qlens = t_alloc(c->B, 4);
+    p->kvlens = t_alloc(c->B, 4);
     for (int64_t b = 0; b < c->B; b++) {
       /* edge: whole batches without keys or queries, and lengths outside [0, T] / [0, S] (clamped) */
       static const int64_t eq[4][2] = {{-3, 1000000}, {1000000000, 0}, {0, -1}, {-1, -1}};
       int e = (int)((b + idx) % 4);
       int64_t ql = t_int(r, 0, c->T), kl = t_int(r, 0, c->S);
-      if (c->lens == T_LENS_EDGE && e < 3) { ql = eq[e][0]; kl = eq[e][1]; }
-      if (c->lens == T_LENS_EDGE && e == 3) { ql = c->T / 2 + 1; kl = c->S + 7; }
+      if (c->lens == T_LENS_EDGE && e < 3) {
+        ql = eq[e][0];
+        kl = eq[e][1];
+      }
+      if (c->lens == T_LENS_EDGE && e == 3) {
+        ql = c->T / 2 + 1;
+        kl = c->S + 7;
+      }
       p->qlens[b] = (int32_t)ql;
       p->kvlens[b] = (int32_t)kl;
     }
@@ -167,30 +202,36 @@ static void t_prob_make(t_prob *p, const t_case *c, t_rng *r, int idx) {
     if (c->lens != T_LENS_Q_ONLY) a->kv_lens = p->kvlens;
   }
   if (c->segs != T_SEGS_NONE) {
-    p->qseg = t_alloc(c->B * c->T, 4); p->kvseg = t_alloc(c->B * c->S, 4);
+    p->qseg = t_alloc(c->B * c->T, 4);
+    p->kvseg = t_alloc(c->B * c->S, 4);
     for (int64_t b = 0; b < c->B; b++) {
       t_segments(p->qseg + b * c->T, c->T, c->segs, r);
       t_segments(p->kvseg + b * c->S, c->S, c->segs, r);
     }
-    a->q_segment_ids = p->qseg; a->kv_segment_ids = p->kvseg;
+    a->q_segment_ids = p->qseg;
+    a->kv_segment_ids = p->kvseg;
   }
   if (c->pos != T_POS_NONE) {
-    p->qpos = t_alloc(c->B * c->T, 4); p->kvpos = t_alloc(c->B * c->S, 4);
+    p->qpos = t_alloc(c->B * c->T, 4);
+    p->kvpos = t_alloc(c->B * c->S, 4);
     for (int64_t b = 0; b < c->B; b++) {
       t_positions(p->qpos + b * c->T, p->qseg ? p->qseg + b * c->T : NULL, c->T, c->S - c->T, c->pos, r);
       t_positions(p->kvpos + b * c->S, p->kvseg ? p->kvseg + b * c->S : NULL, c->S, 0, c->pos, r);
     }
-    a->q_positions = p->qpos; a->kv_positions = p->kvpos;
+    a->q_positions = p->qpos;
+    a->kv_positions = p->kvpos;
   }
   if (c->bias) t_bias_make(p, c, r);
   if (c->mask) t_mask_make(p, c, r);
-  a->q = p->q; a->k = p->k; a->v = p->v;
+  a->q = p->q;
+  a->k = p->k;
+  a->v = p->v;
 }
 
 static void t_prob_free(t_prob *p) {
-  void *all[] = {p->q, p->k, p->v, p->dout, p->out_r, p->out_c, p->dq_r, p->dq_c, p->dk_r, p->dk_c,
-                 p->dv_r, p->dv_c, p->bias, p->sinks, p->dlse, p->lse_r, p->lse_c, p->ds_r, p->ds_c,
-                 p->db_r, p->db_c, p->mask, p->qlens, p->kvlens, p->qseg, p->kvseg, p->qpos, p->kvpos};
+  void *all[] = {p->q,    p->k,    p->v,     p->dout,   p->out_r, p->out_c, p->dq_r,  p->dq_c, p->dk_r, p->dk_c,
+                 p->dv_r, p->dv_c, p->bias,  p->sinks,  p->dlse,  p->lse_r, p->lse_c, p->ds_r, p->ds_c, p->db_r,
+                 p->db_c, p->mask, p->qlens, p->kvlens, p->qseg,  p->kvseg, p->qpos,  p->kvpos};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
 }
 
@@ -215,8 +256,7 @@ static sa_status t_fwd(t_prob *p, sa_backend be, void *out, float *lse) {
 }
 
 /* The backward of both backends gets the reference's out and lse: it must use them as given. */
-static sa_status t_bwd(t_prob *p, const t_case *c, sa_backend be, void *dq, void *dk, void *dv, float *ds,
-                       float *db) {
+static sa_status t_bwd(t_prob *p, const t_case *c, sa_backend be, void *dq, void *dk, void *dv, float *ds, float *db) {
   sa_attn_grad g = {0};
   t_poison(dq, p->a.dtype, p->nq);
   t_poison(dk, p->a.dtype, p->nk);
@@ -225,8 +265,12 @@ static sa_status t_bwd(t_prob *p, const t_case *c, sa_backend be, void *dq, void
   if (db) t_poison(db, SA_F32, p->nb);
   p->a.out = p->out_r;
   p->a.lse = p->lse_r;
-  g.dout = p->dout; g.dlse = c->dlse ? p->dlse : NULL;
-  g.dq = dq; g.dk = dk; g.dv = dv; g.dsinks = c->no_dsinks ? NULL : ds;
+  g.dout = p->dout;
+  g.dlse = c->dlse ? p->dlse : NULL;
+  g.dq = dq;
+  g.dk = dk;
+  g.dv = dv;
+  g.dsinks = c->no_dsinks ? NULL : ds;
   g.dbias = c->bias && !c->no_dbias ? db : NULL;
   size_t ws = sa_attn_bwd_workspace_size(&p->a, be);
   void *w = ws ? malloc(ws) : NULL;
@@ -243,13 +287,16 @@ static sa_status t_bwd(t_prob *p, const t_case *c, sa_backend be, void *dq, void
    missing sink term (>= 1e-2) or a 1e-3 error in ds fails by 30x or more (checked by breaking the
    reference on purpose). f16/bf16 add the one-ulp rounding term 2u|ref| on top. dbias (fp32 in both) is
    held to the dv budget against its own floor (t_dbias_floor). */
-#define T_ACC_OUT 1.5e-5
-#define T_ACC_LSE 3e-6
+#define T_ACC_OUT  1.5e-5
+#define T_ACC_LSE  3e-6
 #define T_ACC_GRAD 1e-5
-#define T_ACC_DV 3e-5
+#define T_ACC_DV   3e-5
 
 enum { T_W_OUT, T_W_LSE, T_W_DQ, T_W_DK, T_W_DV, T_W_DSINKS, T_W_DBIAS, T_W_N };
-typedef struct { int cases, passed; double worst[T_W_N]; } t_stats; /* worst: largest error / bound */
+typedef struct {
+  int cases, passed;
+  double worst[T_W_N];
+} t_stats; /* worst: largest error / bound */
 
 /* dsinks[n]: fp32 in both backends; the bound scales with sum_i exp(a - lse_i) (|dout.out| + |dlse|),
    the magnitude of the terms being summed (the sum itself may cancel to ~0). */
@@ -273,8 +320,9 @@ static int64_t t_check_dsinks(const t_prob *p, const t_case *c, const char *tag,
     double bound = 2e-6 * absum + 1e-30; /* worst seen: 4e-7 */
     if (!want_zero && fabs(g - r) / bound > *worst) *worst = fabs(g - r) / bound;
     if (want_zero ? (g != 0.0 || r != 0.0) : !(fabs(g - r) <= bound)) {
-      if (!bad) t_report("%s: dsinks[%lld] = %.9g, reference %.9g (bound %.3g)", tag, (long long)n, g, r,
-                         want_zero ? 0.0 : bound);
+      if (!bad)
+        t_report("%s: dsinks[%lld] = %.9g, reference %.9g (bound %.3g)", tag, (long long)n, g, r,
+                 want_zero ? 0.0 : bound);
       bad++;
     }
   }
@@ -297,8 +345,9 @@ static int64_t t_check_empty_rows(const t_prob *p, const t_case *c, const char *
           ok &= sa_load(p->out_r, c->dt, o) == 0.0f && sa_load(p->out_c, c->dt, o) == 0.0f;
         }
         if (!ok) {
-          if (!bad) t_report("%s: row b=%lld n=%lld i=%lld has no key: lse cpu %g ref %g (want %g), out must be 0",
-                             tag, (long long)b, (long long)n, (long long)i, lc, lr, want);
+          if (!bad)
+            t_report("%s: row b=%lld n=%lld i=%lld has no key: lse cpu %g ref %g (want %g), out must be 0", tag,
+                     (long long)b, (long long)n, (long long)i, lc, lr, want);
           bad++;
         }
       }
@@ -359,8 +408,8 @@ static int64_t t_check_dbias(const t_prob *p, const t_case *c, const char *tag, 
   double terms = 1.0;
   for (int x = 0; x < 4; x++) terms *= p->a.bias_dims[x] == 1 ? (double)full[x] : 1.0;
   double floor_ = fb * sqrt(terms);
-  return t_compare("dbias", tag, p->db_c, p->db_r, SA_F32, p->nb, (t_layout){p->nb ? p->nb : 1, 1, &floor_},
-                   T_ACC_DV, worst);
+  return t_compare("dbias", tag, p->db_c, p->db_r, SA_F32, p->nb, (t_layout){p->nb ? p->nb : 1, 1, &floor_}, T_ACC_DV,
+                   worst);
 }
 
 /* inline: test_cpu_tile.c and amx_check.c include this file for its inputs and checks, not the driver */
@@ -385,8 +434,8 @@ static inline int t_run_case(const t_case *c, int idx, t_stats *st) {
     /* lse = m + log(l) with l >= 1: its error is absolute, ~eps * max(|m|, 1), hence the floor of 1 */
     double ones[T_MAX_HEADS];
     for (int h = 0; h < T_MAX_HEADS; h++) ones[h] = 1.0;
-    bad += t_compare("lse", tag, p.lse_c, p.lse_r, SA_F32, p.nl, (t_layout){c->T ? c->T : 1, c->N, ones},
-                     T_ACC_LSE, &st->worst[T_W_LSE]);
+    bad += t_compare("lse", tag, p.lse_c, p.lse_r, SA_F32, p.nl, (t_layout){c->T ? c->T : 1, c->N, ones}, T_ACC_LSE,
+                     &st->worst[T_W_LSE]);
     bad += t_check_empty_rows(&p, c, tag);
     int64_t nan = t_count_nan(p.out_c, c->dt, p.no) + t_count_nan(p.lse_c, SA_F32, p.nl);
     if (nan) t_report("%s: %lld NaN in the cpu forward", tag, (long long)nan);
@@ -402,12 +451,12 @@ static inline int t_run_case(const t_case *c, int idx, t_stats *st) {
     } else {
       double fq[T_MAX_HEADS], fk[T_MAX_HEADS], fv[T_MAX_HEADS], fb;
       t_grad_floors(&p, c, fq, fk, fv, &fb);
-      bad += t_compare("dq", tag, p.dq_c, p.dq_r, c->dt, p.nq, (t_layout){c->H, c->N, fq}, T_ACC_GRAD,
-                       &st->worst[T_W_DQ]);
-      bad += t_compare("dk", tag, p.dk_c, p.dk_r, c->dt, p.nk, (t_layout){c->H, c->K, fk}, T_ACC_GRAD,
-                       &st->worst[T_W_DK]);
-      bad += t_compare("dv", tag, p.dv_c, p.dv_r, c->dt, p.nv, (t_layout){c->Hv, c->K, fv}, T_ACC_DV,
-                       &st->worst[T_W_DV]);
+      bad +=
+          t_compare("dq", tag, p.dq_c, p.dq_r, c->dt, p.nq, (t_layout){c->H, c->N, fq}, T_ACC_GRAD, &st->worst[T_W_DQ]);
+      bad +=
+          t_compare("dk", tag, p.dk_c, p.dk_r, c->dt, p.nk, (t_layout){c->H, c->K, fk}, T_ACC_GRAD, &st->worst[T_W_DK]);
+      bad +=
+          t_compare("dv", tag, p.dv_c, p.dv_r, c->dt, p.nv, (t_layout){c->Hv, c->K, fv}, T_ACC_DV, &st->worst[T_W_DV]);
       if (!c->no_dsinks) bad += t_check_dsinks(&p, c, tag, &st->worst[T_W_DSINKS]);
       if (c->bias && !c->no_dbias) bad += t_check_dbias(&p, c, tag, fb, &st->worst[T_W_DBIAS]);
       int64_t nan = t_count_nan(p.dq_c, c->dt, p.nq) + t_count_nan(p.dk_c, c->dt, p.nk) +

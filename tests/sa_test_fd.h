@@ -20,9 +20,9 @@ typedef struct {
   int64_t wl, wr, diag;
   int lens, segs, dlse;
   int64_t H, Hv;
-  int bias;       /* T_BCAST form or 0; one element is -inf (its gradient is 0 either way) */
-  int mask;       /* T_BCAST form or 0 */
-  int positions;  /* 1: random positions (causal and window then compare them) */
+  int bias;      /* T_BCAST form or 0; one element is -inf (its gradient is 0 either way) */
+  int mask;      /* T_BCAST form or 0 */
+  int positions; /* 1: random positions (causal and window then compare them) */
 } t_fd_case;
 
 typedef struct {
@@ -41,8 +41,7 @@ static double t_fd_loss(t_fd_ctx *c) {
 }
 
 /* Central difference of L in every element of x[0..n) against the analytic g; returns bad count. */
-static int64_t t_fd_tensor(t_fd_ctx *c, const char *tag, const char *what, double *x, const double *g,
-                           int64_t n) {
+static int64_t t_fd_tensor(t_fd_ctx *c, const char *tag, const char *what, double *x, const double *g, int64_t n) {
   const double h = 1e-5;
   int64_t bad = 0;
   for (int64_t i = 0; i < n; i++) {
@@ -54,8 +53,8 @@ static int64_t t_fd_tensor(t_fd_ctx *c, const char *tag, const char *what, doubl
     x[i] = x0;
     double num = (lp - lm) / (2.0 * h);
     if (!(fabs(num - g[i]) <= 1e-7 * (1.0 + fabs(g[i])))) {
-      if (!bad) t_report("fd %s: d%s[%lld] analytic %.12g, finite difference %.12g", tag, what, (long long)i,
-                         g[i], num);
+      if (!bad)
+        t_report("fd %s: d%s[%lld] analytic %.12g, finite difference %.12g", tag, what, (long long)i, g[i], num);
       bad++;
     }
   }
@@ -67,25 +66,38 @@ static int t_fd_one(const t_fd_case *fc, t_rng *r) {
   sa_attn a;
   sa_attn_init(&a);
   a.dtype = SA_F32;
-  a.batch = 2; a.q_len = 5; a.kv_len = 7; a.q_heads = 4; a.kv_heads = 2;
-  a.head_dim = fc->H; a.v_head_dim = fc->Hv;
-  a.softmax = fc->softmax; a.causal = fc->causal;
-  a.window_left = fc->wl; a.window_right = fc->wr; a.diag_offset = fc->diag;
+  a.batch = 2;
+  a.q_len = 5;
+  a.kv_len = 7;
+  a.q_heads = 4;
+  a.kv_heads = 2;
+  a.head_dim = fc->H;
+  a.v_head_dim = fc->Hv;
+  a.softmax = fc->softmax;
+  a.causal = fc->causal;
+  a.window_left = fc->wl;
+  a.window_right = fc->wr;
+  a.diag_offset = fc->diag;
   a.scale = 0.7f; /* != 1/sqrt(H): a missing or doubled scale shows */
   int32_t qlens[2] = {4, 5}, kvlens[2] = {7, 3}, qseg[10], kvseg[14], qpos[10], kvpos[14];
   uint8_t mask[2 * 4 * 5 * 7];
-  if (fc->lens) { a.q_lens = qlens; a.kv_lens = kvlens; }
+  if (fc->lens) {
+    a.q_lens = qlens;
+    a.kv_lens = kvlens;
+  }
   if (fc->segs) {
     /* batch 0: segments {0,0,1,1,2} vs {0,0,0,1,1,3,3}: the last query (segment 2) has no key. */
     const int32_t qs[10] = {0, 0, 1, 1, 2, 5, 5, 5, 6, 6}, ks[14] = {0, 0, 0, 1, 1, 3, 3, 5, 5, 6, 6, 6, 6, 6};
     memcpy(qseg, qs, sizeof qs);
     memcpy(kvseg, ks, sizeof ks);
-    a.q_segment_ids = qseg; a.kv_segment_ids = kvseg;
+    a.q_segment_ids = qseg;
+    a.kv_segment_ids = kvseg;
   }
   if (fc->positions) {
     for (int x = 0; x < 10; x++) qpos[x] = (int32_t)t_int(r, 0, 8);
     for (int x = 0; x < 14; x++) kvpos[x] = (int32_t)t_int(r, 0, 8);
-    a.q_positions = qpos; a.kv_positions = kvpos;
+    a.q_positions = qpos;
+    a.kv_positions = kvpos;
   }
   const int64_t full[4] = {2, 4, 5, 7};
   if (fc->mask) {
@@ -138,33 +150,113 @@ static void t_fd_group(void) {
       {.name = "vanilla", FD_ALL, .H = 3, .Hv = 4},
       {.name = "vanilla+dlse causal", .causal = SA_CAUSAL_TOP_LEFT, FD_ALL, .dlse = 1, .H = 3, .Hv = 4},
       {.name = "off_by_one", .softmax = SA_SOFTMAX_OFF_BY_ONE, FD_ALL, .H = 4, .Hv = 3},
-      {.name = "off_by_one+dlse lens", .softmax = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_BOTTOM_RIGHT, FD_ALL,
-       .lens = 1, .dlse = 1, .H = 4, .Hv = 3},
+      {.name = "off_by_one+dlse lens",
+       .softmax = SA_SOFTMAX_OFF_BY_ONE,
+       .causal = SA_CAUSAL_BOTTOM_RIGHT,
+       FD_ALL,
+       .lens = 1,
+       .dlse = 1,
+       .H = 4,
+       .Hv = 3},
       {.name = "learnable", .softmax = SA_SOFTMAX_LEARNABLE, FD_ALL, .H = 3, .Hv = 3},
       {.name = "learnable+dlse", .softmax = SA_SOFTMAX_LEARNABLE, FD_ALL, .dlse = 1, .H = 3, .Hv = 5},
-      {.name = "learnable+dlse window", .softmax = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = 2,
-       .wr = 0, .dlse = 1, .H = 3, .Hv = 2},
-      {.name = "learnable+dlse all masks", .softmax = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = 3,
-       .wr = 1, .diag = -1, .lens = 1, .segs = 1, .dlse = 1, .H = 2, .Hv = 3},
-      {.name = "vanilla+dlse all masks", .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = 3, .wr = 1, .diag = -1, .lens = 1,
-       .segs = 1, .dlse = 1, .H = 2, .Hv = 3},
-      {.name = "learnable+dlse segs diag", .softmax = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1,
-       .wr = 2, .diag = 2, .segs = 1, .dlse = 1, .H = 3, .Hv = 3},
-      {.name = "learnable+dlse full bias", .softmax = SA_SOFTMAX_LEARNABLE, FD_ALL, .dlse = 1, .H = 3, .Hv = 3,
+      {.name = "learnable+dlse window",
+       .softmax = SA_SOFTMAX_LEARNABLE,
+       .causal = SA_CAUSAL_TOP_LEFT,
+       .wl = 2,
+       .wr = 0,
+       .dlse = 1,
+       .H = 3,
+       .Hv = 2},
+      {.name = "learnable+dlse all masks",
+       .softmax = SA_SOFTMAX_LEARNABLE,
+       .causal = SA_CAUSAL_BOTTOM_RIGHT,
+       .wl = 3,
+       .wr = 1,
+       .diag = -1,
+       .lens = 1,
+       .segs = 1,
+       .dlse = 1,
+       .H = 2,
+       .Hv = 3},
+      {.name = "vanilla+dlse all masks",
+       .causal = SA_CAUSAL_BOTTOM_RIGHT,
+       .wl = 3,
+       .wr = 1,
+       .diag = -1,
+       .lens = 1,
+       .segs = 1,
+       .dlse = 1,
+       .H = 2,
+       .Hv = 3},
+      {.name = "learnable+dlse segs diag",
+       .softmax = SA_SOFTMAX_LEARNABLE,
+       .causal = SA_CAUSAL_TOP_LEFT,
+       .wl = -1,
+       .wr = 2,
+       .diag = 2,
+       .segs = 1,
+       .dlse = 1,
+       .H = 3,
+       .Hv = 3},
+      {.name = "learnable+dlse full bias",
+       .softmax = SA_SOFTMAX_LEARNABLE,
+       FD_ALL,
+       .dlse = 1,
+       .H = 3,
+       .Hv = 3,
        .bias = T_BCAST(0, 0, 0, 0)},
-      {.name = "vanilla bias [1,N,T,1] causal lens", .causal = SA_CAUSAL_TOP_LEFT, FD_ALL, .lens = 1, .H = 2,
-       .Hv = 3, .bias = T_BCAST(1, 0, 0, 1)},
-      {.name = "off_by_one+dlse bias [B,1,1,S] window", .softmax = SA_SOFTMAX_OFF_BY_ONE, .wl = 2, .wr = 1,
-       .dlse = 1, .H = 3, .Hv = 2, .bias = T_BCAST(0, 1, 1, 0)},
-      {.name = "learnable bias [1,1,1,1] mask [B,1,T,S]", .softmax = SA_SOFTMAX_LEARNABLE, FD_ALL, .H = 2, .Hv = 2,
-       .bias = T_BCAST(1, 1, 1, 1), .mask = T_BCAST(0, 1, 0, 0)},
-      {.name = "learnable+dlse mask [1,N,T,S] segs", .softmax = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT,
-       FD_ALL, .segs = 1, .dlse = 1, .H = 3, .Hv = 3, .mask = T_BCAST(1, 0, 0, 0)},
-      {.name = "learnable+dlse positions causal window bias", .softmax = SA_SOFTMAX_LEARNABLE,
-       .causal = SA_CAUSAL_TOP_LEFT, .wl = 3, .wr = 0, .diag = 1, .lens = 1, .dlse = 1, .H = 3, .Hv = 3,
-       .bias = T_BCAST(0, 1, 0, 0), .positions = 1},
-      {.name = "vanilla positions window mask", .wl = 1, .wr = 2, .dlse = 1, .H = 3, .Hv = 2,
-       .mask = T_BCAST(1, 1, 0, 0), .positions = 1},
+      {.name = "vanilla bias [1,N,T,1] causal lens",
+       .causal = SA_CAUSAL_TOP_LEFT,
+       FD_ALL,
+       .lens = 1,
+       .H = 2,
+       .Hv = 3,
+       .bias = T_BCAST(1, 0, 0, 1)},
+      {.name = "off_by_one+dlse bias [B,1,1,S] window",
+       .softmax = SA_SOFTMAX_OFF_BY_ONE,
+       .wl = 2,
+       .wr = 1,
+       .dlse = 1,
+       .H = 3,
+       .Hv = 2,
+       .bias = T_BCAST(0, 1, 1, 0)},
+      {.name = "learnable bias [1,1,1,1] mask [B,1,T,S]",
+       .softmax = SA_SOFTMAX_LEARNABLE,
+       FD_ALL,
+       .H = 2,
+       .Hv = 2,
+       .bias = T_BCAST(1, 1, 1, 1),
+       .mask = T_BCAST(0, 1, 0, 0)},
+      {.name = "learnable+dlse mask [1,N,T,S] segs",
+       .softmax = SA_SOFTMAX_LEARNABLE,
+       .causal = SA_CAUSAL_TOP_LEFT,
+       FD_ALL,
+       .segs = 1,
+       .dlse = 1,
+       .H = 3,
+       .Hv = 3,
+       .mask = T_BCAST(1, 0, 0, 0)},
+      {.name = "learnable+dlse positions causal window bias",
+       .softmax = SA_SOFTMAX_LEARNABLE,
+       .causal = SA_CAUSAL_TOP_LEFT,
+       .wl = 3,
+       .wr = 0,
+       .diag = 1,
+       .lens = 1,
+       .dlse = 1,
+       .H = 3,
+       .Hv = 3,
+       .bias = T_BCAST(0, 1, 0, 0),
+       .positions = 1},
+      {.name = "vanilla positions window mask",
+       .wl = 1,
+       .wr = 2,
+       .dlse = 1,
+       .H = 3,
+       .Hv = 2,
+       .mask = T_BCAST(1, 1, 0, 0),
+       .positions = 1},
   };
 #undef FD_ALL
   t_rng r = {12345};
@@ -174,8 +266,10 @@ static void t_fd_group(void) {
     t_count(ok);
     pass += ok;
   }
-  printf("reference vs finite differences (fp64, dq dk dv dsinks dbias, dlse path, bias / mask / positions): "
-         "%d/%d cases pass\n", pass, n);
+  printf(
+      "reference vs finite differences (fp64, dq dk dv dsinks dbias, dlse path, bias / mask / positions): "
+      "%d/%d cases pass\n",
+      pass, n);
 }
 
 #endif /* SA_TEST_FD_H */

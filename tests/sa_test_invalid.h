@@ -21,15 +21,31 @@ static int32_t ti_qlens[2] = {3, 2}, ti_kvlens[2] = {4, 1}, ti_qseg[6], ti_kvseg
 static void t_inv_base(sa_attn *a, sa_attn_grad *g) {
   sa_attn_init(a);
   a->dtype = SA_F32;
-  a->batch = 2; a->q_len = 3; a->kv_len = 4; a->q_heads = 4; a->kv_heads = 2;
-  a->head_dim = 8; a->v_head_dim = 8;
-  a->q = ti_q; a->k = ti_k; a->v = ti_v; a->out = ti_out; a->lse = ti_lse;
-  a->softmax = SA_SOFTMAX_LEARNABLE; a->sinks = ti_sinks;
-  a->q_lens = ti_qlens; a->kv_lens = ti_kvlens;
-  a->q_segment_ids = ti_qseg; a->kv_segment_ids = ti_kvseg;
+  a->batch = 2;
+  a->q_len = 3;
+  a->kv_len = 4;
+  a->q_heads = 4;
+  a->kv_heads = 2;
+  a->head_dim = 8;
+  a->v_head_dim = 8;
+  a->q = ti_q;
+  a->k = ti_k;
+  a->v = ti_v;
+  a->out = ti_out;
+  a->lse = ti_lse;
+  a->softmax = SA_SOFTMAX_LEARNABLE;
+  a->sinks = ti_sinks;
+  a->q_lens = ti_qlens;
+  a->kv_lens = ti_kvlens;
+  a->q_segment_ids = ti_qseg;
+  a->kv_segment_ids = ti_kvseg;
   a->causal = SA_CAUSAL_BOTTOM_RIGHT;
   memset(g, 0, sizeof *g);
-  g->dout = ti_out; g->dq = ti_dq; g->dk = ti_dk; g->dv = ti_dv; g->dsinks = ti_dsinks;
+  g->dout = ti_out;
+  g->dq = ti_dq;
+  g->dk = ti_dk;
+  g->dv = ti_dv;
+  g->dsinks = ti_dsinks;
 }
 
 static int t_inv_run(int call, const sa_attn *a, const sa_attn_grad *g, sa_backend be) {
@@ -62,26 +78,28 @@ static void t_inv_expect(const char *what, int call, const sa_attn *a, const sa_
    positions), and dbias. */
 static void t_inv_extras(sa_attn *a, sa_attn_grad *g) {
   const int64_t full[4] = {2, 4, 3, 4};
-  a->bias = ti_bias; a->bias_dtype = SA_F32;
+  a->bias = ti_bias;
+  a->bias_dtype = SA_F32;
   a->mask = ti_mask;
   memcpy(a->bias_dims, full, sizeof full);
   memcpy(a->mask_dims, full, sizeof full);
-  a->q_positions = ti_qpos; a->kv_positions = ti_kvpos;
+  a->q_positions = ti_qpos;
+  a->kv_positions = ti_kvpos;
   a->causal = SA_CAUSAL_TOP_LEFT;
   g->dbias = ti_dbias;
 }
 
-#define T_INV(call, want, needle, code)                                                             \
-  for (int bi = 0; bi < 3; bi++) {                                                                  \
-    static const sa_backend bes[3] = {SA_BACKEND_REF, SA_BACKEND_CPU, SA_BACKEND_AUTO};             \
-    sa_attn a;                                                                                      \
-    sa_attn_grad g;                                                                                 \
-    sa_backend be = bes[bi];                                                                        \
-    const sa_attn *ap = &a;                                                                         \
-    const sa_attn_grad *gp = &g;                                                                    \
-    t_inv_base(&a, &g);                                                                             \
-    code;                                                                                           \
-    t_inv_expect(#code, call, ap, gp, be, want, needle);                                            \
+#define T_INV(call, want, needle, code)                                                 \
+  for (int bi = 0; bi < 3; bi++) {                                                      \
+    static const sa_backend bes[3] = {SA_BACKEND_REF, SA_BACKEND_CPU, SA_BACKEND_AUTO}; \
+    sa_attn a;                                                                          \
+    sa_attn_grad g;                                                                     \
+    sa_backend be = bes[bi];                                                            \
+    const sa_attn *ap = &a;                                                             \
+    const sa_attn_grad *gp = &g;                                                        \
+    t_inv_base(&a, &g);                                                                 \
+    code;                                                                               \
+    t_inv_expect(#code, call, ap, gp, be, want, needle);                                \
   }
 
 static void t_invalid_group(void) {
@@ -144,8 +162,8 @@ static void t_invalid_group(void) {
   T_INV(T_CALL_FWD, INV, "bias_dims[0] 0 invalid: must be 1 or batch 2", t_inv_extras(&a, &g); a.bias_dims[0] = 0);
   T_INV(T_CALL_CHECK, INV, "bias_dims[3] -1 invalid", t_inv_extras(&a, &g); a.bias_dims[3] = -1);
   T_INV(T_CALL_BWD, INV, "bias_dims[1] 2 invalid: must be 1 or q_heads 4", t_inv_extras(&a, &g); a.bias_dims[1] = 2);
-  T_INV(T_CALL_FWD, INV, "bias_dtype 9 invalid: use SA_F32 (0), SA_F16 (1) or SA_BF16 (2)",
-        t_inv_extras(&a, &g); a.bias_dtype = (sa_dtype)9);
+  T_INV(T_CALL_FWD, INV, "bias_dtype 9 invalid: use SA_F32 (0), SA_F16 (1) or SA_BF16 (2)", t_inv_extras(&a, &g);
+        a.bias_dtype = (sa_dtype)9);
   T_INV(T_CALL_FWD, INV, "bias_dtype -1 invalid", a.bias_dtype = (sa_dtype)-1);
   T_INV(T_CALL_FWD, INV, "bias is set but bias_dims[0] is 0", t_inv_extras(&a, &g); memset(a.bias_dims, 0, 32));
   T_INV(T_CALL_FWD, INV, "bias is NULL but bias_dims is [2, 4, 3, 4]", t_inv_extras(&a, &g); a.bias = NULL);
@@ -157,8 +175,8 @@ static void t_invalid_group(void) {
         a.bias_dims[2] = a.bias_dims[3] = (int64_t)1 << 31; a.mask = NULL; memset(a.mask_dims, 0, 32));
   T_INV(T_CALL_FWD, INV, "q_positions is NULL but kv_positions is set", t_inv_extras(&a, &g); a.q_positions = NULL);
   T_INV(T_CALL_BWD, INV, "kv_positions is NULL but q_positions is set", t_inv_extras(&a, &g); a.kv_positions = NULL);
-  T_INV(T_CALL_FWD, INV, "causal SA_CAUSAL_BOTTOM_RIGHT (2) invalid with q_positions",
-        t_inv_extras(&a, &g); a.causal = SA_CAUSAL_BOTTOM_RIGHT);
+  T_INV(T_CALL_FWD, INV, "causal SA_CAUSAL_BOTTOM_RIGHT (2) invalid with q_positions", t_inv_extras(&a, &g);
+        a.causal = SA_CAUSAL_BOTTOM_RIGHT);
   T_INV(T_CALL_BWD, INV, "dbias is set but bias is NULL", g.dbias = ti_dbias);
   T_INV(T_CALL_BWD, INV, "dbias is set but bias is NULL", t_inv_extras(&a, &g); a.bias = NULL;
         memset(a.bias_dims, 0, 32));
@@ -179,12 +197,18 @@ static void t_invalid_group(void) {
       sa_attn_grad g;
       t_inv_base(&a, &g);
       t_inv_extras(&a, &g);
-      if (w > 0) { a.bias = NULL; memset(a.bias_dims, 0, 32); }
-      if (w > 1) { a.mask = NULL; memset(a.mask_dims, 0, 32); }
+      if (w > 0) {
+        a.bias = NULL;
+        memset(a.bias_dims, 0, 32);
+      }
+      if (w > 1) {
+        a.mask = NULL;
+        memset(a.mask_dims, 0, 32);
+      }
       sa_status st = sa_check_cuda_inputs(&a);
       int ok = st == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), needles[w]) != NULL;
-      if (!ok) t_report("sa_check_cuda_inputs: got %s \"%s\", want \"%s\"", sa_status_name(st), sa_last_error(),
-                        needles[w]);
+      if (!ok)
+        t_report("sa_check_cuda_inputs: got %s \"%s\", want \"%s\"", sa_status_name(st), sa_last_error(), needles[w]);
       t_count(ok);
       ti_total++;
       ti_pass += ok;
@@ -224,8 +248,8 @@ static void t_invalid_group(void) {
     sa_status s2 = sa_attn_bwd(&a, &g, NULL, 0, bes[bi], NULL);
     int ok2 = s2 == SA_OK && sa_last_error()[0] == '\0';
     if (!ok1 || !ok2)
-      t_report("sa_last_error after a good call (backend %d): fwd %s \"%s\", bwd %s", (int)bes[bi],
-               sa_status_name(s1), ok1 ? "" : sa_last_error(), sa_status_name(s2));
+      t_report("sa_last_error after a good call (backend %d): fwd %s \"%s\", bwd %s", (int)bes[bi], sa_status_name(s1),
+               ok1 ? "" : sa_last_error(), sa_status_name(s2));
     t_count(ok1 && ok2);
     ti_total++;
     ti_pass += ok1 && ok2;
@@ -236,7 +260,8 @@ static void t_invalid_group(void) {
     sa_attn a;
     sa_attn_grad g;
     t_inv_base(&a, &g);
-    size_t w_ref = sa_attn_bwd_workspace_size(&a, SA_BACKEND_REF), w_null = sa_attn_bwd_workspace_size(NULL, SA_BACKEND_CPU);
+    size_t w_ref = sa_attn_bwd_workspace_size(&a, SA_BACKEND_REF),
+           w_null = sa_attn_bwd_workspace_size(NULL, SA_BACKEND_CPU);
     size_t w_be = sa_attn_bwd_workspace_size(&a, (sa_backend)5);
     a.kv_heads = 3;
     size_t w_bad = sa_attn_bwd_workspace_size(&a, SA_BACKEND_CPU);
@@ -249,16 +274,18 @@ static void t_invalid_group(void) {
     a.kv_len = INT64_MAX;
     w_big += sa_attn_decode_workspace_size(&a, SA_BACKEND_CPU) + sa_attn_bwd_workspace_size(&a, SA_BACKEND_CPU);
     int ok = w_ref == 0 && w_null == 0 && w_be == 0 && w_bad == 0 && w_big == 0;
-    if (!ok) t_report("sa_attn_bwd_workspace_size: REF %zu, NULL attn %zu, bad backend %zu, bad kv_heads %zu, "
-                      "overflowing sizes %zu (all must be 0)", w_ref, w_null, w_be, w_bad, w_big);
+    if (!ok)
+      t_report(
+          "sa_attn_bwd_workspace_size: REF %zu, NULL attn %zu, bad backend %zu, bad kv_heads %zu, "
+          "overflowing sizes %zu (all must be 0)",
+          w_ref, w_null, w_be, w_bad, w_big);
     t_count(ok);
     ti_total++;
     ti_pass += ok;
   }
 
   /* status names */
-  static const char *names[] = {"SA_OK", "SA_ERR_INVALID", "SA_ERR_UNSUPPORTED", "SA_ERR_NO_MEMORY",
-                                "SA_ERR_DEVICE"};
+  static const char *names[] = {"SA_OK", "SA_ERR_INVALID", "SA_ERR_UNSUPPORTED", "SA_ERR_NO_MEMORY", "SA_ERR_DEVICE"};
   int names_ok = 1;
   for (int s = 0; s < 5; s++) names_ok &= strcmp(sa_status_name((sa_status)s), names[s]) == 0;
   names_ok &= sa_status_name((sa_status)77) != NULL && strcmp(sa_status_name((sa_status)77), "SA_OK") != 0;

@@ -12,12 +12,12 @@
 #include "sa_plan.h"
 #include "sa_test_case.h"
 
-#define TT_TOL_OUT 2e-2
-#define TT_TOL_GRAD 3e-2
-#define TT_TOL_LSE 1e-4
+#define TT_TOL_OUT    2e-2
+#define TT_TOL_GRAD   3e-2
+#define TT_TOL_LSE    1e-4
 #define TT_TOL_DSINKS 2e-3
 
-#define TT_BF .dt = SA_BF16
+#define TT_BF    .dt = SA_BF16
 #define TT_LEARN .sm = SA_SOFTMAX_LEARNABLE
 
 /* Lengths that are no multiple of the tiles (16 rows, 32-element k steps, 64-key blocks), H = 80 / 96 (k
@@ -36,8 +36,8 @@ static const t_case tt_cases[] = {
      .diag = -40},
     {"vanilla causal TL", TT_BF, 2, 17, 5, 4, 2, 32, 32, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_TOP_LEFT,
      T_UNBOUNDED},
-    {"off-by-one, random segments", TT_BF, 1, 31, 45, 4, 1, 64, 64, .sm = SA_SOFTMAX_OFF_BY_ONE,
-     .segs = T_SEGS_RANDOM, T_UNBOUNDED},
+    {"off-by-one, random segments", TT_BF, 1, 31, 45, 4, 1, 64, 64, .sm = SA_SOFTMAX_OFF_BY_ONE, .segs = T_SEGS_RANDOM,
+     T_UNBOUNDED},
     {"GQA G 8, H 96", TT_BF, 1, 31, 77, 16, 2, 96, 64, TT_LEARN, .sinks = T_SINK_BIG, T_UNBOUNDED},
     {"bias -inf + mask, dbias", TT_BF, 1, 40, 70, 4, 2, 64, 64, TT_LEARN, T_UNBOUNDED, .bias = T_BCAST(0, 0, 0, 0),
      .bias_kind = T_BIAS_NEGINF, .mask = T_BCAST(1, 0, 0, 0)},
@@ -85,10 +85,12 @@ static double tt_dsinks_err(const float *x, const float *ref, int64_t n) {
 }
 
 /* The errors of one run: out, lse, dq, dk, dv, dsinks, dbias (0 where absent). */
-typedef struct { double e[7]; } tt_errs;
+typedef struct {
+  double e[7];
+} tt_errs;
 static const char *const tt_err_names[7] = {"out", "lse", "dq", "dk", "dv", "dsinks", "dbias"};
-static const double tt_err_tols[7] = {TT_TOL_OUT, TT_TOL_LSE, TT_TOL_GRAD, TT_TOL_GRAD, TT_TOL_GRAD, TT_TOL_DSINKS,
-                                      TT_TOL_OUT};
+static const double tt_err_tols[7] = {TT_TOL_OUT,  TT_TOL_LSE,    TT_TOL_GRAD, TT_TOL_GRAD,
+                                      TT_TOL_GRAD, TT_TOL_DSINKS, TT_TOL_OUT};
 
 /* sa_plan_last of kind which names plan (its first word). */
 static int tt_ran(int which, const char *plan) {

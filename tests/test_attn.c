@@ -16,12 +16,18 @@
 
 /* ---- the case table -------------------------------------------------------------------------- */
 
-typedef struct { sa_causal causal; int64_t wl, wr, diag; int lens, segs; } t_mask;
+typedef struct {
+  sa_causal causal;
+  int64_t wl, wr, diag;
+  int lens, segs;
+} t_mask;
 
 #define TL SA_CAUSAL_TOP_LEFT
 #define BR SA_CAUSAL_BOTTOM_RIGHT
 
 /* Every mask kind alone, then in combination (diag_offset both ways; windows that empty whole rows). */
+/* one case a line */
+// clang-format off
 static const t_mask t_masks[] = {
     {T_UNBOUNDED},
     {.causal = TL, T_UNBOUNDED},
@@ -44,12 +50,18 @@ static const t_mask t_masks[] = {
     {.causal = BR, .wl = 2, .wr = 1, .diag = 3, .lens = T_LENS_EDGE, .segs = T_SEGS_PACKED},
     {.causal = TL, .wl = 127, .wr = 0, .diag = -2, .lens = T_LENS_RANDOM, .segs = T_SEGS_PACKED},
 };
+// clang-format on
 #define T_NMASK ((int)(sizeof t_masks / sizeof t_masks[0]))
 
 /* Positions replace the index-based causal alignment: bottom-right with positions is invalid, so those
    rows run top-left (with T_POS_SHIFT that is the same mask as bottom-right without lengths). */
 static void t_apply_mask(t_case *c, const t_mask *m) {
-  c->causal = m->causal; c->wl = m->wl; c->wr = m->wr; c->diag = m->diag; c->lens = m->lens; c->segs = m->segs;
+  c->causal = m->causal;
+  c->wl = m->wl;
+  c->wr = m->wr;
+  c->diag = m->diag;
+  c->lens = m->lens;
+  c->segs = m->segs;
   if (c->pos && c->causal == BR) c->causal = TL;
 }
 
@@ -61,6 +73,8 @@ static const int64_t t_heads[][2] = {{1, 1}, {2, 1}, {4, 4}, {4, 2}, {8, 1}, {8,
 
 /* Rows written by hand: S = 0, T = 0, B = 0, single elements, every batch empty, decode against a long
    cache; then bias, mask and positions where they meet edges. */
+/* one case a line */
+// clang-format off
 static const t_case t_edges[] = {
     {.name = "S = 0", .dt = SA_F32, .B = 2, .T = 5, .S = 0, .N = 4, .K = 2, .H = 32, .Hv = 32,
      .sm = SA_SOFTMAX_LEARNABLE, .dlse = 1, T_UNBOUNDED},
@@ -123,6 +137,7 @@ static const t_case t_edges[] = {
     {.name = "a bias per batch and head", .dt = SA_F32, .B = 3, .T = 70, .S = 90, .N = 4, .K = 2, .H = 32,
      .Hv = 32, .sm = SA_SOFTMAX_LEARNABLE, .dlse = 1, .causal = TL, T_UNBOUNDED, .bias = T_BCAST(0, 0, 1, 1)},
 };
+// clang-format on
 
 /* The 16 broadcast forms of bias (each x 2 shapes) and of the mask, mixed with every mask kind of t_masks,
    the softmax types, dtypes of data and bias, GQA, T != S; then positions with each kind of causal and
@@ -130,30 +145,62 @@ static const t_case t_edges[] = {
 static int t_bias_cases(t_case *cs, int n, int max) {
   for (int f = 0; f < 32 && n < max; f++) {
     int sh = f / 16;
-    t_case c = {.dt = (sa_dtype)(f % 3), .bias_dt = (sa_dtype)((f / 3) % 3), .sm = (sa_softmax)((f + 1) % 3),
-                .B = sh ? 2 : 3, .T = sh ? 70 : (f % 2 ? 37 : 45), .S = sh ? 150 : (f % 2 ? 45 : 37),
-                .N = sh ? 8 : 4, .K = 2, .H = sh ? 32 : 64, .Hv = sh ? 32 : 64,
-                .sinks = f % 5 == 4 ? T_SINK_BIG : T_SINK_U10, .dlse = f % 2, .bias = 1 + f % 16,
-                .bias_kind = f % 4 == 3 ? T_BIAS_NEGINF : T_BIAS_UNIFORM, .no_dbias = f == 21};
+    t_case c = {.dt = (sa_dtype)(f % 3),
+                .bias_dt = (sa_dtype)((f / 3) % 3),
+                .sm = (sa_softmax)((f + 1) % 3),
+                .B = sh ? 2 : 3,
+                .T = sh ? 70 : (f % 2 ? 37 : 45),
+                .S = sh ? 150 : (f % 2 ? 45 : 37),
+                .N = sh ? 8 : 4,
+                .K = 2,
+                .H = sh ? 32 : 64,
+                .Hv = sh ? 32 : 64,
+                .sinks = f % 5 == 4 ? T_SINK_BIG : T_SINK_U10,
+                .dlse = f % 2,
+                .bias = 1 + f % 16,
+                .bias_kind = f % 4 == 3 ? T_BIAS_NEGINF : T_BIAS_UNIFORM,
+                .no_dbias = f == 21};
     t_apply_mask(&c, &t_masks[(f * 7) % T_NMASK]);
     cs[n++] = c;
   }
   for (int f = 0; f < 16 && n < max; f++) {
-    t_case c = {.dt = (sa_dtype)((f + 2) % 3), .sm = (sa_softmax)(f % 3), .B = 2, .T = f % 2 ? 45 : 70,
-                .S = f % 2 ? 70 : 45, .N = 4, .K = f % 3 ? 2 : 4, .H = 32, .Hv = 48,
-                .sinks = f % 4 == 1 ? T_SINK_BIG : T_SINK_U10, .dlse = (f + 1) % 2, .mask = 1 + f,
-                .bias = f % 3 == 2 ? T_BCAST(1, 0, 0, 0) : 0, .bias_dt = SA_BF16};
+    t_case c = {.dt = (sa_dtype)((f + 2) % 3),
+                .sm = (sa_softmax)(f % 3),
+                .B = 2,
+                .T = f % 2 ? 45 : 70,
+                .S = f % 2 ? 70 : 45,
+                .N = 4,
+                .K = f % 3 ? 2 : 4,
+                .H = 32,
+                .Hv = 48,
+                .sinks = f % 4 == 1 ? T_SINK_BIG : T_SINK_U10,
+                .dlse = (f + 1) % 2,
+                .mask = 1 + f,
+                .bias = f % 3 == 2 ? T_BCAST(1, 0, 0, 0) : 0,
+                .bias_dt = SA_BF16};
     t_apply_mask(&c, &t_masks[(f * 3) % T_NMASK]);
     cs[n++] = c;
   }
-  static const t_mask pm[] = {{.causal = TL, T_UNBOUNDED}, {.causal = TL, .wl = 3, .wr = 0},
-                              {.wl = 2, .wr = 2}, {.causal = TL, .wl = 5, .wr = 0, .diag = 2, .lens = T_LENS_RANDOM},
+  static const t_mask pm[] = {{.causal = TL, T_UNBOUNDED},
+                              {.causal = TL, .wl = 3, .wr = 0},
+                              {.wl = 2, .wr = 2},
+                              {.causal = TL, .wl = 5, .wr = 0, .diag = 2, .lens = T_LENS_RANDOM},
                               {.wl = -1, .wr = 1, .diag = -3, .segs = T_SEGS_PACKED}};
   for (int f = 0; f < 15 && n < max; f++) {
     int pos = 1 + f % 3, m = f % 5;
-    t_case c = {.dt = (sa_dtype)(f % 3), .sm = (sa_softmax)((f + 2) % 3), .B = 2, .T = pos == T_POS_SHIFT ? 40 : 90,
-                .S = 90, .N = 4, .K = 2, .H = 32, .Hv = 32, .dlse = f % 2, .pos = pos,
-                .bias = f % 4 == 1 ? T_BCAST(1, 0, 0, 0) : 0, .mask = f % 4 == 2 ? T_BCAST(0, 1, 0, 0) : 0};
+    t_case c = {.dt = (sa_dtype)(f % 3),
+                .sm = (sa_softmax)((f + 2) % 3),
+                .B = 2,
+                .T = pos == T_POS_SHIFT ? 40 : 90,
+                .S = 90,
+                .N = 4,
+                .K = 2,
+                .H = 32,
+                .Hv = 32,
+                .dlse = f % 2,
+                .pos = pos,
+                .bias = f % 4 == 1 ? T_BCAST(1, 0, 0, 0) : 0,
+                .mask = f % 4 == 2 ? T_BCAST(0, 1, 0, 0) : 0};
     t_apply_mask(&c, &pm[m]);
     if (pos == T_POS_SEGMENT && !c.segs) c.segs = T_SEGS_PACKED;
     cs[n++] = c;
@@ -174,10 +221,15 @@ static int t_build_cases(t_case *cs, int max) {
       for (int s = 0; s < 3; s++) {
         t_case c = {0};
         int i = n;
-        c.dt = (sa_dtype)d; c.sm = (sa_softmax)s; c.H = t_head_dims[h];
+        c.dt = (sa_dtype)d;
+        c.sm = (sa_softmax)s;
+        c.H = t_head_dims[h];
         c.Hv = i % 3 == 0 ? c.H : i % 3 == 1 ? 64 : 32 + 16 * (i % 5);
-        c.B = 1 + i % 2; c.T = ts[i % 6][0]; c.S = ts[i % 6][1];
-        c.N = nk[i % 3][0] / (c.H >= 128 ? 2 : 1); c.K = nk[i % 3][1] / (c.H >= 128 && i % 3 != 2 ? 2 : 1);
+        c.B = 1 + i % 2;
+        c.T = ts[i % 6][0];
+        c.S = ts[i % 6][1];
+        c.N = nk[i % 3][0] / (c.H >= 128 ? 2 : 1);
+        c.K = nk[i % 3][1] / (c.H >= 128 && i % 3 != 2 ? 2 : 1);
         c.sinks = i % 4 == 3 ? T_SINK_BIG : T_SINK_U10;
         c.dlse = i % 2;
         t_apply_mask(&c, &t_masks[i % T_NMASK]);
@@ -188,9 +240,15 @@ static int t_build_cases(t_case *cs, int max) {
     for (int s = 0; s < 3; s++)
       for (int d = 0; d < 3; d++) {
         t_case c = {0};
-        c.dt = (sa_dtype)d; c.sm = (sa_softmax)s;
-        c.B = 2; c.T = (m + s) % 2 ? 37 : 45; c.S = (m + s) % 2 ? 45 : 37; c.N = 4; c.K = 2;
-        c.H = 64; c.Hv = d == 1 ? 32 : 64;
+        c.dt = (sa_dtype)d;
+        c.sm = (sa_softmax)s;
+        c.B = 2;
+        c.T = (m + s) % 2 ? 37 : 45;
+        c.S = (m + s) % 2 ? 45 : 37;
+        c.N = 4;
+        c.K = 2;
+        c.H = 64;
+        c.Hv = d == 1 ? 32 : 64;
         c.sinks = (m + d) % 3 == 0 ? T_SINK_BIG : T_SINK_U10;
         c.dlse = (m + s + d) % 2;
         c.no_dsinks = (m + s + d) % 7 == 6;
@@ -201,14 +259,20 @@ static int t_build_cases(t_case *cs, int max) {
   for (int k = 0; k < 250 && n < max; k++) {
     t_case c = {0};
     do {
-      c.dt = (sa_dtype)t_int(&r, 0, 2); c.sm = (sa_softmax)t_int(&r, 0, 2);
-      c.B = t_int(&r, 1, 3); c.T = t_lens_set[t_int(&r, 0, 10)]; c.S = t_lens_set[t_int(&r, 0, 10)];
+      c.dt = (sa_dtype)t_int(&r, 0, 2);
+      c.sm = (sa_softmax)t_int(&r, 0, 2);
+      c.B = t_int(&r, 1, 3);
+      c.T = t_lens_set[t_int(&r, 0, 10)];
+      c.S = t_lens_set[t_int(&r, 0, 10)];
       int hk = (int)t_int(&r, 0, 8);
-      c.N = t_heads[hk][0]; c.K = t_heads[hk][1];
+      c.N = t_heads[hk][0];
+      c.K = t_heads[hk][1];
       c.H = t_head_dims[t_int(&r, 0, 5)];
       c.Hv = t_int(&r, 0, 2) ? c.H : t_head_dims[t_int(&r, 0, 5)];
     } while (t_cost(&c) > 6000000);
-    c.sinks = (int)t_int(&r, 0, 1); c.dlse = (int)t_int(&r, 0, 1); c.no_dsinks = t_int(&r, 0, 9) == 0;
+    c.sinks = (int)t_int(&r, 0, 1);
+    c.dlse = (int)t_int(&r, 0, 1);
+    c.no_dsinks = t_int(&r, 0, 9) == 0;
     /* an explicit scale within 2x of the default, either sign: scores of the same size as elsewhere
        (a scale 8x the default at H = 256 gives |s| ~ 100, where fp32 itself loses 1e-5 in p) */
     c.scale = t_int(&r, 0, 3) == 0 ? (float)(t_unif(&r, -2, 2) / sqrt((double)c.H)) : 0.0f;
@@ -216,8 +280,11 @@ static int t_build_cases(t_case *cs, int max) {
       t_apply_mask(&c, &t_masks[t_int(&r, 0, T_NMASK - 1)]);
     } else { /* independent random draws of each mask part */
       c.causal = (sa_causal)t_int(&r, 0, 2);
-      c.wl = t_int(&r, -1, 9); c.wr = t_int(&r, -1, 9); c.diag = t_int(&r, 0, 3) ? 0 : t_int(&r, -20, 20);
-      c.lens = (int)t_int(&r, 0, 4); c.segs = (int)t_int(&r, 0, 2);
+      c.wl = t_int(&r, -1, 9);
+      c.wr = t_int(&r, -1, 9);
+      c.diag = t_int(&r, 0, 3) ? 0 : t_int(&r, -20, 20);
+      c.lens = (int)t_int(&r, 0, 4);
+      c.segs = (int)t_int(&r, 0, 2);
     }
     cs[n++] = c;
   }
@@ -249,26 +316,36 @@ static int t_determinism_case(const t_case *c, int idx) {
     }
     size_t nb = c->bias && !c->no_dbias ? (size_t)p.nb * 4 : 0;
     if (th == 1) {
-      memcpy(o1, p.out_c, (size_t)p.no * es); memcpy(l1, p.lse_c, (size_t)p.nl * 4);
-      memcpy(q1, p.dq_c, (size_t)p.nq * es); memcpy(k1, p.dk_c, (size_t)p.nk * es);
-      memcpy(v1, p.dv_c, (size_t)p.nv * es); memcpy(s1, p.ds_c, (size_t)c->N * 4);
+      memcpy(o1, p.out_c, (size_t)p.no * es);
+      memcpy(l1, p.lse_c, (size_t)p.nl * 4);
+      memcpy(q1, p.dq_c, (size_t)p.nq * es);
+      memcpy(k1, p.dk_c, (size_t)p.nk * es);
+      memcpy(v1, p.dv_c, (size_t)p.nv * es);
+      memcpy(s1, p.ds_c, (size_t)c->N * 4);
       if (nb) memcpy(b1, p.db_c, nb);
       continue;
     }
-    const char *diff = memcmp(o1, p.out_c, (size_t)p.no * es) ? "out"
+    const char *diff = memcmp(o1, p.out_c, (size_t)p.no * es)  ? "out"
                        : memcmp(l1, p.lse_c, (size_t)p.nl * 4) ? "lse"
                        : memcmp(q1, p.dq_c, (size_t)p.nq * es) ? "dq"
                        : memcmp(k1, p.dk_c, (size_t)p.nk * es) ? "dk"
                        : memcmp(v1, p.dv_c, (size_t)p.nv * es) ? "dv"
-                       : memcmp(s1, p.ds_c, (size_t)c->N * 4) ? "dsinks"
-                       : nb && memcmp(b1, p.db_c, nb) ? "dbias" : NULL;
+                       : memcmp(s1, p.ds_c, (size_t)c->N * 4)  ? "dsinks"
+                       : nb && memcmp(b1, p.db_c, nb)          ? "dbias"
+                                                               : NULL;
     if (diff) {
       t_report("determinism case %d [%s]: %s with %d threads differs bitwise from 1 thread", idx, name, diff, th);
       ok = 0;
     }
   }
   sa_cpu_set_num_threads(0);
-  free(o1); free(q1); free(k1); free(v1); free(l1); free(s1); free(b1);
+  free(o1);
+  free(q1);
+  free(k1);
+  free(v1);
+  free(l1);
+  free(s1);
+  free(b1);
   t_prob_free(&p);
   t_count(ok);
   return ok;
@@ -276,6 +353,8 @@ static int t_determinism_case(const t_case *c, int idx) {
 
 /* Work enough for 3 threads to split, and dbias summed by items that span batches, kv heads and key
    blocks (bias shared along them), by the dq pass (shared along the keys), or by every item's own rows. */
+/* one case a line */
+// clang-format off
 static const t_case t_determinism_cases[] = {
     {.name = "causal, lengths", .dt = SA_F32, .B = 2, .T = 129, .S = 129, .N = 8, .K = 2, .H = 64, .Hv = 64,
      .sm = SA_SOFTMAX_LEARNABLE, .lens = T_LENS_RANDOM, .dlse = 1, .causal = TL, T_UNBOUNDED},
@@ -295,6 +374,7 @@ static const t_case t_determinism_cases[] = {
      .sm = SA_SOFTMAX_LEARNABLE, .dlse = 1, T_UNBOUNDED, .bias = T_BCAST(0, 0, 0, 0), .bias_kind = T_BIAS_NEGINF,
      .mask = T_BCAST(0, 0, 0, 0)},
 };
+// clang-format on
 
 static void t_determinism_group(const t_case *cs, int n) {
   int pass = 0, total = 0;
@@ -324,9 +404,11 @@ int main(void) {
   t_stats st[3] = {{0}};
   for (int i = 0; i < n; i++) t_run_case(&cs[i], i, &st[cs[i].dt]);
   for (int d = 0; d < 3; d++)
-    printf("cpu vs reference, %s: %d/%d cases pass (largest error / bound: out %.2f lse %.2f dq %.2f dk %.2f "
-           "dv %.2f dsinks %.2f dbias %.2f)\n", t_dtype_name((sa_dtype)d), st[d].passed, st[d].cases, st[d].worst[0],
-           st[d].worst[1], st[d].worst[2], st[d].worst[3], st[d].worst[4], st[d].worst[5], st[d].worst[6]);
+    printf(
+        "cpu vs reference, %s: %d/%d cases pass (largest error / bound: out %.2f lse %.2f dq %.2f dk %.2f "
+        "dv %.2f dsinks %.2f dbias %.2f)\n",
+        t_dtype_name((sa_dtype)d), st[d].passed, st[d].cases, st[d].worst[0], st[d].worst[1], st[d].worst[2],
+        st[d].worst[3], st[d].worst[4], st[d].worst[5], st[d].worst[6]);
   double t2 = t_now();
 
   t_determinism_group(cs, n);

@@ -34,7 +34,13 @@ static sa_attn problem(sa_dtype t) {
   sa_attn a;
   sa_attn_init(&a);
   a.dtype = t;
-  a.batch = 1; a.q_len = 8; a.kv_len = 8; a.q_heads = 4; a.kv_heads = 2; a.head_dim = 16; a.v_head_dim = 16;
+  a.batch = 1;
+  a.q_len = 8;
+  a.kv_len = 8;
+  a.q_heads = 4;
+  a.kv_heads = 2;
+  a.head_dim = 16;
+  a.v_head_dim = 16;
   return a;
 }
 
@@ -67,8 +73,8 @@ static void test_record(void) {
   check(r.env_bad && strcmp(r.env, "avx-512") == 0, "unknown SINKATTN_SIMD flagged");
   sa_attn a = problem(SA_F32);
   sa_cpu_plan p;
-  check(sa_cpu_plan_make(&a, SA_PLAN_FWD, &r, NULL, &p) == SA_ERR_INVALID &&
-            strstr(sa_last_error(), "SINKATTN_SIMD") && strstr(sa_last_error(), "avx-512"),
+  check(sa_cpu_plan_make(&a, SA_PLAN_FWD, &r, NULL, &p) == SA_ERR_INVALID && strstr(sa_last_error(), "SINKATTN_SIMD") &&
+            strstr(sa_last_error(), "avx-512"),
         "unknown SINKATTN_SIMD: every plan fails with SA_ERR_INVALID naming it");
   const char *names[8];
   check(sa_cpu_plan_list(&a, SA_PLAN_FWD, &r, names, 8) == 0, "unknown SINKATTN_SIMD: no legal plan");
@@ -113,8 +119,8 @@ static void test_plans(void) {
         "unknown plan: SA_ERR_INVALID naming it and the known plans");
   check(fails(&f32, SA_PLAN_FWD, &r512, "cpu.decode.avx512", SA_ERR_INVALID, "cpu.decode.avx512", NULL),
         "a decode plan forced on a forward: SA_ERR_INVALID");
-  check(fails(&f32, SA_PLAN_FWD, &r512, "hopper.fwd.persistent", SA_ERR_UNSUPPORTED, "hopper.fwd.persistent",
-              "CPU"), "another backend's plan on a CPU call: SA_ERR_UNSUPPORTED naming it");
+  check(fails(&f32, SA_PLAN_FWD, &r512, "hopper.fwd.persistent", SA_ERR_UNSUPPORTED, "hopper.fwd.persistent", "CPU"),
+        "another backend's plan on a CPU call: SA_ERR_UNSUPPORTED naming it");
   check(fails(&f32, SA_PLAN_DECODE, &r512, "cpu.decode.avx512bf16", SA_ERR_UNSUPPORTED, "bf16", NULL),
         "vdpbf16ps decode forced on an f32 cache: SA_ERR_UNSUPPORTED");
 
@@ -183,8 +189,7 @@ static void test_plans(void) {
         "AVX2 CPU fwd plans: avx2, scalar");
   check(sa_cpu_plan_list(&f32, SA_PLAN_BWD, &r512, names, 1) == 3 && !strcmp(names[0], "cpu.bwd.avx512"),
         "the count exceeds max when more plans are legal");
-  check(sa_cpu_plan_known("cpu.bwd.amx") && !sa_cpu_plan_known("cpu.bwd") && !sa_cpu_plan_known(NULL),
-        "known names");
+  check(sa_cpu_plan_known("cpu.bwd.amx") && !sa_cpu_plan_known("cpu.bwd") && !sa_cpu_plan_known(NULL), "known names");
 }
 
 /* ---- this machine ------------------------------------------------------------------------------ */
@@ -219,14 +224,21 @@ static int last_is(int which, const char *name) {
 /* Every fwd and bwd plan legal here, forced, on a causal GQA problem with learnable sinks. */
 static void test_forced_runs(sa_dtype t) {
   sa_attn a = problem(t);
-  a.q_len = 77; a.kv_len = 91; a.q_heads = 8; a.kv_heads = 2; a.head_dim = 40; a.v_head_dim = 24;
+  a.q_len = 77;
+  a.kv_len = 91;
+  a.q_heads = 8;
+  a.kv_heads = 2;
+  a.head_dim = 40;
+  a.v_head_dim = 24;
   a.causal = SA_CAUSAL_BOTTOM_RIGHT;
   a.softmax = SA_SOFTMAX_LEARNABLE;
   float sinks[8] = {-3, 0, 2, 50, -50, 1, 7, -9};
   a.sinks = sinks;
   unsigned seed = 7;
   const int64_t nq = a.q_len * 8 * 40, nk = a.kv_len * 2 * 40, nv = a.kv_len * 2 * 24, no = a.q_len * 8 * 24;
-  a.q = rand_buf(t, nq, &seed); a.k = rand_buf(t, nk, &seed); a.v = rand_buf(t, nv, &seed);
+  a.q = rand_buf(t, nq, &seed);
+  a.k = rand_buf(t, nk, &seed);
+  a.v = rand_buf(t, nv, &seed);
   void *dout = rand_buf(t, no, &seed);
   size_t es = sa_dtype_size(t);
   void *o_ref = malloc(no * es), *o = malloc(no * es), *dq_ref = malloc(nq * es), *dq = malloc(nq * es);
@@ -234,8 +246,12 @@ static void test_forced_runs(sa_dtype t) {
   float lse_ref[8 * 77], lse[8 * 77], ds_ref[8], ds[8];
   sa_attn_grad g = {0};
   g.dout = dout;
-  a.out = o_ref; a.lse = lse_ref;
-  g.dq = dq_ref; g.dk = dk_ref; g.dv = dv_ref; g.dsinks = ds_ref;
+  a.out = o_ref;
+  a.lse = lse_ref;
+  g.dq = dq_ref;
+  g.dk = dk_ref;
+  g.dv = dv_ref;
+  g.dsinks = ds_ref;
   check(sa_attn_fwd(&a, SA_BACKEND_REF, NULL) == SA_OK && sa_attn_bwd(&a, &g, NULL, 0, SA_BACKEND_REF, NULL) == SA_OK,
         "reference fwd / bwd");
   const double tol = t == SA_F32 ? 1e-5 : 2e-2;
@@ -245,7 +261,8 @@ static void test_forced_runs(sa_dtype t) {
     for (int i = 0; i < n && i < 8; i++) {
       char what[160];
       check(sa_plan_force(which, names[i]) == SA_OK, "force a listed plan");
-      a.out = o; a.lse = lse;
+      a.out = o;
+      a.lse = lse;
       memset(o, 0xff, no * es);
       sa_status s = sa_attn_fwd(&a, SA_BACKEND_CPU, NULL); /* the bwd needs this call's out and lse */
       if (which == SA_PLAN_FWD) {
@@ -253,7 +270,10 @@ static void test_forced_runs(sa_dtype t) {
         check(s == SA_OK && last_is(which, names[i]) && rel_err(o, o_ref, t, no) < tol, what);
         continue;
       }
-      g.dq = dq; g.dk = dk; g.dv = dv; g.dsinks = ds;
+      g.dq = dq;
+      g.dk = dk;
+      g.dv = dv;
+      g.dsinks = ds;
       size_t ws = sa_attn_bwd_workspace_size(&a, SA_BACKEND_CPU);
       void *w = malloc(ws ? ws : 1);
       s |= sa_attn_bwd(&a, &g, w, ws, SA_BACKEND_CPU, NULL);
@@ -262,20 +282,27 @@ static void test_forced_runs(sa_dtype t) {
       double e = fmax(fmax(rel_err(dq, dq_ref, t, nq), rel_err(dk, dk_ref, t, nk)), rel_err(dv, dv_ref, t, nv));
       e = fmax(e, rel_err(ds, ds_ref, SA_F32, 8));
       check(s == SA_OK && last_is(which, names[i]) && e < 4 * tol, what);
-      g.dq = dq_ref; g.dk = dk_ref; g.dv = dv_ref; g.dsinks = ds_ref;
+      g.dq = dq_ref;
+      g.dk = dk_ref;
+      g.dv = dv_ref;
+      g.dsinks = ds_ref;
     }
     sa_plan_force(which, NULL);
   }
   /* a plan of another backend forced on a CPU call, and a CPU plan on a REF call: SA_ERR_UNSUPPORTED */
-  a.out = o; a.lse = lse;
+  a.out = o;
+  a.lse = lse;
   check(sa_plan_force(SA_PLAN_FWD, "ref.fwd") == SA_OK && sa_attn_fwd(&a, SA_BACKEND_CPU, NULL) == SA_ERR_UNSUPPORTED &&
-            strstr(sa_last_error(), "ref.fwd"), "ref.fwd forced on a CPU call: SA_ERR_UNSUPPORTED naming it");
-  check(sa_plan_force(SA_PLAN_FWD, "cpu.fwd.scalar") == SA_OK && sa_attn_fwd(&a, SA_BACKEND_REF, NULL) == SA_ERR_UNSUPPORTED,
+            strstr(sa_last_error(), "ref.fwd"),
+        "ref.fwd forced on a CPU call: SA_ERR_UNSUPPORTED naming it");
+  check(sa_plan_force(SA_PLAN_FWD, "cpu.fwd.scalar") == SA_OK &&
+            sa_attn_fwd(&a, SA_BACKEND_REF, NULL) == SA_ERR_UNSUPPORTED,
         "a CPU plan forced on a REF call: SA_ERR_UNSUPPORTED");
   sa_plan_force(SA_PLAN_FWD, NULL);
   /* the tile path here: legal only on an AMX CPU with the tile kernels built, and never silently replaced */
   check(sa_plan_force(SA_PLAN_FWD, "cpu.fwd.amx") == SA_OK, "cpu.fwd.amx is a known name");
-  a.out = o; a.lse = lse;
+  a.out = o;
+  a.lse = lse;
   sa_status s = sa_attn_fwd(&a, SA_BACKEND_CPU, NULL);
   const sa_cpu_record *rec = sa_cpu_record_get();
   if (t == SA_F32)
@@ -284,8 +311,18 @@ static void test_forced_runs(sa_dtype t) {
     check(s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "cpu.fwd.amx") && strstr(sa_last_error(), "AMX"),
           "cpu.fwd.amx forced without AMX: SA_ERR_UNSUPPORTED naming the plan and AMX");
   sa_plan_force(SA_PLAN_FWD, NULL);
-  free((void *)a.q); free((void *)a.k); free((void *)a.v); free(dout);
-  free(o_ref); free(o); free(dq_ref); free(dq); free(dk_ref); free(dk); free(dv_ref); free(dv);
+  free((void *)a.q);
+  free((void *)a.k);
+  free((void *)a.v);
+  free(dout);
+  free(o_ref);
+  free(o);
+  free(dq_ref);
+  free(dq);
+  free(dk_ref);
+  free(dk);
+  free(dv_ref);
+  free(dv);
 }
 
 static void test_machine(void) {
@@ -306,10 +343,12 @@ static void test_machine(void) {
   setenv("SINKATTN_SIMD", r->simd == SA_CPU_SCALAR ? "avx2" : "scalar", 1);
   sa_attn a = problem(SA_F32);
   unsigned seed = 3;
-  a.q = rand_buf(SA_F32, 8 * 4 * 16, &seed); a.k = rand_buf(SA_F32, 8 * 2 * 16, &seed);
+  a.q = rand_buf(SA_F32, 8 * 4 * 16, &seed);
+  a.k = rand_buf(SA_F32, 8 * 2 * 16, &seed);
   a.v = rand_buf(SA_F32, 8 * 2 * 16, &seed);
   float out[8 * 4 * 16], lse[4 * 8];
-  a.out = out; a.lse = lse;
+  a.out = out;
+  a.lse = lse;
   sa_status s = sa_attn_fwd(&a, SA_BACKEND_CPU, NULL);
   char want[40];
   snprintf(want, sizeof want, "cpu.fwd.%s", before);
@@ -323,7 +362,9 @@ static void test_machine(void) {
   check(sa_cpu_get_num_threads() == threads && sa_attn_fwd(&a, SA_BACKEND_CPU, NULL) == SA_OK,
         "SINKATTN_NUM_THREADS set after the first call changes nothing (read once)");
   unsetenv("SINKATTN_NUM_THREADS");
-  free((void *)a.q); free((void *)a.k); free((void *)a.v);
+  free((void *)a.q);
+  free((void *)a.k);
+  free((void *)a.v);
 }
 
 int main(void) {

@@ -12,8 +12,21 @@
 /* 1 and 2 threads give the same bits for every output (dbias of a bias shared by the heads included), and
    the 2-thread run used 2 threads. */
 static void tt_threads(void) {
-  const t_case c = {"threads", TT_BF, 2, 129, 150, 8, 2, 64, 64, TT_LEARN, .sinks = T_SINK_BIG,
-                    .causal = SA_CAUSAL_BOTTOM_RIGHT, T_UNBOUNDED, .lens = T_LENS_RANDOM, .bias = T_BCAST(0, 1, 0, 0)};
+  const t_case c = {"threads",
+                    TT_BF,
+                    2,
+                    129,
+                    150,
+                    8,
+                    2,
+                    64,
+                    64,
+                    TT_LEARN,
+                    .sinks = T_SINK_BIG,
+                    .causal = SA_CAUSAL_BOTTOM_RIGHT,
+                    T_UNBOUNDED,
+                    .lens = T_LENS_RANDOM,
+                    .bias = T_BCAST(0, 1, 0, 0)};
   t_prob p;
   if (!tt_prepare(&p, &c, 1000)) {
     t_report("threads: reference failed: %s", sa_last_error());
@@ -23,8 +36,8 @@ static void tt_threads(void) {
   }
   size_t es = sa_dtype_size(c.dt);
   void *keep[7];
-  const int64_t len[7] = {p.no * (int64_t)es, p.nl * 4, p.nq * (int64_t)es, p.nk * (int64_t)es,
-                          p.nv * (int64_t)es, c.N * 4, p.nb * 4};
+  const int64_t len[7] = {
+      p.no * (int64_t)es, p.nl * 4, p.nq * (int64_t)es, p.nk * (int64_t)es, p.nv * (int64_t)es, c.N * 4, p.nb * 4};
   int same = 1, two = 0;
   for (int threads = 1; threads <= 2; threads++) {
     sa_cpu_set_num_threads(threads);

@@ -1,6 +1,7 @@
 /*
  * test_cuda.c — SA_BACKEND_CUDA against SA_BACKEND_REF (fp64), over EVERY plan legal for each case
- * (sa_plan_list; sa_plan_force runs it, sa_plan_last must name it). Cases cover every mask (lengths with
+ * (sa_plan_list; sa_plan_force runs it, sa_plan_last must name it). Larger than 600 lines: its three case
+ * tables (90 cases, one a line) are most of it, beside the driver that walks them. Cases cover every mask (lengths with
  * clamped values, causal top-left / bottom-right, windows, diag_offset, segments), the three softmax types with
  * sinks from U(-10, 10) or U(-50, 50), empty rows, GQA, Hv != H, odd sizes, all head dims, both 16-bit dtypes,
  * and production schedules (T, S = 4096..8192). Outputs are NaN-poisoned, padding holds NaN, the backward runs
@@ -22,8 +23,6 @@
 #include "sa_internal.h"
 #include "sa_plan.h"
 
-
-
 typedef struct {
   const char *name;
   sa_dtype dt;
@@ -37,6 +36,8 @@ typedef struct {
                            0: the special values +inf, -inf, 1e4, -1e4, ... */
 } tc_case;
 
+/* one case a line */
+// clang-format off
 static const tc_case tc_cases[] = {
     {.name = "odd 37x129", .dt = SA_BF16, .B = 2, .T = 37, .S = 129, .N = 4, .K = 4, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 10},
     {.name = "odd 129x37 causal", .dt = SA_BF16, .B = 2, .T = 129, .S = 37, .N = 8, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10},
@@ -74,12 +75,15 @@ static const tc_case tc_cases[] = {
        must count the shift (it did not: hi = i - 500 + 402 cut every key of rows < 98) */
     {.name = "diag_offset -500 window 1000", .dt = SA_BF16, .B = 1, .T = 100, .S = 300, .N = 2, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = 1000, .wr = 1000, .diag = -500, .dlse = 1, .sink_range = 10},
 };
+// clang-format on
 
 /* Inside the scope of the sm_90a forward and backward (src/cuda/hopper/fwd.cu, hopper/bwd_twopass.cu: bf16, H == Hv
    in {64, 128}, T and S multiples of 128; any causal alignment, window, diag_offset, lengths and segment ids):
    every legal plan of each case (the Hopper ones and the portable kernels) against the reference: out, lse, and
    dq, dk, dv, dsinks of three backward runs that must agree bitwise. The backward covers GQA 1 to 8 (64 / 8
    heads), T < S and T > S top-left causal (keys past T: zero dk, dv), the three softmax types, and dlse != 0. */
+/* one case a line */
+// clang-format off
 static const tc_case tc_hopper_cases[] = {
     {.name = "hop H128 256 GQA2", .dt = SA_BF16, .B = 2, .T = 256, .S = 256, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 10},
     {.name = "hop H128 256x512 causal +-50", .dt = SA_BF16, .B = 1, .T = 256, .S = 512, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .sink_range = 50},
@@ -150,9 +154,12 @@ static const tc_case tc_hopper_cases[] = {
     {.name = "hop H64 1152 causal GQA3 van (1 pass)", .dt = SA_BF16, .B = 1, .T = 1152, .S = 1152, .N = 6, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10},
     {.name = "hop H64 768x256 causal obo (1 pass)", .dt = SA_BF16, .B = 1, .T = 768, .S = 256, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .sink_range = 10},
 };
+// clang-format on
 
 /* Production schedules: the natural grid with several work tiles a CTA (132 SMs), the one passes with 32..43 key
    blocks a head co-resident, the two passes' 3-warpgroup tiles on a grid of >= 4 CTAs an SM. */
+/* one case a line */
+// clang-format off
 static const tc_case tc_prod_cases[] = {
     {.name = "prod H64 4096 GQA 8/2 causal", .dt = SA_BF16, .B = 1, .T = 4096, .S = 4096, .N = 8, .K = 2, .H = 64,
      .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = -10},
@@ -163,6 +170,7 @@ static const tc_case tc_prod_cases[] = {
     {.name = "prod H64 4096 window 127,0 GQA 8/1", .dt = SA_BF16, .B = 1, .T = 4096, .S = 4096, .N = 8, .K = 1, .H = 64,
      .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = 127, .wr = 0, .sink_range = 50},
 };
+// clang-format on
 
 static const char *tc_plan_sel, *tc_case_sel; /* --plan, --case substrings */
 
@@ -176,17 +184,20 @@ static int tc_plan_ran(int which, const char *name) {
   const size_t n = strlen(name);
   return strncmp(last, name, n) == 0 && last[n] == ' ';
 }
-#define TC_CUDA(x)                                                                  \
-  do {                                                                              \
-    cudaError_t e_ = (x);                                                           \
-    if (e_ != cudaSuccess) {                                                        \
+#define TC_CUDA(x)                                                                    \
+  do {                                                                                \
+    cudaError_t e_ = (x);                                                             \
+    if (e_ != cudaSuccess) {                                                          \
       printf("FATAL %s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                      \
-    }                                                                               \
+      exit(1);                                                                        \
+    }                                                                                 \
   } while (0)
 
 static void tc_check(int ok, const tc_case *c, const char *fmt, double x, double tol) {
-  if (ok) { tc_pass++; return; }
+  if (ok) {
+    tc_pass++;
+    return;
+  }
   tc_fail++;
   printf("FAIL [%s] [%s] ", c->name, tc_plan_now);
   printf(fmt, x, tol);
@@ -240,7 +251,8 @@ static void tc_run(const tc_case *c, uint64_t seed) {
     g_r[x] = malloc(gn[x] * es + 16);
     for (int y = 0; y < 3; y++) g_c[y][x] = malloc(gn[x] * es + 16);
   }
-  int32_t *ql = malloc(B * 4 + 16), *kl = malloc(B * 4 + 16), *qs = malloc(B * T * 4 + 16), *ks = malloc(B * S * 4 + 16);
+  int32_t *ql = malloc(B * 4 + 16), *kl = malloc(B * 4 + 16), *qs = malloc(B * T * 4 + 16),
+          *ks = malloc(B * S * 4 + 16);
   float ds_c2[128], ds_c3[128]; /* N <= 128 in the tables (64 now) */
 
   for (int64_t b = 0; b < B; b++) {
@@ -248,7 +260,10 @@ static void tc_run(const tc_case *c, uint64_t seed) {
     kl[b] = (int32_t)(S * (0.3 + 0.7 * tc_rand(&s)));
     if (c->lens == 2) { /* out-of-range values clamp: -3 acts as 0, 1e9 as the full length */
       if (b == 0) ql[b] = -3;
-      if (b == 1) { ql[b] = 1000000000; kl[b] = 1000000000; }
+      if (b == 1) {
+        ql[b] = 1000000000;
+        kl[b] = 1000000000;
+      }
       if (b == 2) kl[b] = -5;
     }
   }
@@ -268,9 +283,19 @@ static void tc_run(const tc_case *c, uint64_t seed) {
   }
   sa_attn a;
   sa_attn_init(&a);
-  a.dtype = c->dt; a.batch = B; a.q_len = T; a.kv_len = S; a.q_heads = N; a.kv_heads = K;
-  a.head_dim = H; a.v_head_dim = Hv; a.softmax = c->sm; a.causal = c->causal;
-  a.window_left = c->wl; a.window_right = c->wr; a.diag_offset = c->diag;
+  a.dtype = c->dt;
+  a.batch = B;
+  a.q_len = T;
+  a.kv_len = S;
+  a.q_heads = N;
+  a.kv_heads = K;
+  a.head_dim = H;
+  a.v_head_dim = Hv;
+  a.softmax = c->sm;
+  a.causal = c->causal;
+  a.window_left = c->wl;
+  a.window_right = c->wr;
+  a.diag_offset = c->diag;
   int64_t qlen_of[8], klen_of[8];
   for (int64_t b = 0; b < B; b++) {
     qlen_of[b] = c->lens ? sa_clamp64(ql[b], 0, T) : T;
@@ -300,25 +325,40 @@ static void tc_run(const tc_case *c, uint64_t seed) {
     if (N > 1) sinks[1] = -50.0f;
   }
   a.sinks = c->sm == SA_SOFTMAX_LEARNABLE ? sinks : NULL;
-  a.q_lens = c->lens ? ql : NULL; a.kv_lens = c->lens ? kl : NULL;
-  a.q_segment_ids = c->segs ? qs : NULL; a.kv_segment_ids = c->segs ? ks : NULL;
+  a.q_lens = c->lens ? ql : NULL;
+  a.kv_lens = c->lens ? kl : NULL;
+  a.q_segment_ids = c->segs ? qs : NULL;
+  a.kv_segment_ids = c->segs ? ks : NULL;
 
   /* reference */
-  a.q = q; a.k = k; a.v = v; a.out = out_r; a.lse = lse_r;
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.out = out_r;
+  a.lse = lse_r;
   sa_status st = sa_attn_fwd(&a, SA_BACKEND_REF, NULL);
   sa_attn_grad g = {0};
-  g.dout = dout; g.dlse = c->dlse ? dlse : NULL; g.dq = g_r[0]; g.dk = g_r[1]; g.dv = g_r[2];
+  g.dout = dout;
+  g.dlse = c->dlse ? dlse : NULL;
+  g.dq = g_r[0];
+  g.dk = g_r[1];
+  g.dv = g_r[2];
   g.dsinks = c->sm == SA_SOFTMAX_LEARNABLE ? ds_r : NULL;
   if (st == SA_OK) st = sa_attn_bwd(&a, &g, NULL, 0, SA_BACKEND_REF, NULL);
   tc_check(st == SA_OK, c, "reference failed %g %g", (double)st, 0);
 
   /* CUDA: device copies, outputs poisoned */
   sa_attn d = a;
-  d.q = tc_dev(nq * es, q); d.k = tc_dev(nk * es, k); d.v = tc_dev(nv * es, v);
-  d.out = tc_dev(no * es, NULL); d.lse = tc_dev(nl * 4, NULL);
+  d.q = tc_dev(nq * es, q);
+  d.k = tc_dev(nk * es, k);
+  d.v = tc_dev(nv * es, v);
+  d.out = tc_dev(no * es, NULL);
+  d.lse = tc_dev(nl * 4, NULL);
   d.sinks = a.sinks ? tc_dev(N * 4, sinks) : NULL;
-  d.q_lens = c->lens ? tc_dev(B * 4, ql) : NULL; d.kv_lens = c->lens ? tc_dev(B * 4, kl) : NULL;
-  d.q_segment_ids = c->segs ? tc_dev(B * T * 4, qs) : NULL; d.kv_segment_ids = c->segs ? tc_dev(B * S * 4, ks) : NULL;
+  d.q_lens = c->lens ? tc_dev(B * 4, ql) : NULL;
+  d.kv_lens = c->lens ? tc_dev(B * 4, kl) : NULL;
+  d.q_segment_ids = c->segs ? tc_dev(B * T * 4, qs) : NULL;
+  d.kv_segment_ids = c->segs ? tc_dev(B * S * 4, ks) : NULL;
   const char *fplans[16], *bplans[16];
   const int nf = sa_plan_list(&d, SA_PLAN_FWD, SA_BACKEND_CUDA, fplans, 16);
   const int nb = sa_plan_list(&d, SA_PLAN_BWD, SA_BACKEND_CUDA, bplans, 16);
@@ -378,7 +418,9 @@ static void tc_run(const tc_case *c, uint64_t seed) {
     tc_plan_now = bplans[bi];
     sa_plan_force(SA_PLAN_BWD, bplans[bi]);
     for (int rep = 0; rep < 3; rep++) {
-      dg.dq = tc_dev(nq * es, NULL); dg.dk = tc_dev(nk * es, NULL); dg.dv = tc_dev(nv * es, NULL);
+      dg.dq = tc_dev(nq * es, NULL);
+      dg.dk = tc_dev(nk * es, NULL);
+      dg.dv = tc_dev(nv * es, NULL);
       dg.dsinks = g.dsinks ? tc_dev(N * 4, NULL) : NULL;
       dg.deterministic = rep < 2;
       size_t ws = sa_attn_bwd_workspace_size(&d, SA_BACKEND_CUDA);
@@ -388,9 +430,14 @@ static void tc_run(const tc_case *c, uint64_t seed) {
       if (st != SA_OK) printf("  %s\n", sa_last_error());
       tc_check(tc_plan_ran(SA_PLAN_BWD, bplans[bi]), c, "backward ran another plan (%g %g)", 0, 0);
       TC_CUDA(cudaDeviceSynchronize());
-      tc_get(g_c[rep][0], dg.dq, nq * es); tc_get(g_c[rep][1], dg.dk, nk * es); tc_get(g_c[rep][2], dg.dv, nv * es);
+      tc_get(g_c[rep][0], dg.dq, nq * es);
+      tc_get(g_c[rep][1], dg.dk, nk * es);
+      tc_get(g_c[rep][2], dg.dv, nv * es);
       if (dg.dsinks) tc_get(rep == 0 ? ds_c : rep == 1 ? ds_c2 : ds_c3, dg.dsinks, N * 4);
-      TC_CUDA(cudaFree(dg.dq)); TC_CUDA(cudaFree(dg.dk)); TC_CUDA(cudaFree(dg.dv)); TC_CUDA(cudaFree(w));
+      TC_CUDA(cudaFree(dg.dq));
+      TC_CUDA(cudaFree(dg.dk));
+      TC_CUDA(cudaFree(dg.dv));
+      TC_CUDA(cudaFree(w));
       if (dg.dsinks) TC_CUDA(cudaFree(dg.dsinks));
     }
     static const char *const gname[3] = {"dq", "dk", "dv"};
@@ -422,12 +469,26 @@ static void tc_run(const tc_case *c, uint64_t seed) {
            tc_relerr(g_c[0][1], g_r[1], c->dt, nk), tc_relerr(g_c[0][2], g_r[2], c->dt, nv));
   }
   sa_plan_force(SA_PLAN_BWD, NULL);
-  const void *dp[] = {d.q, d.k, d.v, d.out, d.lse, d.sinks, d.q_lens, d.kv_lens, d.q_segment_ids,
-                      d.kv_segment_ids, dg.dout, dg.dlse};
+  const void *dp[] = {
+      d.q, d.k, d.v, d.out, d.lse, d.sinks, d.q_lens, d.kv_lens, d.q_segment_ids, d.kv_segment_ids, dg.dout, dg.dlse};
   for (size_t x = 0; x < sizeof dp / sizeof dp[0]; x++)
     if (dp[x]) TC_CUDA(cudaFree((void *)dp[x]));
-  free(q); free(k); free(v); free(dout); free(out_r); free(out_c); free(lse_r); free(lse_c); free(dlse);
-  free(sinks); free(ds_r); free(ds_c); free(ql); free(kl); free(qs); free(ks);
+  free(q);
+  free(k);
+  free(v);
+  free(dout);
+  free(out_r);
+  free(out_c);
+  free(lse_r);
+  free(lse_c);
+  free(dlse);
+  free(sinks);
+  free(ds_r);
+  free(ds_c);
+  free(ql);
+  free(kl);
+  free(qs);
+  free(ks);
   for (int x = 0; x < 3; x++) {
     free(g_r[x]);
     for (int y = 0; y < 3; y++) free(g_c[y][x]);
@@ -436,11 +497,30 @@ static void tc_run(const tc_case *c, uint64_t seed) {
 
 /* What the backend refuses, with a message naming the field. */
 static void tc_unsupported(void) {
-  static const tc_case c = {.name = "unsupported", .dt = SA_BF16, .B = 1, .T = 4, .S = 4, .N = 2, .K = 1, .H = 72, .Hv = 72, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 0};
+  static const tc_case c = {.name = "unsupported",
+                            .dt = SA_BF16,
+                            .B = 1,
+                            .T = 4,
+                            .S = 4,
+                            .N = 2,
+                            .K = 1,
+                            .H = 72,
+                            .Hv = 72,
+                            .sm = SA_SOFTMAX_VANILLA,
+                            .causal = SA_CAUSAL_NONE,
+                            .wl = -1,
+                            .wr = -1,
+                            .sink_range = 0};
   sa_attn a;
   sa_attn_init(&a);
-  a.dtype = SA_BF16; a.batch = 1; a.q_len = 4; a.kv_len = 4; a.q_heads = 2; a.kv_heads = 1;
-  a.head_dim = 72; a.v_head_dim = 64;
+  a.dtype = SA_BF16;
+  a.batch = 1;
+  a.q_len = 4;
+  a.kv_len = 4;
+  a.q_heads = 2;
+  a.kv_heads = 1;
+  a.head_dim = 72;
+  a.v_head_dim = 64;
   sa_status s = sa_cuda_attn_supported(&a);
   tc_check(s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "head_dim 72"), &c, "head_dim 72 accepted (%g %g)", s, 0);
   a.head_dim = 64;
@@ -457,9 +537,19 @@ static sa_attn tc_shape(const tc_case *c) {
   static const float sink __attribute__((aligned(16))) = 0.0f;
   sa_attn a;
   sa_attn_init(&a);
-  a.dtype = c->dt; a.batch = c->B; a.q_len = c->T; a.kv_len = c->S; a.q_heads = c->N; a.kv_heads = c->K;
-  a.head_dim = c->H; a.v_head_dim = c->Hv; a.softmax = c->sm; a.causal = c->causal;
-  a.window_left = c->wl; a.window_right = c->wr; a.diag_offset = c->diag;
+  a.dtype = c->dt;
+  a.batch = c->B;
+  a.q_len = c->T;
+  a.kv_len = c->S;
+  a.q_heads = c->N;
+  a.kv_heads = c->K;
+  a.head_dim = c->H;
+  a.v_head_dim = c->Hv;
+  a.softmax = c->sm;
+  a.causal = c->causal;
+  a.window_left = c->wl;
+  a.window_right = c->wr;
+  a.diag_offset = c->diag;
   if (c->sm == SA_SOFTMAX_LEARNABLE) a.sinks = &sink;
   if (c->lens) a.q_lens = a.kv_lens = marker;
   if (c->segs) a.q_segment_ids = a.kv_segment_ids = marker;

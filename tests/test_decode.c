@@ -34,32 +34,41 @@ typedef struct {
   int64_t B, Tq, S, N, K, H, Hv;
   sa_softmax softmax;
   int64_t wl, wr;
-  int lens;      /* 0: no kv_lens; 1: {0, 1, S, random...}; 2: random */
-  int q_lens;    /* give q_lens {Tq, Tq - 1, ...} */
+  int lens;   /* 0: no kv_lens; 1: {0, 1, S, random...}; 2: random */
+  int q_lens; /* give q_lens {Tq, Tq - 1, ...} */
   sa_causal causal;
   int bias, mask; /* T_BCAST forms or 0 */
   int pos;        /* positions: queries at S - Tq + i, keys at j (causal then top-left) */
 } dcase;
 
 #define D_ALL .wl = -1, .wr = -1
-#define D_BR SA_CAUSAL_BOTTOM_RIGHT
+#define D_BR  SA_CAUSAL_BOTTOM_RIGHT
 
 /* Fills a from c with fresh random data; the caller frees with free_attn. */
 static void make_attn(const dcase *c, sa_attn *a, float *sinks, int32_t *kvl, int32_t *ql) {
   sa_attn_init(a);
   a->dtype = c->dtype;
-  a->batch = c->B; a->q_len = c->Tq; a->kv_len = c->S; a->q_heads = c->N; a->kv_heads = c->K;
-  a->head_dim = c->H; a->v_head_dim = c->Hv;
+  a->batch = c->B;
+  a->q_len = c->Tq;
+  a->kv_len = c->S;
+  a->q_heads = c->N;
+  a->kv_heads = c->K;
+  a->head_dim = c->H;
+  a->v_head_dim = c->Hv;
   a->q = rand_buf(c->dtype, c->B * c->Tq * c->N * c->H, 1.0f);
   a->k = rand_buf(c->dtype, c->B * c->S * c->K * c->H, 1.0f);
   a->v = rand_buf(c->dtype, c->B * c->S * c->K * c->Hv, 1.0f);
   a->softmax = c->softmax;
-  a->scale = c->H >= 64 ? 0.0f : 0.3f;  /* both the default and an explicit scale */
+  a->scale = c->H >= 64 ? 0.0f : 0.3f; /* both the default and an explicit scale */
   for (int64_t n = 0; n < c->N; n++) sinks[n] = (float)t_unif(&d_rng, -10, 10);
-  if (c->N > 2) { sinks[0] = 50.0f; sinks[1] = -50.0f; }
+  if (c->N > 2) {
+    sinks[0] = 50.0f;
+    sinks[1] = -50.0f;
+  }
   if (c->softmax == SA_SOFTMAX_LEARNABLE) a->sinks = sinks;
   a->causal = c->causal;
-  a->window_left = c->wl; a->window_right = c->wr;
+  a->window_left = c->wl;
+  a->window_right = c->wr;
   for (int64_t b = 0; b < c->B; b++) {
     int64_t x = t_int(&d_rng, 0, c->S);
     if (c->lens == 1) x = b == 0 ? 0 : b == 1 ? 1 : b == 2 ? c->S : x;
@@ -84,13 +93,19 @@ static void make_attn(const dcase *c, sa_attn *a, float *sinks, int32_t *kvl, in
     int32_t *qp = t_alloc(c->B * c->Tq, 4), *kp = t_alloc(c->B * c->S, 4);
     for (int64_t x = 0; x < c->B * c->Tq; x++) qp[x] = (int32_t)(c->S - c->Tq + x % c->Tq);
     for (int64_t x = 0; x < c->B * c->S; x++) kp[x] = (int32_t)(x % c->S);
-    a->q_positions = qp; a->kv_positions = kp;
+    a->q_positions = qp;
+    a->kv_positions = kp;
   }
 }
 
 static void free_attn(sa_attn *a) {
-  free((void *)a->q); free((void *)a->k); free((void *)a->v); free((void *)a->bias); free((void *)a->mask);
-  free((void *)a->q_positions); free((void *)a->kv_positions);
+  free((void *)a->q);
+  free((void *)a->k);
+  free((void *)a->v);
+  free((void *)a->bias);
+  free((void *)a->mask);
+  free((void *)a->q_positions);
+  free((void *)a->kv_positions);
 }
 
 static void check(int ok, const char *what) {
@@ -98,8 +113,8 @@ static void check(int ok, const char *what) {
   t_count(ok);
 }
 
-static int close_enough(const sa_attn *a, const void *out, const float *lse, const void *out_ref,
-                        const float *lse_ref, double *worst) {
+static int close_enough(const sa_attn *a, const void *out, const float *lse, const void *out_ref, const float *lse_ref,
+                        double *worst) {
   double tol = a->dtype == SA_F32 ? 2e-5 : a->dtype == SA_F16 ? 2e-3 : 1.6e-2;
   int64_t no = a->batch * a->q_len * a->q_heads * a->v_head_dim, nl = a->batch * a->q_heads * a->q_len;
   int ok = 1;
@@ -144,19 +159,22 @@ static void run_case(const dcase *c) {
   void *out_ref = malloc(ob), *out = malloc(ob);
   float *lse_ref = malloc((size_t)(nl + 1) * 4), *lse = malloc((size_t)(nl + 1) * 4);
   char what[320];
-  snprintf(what, sizeof what, "%s%s%s B%lld Tq%lld S%lld N%lld K%lld H%lld Hv%lld softmax%d win(%lld,%lld) lens%d ql%d "
-           "causal%d bias%d mask%d pos%d", c->name ? c->name : "", c->name ? ": " : "", t_dtype_name(c->dtype),
-           (long long)c->B, (long long)c->Tq, (long long)c->S, (long long)c->N, (long long)c->K, (long long)c->H,
-           (long long)c->Hv, (int)c->softmax, (long long)c->wl, (long long)c->wr, c->lens, c->q_lens, (int)c->causal,
-           c->bias, c->mask, c->pos);
+  snprintf(what, sizeof what,
+           "%s%s%s B%lld Tq%lld S%lld N%lld K%lld H%lld Hv%lld softmax%d win(%lld,%lld) lens%d ql%d "
+           "causal%d bias%d mask%d pos%d",
+           c->name ? c->name : "", c->name ? ": " : "", t_dtype_name(c->dtype), (long long)c->B, (long long)c->Tq,
+           (long long)c->S, (long long)c->N, (long long)c->K, (long long)c->H, (long long)c->Hv, (int)c->softmax,
+           (long long)c->wl, (long long)c->wr, c->lens, c->q_lens, (int)c->causal, c->bias, c->mask, c->pos);
 
-  a.out = out_ref; a.lse = lse_ref;
+  a.out = out_ref;
+  a.lse = lse_ref;
   sa_status s = sa_attn_fwd(&a, SA_BACKEND_REF, NULL);
   check(s == SA_OK, "reference forward");
 
-  memset(out, 0xff, ob);  /* poison: NaN in every dtype */
+  memset(out, 0xff, ob); /* poison: NaN in every dtype */
   memset(lse, 0xff, (size_t)(nl + 1) * 4);
-  a.out = out; a.lse = lse;
+  a.out = out;
+  a.lse = lse;
   const char *plan = force_cpu_plan(&a);
   size_t ws = sa_attn_decode_workspace_size(&a, SA_BACKEND_CPU);
   void *w = ws ? malloc(ws) : NULL;
@@ -167,8 +185,9 @@ static void run_case(const dcase *c) {
   if (s == SA_OK && plan)
     ok &= strncmp(sa_plan_last(SA_PLAN_DECODE), plan, strlen(plan)) == 0 &&
           sa_plan_last(SA_PLAN_DECODE)[strlen(plan)] == ' ';
-  if (!ok) printf("  cpu %s: status %s (%s), worst error / tol %.3g\n", sa_plan_last(SA_PLAN_DECODE),
-                  sa_status_name(s), sa_last_error(), worst);
+  if (!ok)
+    printf("  cpu %s: status %s (%s), worst error / tol %.3g\n", sa_plan_last(SA_PLAN_DECODE), sa_status_name(s),
+           sa_last_error(), worst);
   check(ok, what);
   free(w);
   sa_plan_force(SA_PLAN_DECODE, NULL); /* a CPU plan forced for this thread would fail the CUDA calls below */
@@ -184,14 +203,26 @@ static void run_case(const dcase *c) {
     size_t es = sa_dtype_size(c->dtype);
     int64_t nq = c->B * c->Tq * c->N * c->H, nk = c->B * c->S * c->K * c->H, nv = c->B * c->S * c->K * c->Hv;
     void *dq, *dk, *dv, *dout, *dsinks, *dkvl, *dql, *dlse, *dw = NULL;
-    cudaMalloc(&dq, (size_t)(nq + 1) * es); cudaMalloc(&dk, (size_t)(nk + 1) * es);
-    cudaMalloc(&dv, (size_t)(nv + 1) * es); cudaMalloc(&dout, ob); cudaMalloc(&dlse, (size_t)(nl + 1) * 4);
-    cudaMalloc(&dsinks, sizeof sinks); cudaMalloc(&dkvl, sizeof kvl); cudaMalloc(&dql, sizeof ql);
-    cudaMemcpy(dq, a.q, (size_t)nq * es, 1); cudaMemcpy(dk, a.k, (size_t)nk * es, 1);
-    cudaMemcpy(dv, a.v, (size_t)nv * es, 1); cudaMemcpy(dsinks, sinks, sizeof sinks, 1);
-    cudaMemcpy(dkvl, kvl, sizeof kvl, 1); cudaMemcpy(dql, ql, sizeof ql, 1);
+    cudaMalloc(&dq, (size_t)(nq + 1) * es);
+    cudaMalloc(&dk, (size_t)(nk + 1) * es);
+    cudaMalloc(&dv, (size_t)(nv + 1) * es);
+    cudaMalloc(&dout, ob);
+    cudaMalloc(&dlse, (size_t)(nl + 1) * 4);
+    cudaMalloc(&dsinks, sizeof sinks);
+    cudaMalloc(&dkvl, sizeof kvl);
+    cudaMalloc(&dql, sizeof ql);
+    cudaMemcpy(dq, a.q, (size_t)nq * es, 1);
+    cudaMemcpy(dk, a.k, (size_t)nk * es, 1);
+    cudaMemcpy(dv, a.v, (size_t)nv * es, 1);
+    cudaMemcpy(dsinks, sinks, sizeof sinks, 1);
+    cudaMemcpy(dkvl, kvl, sizeof kvl, 1);
+    cudaMemcpy(dql, ql, sizeof ql, 1);
     sa_attn g = a;
-    g.q = dq; g.k = dk; g.v = dv; g.out = dout; g.lse = dlse;
+    g.q = dq;
+    g.k = dk;
+    g.v = dv;
+    g.out = dout;
+    g.lse = dlse;
     if (a.sinks) g.sinks = dsinks;
     if (a.kv_lens) g.kv_lens = dkvl;
     if (a.q_lens) g.q_lens = dql;
@@ -207,18 +238,38 @@ static void run_case(const dcase *c) {
     char w2[1024];
     snprintf(w2, sizeof w2, "cuda %s", what);
     check(ok, w2);
-    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(dlse); cudaFree(dsinks);
-    cudaFree(dkvl); cudaFree(dql); cudaFree(dw);
+    cudaFree(dq);
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFree(dout);
+    cudaFree(dlse);
+    cudaFree(dsinks);
+    cudaFree(dkvl);
+    cudaFree(dql);
+    cudaFree(dw);
   }
 #endif
-  free(out_ref); free(out); free(lse_ref); free(lse);
+  free(out_ref);
+  free(out);
+  free(lse_ref);
+  free(lse);
   free_attn(&a);
 }
 
 /* The same problem on 1, 2, 3 and 7 threads (and without a workspace) gives bitwise equal results. */
 static void test_threads(sa_dtype t) {
-  dcase c = {.dtype = t, .B = 3, .Tq = 2, .S = 3000, .N = 16, .K = 2, .H = 64, .Hv = 64,
-             .softmax = SA_SOFTMAX_LEARNABLE, D_ALL, .lens = 2, .causal = D_BR};
+  dcase c = {.dtype = t,
+             .B = 3,
+             .Tq = 2,
+             .S = 3000,
+             .N = 16,
+             .K = 2,
+             .H = 64,
+             .Hv = 64,
+             .softmax = SA_SOFTMAX_LEARNABLE,
+             D_ALL,
+             .lens = 2,
+             .causal = D_BR};
   float sinks[64];
   int32_t kvl[16], ql[16];
   sa_attn a;
@@ -232,13 +283,15 @@ static void test_threads(sa_dtype t) {
   void *w = malloc(ws);
   int saved = sa_cpu_get_num_threads();
   sa_cpu_set_num_threads(1);
-  a.out = o1; a.lse = l1;
+  a.out = o1;
+  a.lse = l1;
   int ok = sa_attn_decode_fwd(&a, w, ws, SA_BACKEND_CPU, NULL) == SA_OK;
   const int counts[4] = {2, 3, 7, 1};
   for (int i = 0; i < 4; i++) {
     sa_cpu_set_num_threads(counts[i]);
     memset(o2, 0, ob);
-    a.out = o2; a.lse = l2;
+    a.out = o2;
+    a.lse = l2;
     ok &= sa_attn_decode_fwd(&a, i == 3 ? NULL : w, i == 3 ? 0 : ws, SA_BACKEND_CPU, NULL) == SA_OK;
     ok &= memcmp(o1, o2, ob) == 0 && memcmp(l1, l2, (size_t)nl * 4) == 0;
   }
@@ -247,7 +300,11 @@ static void test_threads(sa_dtype t) {
   snprintf(what, sizeof what, "%s %s: bitwise equal for 1, 2, 3, 7 threads and without workspace", t_dtype_name(t),
            sa_plan_last(SA_PLAN_DECODE));
   check(ok, what);
-  free(o1); free(o2); free(l1); free(l2); free(w);
+  free(o1);
+  free(o2);
+  free(l1);
+  free(l2);
+  free(w);
   free_attn(&a);
 }
 
@@ -258,7 +315,8 @@ static void test_errors(void) {
   sa_attn a;
   make_attn(&c, &a, sinks, kvl, ql);
   float out[65 * 4 * 32], lse[65 * 4];
-  a.out = out; a.lse = lse;
+  a.out = out;
+  a.lse = lse;
   sa_status s = sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_CPU, NULL);
   check(s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "q_len 65"), "q_len 65 -> SA_ERR_UNSUPPORTED naming q_len");
   check(sa_attn_decode_workspace_size(&a, SA_BACKEND_CPU) == 0, "workspace size 0 for q_len 65");
@@ -278,13 +336,19 @@ static void test_errors(void) {
   }
   /* segments: CPU decode declines, AUTO falls back to the reference */
   int32_t seg[64 * 10] = {0};
-  a.q_segment_ids = seg; a.kv_segment_ids = seg;
-  check(sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_CPU, NULL) == SA_ERR_UNSUPPORTED, "segments: CPU decode says unsupported");
+  a.q_segment_ids = seg;
+  a.kv_segment_ids = seg;
+  check(sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_CPU, NULL) == SA_ERR_UNSUPPORTED,
+        "segments: CPU decode says unsupported");
   check(sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_AUTO, NULL) == SA_OK, "segments: AUTO runs the reference");
   a.q_segment_ids = a.kv_segment_ids = NULL;
   /* bias, mask and positions are validated as by sa_attn_fwd */
   float bias[64 * 4 * 10];
-  a.bias = bias; a.bias_dims[0] = 1; a.bias_dims[1] = 3; a.bias_dims[2] = 1; a.bias_dims[3] = 10;
+  a.bias = bias;
+  a.bias_dims[0] = 1;
+  a.bias_dims[1] = 3;
+  a.bias_dims[2] = 1;
+  a.bias_dims[3] = 10;
   s = sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_CPU, NULL);
   check(s == SA_ERR_INVALID && strstr(sa_last_error(), "bias_dims[1] 3 invalid"), "bias_dims[1] 3 -> SA_ERR_INVALID");
   a.bias_dims[1] = 4;
@@ -302,17 +366,30 @@ static void test_errors(void) {
 
 /* REF through the decode entry point is the reference forward, bit for bit. */
 static void test_ref_path(void) {
-  dcase c = {.dtype = SA_BF16, .B = 2, .Tq = 3, .S = 200, .N = 8, .K = 2, .H = 64, .Hv = 32,
-             .softmax = SA_SOFTMAX_OFF_BY_ONE, .wl = 31, .wr = 0, .lens = 1, .causal = D_BR};
+  dcase c = {.dtype = SA_BF16,
+             .B = 2,
+             .Tq = 3,
+             .S = 200,
+             .N = 8,
+             .K = 2,
+             .H = 64,
+             .Hv = 32,
+             .softmax = SA_SOFTMAX_OFF_BY_ONE,
+             .wl = 31,
+             .wr = 0,
+             .lens = 1,
+             .causal = D_BR};
   float sinks[64];
   int32_t kvl[16], ql[16];
   sa_attn a;
   make_attn(&c, &a, sinks, kvl, ql);
   uint16_t o1[2 * 3 * 8 * 32], o2[2 * 3 * 8 * 32];
   float l1[2 * 8 * 3], l2[2 * 8 * 3];
-  a.out = o1; a.lse = l1;
+  a.out = o1;
+  a.lse = l1;
   int ok = sa_attn_fwd(&a, SA_BACKEND_REF, NULL) == SA_OK;
-  a.out = o2; a.lse = l2;
+  a.out = o2;
+  a.lse = l2;
   ok &= sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_REF, NULL) == SA_OK;
   check(ok && !memcmp(o1, o2, sizeof o1) && !memcmp(l1, l2, sizeof l1), "REF decode == reference forward");
   free_attn(&a);
@@ -341,14 +418,27 @@ int main(void) {
         for (int ti = 0; ti < 4; ti++)
           for (int si = 0; si < 3; si++, idx++) {
             int64_t G = groups[gi], K = G == 8 ? 1 : 2;
-            dcase c = {.dtype = dts[di], .B = 4, .Tq = tqs[ti], .S = 700 + 131 * (idx % 5), .N = G * K, .K = K,
-                       .H = idx % 4 == 3 ? 40 : 64, .Hv = 64, .softmax = sms[si], .wl = wins[idx % 4][0],
-                       .wr = wins[idx % 4][1], .lens = 1 + (idx % 3 == 2), .q_lens = idx % 7 == 3, .causal = D_BR};
+            dcase c = {.dtype = dts[di],
+                       .B = 4,
+                       .Tq = tqs[ti],
+                       .S = 700 + 131 * (idx % 5),
+                       .N = G * K,
+                       .K = K,
+                       .H = idx % 4 == 3 ? 40 : 64,
+                       .Hv = 64,
+                       .softmax = sms[si],
+                       .wl = wins[idx % 4][0],
+                       .wr = wins[idx % 4][1],
+                       .lens = 1 + (idx % 3 == 2),
+                       .q_lens = idx % 7 == 3,
+                       .causal = D_BR};
             if (idx % 4 == 1) c.Hv = 32;
             if (idx % 11 == 5) c.lens = 0;
             run_case(&c);
           }
     /* several chunks per head (R = 8: 512-key chunks), H 128, no causal mask, top-left causal, odd dims */
+    /* one case a line */
+    // clang-format off
     static const dcase rows[] = {
         {.name = "several chunks, H 128", .dtype = SA_BF16, .B = 2, .Tq = 1, .S = 5000, .N = 8, .K = 1, .H = 128,
          .Hv = 128, .softmax = SA_SOFTMAX_LEARNABLE, D_ALL, .lens = 1, .causal = D_BR},
@@ -388,6 +478,7 @@ int main(void) {
          .Hv = 32, .softmax = SA_SOFTMAX_LEARNABLE, .wl = 300, .wr = 0, .causal = SA_CAUSAL_TOP_LEFT,
          .mask = T_BCAST(1, 0, 0, 0), .pos = 1},
     };
+    // clang-format on
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) run_case(&rows[i]);
     for (int di = 0; di < 3; di++) test_threads(dts[di]);
   }

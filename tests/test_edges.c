@@ -16,15 +16,15 @@
 static int e_quick;
 
 /* Counts every check; prints the first 3 failures of each call site (a broken edge fails in a loop). */
-#define E_CHECK(cond, ...)                                   \
-  do {                                                       \
-    static int shown_;                                       \
-    int ok_ = (cond) != 0;                                   \
-    t_count(ok_);                                            \
-    if (ok_ || shown_++ >= 3) break;                         \
-    printf("FAIL %s:%d: ", __func__, __LINE__);              \
-    printf(__VA_ARGS__);                                     \
-    putchar('\n');                                           \
+#define E_CHECK(cond, ...)                      \
+  do {                                          \
+    static int shown_;                          \
+    int ok_ = (cond) != 0;                      \
+    t_count(ok_);                               \
+    if (ok_ || shown_++ >= 3) break;            \
+    printf("FAIL %s:%d: ", __func__, __LINE__); \
+    printf(__VA_ARGS__);                        \
+    putchar('\n');                              \
   } while (0)
 
 static float e_unif(t_rng *r, float lo, float hi) { return (float)t_unif(r, lo, hi); }
@@ -42,7 +42,10 @@ typedef struct {
 
 static float *e_buf(int64_t n) {
   float *p = malloc((size_t)(n + 1) * sizeof *p);
-  if (!p) { fprintf(stderr, "test_edges: out of memory\n"); exit(2); }
+  if (!p) {
+    fprintf(stderr, "test_edges: out of memory\n");
+    exit(2);
+  }
   return p;
 }
 
@@ -53,21 +56,47 @@ static void e_make(e_case *c, int64_t B, int64_t T, int64_t S, int64_t N, int64_
   sa_attn *a = &c->a;
   sa_attn_init(a);
   a->dtype = SA_F32;
-  a->batch = B; a->q_len = T; a->kv_len = S; a->q_heads = N; a->kv_heads = K; a->head_dim = H; a->v_head_dim = Hv;
+  a->batch = B;
+  a->q_len = T;
+  a->kv_len = S;
+  a->q_heads = N;
+  a->kv_heads = K;
+  a->head_dim = H;
+  a->v_head_dim = Hv;
   a->softmax = sm;
-  c->nq = B * T * N * H; c->nk = B * S * K * H; c->nv = B * S * K * Hv; c->no = B * T * N * Hv; c->rows = B * N * T;
-  c->q = e_buf(c->nq); c->k = e_buf(c->nk); c->v = e_buf(c->nv); c->dout = e_buf(c->no);
-  c->out = e_buf(c->no); c->lse = e_buf(c->rows); c->sinks = e_buf(N);
-  c->dq = e_buf(c->nq); c->dk = e_buf(c->nk); c->dv = e_buf(c->nv); c->dsinks = e_buf(N);
-  c->q_lens = malloc((size_t)(B + 1) * 4); c->kv_lens = malloc((size_t)(B + 1) * 4);
+  c->nq = B * T * N * H;
+  c->nk = B * S * K * H;
+  c->nv = B * S * K * Hv;
+  c->no = B * T * N * Hv;
+  c->rows = B * N * T;
+  c->q = e_buf(c->nq);
+  c->k = e_buf(c->nk);
+  c->v = e_buf(c->nv);
+  c->dout = e_buf(c->no);
+  c->out = e_buf(c->no);
+  c->lse = e_buf(c->rows);
+  c->sinks = e_buf(N);
+  c->dq = e_buf(c->nq);
+  c->dk = e_buf(c->nk);
+  c->dv = e_buf(c->nv);
+  c->dsinks = e_buf(N);
+  c->q_lens = malloc((size_t)(B + 1) * 4);
+  c->kv_lens = malloc((size_t)(B + 1) * 4);
   for (int64_t x = 0; x < c->nq; x++) c->q[x] = e_unif(&seed, -1.5f, 1.5f);
   for (int64_t x = 0; x < c->nk; x++) c->k[x] = e_unif(&seed, -1.5f, 1.5f);
   for (int64_t x = 0; x < c->nv; x++) c->v[x] = e_unif(&seed, -1.0f, 1.0f);
   for (int64_t x = 0; x < c->no; x++) c->dout[x] = e_unif(&seed, -1.0f, 1.0f);
   for (int64_t n = 0; n < N; n++) c->sinks[n] = e_unif(&seed, -10.0f, 10.0f); /* wide: a wrong sink shows */
-  a->q = c->q; a->k = c->k; a->v = c->v; a->out = c->out; a->lse = c->lse;
+  a->q = c->q;
+  a->k = c->k;
+  a->v = c->v;
+  a->out = c->out;
+  a->lse = c->lse;
   a->sinks = sm == SA_SOFTMAX_LEARNABLE ? c->sinks : NULL;
-  c->g.dout = c->dout; c->g.dq = c->dq; c->g.dk = c->dk; c->g.dv = c->dv;
+  c->g.dout = c->dout;
+  c->g.dq = c->dq;
+  c->g.dk = c->dk;
+  c->g.dv = c->dv;
   c->g.dsinks = sm == SA_SOFTMAX_LEARNABLE ? c->dsinks : NULL;
 }
 
@@ -92,8 +121,7 @@ static void e_add_bias_mask(e_case *c, int form, int mform, uint64_t seed_) {
 }
 
 static void e_free(e_case *c) {
-  float *f[] = {c->q, c->k, c->v, c->out, c->lse, c->sinks, c->dout, c->dq, c->dk, c->dv, c->dsinks, c->bias,
-                c->dbias};
+  float *f[] = {c->q, c->k, c->v, c->out, c->lse, c->sinks, c->dout, c->dq, c->dk, c->dv, c->dsinks, c->bias, c->dbias};
   for (size_t x = 0; x < sizeof f / sizeof f[0]; x++) free(f[x]);
   free(c->mask);
   free(c->q_lens);
@@ -152,8 +180,8 @@ static void e_test_single(sa_backend be) {
         s /= sqrt(8.0);
         double a = sm == 0 ? -INFINITY : sm == 1 ? 0.0 : c.sinks[n];
         double lse = log(exp(s) + exp(a)), p = exp(s - lse);
-        E_CHECK(fabs(c.lse[E_L(&c, b, n, 0)] - lse) < 1e-5 * (1 + fabs(lse)), "%s sm %d lse %g want %g",
-                e_be_name(be), sm, c.lse[E_L(&c, b, n, 0)], lse);
+        E_CHECK(fabs(c.lse[E_L(&c, b, n, 0)] - lse) < 1e-5 * (1 + fabs(lse)), "%s sm %d lse %g want %g", e_be_name(be),
+                sm, c.lse[E_L(&c, b, n, 0)], lse);
         for (int d = 0; d < 4; d++)
           E_CHECK(fabs(c.out[E_O(&c, b, 0, n) + d] - p * c.v[b * 4 + d]) < 1e-5, "%s sm %d out", e_be_name(be), sm);
       }
@@ -168,17 +196,21 @@ static void e_test_empty(sa_backend be) {
   for (int sm = 0; sm < 3; sm++) {
     e_case c;
     e_make(&c, 3, 5, 6, 4, 2, 16, 8, (sa_softmax)sm, 21 + sm);
-    c.q_lens[0] = 0; c.kv_lens[0] = 6;      /* batch 0: no query rows valid */
-    c.q_lens[1] = 5; c.kv_lens[1] = -5;     /* batch 1: no keys (clamped to 0) */
-    c.q_lens[2] = 1000000000; c.kv_lens[2] = 3; /* batch 2: q_len clamped to 5 */
-    c.a.q_lens = c.q_lens; c.a.kv_lens = c.kv_lens;
+    c.q_lens[0] = 0;
+    c.kv_lens[0] = 6; /* batch 0: no query rows valid */
+    c.q_lens[1] = 5;
+    c.kv_lens[1] = -5; /* batch 1: no keys (clamped to 0) */
+    c.q_lens[2] = 1000000000;
+    c.kv_lens[2] = 3; /* batch 2: q_len clamped to 5 */
+    c.a.q_lens = c.q_lens;
+    c.a.kv_lens = c.kv_lens;
     E_CHECK(e_fwd(&c, be) == SA_OK, "%s: %s", e_be_name(be), sa_last_error());
     for (int64_t b = 0; b < 2; b++)
       for (int64_t n = 0; n < 4; n++)
         for (int64_t i = 0; i < 5; i++) {
           float a = sa_sink_logit(&c.a, n);
-          E_CHECK(e_same(c.lse[E_L(&c, b, n, i)], a), "%s sm %d b%lld n%lld i%lld lse %g, want sink %g",
-                  e_be_name(be), sm, (long long)b, (long long)n, (long long)i, c.lse[E_L(&c, b, n, i)], a);
+          E_CHECK(e_same(c.lse[E_L(&c, b, n, i)], a), "%s sm %d b%lld n%lld i%lld lse %g, want sink %g", e_be_name(be),
+                  sm, (long long)b, (long long)n, (long long)i, c.lse[E_L(&c, b, n, i)], a);
           for (int64_t d = 0; d < 8; d++)
             E_CHECK(c.out[E_O(&c, b, i, n) + d] == 0.0f, "%s sm %d empty row out %g", e_be_name(be), sm,
                     c.out[E_O(&c, b, i, n) + d]);
@@ -193,28 +225,37 @@ static void e_test_empty(sa_backend be) {
 
     /* The same lengths written in range give the same bits: clamping is exact. */
     float *out = e_copy(c.out, c.no), *lse = e_copy(c.lse, c.rows);
-    c.kv_lens[1] = 0; c.q_lens[2] = 5;
+    c.kv_lens[1] = 0;
+    c.q_lens[2] = 5;
     E_CHECK(e_fwd(&c, be) == SA_OK && e_bits_equal(out, c.out, c.no) && e_bits_equal(lse, c.lse, c.rows),
             "%s sm %d: clamped lengths differ from in-range ones", e_be_name(be), sm);
-    free(out); free(lse);
+    free(out);
+    free(lse);
     e_free(&c);
   }
   e_case c; /* S = 0: every row empty; learnable sinks */
   e_make(&c, 2, 3, 0, 2, 2, 8, 8, SA_SOFTMAX_LEARNABLE, 5);
-  c.a.k = NULL; c.a.v = NULL; c.g.dk = NULL; c.g.dv = NULL;
+  c.a.k = NULL;
+  c.a.v = NULL;
+  c.g.dk = NULL;
+  c.g.dv = NULL;
   E_CHECK(e_fwd(&c, be) == SA_OK, "%s S=0: %s", e_be_name(be), sa_last_error());
   for (int64_t x = 0; x < c.rows; x++) E_CHECK(c.lse[x] == c.sinks[(x / 3) % 2], "%s S=0 lse", e_be_name(be));
   for (int64_t x = 0; x < c.no; x++) E_CHECK(c.out[x] == 0.0f, "%s S=0 out", e_be_name(be));
   E_CHECK(e_bwd(&c, be) == SA_OK, "%s S=0 bwd: %s", e_be_name(be), sa_last_error());
   e_free(&c);
   e_make(&c, 0, 0, 0, 2, 1, 8, 8, SA_SOFTMAX_OFF_BY_ONE, 5); /* B = T = S = 0 with NULL buffers */
-  c.a.q = c.a.k = c.a.v = NULL; c.a.out = NULL; c.a.lse = NULL;
+  c.a.q = c.a.k = c.a.v = NULL;
+  c.a.out = NULL;
+  c.a.lse = NULL;
   E_CHECK(sa_attn_fwd(&c.a, be, NULL) == SA_OK, "%s empty problem: %s", e_be_name(be), sa_last_error());
   /* B = 0 stays empty however long T and S are: no memory is needed (REF once sized a row by S), and
      dsinks, the one result without a batch dimension, is 0 */
   c.a.q_len = c.a.kv_len = (int64_t)1 << 40;
-  c.a.softmax = SA_SOFTMAX_LEARNABLE; c.a.sinks = c.sinks;
-  c.g.dout = c.g.dq = c.g.dk = c.g.dv = NULL; c.g.dsinks = c.dsinks;
+  c.a.softmax = SA_SOFTMAX_LEARNABLE;
+  c.a.sinks = c.sinks;
+  c.g.dout = c.g.dq = c.g.dk = c.g.dv = NULL;
+  c.g.dsinks = c.dsinks;
   c.dsinks[0] = c.dsinks[1] = NAN;
   sa_status sf = sa_attn_fwd(&c.a, be, NULL), sb = sa_attn_bwd(&c.a, &c.g, NULL, 0, be, NULL);
   E_CHECK(sf == SA_OK && sb == SA_OK && c.dsinks[0] == 0.0f && c.dsinks[1] == 0.0f,
@@ -243,7 +284,8 @@ static void e_test_sinks(sa_backend be) {
       for (int64_t d = 0; d < 16; d++) {
         /* +1e4 and +inf take all the mass: out 0 exactly (exp(s - 1e4) underflows to 0 in fp32). */
         E_CHECK(c.out[E_O(&c, b, i, 0) + d] == 0.0f, "%s sink 1e4: out %g", e_be_name(be), c.out[E_O(&c, b, i, 0) + d]);
-        E_CHECK(c.out[E_O(&c, b, i, 2) + d] == 0.0f, "%s sink +inf: out %g", e_be_name(be), c.out[E_O(&c, b, i, 2) + d]);
+        E_CHECK(c.out[E_O(&c, b, i, 2) + d] == 0.0f, "%s sink +inf: out %g", e_be_name(be),
+                c.out[E_O(&c, b, i, 2) + d]);
         /* -1e4 adds exp(-1e4 - m) = 0 to the denominator: vanilla within rounding; -inf is vanilla. */
         float o1 = c.out[E_O(&c, b, i, 1) + d], v1 = v.out[E_O(&v, b, i, 1) + d];
         E_CHECK(fabsf(o1 - v1) <= 1e-6f * (1 + fabsf(v1)), "%s sink -1e4: %g vs vanilla %g", e_be_name(be), o1, v1);
@@ -277,12 +319,14 @@ static void e_test_sinks(sa_backend be) {
           E_CHECK(isnan(l) && isnan(c.out[E_O(&c, b, i, n)]), "%s NaN sink: lse %g out %g", e_be_name(be), l,
                   c.out[E_O(&c, b, i, n)]);
         } else {
-          E_CHECK(e_same(l, lse[E_L(&c, b, n, i)]) && e_bits_equal(c.out + E_O(&c, b, i, n), out + E_O(&c, b, i, n), 16),
-                  "%s NaN sink in head 1 changed head %lld", e_be_name(be), (long long)n);
+          E_CHECK(
+              e_same(l, lse[E_L(&c, b, n, i)]) && e_bits_equal(c.out + E_O(&c, b, i, n), out + E_O(&c, b, i, n), 16),
+              "%s NaN sink in head 1 changed head %lld", e_be_name(be), (long long)n);
         }
       }
   E_CHECK(e_bwd(&c, be) == SA_OK, "%s bwd with a NaN sink: %s", e_be_name(be), sa_last_error());
-  free(out); free(lse);
+  free(out);
+  free(lse);
   e_free(&c);
   e_free(&v);
 }
@@ -294,8 +338,12 @@ static void e_test_poison(sa_backend be) {
   e_case c;
   e_make(&c, 2, 8, 8, 2, 1, 8, 8, SA_SOFTMAX_LEARNABLE, 41);
   c.a.causal = SA_CAUSAL_TOP_LEFT;
-  c.q_lens[0] = 8; c.kv_lens[0] = 8; c.q_lens[1] = 5; c.kv_lens[1] = 6;
-  c.a.q_lens = c.q_lens; c.a.kv_lens = c.kv_lens;
+  c.q_lens[0] = 8;
+  c.kv_lens[0] = 8;
+  c.q_lens[1] = 5;
+  c.kv_lens[1] = 6;
+  c.a.q_lens = c.q_lens;
+  c.a.kv_lens = c.kv_lens;
   E_CHECK(e_fwd(&c, be) == SA_OK, "%s: %s", e_be_name(be), sa_last_error());
   E_CHECK(e_bwd(&c, be) == SA_OK, "%s: %s", e_be_name(be), sa_last_error());
   float *out = e_copy(c.out, c.no), *dq = e_copy(c.dq, c.nq), *dk = e_copy(c.dk, c.nk), *dv = e_copy(c.dv, c.nv);
@@ -316,12 +364,17 @@ static void e_test_poison(sa_backend be) {
   for (int64_t i = 0; i < 8; i++)
     for (int64_t n = 0; n < 2; n++) {
       const float *o = c.out + E_O(&c, 0, i, n);
-      if (i >= 3) E_CHECK(!e_all_finite(o, 8), "%s: row %lld sees a NaN value but is finite", e_be_name(be), (long long)i);
+      if (i >= 3)
+        E_CHECK(!e_all_finite(o, 8), "%s: row %lld sees a NaN value but is finite", e_be_name(be), (long long)i);
     }
   E_CHECK(e_bits_equal(c.out + E_O(&c, 1, 0, 0), out + E_O(&c, 1, 0, 0), 8 * 2 * 8),
           "%s: poison in batch 0 reached batch 1", e_be_name(be));
   E_CHECK(e_bwd(&c, be) == SA_OK, "%s bwd poisoned: %s", e_be_name(be), sa_last_error());
-  free(out); free(dq); free(dk); free(dv); free(ds);
+  free(out);
+  free(dq);
+  free(dk);
+  free(dv);
+  free(ds);
   e_free(&c);
 }
 
@@ -335,7 +388,10 @@ static void e_test_killed_rows(sa_backend be) {
     c.a.causal = SA_CAUSAL_TOP_LEFT;
     e_add_bias_mask(&c, T_BCAST(0, 0, 0, 0), T_BCAST(0, 0, 0, 0), 71 + sm);
     const int64_t mrow = ((0 * 4 + 1) * 7 + 5) * 9, brow = ((1 * 4 + 0) * 7 + 3) * 9; /* (b0 n1 i5), (b1 n0 i3) */
-    for (int64_t j = 0; j < 9; j++) { c.mask[mrow + j] = 0; c.bias[brow + j] = -INFINITY; }
+    for (int64_t j = 0; j < 9; j++) {
+      c.mask[mrow + j] = 0;
+      c.bias[brow + j] = -INFINITY;
+    }
     E_CHECK(e_fwd(&c, be) == SA_OK && e_bwd(&c, be) == SA_OK, "%s sm %d: %s", e_be_name(be), sm, sa_last_error());
     const int64_t rows[2][3] = {{0, 1, 5}, {1, 0, 3}};
     for (int r = 0; r < 2; r++) {
@@ -350,11 +406,12 @@ static void e_test_killed_rows(sa_backend be) {
         E_CHECK(c.dq[((b * 7 + i) * 4 + n) * 16 + d] == 0.0f, "%s sm %d emptied row %d: dq %g", e_be_name(be), sm, r,
                 c.dq[((b * 7 + i) * 4 + n) * 16 + d]);
       for (int64_t j = 0; j < 9; j++)
-        E_CHECK(c.dbias[((b * 4 + n) * 7 + i) * 9 + j] == 0.0f, "%s sm %d emptied row %d: dbias %g", e_be_name(be),
-                sm, r, c.dbias[((b * 4 + n) * 7 + i) * 9 + j]);
+        E_CHECK(c.dbias[((b * 4 + n) * 7 + i) * 9 + j] == 0.0f, "%s sm %d emptied row %d: dbias %g", e_be_name(be), sm,
+                r, c.dbias[((b * 4 + n) * 7 + i) * 9 + j]);
     }
     E_CHECK(e_all_finite(c.out, c.no) && e_all_finite(c.dq, c.nq) && e_all_finite(c.dk, c.nk) &&
-            e_all_finite(c.dv, c.nv) && e_all_finite(c.dbias, c.nb), "%s sm %d: non-finite results", e_be_name(be), sm);
+                e_all_finite(c.dv, c.nv) && e_all_finite(c.dbias, c.nb),
+            "%s sm %d: non-finite results", e_be_name(be), sm);
     /* NaN in bias element (b0, n2, i4, j1), a key row 4 of a causal mask sees */
     float *out = e_copy(c.out, c.no), *lse = e_copy(c.lse, c.rows);
     c.bias[((0 * 4 + 2) * 7 + 4) * 9 + 1] = NAN;
@@ -367,11 +424,12 @@ static void e_test_killed_rows(sa_backend be) {
         for (int64_t n = 0; n < 4; n++) {
           if (b == 0 && i == 4 && n == 2) continue;
           E_CHECK(e_same(c.lse[E_L(&c, b, n, i)], lse[E_L(&c, b, n, i)]) &&
-                  e_bits_equal(c.out + E_O(&c, b, i, n), out + E_O(&c, b, i, n), 8),
-                  "%s sm %d: NaN bias of row (0, 2, 4) changed row (%lld, %lld, %lld)", e_be_name(be), sm,
-                  (long long)b, (long long)n, (long long)i);
+                      e_bits_equal(c.out + E_O(&c, b, i, n), out + E_O(&c, b, i, n), 8),
+                  "%s sm %d: NaN bias of row (0, 2, 4) changed row (%lld, %lld, %lld)", e_be_name(be), sm, (long long)b,
+                  (long long)n, (long long)i);
         }
-    free(out); free(lse);
+    free(out);
+    free(lse);
     e_free(&c);
   }
 }
@@ -401,22 +459,31 @@ static void e_test_cuda_unsupported(void) {
 /* ---- concurrency and determinism (CPU) ------------------------------------------------------------ */
 
 enum { E_THREADS = 8 };
-typedef struct { e_case c; float *out, *lse, *dq, *dk, *dv, *ds, *db; int reps, bad, errs; } e_job;
+typedef struct {
+  e_case c;
+  float *out, *lse, *dq, *dk, *dv, *ds, *db;
+  int reps, bad, errs;
+} e_job;
 
 static void e_job_make(e_job *j, int t) {
   /* Different shapes per thread, GQA, windows and masks, so the threads run different code paths; every
      other job has a bias (shared by heads and batches, per key, per row) and some a mask array. */
-  e_make(&j->c, 1 + t % 2, 33 + 7 * t, 29 + 5 * t, 4, 2 - t % 2, t % 3 ? 64 : 32, 64,
-         (sa_softmax)(t % 3), 1000 + t);
+  e_make(&j->c, 1 + t % 2, 33 + 7 * t, 29 + 5 * t, 4, 2 - t % 2, t % 3 ? 64 : 32, 64, (sa_softmax)(t % 3), 1000 + t);
   j->c.a.causal = (sa_causal)(t % 3);
-  if (t % 4 == 3) { j->c.a.window_left = 9; j->c.a.window_right = 2; }
+  if (t % 4 == 3) {
+    j->c.a.window_left = 9;
+    j->c.a.window_right = 2;
+  }
   static const int forms[4] = {T_BCAST(1, 1, 0, 0), T_BCAST(0, 1, 1, 0), T_BCAST(0, 0, 0, 1), T_BCAST(0, 0, 0, 0)};
   if (t % 2) e_add_bias_mask(&j->c, forms[(t / 2) % 4], t % 3 == 1 ? T_BCAST(1, 0, 0, 0) : 0, 2000 + t);
 }
 
 static void e_job_snapshot(e_job *j) {
-  j->out = e_copy(j->c.out, j->c.no); j->lse = e_copy(j->c.lse, j->c.rows);
-  j->dq = e_copy(j->c.dq, j->c.nq); j->dk = e_copy(j->c.dk, j->c.nk); j->dv = e_copy(j->c.dv, j->c.nv);
+  j->out = e_copy(j->c.out, j->c.no);
+  j->lse = e_copy(j->c.lse, j->c.rows);
+  j->dq = e_copy(j->c.dq, j->c.nq);
+  j->dk = e_copy(j->c.dk, j->c.nk);
+  j->dv = e_copy(j->c.dv, j->c.nv);
   j->ds = e_copy(j->c.dsinks, j->c.a.q_heads);
   j->db = j->c.dbias ? e_copy(j->c.dbias, j->c.nb) : NULL;
 }
@@ -430,7 +497,13 @@ static int e_job_matches(e_job *j) {
 }
 
 static void e_job_free(e_job *j) {
-  free(j->out); free(j->lse); free(j->dq); free(j->dk); free(j->dv); free(j->ds); free(j->db);
+  free(j->out);
+  free(j->lse);
+  free(j->dq);
+  free(j->dk);
+  free(j->dv);
+  free(j->ds);
+  free(j->db);
   e_free(&j->c);
 }
 
@@ -459,8 +532,8 @@ static void e_test_threads(void) {
   for (int t = 0; t < E_THREADS; t++) E_CHECK(pthread_create(&th[t], NULL, e_job_run, &jobs[t]) == 0, "create");
   for (int t = 0; t < E_THREADS; t++) pthread_join(th[t], NULL);
   for (int t = 0; t < E_THREADS; t++) {
-    E_CHECK(jobs[t].errs == 0 && jobs[t].bad == 0, "thread %d: %d errors, %d of %d runs not bitwise equal to serial",
-            t, jobs[t].errs, jobs[t].bad, jobs[t].reps);
+    E_CHECK(jobs[t].errs == 0 && jobs[t].bad == 0, "thread %d: %d errors, %d of %d runs not bitwise equal to serial", t,
+            jobs[t].errs, jobs[t].bad, jobs[t].reps);
     e_job_free(&jobs[t]);
   }
 }

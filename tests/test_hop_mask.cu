@@ -32,31 +32,41 @@ static unsigned rnd(void) { /* xorshift64*: fixed seed, the same cases every run
 static long long pick(const long long *v, int n) { return v[rnd() % n]; }
 
 static long failures, checks;
-#define CHECK(cond, ...)                       \
-  do {                                         \
-    ++checks;                                  \
-    if (!(cond) && failures++ < 20) {          \
-      printf("FAIL %s: ", #cond);              \
-      printf(__VA_ARGS__);                     \
-      printf("\n");                            \
-    }                                          \
+#define CHECK(cond, ...)              \
+  do {                                \
+    ++checks;                         \
+    if (!(cond) && failures++ < 20) { \
+      printf("FAIL %s: ", #cond);     \
+      printf(__VA_ARGS__);            \
+      printf("\n");                   \
+    }                                 \
   } while (0)
 
 static void one_case(int T, int S, int causal, long long wl, long long wr, long long diag) {
   sa_cuda_params p;
   memset(&p, 0, sizeof p);
-  p.T = T; p.S = S; p.causal = causal; p.wl = wl; p.wr = wr; p.diag_offset = diag;
+  p.T = T;
+  p.S = S;
+  p.causal = causal;
+  p.wl = wl;
+  p.wr = wr;
+  p.diag_offset = diag;
   sa_attn a;
   memset(&a, 0, sizeof a);
-  a.q_len = T; a.kv_len = S; a.causal = (sa_causal)causal;
-  a.window_left = wl; a.window_right = wr; a.diag_offset = diag;
+  a.q_len = T;
+  a.kv_len = S;
+  a.causal = (sa_causal)causal;
+  a.window_left = wl;
+  a.window_right = wr;
+  a.diag_offset = diag;
   const sa_hop_mask m = sa_hop_mask_of(p);
   const int kind = sa_hop_mask_kind_of(causal, wl, wr, 0, 0);
   const char *fmt = "T %d S %d causal %d window (%lld, %lld) diag %lld: i %d j %d";
   for (int i = 0; i < T; ++i) {
     const sa_range r = sa_key_range(&a, T, S, i);
     const int lo = sa_hop_lo(m, i), hi = sa_hop_hi(m, i);
-    if (i + 1 < T) CHECK(sa_hop_lo(m, i + 1) >= lo && sa_hop_hi(m, i + 1) >= hi, fmt, T, S, causal, wl, wr, diag, i, -1);
+    if (i + 1 < T)
+      CHECK(sa_hop_lo(m, i + 1) >= lo && sa_hop_hi(m, i + 1) >= hi, fmt, T, S, causal, wl, wr, diag, i, -1);
     for (int j = 0; j < S; ++j) {
       const bool want = j >= r.lo && j < r.hi, x_ok = j - i >= m.dlo && j - i <= m.dhi;
       CHECK((j >= lo && j < hi) == want, fmt, T, S, causal, wl, wr, diag, i, j);
@@ -115,8 +125,12 @@ static void one_case(int T, int S, int causal, long long wl, long long wr, long 
 static void lens_case(int T, int S, int ql, int kl, int causal, long long wl, long long wr, long long diag) {
   sa_attn a;
   memset(&a, 0, sizeof a);
-  a.q_len = T; a.kv_len = S; a.causal = (sa_causal)causal;
-  a.window_left = wl; a.window_right = wr; a.diag_offset = diag;
+  a.q_len = T;
+  a.kv_len = S;
+  a.causal = (sa_causal)causal;
+  a.window_left = wl;
+  a.window_right = wr;
+  a.diag_offset = diag;
   const sa_hop_mask m = sa_hop_mask_make(ql, kl, causal, wl, wr, diag);
   const char *fmt = "lens T %d S %d ql %d kl %d causal %d window (%lld, %lld) diag %lld: i %d j %d";
   for (int i = 0; i < T; ++i) {
@@ -147,7 +161,8 @@ static void lens_case(int T, int S, int ql, int kl, int causal, long long wl, lo
           if (!interior) continue;
           for (int i = w0; i < w0 + 64; ++i) {
             const sa_range r = sa_key_range(&a, ql, kl, i);
-            for (int j = k; j < k + tile; ++j) CHECK(j >= r.lo && j < r.hi, fmt, T, S, ql, kl, causal, wl, wr, diag, i, j);
+            for (int j = k; j < k + tile; ++j)
+              CHECK(j >= r.lo && j < r.hi, fmt, T, S, ql, kl, causal, wl, wr, diag, i, j);
           }
         }
     }
@@ -165,8 +180,8 @@ static void lens_case(int T, int S, int ql, int kl, int causal, long long wl, lo
 
 int main(void) {
   const long long windows[] = {-1, -1, -1, 0, 1, 7, 50, 127, 128, 300, 1000, 1LL << 40};
-  const long long diags[] = {0, 0, 0, 1, -1, 37, -37, 128, -128, 200, -200, 500, -500, 5000, -5000,
-                             (1LL << 39), -(1LL << 39)};
+  const long long diags[] = {0,   0,    0,   1,    -1,   37,    -37,         128,         -128,
+                             200, -200, 500, -500, 5000, -5000, (1LL << 39), -(1LL << 39)};
   const int sizes[] = {1, 2, 37, 64, 100, 128, 129, 256, 300, 384};
   int cases = 0;
   const int n_random = getenv("SA_MASK_CASES") ? atoi(getenv("SA_MASK_CASES")) : 600;

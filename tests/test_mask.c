@@ -28,23 +28,41 @@ static void m_predicate_group(void) {
   for (int it = 0; it < 400; it++) {
     sa_attn a;
     sa_attn_init(&a);
-    a.batch = t_int(&r, 1, 3); a.q_len = t_int(&r, 0, 40); a.kv_len = t_int(&r, 0, 40);
-    a.kv_heads = t_int(&r, 1, 2); a.q_heads = a.kv_heads * t_int(&r, 1, 3);
+    a.batch = t_int(&r, 1, 3);
+    a.q_len = t_int(&r, 0, 40);
+    a.kv_len = t_int(&r, 0, 40);
+    a.kv_heads = t_int(&r, 1, 2);
+    a.q_heads = a.kv_heads * t_int(&r, 1, 3);
     static const int64_t wins[] = {-1, 0, 1, 3, 17, INT64_MAX};
-    a.window_left = wins[t_int(&r, 0, 5)]; a.window_right = wins[t_int(&r, 0, 5)];
+    a.window_left = wins[t_int(&r, 0, 5)];
+    a.window_right = wins[t_int(&r, 0, 5)];
     a.diag_offset = t_int(&r, 0, 3) ? 0 : t_int(&r, -50, 50);
     int pos = (int)t_int(&r, 0, 1);
     a.causal = (sa_causal)t_int(&r, 0, pos ? 1 : 2);
     int32_t ql[3], kl[3], qs[120], ks[120], qp[120], kp[120];
     uint8_t mask[3 * 6 * 40 * 40];
-    for (int b = 0; b < 3; b++) { ql[b] = (int32_t)t_int(&r, -2, 45); kl[b] = (int32_t)t_int(&r, -2, 45); }
-    for (int x = 0; x < 120; x++) {
-      qs[x] = (int32_t)t_int(&r, 0, 2); ks[x] = (int32_t)t_int(&r, 0, 2);
-      qp[x] = m_position(&r); kp[x] = m_position(&r);
+    for (int b = 0; b < 3; b++) {
+      ql[b] = (int32_t)t_int(&r, -2, 45);
+      kl[b] = (int32_t)t_int(&r, -2, 45);
     }
-    if (t_int(&r, 0, 1)) { a.q_lens = ql; a.kv_lens = kl; }
-    if (t_int(&r, 0, 2) == 0) { a.q_segment_ids = qs; a.kv_segment_ids = ks; }
-    if (pos) { a.q_positions = qp; a.kv_positions = kp; }
+    for (int x = 0; x < 120; x++) {
+      qs[x] = (int32_t)t_int(&r, 0, 2);
+      ks[x] = (int32_t)t_int(&r, 0, 2);
+      qp[x] = m_position(&r);
+      kp[x] = m_position(&r);
+    }
+    if (t_int(&r, 0, 1)) {
+      a.q_lens = ql;
+      a.kv_lens = kl;
+    }
+    if (t_int(&r, 0, 2) == 0) {
+      a.q_segment_ids = qs;
+      a.kv_segment_ids = ks;
+    }
+    if (pos) {
+      a.q_positions = qp;
+      a.kv_positions = kp;
+    }
     if (t_int(&r, 0, 1)) {
       const int64_t full[4] = {a.batch, a.q_heads, a.q_len, a.kv_len};
       t_bcast_dims((int)t_int(&r, 1, 16), full, a.mask_dims);
@@ -57,17 +75,22 @@ static void m_predicate_group(void) {
         for (int64_t i = 0; i < a.q_len; i++)
           for (int64_t j = 0; j < a.kv_len; j++)
             if (sa_attn_valid(&a, b, n, i, j) != t_valid_written(&a, b, n, i, j)) {
-              if (!bad) t_report("predicate problem %d: (b %lld, n %lld, i %lld, j %lld): sa_attn_valid %d, "
-                                 "written out %d", it, (long long)b, (long long)n, (long long)i, (long long)j,
-                                 sa_attn_valid(&a, b, n, i, j), t_valid_written(&a, b, n, i, j));
+              if (!bad)
+                t_report(
+                    "predicate problem %d: (b %lld, n %lld, i %lld, j %lld): sa_attn_valid %d, "
+                    "written out %d",
+                    it, (long long)b, (long long)n, (long long)i, (long long)j, sa_attn_valid(&a, b, n, i, j),
+                    t_valid_written(&a, b, n, i, j));
               bad++;
             }
     t_count(bad == 0);
     pass += bad == 0;
     total++;
   }
-  printf("sa_attn_valid vs the predicate written out (lengths, causal, windows, segments, positions, mask): "
-         "%d/%d problems\n", pass, total);
+  printf(
+      "sa_attn_valid vs the predicate written out (lengths, causal, windows, segments, positions, mask): "
+      "%d/%d problems\n",
+      pass, total);
 }
 
 /* ---- 2. dbias items ------------------------------------------------------------------------------ */
@@ -78,7 +101,12 @@ static int m_grid_case(int form, int64_t B, int64_t T, int64_t S, int64_t N, int
   sa_attn a;
   sa_attn_init(&a);
   a.dtype = SA_F32;
-  a.batch = B; a.q_len = T; a.kv_len = S; a.q_heads = N; a.kv_heads = K; a.head_dim = a.v_head_dim = 32;
+  a.batch = B;
+  a.q_len = T;
+  a.kv_len = S;
+  a.q_heads = N;
+  a.kv_heads = K;
+  a.head_dim = a.v_head_dim = 32;
   const int64_t full[4] = {B, N, T, S};
   t_bcast_dims(form, full, a.bias_dims);
   float one = 0.0f;
@@ -116,9 +144,11 @@ static int m_grid_case(int form, int64_t B, int64_t T, int64_t S, int64_t N, int
     static const char *ax = "BNTS";
     for (int d = 0; d < 4; d++) f[d] = (form - 1) >> (3 - d) & 1 ? '1' : ax[d];
     f[4] = '\0';
-    t_report("dbias items: bias [%s] over B%lld T%lld S%lld N%lld K%lld (pass %d, %lld items of %lld): a sub-item "
-             "is missing or repeated, or two items reach one dbias element", f, (long long)B, (long long)T,
-             (long long)S, (long long)N, (long long)K, (int)pass, (long long)items, (long long)subs);
+    t_report(
+        "dbias items: bias [%s] over B%lld T%lld S%lld N%lld K%lld (pass %d, %lld items of %lld): a sub-item "
+        "is missing or repeated, or two items reach one dbias element",
+        f, (long long)B, (long long)T, (long long)S, (long long)N, (long long)K, (int)pass, (long long)items,
+        (long long)subs);
   }
   free(owner);
   free(seen);
@@ -127,8 +157,8 @@ static int m_grid_case(int form, int64_t B, int64_t T, int64_t S, int64_t N, int
 }
 
 static void m_grid_group(void) {
-  static const int64_t shapes[][5] = {{3, 70, 150, 8, 2}, {2, 200, 65, 4, 4}, {1, 1, 300, 8, 1}, {2, 129, 1, 2, 2},
-                                      {4, 33, 33, 1, 1}, {1, 1, 1, 4, 2}};
+  static const int64_t shapes[][5] = {{3, 70, 150, 8, 2}, {2, 200, 65, 4, 4}, {1, 1, 300, 8, 1},
+                                      {2, 129, 1, 2, 2},  {4, 33, 33, 1, 1},  {1, 1, 1, 4, 2}};
   int pass = 0, total = 0;
   for (int f = 1; f <= 16; f++)
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++, total++)
@@ -140,9 +170,9 @@ static void m_grid_group(void) {
 
 typedef struct {
   const char *name;
-  sa_causal causal;  /* of the index form; the positions form is top-left */
+  sa_causal causal; /* of the index form; the positions form is top-left */
   int64_t wl, wr, diag, T, S;
-  int shift;         /* q positions i + S - T (the bottom-right diagonal), else i */
+  int shift; /* q positions i + S - T (the bottom-right diagonal), else i */
 } m_pos_case;
 
 static int m_pos_one(const m_pos_case *pc, sa_backend be, t_rng *r) {
@@ -150,9 +180,16 @@ static int m_pos_one(const m_pos_case *pc, sa_backend be, t_rng *r) {
   sa_attn a;
   sa_attn_init(&a);
   a.dtype = SA_F32;
-  a.batch = B; a.q_len = T; a.kv_len = S; a.q_heads = N; a.kv_heads = K; a.head_dim = a.v_head_dim = H;
+  a.batch = B;
+  a.q_len = T;
+  a.kv_len = S;
+  a.q_heads = N;
+  a.kv_heads = K;
+  a.head_dim = a.v_head_dim = H;
   a.softmax = SA_SOFTMAX_LEARNABLE;
-  a.window_left = pc->wl; a.window_right = pc->wr; a.diag_offset = pc->diag;
+  a.window_left = pc->wl;
+  a.window_right = pc->wr;
+  a.diag_offset = pc->diag;
   float *q = t_alloc(B * T * N * H, 4), *k = t_alloc(B * S * K * H, 4), *v = t_alloc(B * S * K * H, 4);
   float *o1 = t_alloc(B * T * N * H, 4), *o2 = t_alloc(B * T * N * H, 4), *l1 = t_alloc(B * N * T, 4);
   float *l2 = t_alloc(B * N * T, 4), sinks[4];
@@ -163,11 +200,19 @@ static int m_pos_one(const m_pos_case *pc, sa_backend be, t_rng *r) {
   for (int n = 0; n < 4; n++) sinks[n] = (float)t_unif(r, -10, 10);
   for (int64_t x = 0; x < B * T; x++) qp[x] = (int32_t)(x % T + (pc->shift ? S - T : 0));
   for (int64_t x = 0; x < B * S; x++) kp[x] = (int32_t)(x % S);
-  a.q = q; a.k = k; a.v = v; a.sinks = sinks;
-  a.causal = pc->causal; a.out = o1; a.lse = l1;
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.sinks = sinks;
+  a.causal = pc->causal;
+  a.out = o1;
+  a.lse = l1;
   sa_status s1 = sa_attn_fwd(&a, be, NULL);
   a.causal = pc->causal == SA_CAUSAL_NONE ? SA_CAUSAL_NONE : SA_CAUSAL_TOP_LEFT;
-  a.q_positions = qp; a.kv_positions = kp; a.out = o2; a.lse = l2;
+  a.q_positions = qp;
+  a.kv_positions = kp;
+  a.out = o2;
+  a.lse = l2;
   sa_status s2 = sa_attn_fwd(&a, be, NULL);
   int ok = s1 == SA_OK && s2 == SA_OK;
   double worst = 0.0;
@@ -177,8 +222,8 @@ static int m_pos_one(const m_pos_case *pc, sa_backend be, t_rng *r) {
     ok &= be == SA_BACKEND_REF ? memcmp(&o1[x], &o2[x], 4) == 0 : e <= 1e-6;
   }
   for (int64_t x = 0; ok && x < B * N * T; x++)
-    ok &= be == SA_BACKEND_REF ? memcmp(&l1[x], &l2[x], 4) == 0
-                               : fabs((double)l1[x] - l2[x]) <= 1e-6 * (1 + fabs(l1[x]));
+    ok &=
+        be == SA_BACKEND_REF ? memcmp(&l1[x], &l2[x], 4) == 0 : fabs((double)l1[x] - l2[x]) <= 1e-6 * (1 + fabs(l1[x]));
   if (!ok)
     t_report("positions restating [%s] on %s: %s / %s, results differ (largest out difference %.3g)", pc->name,
              be == SA_BACKEND_REF ? "REF" : "CPU", sa_status_name(s1), sa_status_name(s2), worst);
@@ -191,9 +236,19 @@ static int m_pos_one(const m_pos_case *pc, sa_backend be, t_rng *r) {
 /* Window edges on the CPU tiles' borders: with 32 query rows per block (G = 2) and 64 keys per tile, a
    left window of 65 lets row 128 see exactly key 63 of tile 0, a right window of 33 row 31 key 64. */
 static const m_pos_case m_pos_cases[] = {
-    {.name = "bottom-right causal", .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = -1, .wr = -1, .T = 90, .S = 200,
+    {.name = "bottom-right causal",
+     .causal = SA_CAUSAL_BOTTOM_RIGHT,
+     .wl = -1,
+     .wr = -1,
+     .T = 90,
+     .S = 200,
      .shift = 1},
-    {.name = "bottom-right window (20, 0)", .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = 20, .wr = 0, .T = 150, .S = 260,
+    {.name = "bottom-right window (20, 0)",
+     .causal = SA_CAUSAL_BOTTOM_RIGHT,
+     .wl = 20,
+     .wr = 0,
+     .T = 150,
+     .S = 260,
      .shift = 1},
     {.name = "causal, left window 65", .causal = SA_CAUSAL_TOP_LEFT, .wl = 65, .wr = 0, .T = 260, .S = 260},
     {.name = "right window 33", .wl = -1, .wr = 33, .T = 200, .S = 260},

@@ -96,7 +96,7 @@ def test_c_header_version_matches_pyproject():
   with open(os.path.join(REPO, "include", "sinkattn.h")) as f:
     header = f.read()
   macros = {
-    w: re.search(r"#define SINKATTN_VERSION_%s (\S+)" % w, header).group(1)
+    w: re.search(r"#define SINKATTN_VERSION_%s\s+(\S+)" % w, header).group(1)
     for w in ("MAJOR", "MINOR", "PATCH", "STRING")
   }
   assert sinkattn.__version__ == version

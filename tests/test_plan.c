@@ -40,7 +40,8 @@ static void check_old_device(void) {
   sa_cuda_plan p;
   const sa_status s = sa_cuda_plan_pick(&a, SA_PLAN_FWD, &t4, NULL, (size_t)-1, &p);
   const int ok = s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "device 'Tesla T4' is sm_75") &&
-                 strstr(sa_last_error(), "needs sm_80 or newer") && sa_cuda_plans(&a, SA_PLAN_BWD, &t4, (size_t)-1, NULL, 0) == 0;
+                 strstr(sa_last_error(), "needs sm_80 or newer") &&
+                 sa_cuda_plans(&a, SA_PLAN_BWD, &t4, (size_t)-1, NULL, 0) == 0;
   if (!ok) t_report("sm_75: status %d, message '%s'", (int)s, sa_last_error());
   t_count(ok);
 }
@@ -54,7 +55,8 @@ static void check_force(void) {
   a.window_left = 127, a.window_right = 0;
   sa_cuda_plan p;
   sa_status s = sa_cuda_plan_pick(&a, SA_PLAN_BWD, &h200, "hopper.bwd.onepass", (size_t)-1, &p);
-  const int ok = s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "hopper.bwd.onepass") && strstr(sa_last_error(), "window");
+  const int ok =
+      s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "hopper.bwd.onepass") && strstr(sa_last_error(), "window");
   if (!ok) t_report("forced one pass with a window: status %d '%s'", (int)s, sa_last_error());
   t_count(ok);
   /* f16: no Hopper plan */
@@ -101,20 +103,27 @@ static void check_cases(const char *path) {
                &H, &Hv, sm, ca, &wl, &wr, &diag, &lens, &segs) != 15)
       continue;
     static const int32_t marker[4] __attribute__((aligned(16))) = {0};
-    sa_attn a = shape(B, T, S, N, K, H, !strcmp(ca, "top_left") ? SA_CAUSAL_TOP_LEFT : !strcmp(ca, "bottom_right") ? SA_CAUSAL_BOTTOM_RIGHT : SA_CAUSAL_NONE);
+    sa_attn a = shape(B, T, S, N, K, H,
+                      !strcmp(ca, "top_left")       ? SA_CAUSAL_TOP_LEFT
+                      : !strcmp(ca, "bottom_right") ? SA_CAUSAL_BOTTOM_RIGHT
+                                                    : SA_CAUSAL_NONE);
     a.dtype = !strcmp(dt, "f16") ? SA_F16 : !strcmp(dt, "f32") ? SA_F32 : SA_BF16;
     a.v_head_dim = Hv, a.window_left = wl, a.window_right = wr, a.diag_offset = diag;
-    a.softmax = !strcmp(sm, "vanilla") ? SA_SOFTMAX_VANILLA : !strcmp(sm, "off_by_one") ? SA_SOFTMAX_OFF_BY_ONE : SA_SOFTMAX_LEARNABLE;
+    a.softmax = !strcmp(sm, "vanilla")      ? SA_SOFTMAX_VANILLA
+                : !strcmp(sm, "off_by_one") ? SA_SOFTMAX_OFF_BY_ONE
+                                            : SA_SOFTMAX_LEARNABLE;
     if (lens) a.q_lens = a.kv_lens = marker;
     if (segs) a.q_segment_ids = a.kv_segment_ids = marker;
     for (int which = 0; which < SA_PLAN_KINDS; which++) {
       if (which == SA_PLAN_DECODE && T > 64) continue;
       sa_cuda_plan list[16], p;
       const int np = sa_cuda_plans(&a, which, &h200, (size_t)-1, list, 16);
-      int ok = np > 0 && sa_cuda_plan_pick(&a, which, &h200, NULL, (size_t)-1, &p) == SA_OK && !strcmp(p.name, list[0].name);
+      int ok =
+          np > 0 && sa_cuda_plan_pick(&a, which, &h200, NULL, (size_t)-1, &p) == SA_OK && !strcmp(p.name, list[0].name);
       for (int i = 0; ok && i < np && i < 16; i++) {
         char desc[384];
-        ok = sa_cuda_plan_pick(&a, which, &h200, list[i].name, (size_t)-1, &p) == SA_OK && !strcmp(p.name, list[i].name);
+        ok =
+            sa_cuda_plan_pick(&a, which, &h200, list[i].name, (size_t)-1, &p) == SA_OK && !strcmp(p.name, list[i].name);
         sa_cuda_plan_describe(&p, desc, sizeof desc);
         ok = ok && !strncmp(desc, p.name, strlen(p.name)) && desc[strlen(p.name)] == ' ';
         if (ok && which == SA_PLAN_BWD) { /* the need is the workspace: with exactly it the plan stays legal */

@@ -23,8 +23,9 @@ static const sa_cpu_kernels *sa_cpu_kernels_of(const sa_cpu_plan *p) {
 #ifdef SA_CPU_HAVE_AMX
   if (p->tile == SA_CPU_TILE_AMX) return &sa_cpu_kernels_amx;
 #endif
-  return p->simd == SA_CPU_AVX512 ? &sa_cpu_kernels_avx512 : p->simd == SA_CPU_AVX2 ? &sa_cpu_kernels_avx2
-                                                                                    : &sa_cpu_kernels_scalar;
+  return p->simd == SA_CPU_AVX512 ? &sa_cpu_kernels_avx512
+         : p->simd == SA_CPU_AVX2 ? &sa_cpu_kernels_avx2
+                                  : &sa_cpu_kernels_scalar;
 }
 
 const char *sa_cpu_simd_name(void) {
@@ -146,8 +147,8 @@ sa_status sa_cpu_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspa
                         1.5 * sa_cpu_flops(a), &threads);
   /* dk/dv read every D of pass 1, so the passes run one after the other. */
   if (s == SA_OK && B > 0 && a->kv_len > 0)
-    s = sa_cpu_parallel(k, &c, SA_CPU_BWD_DKDV, sa_cpu_items(&c, SA_CPU_BWD_DKDV),
-                        k->scratch(&c, SA_CPU_BWD_DKDV), 2.0 * sa_cpu_flops(a), &threads);
+    s = sa_cpu_parallel(k, &c, SA_CPU_BWD_DKDV, sa_cpu_items(&c, SA_CPU_BWD_DKDV), k->scratch(&c, SA_CPU_BWD_DKDV),
+                        2.0 * sa_cpu_flops(a), &threads);
   sa_cpu_plan_ran(&p, a, threads);
 
   /* dsinks[n] = -sum over (b, query block) of the per-block partials, in that fixed order (double, so

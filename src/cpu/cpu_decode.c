@@ -17,15 +17,15 @@
 
 /* Floats of partials: out [items][R][Hv] then lse [items][R]; 0 when the count would not fit. */
 static int64_t sa_cpu_decode_partial_floats(const sa_attn *a, const sa_cpu_plan *p) {
-  double n = (double)a->batch * (double)a->kv_heads * (double)p->splits * (double)p->rows *
-             (double)(a->v_head_dim + 1);
+  double n = (double)a->batch * (double)a->kv_heads * (double)p->splits * (double)p->rows * (double)(a->v_head_dim + 1);
   if (n > 4.0e18 / 4.0) return 0;
   return a->batch * a->kv_heads * p->splits * p->rows * (a->v_head_dim + 1);
 }
 
 sa_status sa_cpu_decode_supported(const sa_attn *a) {
   if (a->q_segment_ids)
-    return sa_error(SA_ERR_UNSUPPORTED, "q_segment_ids/kv_segment_ids unsupported by the CPU decode "
+    return sa_error(SA_ERR_UNSUPPORTED,
+                    "q_segment_ids/kv_segment_ids unsupported by the CPU decode "
                     "backend: use SA_BACKEND_REF (or sa_attn_fwd) for packed sequences");
   return SA_OK;
 }
@@ -166,8 +166,9 @@ sa_status sa_cpu_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_
   const int64_t pf = sa_cpu_decode_partial_floats(a, &p);
   if (pf == 0) return sa_error(SA_ERR_NO_MEMORY, "CPU decode: partials for this shape overflow");
 
-  sa_decode_job job = {a, &p, sa_cpu_decode_portable, sa_cpu_decode_portable_scratch(a, &p),
-                       sa_scale_of(a) * SA_LOG2E, NULL, NULL, NULL};
+  sa_decode_job job = {
+      a,    &p,  sa_cpu_decode_portable, sa_cpu_decode_portable_scratch(a, &p), sa_scale_of(a) * SA_LOG2E, NULL,
+      NULL, NULL};
   if (p.simd == SA_CPU_AVX512) {
     job.kernel = sa_cpu_decode_avx512;
     job.kernel_floats = sa_cpu_decode_avx512_scratch(a, &p);
@@ -175,8 +176,7 @@ sa_status sa_cpu_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_
   float *owned = NULL;
   if (workspace && workspace_size >= (size_t)pf * sizeof(float) && ((uintptr_t)workspace % sizeof(float)) == 0)
     job.part_out = (float *)workspace;
-  else
-    job.part_out = owned = (float *)malloc((size_t)pf * sizeof(float));
+  else job.part_out = owned = (float *)malloc((size_t)pf * sizeof(float));
   job.done = calloc((size_t)a->batch, sizeof *job.done);
   if (!job.part_out || !job.done) {
     free(owned);

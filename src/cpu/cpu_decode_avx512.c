@@ -28,10 +28,10 @@
    ahead 1.04, 32-key blocks 1.27, 24 keys 1.44 (13.2 GB/s at the best). The L2 lines issued in one burst
    per head instead of spread stalled the loads behind full miss buffers (one head per vector, 64-key
    blocks, one run: 6.7 vs 9.3 GB/s; at 32 keys the spread lines gave 13.3). */
-#define SA_DEC_BK 16
+#define SA_DEC_BK       16
 #define SA_DEC_L1_AHEAD 2
 
-#define SA_INL static inline __attribute__((always_inline))
+#define SA_INL         static inline __attribute__((always_inline))
 #define SA_BF16_TARGET __attribute__((target("avx512bf16")))
 
 static int64_t sa_al16(int64_t n) { return (n + 15) & ~(int64_t)15; }
@@ -124,24 +124,24 @@ SA_INL __m512i sa_dec_kb(const int HPV, const char *row, const int64_t *hoff, in
    (vdpbf16ps: two exact products per lane into fp32), the scale applied to the sums; an odd H's last pair
    takes the key's last element with a zero high half, so no element of the next row is read. HPV > 1
    (NV 1): that many kv heads share the vector, 16 / HPV lanes each. */
-SA_INL SA_BF16_TARGET void sa_dec_qk(const int DOT, const int NK, const int NV, const int HPV, int64_t H,
-                                     int64_t Rp, const char *key0, int64_t kstride, const int64_t *hoff,
-                                     const float *qt, int64_t v0, float qscale, float *st) {
+SA_INL SA_BF16_TARGET void sa_dec_qk(const int DOT, const int NK, const int NV, const int HPV, int64_t H, int64_t Rp,
+                                     const char *key0, int64_t kstride, const int64_t *hoff, const float *qt,
+                                     int64_t v0, float qscale, float *st) {
   const char *bases[4] = {key0, key0 + 4 * kstride, key0 + 8 * kstride, key0 + 12 * kstride};
   const int64_t s3 = 3 * kstride, steps = DOT ? H / 2 : H;
   __m512 acc[16][4];
   for (int k = 0; k < NK; k++)
     for (int v = 0; v < NV; v++) acc[k][v] = _mm512_setzero_ps();
-#define SA_DEC_QK_STEP(D, HALF)                                                                   \
-  do {                                                                                            \
-    __m512 q[4];                                                                                  \
-    for (int v = 0; v < NV; v++) q[v] = _mm512_load_ps(qt + (D) * Rp + (v0 + v) * 16);           \
-    for (int k = 0; k < NK; k++) {                                                                \
-      const __m512i kb = sa_dec_kb(HPV, sa_dec_key(bases, k, kstride, s3), hoff, 4 * (D), HALF);  \
-      for (int v = 0; v < NV; v++)                                                                \
-        acc[k][v] = DOT ? _mm512_dpbf16_ps(acc[k][v], (__m512bh)kb, (__m512bh)q[v])               \
-                        : _mm512_fmadd_ps(_mm512_castsi512_ps(kb), q[v], acc[k][v]);              \
-    }                                                                                             \
+#define SA_DEC_QK_STEP(D, HALF)                                                                  \
+  do {                                                                                           \
+    __m512 q[4];                                                                                 \
+    for (int v = 0; v < NV; v++) q[v] = _mm512_load_ps(qt + (D)*Rp + (v0 + v) * 16);             \
+    for (int k = 0; k < NK; k++) {                                                               \
+      const __m512i kb = sa_dec_kb(HPV, sa_dec_key(bases, k, kstride, s3), hoff, 4 * (D), HALF); \
+      for (int v = 0; v < NV; v++)                                                               \
+        acc[k][v] = DOT ? _mm512_dpbf16_ps(acc[k][v], (__m512bh)kb, (__m512bh)q[v])              \
+                        : _mm512_fmadd_ps(_mm512_castsi512_ps(kb), q[v], acc[k][v]);             \
+    }                                                                                            \
   } while (0)
   for (int64_t d = 0; d < steps; d++) SA_DEC_QK_STEP(d, 0);
   if (DOT && (H & 1)) SA_DEC_QK_STEP(steps, 1);
@@ -153,27 +153,27 @@ SA_INL SA_BF16_TARGET void sa_dec_qk(const int DOT, const int NK, const int NV, 
 
 /* S^T of keys [0, nb) of the block for one group of HPV kv heads: groups of keys (16 / NV of them), then
    single keys; row vectors in groups of NV (4, 2 or 1; 1 when heads share a vector). */
-#define SA_DEC_QK_BLOCK(DOT, HPV)                                                                    \
-  static SA_BF16_TARGET void sa_dec_qk_block_##DOT##_##HPV(int64_t H, int64_t Rp, int64_t nb, const char *key0, \
+#define SA_DEC_QK_BLOCK(DOT, HPV)                                                                                 \
+  static SA_BF16_TARGET void sa_dec_qk_block_##DOT##_##HPV(int64_t H, int64_t Rp, int64_t nb, const char *key0,   \
                                                            int64_t kstride, const int64_t *hoff, const float *qt, \
-                                                           float qscale, float *st) {                     \
-    const int64_t Rv = Rp / 16;                                                                       \
-    for (int64_t v0 = 0; v0 < Rv;) {                                                                  \
-      int64_t jj = 0;                                                                                 \
-      if (HPV == 1 && Rv - v0 >= 4) {                                                                 \
-        for (; jj + 4 <= nb; jj += 4) SA_DEC_QK_CALL(DOT, 4, 4, HPV);                                 \
-        for (; jj < nb; jj++) SA_DEC_QK_CALL(DOT, 1, 4, HPV);                                         \
-        v0 += 4;                                                                                      \
-      } else if (HPV == 1 && Rv - v0 >= 2) {                                                          \
-        for (; jj + 8 <= nb; jj += 8) SA_DEC_QK_CALL(DOT, 8, 2, HPV);                                 \
-        for (; jj < nb; jj++) SA_DEC_QK_CALL(DOT, 1, 2, HPV);                                         \
-        v0 += 2;                                                                                      \
-      } else {                                                                                        \
-        for (; jj + 16 <= nb; jj += 16) SA_DEC_QK_CALL(DOT, 16, 1, HPV);                              \
-        for (; jj < nb; jj++) SA_DEC_QK_CALL(DOT, 1, 1, HPV);                                         \
-        v0 += 1;                                                                                      \
-      }                                                                                               \
-    }                                                                                                 \
+                                                           float qscale, float *st) {                             \
+    const int64_t Rv = Rp / 16;                                                                                   \
+    for (int64_t v0 = 0; v0 < Rv;) {                                                                              \
+      int64_t jj = 0;                                                                                             \
+      if (HPV == 1 && Rv - v0 >= 4) {                                                                             \
+        for (; jj + 4 <= nb; jj += 4) SA_DEC_QK_CALL(DOT, 4, 4, HPV);                                             \
+        for (; jj < nb; jj++) SA_DEC_QK_CALL(DOT, 1, 4, HPV);                                                     \
+        v0 += 4;                                                                                                  \
+      } else if (HPV == 1 && Rv - v0 >= 2) {                                                                      \
+        for (; jj + 8 <= nb; jj += 8) SA_DEC_QK_CALL(DOT, 8, 2, HPV);                                             \
+        for (; jj < nb; jj++) SA_DEC_QK_CALL(DOT, 1, 2, HPV);                                                     \
+        v0 += 2;                                                                                                  \
+      } else {                                                                                                    \
+        for (; jj + 16 <= nb; jj += 16) SA_DEC_QK_CALL(DOT, 16, 1, HPV);                                          \
+        for (; jj < nb; jj++) SA_DEC_QK_CALL(DOT, 1, 1, HPV);                                                     \
+        v0 += 1;                                                                                                  \
+      }                                                                                                           \
+    }                                                                                                             \
   }
 #define SA_DEC_QK_CALL(DOT, NK, NV, HPV) \
   sa_dec_qk(DOT, NK, NV, HPV, H, Rp, key0 + jj * kstride, kstride, hoff, qt, v0, qscale, st + jj * Rp)
@@ -288,15 +288,21 @@ SA_INL void sa_dec_pv(const int DT, const int NR, int64_t Hv, int64_t Rp, int64_
 }
 
 /* The rows of one kv head in blocks of 8, then 4, 2, 1 (the block a compile-time constant per call). */
-#define SA_DEC_PV_ROWS(DT)                                                                                   \
-  static void sa_dec_pv_rows_##DT(int64_t R, int64_t Hv, int64_t Rp, int64_t nb, const float *st,          \
-                                  const float *corr, const void *v, int64_t vrow, int64_t vstride, float *acc, \
-                                  int64_t as, sa_dec_pf *pf) {                                               \
-    int64_t x = 0;                                                                                           \
-    for (; x + 8 <= R; x += 8) sa_dec_pv(DT, 8, Hv, Rp, nb, x, st, corr, v, vrow, vstride, acc + x * as, as, pf); \
-    if (x + 4 <= R) { sa_dec_pv(DT, 4, Hv, Rp, nb, x, st, corr, v, vrow, vstride, acc + x * as, as, pf); x += 4; } \
-    if (x + 2 <= R) { sa_dec_pv(DT, 2, Hv, Rp, nb, x, st, corr, v, vrow, vstride, acc + x * as, as, pf); x += 2; } \
-    if (x < R) sa_dec_pv(DT, 1, Hv, Rp, nb, x, st, corr, v, vrow, vstride, acc + x * as, as, pf);            \
+#define SA_DEC_PV_ROWS(DT)                                                                                           \
+  static void sa_dec_pv_rows_##DT(int64_t R, int64_t Hv, int64_t Rp, int64_t nb, const float *st, const float *corr, \
+                                  const void *v, int64_t vrow, int64_t vstride, float *acc, int64_t as,              \
+                                  sa_dec_pf *pf) {                                                                   \
+    int64_t x = 0;                                                                                                   \
+    for (; x + 8 <= R; x += 8) sa_dec_pv(DT, 8, Hv, Rp, nb, x, st, corr, v, vrow, vstride, acc + x * as, as, pf);    \
+    if (x + 4 <= R) {                                                                                                \
+      sa_dec_pv(DT, 4, Hv, Rp, nb, x, st, corr, v, vrow, vstride, acc + x * as, as, pf);                             \
+      x += 4;                                                                                                        \
+    }                                                                                                                \
+    if (x + 2 <= R) {                                                                                                \
+      sa_dec_pv(DT, 2, Hv, Rp, nb, x, st, corr, v, vrow, vstride, acc + x * as, as, pf);                             \
+      x += 2;                                                                                                        \
+    }                                                                                                                \
+    if (x < R) sa_dec_pv(DT, 1, Hv, Rp, nb, x, st, corr, v, vrow, vstride, acc + x * as, as, pf);                    \
   }
 SA_DEC_PV_ROWS(SA_F32)
 SA_DEC_PV_ROWS(SA_F16)
@@ -345,8 +351,8 @@ static void sa_dec_q_transpose(const sa_decode_item *it, const sa_dec_pack *pk, 
 
 /* Rows [0, nb) of one head's K block in fp32 (kf [nb][Hp]), for caches whose elements cannot be broadcast
    as fp32 straight from memory. */
-static void sa_dec_k_to_f32(const void *k, sa_dtype t, int64_t row0, int64_t stride, int64_t nb, int64_t H,
-                            int64_t Hp, float *kf) {
+static void sa_dec_k_to_f32(const void *k, sa_dtype t, int64_t row0, int64_t stride, int64_t nb, int64_t H, int64_t Hp,
+                            float *kf) {
   for (int64_t jj = 0; jj < nb; jj++) {
     const uint16_t *src = (const uint16_t *)k + row0 + jj * stride;
     float *dst = kf + jj * Hp;
@@ -410,7 +416,8 @@ void sa_cpu_decode_avx512(const sa_decode_item *it, float *scratch) {
       if (g + SA_DEC_L1_AHEAD < ng) /* this block, a later group of heads: L1 */
         for (int64_t jj = 0; jj < nb; jj++) {
           const int64_t crow = (b * S + j0 + jj) * K + kh0 + SA_DEC_L1_AHEAD * pk.hpv;
-          const int64_t hn = K - (kh0 + SA_DEC_L1_AHEAD * pk.hpv) < pk.hpv ? K - (kh0 + SA_DEC_L1_AHEAD * pk.hpv) : pk.hpv;
+          const int64_t hn =
+              K - (kh0 + SA_DEC_L1_AHEAD * pk.hpv) < pk.hpv ? K - (kh0 + SA_DEC_L1_AHEAD * pk.hpv) : pk.hpv;
           const char *kp = (const char *)a->k + (size_t)(crow * H) * es;
           const char *vp = (const char *)a->v + (size_t)(crow * Hv) * es;
           for (size_t x = 0; x < (size_t)(hn * H) * es; x += 64) __builtin_prefetch(kp + x, 0, 3);
@@ -442,8 +449,7 @@ void sa_cpu_decode_avx512(const sa_decode_item *it, float *scratch) {
           sa_dec_pv_rows_SA_BF16(R, Hv, Rp, nb, st + lane, corr + lane, a->v, vrow, K * Hv, acc, it->astride, &pf);
         else if (a->dtype == SA_F16)
           sa_dec_pv_rows_SA_F16(R, Hv, Rp, nb, st + lane, corr + lane, a->v, vrow, K * Hv, acc, it->astride, &pf);
-        else
-          sa_dec_pv_rows_SA_F32(R, Hv, Rp, nb, st + lane, corr + lane, a->v, vrow, K * Hv, acc, it->astride, &pf);
+        else sa_dec_pv_rows_SA_F32(R, Hv, Rp, nb, st + lane, corr + lane, a->v, vrow, K * Hv, acc, it->astride, &pf);
       }
       sa_dec_pf_step(&pf, pf.n + pf.n2); /* what the key loops left */
     }

@@ -41,8 +41,8 @@ int64_t sa_cpu_decode_portable_scratch(const sa_attn *a, const sa_cpu_plan *p) {
 
 void sa_cpu_decode_portable(const sa_decode_item *it, float *scratch) {
   const sa_attn *a = it->a;
-  const int64_t H = a->head_dim, Hv = a->v_head_dim, G = it->group, R = it->plan->rows, N = a->q_heads,
-                K = a->kv_heads, T = a->q_len, S = a->kv_len, b = it->b;
+  const int64_t H = a->head_dim, Hv = a->v_head_dim, G = it->group, R = it->plan->rows, N = a->q_heads, K = a->kv_heads,
+                T = a->q_len, S = a->kv_len, b = it->b;
   float *qs = scratch, *kt = qs + K * R * H, *vf = kt + H * SA_DEC_TILE, *row = vf + SA_DEC_TILE * Hv;
   for (int64_t kh = 0; kh < K; kh++)
     for (int64_t r = 0; r < R; r++) {
@@ -91,7 +91,7 @@ void sa_cpu_decode_portable(const sa_decode_item *it, float *scratch) {
           mt = s[jj] > mt ? s[jj] : mt;
         }
         float mold = it->m[x], mnew = mt > mold ? mt : mold; /* finite: the tile holds a valid key of this row */
-        float corr = sa_dec_exp2(mold - mnew);                 /* 0 on the first tile (m = -inf) */
+        float corr = sa_dec_exp2(mold - mnew);               /* 0 on the first tile (m = -inf) */
         float sum = 0.0f;
         for (int jj = 0; jj < SA_DEC_TILE; jj++) e[jj] = sa_dec_exp2(s[jj] - mnew);
         for (int jj = 0; jj < SA_DEC_TILE; jj++) sum += e[jj];

@@ -35,8 +35,8 @@ SA_INLINE void mk(const int R, const int CV, int64_t kd, const float *A, int64_t
 }
 
 /* C[M x N] = A B (acc 0) or C += A B (acc 1); A(r, k) = A[r * ar + k * ak]; N a multiple of VW. */
-static void gemm(int64_t M, int64_t N, int64_t kd, const float *A, int64_t ar, int64_t ak, const float *B,
-                 int64_t ldb, float *C, int64_t ldc, int acc) {
+static void gemm(int64_t M, int64_t N, int64_t kd, const float *A, int64_t ar, int64_t ak, const float *B, int64_t ldb,
+                 float *C, int64_t ldc, int acc) {
   int64_t n0 = 0;
   for (; n0 + MK_C * VW <= N; n0 += MK_C * VW) {
     int64_t r = 0;

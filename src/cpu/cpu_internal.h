@@ -28,32 +28,32 @@
    SA_CPU_BK2, SA_CPU_BQ2: keys per dk/dv item and query positions per tile in that pass. 64 and 128 keys
      tie at T = 2048 (causal or not); with gpt-oss's 128-key window 64 wastes less on the window's edges
      (fwd+bwd 35% -> 40% of peak at T = 4096, N/K = 64/8, H = 64). */
-#define SA_CPU_ROWS 256
+#define SA_CPU_ROWS      256
 #define SA_CPU_ROWS_DIAG 64
-#define SA_CPU_BK 64
-#define SA_CPU_BK2 64
-#define SA_CPU_BQ2 64
+#define SA_CPU_BK        64
+#define SA_CPU_BK2       64
+#define SA_CPU_BQ2       64
 /* Head dims are padded to a multiple of 16 floats (one AVX-512 vector, two AVX2 ones) in the fp32 tiles. */
 #define SA_CPU_PAD 16
 
 #define SA_LOG2E 1.44269504088896340736f
-#define SA_LN2 0.693147180559945309417f
+#define SA_LN2   0.693147180559945309417f
 
 typedef struct sa_cpu_ctx {
   const sa_attn *a;
   const sa_attn_grad *g;
-  int64_t G;        /* query heads per kv head */
-  int64_t bq;       /* query positions per forward / dq item (G * bq rows; the plan's) */
-  int64_t nqb;      /* query blocks of bq positions */
-  int64_t nkb;      /* key blocks of SA_CPU_BK2 in the dk/dv pass */
-  int64_t hp, hvp;  /* head_dim, v_head_dim rounded up to SA_CPU_PAD */
-  float scale;      /* softmax scale */
-  float scale2;     /* scale * log2(e): scores are kept in base 2 so exp is exp2 */
-  float *dbuf;      /* [B,N,T] D_i = dout_i . out_i - dlse_i (backward) */
-  float *dsink_part; /* [N, B, nqb] per-block dsinks partials (backward, LEARNABLE) */
-  sa_bcast bias_st, mask_st; /* element strides of bias (and dbias) and mask, 0 on their size-1 axes */
-  int fill;         /* every score tile starts from an additive tile (bias, mask; see cpu_mask.h) */
-  int dbias_pass;   /* the backward pass that sums dbias (an sa_cpu_pass), -1 without dbias */
+  int64_t G;                    /* query heads per kv head */
+  int64_t bq;                   /* query positions per forward / dq item (G * bq rows; the plan's) */
+  int64_t nqb;                  /* query blocks of bq positions */
+  int64_t nkb;                  /* key blocks of SA_CPU_BK2 in the dk/dv pass */
+  int64_t hp, hvp;              /* head_dim, v_head_dim rounded up to SA_CPU_PAD */
+  float scale;                  /* softmax scale */
+  float scale2;                 /* scale * log2(e): scores are kept in base 2 so exp is exp2 */
+  float *dbuf;                  /* [B,N,T] D_i = dout_i . out_i - dlse_i (backward) */
+  float *dsink_part;            /* [N, B, nqb] per-block dsinks partials (backward, LEARNABLE) */
+  sa_bcast bias_st, mask_st;    /* element strides of bias (and dbias) and mask, 0 on their size-1 axes */
+  int fill;                     /* every score tile starts from an additive tile (bias, mask; see cpu_mask.h) */
+  int dbias_pass;               /* the backward pass that sums dbias (an sa_cpu_pass), -1 without dbias */
   int span_b, span_k, span_blk; /* that pass's items span every batch / kv head / block (see sa_cpu_grid) */
 } sa_cpu_ctx;
 
@@ -67,7 +67,9 @@ void sa_cpu_ctx_init(sa_cpu_ctx *c, const sa_attn *a, const sa_attn_grad *g);
    items would add to the same dbias element: one item then sums each element in a fixed order, so dbias
    is bitwise the same for every thread count, with no scratch beyond dbias. An item is the gb x gk x gl
    sub-items (b, kv head, block) of one cell of the nb x nk x nl grid, run in that order. */
-typedef struct { int64_t gb, gk, gl, nb, nk, nl; } sa_cpu_grid;
+typedef struct {
+  int64_t gb, gk, gl, nb, nk, nl;
+} sa_cpu_grid;
 
 static inline sa_cpu_grid sa_cpu_grid_of(const sa_cpu_ctx *c, sa_cpu_pass pass) {
   const int64_t nblk = pass == SA_CPU_BWD_DKDV ? c->nkb : c->nqb, span = (int)pass == c->dbias_pass;

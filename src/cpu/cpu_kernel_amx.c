@@ -7,8 +7,8 @@
  */
 #include "cpu_vec_avx512.h"
 
-#define SA_TILE 1
+#define SA_TILE    1
 #define SA_K_TABLE sa_cpu_kernels_amx
-#define SA_K_NAME "amx"
+#define SA_K_NAME  "amx"
 
 #include "cpu_kernel_body.h"

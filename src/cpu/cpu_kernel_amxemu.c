@@ -6,9 +6,9 @@
  */
 #include "cpu_vec_avx512.h"
 
-#define SA_TILE 1
+#define SA_TILE          1
 #define SA_TILE_EMULATED 1
-#define SA_K_TABLE sa_cpu_kernels_amxemu
-#define SA_K_NAME "amxemu"
+#define SA_K_TABLE       sa_cpu_kernels_amxemu
+#define SA_K_NAME        "amxemu"
 
 #include "cpu_kernel_body.h"

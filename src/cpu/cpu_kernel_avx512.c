@@ -6,6 +6,6 @@
 
 #define SA_K(name) sa_cpu_##name##_avx512
 #define SA_K_TABLE sa_cpu_kernels_avx512
-#define SA_K_NAME "avx512"
+#define SA_K_NAME  "avx512"
 
 #include "cpu_kernel_body.h"

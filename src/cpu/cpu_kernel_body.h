@@ -29,7 +29,7 @@
 #include <math.h>
 #include <string.h>
 
-#define SA_INLINE static inline __attribute__((always_inline))
+#define SA_INLINE    static inline __attribute__((always_inline))
 #define SA_MIN(x, y) ((x) < (y) ? (x) : (y))
 #define SA_MAX(x, y) ((x) > (y) ? (x) : (y))
 
@@ -97,8 +97,8 @@ static int64_t pad_to(int64_t x) { return (x + SA_CPU_PAD - 1) / SA_CPU_PAD * SA
 
 typedef struct {
   float *tmp, *tmp2, *q, *qt, *kt, *kr, *v, *vt, *d, *dt, *s, *dp, *acc, *acc2, *r1, *r2, *cm, *cl, *mlo, *mhi;
-  float *row, *db; /* rows of the additive tile (cpu_mask.h); dbias row sums of the dq pass */
-  float *ta, *tb, *tc; /* the tile layer's staging (cpu_tile.h): A panel, B blocks (bf16), C tiles */
+  float *row, *db;          /* rows of the additive tile (cpu_mask.h); dbias row sums of the dq pass */
+  float *ta, *tb, *tc;      /* the tile layer's staging (cpu_tile.h): A panel, B blocks (bf16), C tiles */
   float *sq, *sd, *sk, *sv; /* its per-item staging of q^T, dout^T (FWD, BWD_DQ) or k^T, v^T (BWD_DKDV) */
 } sa_bufs;
 
@@ -107,18 +107,17 @@ typedef struct {
    contain q instead (PSCALE, its alpha). STAGE_B puts a B operand that the whole item reuses into the tile
    layout once (a no-op for the vector layer); PRODUCT's st is that staging or NULL. */
 #ifdef SA_TILE
-#define QSCALE(c) 1.0f
-#define PSCALE(c) ((c)->scale2)
+#define QSCALE(c)                     1.0f
+#define PSCALE(c)                     ((c)->scale2)
 #define STAGE_B(dst, kd, N, src, ldb) tile_pack_b((uint16_t *)(dst), kd, N, src, ldb)
 #define PRODUCT(B, st, M, N, kd, A, ar, ak, Bm, ldb, C, ldc, acc, alpha)                                  \
   tile_gemm(M, N, kd, A, ar, ak, Bm, ldb, (const uint16_t *)(st), C, ldc, acc, alpha, (uint16_t *)(B).ta, \
             (uint16_t *)(B).tb, (B).tc)
 #else
-#define QSCALE(c) ((c)->scale2)
-#define PSCALE(c) 1.0f
-#define STAGE_B(dst, kd, N, src, ldb) ((void)0)
-#define PRODUCT(B, st, M, N, kd, A, ar, ak, Bm, ldb, C, ldc, acc, alpha) \
-  gemm(M, N, kd, A, ar, ak, Bm, ldb, C, ldc, acc)
+#define QSCALE(c)                                                        ((c)->scale2)
+#define PSCALE(c)                                                        1.0f
+#define STAGE_B(dst, kd, N, src, ldb)                                    ((void)0)
+#define PRODUCT(B, st, M, N, kd, A, ar, ak, Bm, ldb, C, ldc, acc, alpha) gemm(M, N, kd, A, ar, ak, Bm, ldb, C, ldc, acc)
 #endif
 
 /* Lays the pass's tiles out in ws (64-byte aligned each) and returns the floats used; ws NULL: size only.
@@ -136,16 +135,42 @@ static size_t carve(const sa_cpu_ctx *c, sa_cpu_pass pass, float *ws, sa_bufs *B
   TAKE(B->tmp, SA_MAX(hp, hvp));
   TAKE(B->row, VW * SA_MAX(BK, BK2));
   if (pass == SA_CPU_FWD) {
-    TAKE(B->qt, H * Mp); TAKE(B->kr, BK * hp); TAKE(B->v, BK * hvp); TAKE(B->s, BK * Mp);
-    TAKE(B->acc, M * hvp); TAKE(B->r1, Mp); TAKE(B->r2, Mp); TAKE(B->cm, Mp); TAKE(B->cl, Mp);
-    TAKE(B->mlo, Mp); TAKE(B->mhi, Mp);
+    TAKE(B->qt, H * Mp);
+    TAKE(B->kr, BK * hp);
+    TAKE(B->v, BK * hvp);
+    TAKE(B->s, BK * Mp);
+    TAKE(B->acc, M * hvp);
+    TAKE(B->r1, Mp);
+    TAKE(B->r2, Mp);
+    TAKE(B->cm, Mp);
+    TAKE(B->cl, Mp);
+    TAKE(B->mlo, Mp);
+    TAKE(B->mhi, Mp);
   } else if (pass == SA_CPU_BWD_DQ) {
-    TAKE(B->tmp2, hvp); TAKE(B->qt, H * Mp); TAKE(B->dt, Hv * Mp); TAKE(B->kr, BK * hp); TAKE(B->v, BK * hvp);
-    TAKE(B->s, BK * Mp); TAKE(B->dp, BK * Mp); TAKE(B->acc, M * hp); TAKE(B->r1, Mp); TAKE(B->r2, Mp);
-    TAKE(B->mlo, Mp); TAKE(B->mhi, Mp); TAKE(B->db, Mp);
+    TAKE(B->tmp2, hvp);
+    TAKE(B->qt, H * Mp);
+    TAKE(B->dt, Hv * Mp);
+    TAKE(B->kr, BK * hp);
+    TAKE(B->v, BK * hvp);
+    TAKE(B->s, BK * Mp);
+    TAKE(B->dp, BK * Mp);
+    TAKE(B->acc, M * hp);
+    TAKE(B->r1, Mp);
+    TAKE(B->r2, Mp);
+    TAKE(B->mlo, Mp);
+    TAKE(B->mhi, Mp);
+    TAKE(B->db, Mp);
   } else {
-    TAKE(B->kt, H * BK2); TAKE(B->vt, Hv * BK2); TAKE(B->q, Q2 * hp); TAKE(B->d, Q2 * hvp); TAKE(B->s, Q2 * BK2);
-    TAKE(B->dp, Q2 * BK2); TAKE(B->acc, BK2 * hp); TAKE(B->acc2, BK2 * hvp); TAKE(B->r1, Q2); TAKE(B->r2, Q2);
+    TAKE(B->kt, H * BK2);
+    TAKE(B->vt, Hv * BK2);
+    TAKE(B->q, Q2 * hp);
+    TAKE(B->d, Q2 * hvp);
+    TAKE(B->s, Q2 * BK2);
+    TAKE(B->dp, Q2 * BK2);
+    TAKE(B->acc, BK2 * hp);
+    TAKE(B->acc2, BK2 * hvp);
+    TAKE(B->r1, Q2);
+    TAKE(B->r2, Q2);
   }
 #ifdef SA_TILE
   { /* depths: H, Hv, the keys of a tile, the rows of a dk/dv tile; widths: Mp, hp, hvp, the dk/dv keys */

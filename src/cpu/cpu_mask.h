@@ -20,8 +20,7 @@
    (skip the tile), 1 some pairs (apply the mask), 2 every pair valid. Sorted segment ids (packed
    sequences) make most off-diagonal tiles disjoint in their [min, max] id range: those are skipped too,
    and so are tiles whose key positions all lie outside every query position's causal / window reach. */
-static int tile_class(const sa_attn *a, int64_t b, const sa_range *rg, int64_t i0, int64_t np, int64_t j0,
-                      int64_t nk) {
+static int tile_class(const sa_attn *a, int64_t b, const sa_range *rg, int64_t i0, int64_t np, int64_t j0, int64_t nk) {
   int any = 0, all = 1;
   for (int64_t p = 0; p < np; p++) {
     if (rg[p].lo < j0 + nk && rg[p].hi > j0) any = 1;
@@ -31,8 +30,14 @@ static int tile_class(const sa_attn *a, int64_t b, const sa_range *rg, int64_t i
   if (a->q_segment_ids) {
     const int32_t *qs = a->q_segment_ids + b * a->q_len + i0, *ks = a->kv_segment_ids + b * a->kv_len + j0;
     int32_t qmin = qs[0], qmax = qs[0], kmin = ks[0], kmax = ks[0];
-    for (int64_t p = 1; p < np; p++) { qmin = SA_MIN(qmin, qs[p]); qmax = SA_MAX(qmax, qs[p]); }
-    for (int64_t j = 1; j < nk; j++) { kmin = SA_MIN(kmin, ks[j]); kmax = SA_MAX(kmax, ks[j]); }
+    for (int64_t p = 1; p < np; p++) {
+      qmin = SA_MIN(qmin, qs[p]);
+      qmax = SA_MAX(qmax, qs[p]);
+    }
+    for (int64_t j = 1; j < nk; j++) {
+      kmin = SA_MIN(kmin, ks[j]);
+      kmax = SA_MAX(kmax, ks[j]);
+    }
     if (qmax < kmin || kmax < qmin) return 0;
     if (!(qmin == qmax && kmin == kmax && qmin == kmin)) all = 0;
   }
@@ -41,8 +46,14 @@ static int tile_class(const sa_attn *a, int64_t b, const sa_range *rg, int64_t i
        for the opposite extremes. Windows are capped as in sa_positions_ok. */
     const int32_t *qs = a->q_positions + b * a->q_len + i0, *ks = a->kv_positions + b * a->kv_len + j0;
     int32_t qmin = qs[0], qmax = qs[0], kmin = ks[0], kmax = ks[0];
-    for (int64_t p = 1; p < np; p++) { qmin = SA_MIN(qmin, qs[p]); qmax = SA_MAX(qmax, qs[p]); }
-    for (int64_t j = 1; j < nk; j++) { kmin = SA_MIN(kmin, ks[j]); kmax = SA_MAX(kmax, ks[j]); }
+    for (int64_t p = 1; p < np; p++) {
+      qmin = SA_MIN(qmin, qs[p]);
+      qmax = SA_MAX(qmax, qs[p]);
+    }
+    for (int64_t j = 1; j < nk; j++) {
+      kmin = SA_MIN(kmin, ks[j]);
+      kmax = SA_MAX(kmax, ks[j]);
+    }
     const int64_t cap = (int64_t)1 << 42, lo = (int64_t)qmin + a->diag_offset, hi = (int64_t)qmax + a->diag_offset;
     const int64_t wl = SA_MIN(a->window_left, cap), wr = SA_MIN(a->window_right, cap);
     if (a->causal != SA_CAUSAL_NONE && (kmin > hi || kmax > lo)) {
@@ -76,8 +87,8 @@ static void prefetch_ahead(const void *base, size_t es, int64_t off, int64_t ahe
 /* Keys [j0, j0 + nk) of row (b, n, i) of the additive tile into row[0, nk): bias * log2(e), or 0, and -inf
    where the mask (or, with pos, the positions) forbid the pair. Returns 1 when some pair is allowed. The
    row `rows_ahead` rows further (dk/dv pass) or 2 key tiles further (else) is prefetched. */
-static int fill_row(const sa_cpu_ctx *c, int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float *row,
-                    int pos, int64_t rows_ahead) {
+static int fill_row(const sa_cpu_ctx *c, int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float *row, int pos,
+                    int64_t rows_ahead) {
   const sa_attn *a = c->a;
   const sa_bcast bs = c->bias_st, ms = c->mask_st;
   if (!a->bias) {
@@ -166,8 +177,8 @@ static void mask_cols(const sa_attn *a, int64_t b, float *s, int64_t nk, int64_t
 
 /* Masked scores of the S tile [np x bk] (positions i0.. x keys j0..; columns past nk are never read) to
    -inf: each row's valid keys are one interval, then segments element by element. */
-static void mask_rows(const sa_attn *a, int64_t b, float *s, int64_t np, int64_t bk, int64_t nk,
-                      const sa_range *rg, int64_t i0, int64_t j0) {
+static void mask_rows(const sa_attn *a, int64_t b, float *s, int64_t np, int64_t bk, int64_t nk, const sa_range *rg,
+                      int64_t i0, int64_t j0) {
   for (int64_t p = 0; p < np; p++) {
     int64_t lo = SA_MAX(0, SA_MIN(rg[p].lo - j0, nk)), hi = SA_MAX(lo, SA_MIN(rg[p].hi - j0, nk));
     float *row = s + p * bk;
@@ -183,8 +194,8 @@ static void mask_rows(const sa_attn *a, int64_t b, float *s, int64_t np, int64_t
 
 /* dS [np x bk] of head n (positions i0.., keys j0..; the first nk keys are real) into dbias, row by row in
    order (the dk/dv pass). A bias shared along the keys takes each row's sum. */
-static void dbias_rows(const sa_cpu_ctx *c, int64_t b, int64_t n, const float *ds, int64_t np, int64_t bk,
-                       int64_t nk, int64_t i0, int64_t j0) {
+static void dbias_rows(const sa_cpu_ctx *c, int64_t b, int64_t n, const float *ds, int64_t np, int64_t bk, int64_t nk,
+                       int64_t i0, int64_t j0) {
   for (int64_t p = 0; p < np; p++) {
     float *dst = c->g->dbias + sa_bcast_at(c->bias_st, b, n, i0 + p, j0);
     const float *x = ds + p * bk;

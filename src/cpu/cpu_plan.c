@@ -86,8 +86,7 @@ void sa_cpu_plan_rows(const sa_attn *a, int64_t *bq, int64_t *bq_min) {
   const int64_t G = a->kv_heads > 0 ? a->q_heads / a->kv_heads : 1;
   /* G heads x bq positions share each K/V tile (one position per item when G exceeds the rows). A mask
      array is treated as a diagonal mask: its all-false tiles are skipped, and shorter blocks skip more. */
-  int diag = a->causal != SA_CAUSAL_NONE || a->window_left >= 0 || a->window_right >= 0 || a->q_segment_ids ||
-             a->mask;
+  int diag = a->causal != SA_CAUSAL_NONE || a->window_left >= 0 || a->window_right >= 0 || a->q_segment_ids || a->mask;
   int64_t rows = diag ? SA_CPU_ROWS_DIAG : SA_CPU_ROWS;
   *bq = G >= rows ? 1 : rows / G;
   *bq_min = G >= SA_CPU_ROWS_DIAG ? 1 : SA_CPU_ROWS_DIAG / G;
@@ -135,8 +134,10 @@ static void sa_cpu_plan_fill(const sa_cpu_plan_kind *k, const sa_attn *a, const 
 }
 
 static sa_status sa_cpu_plan_env_error(const sa_cpu_record *r) {
-  return sa_error(SA_ERR_INVALID, "SINKATTN_SIMD=\"%s\" unknown: use avx512, avx2 or scalar (it can only "
-                  "lower the level the CPU has, %s)", r->env, sa_cpu_simd_str(r->simd_cpu));
+  return sa_error(SA_ERR_INVALID,
+                  "SINKATTN_SIMD=\"%s\" unknown: use avx512, avx2 or scalar (it can only "
+                  "lower the level the CPU has, %s)",
+                  r->env, sa_cpu_simd_str(r->simd_cpu));
 }
 
 /* SA_ERR_INVALID naming the unknown plan and the known ones of the kind. */
@@ -147,22 +148,24 @@ static sa_status sa_cpu_plan_unknown(int which, const char *name) {
   for (int i = 0; i < SA_CPU_NPLANS; i++)
     if (sa_cpu_plan_kinds[i].which == which && n < sizeof known)
       n += (size_t)snprintf(known + n, sizeof known - n, "%s%s", n ? ", " : "", sa_cpu_plan_kinds[i].name);
-  return sa_error(SA_ERR_INVALID, "plan \"%s\" unknown for this kind of call: the CPU backend has %s", name,
-                  known);
+  return sa_error(SA_ERR_INVALID, "plan \"%s\" unknown for this kind of call: the CPU backend has %s", name, known);
 }
 
-sa_status sa_cpu_plan_make(const sa_attn *a, int which, const sa_cpu_record *r, const char *forced,
-                           sa_cpu_plan *p) {
+sa_status sa_cpu_plan_make(const sa_attn *a, int which, const sa_cpu_record *r, const char *forced, sa_cpu_plan *p) {
   if (r->env_bad) return sa_cpu_plan_env_error(r);
   if (r->threads_bad)
-    return sa_error(SA_ERR_INVALID, "SINKATTN_NUM_THREADS=\"%s\" invalid: use a thread count >= 1 (0 or unset: "
-                    "every online core)", r->threads_env);
+    return sa_error(SA_ERR_INVALID,
+                    "SINKATTN_NUM_THREADS=\"%s\" invalid: use a thread count >= 1 (0 or unset: "
+                    "every online core)",
+                    r->threads_env);
   if (forced && *forced) {
     const sa_cpu_plan_kind *k = sa_cpu_plan_find(forced);
     /* another backend's plan (the plan API knows every backend's names) forced on a call the CPU runs */
     if (strncmp(forced, "cpu.", 4) != 0)
-      return sa_error(SA_ERR_UNSUPPORTED, "plan %s cannot run this call: the CPU backend runs it (its plans are "
-                      "cpu.*)", forced);
+      return sa_error(SA_ERR_UNSUPPORTED,
+                      "plan %s cannot run this call: the CPU backend runs it (its plans are "
+                      "cpu.*)",
+                      forced);
     if (!k || k->which != which) return sa_cpu_plan_unknown(which, forced);
     const char *why = sa_cpu_plan_why_not(k, a, r);
     if (why) return sa_error(SA_ERR_UNSUPPORTED, "plan %s cannot run this call: %s", forced, why);
@@ -176,9 +179,10 @@ sa_status sa_cpu_plan_make(const sa_attn *a, int which, const sa_cpu_record *r, 
     const sa_cpu_plan_kind *k = &sa_cpu_plan_kinds[i];
     if (k->which != which || k->override_only || sa_cpu_plan_why_not(k, a, r)) continue;
     sa_cpu_plan_fill(k, a, r,
-                     k->fwd_kernels ? "a bias, a mask or positions: the attention forward's kernels"
+                     k->fwd_kernels          ? "a bias, a mask or positions: the attention forward's kernels"
                      : r->simd < r->simd_cpu ? "the widest kernels SINKATTN_SIMD allows"
-                                             : "the widest kernels this CPU has", p);
+                                             : "the widest kernels this CPU has",
+                     p);
     return SA_OK;
   }
   /* unreachable: the scalar / portable entries are always legal */
@@ -202,8 +206,8 @@ size_t sa_cpu_plan_describe(const sa_cpu_plan *p, const sa_attn *a, int threads,
   int w;
   if (p->which == SA_PLAN_DECODE && !p->fwd_kernels)
     w = snprintf(buf, n, "%s rows=%lld chunk=%lld splits=%lld items=%lld threads=%d reason=%s", p->name,
-                 (long long)p->rows, (long long)p->keys, (long long)p->splits,
-                 (long long)(a->batch * p->splits), threads, p->reason);
+                 (long long)p->rows, (long long)p->keys, (long long)p->splits, (long long)(a->batch * p->splits),
+                 threads, p->reason);
   else
     w = snprintf(buf, n, "%s simd=%s tile=%d rows=%lld keys=%lld threads=%d reason=%s", p->name,
                  sa_cpu_simd_str(p->simd), (int)p->tile, (long long)p->rows, (long long)p->keys, threads, p->reason);

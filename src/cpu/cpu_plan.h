@@ -54,18 +54,18 @@ void sa_cpu_record_make(const sa_cpu_features *f, const char *simd_env, const ch
 const sa_cpu_record *sa_cpu_record_get(void);
 
 typedef struct sa_cpu_plan {
-  const char *name;    /* static: "cpu.fwd.avx512" */
-  int which;           /* SA_PLAN_FWD / BWD / DECODE */
-  sa_cpu_simd simd;    /* vector level of the kernels */
-  sa_cpu_tile tile;    /* the products under the kernel body */
-  int bf16_dot;        /* decode: AVX512-BF16 dot products for Q.K^T */
-  int fwd_kernels;     /* decode: served by the attention forward (bias, mask, positions), at level simd */
-  int64_t rows;        /* query rows per work item: fwd / bwd G * bq; decode R = G * Tq per kv head */
-  int64_t bq;          /* fwd / bwd: query positions per forward / dq item */
-  int64_t bq_min;      /* fwd / bwd: the smallest bq any mask gives this shape (sizes the dsinks partials) */
-  int64_t keys;        /* fwd / bwd: keys per tile; decode: keys per work item (the chunk) */
-  int64_t splits;      /* decode: chunks per (b, kv head) */
-  const char *reason;  /* static: why this plan */
+  const char *name;   /* static: "cpu.fwd.avx512" */
+  int which;          /* SA_PLAN_FWD / BWD / DECODE */
+  sa_cpu_simd simd;   /* vector level of the kernels */
+  sa_cpu_tile tile;   /* the products under the kernel body */
+  int bf16_dot;       /* decode: AVX512-BF16 dot products for Q.K^T */
+  int fwd_kernels;    /* decode: served by the attention forward (bias, mask, positions), at level simd */
+  int64_t rows;       /* query rows per work item: fwd / bwd G * bq; decode R = G * Tq per kv head */
+  int64_t bq;         /* fwd / bwd: query positions per forward / dq item */
+  int64_t bq_min;     /* fwd / bwd: the smallest bq any mask gives this shape (sizes the dsinks partials) */
+  int64_t keys;       /* fwd / bwd: keys per tile; decode: keys per work item (the chunk) */
+  int64_t splits;     /* decode: chunks per (b, kv head) */
+  const char *reason; /* static: why this plan */
 } sa_cpu_plan;
 
 /* Query positions per forward / dq item (bq) and the smallest any mask gives this shape (bq_min): the
@@ -77,8 +77,7 @@ void sa_cpu_plan_rows(const sa_attn *a, int64_t *bq, int64_t *bq_min);
    names) when an unknown cpu.* name, SA_ERR_UNSUPPORTED (naming it and why) when it cannot run this call
    or is another backend's; never a silent fallback. SA_ERR_INVALID too when SINKATTN_SIMD holds an
    unknown value. */
-sa_status sa_cpu_plan_make(const sa_attn *a, int which, const sa_cpu_record *r, const char *forced,
-                           sa_cpu_plan *p);
+sa_status sa_cpu_plan_make(const sa_attn *a, int which, const sa_cpu_record *r, const char *forced, sa_cpu_plan *p);
 /* Every plan legal for a, default first, override-only ones last; writes up to max names and returns
    how many there are. */
 int sa_cpu_plan_list(const sa_attn *a, int which, const sa_cpu_record *r, const char **names, int max);

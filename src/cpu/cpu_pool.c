@@ -91,6 +91,7 @@ sa_status sa_cpu_parallel(const sa_cpu_kernels *k, const sa_cpu_ctx *c, sa_cpu_p
                           size_t scratch_floats, double flops, int *threads) {
   sa_cpu_pass_arg x = {k, c, pass};
   int64_t cap = (n + SA_CPU_MIN_ITEMS_PER_THREAD - 1) / SA_CPU_MIN_ITEMS_PER_THREAD;
-  if ((double)cap > 1.0 + flops / SA_CPU_MIN_FLOPS_PER_THREAD) cap = (int64_t)(1.0 + flops / SA_CPU_MIN_FLOPS_PER_THREAD);
+  if ((double)cap > 1.0 + flops / SA_CPU_MIN_FLOPS_PER_THREAD)
+    cap = (int64_t)(1.0 + flops / SA_CPU_MIN_FLOPS_PER_THREAD);
   return sa_cpu_run_items(sa_cpu_pass_item, &x, n, scratch_floats, cap, k->begin, k->end, threads);
 }

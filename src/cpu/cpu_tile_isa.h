@@ -25,12 +25,12 @@ typedef struct {
 
 #include <immintrin.h>
 
-#define TILE_LOADCONFIG(cfg) _tile_loadconfig(cfg)
-#define TILE_LOADD(t, p, stride) _tile_loadd(t, p, stride)
-#define TILE_ZERO(t) _tile_zero(t)
-#define TILE_DPBF16PS(c, a, b) _tile_dpbf16ps(c, a, b)
+#define TILE_LOADCONFIG(cfg)      _tile_loadconfig(cfg)
+#define TILE_LOADD(t, p, stride)  _tile_loadd(t, p, stride)
+#define TILE_ZERO(t)              _tile_zero(t)
+#define TILE_DPBF16PS(c, a, b)    _tile_dpbf16ps(c, a, b)
 #define TILE_STORED(t, p, stride) _tile_stored(t, p, stride)
-#define TILE_RELEASE() _tile_release()
+#define TILE_RELEASE()            _tile_release()
 
 #else
 
@@ -107,12 +107,12 @@ static void sa_tile_emu_dpbf16ps(int c, int a, int b) {
   for (int m = rows; m < 16; m++) memset(sa_tile_emu.t[c][m], 0, 64);
 }
 
-#define TILE_LOADCONFIG(cfg) sa_tile_emu_loadconfig(cfg)
-#define TILE_LOADD(t, p, stride) sa_tile_emu_loadd(t, p, stride)
-#define TILE_ZERO(t) sa_tile_emu_zero(t)
-#define TILE_DPBF16PS(c, a, b) sa_tile_emu_dpbf16ps(c, a, b)
+#define TILE_LOADCONFIG(cfg)      sa_tile_emu_loadconfig(cfg)
+#define TILE_LOADD(t, p, stride)  sa_tile_emu_loadd(t, p, stride)
+#define TILE_ZERO(t)              sa_tile_emu_zero(t)
+#define TILE_DPBF16PS(c, a, b)    sa_tile_emu_dpbf16ps(c, a, b)
 #define TILE_STORED(t, p, stride) sa_tile_emu_stored(t, p, stride)
-#define TILE_RELEASE() sa_tile_emu_release()
+#define TILE_RELEASE()            sa_tile_emu_release()
 
 #endif /* SA_TILE_EMULATED */
 

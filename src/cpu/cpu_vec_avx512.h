@@ -14,21 +14,21 @@
 
 #define VW 16
 typedef __m512 vf;
-#define V_ZERO() _mm512_setzero_ps()
-#define V_SET1(x) _mm512_set1_ps(x)
-#define V_LOAD(p) _mm512_loadu_ps(p)
-#define V_STORE(p, x) _mm512_storeu_ps((p), (x))
+#define V_ZERO()       _mm512_setzero_ps()
+#define V_SET1(x)      _mm512_set1_ps(x)
+#define V_LOAD(p)      _mm512_loadu_ps(p)
+#define V_STORE(p, x)  _mm512_storeu_ps((p), (x))
 #define V_FMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
-#define V_ADD(a, b) _mm512_add_ps((a), (b))
-#define V_SUB(a, b) _mm512_sub_ps((a), (b))
-#define V_MUL(a, b) _mm512_mul_ps((a), (b))
-#define V_MAX(a, b) _mm512_max_ps((a), (b))
-#define V_RADD(x) _mm512_reduce_add_ps(x)
-#define V_LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define V_ADD(a, b)    _mm512_add_ps((a), (b))
+#define V_SUB(a, b)    _mm512_sub_ps((a), (b))
+#define V_MUL(a, b)    _mm512_mul_ps((a), (b))
+#define V_MAX(a, b)    _mm512_max_ps((a), (b))
+#define V_RADD(x)      _mm512_reduce_add_ps(x)
+#define V_LOAD_F16(p)  _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define V_LOAD_BF16(p) \
   _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 /* x where lo <= j < hi, else -inf (the key-range mask of one row of S^T). */
-#define V_MASK_RANGE(x, j, lo, hi)                                                                     \
+#define V_MASK_RANGE(x, j, lo, hi)                                                                            \
   _mm512_mask_blend_ps(_mm512_cmp_ps_mask((lo), (j), _CMP_LE_OQ) & _mm512_cmp_ps_mask((j), (hi), _CMP_LT_OQ), \
                        _mm512_set1_ps(-INFINITY), (x))
 #define MK_R 4

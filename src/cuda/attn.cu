@@ -32,24 +32,30 @@ extern "C" int sa_cuda_is_device_pointer(const void *p) {
   return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
 }
 
-static int sa_cuda_dim_ok(int64_t h) { return h == 16 || h == 32 || h == 64 || h == 96 || h == 128 || h == 192 || h == 256; }
+static int sa_cuda_dim_ok(int64_t h) {
+  return h == 16 || h == 32 || h == 64 || h == 96 || h == 128 || h == 192 || h == 256;
+}
 
 /* cp.async moves 16 bytes: every tensor must start on a 16-byte boundary (cudaMalloc and XLA give 256). */
 static sa_status sa_cuda_aligned(const void *ptr, const char *name) {
   if ((uintptr_t)ptr % 16 != 0)
-    return sa_error(SA_ERR_UNSUPPORTED, "%s is not 16-byte aligned: the CUDA backend needs 16-byte aligned tensors", name);
+    return sa_error(SA_ERR_UNSUPPORTED, "%s is not 16-byte aligned: the CUDA backend needs 16-byte aligned tensors",
+                    name);
   return SA_OK;
 }
 
 extern "C" sa_status sa_cuda_attn_supported(const sa_attn *a) {
   if (!sa_cuda_dim_ok(a->head_dim))
-    return sa_error(SA_ERR_UNSUPPORTED, "head_dim %lld unsupported by CUDA backend: use 16, 32, 64, 96, 128, 192 or 256",
+    return sa_error(SA_ERR_UNSUPPORTED,
+                    "head_dim %lld unsupported by CUDA backend: use 16, 32, 64, 96, 128, 192 or 256",
                     (long long)a->head_dim);
   if (!sa_cuda_dim_ok(a->v_head_dim))
-    return sa_error(SA_ERR_UNSUPPORTED, "v_head_dim %lld unsupported by CUDA backend: use 16, 32, 64, 96, 128, 192 or 256",
+    return sa_error(SA_ERR_UNSUPPORTED,
+                    "v_head_dim %lld unsupported by CUDA backend: use 16, 32, 64, 96, 128, 192 or 256",
                     (long long)a->v_head_dim);
   if (a->dtype == SA_F32)
-    return sa_error(SA_ERR_UNSUPPORTED, "dtype SA_F32 unsupported by CUDA backend: use SA_F16 or SA_BF16 "
+    return sa_error(SA_ERR_UNSUPPORTED,
+                    "dtype SA_F32 unsupported by CUDA backend: use SA_F16 or SA_BF16 "
                     "(the tensor cores run 16-bit inputs; the Python layer falls back for f32)");
   /* lengths and key indices are 32-bit in the kernels; grid y, z are (kv head, batch) */
   if (a->q_len >= (1 << 30) || a->kv_len >= (1 << 30))
@@ -75,16 +81,31 @@ extern "C" sa_status sa_cuda_attn_supported(const sa_attn *a) {
 static sa_cuda_params sa_cuda_params_of(const sa_attn *a) {
   sa_cuda_params p;
   memset(&p, 0, sizeof p);
-  p.q = a->q; p.k = a->k; p.v = a->v; p.out = a->out; p.lse = a->lse;
+  p.q = a->q;
+  p.k = a->k;
+  p.v = a->v;
+  p.out = a->out;
+  p.lse = a->lse;
   p.sinks = a->softmax == SA_SOFTMAX_LEARNABLE ? a->sinks : NULL;
-  p.q_lens = a->q_lens; p.kv_lens = a->kv_lens;
-  p.q_seg = a->q_segment_ids; p.kv_seg = a->kv_segment_ids;
-  p.B = a->batch; p.T = a->q_len; p.S = a->kv_len; p.N = a->q_heads; p.K = a->kv_heads;
-  p.G = a->q_heads / a->kv_heads; p.H = a->head_dim; p.Hv = a->v_head_dim;
+  p.q_lens = a->q_lens;
+  p.kv_lens = a->kv_lens;
+  p.q_seg = a->q_segment_ids;
+  p.kv_seg = a->kv_segment_ids;
+  p.B = a->batch;
+  p.T = a->q_len;
+  p.S = a->kv_len;
+  p.N = a->q_heads;
+  p.K = a->kv_heads;
+  p.G = a->q_heads / a->kv_heads;
+  p.H = a->head_dim;
+  p.Hv = a->v_head_dim;
   p.scale = sa_scale_of(a);
   p.scale_log2 = p.scale * SA_LOG2E;
-  p.softmax = (int)a->softmax; p.causal = (int)a->causal;
-  p.wl = a->window_left; p.wr = a->window_right; p.diag_offset = a->diag_offset;
+  p.softmax = (int)a->softmax;
+  p.causal = (int)a->causal;
+  p.wl = a->window_left;
+  p.wr = a->window_right;
+  p.diag_offset = a->diag_offset;
   return p;
 }
 
@@ -141,8 +162,8 @@ extern "C" size_t sa_cuda_attn_bwd_workspace_size(const sa_attn *a, int determin
 /* The one pass, or the two passes when the driver refuses its cooperative launch (another stream's kernels or
    a smaller context hold SMs its CTAs need co-resident: docs/hopper.md, "progress"). The two passes need only
    the common regions, which the one pass's workspace holds. */
-static cudaError_t sa_cuda_onepass_or_twopass(const sa_attn *a, sa_cuda_plan *plan, const sa_cuda_params &p,
-                                              char *ws, cudaStream_t st) {
+static cudaError_t sa_cuda_onepass_or_twopass(const sa_attn *a, sa_cuda_plan *plan, const sa_cuda_params &p, char *ws,
+                                              cudaStream_t st) {
   cudaError_t e = sa_hop_onepass_launch(*plan, p, ws + sa_cuda_bwd_common_ws(a), st);
   if (!plan->cooperative || (e != cudaErrorCooperativeLaunchTooLarge && e != cudaErrorNotSupported)) return e;
   cudaGetLastError();
@@ -161,23 +182,30 @@ static cudaError_t sa_cuda_onepass_or_twopass(const sa_attn *a, sa_cuda_plan *pl
 
 /* Preprocess, then the plan's dK/dV and dQ (Hopper one pass, Hopper two passes or portable), then the sink
    reduction: dsinks comes from the preprocess's partials whichever family ran. */
-extern "C" sa_status sa_cuda_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspace,
-                                      size_t workspace_size, void *stream) {
+extern "C" sa_status sa_cuda_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspace, size_t workspace_size,
+                                      void *stream) {
   sa_status s;
   if ((s = sa_cuda_aligned(g->dout, "dout")) != SA_OK || (s = sa_cuda_aligned(g->dq, "dq")) != SA_OK ||
       (s = sa_cuda_aligned(g->dk, "dk")) != SA_OK || (s = sa_cuda_aligned(g->dv, "dv")) != SA_OK)
     return s;
   const size_t common = sa_cuda_bwd_common_ws(a);
   if (workspace_size < common || (common && !workspace))
-    return sa_error(SA_ERR_INVALID, "workspace_size %zu too small: this call needs %zu bytes "
-                    "(sa_attn_bwd_workspace_size)", workspace_size, sa_cuda_attn_bwd_workspace_size(a, g->deterministic));
+    return sa_error(SA_ERR_INVALID,
+                    "workspace_size %zu too small: this call needs %zu bytes "
+                    "(sa_attn_bwd_workspace_size)",
+                    workspace_size, sa_cuda_attn_bwd_workspace_size(a, g->deterministic));
   if ((uintptr_t)workspace % 16 != 0)
     return sa_error(SA_ERR_INVALID, "workspace is not 16-byte aligned: the CUDA backward needs 16-byte alignment");
   sa_cuda_plan plan;
   if ((s = sa_cuda_plan_of(a, SA_PLAN_BWD, workspace ? workspace_size : 0, &plan)) != SA_OK) return s;
   sa_cuda_params p = sa_cuda_params_of(a);
   const size_t rows = (size_t)a->batch * (size_t)a->q_heads * (size_t)a->q_len;
-  p.dout = g->dout; p.dlse = g->dlse; p.dq = g->dq; p.dk = g->dk; p.dv = g->dv; p.dsinks = g->dsinks;
+  p.dout = g->dout;
+  p.dlse = g->dlse;
+  p.dq = g->dq;
+  p.dk = g->dk;
+  p.dv = g->dv;
+  p.dsinks = g->dsinks;
   p.D = (float *)workspace;
   p.dsink_part = (float *)((char *)workspace + sa_cuda_round256(rows * sizeof(float)));
   p.nqb = (a->q_len + SA_PRE_ROWS - 1) / SA_PRE_ROWS;

@@ -19,10 +19,10 @@ struct sa_cuda_params {
   const float *sinks;
   const int32_t *q_lens, *kv_lens, *q_seg, *kv_seg;
   int64_t B, T, S, N, K, G, H, Hv;
-  float scale;       /* softmax scale */
-  float scale_log2;  /* scale * log2(e): scores are kept in the exp2 domain */
-  int softmax;       /* sa_softmax */
-  int causal;        /* sa_causal */
+  float scale;      /* softmax scale */
+  float scale_log2; /* scale * log2(e): scores are kept in the exp2 domain */
+  int softmax;      /* sa_softmax */
+  int causal;       /* sa_causal */
   int64_t wl, wr, diag_offset;
   /* backward only */
   const void *dout;
@@ -36,7 +36,7 @@ struct sa_cuda_params {
 };
 
 #define SA_LOG2E 1.4426950408889634f
-#define SA_LN2 0.6931471805599453f
+#define SA_LN2   0.6931471805599453f
 
 /* Workspace regions start on 256-byte boundaries (TMA and 16-byte vector accesses need 16). */
 static inline size_t sa_cuda_round256(size_t x) { return (x + 255) & ~(size_t)255; }
@@ -61,27 +61,33 @@ static inline size_t sa_cuda_round256(size_t x) { return (x + 255) & ~(size_t)25
  *  dkdv: 4 warps x 16 keys, query tiles of BQ rows; HD 256 is split into two column halves (DSPLIT)
  *      so each CTA accumulates 16 x 128 of dK and of dV (128 floats) instead of 256 (spills).
  */
-template <int MI_, int BN_, int NW_> struct sa_fwd_cfg {
+template <int MI_, int BN_, int NW_>
+struct sa_fwd_cfg {
   static constexpr int MI = MI_, BN = BN_, NW = NW_;
 };
-template <int HD> struct sa_tile {
+template <int HD>
+struct sa_tile {
   using FWD = sa_fwd_cfg<HD == 64 || HD == 256 ? 1 : 2, HD <= 128 ? 64 : 32, HD == 64 ? 8 : 4>;
   static constexpr int DQ_BN = HD <= 128 ? 64 : 32;
   static constexpr int DSPLIT = HD <= 128 ? 1 : 2;
   static constexpr int BQ = HD <= 64 ? 64 : 32;
 };
-#define SA_NW 4           /* warps per CTA of the backward kernels */
-#define SA_NT (SA_NW * 32)
-#define SA_PRE_ROWS 64    /* query rows per CTA of the backward preprocess (and per dsinks partial) */
+#define SA_NW       4 /* warps per CTA of the backward kernels */
+#define SA_NT       (SA_NW * 32)
+#define SA_PRE_ROWS 64 /* query rows per CTA of the backward preprocess (and per dsinks partial) */
 
 /* ---- the mask: a copy of sa_key_range (sa_internal.h) for the device ---------------------------- */
 
-struct sa_krange { int64_t lo, hi; };
+struct sa_krange {
+  int64_t lo, hi;
+};
 
-__device__ __forceinline__ sa_krange sa_dev_key_range(const sa_cuda_params &p, int64_t ql, int64_t kl,
-                                                      int64_t i) {
+__device__ __forceinline__ sa_krange sa_dev_key_range(const sa_cuda_params &p, int64_t ql, int64_t kl, int64_t i) {
   sa_krange r = {0, kl};
-  if (i >= ql) { r.hi = 0; return r; }
+  if (i >= ql) {
+    r.hi = 0;
+    return r;
+  }
   /* as sa_key_range: "wider than the problem" counts the diagonal's shift, else with diag_offset -500 a
      right window of 1000 over 300 keys would be capped to 301 and cut keys it reaches */
   int64_t big = ql + kl + (p.diag_offset < 0 ? -p.diag_offset : p.diag_offset) + 1;
@@ -114,7 +120,10 @@ __device__ __forceinline__ void sa_dev_tile_span(const sa_cuda_params &p, int64_
                                                  int64_t *hi_min) {
   int64_t i0 = P0 / p.G, i1 = (P1 - 1) / p.G;
   if (i1 > ql - 1) i1 = ql - 1;
-  *t0 = 0; *t1 = 0; *lo_max = 0; *hi_min = 0;
+  *t0 = 0;
+  *t1 = 0;
+  *lo_max = 0;
+  *hi_min = 0;
   if (i0 > i1) return;
   sa_krange a = sa_dev_key_range(p, ql, kl, i0), z = sa_dev_key_range(p, ql, kl, i1);
   if (z.hi <= a.lo) return;
@@ -129,14 +138,11 @@ __device__ __forceinline__ void sa_dev_tile_span(const sa_cuda_params &p, int64_
 
 /* ---- sm_80 instruction wrappers ------------------------------------------------------------------ */
 
-__device__ __forceinline__ uint32_t sa_smem_addr(const void *p) {
-  return (uint32_t)__cvta_generic_to_shared(p);
-}
+__device__ __forceinline__ uint32_t sa_smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 /* 16-byte asynchronous copy; src_bytes = 0 writes zeros (rows past a length, columns past H). */
 __device__ __forceinline__ void sa_cp_async16(void *dst, const void *src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa_smem_addr(dst)), "l"(src),
-               "r"(src_bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa_smem_addr(dst)), "l"(src), "r"(src_bytes));
 }
 __device__ __forceinline__ void sa_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void sa_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
@@ -152,13 +158,16 @@ __device__ __forceinline__ void sa_ldmatrix_x4_trans(uint32_t r[4], const void *
                : "r"(sa_smem_addr(p)));
 }
 
-template <typename T> struct sa_mma;
-template <> struct sa_mma<__nv_bfloat16> {
+template <typename T>
+struct sa_mma;
+template <>
+struct sa_mma<__nv_bfloat16> {
   static __device__ __forceinline__ void run(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                 "{%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
     __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
@@ -171,12 +180,14 @@ template <> struct sa_mma<__nv_bfloat16> {
     *reinterpret_cast<__nv_bfloat162 *>(reinterpret_cast<__nv_bfloat16 *>(p) + i) = __floats2bfloat162_rn(x, y);
   }
 };
-template <> struct sa_mma<__half> {
+template <>
+struct sa_mma<__half> {
   static __device__ __forceinline__ void run(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                 "{%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
     __half2 h = __floats2half2_rn(lo, hi);
@@ -200,8 +211,8 @@ template <> struct sa_mma<__half> {
    kept rolled so no per-row address stays live in registers across the caller's tile loop (unrolled,
    the 2 x 8 addresses of the K and V loads pushed the HD 128 forward to 255 registers and spills). */
 template <int HD, int NTH = SA_NT>
-__device__ __forceinline__ void sa_load_rows(uint16_t *s, const uint16_t *g, int64_t row0, int rows,
-                                             int64_t nvalid, int64_t row_stride, int64_t ncols) {
+__device__ __forceinline__ void sa_load_rows(uint16_t *s, const uint16_t *g, int64_t row0, int rows, int64_t nvalid,
+                                             int64_t row_stride, int64_t ncols) {
   constexpr int CH = HD / 8, RSTEP = NTH / CH;
   static_assert(NTH % CH == 0, "thread count a multiple of the chunks per row");
   const int r0 = threadIdx.x / CH, col = (threadIdx.x % CH) * 8;
@@ -220,9 +231,8 @@ __device__ __forceinline__ void sa_load_rows(uint16_t *s, const uint16_t *g, int
    [b, 0, n0, 0]; rows with P >= nrows or i >= ql are zero-filled. P < 2^31 and G < 2^16
    (sa_cuda_attn_supported): 32-bit unsigned division. */
 template <int HD, int NTH = SA_NT>
-__device__ __forceinline__ void sa_load_packed(uint16_t *s, const uint16_t *base, int64_t P0, int rows,
-                                               int64_t G, int64_t N, int64_t ncols, int64_t nrows,
-                                               int64_t ql) {
+__device__ __forceinline__ void sa_load_packed(uint16_t *s, const uint16_t *base, int64_t P0, int rows, int64_t G,
+                                               int64_t N, int64_t ncols, int64_t nrows, int64_t ql) {
   constexpr int CH = HD / 8, RSTEP = NTH / CH;
   const int r0 = threadIdx.x / CH, col = (threadIdx.x % CH) * 8;
   const bool colok = col < ncols;

@@ -15,11 +15,21 @@
 #include "sa_internal.h"
 #include "sa_plan.h"
 
-const char *const sa_cuda_plan_names[] = {
-    "cuda.fwd.portable",        "hopper.fwd.persistent",  "hopper.fwd.onetile",      "hopper.fwd.persistent.narrow",
-    "cuda.bwd.portable",        "hopper.bwd.twopass.wg2", "hopper.bwd.twopass.kv3",  "hopper.bwd.twopass.dq3",
-    "hopper.bwd.twopass.wg3",   "hopper.bwd.onepass",     "hopper.bwd.onepass.plain", "hopper.bwd.onepass.narrow",
-    "cuda.decode.pipe",         "cuda.decode.register",   NULL};
+const char *const sa_cuda_plan_names[] = {"cuda.fwd.portable",
+                                          "hopper.fwd.persistent",
+                                          "hopper.fwd.onetile",
+                                          "hopper.fwd.persistent.narrow",
+                                          "cuda.bwd.portable",
+                                          "hopper.bwd.twopass.wg2",
+                                          "hopper.bwd.twopass.kv3",
+                                          "hopper.bwd.twopass.dq3",
+                                          "hopper.bwd.twopass.wg3",
+                                          "hopper.bwd.onepass",
+                                          "hopper.bwd.onepass.plain",
+                                          "hopper.bwd.onepass.narrow",
+                                          "cuda.decode.pipe",
+                                          "cuda.decode.register",
+                                          NULL};
 
 int sa_cuda_padded_dim(int64_t h) { return h <= 32 ? 32 : h <= 64 ? 64 : h <= 128 ? 128 : 256; }
 
@@ -145,10 +155,10 @@ static const char *sa_fwd_hopper(const sa_pctx *c, sa_cuda_plan *p, int persiste
       const double head_kv = 4.0 * S * HD / (double)c->G, hg = SA_HOP_FWD_L2_SECTION_BYTES / head_kv;
       p->hg = hg < 1 ? 1 : hg > p->BH ? p->BH : (int)hg;
     }
-    p->reason = narrow ? "test schedule: 3 persistent CTAs, many work tiles each"
+    p->reason = narrow  ? "test schedule: 3 persistent CTAs, many work tiles each"
                 : pairs ? "persistent, causal work tiles in heavy / light pairs of one head"
-                : MASK ? "persistent, heads in L2 sections, heaviest m-blocks first"
-                       : "persistent: every work tile costs the same, the prologue hides under the previous tile";
+                : MASK  ? "persistent, heads in L2 sections, heaviest m-blocks first"
+                        : "persistent: every work tile costs the same, the prologue hides under the previous tile";
   }
   return NULL;
 }
@@ -156,11 +166,11 @@ static const char *sa_fwd_hopper(const sa_pctx *c, sa_cuda_plan *p, int persiste
 /* Persistent by default without a mask, for causal pairs, and while a work tile sees <= 8 key tiles. */
 static int sa_fwd_persist_default(const sa_pctx *c) {
   const int HD = (int)c->H, BN = SA_HOP_FWD_BN, keyt = (int)((c->S + BN - 1) / BN);
-  const sa_hop_mask mk = sa_hop_mask_make(c->T, c->S, (int)c->a->causal, c->a->window_left, c->a->window_right,
-                                          c->a->diag_offset);
+  const sa_hop_mask mk =
+      sa_hop_mask_make(c->T, c->S, (int)c->a->causal, c->a->window_left, c->a->window_right, c->a->diag_offset);
   const int pairs = c->mask == 1 && keyt <= SA_HOP_FWD_PAIRS_MAX_KEY_TILES(HD);
-  const int short_window = c->mask == 2 && (SA_HOP_FWD_BM(HD) + (long long)mk.dhi - mk.dlo) / BN + 2 <=
-                                               SA_HOP_FWD_PERSIST_MAX_KEY_TILES;
+  const int short_window =
+      c->mask == 2 && (SA_HOP_FWD_BM(HD) + (long long)mk.dhi - mk.dlo) / BN + 2 <= SA_HOP_FWD_PERSIST_MAX_KEY_TILES;
   return c->mask == 0 || pairs || keyt <= SA_HOP_FWD_PERSIST_MAX_KEY_TILES || short_window;
 }
 
@@ -257,8 +267,8 @@ static const char *sa_bwd_onepass(const sa_pctx *c, sa_cuda_plan *p, int variant
   p->off_part = p->off_sync + sa_r256(p->sync_bytes);
   p->ws = sa_cuda_bwd_common_ws(a) + p->off_part + (HD == 64 ? sa_r256(part) : 0);
   if (p->ws > ws_avail) return "the workspace given is smaller than the one pass needs";
-  p->reason = variant == 0 ? "dK, dV, dQ in one persistent pass (5 products a tile, the two passes 7); cooperative "
-                             "launch: every CTA co-resident, else the two passes run"
+  p->reason = variant == 0   ? "dK, dV, dQ in one persistent pass (5 products a tile, the two passes 7); cooperative "
+                               "launch: every CTA co-resident, else the two passes run"
               : variant == 1 ? "the one pass on a plain launch: progress needs a head's key blocks co-resident "
                                "(not guaranteed on a shared GPU: docs/hopper.md)"
                              : "test schedule: the one pass on nkb CTAs, many items each";
@@ -303,7 +313,8 @@ static void sa_dec_schedule(const sa_pctx *c, sa_cuda_plan *p) {
 }
 
 static const char *sa_dec_plan(const sa_pctx *c, sa_cuda_plan *p, int pipe) {
-  sa_plan_init(p, c, pipe ? "cuda.decode.pipe" : "cuda.decode.register", pipe ? SA_CUDA_DECODE_PIPE : SA_CUDA_DECODE_REGISTER);
+  sa_plan_init(p, c, pipe ? "cuda.decode.pipe" : "cuda.decode.register",
+               pipe ? SA_CUDA_DECODE_PIPE : SA_CUDA_DECODE_REGISTER);
   sa_dec_schedule(c, p);
   p->reason = pipe ? "split-KV, K / V through a 4-stage cp.async pipeline in shared memory"
                    : "split-KV, K / V in registers (any head dim <= 256 and dtype)";
@@ -401,8 +412,8 @@ int sa_cuda_plans(const sa_attn *a, int which, const sa_cuda_device *dev, size_t
   return l.n;
 }
 
-sa_status sa_cuda_plan_pick(const sa_attn *a, int which, const sa_cuda_device *dev, const char *forced,
-                            size_t ws_avail, sa_cuda_plan *out) {
+sa_status sa_cuda_plan_pick(const sa_attn *a, int which, const sa_cuda_device *dev, const char *forced, size_t ws_avail,
+                            sa_cuda_plan *out) {
   char buf[256];
   const char *dw = sa_device_why(dev, buf, sizeof buf);
   if (dw) return sa_error(SA_ERR_UNSUPPORTED, "%s", dw);

@@ -38,30 +38,30 @@ typedef enum {
 } sa_cuda_family;
 
 typedef struct sa_cuda_plan {
-  const char *name;   /* static: what sa_plan_list returns and sa_plan_force accepts */
+  const char *name; /* static: what sa_plan_list returns and sa_plan_force accepts */
   sa_cuda_family family;
-  int hd;             /* head dim the kernels are compiled for (max(H, Hv) padded) */
-  int mask;           /* Hopper mask kind 0..4 (hopper/mask.h) */
-  int bm, bn;         /* rows and keys of the main kernel's tile (backward: keys of a CTA, queries a tile) */
-  int qslots;         /* Hopper forward: Q slots */
-  int wg, wg_dq;      /* consumer warpgroups: of the main kernel; of the two-pass dQ */
-  int grid[3];        /* the main kernel's grid */
-  int grid_dq[3];     /* two-pass and portable backward: the dQ kernel's grid */
-  int persistent;     /* CTAs loop over work tiles / items */
-  int cooperative;    /* launched cooperatively: every CTA co-resident or the launch is refused */
+  int hd;          /* head dim the kernels are compiled for (max(H, Hv) padded) */
+  int mask;        /* Hopper mask kind 0..4 (hopper/mask.h) */
+  int bm, bn;      /* rows and keys of the main kernel's tile (backward: keys of a CTA, queries a tile) */
+  int qslots;      /* Hopper forward: Q slots */
+  int wg, wg_dq;   /* consumer warpgroups: of the main kernel; of the two-pass dQ */
+  int grid[3];     /* the main kernel's grid */
+  int grid_dq[3];  /* two-pass and portable backward: the dQ kernel's grid */
+  int persistent;  /* CTAs loop over work tiles / items */
+  int cooperative; /* launched cooperatively: every CTA co-resident or the launch is refused */
   /* Hopper forward work order (hopper/fwd_parts.cuh, sa_hop_work_tile) */
   int BH, n_mb, total, hg, nph;
-  int kb_slowest;     /* two-pass dK/dV grid with the key block slowest */
+  int kb_slowest; /* two-pass dK/dV grid with the key block slowest */
   /* one pass */
   int nkb, items, split, n_all, d;
-  size_t sync_bytes;  /* ticket + semaphores, zeroed per call */
+  size_t sync_bytes;         /* ticket + semaphores, zeroed per call */
   size_t off_sync, off_part; /* the one pass's regions after the common ones: dq_acc at 0, then these */
   /* decode */
   int64_t rows, rowgroups, chunk, splits;
-  int sms;            /* the SMs the schedule was sized for (the context's) */
-  size_t ws;          /* workspace bytes the call needs */
+  int sms;   /* the SMs the schedule was sized for (the context's) */
+  size_t ws; /* workspace bytes the call needs */
   const char *reason;
-  char note[112];     /* what the call adds to the reason (why not Hopper; a refused cooperative launch) */
+  char note[112]; /* what the call adds to the reason (why not Hopper; a refused cooperative launch) */
 } sa_cuda_plan;
 
 /* The record of the calling thread's current device and context, queried once per context and cached
@@ -76,8 +76,8 @@ int sa_cuda_plans(const sa_attn *a, int which, const sa_cuda_device *dev, size_t
 
 /* The plan a call runs: `forced` (a plan name, or NULL for the default). SA_ERR_UNSUPPORTED with the message set
    when nothing is legal (a device below sm_80) or the forced plan is not legal here (the message says why). */
-sa_status sa_cuda_plan_pick(const sa_attn *a, int which, const sa_cuda_device *dev, const char *forced,
-                            size_t ws_avail, sa_cuda_plan *out);
+sa_status sa_cuda_plan_pick(const sa_attn *a, int which, const sa_cuda_device *dev, const char *forced, size_t ws_avail,
+                            sa_cuda_plan *out);
 
 /* "NAME hd=.. tile=..x.. grid=.. persistent=.. split=.. ws=.. reason=..." into buf; returns the length. */
 size_t sa_cuda_plan_describe(const sa_cuda_plan *p, char *buf, size_t n);
@@ -87,7 +87,7 @@ extern const char *const sa_cuda_plan_names[];
 
 /* The decode pipeline kernel's shared memory (decode/pipe.cu, sa_dp_cfg): 4 stages of 32-key K and V tiles, q,
    P and the statistics of 8 rows; the plan's occupancy and so its splits follow from it. */
-#define SA_DEC_PIPE_SMEM(hd) (4 * 2 * 32 * (hd) * 2 + 8 * (hd) * 4 + 32 * 8 * 4 + 3 * 8 * 4)
+#define SA_DEC_PIPE_SMEM(hd) (4 * 2 * 32 * (hd)*2 + 8 * (hd)*4 + 32 * 8 * 4 + 3 * 8 * 4)
 
 /* The head dim the portable kernels are compiled for: 32, 64, 128 or 256 (16 runs as 32, 96 as 128, 192 as 256). */
 int sa_cuda_padded_dim(int64_t h);

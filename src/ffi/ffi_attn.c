@@ -27,20 +27,59 @@
 
 #include "sa_ffi.h"
 
-enum { ARG_Q, ARG_K, ARG_V, ARG_SINKS, ARG_QLENS, ARG_KVLENS, ARG_QSEG, ARG_KVSEG, ARG_BIAS, ARG_MASK, ARG_QPOS,
-       ARG_KVPOS, ARG_OUT, ARG_LSE, ARG_DOUT, ARG_DLSE };
+enum {
+  ARG_Q,
+  ARG_K,
+  ARG_V,
+  ARG_SINKS,
+  ARG_QLENS,
+  ARG_KVLENS,
+  ARG_QSEG,
+  ARG_KVSEG,
+  ARG_BIAS,
+  ARG_MASK,
+  ARG_QPOS,
+  ARG_KVPOS,
+  ARG_OUT,
+  ARG_LSE,
+  ARG_DOUT,
+  ARG_DLSE
+};
 enum { RET_DQ, RET_DK, RET_DV, RET_DSINKS, RET_DBIAS, RET_WS };
-enum { V_Q, V_K, V_V, V_SINKS, V_QLENS, V_KVLENS, V_QSEG, V_KVSEG, V_BIAS, V_MASK, V_QPOS, V_KVPOS, V_OUT, V_LSE,
-       V_DOUT, V_DLSE, V_DQ, V_DK, V_DV, V_DSINKS, V_DBIAS, V_WS, V_COUNT };
+enum {
+  V_Q,
+  V_K,
+  V_V,
+  V_SINKS,
+  V_QLENS,
+  V_KVLENS,
+  V_QSEG,
+  V_KVSEG,
+  V_BIAS,
+  V_MASK,
+  V_QPOS,
+  V_KVPOS,
+  V_OUT,
+  V_LSE,
+  V_DOUT,
+  V_DLSE,
+  V_DQ,
+  V_DK,
+  V_DV,
+  V_DSINKS,
+  V_DBIAS,
+  V_WS,
+  V_COUNT
+};
 
 #define SA_FFI_ABI_VERSION 2
 
 typedef struct {
   const char *target;
   int bwd;
-  sa_attn a;                /* options and the cell's dims; pointers are set per cell */
+  sa_attn a; /* options and the cell's dims; pointers are set per cell */
   sa_ffi_grid g;
-  sa_ffi_view v[V_COUNT];   /* present = 0 for absent optional buffers */
+  sa_ffi_view v[V_COUNT]; /* present = 0 for absent optional buffers */
   int has_dlse, deterministic, has_bias, has_mask, has_pos, has_dbias;
 } sa_ffi_call;
 
@@ -49,13 +88,13 @@ typedef struct {
 static XLA_FFI_Error *sa_ffi_decode_attrs(XLA_FFI_CallFrame *f, sa_ffi_call *c, int *has_ql, int *has_kl,
                                           int *has_seg) {
   sa_ffi_attr at[] = {
-      {"causal", SA_ATTR_INT, 1, 0, 0, 0},         {"deterministic", SA_ATTR_BOOL, c->bwd, 0, 0, 0},
-      {"diag_offset", SA_ATTR_INT, 1, 0, 0, 0},    {"has_dlse", SA_ATTR_BOOL, c->bwd, 0, 0, 0},
-      {"has_kv_lens", SA_ATTR_BOOL, 1, 0, 0, 0},   {"has_q_lens", SA_ATTR_BOOL, 1, 0, 0, 0},
-      {"has_segments", SA_ATTR_BOOL, 1, 0, 0, 0},  {"scale", SA_ATTR_FLOAT, 1, 0, 0, 0},
-      {"softmax", SA_ATTR_INT, 1, 0, 0, 0},        {"window_left", SA_ATTR_INT, 1, 0, 0, 0},
-      {"window_right", SA_ATTR_INT, 1, 0, 0, 0},   {"has_bias", SA_ATTR_BOOL, 1, 0, 0, 0},
-      {"has_mask", SA_ATTR_BOOL, 1, 0, 0, 0},      {"has_positions", SA_ATTR_BOOL, 1, 0, 0, 0},
+      {"causal", SA_ATTR_INT, 1, 0, 0, 0},          {"deterministic", SA_ATTR_BOOL, c->bwd, 0, 0, 0},
+      {"diag_offset", SA_ATTR_INT, 1, 0, 0, 0},     {"has_dlse", SA_ATTR_BOOL, c->bwd, 0, 0, 0},
+      {"has_kv_lens", SA_ATTR_BOOL, 1, 0, 0, 0},    {"has_q_lens", SA_ATTR_BOOL, 1, 0, 0, 0},
+      {"has_segments", SA_ATTR_BOOL, 1, 0, 0, 0},   {"scale", SA_ATTR_FLOAT, 1, 0, 0, 0},
+      {"softmax", SA_ATTR_INT, 1, 0, 0, 0},         {"window_left", SA_ATTR_INT, 1, 0, 0, 0},
+      {"window_right", SA_ATTR_INT, 1, 0, 0, 0},    {"has_bias", SA_ATTR_BOOL, 1, 0, 0, 0},
+      {"has_mask", SA_ATTR_BOOL, 1, 0, 0, 0},       {"has_positions", SA_ATTR_BOOL, 1, 0, 0, 0},
       {"has_dbias", SA_ATTR_BOOL, c->bwd, 0, 0, 0},
   };
   enum { A_BIAS = 11, A_MASK, A_POS, A_DBIAS };
@@ -66,8 +105,10 @@ static XLA_FFI_Error *sa_ffi_decode_attrs(XLA_FFI_CallFrame *f, sa_ffi_call *c, 
   c->has_pos = (int)at[A_POS].i;
   c->has_dbias = (int)at[A_DBIAS].i;
   if (c->has_dbias && !c->has_bias)
-    return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: has_dbias is true but has_bias is false: "
-                        "dbias is the gradient of a bias", c->target);
+    return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                        "%s: has_dbias is true but has_bias is false: "
+                        "dbias is the gradient of a bias",
+                        c->target);
   /* Enum values outside int range would wrap when cast: reject them here, sa_attn_check does the rest. */
   if (at[0].i < 0 || at[0].i > 2 || at[8].i < 0 || at[8].i > 2)
     return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: softmax %lld / causal %lld invalid: use 0, 1 or 2",
@@ -91,15 +132,17 @@ static XLA_FFI_Error *sa_ffi_decode_attrs(XLA_FFI_CallFrame *f, sa_ffi_call *c, 
 
 /* An input or result the has_* attributes call absent must be a zero-size placeholder: data in it would
    be ignored. */
-static XLA_FFI_Error *sa_ffi_check_absent(XLA_FFI_CallFrame *f, const char *target, XLA_FFI_Buffer *b,
-                                          const char *name, const char *flag) {
+static XLA_FFI_Error *sa_ffi_check_absent(XLA_FFI_CallFrame *f, const char *target, XLA_FFI_Buffer *b, const char *name,
+                                          const char *flag) {
   if (!b)
     return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: %s is missing or not a buffer", target, name);
   int64_t n = 1;
   for (int64_t d = 0; d < b->rank; d++) n *= b->dims[d];
   if (n != 0)
-    return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: %s holds %lld elements but %s is false (an "
-                        "absent %s is a zero-size placeholder)", target, name, (long long)n, flag, name);
+    return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                        "%s: %s holds %lld elements but %s is false (an "
+                        "absent %s is a zero-size placeholder)",
+                        target, name, (long long)n, flag, name);
   return NULL;
 }
 
@@ -111,10 +154,12 @@ static XLA_FFI_Error *sa_ffi_bcast_view(XLA_FFI_CallFrame *f, sa_ffi_call *c, XL
   if (e) return e;
   for (int x = 0; x < 4; x++)
     if (dims[x] != 1 && dims[x] != full[x])
-      return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: %s has shape [%lld,%lld,%lld,%lld]: expected "
-                          "each dim 1 or the full [B,N,T,S] = [%lld,%lld,%lld,%lld] (dim %d)", c->target, name,
-                          (long long)dims[0], (long long)dims[1], (long long)dims[2], (long long)dims[3],
-                          (long long)full[0], (long long)full[1], (long long)full[2], (long long)full[3], x);
+      return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                          "%s: %s has shape [%lld,%lld,%lld,%lld]: expected "
+                          "each dim 1 or the full [B,N,T,S] = [%lld,%lld,%lld,%lld] (dim %d)",
+                          c->target, name, (long long)dims[0], (long long)dims[1], (long long)dims[2],
+                          (long long)dims[3], (long long)full[0], (long long)full[1], (long long)full[2],
+                          (long long)full[3], x);
   return NULL;
 }
 
@@ -125,8 +170,8 @@ static XLA_FFI_Error *sa_ffi_decode_extras(XLA_FFI_CallFrame *f, sa_ffi_call *c,
   const char *t = c->target;
   const int64_t tw[2] = {full[0], full[2]}, sw[2] = {full[0], full[3]};
   XLA_FFI_Error *e;
-  if (c->has_bias ? (e = sa_ffi_bcast_view(f, c, sa_ffi_buffer(f, 0, ARG_BIAS), "bias", XLA_FFI_DataType_INVALID,
-                                           full, c->a.bias_dims, &v[V_BIAS]))
+  if (c->has_bias ? (e = sa_ffi_bcast_view(f, c, sa_ffi_buffer(f, 0, ARG_BIAS), "bias", XLA_FFI_DataType_INVALID, full,
+                                           c->a.bias_dims, &v[V_BIAS]))
                   : (e = sa_ffi_check_absent(f, t, sa_ffi_buffer(f, 0, ARG_BIAS), "bias", "has_bias")))
     return e;
   if (c->has_mask ? (e = sa_ffi_bcast_view(f, c, sa_ffi_buffer(f, 0, ARG_MASK), "mask", XLA_FFI_DataType_PRED, full,
@@ -160,9 +205,9 @@ static XLA_FFI_Error *sa_ffi_decode(XLA_FFI_CallFrame *f, sa_ffi_call *c, int cu
   int64_t want_args = c->bwd ? ARG_DLSE + 1 : ARG_KVPOS + 1;
   int64_t want_rets = c->bwd ? RET_WS + cuda : 2;
   if (f->args.size != want_args || f->rets.size != want_rets)
-    return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: got %lld inputs and %lld results: expected %lld and %lld",
-                        c->target, (long long)f->args.size, (long long)f->rets.size, (long long)want_args,
-                        (long long)want_rets);
+    return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                        "%s: got %lld inputs and %lld results: expected %lld and %lld", c->target,
+                        (long long)f->args.size, (long long)f->rets.size, (long long)want_args, (long long)want_rets);
   XLA_FFI_Buffer *r0 = sa_ffi_buffer(f, 1, 0);
   if (!r0) return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: result 0 is not a buffer", c->target);
   if ((e = sa_ffi_grid_from(f, c->target, r0, c->bwd ? "dq" : "out", 4, &c->g))) return e;
@@ -171,8 +216,8 @@ static XLA_FFI_Error *sa_ffi_decode(XLA_FFI_CallFrame *f, sa_ffi_call *c, int cu
   sa_ffi_view *v = c->v;
   int64_t qd[4], kd[4], vd[4];
   const int64_t any4[4] = {-1, -1, -1, -1};
-  if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_Q), "query", XLA_FFI_DataType_INVALID, 4, any4,
-                            qd, &v[V_Q])))
+  if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_Q), "query", XLA_FFI_DataType_INVALID, 4, any4, qd,
+                            &v[V_Q])))
     return e;
   XLA_FFI_DataType dt = v[V_Q].buf->dtype;
   int64_t B = qd[0], T = qd[1], N = qd[2], H = qd[3];
@@ -187,49 +232,53 @@ static XLA_FFI_Error *sa_ffi_decode(XLA_FFI_CallFrame *f, sa_ffi_call *c, int cu
   if (learn && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_SINKS), "sinks", SA_F32T, 1, nw, NULL,
                                      &v[V_SINKS])))
     return e;
-  if (has_ql && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_QLENS), "query_seq_lengths", SA_S32T,
-                                      1, bw, NULL, &v[V_QLENS])))
+  if (has_ql && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_QLENS), "query_seq_lengths", SA_S32T, 1,
+                                      bw, NULL, &v[V_QLENS])))
     return e;
   if (has_kl && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_KVLENS), "key_value_seq_lengths",
                                       SA_S32T, 1, bw, NULL, &v[V_KVLENS])))
     return e;
-  if (has_seg && ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_QSEG), "query_segment_ids", SA_S32T,
-                                        2, tw, NULL, &v[V_QSEG])) ||
+  if (has_seg && ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_QSEG), "query_segment_ids", SA_S32T, 2,
+                                        tw, NULL, &v[V_QSEG])) ||
                   (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_KVSEG), "key_value_segment_ids",
                                         SA_S32T, 2, sw, NULL, &v[V_KVSEG]))))
     return e;
   const int64_t full[4] = {B, N, T, S};
   if ((e = sa_ffi_decode_extras(f, c, full))) return e;
   int ob = c->bwd ? 0 : 1; /* out and lse: results of the forward, inputs of the backward */
-  if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, ob, c->bwd ? ARG_OUT : 0), "out",
-                            dt, 4, ow, NULL, &v[V_OUT])) ||
-      (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, ob, c->bwd ? ARG_LSE : 1), "lse",
-                            SA_F32T, 3, lw, NULL, &v[V_LSE])))
+  if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, ob, c->bwd ? ARG_OUT : 0), "out", dt, 4, ow, NULL,
+                            &v[V_OUT])) ||
+      (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, ob, c->bwd ? ARG_LSE : 1), "lse", SA_F32T, 3, lw, NULL,
+                            &v[V_LSE])))
     return e;
   if (c->bwd) {
-    if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_DOUT), "dout", dt, 4, ow,
-                              NULL, &v[V_DOUT])))
+    if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_DOUT), "dout", dt, 4, ow, NULL, &v[V_DOUT])))
       return e;
-    if (c->has_dlse && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_DLSE),
-                                             "dlse", SA_F32T, 3, lw, NULL, &v[V_DLSE])))
+    if (c->has_dlse && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 0, ARG_DLSE), "dlse", SA_F32T, 3, lw,
+                                             NULL, &v[V_DLSE])))
       return e;
     const int64_t dkw[4] = {B, S, K, H}, dvw[4] = {B, S, K, Hv}; /* dv: Hv is known now (vw leaves it open) */
     if ((e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, RET_DQ), "dq", dt, 4, qd, NULL, &v[V_DQ])) ||
         (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, RET_DK), "dk", dt, 4, dkw, NULL, &v[V_DK])) ||
         (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, RET_DV), "dv", dt, 4, dvw, NULL, &v[V_DV])))
       return e;
-    if (learn && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, RET_DSINKS), "dsinks", SA_F32T, 1, nw,
-                                       NULL, &v[V_DSINKS])))
+    if (learn && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, RET_DSINKS), "dsinks", SA_F32T, 1, nw, NULL,
+                                       &v[V_DSINKS])))
       return e;
     const int64_t anyw[1] = {-1};
-    if (cuda && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, RET_WS), "workspace",
-                                      XLA_FFI_DataType_U8, 1, anyw, NULL, &v[V_WS])))
+    if (cuda && (e = sa_ffi_view_make(f, c->target, g, sa_ffi_buffer(f, 1, RET_WS), "workspace", XLA_FFI_DataType_U8, 1,
+                                      anyw, NULL, &v[V_WS])))
       return e;
   }
   if (!sa_ffi_dtype_of(dt, &c->a.dtype))
     return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: query dtype unsupported", c->target);
-  c->a.batch = B; c->a.q_len = T; c->a.kv_len = S;
-  c->a.q_heads = N; c->a.kv_heads = K; c->a.head_dim = H; c->a.v_head_dim = Hv;
+  c->a.batch = B;
+  c->a.q_len = T;
+  c->a.kv_len = S;
+  c->a.q_heads = N;
+  c->a.kv_heads = K;
+  c->a.head_dim = H;
+  c->a.v_head_dim = Hv;
   return NULL;
 }
 
@@ -372,11 +421,10 @@ SA_FFI_EXPORT XLA_FFI_Error *sa_jax_attn_bwd_cuda(XLA_FFI_CallFrame *f) {
 /* Bytes of backward workspace for one grid cell of this problem on `backend` (an sa_backend value);
    0 when none is needed or the problem is invalid (the handler then reports why). Shape-only: the
    lengths/segments flags only say whether those inputs exist. */
-SA_FFI_EXPORT size_t sa_jax_bwd_workspace_size(int dtype, int64_t batch, int64_t q_len, int64_t kv_len,
-                                               int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                                               int64_t v_head_dim, int softmax, int causal, int64_t window_left,
-                                               int64_t window_right, int64_t diag_offset, int has_lengths,
-                                               int has_segments, int backend) {
+SA_FFI_EXPORT size_t sa_jax_bwd_workspace_size(int dtype, int64_t batch, int64_t q_len, int64_t kv_len, int64_t q_heads,
+                                               int64_t kv_heads, int64_t head_dim, int64_t v_head_dim, int softmax,
+                                               int causal, int64_t window_left, int64_t window_right,
+                                               int64_t diag_offset, int has_lengths, int has_segments, int backend) {
   /* Non-NULL markers (size queries never read data), 16-byte aligned as XLA's buffers are: the CUDA plans
      refuse the Hopper kernels for segment ids that are not, and the query must pick the launch's plan. */
   static _Alignas(16) const int32_t present[4] = {0};
@@ -384,14 +432,27 @@ SA_FFI_EXPORT size_t sa_jax_bwd_workspace_size(int dtype, int64_t batch, int64_t
   sa_attn a;
   sa_attn_init(&a);
   a.dtype = (sa_dtype)dtype;
-  a.batch = batch; a.q_len = q_len; a.kv_len = kv_len; a.q_heads = q_heads; a.kv_heads = kv_heads;
-  a.head_dim = head_dim; a.v_head_dim = v_head_dim;
+  a.batch = batch;
+  a.q_len = q_len;
+  a.kv_len = kv_len;
+  a.q_heads = q_heads;
+  a.kv_heads = kv_heads;
+  a.head_dim = head_dim;
+  a.v_head_dim = v_head_dim;
   a.softmax = (sa_softmax)softmax;
   a.causal = (sa_causal)causal;
-  a.window_left = window_left; a.window_right = window_right; a.diag_offset = diag_offset;
+  a.window_left = window_left;
+  a.window_right = window_right;
+  a.diag_offset = diag_offset;
   if (softmax == SA_SOFTMAX_LEARNABLE) a.sinks = sink;
-  if (has_lengths) { a.q_lens = present; a.kv_lens = present; }
-  if (has_segments) { a.q_segment_ids = present; a.kv_segment_ids = present; }
+  if (has_lengths) {
+    a.q_lens = present;
+    a.kv_lens = present;
+  }
+  if (has_segments) {
+    a.q_segment_ids = present;
+    a.kv_segment_ids = present;
+  }
   return sa_attn_bwd_workspace_size(&a, (sa_backend)backend);
 }
 
@@ -404,8 +465,13 @@ SA_FFI_EXPORT int sa_jax_cuda_supported(int dtype, int64_t batch, int64_t q_len,
   sa_attn a;
   sa_attn_init(&a);
   a.dtype = (sa_dtype)dtype;
-  a.batch = batch; a.q_len = q_len; a.kv_len = kv_len; a.q_heads = q_heads; a.kv_heads = kv_heads;
-  a.head_dim = head_dim; a.v_head_dim = v_head_dim;
+  a.batch = batch;
+  a.q_len = q_len;
+  a.kv_len = kv_len;
+  a.q_heads = q_heads;
+  a.kv_heads = kv_heads;
+  a.head_dim = head_dim;
+  a.v_head_dim = v_head_dim;
   int ok = sa_has_cuda() && sa_cuda_attn_supported(&a) == SA_OK;
   if (!ok && why && why_len) snprintf(why, why_len, "%s", sa_has_cuda() ? sa_last_error() : "built without CUDA");
   return ok;

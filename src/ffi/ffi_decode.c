@@ -19,8 +19,10 @@ static XLA_FFI_Error *sa_ffi_decode_call(XLA_FFI_CallFrame *f, const char *targe
   if (f->stage != XLA_FFI_ExecutionStage_EXECUTE)
     return sa_ffi_error(f, XLA_FFI_Error_Code_UNIMPLEMENTED, "%s: only the execute stage is implemented", target);
   sa_ffi_attr at[] = {
-      {"scale", SA_ATTR_FLOAT, 1, 0, 0, 0},       {"softmax", SA_ATTR_INT, 1, 0, 0, 0},
-      {"window_left", SA_ATTR_INT, 1, 0, 0, 0},   {"window_right", SA_ATTR_INT, 1, 0, 0, 0},
+      {"scale", SA_ATTR_FLOAT, 1, 0, 0, 0},
+      {"softmax", SA_ATTR_INT, 1, 0, 0, 0},
+      {"window_left", SA_ATTR_INT, 1, 0, 0, 0},
+      {"window_right", SA_ATTR_INT, 1, 0, 0, 0},
   };
   XLA_FFI_Error *e = sa_ffi_attrs_decode(f, target, at, (int)(sizeof at / sizeof at[0]));
   if (e) return e;
@@ -28,8 +30,9 @@ static XLA_FFI_Error *sa_ffi_decode_call(XLA_FFI_CallFrame *f, const char *targe
     return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: softmax %lld invalid: use 0, 1 or 2", target,
                         (long long)at[1].i);
   if (f->args.size != 5 || f->rets.size != 2 + cuda)
-    return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: got %lld inputs and %lld results: expected 5 and %d",
-                        target, (long long)f->args.size, (long long)f->rets.size, 2 + cuda);
+    return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                        "%s: got %lld inputs and %lld results: expected 5 and %d", target, (long long)f->args.size,
+                        (long long)f->rets.size, 2 + cuda);
 
   sa_ffi_grid g;
   sa_ffi_view v[D_COUNT];
@@ -54,12 +57,11 @@ static XLA_FFI_Error *sa_ffi_decode_call(XLA_FFI_CallFrame *f, const char *targe
   if ((e = sa_ffi_view_make(f, target, &g, sa_ffi_buffer(f, 0, 2), "v_cache", dt, 4, vw, vd, &v[D_V]))) return e;
   const int64_t Hv = vd[3];
   const int64_t nw[1] = {N}, bw[1] = {B}, ow[4] = {B, T, N, Hv}, lw[3] = {B, N, T};
-  if (at[1].i == SA_SOFTMAX_LEARNABLE &&
-      (e = sa_ffi_view_make(f, target, &g, sa_ffi_buffer(f, 0, 3), "sinks", XLA_FFI_DataType_F32, 1, nw, NULL,
-                            &v[D_SINKS])))
+  if (at[1].i == SA_SOFTMAX_LEARNABLE && (e = sa_ffi_view_make(f, target, &g, sa_ffi_buffer(f, 0, 3), "sinks",
+                                                               XLA_FFI_DataType_F32, 1, nw, NULL, &v[D_SINKS])))
     return e;
-  if ((e = sa_ffi_view_make(f, target, &g, sa_ffi_buffer(f, 0, 4), "cache_lengths", XLA_FFI_DataType_S32, 1, bw,
-                            NULL, &v[D_LENS])) ||
+  if ((e = sa_ffi_view_make(f, target, &g, sa_ffi_buffer(f, 0, 4), "cache_lengths", XLA_FFI_DataType_S32, 1, bw, NULL,
+                            &v[D_LENS])) ||
       (e = sa_ffi_view_make(f, target, &g, r0, "out", dt, 4, ow, NULL, &v[D_OUT])) ||
       (e = sa_ffi_view_make(f, target, &g, sa_ffi_buffer(f, 1, 1), "lse", XLA_FFI_DataType_F32, 3, lw, NULL,
                             &v[D_LSE])))
@@ -73,13 +75,21 @@ static XLA_FFI_Error *sa_ffi_decode_call(XLA_FFI_CallFrame *f, const char *targe
   sa_attn_init(&a);
   if (!sa_ffi_dtype_of(dt, &a.dtype))
     return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: query dtype unsupported", target);
-  a.batch = B; a.q_len = T; a.kv_len = S; a.q_heads = N; a.kv_heads = K; a.head_dim = H; a.v_head_dim = Hv;
+  a.batch = B;
+  a.q_len = T;
+  a.kv_len = S;
+  a.q_heads = N;
+  a.kv_heads = K;
+  a.head_dim = H;
+  a.v_head_dim = Hv;
   a.scale = (float)at[0].f;
   a.softmax = (sa_softmax)at[1].i;
   a.window_left = at[2].i;
   a.window_right = at[3].i;
   a.causal = SA_CAUSAL_BOTTOM_RIGHT;
-  a.q = v[D_Q].buf->data; a.k = v[D_K].buf->data; a.v = v[D_V].buf->data;
+  a.q = v[D_Q].buf->data;
+  a.k = v[D_K].buf->data;
+  a.v = v[D_V].buf->data;
   a.sinks = v[D_SINKS].present ? (const float *)v[D_SINKS].buf->data : NULL;
   a.kv_lens = (const int32_t *)v[D_LENS].buf->data;
   a.out = v[D_OUT].buf->data;
@@ -117,8 +127,13 @@ SA_FFI_EXPORT size_t sa_jax_decode_workspace_size(int dtype, int64_t batch, int6
   sa_attn a;
   sa_attn_init(&a);
   a.dtype = (sa_dtype)dtype;
-  a.batch = batch; a.q_len = q_len; a.kv_len = kv_len; a.q_heads = q_heads; a.kv_heads = kv_heads;
-  a.head_dim = head_dim; a.v_head_dim = v_head_dim;
+  a.batch = batch;
+  a.q_len = q_len;
+  a.kv_len = kv_len;
+  a.q_heads = q_heads;
+  a.kv_heads = kv_heads;
+  a.head_dim = head_dim;
+  a.v_head_dim = v_head_dim;
   a.causal = SA_CAUSAL_BOTTOM_RIGHT;
   size_t n = sa_attn_decode_workspace_size(&a, (sa_backend)backend);
   return n > 0 ? n : 1;

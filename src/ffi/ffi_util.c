@@ -8,8 +8,7 @@
 
 #include "sa_ffi.h"
 
-static XLA_FFI_Error *sa_ffi_verror(const XLA_FFI_CallFrame *f, XLA_FFI_Error_Code code, const char *fmt,
-                                    va_list ap) {
+static XLA_FFI_Error *sa_ffi_verror(const XLA_FFI_CallFrame *f, XLA_FFI_Error_Code code, const char *fmt, va_list ap) {
   char msg[768];
   vsnprintf(msg, sizeof msg, fmt, ap);
   XLA_FFI_Error_Create_Args args;
@@ -73,8 +72,14 @@ XLA_FFI_Error *sa_ffi_attrs_decode(const XLA_FFI_CallFrame *f, const char *targe
     const XLA_FFI_Scalar *sc = (const XLA_FFI_Scalar *)f->attrs.attrs[a];
     int ok = 0;
     if (want[k].kind == SA_ATTR_FLOAT) {
-      if (sc->dtype == XLA_FFI_DataType_F32) { want[k].f = *(const float *)sc->value; ok = 1; }
-      if (sc->dtype == XLA_FFI_DataType_F64) { want[k].f = *(const double *)sc->value; ok = 1; }
+      if (sc->dtype == XLA_FFI_DataType_F32) {
+        want[k].f = *(const float *)sc->value;
+        ok = 1;
+      }
+      if (sc->dtype == XLA_FFI_DataType_F64) {
+        want[k].f = *(const double *)sc->value;
+        ok = 1;
+      }
     } else if (want[k].kind == SA_ATTR_BOOL) {
       ok = sa_ffi_scalar_int(sc, &want[k].i) && (want[k].i == 0 || want[k].i == 1);
     } else {
@@ -83,8 +88,9 @@ XLA_FFI_Error *sa_ffi_attrs_decode(const XLA_FFI_CallFrame *f, const char *targe
     if (!ok)
       return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: attribute %s has XLA dtype %d: expected %s",
                           target, want[k].name, (int)sc->dtype,
-                          want[k].kind == SA_ATTR_FLOAT ? "f32 or f64"
-                          : want[k].kind == SA_ATTR_BOOL ? "bool (or an integer 0/1)" : "s32 or s64");
+                          want[k].kind == SA_ATTR_FLOAT  ? "f32 or f64"
+                          : want[k].kind == SA_ATTR_BOOL ? "bool (or an integer 0/1)"
+                                                         : "s32 or s64");
     want[k].found = 1;
   }
   for (int k = 0; k < n; k++)
@@ -106,9 +112,15 @@ int sa_ffi_dtype_of(XLA_FFI_DataType t, sa_dtype *out) {
 
 size_t sa_ffi_elem_size(XLA_FFI_DataType t) {
   switch (t) {
-    case XLA_FFI_DataType_F64: case XLA_FFI_DataType_S64: case XLA_FFI_DataType_U64: return 8;
-    case XLA_FFI_DataType_F32: case XLA_FFI_DataType_S32: case XLA_FFI_DataType_U32: return 4;
-    case XLA_FFI_DataType_F16: case XLA_FFI_DataType_BF16: case XLA_FFI_DataType_S16:
+    case XLA_FFI_DataType_F64:
+    case XLA_FFI_DataType_S64:
+    case XLA_FFI_DataType_U64: return 8;
+    case XLA_FFI_DataType_F32:
+    case XLA_FFI_DataType_S32:
+    case XLA_FFI_DataType_U32: return 4;
+    case XLA_FFI_DataType_F16:
+    case XLA_FFI_DataType_BF16:
+    case XLA_FFI_DataType_S16:
     case XLA_FFI_DataType_U16: return 2;
     default: return 1;
   }
@@ -137,8 +149,8 @@ XLA_FFI_Buffer *sa_ffi_buffer(const XLA_FFI_CallFrame *f, int is_ret, int64_t i)
   return (XLA_FFI_Buffer *)f->args.args[i];
 }
 
-XLA_FFI_Error *sa_ffi_grid_from(const XLA_FFI_CallFrame *f, const char *target, XLA_FFI_Buffer *b,
-                                const char *name, int base_rank, sa_ffi_grid *g) {
+XLA_FFI_Error *sa_ffi_grid_from(const XLA_FFI_CallFrame *f, const char *target, XLA_FFI_Buffer *b, const char *name,
+                                int base_rank, sa_ffi_grid *g) {
   int nlead = (int)b->rank - base_rank;
   if (nlead < 0 || nlead > SA_FFI_MAX_LEAD)
     return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT,
@@ -153,21 +165,22 @@ XLA_FFI_Error *sa_ffi_grid_from(const XLA_FFI_CallFrame *f, const char *target, 
   return NULL;
 }
 
-XLA_FFI_Error *sa_ffi_view_make(const XLA_FFI_CallFrame *f, const char *target, const sa_ffi_grid *g,
-                                XLA_FFI_Buffer *b, const char *name, XLA_FFI_DataType dtype, int base_rank,
-                                const int64_t *want_dims, int64_t *got_dims, sa_ffi_view *v) {
+XLA_FFI_Error *sa_ffi_view_make(const XLA_FFI_CallFrame *f, const char *target, const sa_ffi_grid *g, XLA_FFI_Buffer *b,
+                                const char *name, XLA_FFI_DataType dtype, int base_rank, const int64_t *want_dims,
+                                int64_t *got_dims, sa_ffi_view *v) {
   memset(v, 0, sizeof *v);
   v->name = name;
   v->buf = b;
   v->present = 1;
-  if (!b) return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: %s is missing or not a buffer", target, name);
+  if (!b)
+    return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: %s is missing or not a buffer", target, name);
   if (b->rank != g->nlead + base_rank)
     return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: %s has rank %lld: expected %d (%d vmap + %d)",
                         target, name, (long long)b->rank, g->nlead + base_rank, g->nlead, base_rank);
-  int dtype_ok = dtype == XLA_FFI_DataType_INVALID
-                     ? (b->dtype == XLA_FFI_DataType_F32 || b->dtype == XLA_FFI_DataType_F16 ||
-                        b->dtype == XLA_FFI_DataType_BF16)
-                     : b->dtype == dtype;
+  int dtype_ok =
+      dtype == XLA_FFI_DataType_INVALID
+          ? (b->dtype == XLA_FFI_DataType_F32 || b->dtype == XLA_FFI_DataType_F16 || b->dtype == XLA_FFI_DataType_BF16)
+          : b->dtype == dtype;
   if (!dtype_ok)
     return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: %s has dtype %s: expected %s", target, name,
                         sa_ffi_dtype_name(b->dtype),
@@ -182,8 +195,7 @@ XLA_FFI_Error *sa_ffi_view_make(const XLA_FFI_CallFrame *f, const char *target, 
         ps += snprintf(seen + ps, sizeof seen - (size_t)ps, "%s%lld", e ? "," : "", (long long)base[e]);
         if (want_dims[e] >= 0)
           pw += snprintf(want + pw, sizeof want - (size_t)pw, "%s%lld", e ? "," : "", (long long)want_dims[e]);
-        else
-          pw += snprintf(want + pw, sizeof want - (size_t)pw, "%s?", e ? "," : "");
+        else pw += snprintf(want + pw, sizeof want - (size_t)pw, "%s?", e ? "," : "");
       }
       return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: %s has shape [%s]: expected [%s] (dim %d)",
                           target, name, seen, want, d);

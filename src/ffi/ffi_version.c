@@ -67,8 +67,8 @@ SA_FFI_AT(XLA_FFI_Api, XLA_FFI_Error_Create, 48);
 SA_FFI_AT(XLA_FFI_Api, XLA_FFI_Stream_Get, 80);
 _Static_assert(XLA_FFI_Error_Create_Args_STRUCT_SIZE == 28 && XLA_FFI_Stream_Get_Args_STRUCT_SIZE == 32,
                "argument struct sizes differ from FFI API 0.1");
-_Static_assert(XLA_FFI_Extension_Metadata == 1 && XLA_FFI_ExecutionStage_EXECUTE == 3 &&
-                   XLA_FFI_ArgType_BUFFER == 1 && XLA_FFI_RetType_BUFFER == 1 && XLA_FFI_AttrType_SCALAR == 3,
+_Static_assert(XLA_FFI_Extension_Metadata == 1 && XLA_FFI_ExecutionStage_EXECUTE == 3 && XLA_FFI_ArgType_BUFFER == 1 &&
+                   XLA_FFI_RetType_BUFFER == 1 && XLA_FFI_AttrType_SCALAR == 3,
                "FFI enum values differ from FFI API 0.1");
 _Static_assert(XLA_FFI_Error_Code_INVALID_ARGUMENT == 3 && XLA_FFI_Error_Code_RESOURCE_EXHAUSTED == 8 &&
                    XLA_FFI_Error_Code_UNIMPLEMENTED == 12 && XLA_FFI_Error_Code_INTERNAL == 13,

@@ -41,11 +41,11 @@ XLA_FFI_Error *sa_ffi_status_error(const XLA_FFI_CallFrame *f, const char *targe
 
 typedef struct {
   const char *name;
-  int kind;      /* SA_ATTR_INT, SA_ATTR_BOOL, SA_ATTR_FLOAT */
+  int kind; /* SA_ATTR_INT, SA_ATTR_BOOL, SA_ATTR_FLOAT */
   int required;
   int found;
-  int64_t i;     /* INT and BOOL */
-  double f;      /* FLOAT */
+  int64_t i; /* INT and BOOL */
+  double f;  /* FLOAT */
 } sa_ffi_attr;
 
 enum { SA_ATTR_INT = 0, SA_ATTR_BOOL = 1, SA_ATTR_FLOAT = 2 };
@@ -60,31 +60,31 @@ XLA_FFI_Error *sa_ffi_attrs_decode(const XLA_FFI_CallFrame *f, const char *targe
 typedef struct {
   const char *name;
   XLA_FFI_Buffer *buf;
-  int present;            /* 0: a placeholder for an absent optional input; never read */
-  int64_t base_count;     /* elements of one grid cell: product of the base dims */
+  int present;                          /* 0: a placeholder for an absent optional input; never read */
+  int64_t base_count;                   /* elements of one grid cell: product of the base dims */
   int64_t lead_stride[SA_FFI_MAX_LEAD]; /* elements per step of each lead dim; 0 where broadcast */
-  int lead_full;          /* every lead dim has the grid's size (so the grid folds into batch) */
-  int lead_ones;          /* every lead dim is 1 */
+  int lead_full;                        /* every lead dim has the grid's size (so the grid folds into batch) */
+  int lead_ones;                        /* every lead dim is 1 */
 } sa_ffi_view;
 
 typedef struct {
   int nlead;
   int64_t lead[SA_FFI_MAX_LEAD];
-  int64_t cells;          /* product of lead */
+  int64_t cells; /* product of lead */
 } sa_ffi_grid;
 
 /* The buffer at index i of args (is_ret 0) or rets (is_ret 1), checked to be a buffer. */
 XLA_FFI_Buffer *sa_ffi_buffer(const XLA_FFI_CallFrame *f, int is_ret, int64_t i);
 
 /* Derives the grid from a result buffer of base rank base_rank. */
-XLA_FFI_Error *sa_ffi_grid_from(const XLA_FFI_CallFrame *f, const char *target, XLA_FFI_Buffer *b,
-                                const char *name, int base_rank, sa_ffi_grid *g);
+XLA_FFI_Error *sa_ffi_grid_from(const XLA_FFI_CallFrame *f, const char *target, XLA_FFI_Buffer *b, const char *name,
+                                int base_rank, sa_ffi_grid *g);
 
 /* Checks rank, dtype and the base dims (-1 = any, recorded in got[]) of b against the grid and
    fills *v. dtype XLA_FFI_DataType_INVALID accepts any of F32/F16/BF16. */
-XLA_FFI_Error *sa_ffi_view_make(const XLA_FFI_CallFrame *f, const char *target, const sa_ffi_grid *g,
-                                XLA_FFI_Buffer *b, const char *name, XLA_FFI_DataType dtype, int base_rank,
-                                const int64_t *want_dims, int64_t *got_dims, sa_ffi_view *v);
+XLA_FFI_Error *sa_ffi_view_make(const XLA_FFI_CallFrame *f, const char *target, const sa_ffi_grid *g, XLA_FFI_Buffer *b,
+                                const char *name, XLA_FFI_DataType dtype, int base_rank, const int64_t *want_dims,
+                                int64_t *got_dims, sa_ffi_view *v);
 
 /* Element offset of grid cell c in view v. */
 int64_t sa_ffi_view_offset(const sa_ffi_grid *g, const sa_ffi_view *v, int64_t c);

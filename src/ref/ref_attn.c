@@ -32,8 +32,8 @@ static double sa_ref_scale(const sa_attn *a) { return (double)sa_scale_of(a); }
 /* Scores of query row i (batch b, head n) against every key: s[j] = scale * q_i . k_j + bias[b,n,i,j]
    where (i, j) is valid, -inf where it is not (exp(-inf) = 0 drops those keys from every sum below; a
    bias of -inf drops its key the same way). */
-static void sa_ref_scores(const sa_attn *a, const double *q, const double *k, const double *bias, int64_t b,
-                          int64_t n, int64_t i, double *s) {
+static void sa_ref_scores(const sa_attn *a, const double *q, const double *k, const double *bias, int64_t b, int64_t n,
+                          int64_t i, double *s) {
   int64_t S = a->kv_len, H = a->head_dim, kh = n / (a->q_heads / a->kv_heads);
   sa_range r = sa_key_range(a, sa_q_len_of(a, b), sa_kv_len_of(a, b), i);
   sa_bcast bs = sa_bcast_of(a->bias_dims);
@@ -49,8 +49,8 @@ static void sa_ref_scores(const sa_attn *a, const double *q, const double *k, co
   }
 }
 
-sa_status sa_ref_fwd64(const sa_attn *a, const double *q, const double *k, const double *v,
-                       const double *sinks, const double *bias, double *out, double *lse) {
+sa_status sa_ref_fwd64(const sa_attn *a, const double *q, const double *k, const double *v, const double *sinks,
+                       const double *bias, double *out, double *lse) {
   int64_t B = a->batch, T = a->q_len, S = a->kv_len, N = a->q_heads, Hv = a->v_head_dim;
   int64_t G = N / a->kv_heads;
   double *s = malloc((size_t)(S + 1) * sizeof *s);
@@ -98,10 +98,9 @@ sa_status sa_ref_fwd64(const sa_attn *a, const double *q, const double *k, const
   return SA_OK;
 }
 
-sa_status sa_ref_bwd64(const sa_attn *a, const double *q, const double *k, const double *v,
-                       const double *sinks, const double *bias, const double *out, const double *lse,
-                       const double *dout, const double *dlse, double *dq, double *dk, double *dv,
-                       double *dsinks, double *dbias) {
+sa_status sa_ref_bwd64(const sa_attn *a, const double *q, const double *k, const double *v, const double *sinks,
+                       const double *bias, const double *out, const double *lse, const double *dout, const double *dlse,
+                       double *dq, double *dk, double *dv, double *dsinks, double *dbias) {
   int64_t B = a->batch, T = a->q_len, S = a->kv_len, N = a->q_heads, K = a->kv_heads;
   int64_t H = a->head_dim, Hv = a->v_head_dim, G = N / K;
   double scale = sa_ref_scale(a);
@@ -174,8 +173,23 @@ static void sa_ref_store(void *p, sa_dtype t, const double *x, int64_t n) {
   for (int64_t i = 0; i < n; i++) sa_store(p, t, i, (float)x[i]);
 }
 
-enum { SA_REF_Q, SA_REF_K, SA_REF_V, SA_REF_SINKS, SA_REF_BIAS, SA_REF_OUT, SA_REF_LSE, SA_REF_DOUT,
-       SA_REF_DLSE, SA_REF_DQ, SA_REF_DK, SA_REF_DV, SA_REF_DSINKS, SA_REF_DBIAS, SA_REF_NBUF };
+enum {
+  SA_REF_Q,
+  SA_REF_K,
+  SA_REF_V,
+  SA_REF_SINKS,
+  SA_REF_BIAS,
+  SA_REF_OUT,
+  SA_REF_LSE,
+  SA_REF_DOUT,
+  SA_REF_DLSE,
+  SA_REF_DQ,
+  SA_REF_DK,
+  SA_REF_DV,
+  SA_REF_DSINKS,
+  SA_REF_DBIAS,
+  SA_REF_NBUF
+};
 
 static void sa_ref_free(double **x) {
   for (int i = 0; i < SA_REF_NBUF; i++) free(x[i]);
@@ -199,8 +213,8 @@ sa_status sa_ref_attn_fwd(const sa_attn *a) {
       return sa_error(SA_ERR_NO_MEMORY, "reference: cannot allocate the fp64 copies of q, k, v, bias, out");
     }
   const double *bias = sa_dims_set(a->bias_dims) ? x[SA_REF_BIAS] : NULL;
-  sa_status s = sa_ref_fwd64(a, x[SA_REF_Q], x[SA_REF_K], x[SA_REF_V], x[SA_REF_SINKS], bias, x[SA_REF_OUT],
-                             x[SA_REF_LSE]);
+  sa_status s =
+      sa_ref_fwd64(a, x[SA_REF_Q], x[SA_REF_K], x[SA_REF_V], x[SA_REF_SINKS], bias, x[SA_REF_OUT], x[SA_REF_LSE]);
   if (s == SA_OK) {
     sa_ref_store(a->out, a->dtype, x[SA_REF_OUT], no);
     if (a->lse) sa_ref_store(a->lse, SA_F32, x[SA_REF_LSE], B * N * T);
@@ -235,8 +249,8 @@ sa_status sa_ref_attn_bwd(const sa_attn *a, const sa_attn_grad *g) {
     }
   sa_status s = sa_ref_bwd64(a, x[SA_REF_Q], x[SA_REF_K], x[SA_REF_V], x[SA_REF_SINKS],
                              sa_dims_set(a->bias_dims) ? x[SA_REF_BIAS] : NULL, x[SA_REF_OUT], x[SA_REF_LSE],
-                             x[SA_REF_DOUT], g->dlse ? x[SA_REF_DLSE] : NULL, x[SA_REF_DQ], x[SA_REF_DK],
-                             x[SA_REF_DV], x[SA_REF_DSINKS], g->dbias ? x[SA_REF_DBIAS] : NULL);
+                             x[SA_REF_DOUT], g->dlse ? x[SA_REF_DLSE] : NULL, x[SA_REF_DQ], x[SA_REF_DK], x[SA_REF_DV],
+                             x[SA_REF_DSINKS], g->dbias ? x[SA_REF_DBIAS] : NULL);
   if (s == SA_OK) {
     sa_ref_store(g->dq, a->dtype, x[SA_REF_DQ], nq);
     sa_ref_store(g->dk, a->dtype, x[SA_REF_DK], nk);

@@ -19,16 +19,15 @@ extern "C" {
 #endif
 
 /* out [B,T,N,Hv], lse [B,N,T]. Returns SA_ERR_NO_MEMORY if the row buffer cannot be allocated. */
-sa_status sa_ref_fwd64(const sa_attn *a, const double *q, const double *k, const double *v,
-                       const double *sinks, const double *bias, double *out, double *lse);
+sa_status sa_ref_fwd64(const sa_attn *a, const double *q, const double *k, const double *v, const double *sinks,
+                       const double *bias, double *out, double *lse);
 
 /* Uses out and lse as given (normally sa_ref_fwd64's). dlse [B,N,T] or NULL; dsinks [N] or NULL
    (written for every softmax type: zeros unless LEARNABLE); dbias [a->bias_dims] or NULL. dq, dk, dv,
    dsinks and dbias are fully overwritten. */
-sa_status sa_ref_bwd64(const sa_attn *a, const double *q, const double *k, const double *v,
-                       const double *sinks, const double *bias, const double *out, const double *lse,
-                       const double *dout, const double *dlse, double *dq, double *dk, double *dv,
-                       double *dsinks, double *dbias);
+sa_status sa_ref_bwd64(const sa_attn *a, const double *q, const double *k, const double *v, const double *sinks,
+                       const double *bias, const double *out, const double *lse, const double *dout, const double *dlse,
+                       double *dq, double *dk, double *dv, double *dsinks, double *dbias);
 
 #ifdef __cplusplus
 }

@@ -54,7 +54,10 @@ static void log_launch(const char *how, const void *fn, dim3 g, dim3 b, size_t s
 
 extern "C" {
 
-void **__cudaRegisterFatBinary(void *) { static void *h; return &h; }
+void **__cudaRegisterFatBinary(void *) {
+  static void *h;
+  return &h;
+}
 void __cudaRegisterFatBinaryEnd(void **) {}
 void __cudaUnregisterFatBinary(void **) {}
 void __cudaRegisterFunction(void **, const char *hostFun, char *deviceFun, const char *, int, uint3 *, uint3 *, dim3 *,

@@ -146,7 +146,8 @@ bool parse_case(const std::string &line, tcase *c) {
 }
 
 void run_case(const tcase &c, FILE *out) {
-  static const char *const st[] = {"SA_OK", "SA_ERR_INVALID", "SA_ERR_UNSUPPORTED", "SA_ERR_NO_MEMORY", "SA_ERR_DEVICE"};
+  static const char *const st[] = {"SA_OK", "SA_ERR_INVALID", "SA_ERR_UNSUPPORTED", "SA_ERR_NO_MEMORY",
+                                   "SA_ERR_DEVICE"};
   fprintf(out, "case %s\n", c.line.c_str());
   void *stream = (void *)(uintptr_t)0x5000;
   fprintf(out, " fwd\n");

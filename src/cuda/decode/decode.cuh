@@ -10,22 +10,24 @@
 #include "plan.h"
 #include "sa_internal.h"
 
-#define SA_DEC_RB 8       /* query rows per block: gpt-oss's G = 8 at one token fills it exactly */
-#define SA_DEC_WARPS 4
-#define SA_DEC_MAXD 256   /* generic path: 8 strided elements per lane */
+#define SA_DEC_RB         8 /* query rows per block: gpt-oss's G = 8 at one token fills it exactly */
+#define SA_DEC_WARPS      4
+#define SA_DEC_MAXD       256 /* generic path: 8 strided elements per lane */
 #define SA_DEC_MAX_SPLITS 1024
-#define SA_DEC_FULL 0xffffffffu
+#define SA_DEC_FULL       0xffffffffu
 
 struct sa_decode_params {
   sa_cuda_params p;
   int64_t rows, rowgroups, chunk, splits;
-  int lanes;         /* 16-byte path: lanes per key row */
-  float *part_out;   /* [B, K, splits, rows, Hv] */
-  float *part_lse;   /* [B, K, splits, rows], natural log, no sink */
+  int lanes;       /* 16-byte path: lanes per key row */
+  float *part_out; /* [B, K, splits, rows, Hv] */
+  float *part_lse; /* [B, K, splits, rows], natural log, no sink */
 };
 
-template <typename T> struct sa_dec_io;
-template <> struct sa_dec_io<__nv_bfloat16> {
+template <typename T>
+struct sa_dec_io;
+template <>
+struct sa_dec_io<__nv_bfloat16> {
   static __device__ __forceinline__ void unpack(const uint4 &u, float *x) {
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
@@ -45,7 +47,8 @@ template <> struct sa_dec_io<__nv_bfloat16> {
     ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(x);
   }
 };
-template <> struct sa_dec_io<__half> {
+template <>
+struct sa_dec_io<__half> {
   static __device__ __forceinline__ void unpack(const uint4 &u, float *x) {
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
@@ -61,12 +64,18 @@ template <> struct sa_dec_io<__half> {
     x[0] = f.x;
     x[1] = f.y;
   }
-  static __device__ __forceinline__ float load(const void *p, int64_t i) { return __half2float(((const __half *)p)[i]); }
+  static __device__ __forceinline__ float load(const void *p, int64_t i) {
+    return __half2float(((const __half *)p)[i]);
+  }
   static __device__ __forceinline__ void store(void *p, int64_t i, float x) { ((__half *)p)[i] = __float2half_rn(x); }
 };
-template <> struct sa_dec_io<float> {
+template <>
+struct sa_dec_io<float> {
   static __device__ __forceinline__ void unpack(const uint4 &u, float *x) {
-    x[0] = __uint_as_float(u.x); x[1] = __uint_as_float(u.y); x[2] = __uint_as_float(u.z); x[3] = __uint_as_float(u.w);
+    x[0] = __uint_as_float(u.x);
+    x[1] = __uint_as_float(u.y);
+    x[2] = __uint_as_float(u.z);
+    x[3] = __uint_as_float(u.w);
   }
   static __device__ __forceinline__ float load(const void *p, int64_t i) { return ((const float *)p)[i]; }
   static __device__ __forceinline__ void store(void *p, int64_t i, float x) { ((float *)p)[i] = x; }

@@ -5,26 +5,31 @@
  */
 #include "decode/decode.cuh"
 
-#define SA_DP_TK 32        /* keys per tile: one per lane in the score phase */
-#define SA_DP_STAGES 4     /* 3 tiles in flight: 48 KiB per CTA at H = 128 bf16 */
-#define SA_DP_WARPS 4
-#define SA_DP_RB 8         /* rows per CTA: 4 warps x 2 score rows */
+#define SA_DP_TK     32 /* keys per tile: one per lane in the score phase */
+#define SA_DP_STAGES 4  /* 3 tiles in flight: 48 KiB per CTA at H = 128 bf16 */
+#define SA_DP_WARPS  4
+#define SA_DP_RB     8 /* rows per CTA: 4 warps x 2 score rows */
 static_assert(SA_DP_RB == SA_DEC_RB, "the combine and the plan count rows in groups of SA_DEC_RB");
 
-template <int HD> struct sa_dp_cfg {
-  static constexpr int CH = HD * 2 / 16;                  /* 16-byte chunks per cache row: 8 or 16 */
-  static constexpr int NC = HD / 32;                      /* P.V columns per lane: 2 or 4 */
-  static constexpr int TILE_BYTES = SA_DP_TK * HD * 2;    /* K (or V) bytes of one tile */
+template <int HD>
+struct sa_dp_cfg {
+  static constexpr int CH = HD * 2 / 16;               /* 16-byte chunks per cache row: 8 or 16 */
+  static constexpr int NC = HD / 32;                   /* P.V columns per lane: 2 or 4 */
+  static constexpr int TILE_BYTES = SA_DP_TK * HD * 2; /* K (or V) bytes of one tile */
   static constexpr int SMEM = SA_DP_STAGES * 2 * TILE_BYTES + SA_DP_RB * HD * 4 + SA_DP_TK * SA_DP_RB * 4 +
-                              3 * SA_DP_RB * 4;           /* stages, q, P, corr / m / l */
+                              3 * SA_DP_RB * 4; /* stages, q, P, corr / m / l */
 };
 
 /* Byte offset of 16-byte chunk c of key row j inside a tile: chunks XOR-swizzled by j & 7 (CH >= 8). */
-template <int HD> __device__ __forceinline__ int sa_dp_chunk(int j, int c) {
+template <int HD>
+__device__ __forceinline__ int sa_dp_chunk(int j, int c) {
   return j * (HD * 2) + ((c ^ (j & 7)) << 4);
 }
 
-template <int N> __device__ __forceinline__ void sa_dp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void sa_dp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 template <typename T, int HD>
 __global__ void __launch_bounds__(SA_DP_WARPS * 32, 4) sa_decode_pipe_kernel(const sa_decode_params dp) {
@@ -51,7 +56,10 @@ __global__ void __launch_bounds__(SA_DP_WARPS * 32, 4) sa_decode_pipe_kernel(con
     if (r < dp.rows) {
       const sa_krange kr = sa_dev_key_range(p, ql, kl, r / p.G);
       const int64_t a0 = kr.lo > c0 ? kr.lo : c0, a1 = kr.hi < c1 ? kr.hi : c1;
-      if (a0 < a1) { lo = (int)a0; hi = (int)a1; }
+      if (a0 < a1) {
+        lo = (int)a0;
+        hi = (int)a1;
+      }
     }
     sm_lo[tid] = lo;
     sm_hi[tid] = hi;
@@ -88,12 +96,12 @@ __global__ void __launch_bounds__(SA_DP_WARPS * 32, 4) sa_decode_pipe_kernel(con
 #pragma unroll
   for (int s = 0; s < SA_DP_STAGES - 1; s++) {
     if (s < ntiles) load_tile(s, s);
-    sa_cp_async_commit();  /* one group per tile slot, empty or not, so wait_group counts tiles */
+    sa_cp_async_commit(); /* one group per tile slot, empty or not, so wait_group counts tiles */
   }
 
-  const int ra = 2 * warp, rb = ra + 1;                 /* score rows of this warp */
+  const int ra = 2 * warp, rb = ra + 1; /* score rows of this warp */
   const int lo_a = sm_lo[ra], hi_a = sm_hi[ra], lo_b = sm_lo[rb], hi_b = sm_hi[rb];
-  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;   /* m per row, l per lane */
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f; /* m per row, l per lane */
   float acc[RB][C::NC];
 #pragma unroll
   for (int i = 0; i < RB; i++)
@@ -102,7 +110,7 @@ __global__ void __launch_bounds__(SA_DP_WARPS * 32, 4) sa_decode_pipe_kernel(con
 
   for (int t = 0; t < ntiles; t++) {
     sa_dp_wait<SA_DP_STAGES - 2>();
-    __syncthreads();  /* tile t landed for every thread; every warp is done with tile t - 1 */
+    __syncthreads(); /* tile t landed for every thread; every warp is done with tile t - 1 */
     if (t + SA_DP_STAGES - 1 < ntiles) load_tile(t + SA_DP_STAGES - 1, (t + SA_DP_STAGES - 1) % SA_DP_STAGES);
     sa_cp_async_commit();
     const unsigned char *tk = sm_kv + (t % SA_DP_STAGES) * 2 * C::TILE_BYTES, *tv = tk + C::TILE_BYTES;
@@ -116,10 +124,22 @@ __global__ void __launch_bounds__(SA_DP_WARPS * 32, 4) sa_decode_pipe_kernel(con
       const float4 *qa = reinterpret_cast<const float4 *>(sm_q + ra * HD + ch * 8);
       const float4 *qb = reinterpret_cast<const float4 *>(sm_q + rb * HD + ch * 8);
       const float4 a0 = qa[0], a1 = qa[1], b0 = qb[0], b1 = qb[1];
-      sa = fmaf(a0.x, kx[0], sa); sa = fmaf(a0.y, kx[1], sa); sa = fmaf(a0.z, kx[2], sa); sa = fmaf(a0.w, kx[3], sa);
-      sa = fmaf(a1.x, kx[4], sa); sa = fmaf(a1.y, kx[5], sa); sa = fmaf(a1.z, kx[6], sa); sa = fmaf(a1.w, kx[7], sa);
-      sb = fmaf(b0.x, kx[0], sb); sb = fmaf(b0.y, kx[1], sb); sb = fmaf(b0.z, kx[2], sb); sb = fmaf(b0.w, kx[3], sb);
-      sb = fmaf(b1.x, kx[4], sb); sb = fmaf(b1.y, kx[5], sb); sb = fmaf(b1.z, kx[6], sb); sb = fmaf(b1.w, kx[7], sb);
+      sa = fmaf(a0.x, kx[0], sa);
+      sa = fmaf(a0.y, kx[1], sa);
+      sa = fmaf(a0.z, kx[2], sa);
+      sa = fmaf(a0.w, kx[3], sa);
+      sa = fmaf(a1.x, kx[4], sa);
+      sa = fmaf(a1.y, kx[5], sa);
+      sa = fmaf(a1.z, kx[6], sa);
+      sa = fmaf(a1.w, kx[7], sa);
+      sb = fmaf(b0.x, kx[0], sb);
+      sb = fmaf(b0.y, kx[1], sb);
+      sb = fmaf(b0.z, kx[2], sb);
+      sb = fmaf(b0.w, kx[3], sb);
+      sb = fmaf(b1.x, kx[4], sb);
+      sb = fmaf(b1.y, kx[5], sb);
+      sb = fmaf(b1.z, kx[6], sb);
+      sb = fmaf(b1.w, kx[7], sb);
     }
     const int64_t j = (int64_t)jbeg + t * TK + lane;
     sa = (j >= lo_a && j < hi_a) ? sa : -INFINITY;
@@ -134,13 +154,17 @@ __global__ void __launch_bounds__(SA_DP_WARPS * 32, 4) sa_decode_pipe_kernel(con
     const float na = fmaxf(m_a, ma), nb = fmaxf(m_b, mb);
     const float ca = na == -INFINITY ? 1.0f : exp2f(m_a - na), cb = nb == -INFINITY ? 1.0f : exp2f(m_b - nb);
     const float pa = sa == -INFINITY ? 0.0f : exp2f(sa - na), pb = sb == -INFINITY ? 0.0f : exp2f(sb - nb);
-    m_a = na; m_b = nb;
+    m_a = na;
+    m_b = nb;
     l_a = l_a * ca + pa;
     l_b = l_b * cb + pb;
     sm_p[lane * RB + ra] = pa;
     sm_p[lane * RB + rb] = pb;
-    if (lane == 0) { sm_corr[ra] = ca; sm_corr[rb] = cb; }
-    __syncthreads();  /* P and the corrections of all 8 rows */
+    if (lane == 0) {
+      sm_corr[ra] = ca;
+      sm_corr[rb] = cb;
+    }
+    __syncthreads(); /* P and the corrections of all 8 rows */
 
     /* P.V: keys 8w .. 8w + 7 of the tile, columns lane * NC .. + NC of every row */
 #pragma unroll
@@ -181,9 +205,14 @@ __global__ void __launch_bounds__(SA_DP_WARPS * 32, 4) sa_decode_pipe_kernel(con
     l_a += __shfl_xor_sync(SA_DEC_FULL, l_a, o);
     l_b += __shfl_xor_sync(SA_DEC_FULL, l_b, o);
   }
-  __syncthreads();  /* every warp is done with the stage buffers: reuse them for the reduction */
-  float *red = (float *)sm_kv;  /* [WARPS][RB][HD]: 16 KiB at HD 128, within the 64 KiB of stages */
-  if (lane == 0) { sm_m[ra] = m_a; sm_m[rb] = m_b; sm_l[ra] = l_a; sm_l[rb] = l_b; }
+  __syncthreads();             /* every warp is done with the stage buffers: reuse them for the reduction */
+  float *red = (float *)sm_kv; /* [WARPS][RB][HD]: 16 KiB at HD 128, within the 64 KiB of stages */
+  if (lane == 0) {
+    sm_m[ra] = m_a;
+    sm_m[rb] = m_b;
+    sm_l[ra] = l_a;
+    sm_l[rb] = l_b;
+  }
 #pragma unroll
   for (int i = 0; i < RB; i++)
 #pragma unroll
@@ -209,7 +238,8 @@ __global__ void __launch_bounds__(SA_DP_WARPS * 32, 4) sa_decode_pipe_kernel(con
 static_assert(sa_dp_cfg<64>::SMEM == SA_DEC_PIPE_SMEM(64) && sa_dp_cfg<128>::SMEM == SA_DEC_PIPE_SMEM(128),
               "the plan's occupancy reads the pipeline kernel's shared memory");
 
-template <typename T, int HD> static cudaError_t sa_dp_launch(const sa_decode_params &dp, cudaStream_t st) {
+template <typename T, int HD>
+static cudaError_t sa_dp_launch(const sa_decode_params &dp, cudaStream_t st) {
   const int smem = sa_dp_cfg<HD>::SMEM;
   /* above the 48 KiB default: opt in (a host-side attribute, no stream operation, no sync) */
   cudaError_t e = cudaFuncSetAttribute(sa_decode_pipe_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -220,6 +250,7 @@ template <typename T, int HD> static cudaError_t sa_dp_launch(const sa_decode_pa
 }
 
 cudaError_t sa_decode_pipe_launch(const sa_decode_params &dp, sa_dtype dtype, cudaStream_t st) {
-  if (dtype == SA_BF16) return dp.p.H == 64 ? sa_dp_launch<__nv_bfloat16, 64>(dp, st) : sa_dp_launch<__nv_bfloat16, 128>(dp, st);
+  if (dtype == SA_BF16)
+    return dp.p.H == 64 ? sa_dp_launch<__nv_bfloat16, 64>(dp, st) : sa_dp_launch<__nv_bfloat16, 128>(dp, st);
   return dp.p.H == 64 ? sa_dp_launch<__half, 64>(dp, st) : sa_dp_launch<__half, 128>(dp, st);
 }

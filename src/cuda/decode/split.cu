@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(SA_DEC_WARPS * 32) sa_decode_split_kernel(cons
   const int64_t ql = sa_dev_q_len(p, b), kl = sa_dev_kv_len(p, b);
   const int64_t c0 = c * dp.chunk, c1 = c0 + dp.chunk < kl ? c0 + dp.chunk : kl;
 
-  int lo[RB], hi[RB];  /* kv_len < 2^31 (sa_cuda_decode_supported) */
+  int lo[RB], hi[RB]; /* kv_len < 2^31 (sa_cuda_decode_supported) */
   int64_t jlo = c1, jhi = c0;
   float q[RB][NE], acc[RB][NE], m[RB], l[RB];
 #pragma unroll
@@ -55,7 +55,8 @@ __global__ void __launch_bounds__(SA_DEC_WARPS * 32) sa_decode_split_kernel(cons
       sa_krange kr = sa_dev_key_range(p, ql, kl, t);
       int64_t a0 = kr.lo > c0 ? kr.lo : c0, a1 = kr.hi < c1 ? kr.hi : c1;
       if (a0 < a1) {
-        lo[i] = (int)a0; hi[i] = (int)a1;
+        lo[i] = (int)a0;
+        hi[i] = (int)a1;
         jlo = a0 < jlo ? a0 : jlo;
         jhi = a1 > jhi ? a1 : jhi;
       }
@@ -120,7 +121,7 @@ __global__ void __launch_bounds__(SA_DEC_WARPS * 32) sa_decode_split_kernel(cons
       for (int i = 0; i < RB; i++) {
         const float mn = fmaxf(m[i], s[i]);
         if (mn > m[i]) {
-          const float cr = exp2f(m[i] - mn);  /* 0 when m was -inf */
+          const float cr = exp2f(m[i] - mn); /* 0 when m was -inf */
           l[i] *= cr;
 #pragma unroll
           for (int e = 0; e < NE; e++) acc[i][e] *= cr;
@@ -130,7 +131,7 @@ __global__ void __launch_bounds__(SA_DEC_WARPS * 32) sa_decode_split_kernel(cons
     }
 #pragma unroll
     for (int i = 0; i < RB; i++) {
-      const float pr = s[i] == -INFINITY ? 0.0f : exp2f(s[i] - m[i]);  /* <= 2^8 by the lazy rescale */
+      const float pr = s[i] == -INFINITY ? 0.0f : exp2f(s[i] - m[i]); /* <= 2^8 by the lazy rescale */
       l[i] += pr;
 #pragma unroll
       for (int e = 0; e < NE; e++) acc[i][e] = fmaf(pr, vx[e], acc[i][e]);
@@ -153,7 +154,10 @@ __global__ void __launch_bounds__(SA_DEC_WARPS * 32) sa_decode_split_kernel(cons
   if (grp == 0) {
 #pragma unroll
     for (int i = 0; i < RB; i++) {
-      if (sub == 0) { sm_m[warp][i] = m[i]; sm_l[warp][i] = l[i]; }
+      if (sub == 0) {
+        sm_m[warp][i] = m[i];
+        sm_l[warp][i] = l[i];
+      }
 #pragma unroll
       for (int e = 0; e < NE; e++) {
         const int d = CONTIG ? sub * NE + e : sub + 32 * e;
@@ -201,7 +205,7 @@ __device__ __forceinline__ float sa_dec_block_reduce(float x, bool is_max, float
 
 template <typename T>
 __global__ void __launch_bounds__(SA_DEC_WARPS * 32) sa_decode_combine_kernel(const sa_decode_params dp) {
-  extern __shared__ float sm_w[];  /* [splits] weights exp(lse_c - max) */
+  extern __shared__ float sm_w[]; /* [splits] weights exp(lse_c - max) */
   __shared__ float red[SA_DEC_WARPS];
   const sa_cuda_params &p = dp.p;
   const int64_t r = blockIdx.x, kh = blockIdx.y, b = blockIdx.z;
@@ -211,7 +215,7 @@ __global__ void __launch_bounds__(SA_DEC_WARPS * 32) sa_decode_combine_kernel(co
   float mx = -INFINITY;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) mx = fmaxf(mx, dp.part_lse[(base + c) * dp.rows + r]);
   mx = fmaxf(sa_dec_block_reduce(mx, true, red), sink);
-  if (mx == -INFINITY) {  /* vanilla row with no valid key: out 0, lse -inf */
+  if (mx == -INFINITY) { /* vanilla row with no valid key: out 0, lse -inf */
     for (int64_t d = threadIdx.x; d < p.Hv; d += blockDim.x) sa_dec_io<T>::store(p.out, obase + d, 0.0f);
     if (threadIdx.x == 0 && p.lse) p.lse[(b * p.N + n) * p.T + t] = -INFINITY;
     return;
@@ -222,7 +226,7 @@ __global__ void __launch_bounds__(SA_DEC_WARPS * 32) sa_decode_combine_kernel(co
     sm_w[c] = w;
     sum += w;
   }
-  sum = sa_dec_block_reduce(sum, false, red) + expf(sink - mx);  /* the sink, exactly once */
+  sum = sa_dec_block_reduce(sum, false, red) + expf(sink - mx); /* the sink, exactly once */
   const float inv = 1.0f / sum;
   for (int64_t d = threadIdx.x; d < p.Hv; d += blockDim.x) {
     float o = 0.0f;
@@ -235,8 +239,7 @@ __global__ void __launch_bounds__(SA_DEC_WARPS * 32) sa_decode_combine_kernel(co
 /* ---- host ------------------------------------------------------------------------------------------ */
 
 extern "C" sa_status sa_cuda_decode_supported(const sa_attn *a) {
-  if (!sa_cuda_available())
-    return sa_error(SA_ERR_DEVICE, "backend SA_BACKEND_CUDA unavailable: no CUDA device found");
+  if (!sa_cuda_available()) return sa_error(SA_ERR_DEVICE, "backend SA_BACKEND_CUDA unavailable: no CUDA device found");
   if (a->head_dim > SA_DEC_MAXD || a->v_head_dim > SA_DEC_MAXD)
     return sa_error(SA_ERR_UNSUPPORTED, "head_dim %lld / v_head_dim %lld unsupported by CUDA decode: use <= 256",
                     (long long)a->head_dim, (long long)a->v_head_dim);
@@ -244,7 +247,8 @@ extern "C" sa_status sa_cuda_decode_supported(const sa_attn *a) {
     return sa_error(SA_ERR_UNSUPPORTED, "q_segment_ids/kv_segment_ids unsupported by CUDA decode: use sa_attn_fwd");
   const int64_t rg = (a->q_heads / a->kv_heads * a->q_len + SA_DEC_RB - 1) / SA_DEC_RB;
   if (a->batch > 65535 || a->kv_heads * rg > 65535 || a->kv_len >= ((int64_t)1 << 31))
-    return sa_error(SA_ERR_UNSUPPORTED, "batch %lld / kv_heads x row groups %lld / kv_len %lld unsupported by CUDA "
+    return sa_error(SA_ERR_UNSUPPORTED,
+                    "batch %lld / kv_heads x row groups %lld / kv_len %lld unsupported by CUDA "
                     "decode: must be <= 65535 / <= 65535 / < 2^31",
                     (long long)a->batch, (long long)(a->kv_heads * rg), (long long)a->kv_len);
   return SA_OK;
@@ -296,14 +300,29 @@ extern "C" sa_status sa_cuda_decode_fwd(const sa_attn *a, void *workspace, size_
     return sa_error(SA_ERR_INVALID, "workspace of %zu bytes too small or not 16-byte aligned: CUDA decode needs %zu",
                     workspace_size, plan.ws);
   sa_cuda_params &p = dp.p;
-  p.q = a->q; p.k = a->k; p.v = a->v; p.out = a->out; p.lse = a->lse; p.sinks = a->sinks;
-  p.q_lens = a->q_lens; p.kv_lens = a->kv_lens;
-  p.B = a->batch; p.T = a->q_len; p.S = a->kv_len; p.N = a->q_heads; p.K = a->kv_heads;
-  p.G = a->q_heads / a->kv_heads; p.H = a->head_dim; p.Hv = a->v_head_dim;
+  p.q = a->q;
+  p.k = a->k;
+  p.v = a->v;
+  p.out = a->out;
+  p.lse = a->lse;
+  p.sinks = a->sinks;
+  p.q_lens = a->q_lens;
+  p.kv_lens = a->kv_lens;
+  p.B = a->batch;
+  p.T = a->q_len;
+  p.S = a->kv_len;
+  p.N = a->q_heads;
+  p.K = a->kv_heads;
+  p.G = a->q_heads / a->kv_heads;
+  p.H = a->head_dim;
+  p.Hv = a->v_head_dim;
   p.scale = sa_scale_of(a);
   p.scale_log2 = p.scale * SA_LOG2E;
-  p.softmax = (int)a->softmax; p.causal = (int)a->causal;
-  p.wl = a->window_left; p.wr = a->window_right; p.diag_offset = a->diag_offset;
+  p.softmax = (int)a->softmax;
+  p.causal = (int)a->causal;
+  p.wl = a->window_left;
+  p.wr = a->window_right;
+  p.diag_offset = a->diag_offset;
   dp.part_out = (float *)workspace;
   dp.part_lse = dp.part_out + a->batch * a->kv_heads * dp.splits * dp.rows * a->v_head_dim;
 
@@ -311,8 +330,8 @@ extern "C" sa_status sa_cuda_decode_fwd(const sa_attn *a, void *workspace, size_
   const int64_t es = (int64_t)sa_dtype_size(a->dtype), row_bytes = a->head_dim * es;
   const int64_t lanes = row_bytes / 16;
   const bool aligned = ((uintptr_t)a->q | (uintptr_t)a->k | (uintptr_t)a->v) % 16 == 0;
-  const bool contig = aligned && a->head_dim == a->v_head_dim && row_bytes % 16 == 0 && lanes >= 1 &&
-                      lanes <= 32 && (lanes & (lanes - 1)) == 0;
+  const bool contig = aligned && a->head_dim == a->v_head_dim && row_bytes % 16 == 0 && lanes >= 1 && lanes <= 32 &&
+                      (lanes & (lanes - 1)) == 0;
   dp.lanes = contig ? (int)lanes : 32;
   const bool pipe = plan.family == SA_CUDA_DECODE_PIPE;
   cudaStream_t st = (cudaStream_t)stream;

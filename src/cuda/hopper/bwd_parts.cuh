@@ -87,8 +87,8 @@ __device__ __forceinline__ void zero(float (&r)[R]) {
 /* This thread's rows r0, r0 + 8 of an accumulator, scaled, as bf16 (16-byte stores: store_row_bf16); base = row 0
    of the head, rows row_stride apart. All 32 lanes. */
 template <int HD>
-__device__ __forceinline__ void store_rows(__nv_bfloat16 *base, const float (&acc)[HD / 2], size_t row_stride,
-                                           int r0, int t, float scale) {
+__device__ __forceinline__ void store_rows(__nv_bfloat16 *base, const float (&acc)[HD / 2], size_t row_stride, int r0,
+                                           int t, float scale) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) store_row_bf16<HD>(base + (size_t)(r0 + 8 * h) * row_stride, acc, h, scale, t);
 }

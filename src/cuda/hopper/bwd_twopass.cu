@@ -25,9 +25,9 @@ struct sa_hop_bwd_params {
   const float *lse2, *D; /* [B, N, T], workspace written by sa_bwd_pre_kernel */
   int T, S, N, KH;
   float scale, scale_l2;
-  sa_hop_mask mask;   /* causal / window / offset (MASK kernels only) */
-  sa_hop_shape shape; /* lengths and the raw mask parameters (MASK 3, 4: each CTA builds its batch's mask) */
-  int kb_slowest;     /* dK/dV grid (KH, B, S / KB) instead of (S / KB, KH, B): heaviest key blocks first */
+  sa_hop_mask mask;              /* causal / window / offset (MASK kernels only) */
+  sa_hop_shape shape;            /* lengths and the raw mask parameters (MASK 3, 4: each CTA builds its batch's mask) */
+  int kb_slowest;                /* dK/dV grid (KH, B, S / KB) instead of (S / KB, KH, B): heaviest key blocks first */
   const int32_t *q_seg, *kv_seg; /* [B, T], [B, S] (MASK 4: segment ids; the streamed side's by TMA) */
 };
 
@@ -71,7 +71,6 @@ static_assert(128 % KB == 0 && 128 % QB == 0 && 128 % QM == 0 && 128 % KT == 0,
    store_rows) are in hopper_bwd_parts.cuh */
 
 /* ---- 2. dK, dV -------------------------------------------------------------------------------------- */
-
 
 template <int HD, int MASK, int NCK>
 __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
@@ -221,8 +220,8 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
        warpgroup's keys [kw0, kw0 + 64) and the tile's queries [i0, i0 + 64) span key - query from
        kw0 - i0 - 63 to kw0 - i0 + 63. */
     const int dlo = mk.dlo, dhi = mk.dhi, x0 = kr - i0 - 2 * t; /* key - query of element j = 0, e = 0 */
-    const bool masked = MASK && (kw0 - i0 - 63 < dlo || kw0 - i0 + 63 > dhi ||
-                                 (MASK >= 3 && (i0 + QB > ql || kw0 + 64 > kl)));
+    const bool masked =
+        MASK && (kw0 - i0 - 63 < dlo || kw0 - i0 + 63 > dhi || (MASK >= 3 && (i0 + QB > ql || kw0 + 64 > kl)));
     /* element c (below) of key row h invisible iff xh_h > -c or xl_h < -c */
     const int xh0 = x0 - dhi0, xl0 = x0 - dlo0, xh1 = x0 - dhi1, xl1 = x0 - dlo1;
 #pragma unroll
@@ -296,13 +295,13 @@ template <int HD, int MASK, int NCK>
 cudaError_t sa_hop_dkdv_launch(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B,
                                cudaStream_t st) {
   using TL = dkdv_tile<HD, NCK>;
-  cudaError_t e = cudaFuncSetAttribute(sa_hop_bwd_dkdv<HD, MASK, NCK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       TL::SMEM);
+  cudaError_t e =
+      cudaFuncSetAttribute(sa_hop_bwd_dkdv<HD, MASK, NCK>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM);
   if (e != cudaSuccess) return e;
   const unsigned nkb = (unsigned)((hp.S + TL::KB - 1) / TL::KB);
   const dim3 gk = hp.kb_slowest ? dim3((unsigned)hp.KH, (unsigned)B, nkb) : dim3(nkb, (unsigned)hp.KH, (unsigned)B);
-  sa_hop_bwd_dkdv<HD, MASK, NCK><<<gk, TL::THREADS, TL::SMEM, st>>>(m[M_Q_QB], m[M_DO_QB], m[M_K_KB], m[M_V_KB],
-                                                                     m[M_LSE2], m[M_D], m[M_QID], hp);
+  sa_hop_bwd_dkdv<HD, MASK, NCK>
+      <<<gk, TL::THREADS, TL::SMEM, st>>>(m[M_Q_QB], m[M_DO_QB], m[M_K_KB], m[M_V_KB], m[M_LSE2], m[M_D], m[M_QID], hp);
   return cudaGetLastError();
 }
 
@@ -310,21 +309,22 @@ template <int HD, int MASK, int NCK, int NCQ>
 cudaError_t sa_hop_bwd_run_nc(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B,
                               cudaStream_t st) {
   using TQ = dq_tile<HD, NCQ>;
-  cudaError_t e = cudaFuncSetAttribute(sa_hop_bwd_dq<HD, MASK, NCQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       TQ::SMEM);
+  cudaError_t e =
+      cudaFuncSetAttribute(sa_hop_bwd_dq<HD, MASK, NCQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, TQ::SMEM);
   if (e != cudaSuccess || (e = sa_hop_dkdv_launch<HD, MASK, NCK>(m, hp, B, st)) != cudaSuccess) return e;
   dim3 gq((unsigned)((hp.T + TQ::QM - 1) / TQ::QM), (unsigned)hp.N, (unsigned)B);
-  sa_hop_bwd_dq<HD, MASK, NCQ><<<gq, TQ::THREADS, TQ::SMEM, st>>>(m[M_Q_QM], m[M_DO_QM], m[M_K_KT], m[M_V_KT],
-                                                                   m[M_KID], hp);
+  sa_hop_bwd_dq<HD, MASK, NCQ>
+      <<<gq, TQ::THREADS, TQ::SMEM, st>>>(m[M_Q_QM], m[M_DO_QM], m[M_K_KT], m[M_V_KT], m[M_KID], hp);
   return cudaGetLastError();
 }
 
 template <int HD, int MASK>
-cudaError_t sa_hop_bwd_run(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B, int nck,
-                           int ncq, cudaStream_t st) {
+cudaError_t sa_hop_bwd_run(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B, int nck, int ncq,
+                           cudaStream_t st) {
   if constexpr (HD == 64 && MASK < 3) { /* lengths and segment ids: 2 (at 3 their kernels spill) */
-    if (nck == 3) return ncq == 3 ? sa_hop_bwd_run_nc<HD, MASK, 3, 3>(m, hp, B, st)
-                                  : sa_hop_bwd_run_nc<HD, MASK, 3, 2>(m, hp, B, st);
+    if (nck == 3)
+      return ncq == 3 ? sa_hop_bwd_run_nc<HD, MASK, 3, 3>(m, hp, B, st)
+                      : sa_hop_bwd_run_nc<HD, MASK, 3, 2>(m, hp, B, st);
     if (ncq == 3) return sa_hop_bwd_run_nc<HD, MASK, 2, 3>(m, hp, B, st);
   }
   return sa_hop_bwd_run_nc<HD, MASK, 2, 2>(m, hp, B, st);
@@ -357,7 +357,10 @@ cudaError_t sa_hop_twopass_launch(const sa_cuda_plan &plan, const sa_cuda_params
   hp.dv = (__nv_bfloat16 *)p.dv;
   hp.lse2 = p.lse2;
   hp.D = p.D;
-  hp.T = (int)p.T; hp.S = (int)p.S; hp.N = (int)p.N; hp.KH = (int)p.K;
+  hp.T = (int)p.T;
+  hp.S = (int)p.S;
+  hp.N = (int)p.N;
+  hp.KH = (int)p.K;
   hp.scale = p.scale;
   hp.scale_l2 = p.scale_log2;
   hp.mask = sa_hop_mask_of(p);

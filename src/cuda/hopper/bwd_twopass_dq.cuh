@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
   uint32_t df[16];
   zero(dq);
   const int dlo = mk.dlo, dhi = mk.dhi; /* visible iff dlo <= key - row <= dhi (sa_hop_mask) */
-  int dhi0 = dhi, dhi1 = dhi, unused; /* per row with lengths (sa_hop_row_bounds) */
+  int dhi0 = dhi, dhi1 = dhi, unused;   /* per row with lengths (sa_hop_row_bounds) */
   if (MASK >= 3) {
     sa_hop_row_bounds(mk, ql, kl, r0, &unused, &dhi0);
     sa_hop_row_bounds(mk, ql, kl, r0 + 8, &unused, &dhi1);

@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
     release(0, a);
 
     if (a < e) {
-    /* The ring position as (stage, parity) = (x % ST, (x / ST) & 1), carried through the loop and
+      /* The ring position as (stage, parity) = (x % ST, (x / ST) & 1), carried through the loop and
        advanced by one per key tile instead of derived from x = x0 + it in each (the port's form cost ~8
        integer instructions a tile). Invariant: (sp, pp) is the position of x0 + it - 1 at the top of iteration
        it (the tile whose V is pending), of x0 + a after tile a and of x0 + e - 1 after the loop, i.e. exactly
@@ -279,74 +279,72 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
        The key-tile loop in SASS (nvcc 13.0, sm_90a), instructions at H64 / H128 without a mask, H128 causal:
        400 / 718 / 570, old kernel (f08c8da, one tile a CTA) 452 / 782 / 620, the persistent port 478 / 806 /
        642; HGMMA and MUFU.EX2 the same. */
-    uint32_t sp = (x0 + a) % ST, pp = ((x0 + a) / ST) & 1;
-    { /* Tile a: S_a alone, then its softmax (O is still 0: nothing to rescale). */
-      mbar_wait(bar_kf<ST>(b0, sp), pp);
-      pin(sacc);
-      wgmma_fence();
-      gemm_qk<HD, BM, BN>(sacc, dq, dk0 + sp * KV_DESC);
-      wgmma_commit();
-      wgmma_wait0();
-      pin(sacc);
-      if (MASK != 4) release_k(sp);
-      mask_tile((t0 + a) * BN, sp);
-      if (MASK == 4) release_k(sp);
-      softmax_tile(sacc, m_, l_, corr, sl2);
-      pack_p(pf, sacc);
-    }
+      uint32_t sp = (x0 + a) % ST, pp = ((x0 + a) / ST) & 1;
+      { /* Tile a: S_a alone, then its softmax (O is still 0: nothing to rescale). */
+        mbar_wait(bar_kf<ST>(b0, sp), pp);
+        pin(sacc);
+        wgmma_fence();
+        gemm_qk<HD, BM, BN>(sacc, dq, dk0 + sp * KV_DESC);
+        wgmma_commit();
+        wgmma_wait0();
+        pin(sacc);
+        if (MASK != 4) release_k(sp);
+        mask_tile((t0 + a) * BN, sp);
+        if (MASK == 4) release_k(sp);
+        softmax_tile(sacc, m_, l_, corr, sl2);
+        pack_p(pf, sacc);
+      }
 
-    for (int it = a + 1; it < e; ++it) {
-      /* K of tile it at the next position (s, ps) = that of x0 + it; V of tile it - 1 at the previous (sp, pp) */
-      const uint32_t s = ST == 2 ? sp ^ 1 : sp + 1 == ST ? 0 : sp + 1;
-      const uint32_t ps = ST == 2 ? pp ^ sp : pp ^ (s == 0);
-      mbar_wait(bar_kf<ST>(b0, s), ps);
-      mbar_wait(bar_vf<ST>(b0, sp), pp);
-      pin(sacc);
-      pin(o);
-      pin(pf);
-      wgmma_fence();
-      gemm_qk<HD, BM, BN>(sacc, dq, dk0 + s * KV_DESC); /* group 1: S_j */
-      wgmma_commit();
-      gemm_pv<HD, BN>(o, pf, dv0 + sp * KV_DESC);          /* group 2: O += P_{j-1} V_{j-1} */
-      wgmma_commit();
-      wgmma_wait1();                                       /* S_j has landed; P V may still run */
-      pin(sacc);
-      if (MASK != 4) release_k(s);
-      mask_tile((t0 + it) * BN, s);
-      if (MASK == 4) release_k(s);
-      softmax_tile(sacc, m_, l_, corr, sl2);
-      /* ptxas schedules WARPGROUP.DEPBAR (wait_group 0) into the first stall slot after the row-max shuffle,
+      for (int it = a + 1; it < e; ++it) {
+        /* K of tile it at the next position (s, ps) = that of x0 + it; V of tile it - 1 at the previous (sp, pp) */
+        const uint32_t s = ST == 2 ? sp ^ 1 : sp + 1 == ST ? 0 : sp + 1;
+        const uint32_t ps = ST == 2 ? pp ^ sp : pp ^ (s == 0);
+        mbar_wait(bar_kf<ST>(b0, s), ps);
+        mbar_wait(bar_vf<ST>(b0, sp), pp);
+        pin(sacc);
+        pin(o);
+        pin(pf);
+        wgmma_fence();
+        gemm_qk<HD, BM, BN>(sacc, dq, dk0 + s * KV_DESC); /* group 1: S_j */
+        wgmma_commit();
+        gemm_pv<HD, BN>(o, pf, dv0 + sp * KV_DESC); /* group 2: O += P_{j-1} V_{j-1} */
+        wgmma_commit();
+        wgmma_wait1(); /* S_j has landed; P V may still run */
+        pin(sacc);
+        if (MASK != 4) release_k(s);
+        mask_tile((t0 + it) * BN, s);
+        if (MASK == 4) release_k(s);
+        softmax_tile(sacc, m_, l_, corr, sl2);
+        /* ptxas schedules WARPGROUP.DEPBAR (wait_group 0) into the first stall slot after the row-max shuffle,
          i.e. before the 64 exp2s, which then no longer overlap P V (seen in the SASS of nvcc 13.0). A shared
          store of a value that depends on every exp2 (the row sums) is an anchor it does not cross: with it the
          wait lands after the last MUFU.EX2. One 4-byte store per warp per tile, to a word nobody reads. */
-      if (lane == 0)
-        asm volatile("st.shared.f32 [%0], %1;" ::"r"(anchor_w), "f"(l_[0] + l_[1])
-                     : "memory");
-      wgmma_wait0(); /* P_{j-1} V_{j-1} has landed: O and pf are free */
-      pin(o);
-      pin(pf);
-      if (lane == 0) mbar_arrive(bar_ve<ST>(b0, sp));
+        if (lane == 0) asm volatile("st.shared.f32 [%0], %1;" ::"r"(anchor_w), "f"(l_[0] + l_[1]) : "memory");
+        wgmma_wait0(); /* P_{j-1} V_{j-1} has landed: O and pf are free */
+        pin(o);
+        pin(pf);
+        if (lane == 0) mbar_arrive(bar_ve<ST>(b0, sp));
 #pragma unroll
-      for (int j = 0; j < HD / 8; ++j)
+        for (int j = 0; j < HD / 8; ++j)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) o[4 * j + q] *= corr[q >> 1];
-      pack_p(pf, sacc);
-      sp = s, pp = ps;
-    }
-    if (lane == 0) mbar_arrive(bar_qe(b0, jq % QS)); /* the warp's last S (tile e - 1) has landed: Q is dead */
+          for (int q = 0; q < 4; ++q) o[4 * j + q] *= corr[q >> 1];
+        pack_p(pf, sacc);
+        sp = s, pp = ps;
+      }
+      if (lane == 0) mbar_arrive(bar_qe(b0, jq % QS)); /* the warp's last S (tile e - 1) has landed: Q is dead */
 
-    { /* The last P V (of tile e - 1; with lengths the work tile's last key tile is zeroed past kv_len first). */
-      mbar_wait(bar_vf<ST>(b0, sp), pp);
-      if (e == n_tiles) zero_tail(sp);
-      pin(o);
-      pin(pf);
-      wgmma_fence();
-      gemm_pv<HD, BN>(o, pf, dv0 + sp * KV_DESC);
-      wgmma_commit();
-      wgmma_wait0();
-      pin(o);
-      if (lane == 0) mbar_arrive(bar_ve<ST>(b0, sp));
-    }
+      { /* The last P V (of tile e - 1; with lengths the work tile's last key tile is zeroed past kv_len first). */
+        mbar_wait(bar_vf<ST>(b0, sp), pp);
+        if (e == n_tiles) zero_tail(sp);
+        pin(o);
+        pin(pf);
+        wgmma_fence();
+        gemm_pv<HD, BN>(o, pf, dv0 + sp * KV_DESC);
+        wgmma_commit();
+        wgmma_wait0();
+        pin(o);
+        if (lane == 0) mbar_arrive(bar_ve<ST>(b0, sp));
+      }
     } /* a < e */
     release(e, n_tiles);
     /* warp-uniform for ptxas (as wg above): the ring's stage and parity stay in uniform registers */
@@ -397,7 +395,8 @@ cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_para
     return cudaErrorInvalidValue;
   mids = mq; /* without segment ids the kernel never reads its ids map: any valid map will do */
   if (MASK == 4 && !sa_hop_map_ids(enc, &mids, p.kv_seg, p.B, p.S, 128)) return cudaErrorInvalidValue;
-  cudaError_t e = cudaFuncSetAttribute(sa_hop_fwd_kernel<HD, MASK>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM);
+  cudaError_t e =
+      cudaFuncSetAttribute(sa_hop_fwd_kernel<HD, MASK>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM);
   if (e != cudaSuccess) return e;
   sa_hop_fwd_kernel<HD, MASK><<<(unsigned)grid, TL::THREADS, TL::SMEM, st>>>(mq, mk, mv, mids, hp);
   return cudaGetLastError();
@@ -412,7 +411,11 @@ cudaError_t sa_hop_fwd_launch(const sa_cuda_plan &plan, const sa_cuda_params &p,
   hp.out = (__nv_bfloat16 *)p.out;
   hp.lse = p.lse;
   hp.sinks = p.sinks;
-  hp.T = (int)p.T; hp.S = (int)p.S; hp.N = (int)p.N; hp.G = (int)p.G; hp.softmax = p.softmax;
+  hp.T = (int)p.T;
+  hp.S = (int)p.S;
+  hp.N = (int)p.N;
+  hp.G = (int)p.G;
+  hp.softmax = p.softmax;
   hp.scale_l2 = p.scale_log2;
   hp.mask = sa_hop_mask_of(p);
   hp.shape = sa_hop_shape_of(p);

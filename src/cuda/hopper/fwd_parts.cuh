@@ -12,11 +12,11 @@ namespace {
 /* The forward's tile per (head dim, mask kind): the numbers and their reasons are hopper/tiles.h's. */
 template <int HD, int MASK>
 struct sa_hop_fwd_tile {
-  static constexpr int QS = SA_HOP_FWD_QSLOTS;   /* Q slots */
-  static constexpr int NC = SA_HOP_FWD_NC(HD);   /* consumer warpgroups */
-  static constexpr int BM = SA_HOP_FWD_BM(HD);   /* query rows per CTA */
-  static constexpr int BN = SA_HOP_FWD_BN;       /* keys per tile */
-  static constexpr int ST = SA_HOP_STAGES;       /* K / V ring depth */
+  static constexpr int QS = SA_HOP_FWD_QSLOTS; /* Q slots */
+  static constexpr int NC = SA_HOP_FWD_NC(HD); /* consumer warpgroups */
+  static constexpr int BM = SA_HOP_FWD_BM(HD); /* query rows per CTA */
+  static constexpr int BN = SA_HOP_FWD_BN;     /* keys per tile */
+  static constexpr int ST = SA_HOP_STAGES;     /* K / V ring depth */
   static constexpr int THREADS = 128 * (NC + 1);
   /* Registers after setmaxnreg, inside the CTA's launch pool (65536 / THREADS rounded down to 8: 168 a thread at
      H128, so 32 + 2 x 240 would ask 65536 and never return). Producer 24; kind 4's producer warp also narrows the
@@ -45,9 +45,9 @@ struct sa_hop_params {
   float *lse;         /* [B, N, T] or NULL */
   const float *sinks; /* [N], learnable only */
   int T, S, N, G, softmax;
-  float scale_l2;     /* scale * log2(e) > 0 */
-  sa_hop_mask mask;   /* causal / window / offset (MASK kernels only) */
-  sa_hop_shape shape; /* lengths and the raw mask parameters (MASK 3, 4: each CTA builds its batch's mask) */
+  float scale_l2;                /* scale * log2(e) > 0 */
+  sa_hop_mask mask;              /* causal / window / offset (MASK kernels only) */
+  sa_hop_shape shape;            /* lengths and the raw mask parameters (MASK 3, 4: each CTA builds its batch's mask) */
   const int32_t *q_seg, *kv_seg; /* [B, T], [B, S] (MASK 4: the key ids by TMA for the mask, read for the tiles) */
   /* Work tiles (sa_hop_work_tile): B N n_mb of them, n_mb = ceil(T / BM); CTA c takes c, c + gridDim.x, ...
      (one each when the grid holds them all). hg > 0: the L2-section order with hg heads a section. nph > 0:
@@ -93,13 +93,26 @@ __device__ __forceinline__ void sa_hop_work_tile(const sa_hop_params &p, bool ma
 
 /* Barrier slots in bar[]: 0-1 Q full, 2-3 Q empty (Q slot q); then ST each of K full, V full, K empty, V empty
    (stage s). */
-template <int ST> constexpr int N_BARS = 4 + 4 * ST;
+template <int ST>
+constexpr int N_BARS = 4 + 4 * ST;
 __device__ __forceinline__ uint32_t bar_qf(uint32_t b0, uint32_t q) { return b0 + 8 * q; }
 __device__ __forceinline__ uint32_t bar_qe(uint32_t b0, uint32_t q) { return b0 + 8 * (2 + q); }
-template <int ST> __device__ __forceinline__ uint32_t bar_kf(uint32_t b0, int s) { return b0 + 8 * (4 + s); }
-template <int ST> __device__ __forceinline__ uint32_t bar_vf(uint32_t b0, int s) { return b0 + 8 * (4 + ST + s); }
-template <int ST> __device__ __forceinline__ uint32_t bar_ke(uint32_t b0, int s) { return b0 + 8 * (4 + 2 * ST + s); }
-template <int ST> __device__ __forceinline__ uint32_t bar_ve(uint32_t b0, int s) { return b0 + 8 * (4 + 3 * ST + s); }
+template <int ST>
+__device__ __forceinline__ uint32_t bar_kf(uint32_t b0, int s) {
+  return b0 + 8 * (4 + s);
+}
+template <int ST>
+__device__ __forceinline__ uint32_t bar_vf(uint32_t b0, int s) {
+  return b0 + 8 * (4 + ST + s);
+}
+template <int ST>
+__device__ __forceinline__ uint32_t bar_ke(uint32_t b0, int s) {
+  return b0 + 8 * (4 + 2 * ST + s);
+}
+template <int ST>
+__device__ __forceinline__ uint32_t bar_ve(uint32_t b0, int s) {
+  return b0 + 8 * (4 + 3 * ST + s);
+}
 
 /* Descriptors by offset: a descriptor's start field is (address & 0x3FFFF) >> 4 in bits 0-13, and every
    operand here lies inside the CTA's shared memory (< 228 KiB < 2^18 from the window's base), so for a
@@ -192,10 +205,10 @@ __device__ __forceinline__ void seg_key_tiles(const int32_t *qs, int rows, const
     return (v.x >= lo && v.x <= hi) || (v.y >= lo && v.y <= hi) || (v.z >= lo && v.z <= hi) || (v.w >= lo && v.w <= hi);
   };
   auto meets = [&](int tile) { /* this lane's tile: a key id in [lo, hi] */
-    bool m = false;
+                               bool m = false;
 #pragma unroll 2
-    for (int i = 0; i < 32; ++i) m |= in4(__ldg(k4 + tile * 32 + i));
-    return m;
+                               for (int i = 0; i < 32; ++i) m |= in4(__ldg(k4 + tile * 32 + i));
+                               return m;
   };
   int first = z, last = z - 1;
   if (__any_sync(full, in4(fa))) {
@@ -242,7 +255,7 @@ __device__ __forceinline__ void softmax_tile(float (&sacc)[SN], float (&m_)[2], 
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
     const float mnew = fmaxf(m_[h], mx[h] * sl2); /* scale > 0: max commutes with scaling */
-    base[h] = mnew == -INFINITY ? 0.f : mnew;      /* vanilla, nothing valid yet: keep exp2 finite */
+    base[h] = mnew == -INFINITY ? 0.f : mnew;     /* vanilla, nothing valid yet: keep exp2 finite */
     corr[h] = ex2(m_[h] - base[h]);
     m_[h] = mnew;
     l_[h] *= corr[h]; /* per-thread partial sums; the quad sums at the end */

@@ -45,8 +45,7 @@ typedef struct sa_hop_shape {
 /* x = key - row is always inside +-2^30 (T, S < 2^30 in scope), so these bounds decide nothing / everything. */
 #define SA_HOP_XLIM ((1 << 30) + 256)
 
-SA_HD sa_hop_mask sa_hop_mask_make(long long T, long long S, int causal, long long wl, long long wr,
-                                   long long diag) {
+SA_HD sa_hop_mask sa_hop_mask_make(long long T, long long S, int causal, long long wl, long long wr, long long diag) {
   sa_hop_mask m;
   m.off = (causal == 2 ? S - T : 0) + diag;
   const long long big = T + S + (m.off < 0 ? -m.off : m.off) + 1;
@@ -84,16 +83,14 @@ SA_HD void sa_hop_lens(const sa_hop_shape &sh, int b, int T, int S, int *ql, int
 /* The bounds dlo <= key - row <= dhi for one query row i of a batch with lengths ql, kl: keys j < kl means
    x <= kl - 1 - i; a row i >= ql sees no key (dhi below every x). Without lengths (ql = T, kl = S) they are
    the mask's own: keys < S and rows < T always hold. */
-SA_HD void sa_hop_row_bounds(const sa_hop_mask &m, int ql, int kl, int i, int *dlo,
-                                                           int *dhi) {
+SA_HD void sa_hop_row_bounds(const sa_hop_mask &m, int ql, int kl, int i, int *dlo, int *dhi) {
   *dlo = m.dlo;
   *dhi = i >= ql ? -SA_HOP_XLIM : (kl - 1 - i < m.dhi ? kl - 1 - i : m.dhi);
 }
 
 /* The same for one key j (the dK/dV kernel's rows): rows i < ql means x = j - i >= j - ql + 1; a key j >= kl
    is seen by no row. */
-SA_HD void sa_hop_key_bounds(const sa_hop_mask &m, int ql, int kl, int j, int *dlo,
-                                                           int *dhi) {
+SA_HD void sa_hop_key_bounds(const sa_hop_mask &m, int ql, int kl, int j, int *dlo, int *dhi) {
   *dlo = j - ql + 1 > m.dlo ? j - ql + 1 : m.dlo;
   *dhi = j >= kl ? -SA_HOP_XLIM : m.dhi;
 }
@@ -114,8 +111,7 @@ SA_HD int sa_hop_hi(const sa_hop_mask &m, int i) {
 
 /* The key tiles (of `tile` keys) a block of rows [r0, r0 + rows) needs: t0 .. t0 + *n_tiles - 1 hold every key
    one of its rows sees (*n_tiles = 0: no row sees a key); the forward's and dQ's CTAs load only those. */
-SA_HD int sa_hop_key_tiles(const sa_hop_mask &m, int r0, int rows, int tile,
-                                                         int *n_tiles) {
+SA_HD int sa_hop_key_tiles(const sa_hop_mask &m, int r0, int rows, int tile, int *n_tiles) {
   const int lo = sa_hop_lo(m, r0), hi = sa_hop_hi(m, r0 + rows - 1);
   const int t0 = lo / tile;
   *n_tiles = hi > lo ? (hi + tile - 1) / tile - t0 : 0;
@@ -126,18 +122,19 @@ SA_HD int sa_hop_key_tiles(const sa_hop_mask &m, int r0, int rows, int tile,
    in it; the per-element test is exact): i_beg is the first row with hi(i) > k0, *i_end the first with
    lo(i) >= k0 + keys (T: none). Binary searches, as lo and hi never decrease with i; a dK/dV CTA streams
    only the query blocks of these rows. */
-SA_HD int sa_hop_query_rows(const sa_hop_mask &m, int T, int k0, int keys,
-                                                          int *i_end) {
+SA_HD int sa_hop_query_rows(const sa_hop_mask &m, int T, int k0, int keys, int *i_end) {
   int a = 0, z = T;
   while (a < z) {
     const int mid = (a + z) / 2;
-    if (sa_hop_hi(m, mid) > k0) z = mid; else a = mid + 1;
+    if (sa_hop_hi(m, mid) > k0) z = mid;
+    else a = mid + 1;
   }
   const int i_beg = a;
   a = 0, z = T;
   while (a < z) {
     const int mid = (a + z) / 2;
-    if (sa_hop_lo(m, mid) >= k0 + keys) z = mid; else a = mid + 1;
+    if (sa_hop_lo(m, mid) >= k0 + keys) z = mid;
+    else a = mid + 1;
   }
   *i_end = a;
   return i_beg;

@@ -15,17 +15,17 @@ constexpr int KB = sa_hop_tiles::BWD_KB;     /* keys per CTA: 2 consumer warpgro
 constexpr int QB = sa_hop_tiles::BWD_QB;     /* query rows per streamed tile: N of S^T / dP^T, M of dQ */
 constexpr int STAGES = sa_hop_tiles::STAGES; /* Q / dO ring depth */
 constexpr int NC = sa_hop_tiles::NC;         /* consumer warpgroups */
-constexpr int THREADS = 128 * (NC + 1);       /* = sa_hop_tiles::THREADS */
+constexpr int THREADS = 128 * (NC + 1);      /* = sa_hop_tiles::THREADS */
 static_assert(KB == 2 * QB, "nat_rank (causal): key block kb starts at query tile 2 kb");
 
 /* How the CTAs of a launch find their work and their turn. */
 struct Sched {
-  int *sync;  /* [0]: CTA ticket counter; then one semaphore per (b, head, 64-query tile); zeroed per call */
-  int nkb;    /* key blocks per kv head: S / KB */
-  int G;      /* query heads per kv head */
-  int n_all;  /* G T / QB: tiles of a key block without a mask (a constant-bank loop bound: no register) */
-  int d;      /* non-causal NAT: key block kb starts at tile kb * d of its G T / QB */
-  int total;  /* items (the non-persistent kernel's CTAs): B KH nkb; a ticket >= total ends a CTA */
+  int *sync; /* [0]: CTA ticket counter; then one semaphore per (b, head, 64-query tile); zeroed per call */
+  int nkb;   /* key blocks per kv head: S / KB */
+  int G;     /* query heads per kv head */
+  int n_all; /* G T / QB: tiles of a key block without a mask (a constant-bank loop bound: no register) */
+  int d;     /* non-causal NAT: key block kb starts at tile kb * d of its G T / QB */
+  int total; /* items (the non-persistent kernel's CTAs): B KH nkb; a ticket >= total ends a CTA */
 };
 
 /* ---- the one-pass kernel ----------------------------------------------------------------------------- */
@@ -299,8 +299,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           int *sem = sc.sync + 1 + (size_t)(bn0 + w.g) * PT + w.q;
           mbar_wait(dq_full0 + 8 * xb, (x >> 1) & 1);
           const int rank = nat_rank<CAUSAL>(im.kb, w.g, w.q, sc.nkb, PT, sc.d);
-          while (ld_acquire(sem) != rank) {
-          }
+          while (ld_acquire(sem) != rank) {}
           fence_async_global(); /* the store / reduce (async proxy) after the acquire that saw the earlier adds */
           if (kk == im.n_tiles - 1) mbar_arrive(wr_done0 + 8 * (j & 1)); /* no wait left in this item */
           const uint32_t src = sdq + xb * DQ_BYTES;
@@ -349,8 +348,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         const bool skip = CAUSAL && i0 + QB <= kw0;
         mbar_wait(full0 + 8 * xb, xp);
         if (!skip) { /* ---- S^T, dP^T, P^T, dS^T ---- */
-          onepass_tile<HD, CAUSAL>(st, dpt, pf, df, sk_wg, sv_wg, KB, sq_s, sdo_s, ld_f + xb * 2 * QB, sl2, i0, kw0,
-                                   kr, t, &anchor[4 * cw + warp], lane);
+          onepass_tile<HD, CAUSAL>(st, dpt, pf, df, sk_wg, sv_wg, KB, sq_s, sdo_s, ld_f + xb * 2 * QB, sl2, i0, kw0, kr,
+                                   t, &anchor[4 * cw + warp], lane);
         } else {
 #pragma unroll
           for (int i = 0; i < 16; ++i) df[i] = 0u; /* bf16 +0: both dQ halves read all 128 keys */
@@ -453,7 +452,10 @@ bool sa_hop1_prepare(const sa_cuda_params &p, float *acc, int kv_rows, CUtensorM
   bp->dq_acc = acc;
   bp->lse2 = p.lse2;
   bp->D = p.D;
-  bp->T = (int)p.T; bp->S = (int)p.S; bp->N = (int)p.N; bp->KH = (int)p.K;
+  bp->T = (int)p.T;
+  bp->S = (int)p.S;
+  bp->N = (int)p.N;
+  bp->KH = (int)p.K;
   bp->scale = p.scale;
   bp->scale_l2 = p.scale_log2;
   return true;

@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(THREADS3, 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bar[24]; /* the header's table, in its order */
   __shared__ float anchor[4 * NC3];
-  __shared__ int item_slot[SLOT];     /* the item, written by the producer before item_full, read after it */
+  __shared__ int item_slot[SLOT];       /* the item, written by the producer before item_full, read after it */
   __shared__ int cv_row[2], cv_head[2]; /* converter slot v & 1: dq row b T + q 64 and head of its tile */
   __shared__ int wstate[4 * NC3][5];    /* per consumer warp: what it carries over items (lane 0 only) */
 
@@ -181,14 +181,13 @@ __global__ void __launch_bounds__(THREADS3, 1)
         if (f[0] >= total) break;
         const Item3 im = item3_get<CAUSAL>(f, p, PT);
         Walk w(im.rot, im.n_tiles > 0 ? im.qb0 : 0, PT, sc.Gc); /* no tiles: PT - qb0 may be <= 0 */
-        const int bn0 = im.b * p.N + im.hd0; /* row (b N + n) of the item's head g: bn0 + g */
+        const int bn0 = im.b * p.N + im.hd0;                    /* row (b N + n) of the item's head g: bn0 + g */
         for (int kk = 0; kk < im.n_tiles; ++kk, ++x, w.next()) {
           const uint32_t xb = x & 1;
           int *sem = sc.sync + 1 + (size_t)(bn0 + w.g) * PT + w.q;
           mbar_wait(dq_full(xb), (x >> 1) & 1);
           const int rank = nat_rank3<CAUSAL>(im.kb, w.g, w.q, sc.nkb, PT, sc.d);
-          while (ld_acquire(sem) != rank) {
-          }
+          while (ld_acquire(sem) != rank) {}
           fence_async_global(); /* the store / reduce (async proxy) after the acquire that saw the earlier adds */
           if (kk == im.n_tiles - 1) mbar_arrive(wr_done(j & 1)); /* no wait on other CTAs left in this item */
           const uint32_t src = sdq + xb * DQ_BYTES;
@@ -261,8 +260,8 @@ __global__ void __launch_bounds__(THREADS3, 1)
        not read: it reads 64 n_wg) and stores no dK / dV. */
     const bool idle = cw >= n_wg;
     if (l0) /* b S KH + kvh < 2^31: dK's rows (B S KH 64 bf16 would be 256 GiB) */
-      ws[0] = x0 + n_tiles, ws[1] = ph ^ (n_tiles > 0 ? 3 : 1), ws[2] = im.b * (int)p.S * p.KH + im.kvh,
-      ws[3] = im.hh, ws[4] = k0;
+      ws[0] = x0 + n_tiles, ws[1] = ph ^ (n_tiles > 0 ? 3 : 1), ws[2] = im.b * (int)p.S * p.KH + im.kvh, ws[3] = im.hh,
+      ws[4] = k0;
     zero(dk);
     zero(dv);
     if (n_tiles > 0) {
@@ -280,8 +279,8 @@ __global__ void __launch_bounds__(THREADS3, 1)
           uint32_t pf[16], df[16];
           mbar_wait(bar_full(s), (x >> 1) & 1);
           if (!skip) {
-            onepass_tile<HD, CAUSAL>(st, dpt, pf, df, sk_wg, sv_wg, KB3, sq_s, sdo_s, ld_f + s * 2 * QB, sl2, i0,
-                                     kw0, kr, t, &anchor[4 * cw + warp], lane_id());
+            onepass_tile<HD, CAUSAL>(st, dpt, pf, df, sk_wg, sv_wg, KB3, sq_s, sdo_s, ld_f + s * 2 * QB, sl2, i0, kw0,
+                                     kr, t, &anchor[4 * cw + warp], lane_id());
           } else {
 #pragma unroll
             for (int i = 0; i < 16; ++i) df[i] = 0u; /* bf16 +0: the owner's dQ reads all 64 n_wg keys */
@@ -365,10 +364,11 @@ cudaError_t sa_hop_onepass64_launch(const sa_cuda_plan &plan, const sa_cuda_para
   CUtensorMap m[7];
   BwdParams bp;
   if (!sa_hop1_prepare(p, acc, KB3, m, &bp)) return cudaErrorInvalidValue; /* K / V as 192-row boxes */
-  const Sched3 sc = {sync, hs > 1 ? part : nullptr, plan.nkb, (int)(p.G / hs), hs, plan.n_all, plan.d,
-                     (size_t)(p.B * p.S * p.K * p.H)};
-  cudaError_t e = p.causal ? cudaFuncSetAttribute(bwd_persist3<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)
-                           : cudaFuncSetAttribute(bwd_persist3<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  const Sched3 sc = {sync,   hs > 1 ? part : nullptr,        plan.nkb, (int)(p.G / hs), hs, plan.n_all,
+                     plan.d, (size_t)(p.B * p.S * p.K * p.H)};
+  cudaError_t e = p.causal
+                      ? cudaFuncSetAttribute(bwd_persist3<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)
+                      : cudaFuncSetAttribute(bwd_persist3<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   if ((e = cudaMemsetAsync(sc.sync, 0, plan.sync_bytes, st)) != cudaSuccess) return e; /* not dq_acc */
   e = p.causal ? sa_hop_launch_items(bwd_persist3<true>, plan, THREADS3, smem, st, m[0], m[1], m[2], m[3], m[4], m[5],

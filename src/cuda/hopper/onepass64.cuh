@@ -27,9 +27,9 @@ constexpr int STAGES = sa_hop_tiles::STAGES; /* Q / dO ring depth */
 constexpr int NC3 = sa_hop_tiles::BWD1_NC64; /* consumer warpgroups */
 constexpr int KB3 = 64 * NC3;                /* keys per CTA */
 constexpr int THREADS3 = 128 * (NC3 + 1);
-constexpr int REGS3P = 32;                   /* producer warpgroup: the dq converter spills at 24 (LDL/STL 13-48) */
-constexpr int REGS3 = 160;                   /* consumers: (65536 - 128 x 32) / 384 */
-constexpr int NDS = 3;                       /* dS^T buffers: tile k in buffer k % 3 */
+constexpr int REGS3P = 32; /* producer warpgroup: the dq converter spills at 24 (LDL/STL 13-48) */
+constexpr int REGS3 = 160; /* consumers: (65536 - 128 x 32) / 384 */
+constexpr int NDS = 3;     /* dS^T buffers: tile k in buffer k % 3 */
 static_assert(128 * REGS3P + 128 * NC3 * REGS3 <= 65536, "register file: producer + consumers");
 constexpr uint32_t DS3_BYTES = KB3 * QB * 2; /* one dS^T tile [192 keys][64 queries] bf16: 24 KiB */
 
@@ -120,9 +120,13 @@ __device__ __forceinline__ void convert_dq_rows(uint32_t box, uint4 *dst, int ro
   for (int i = 0; i < 8; ++i, box += 8 * 128, dst += row_step) {
     float4 a, e;
     asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(a.x), "=f"(a.y), "=f"(a.z), "=f"(a.w) : "r"(box) : "memory");
+                 : "=f"(a.x), "=f"(a.y), "=f"(a.z), "=f"(a.w)
+                 : "r"(box)
+                 : "memory");
     asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(e.x), "=f"(e.y), "=f"(e.z), "=f"(e.w) : "r"(box ^ 16u) : "memory");
+                 : "=f"(e.x), "=f"(e.y), "=f"(e.z), "=f"(e.w)
+                 : "r"(box ^ 16u)
+                 : "memory");
     uint4 o;
     o.x = pack_bf16(a.x * scale, a.y * scale);
     o.y = pack_bf16(a.z * scale, a.w * scale);

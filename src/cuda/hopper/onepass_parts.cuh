@@ -41,22 +41,28 @@ struct Walk {
 
 /* global[box at {c0, c1, c2}] += shared[src] (fp32, element type from the map), tracked by bulk async-groups. */
 __device__ __forceinline__ void tma_reduce_add(const CUtensorMap *map, uint32_t src, int c0, int c1, int c2) {
-  asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];"
-               ::"l"((uint64_t)map), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
+  asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+                   (uint64_t)map),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
 }
 /* global[box at {c0, c1, c2}] = shared[src]: tma_reduce_add's store (same map, same shared layout, same groups);
    a tile's first visitor stores, so dq_acc needs no memset. */
 __device__ __forceinline__ void tma_store_3d(const CUtensorMap *map, uint32_t src, int c0, int c1, int c2) {
-  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];"
-               ::"l"((uint64_t)map), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"((uint64_t)map),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
 }
 /* shared[dst] = global[box at {c0, c1, c2}], completing on bar: a finished dq_acc tile back for the H64 one pass's
    dq converter (hopper/onepass64.cu), same map and shared layout as the two above. */
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1,
                                             int c2) {
   asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
-      ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::
+          "r"(dst),
+      "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 /* .read: the source shared memory may be rewritten; without it: the global writes are complete. */
@@ -115,9 +121,9 @@ __device__ __forceinline__ void wgmma_ss_tt(float (&d)[32], uint64_t da, uint64_
    rows i0 .. i0 + 63, keys kw0 .. kw0 + 63, this thread's keys kr, kr + 8; the exp2s overlap dP^T (anchor_exp2). */
 template <int HD, bool CAUSAL>
 __device__ __forceinline__ void onepass_tile(float (&st)[32], float (&dpt)[32], uint32_t (&pf)[16], uint32_t (&df)[16],
-                                             uint32_t sk_wg, uint32_t sv_wg, int kv_rows, uint32_t sq_s,
-                                             uint32_t sdo_s, const float *ld_s, float sl2, int i0, int kw0, int kr,
-                                             int t, float *anchor_slot, int lane) {
+                                             uint32_t sk_wg, uint32_t sv_wg, int kv_rows, uint32_t sq_s, uint32_t sdo_s,
+                                             const float *ld_s, float sl2, int i0, int kw0, int kr, int t,
+                                             float *anchor_slot, int lane) {
   constexpr int QB = sa_hop_tiles::BWD_QB;
   zero(st);
   zero(dpt);
@@ -163,11 +169,10 @@ __device__ __forceinline__ void store_ds_rows(uint32_t sds_x, const uint32_t (&d
     const int r = r0 + 8 * h;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
-      asm volatile("st.shared.b32 [%0], %1;" ::"r"(sds_x + r * 128 + ((j ^ (r & 7)) << 4) + 4 * t),
-                   "r"(df[2 * j + h]) : "memory");
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(sds_x + r * 128 + ((j ^ (r & 7)) << 4) + 4 * t), "r"(df[2 * j + h])
+                   : "memory");
   }
 }
-
 
 #endif /* sm_90a */
 
@@ -187,8 +192,8 @@ cudaError_t sa_hop_onepass64_launch(const sa_cuda_plan &plan, const sa_cuda_para
 /* A one-pass kernel on the plan's grid, cooperatively when the plan says so: the driver then starts every CTA
    co-resident or refuses the launch (docs/hopper.md, "progress"). */
 template <typename... KP, typename... AP>
-cudaError_t sa_hop_launch_items(void (*kernel)(KP...), const sa_cuda_plan &plan, int threads, int smem,
-                                cudaStream_t st, AP &&...args) {
+cudaError_t sa_hop_launch_items(void (*kernel)(KP...), const sa_cuda_plan &plan, int threads, int smem, cudaStream_t st,
+                                AP &&...args) {
   cudaLaunchAttribute attr;
   attr.id = cudaLaunchAttributeCooperative;
   attr.val.cooperative = plan.cooperative;

@@ -44,7 +44,9 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   do {
     asm volatile(
         "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
   } while (!done);
 }
 
@@ -60,11 +62,13 @@ __device__ __forceinline__ void named_bar_sync(int id, int count) {
 }
 
 /* One TMA box {64 elements, 1 head, rows, 1 batch} into 128-byte swizzled rows at dst (1024-aligned). */
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1,
-                                         int c2, int c3) {
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1, int c2,
+                                         int c3) {
   asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
-      ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];" ::"r"(dst),
+      "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
 }
 
 /* One box of a 2-D tensor map (the backward's lse2 / D, the forward's key segment ids) at {c0 (innermost), c1}
@@ -74,8 +78,10 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, u
    (an earlier standalone version). */
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-      ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar) : "memory");
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          dst),
+      "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
 }
 
 /* Rows [r_from, rows) of a [rows x 64-column block] bf16 tile of cb blocks, set to zero by `nthr` threads
@@ -88,7 +94,8 @@ __device__ __forceinline__ void zero_tile_rows(uint32_t tile, int rows, int r_fr
   for (int c = 0; c < cb; ++c)
     for (int x = tid; x < chunks; x += nthr)
       asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(tile + c * rows * 128 + r_from * 128 + 16 * x),
-                   "r"(0) : "memory");
+                   "r"(0)
+                   : "memory");
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
@@ -119,14 +126,18 @@ __device__ __forceinline__ void pin(uint32_t (&r)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
-#define SA_F8(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
-                    "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define SA_F8(d, i)                                                                                           \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
+      "+f"(d[i + 7])
 #define SA_F32(d) SA_F8(d, 0), SA_F8(d, 8), SA_F8(d, 16), SA_F8(d, 24)
 #define SA_F64(d) SA_F32(d), SA_F8(d, 32), SA_F8(d, 40), SA_F8(d, 48), SA_F8(d, 56)
-#define SA_REGS32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define SA_REGS64 SA_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, " \
-                  "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define SA_REGS32                                                          \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define SA_REGS64                                                                 \
+  SA_REGS32                                                                       \
+  ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, " \
+  "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 
 /* D[64x128] (+)= A[64x16] B[16x128], A and B K-major in shared memory; scale_d 0 overwrites D. */
 __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
@@ -142,14 +153,16 @@ __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t da, uint6
 __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t *a, uint64_t db) {
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
-      " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" SA_REGS64 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" SA_REGS64
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
       : SA_F64(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 __device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t *a, uint64_t db) {
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
-      " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" SA_REGS32 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" SA_REGS32
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
       : SA_F32(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
@@ -174,8 +187,8 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
    row 16-byte aligned (the Hopper scope's aligned tensors, a row pitch of N H 2 bytes). zero: store zeros (a row
    past q_len: 0 x NaN would not be 0). */
 template <int HD>
-__device__ __forceinline__ void store_row_bf16(__nv_bfloat16 *row, const float (&d)[HD / 2], int h, float scale,
-                                               int t, bool zero = false) {
+__device__ __forceinline__ void store_row_bf16(__nv_bfloat16 *row, const float (&d)[HD / 2], int h, float scale, int t,
+                                               bool zero = false) {
   const bool t2 = (t & 2) != 0, t1 = (t & 1) != 0;
 #pragma unroll
   for (int k = 0; k < HD / 32; ++k) {
@@ -253,8 +266,8 @@ static inline bool sa_hop_map_rows(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtens
 /* Segment ids [B, L] int32 as a 2-D tensor {L, B}, box {box_keys ids, 1 batch}, no swizzle: the streamed side's ids
    land beside their tile (the forward's and dQ's key ids, dK/dV's query ids). 16-byte aligned base, L * 4 a
    multiple of 16 (L % 128 == 0). */
-static inline bool sa_hop_map_ids(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const int32_t *base,
-                                  int64_t B, int64_t S, int box_keys) {
+static inline bool sa_hop_map_ids(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const int32_t *base, int64_t B,
+                                  int64_t S, int box_keys) {
   const cuuint64_t dims[2] = {(cuuint64_t)S, (cuuint64_t)B}, strides[1] = {(cuuint64_t)S * 4};
   const cuuint32_t box[2] = {(cuuint32_t)box_keys, 1}, estr[2] = {1, 1};
   return enc(m, CU_TENSOR_MAP_DATA_TYPE_INT32, 2, const_cast<int32_t *>(base), dims, strides, box, estr,

@@ -22,13 +22,13 @@
    H128: 2 warpgroups, 128-row CTAs (615 / 552 TFLOP/s at B4 T4096 N16). 128 keys a tile at both. */
 #define SA_HOP_FWD_NC(hd) ((hd) == 64 ? 3 : 2)
 #define SA_HOP_FWD_BM(hd) (SA_HOP_WG_ROWS * SA_HOP_FWD_NC(hd))
-#define SA_HOP_FWD_BN 128
+#define SA_HOP_FWD_BN     128
 /* Two Q slots: the next work tile's Q loads under this one's last P V (+9% at H64 T1024, +7% at H128 T1024). */
 #define SA_HOP_FWD_QSLOTS 2
 /* Q slots, the K / V ring, and with segment ids (mask kind 4) each stage's 128 key ids; 1 KiB alignment slack. */
-#define SA_HOP_FWD_SMEM(hd, mask)                                                                           \
-  (1024 + SA_HOP_FWD_QSLOTS * SA_HOP_FWD_BM(hd) * (hd) * 2 +                                                \
-   SA_HOP_STAGES * (2 * SA_HOP_FWD_BN * (hd) * 2 + ((mask) == 4 ? SA_HOP_FWD_BN * 4 : 0)))
+#define SA_HOP_FWD_SMEM(hd, mask)                          \
+  (1024 + SA_HOP_FWD_QSLOTS * SA_HOP_FWD_BM(hd) * (hd)*2 + \
+   SA_HOP_STAGES * (2 * SA_HOP_FWD_BN * (hd)*2 + ((mask) == 4 ? SA_HOP_FWD_BN * 4 : 0)))
 /* Persistent CTAs (one per SM, work tiles c, c + grid, ...) hide each work tile's ~1-2 us prologue and
    epilogue: without a mask always (H128 B16 T1024: 1.27x), with a mask while a work tile sees at most 8 key
    tiles (a static share of unequal tiles left SMs idle past that: 0.79x at H128 B1 T16384 causal). */
@@ -46,18 +46,18 @@
    live accumulators at H128, R216 of 240); dQ: Q, dO of 64 NC rows once, K / V streamed in 64-key tiles.
    NC 3 at H64 (no lengths, no segment ids: their kernels spill at 160 registers) for grids of at least 4 CTAs
    an SM (f+b +5-15% with 2700-3100 CTAs; gpt-oss's 176 CTAs of 192 keys lost 297 -> 272). */
-#define SA_HOP_BWD_QB 64
-#define SA_HOP_BWD_KT 64
+#define SA_HOP_BWD_QB               64
+#define SA_HOP_BWD_KT               64
 #define SA_HOP_BWD_NC_MAX(hd, mask) ((hd) == 64 && (mask) < 3 ? 3 : 2)
-#define SA_HOP_BWD_NC3_CTAS_PER_SM 4
+#define SA_HOP_BWD_NC3_CTAS_PER_SM  4
 /* Under a falling mask the dK/dV grid puts the key block slowest (heaviest CTAs first) while it is under 8 CTAs
    an SM (gpt-oss 211 -> 276 TFLOP/s; with 2048 CTAs the fast order kept L2 locality: 382 vs 363). */
 #define SA_HOP_BWD_KB_SLOWEST_CTAS_PER_SM 8
-#define SA_HOP_BWD_DKDV_SMEM(hd, nc)                                                                         \
-  (1024 + 2 * SA_HOP_WG_ROWS * (nc) * (hd) * 2 + SA_HOP_STAGES * 2 * SA_HOP_BWD_QB * (hd) * 2 +                 \
+#define SA_HOP_BWD_DKDV_SMEM(hd, nc)                                                        \
+  (1024 + 2 * SA_HOP_WG_ROWS * (nc) * (hd)*2 + SA_HOP_STAGES * 2 * SA_HOP_BWD_QB * (hd)*2 + \
    SA_HOP_STAGES * 3 * SA_HOP_BWD_QB * 4)
-#define SA_HOP_BWD_DQ_SMEM(hd, nc)                                                                           \
-  (1024 + 2 * SA_HOP_WG_ROWS * (nc) * (hd) * 2 + SA_HOP_STAGES * (2 * SA_HOP_BWD_KT * (hd) * 2 + SA_HOP_BWD_KT * 4))
+#define SA_HOP_BWD_DQ_SMEM(hd, nc) \
+  (1024 + 2 * SA_HOP_WG_ROWS * (nc) * (hd)*2 + SA_HOP_STAGES * (2 * SA_HOP_BWD_KT * (hd)*2 + SA_HOP_BWD_KT * 4))
 
 /* ---- one-pass backward ----
    dK, dV and dQ in one kernel, dQ added into an fp32 workspace in a fixed order: 5 products a tile where the
@@ -71,10 +71,10 @@
 #define SA_HOP_OP_SPLIT_CTAS_PER_SM 8
 /* K, V; the Q / dO ring; the dS^T buffers (2 at H128, 3 at H64: tile k in buffer k % 3, one reader a use); 2 dQ
    staging slots; lse2 / D per stage; at H64 2 converter slots (the producer's idle warps write dq from them). */
-#define SA_HOP_OP_SMEM(hd)                                                                                   \
-  (1024 + 2 * SA_HOP_OP_KB(hd) * (hd) * 2 + SA_HOP_STAGES * 2 * SA_HOP_BWD_QB * (hd) * 2 +                    \
-   ((hd) == 64 ? 3 : 2) * SA_HOP_OP_KB(hd) * SA_HOP_BWD_QB * 2 + 2 * SA_HOP_BWD_QB * (hd) * 4 +              \
-   SA_HOP_STAGES * 2 * SA_HOP_BWD_QB * 4 + ((hd) == 64 ? 2 * SA_HOP_BWD_QB * (hd) * 4 : 0))
+#define SA_HOP_OP_SMEM(hd)                                                                    \
+  (1024 + 2 * SA_HOP_OP_KB(hd) * (hd)*2 + SA_HOP_STAGES * 2 * SA_HOP_BWD_QB * (hd)*2 +        \
+   ((hd) == 64 ? 3 : 2) * SA_HOP_OP_KB(hd) * SA_HOP_BWD_QB * 2 + 2 * SA_HOP_BWD_QB * (hd)*4 + \
+   SA_HOP_STAGES * 2 * SA_HOP_BWD_QB * 4 + ((hd) == 64 ? 2 * SA_HOP_BWD_QB * (hd)*4 : 0))
 /* B N T below 2^27: dq_convert's int index (rows x H / 8 < 2^31). */
 #define SA_HOP_OP_MAX_ROWS (1LL << 27)
 

@@ -18,8 +18,7 @@ __global__ void __launch_bounds__(SA_NT) sa_bwd_pre_kernel(const sa_cuda_params 
     if (i < p.T) {
       const int64_t off = ((b * p.T + i) * p.N + n) * p.Hv;
       float d = 0.0f;
-      for (int64_t x = lane; x < p.Hv; x += 32)
-        d += sa_mma<T>::load(p.dout, off + x) * sa_mma<T>::load(p.out, off + x);
+      for (int64_t x = lane; x < p.Hv; x += 32) d += sa_mma<T>::load(p.dout, off + x) * sa_mma<T>::load(p.out, off + x);
 #pragma unroll
       for (int s = 16; s > 0; s >>= 1) d += __shfl_xor_sync(0xffffffffu, d, s);
       const int64_t li = (b * p.N + n) * p.T + i;
@@ -55,7 +54,8 @@ __device__ __forceinline__ float2 sa_f2(uint32_t w, __nv_bfloat16) { /* two bf16
 __device__ __forceinline__ float2 sa_f2(uint32_t w, __half) {
   return __half22float2(*reinterpret_cast<const __half2 *>(&w));
 }
-template <typename T> __device__ __forceinline__ float sa_dot8(uint4 a, uint4 b) {
+template <typename T>
+__device__ __forceinline__ float sa_dot8(uint4 a, uint4 b) {
   const uint32_t x[4] = {a.x, a.y, a.z, a.w}, y[4] = {b.x, b.y, b.z, b.w};
   float d = 0.0f;
 #pragma unroll
@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(SA_NT) sa_bwd_dkdv_kernel(const sa_cuda_params
           s[n][2 * h + e] = pe;
           dp[n][2 * h + e] = pe * (dp[n][2 * h + e] - sD[c]);
         }
-    /* dV += P^T dO, dK += dS^T Q over this CTA's HDA columns; B operands through ldmatrix.trans */
+        /* dV += P^T dO, dK += dS^T Q over this CTA's HDA columns; B operands through ldmatrix.trans */
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; kk++) {
       uint32_t ap[4], ad[4];
@@ -315,10 +315,9 @@ __global__ void __launch_bounds__(SA_NT) sa_bwd_dq_kernel(const sa_cuda_params p
   for (int d = 0; d < DT; d++) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
 
   if (t0 < t1) {
-    sa_load_packed<HD>(sQ, (const uint16_t *)p.q + (b * p.T * p.N + kvh * p.G) * p.H, P0, BM, p.G, p.N, p.H,
-                       nrows, ql);
-    sa_load_packed<HD>(sO, (const uint16_t *)p.dout + (b * p.T * p.N + kvh * p.G) * p.Hv, P0, BM, p.G, p.N,
-                       p.Hv, nrows, ql);
+    sa_load_packed<HD>(sQ, (const uint16_t *)p.q + (b * p.T * p.N + kvh * p.G) * p.H, P0, BM, p.G, p.N, p.H, nrows, ql);
+    sa_load_packed<HD>(sO, (const uint16_t *)p.dout + (b * p.T * p.N + kvh * p.G) * p.Hv, P0, BM, p.G, p.N, p.Hv, nrows,
+                       ql);
     sa_load_rows<HD>(sK, kb, (int64_t)t0 * BN, BN, kl, p.K * p.H, p.H);
     sa_load_rows<HD>(sV, vb, (int64_t)t0 * BN, BN, kl, p.K * p.Hv, p.Hv);
     sa_cp_async_commit();
@@ -420,7 +419,8 @@ __global__ void sa_bwd_dsink_kernel(const sa_cuda_params p) {
 /* ---- launch ------------------------------------------------------------------------------------------
  * Three entry points, so that attn.cu can put the Hopper dK/dV and dQ between 1 and 4. */
 
-template <typename T> static cudaError_t sa_bwd_pre_run(const sa_cuda_params &p, cudaStream_t st) {
+template <typename T>
+static cudaError_t sa_bwd_pre_run(const sa_cuda_params &p, cudaStream_t st) {
   if (p.B > 0 && p.T > 0) {
     dim3 g((unsigned)((p.T + SA_PRE_ROWS - 1) / SA_PRE_ROWS), (unsigned)p.N, (unsigned)p.B);
     const bool vec = ((uintptr_t)p.dout | (uintptr_t)p.out) % 16 == 0 && p.Hv % 8 == 0;
@@ -434,7 +434,8 @@ template <typename T> static cudaError_t sa_bwd_pre_run(const sa_cuda_params &p,
   return cudaSuccess;
 }
 
-template <typename T, int HD> static cudaError_t sa_bwd_run(const sa_cuda_params &p, cudaStream_t st) {
+template <typename T, int HD>
+static cudaError_t sa_bwd_run(const sa_cuda_params &p, cudaStream_t st) {
   constexpr int BQ = sa_tile<HD>::BQ, DS = sa_tile<HD>::DSPLIT, BNK = SA_NW * 16, BNQ = sa_tile<HD>::DQ_BN;
   cudaError_t e;
   if (p.B > 0 && p.S > 0) {
@@ -456,7 +457,8 @@ template <typename T, int HD> static cudaError_t sa_bwd_run(const sa_cuda_params
   return cudaSuccess;
 }
 
-template <typename T> static cudaError_t sa_bwd_dim(const sa_cuda_params &p, int hd, cudaStream_t st) {
+template <typename T>
+static cudaError_t sa_bwd_dim(const sa_cuda_params &p, int hd, cudaStream_t st) {
   switch (hd) {
     case 32: return sa_bwd_run<T, 32>(p, st);
     case 64: return sa_bwd_run<T, 64>(p, st);

@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(C::NW * 32) sa_fwd_kernel(const sa_cuda_params
         }
       }
 
-    /* O += P V: P from the accumulators (see the header), V through ldmatrix.trans */
+      /* O += P V: P from the accumulators (see the header), V through ldmatrix.trans */
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++) {
       uint32_t a[MI][4];
@@ -191,7 +191,8 @@ __global__ void __launch_bounds__(C::NW * 32) sa_fwd_kernel(const sa_cuda_params
     }
 }
 
-template <typename T, int HD, class C> static cudaError_t sa_fwd_run(const sa_cuda_params &p, cudaStream_t st) {
+template <typename T, int HD, class C>
+static cudaError_t sa_fwd_run(const sa_cuda_params &p, cudaStream_t st) {
   constexpr int BM = C::NW * 16 * C::MI;
   size_t smem = (size_t)(BM + 4 * C::BN) * (HD + 8) * sizeof(uint16_t);
   cudaError_t e = cudaFuncSetAttribute(sa_fwd_kernel<T, HD, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -201,7 +202,8 @@ template <typename T, int HD, class C> static cudaError_t sa_fwd_run(const sa_cu
   return cudaGetLastError();
 }
 
-template <typename T> static cudaError_t sa_fwd_dim(const sa_cuda_params &p, int hd, cudaStream_t st) {
+template <typename T>
+static cudaError_t sa_fwd_dim(const sa_cuda_params &p, int hd, cudaStream_t st) {
   switch (hd) {
     case 32: return sa_fwd_run<T, 32, sa_tile<32>::FWD>(p, st);
     case 64: return sa_fwd_run<T, 64, sa_tile<64>::FWD>(p, st);
