@@ -117,6 +117,8 @@ typedef struct {
   void *attr_ptrs[FF_MAX_ATTR];
 } ff_frame;
 
+/* The harness's own element sizes, not the handlers' sa_ffi_elem_size: buffers sized by the code under test
+   could not expose its mistakes. */
 static size_t ff_elem(XLA_FFI_DataType t) {
   switch (t) {
     case XLA_FFI_DataType_F64:

@@ -430,15 +430,7 @@ SA_FFI_EXPORT size_t sa_jax_bwd_workspace_size(int dtype, int64_t batch, int64_t
   static _Alignas(16) const int32_t present[4] = {0};
   static _Alignas(16) const float sink[4] = {0};
   sa_attn a;
-  sa_attn_init(&a);
-  a.dtype = (sa_dtype)dtype;
-  a.batch = batch;
-  a.q_len = q_len;
-  a.kv_len = kv_len;
-  a.q_heads = q_heads;
-  a.kv_heads = kv_heads;
-  a.head_dim = head_dim;
-  a.v_head_dim = v_head_dim;
+  sa_ffi_attn_of_shape(&a, dtype, batch, q_len, kv_len, q_heads, kv_heads, head_dim, v_head_dim);
   a.softmax = (sa_softmax)softmax;
   a.causal = (sa_causal)causal;
   a.window_left = window_left;
@@ -463,15 +455,7 @@ SA_FFI_EXPORT int sa_jax_cuda_supported(int dtype, int64_t batch, int64_t q_len,
                                         int64_t kv_heads, int64_t head_dim, int64_t v_head_dim, char *why,
                                         size_t why_len) {
   sa_attn a;
-  sa_attn_init(&a);
-  a.dtype = (sa_dtype)dtype;
-  a.batch = batch;
-  a.q_len = q_len;
-  a.kv_len = kv_len;
-  a.q_heads = q_heads;
-  a.kv_heads = kv_heads;
-  a.head_dim = head_dim;
-  a.v_head_dim = v_head_dim;
+  sa_ffi_attn_of_shape(&a, dtype, batch, q_len, kv_len, q_heads, kv_heads, head_dim, v_head_dim);
   int ok = sa_has_cuda() && sa_cuda_attn_supported(&a) == SA_OK;
   if (!ok && why && why_len) snprintf(why, why_len, "%s", sa_has_cuda() ? sa_last_error() : "built without CUDA");
   return ok;

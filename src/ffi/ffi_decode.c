@@ -125,15 +125,7 @@ SA_FFI_EXPORT size_t sa_jax_decode_workspace_size(int dtype, int64_t batch, int6
                                                   int64_t q_heads, int64_t kv_heads, int64_t head_dim,
                                                   int64_t v_head_dim, int backend) {
   sa_attn a;
-  sa_attn_init(&a);
-  a.dtype = (sa_dtype)dtype;
-  a.batch = batch;
-  a.q_len = q_len;
-  a.kv_len = kv_len;
-  a.q_heads = q_heads;
-  a.kv_heads = kv_heads;
-  a.head_dim = head_dim;
-  a.v_head_dim = v_head_dim;
+  sa_ffi_attn_of_shape(&a, dtype, batch, q_len, kv_len, q_heads, kv_heads, head_dim, v_head_dim);
   a.causal = SA_CAUSAL_BOTTOM_RIGHT;
   size_t n = sa_attn_decode_workspace_size(&a, (sa_backend)backend);
   return n > 0 ? n : 1;

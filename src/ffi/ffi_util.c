@@ -229,3 +229,16 @@ int64_t sa_ffi_view_offset(const sa_ffi_grid *g, const sa_ffi_view *v, int64_t c
   }
   return off;
 }
+
+void sa_ffi_attn_of_shape(sa_attn *a, int dtype, int64_t batch, int64_t q_len, int64_t kv_len, int64_t q_heads,
+                          int64_t kv_heads, int64_t head_dim, int64_t v_head_dim) {
+  sa_attn_init(a);
+  a->dtype = (sa_dtype)dtype;
+  a->batch = batch;
+  a->q_len = q_len;
+  a->kv_len = kv_len;
+  a->q_heads = q_heads;
+  a->kv_heads = kv_heads;
+  a->head_dim = head_dim;
+  a->v_head_dim = v_head_dim;
+}

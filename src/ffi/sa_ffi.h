@@ -92,4 +92,9 @@ int64_t sa_ffi_view_offset(const sa_ffi_grid *g, const sa_ffi_view *v, int64_t c
 int sa_ffi_dtype_of(XLA_FFI_DataType t, sa_dtype *out);
 size_t sa_ffi_elem_size(XLA_FFI_DataType t);
 
+/* *a initialised (sa_attn_init) with a dtype code and the sizes: the problem the shape-only queries that
+   Python makes at trace time (workspace bytes, CUDA support) ask about; no data pointers. */
+void sa_ffi_attn_of_shape(sa_attn *a, int dtype, int64_t batch, int64_t q_len, int64_t kv_len, int64_t q_heads,
+                          int64_t kv_heads, int64_t head_dim, int64_t v_head_dim);
+
 #endif /* SA_FFI_H */
