@@ -16,7 +16,10 @@
 #           attention on two GPUs (only where two are present), bench/kernel_bench.py (ours against cuDNN's SDPA
 #           with a sink, kernel level, plus JAX end to end and decode; needs the cudnn-frontend wheel in .whl/) and
 #           bench/segments_bench.py (every segment-id plan against the dense layer).
-#   PART=all  both, in one call (longer than one call's 10 minutes on the H200).
+#   PART=3  the segment-id and decode work, in one short call: test_cuda's segment-id cases (every legal plan),
+#           bench/segments_bench.py, the decode rows of bench/kernel_bench.py, and ncu (where the warps wait) over
+#           the default decode kernel at B1 S32k and B8 S4k and our forward on the two rows below cuDNN-with-sink.
+#   PART=all  1 and 2, in one call (longer than one call's 10 minutes on the H200).
 #
 # Every step has its own time limit (and the whole part a budget, BUDGET seconds, that later steps are cut to):
 # a hang is reported under the step's name (rc 124, or 137 when it ignored the TERM) and the rest still runs.
@@ -164,6 +167,28 @@ if [ "$PART" = 2 ] || [ "$PART" = all ]; then
   run_step segments 80 "$PY" bench/segments_bench.py --out "$STAGE/segments.json" ${SEGMENTS_ARGS:-}
 fi
 
+if [ "$PART" = 3 ]; then
+  run_step build_release 300 bash -c 'build "$@"' build build-gpu Release 16 --target sinkattn sinkattn_jax test_cuda
+  export SINKATTN_LIBRARY=$PWD/build-gpu/libsinkattn_jax.so SINKATTN_C_LIBRARY=$PWD/build-gpu/libsinkattn.so
+  bg_step test_cuda_segs_hopper 240 build-gpu/test_cuda --table=hopper --case=segs
+  bg_step test_cuda_segs_general 240 build-gpu/test_cuda --table=general --case=seg
+  wait_steps
+  # shellcheck disable=SC2086
+  run_step segments 150 "$PY" bench/segments_bench.py --out "$STAGE/segments.json" ${SEGMENTS_ARGS:-}
+  run_step decode_bench 90 "$PY" bench/kernel_bench.py --no-grid --no-jax --no-cudnn --out "$STAGE/decode.json"
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  ncu_sections=(--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy
+    --section MemoryWorkloadAnalysis --section LaunchStats)
+  for sh in 1:32768 8:4096; do
+    run_step "ncu_decode_${sh/:/_}" 90 "$NCU" --kernel-name regex:sa_decode_pipe --launch-skip 3 --launch-count 1 \
+      "${ncu_sections[@]}" "$PY" bench/kernel_bench.py --no-grid --no-jax --no-cudnn --decode-shapes "$sh" --target-ms 1
+  done
+  for row in 1 13; do
+    run_step "ncu_fwd_row_$row" 90 "$NCU" --kernel-name regex:sa_hop_fwd --launch-skip 2 --launch-count 1 \
+      "${ncu_sections[@]}" "$PY" bench/kernel_bench.py --rows "$row" --no-jax --no-cudnn --no-decode --target-ms 1
+  done
+fi
+
 {
   echo "gpu_verify PART=$PART commit $SINKATTN_COMMIT, $(grep -m1 -o 'NVIDIA H[0-9A-Za-z ]*' "$STAGE/machine.txt" \
     || echo 'GPU ?'), driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
@@ -183,7 +208,7 @@ fi
   echo "status: $([ $fail = 0 ] && echo 'every step passed' || echo 'SOME STEPS FAILED (rc != 0)')"
 } > "$STAGE/summary.txt"
 cp "$STAGE/summary.txt" "$OUT/summary.txt"
-for f in machine.txt prod_check.json kernel_bench.json segments.json progress.jsonl ring.json cpu_bench.json; do
+for f in machine.txt prod_check.json kernel_bench.json decode.json segments.json progress.jsonl ring.json cpu_bench.json; do
   [ -f "$STAGE/$f" ] && cp "$STAGE/$f" "$OUT/"
 done
 tar -C "$(dirname "$STAGE")" -czf "$OUT/gpu_verify-$PART.tgz" "gpu_verify-$PART"

@@ -234,7 +234,7 @@ def bench_decode(torch, lib, timer, a, copy_bps):
   N, K, H = DECODE_HEADS
   rows, cuda = [], sa_capi.C["SA_BACKEND_CUDA"]
   stream = torch.cuda.current_stream().cuda_stream
-  for B, S in DECODE:
+  for B, S in a.decode_shapes:
     nbytes = 2 * B * S * K * H * 2 + 2 * 2 * B * N * H
     R = gpu_timing.rotation(nbytes, gpu_timing.l2_bytes(torch))
     g = torch.Generator(device="cuda").manual_seed(a.seed + B + S)
@@ -407,12 +407,19 @@ def main(argv=None):
   ap.add_argument("--no-cudnn", dest="cudnn", action="store_false")
   ap.add_argument("--no-decode", dest="decode", action="store_false")
   ap.add_argument("--no-grid", dest="grid", action="store_false")
+  ap.add_argument("--decode-shapes", default="", help="B:S,... of the decode rows (default: B 1, 8, 64 x S 4k..128k)")
   ap.add_argument("--lib", default=None)
   ap.add_argument("--seed", type=int, default=7)
   ap.add_argument("--out", default=None, help="result JSON (default $OUT/kernel_bench.json or bench/results/)")
   ap.add_argument("--budget", type=float, default=225.0, help="seconds after which no JAX row starts")
   ap.add_argument("--dry-run", action="store_true", help="print the work without touching a GPU")
   a = ap.parse_args(argv)
+  try:
+    a.decode_shapes = [tuple(int(v) for v in x.split(":")) for x in a.decode_shapes.split(",") if x.strip()] or DECODE
+  except ValueError:
+    ap.error("--decode-shapes %r: expected B:S pairs such as 1:32768,8:4096" % a.decode_shapes)
+  if any(len(x) != 2 or min(x) < 1 for x in a.decode_shapes):
+    ap.error("--decode-shapes %r: expected B:S pairs of positive integers" % a.decode_shapes)
   if a.rounds < 5:
     ap.error("--rounds %d: at least 5 (each figure is a median of >= 5 rounds)" % a.rounds)
   from sinkattn.bench import GRIDS
@@ -433,7 +440,7 @@ def main(argv=None):
           ),
         )
       )
-    for B, S in DECODE if a.decode else []:
+    for B, S in a.decode_shapes if a.decode else []:
       N, K, H = DECODE_HEADS
       print("decode B%d S%d sets %d" % (B, S, gpu_timing.rotation(2 * B * S * K * H * 2, gpu_timing.L2_FALLBACK)))
     return 0

@@ -31,7 +31,8 @@ typedef struct {
   sa_causal causal;
   int64_t wl, wr, diag;
   int lens, segs, dlse; /* lens: 1 random, 2 with out-of-range values that clamp; segs: 1 short runs of increasing
-                           ids, 2 ids drawn from {0, 1, 2} (unsorted), 3 long runs (documents across tiles) */
+                           ids, 2 ids drawn from {0, 1, 2} (unsorted), 3 long runs (documents across tiles),
+                           4 packed: 8 documents of T / 8 queries and S / 8 keys, the same ids on both sides */
   float sink_range;     /* sinks ~ U(-r, r); -r: the same with heads 0 and 1 at +50 and -50;
                            0: the special values +inf, -inf, 1e4, -1e4, ... */
 } tc_case;
@@ -127,6 +128,9 @@ static const tc_case tc_hopper_cases[] = {
     {.name = "hop H64 segs long window 100,0 640", .dt = SA_BF16, .B = 1, .T = 640, .S = 640, .N = 4, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_TOP_LEFT, .wl = 100, .wr = 0, .segs = 3, .sink_range = 10},
     {.name = "hop H128 segs unsorted vanilla", .dt = SA_BF16, .B = 1, .T = 256, .S = 256, .N = 2, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .segs = 2, .dlse = 1, .sink_range = 10},
     {.name = "hop H64 segs clamped lens causal", .dt = SA_BF16, .B = 3, .T = 384, .S = 384, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .lens = 2, .segs = 1, .dlse = 1, .sink_range = -10},
+    {.name = "hop H128 segs packed 8 causal", .dt = SA_BF16, .B = 2, .T = 1024, .S = 1024, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .segs = 4, .dlse = 1, .sink_range = -10},
+    {.name = "hop H64 segs packed 8 GQA4 lens BR", .dt = SA_BF16, .B = 2, .T = 1024, .S = 1280, .N = 8, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = -1, .wr = -1, .lens = 1, .segs = 4, .sink_range = 10},
+    {.name = "hop H64 segs long runs 1024", .dt = SA_BF16, .B = 1, .T = 1024, .S = 1024, .N = 4, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .segs = 3, .dlse = 1, .sink_range = 10},
     /* the forward's tiles: 192-row CTAs at H64 (T = 640 = 3 x 192 + 64: a last CTA of one warpgroup), 176-key
        tiles at H128 without a mask (S = 128: one partial tile; 384 = 176 + 176 + 32; 1408 = 8 x 176 exactly) */
     {.name = "hop H64 640 causal window 127,0 GQA2", .dt = SA_BF16, .B = 1, .T = 640, .S = 640, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = 127, .wr = 0, .dlse = 1, .sink_range = 10},
@@ -273,12 +277,12 @@ static void tc_run(const tc_case *c, uint64_t seed) {
     int32_t id = 0;
     for (int64_t i = 0; i < T; i++) {
       if (tc_rand(&s) < step) id++;
-      qs[b * T + i] = c->segs == 2 ? (int32_t)(3 * tc_rand(&s)) : id;
+      qs[b * T + i] = c->segs == 2 ? (int32_t)(3 * tc_rand(&s)) : c->segs == 4 ? (int32_t)(8 * i / T) : id;
     }
     id = 0;
     for (int64_t j = 0; j < S; j++) {
       if (tc_rand(&s) < step * 0.8) id++;
-      ks[b * S + j] = c->segs == 2 ? (int32_t)(3 * tc_rand(&s)) : id;
+      ks[b * S + j] = c->segs == 2 ? (int32_t)(3 * tc_rand(&s)) : c->segs == 4 ? (int32_t)(8 * j / S) : id;
     }
   }
   sa_attn a;

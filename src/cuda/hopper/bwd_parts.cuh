@@ -6,6 +6,7 @@
 #define SA_HOPPER_BWD_PARTS_CUH
 
 #include "hopper/ptx.cuh"
+#include "hopper/segments.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 

@@ -116,6 +116,12 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
     const int i_beg = sa_hop_query_rows(mk, ql, k0, 64 * n_wg, &i_end);
     qb0 = i_beg / QB;
     per_head = i_end > i_beg ? (i_end + QB - 1) / QB - qb0 : 0;
+    /* MASK 4: only the query tiles from the first to the last holding a row of the keys' documents (the same
+       for every head of the batch; warp-collective: every warp of the CTA, before any leaves). Packed
+       documents of 256 tokens in T 4096 leave 2-5 of the 64 tiles a causal key block streams otherwise. */
+    if (MASK == 4 && per_head > 0)
+      seg_tiles<QB>(p.kv_seg + (size_t)b * p.S + k0, 64 * n_wg, p.q_seg + (size_t)b * T, &qb0, &per_head,
+                    (int)threadIdx.x % 32);
   }
   const int n_tiles = G * per_head;
   const int wg = threadIdx.x / 128;
@@ -165,6 +171,13 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
      would do ~3% (T4096) / ~12% (T1024) more tensor work than 64-key warpgroups need). */
   int w_beg = 0, w_end = T;
   if (MASK) w_beg = sa_hop_query_rows(mk, ql, kw0, 64, &w_end);
+  /* MASK 4: the rows of the query tiles that hold one of its keys' documents (a document boundary inside the
+     CTA's keys leaves each warpgroup the tiles of its own documents only) */
+  if (MASK == 4 && w_end > w_beg) {
+    int wq0 = w_beg / QB, wn = (w_end + QB - 1) / QB - wq0;
+    seg_tiles<QB>(p.kv_seg + (size_t)b * p.S + kw0, 64, p.q_seg + (size_t)b * T, &wq0, &wn, lane);
+    w_beg = wq0 * QB, w_end = wn > 0 ? (wq0 + wn) * QB : w_beg;
+  }
   const uint32_t sk_wg = sk + cw * 64 * 128, sv_wg = sv + cw * 64 * 128;
   const float sl2 = p.scale_l2;
   /* Accumulators d[4j + e]: row (key) lane/4 + 8 (e >> 1) of the warp's 16, column 8j + 2t + (e & 1). */

@@ -44,6 +44,11 @@ __global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
     const int rows = min(ql - m0, 64 * n_wg); /* 64 n_wg without lengths */
     if (rows > 0) t0 = sa_hop_key_tiles(mk, m0, rows, KT, &n_tiles);
     else n_tiles = 0;
+    /* MASK 4: only the key tiles from the first to the last holding a key of the rows' documents (warp-collective:
+       every warp of the CTA, before any leaves) */
+    if (MASK == 4 && n_tiles > 0)
+      seg_tiles<KT>(p.q_seg + (size_t)b * T + m0, rows, p.kv_seg + (size_t)b * p.S, &t0, &n_tiles,
+                    (int)threadIdx.x % 32);
   }
   const int wg = threadIdx.x / 128;
 
@@ -91,9 +96,13 @@ __global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
   if (MASK && n_tiles > 0) {
     const int rows = min(ql - wg_row0, 64);
     int nw = 0;
-    const int tw = rows > 0 ? sa_hop_key_tiles(mk, wg_row0, rows, KT, &nw) : 0;
+    int tw = rows > 0 ? sa_hop_key_tiles(mk, wg_row0, rows, KT, &nw) : 0;
+    /* MASK 4: and of those, the tiles of its rows' documents (a subset of the CTA's: fewer rows, fewer ids) */
+    if (MASK == 4 && nw > 0)
+      seg_tiles<KT>(p.q_seg + (size_t)b * T + wg_row0, rows, p.kv_seg + (size_t)b * p.S, &tw, &nw, lane);
     w_a = nw > 0 ? tw - t0 : 0;
     w_e = nw > 0 ? w_a + nw : 0;
+    if (MASK == 4) w_a = max(w_a, 0), w_e = min(w_e, n_tiles);
   }
   const uint32_t sq_wg = sq + cw * 64 * 128, sdo_wg = sdo + cw * 64 * 128;
   const float sl2 = p.scale_l2;

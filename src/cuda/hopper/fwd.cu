@@ -67,8 +67,8 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
       /* MASK 4: only the tiles from the first to the last holding a key of the rows' documents (warp-collective:
          the producer's whole warp and every consumer warp call work_of) */
       if (MASK == 4 && w.n_tiles > 0)
-        seg_key_tiles(p.q_seg + (size_t)w.b * p.T + w.m0, rows, p.kv_seg + (size_t)w.b * p.S, &w.t0, &w.n_tiles,
-                      (int)threadIdx.x % 32);
+        seg_tiles<128>(p.q_seg + (size_t)w.b * p.T + w.m0, rows, p.kv_seg + (size_t)w.b * p.S, &w.t0, &w.n_tiles,
+                       (int)threadIdx.x % 32);
     }
     return w;
   };

@@ -6,6 +6,7 @@
 #define SA_HOPPER_FWD_PARTS_CUH
 
 #include "hopper/ptx.cuh"
+#include "hopper/segments.cuh"
 
 namespace {
 
@@ -174,69 +175,6 @@ __device__ __forceinline__ void mask_segments(float (&sacc)[64], uint32_t ids, i
     if (k0 != q1) sacc[4 * j + 2] = -INFINITY;
     if (k1 != q1) sacc[4 * j + 3] = -INFINITY;
   }
-}
-
-/* Segment ids (kind 4): the key tiles [*t0, *t0 + *n) of a work tile narrowed to those from the first to the last
-   holding a key id in [lo, hi], the ids of its rows qs[0 .. rows) (rows > 0): a key with another id is seen by
-   none of them, so the tiles outside are skipped by the producer and the consumers alike (those inside are
-   tested per element). Any ids, sorted or not; packed documents (ids increasing) leave exactly the tiles of the
-   rows' documents. Warp-collective: every lane of the calling warp, the same result in every warp. One round
-   of loads when the range's first and last tiles meet [lo, hi] (one 16-byte load a lane for each, beside the
-   row ids), else 32 tiles a round, one a lane (128 ids: 32 loads). ks: the batch's kv ids (16-byte aligned,
-   128-key tiles). */
-__device__ __forceinline__ void seg_key_tiles(const int32_t *qs, int rows, const int32_t *ks, int *t0, int *n,
-                                              int lane) {
-  const int a = *t0, z = *t0 + *n;
-  if (z <= a) return;
-  const int4 *k4 = reinterpret_cast<const int4 *>(ks);
-  int lo = 0x7fffffff, hi = -0x7fffffff - 1;
-  for (int i = lane; i < rows; i += 32) {
-    const int v = __ldg(qs + i);
-    lo = min(lo, v), hi = max(hi, v);
-  }
-  const int4 fa = __ldg(k4 + a * 32 + lane), fz = __ldg(k4 + (z - 1) * 32 + lane); /* the range's ends */
-  const unsigned full = 0xffffffffu;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    lo = min(lo, __shfl_xor_sync(full, lo, o));
-    hi = max(hi, __shfl_xor_sync(full, hi, o));
-  }
-  auto in4 = [&](int4 v) {
-    return (v.x >= lo && v.x <= hi) || (v.y >= lo && v.y <= hi) || (v.z >= lo && v.z <= hi) || (v.w >= lo && v.w <= hi);
-  };
-  auto meets = [&](int tile) { /* this lane's tile: a key id in [lo, hi] */
-                               bool m = false;
-#pragma unroll 2
-                               for (int i = 0; i < 32; ++i) m |= in4(__ldg(k4 + tile * 32 + i));
-                               return m;
-  };
-  int first = z, last = z - 1;
-  if (__any_sync(full, in4(fa))) {
-    first = a;
-  } else {
-    for (int base = a + 1; base < z; base += 32) {
-      const unsigned m = __ballot_sync(full, base + lane < z && meets(base + lane));
-      if (m) {
-        first = base + __ffs(m) - 1;
-        break;
-      }
-    }
-  }
-  if (first == z) { /* no key of any row's document: nothing to load */
-    *n = 0;
-    return;
-  }
-  if (!__any_sync(full, in4(fz))) {
-    for (int top = z - 2; top >= first; top -= 32) { /* tile first meets: the walk stops there at the latest */
-      const unsigned m = __ballot_sync(full, top - lane >= first && meets(top - lane));
-      if (m) {
-        last = top - (__ffs(m) - 1);
-        break;
-      }
-    }
-  }
-  *t0 = first;
-  *n = last - first + 1;
 }
 
 /* Online softmax of one tile, in place (scores -> fp32 probabilities relative to the new running max m_);
