@@ -1,6 +1,6 @@
 /*
  * sa_test_tile.h — the tile path's cases and checks, shared by test_cpu_tile.c (the emulated tile plans, on
- * any AVX-512 CPU) and amx_check.c (the AMX plans, on an AMX CPU). All cases are bf16, the tile path's
+ * any AVX-512 + AVX512-BF16 CPU) and amx_check.c (the AMX plans, on an AMX CPU). All cases are bf16, the tile path's
  * input type, against the fp64 reference with the bf16 tolerances of the GPU kernels, which also round P
  * and dS to bf16 before their products (tests/test_cuda.c): out and dbias max |err| / max |ref| <= 2e-2,
  * dq / dk / dv <= 3e-2, lse |err| / max(1, |lse|) <= 1e-4, dsinks RMS relative <= 2e-3; rows with no valid
