@@ -2,7 +2,7 @@
  * amx_check.c — the AMX tile kernels on the real instructions (plans cpu.fwd.amx / cpu.bwd.amx), for an AMX
  * CPU: the table of sa_test_tile.h against the fp64 reference with the bf16 tolerances, and against the
  * same tile code over the emulated instructions (cpu.fwd.amx.emulated / cpu.bwd.amx.emulated), which
- * test_cpu_tile checks on any AVX-512 CPU. The emulation follows the Intel SDM's order of the fp32 additions
+ * test_cpu_tile checks on any AVX-512 + AVX512-BF16 CPU. The emulation follows the Intel SDM's order of the fp32 additions
  * in TDPBF16PS; a CPU that rounds inside an instruction differently moves a result by an ulp or so, so the
  * real and emulated outputs must agree to 1e-2 of the largest reference value (half the reference
  * tolerance), and how many elements differ in their bits is printed.

@@ -1,6 +1,6 @@
 /*
  * sa_test_tile.h — the tile path's cases and checks, shared by test_cpu_tile.c (the emulated tile plans, on
- * any AVX-512 CPU) and amx_check.c (the AMX plans, on an AMX CPU). All cases are bf16, the tile path's
+ * any AVX-512 + AVX512-BF16 CPU) and amx_check.c (the AMX plans, on an AMX CPU). All cases are bf16, the tile path's
  * input type, against the fp64 reference with the bf16 tolerances of the GPU kernels, which also round P
  * and dS to bf16 before their products (tests/test_cuda.c): out and dbias max |err| / max |ref| <= 2e-2,
  * dq / dk / dv <= 3e-2, lse |err| / max(1, |lse|) <= 1e-4, dsinks RMS relative <= 2e-3; rows with no valid
@@ -20,9 +20,9 @@
 #define TT_BF    .dt = SA_BF16
 #define TT_LEARN .sm = SA_SOFTMAX_LEARNABLE
 
-/* Lengths that are no multiple of the tiles (16 rows, 32-element k steps, 64-key blocks), H = 80 / 96 (k
-   steps past the data) and 256, Hv != H, G from 1 to 8, several query blocks, every mask kind, sinks
-   U(-10, 10) and +-50. */
+/* Lengths that are no multiple of the tiles (16 rows, 32-element k steps, 64-key blocks), H = 80 / 96 / 112
+   (k steps past the data), 128 and 256, Hv != H (down to one 16-column tile), G from 1 to 8, several query
+   blocks, every mask kind, sinks U(-10, 10) and +-50. */
 static const t_case tt_cases[] = {
     {"plain", TT_BF, 1, 37, 53, 4, 2, 64, 64, TT_LEARN, T_UNBOUNDED},
     {"sinks +-50, causal BR", TT_BF, 2, 65, 129, 6, 3, 32, 48, TT_LEARN, .sinks = T_SINK_BIG,
@@ -45,6 +45,9 @@ static const t_case tt_cases[] = {
     {"two query blocks, G 1", TT_BF, 1, 300, 270, 2, 2, 64, 64, TT_LEARN, .sinks = T_SINK_BIG, T_UNBOUNDED},
     {"positions in segments, dlse, scale 0.3", TT_BF, 2, 50, 50, 4, 2, 64, 64, TT_LEARN, .segs = T_SEGS_PACKED,
      .pos = T_POS_SEGMENT, .causal = SA_CAUSAL_TOP_LEFT, T_UNBOUNDED, .dlse = 1, .scale = 0.3f},
+    {"H 112, Hv 16, G 3", TT_BF, 2, 45, 83, 6, 2, 112, 16, TT_LEARN, T_UNBOUNDED},
+    {"H 128, G 2, bias, causal BR", TT_BF, 1, 97, 161, 4, 2, 128, 128, TT_LEARN, .causal = SA_CAUSAL_BOTTOM_RIGHT,
+     T_UNBOUNDED, .bias = T_BCAST(0, 0, 0, 0)},
 };
 #define TT_NCASES ((int)(sizeof tt_cases / sizeof tt_cases[0]))
 

@@ -2,7 +2,7 @@
  * test_cpu_plan.c — the CPU backend's dispatch (src/cpu/cpu_plan.h): the record built from CPUID-like
  * features, SINKATTN_SIMD (which may only lower the level) and SINKATTN_NUM_THREADS, which plans are legal and which is the
  * default, the errors of forced plans (unknown: SA_ERR_INVALID; not legal here, the AMX tile path on a CPU
- * without it: SA_ERR_UNSUPPORTED naming the plan and why; the emulated tile plans legal on any AVX-512 CPU
+ * without it: SA_ERR_UNSUPPORTED naming the plan and why; the emulated tile plans legal on any AVX-512 + AVX512-BF16 CPU
  * for bf16, never a default), the record read once per process, and every
  * plan legal on this machine forced in turn (sa_plan_force) on small problems against the fp64 reference,
  * sa_plan_last naming it.
@@ -148,7 +148,7 @@ static void test_plans(void) {
   }
   check(plan_is(&bf, SA_PLAN_FWD, &r, NULL, "cpu.fwd.avx512"), "AMX CPU: the default stays avx512");
 
-  /* the emulated tile plans: legal on any AVX-512 CPU for bf16, never a default, listed last */
+  /* the emulated tile plans: legal on any AVX-512 + AVX512-BF16 CPU for bf16, never a default, listed last */
   check(plan_is(&bf, SA_PLAN_FWD, &r512, "cpu.fwd.amx.emulated", "cpu.fwd.amx.emulated") &&
             plan_is(&bf, SA_PLAN_BWD, &r512, "cpu.bwd.amx.emulated", "cpu.bwd.amx.emulated"),
         "emulated tile plans legal on an AVX-512 CPU without AMX (bf16)");
@@ -162,6 +162,13 @@ static void test_plans(void) {
             fails(&f16, SA_PLAN_BWD, &r512, "cpu.bwd.amx.emulated", SA_ERR_UNSUPPORTED, "AMX-FP16", NULL),
         "emulated tile plans on f32 / f16: SA_ERR_UNSUPPORTED");
   check(plan_is(&bf, SA_PLAN_BWD, &r512, NULL, "cpu.bwd.avx512"), "emulated tile plans are never a default");
+  {
+    const sa_cpu_features f_nobf16 = {1, 1, 0, 0, 0, 0};
+    sa_cpu_record rn;
+    sa_cpu_record_make(&f_nobf16, NULL, NULL, 2, &rn);
+    check(fails(&bf, SA_PLAN_FWD, &rn, "cpu.fwd.amx.emulated", SA_ERR_UNSUPPORTED, "AVX512-BF16", NULL),
+          "emulated tile plan on AVX-512 without AVX512-BF16 (its packing converts with it): SA_ERR_UNSUPPORTED");
+  }
   {
     const char *nm[8];
     int nn = sa_cpu_plan_list(&bf, SA_PLAN_FWD, &r512, nm, 8);

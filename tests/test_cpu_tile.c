@@ -1,9 +1,9 @@
 /*
  * test_cpu_tile.c — the AMX tile path's code (cpu_tile.h under the kernel body) over the emulated tile
  * instructions (plans cpu.fwd.amx.emulated / cpu.bwd.amx.emulated), so that its packing, VNNI layout,
- * padding and scaling are checked on any AVX-512 CPU: the table of sa_test_tile.h against the fp64
+ * padding and scaling are checked on any CPU with AVX-512 and AVX512-BF16: the table of sa_test_tile.h against the fp64
  * reference, and bitwise identical results on 1 and 2 threads. Exit 77 (skipped) where the CPU has no
- * AVX-512, which the emulated plans' vector layer needs.
+ * AVX-512 (the emulated plans' vector layer) or no AVX512-BF16 (their packing).
  * Last line: "N passed, N failed".
  */
 #include "cpu/cpu_plan.h"
@@ -61,6 +61,10 @@ static void tt_threads(void) {
 int main(void) {
   if (sa_cpu_record_get()->simd < SA_CPU_AVX512) {
     printf("SKIP: the emulated tile plans run on the AVX-512 vector layer; this CPU (or SINKATTN_SIMD) has none\n");
+    return 77;
+  }
+  if (!sa_cpu_record_get()->f.avx512_bf16) {
+    printf("SKIP: the emulated tile plans pack their operands with AVX512-BF16, which this CPU lacks\n");
     return 77;
   }
   double worst[7] = {0};

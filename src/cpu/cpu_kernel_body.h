@@ -103,20 +103,26 @@ typedef struct {
 } sa_bufs;
 
 /* The products. The vector layer multiplies fp32 operands with q pre-scaled by scale * log2(e) (QSCALE);
-   the tile layer takes q as the bf16 input gives it, exact in a tile, and scales the four products that
-   contain q instead (PSCALE, its alpha). STAGE_B puts a B operand that the whole item reuses into the tile
-   layout once (a no-op for the vector layer); PRODUCT's st is that staging or NULL. */
+   the tile layer takes q as the bf16 input gives it, exact in a tile, and scales the products of S by q
+   instead (PSCALE, their alpha; dk gets it in its final factor). STAGE_B puts a B operand that the whole
+   item reuses into the tile layout once (a no-op for the vector layer); PRODUCT's st is that staging or
+   NULL. LOAD_ROW brings one row of a per-tile input (K, V, q, dout) into its row buffer: fp32 for the
+   vector layer, the bf16 as it is for the tile layer (cpu_tile_pack.h: same row starts, two per float),
+   whose products with st take it as A and those without st as B (cpu_tile.h). */
 #ifdef SA_TILE
-#define QSCALE(c)                     1.0f
-#define PSCALE(c)                     ((c)->scale2)
-#define STAGE_B(dst, kd, N, src, ldb) tile_pack_b((uint16_t *)(dst), kd, N, src, ldb)
-#define PRODUCT(B, st, M, N, kd, A, ar, ak, Bm, ldb, C, ldc, acc, alpha)                                  \
-  tile_gemm(M, N, kd, A, ar, ak, Bm, ldb, (const uint16_t *)(st), C, ldc, acc, alpha, (uint16_t *)(B).ta, \
-            (uint16_t *)(B).tb, (B).tc)
+#define QSCALE(c)                                1.0f
+#define PSCALE(c)                                ((c)->scale2)
+#define STAGE_B(dst, kd, N, src, ldb)            tile_pack_b((uint16_t *)(dst), kd, N, src, ldb)
+#define LOAD_ROW(dst, src, t, off, n, npad, mul) tile_load_row(dst, src, off, n)
+#define PRODUCT(B, st, M, N, kd, A, ar, ak, Bm, ldb, C, ldc, acc, alpha)                       \
+  ((st)                                                                                        \
+       ? tile_gemm_staged(M, N, kd, A, ar, (const uint16_t *)(st), C, ldc, acc, alpha, (B).tc) \
+       : tile_gemm_rows(M, N, kd, A, ak, Bm, ldb, C, ldc, acc, alpha, (uint16_t *)(B).ta, (uint16_t *)(B).tb, (B).tc))
 #else
 #define QSCALE(c)                                                        ((c)->scale2)
 #define PSCALE(c)                                                        1.0f
 #define STAGE_B(dst, kd, N, src, ldb)                                    ((void)0)
+#define LOAD_ROW(dst, src, t, off, n, npad, mul)                         cvt(dst, src, t, off, n, npad, mul)
 #define PRODUCT(B, st, M, N, kd, A, ar, ak, Bm, ldb, C, ldc, acc, alpha) gemm(M, N, kd, A, ar, ak, Bm, ldb, C, ldc, acc)
 #endif
 
@@ -216,7 +222,7 @@ static void ranges(const sa_attn *a, int64_t ql, int64_t kl, int64_t i0, int64_t
   }
 }
 
-/* K and V rows [j0, j0 + nk) of kv head kh in fp32 (the FWD / BWD_DQ tile layout), and a
+/* K and V rows [j0, j0 + nk) of kv head kh (LOAD_ROW: the FWD / BWD_DQ tile layout), and a
    prefetch of the next tile's rows. */
 static void load_kv_rows(const sa_cpu_ctx *c, const sa_bufs *B, int64_t b, int64_t kh, int64_t j0, int64_t nk,
                          int64_t jhi) {
@@ -224,8 +230,8 @@ static void load_kv_rows(const sa_cpu_ctx *c, const sa_bufs *B, int64_t b, int64
   const int64_t S = a->kv_len, Kh = a->kv_heads, H = a->head_dim, Hv = a->v_head_dim;
   for (int64_t jj = 0; jj < nk; jj++) {
     int64_t row = (b * S + j0 + jj) * Kh + kh;
-    cvt(B->kr + jj * c->hp, a->k, a->dtype, row * H, H, c->hp, 1.0f);
-    cvt(B->v + jj * c->hvp, a->v, a->dtype, row * Hv, Hv, c->hvp, 1.0f);
+    LOAD_ROW(B->kr + jj * c->hp, a->k, a->dtype, row * H, H, c->hp, 1.0f);
+    LOAD_ROW(B->v + jj * c->hvp, a->v, a->dtype, row * Hv, Hv, c->hvp, 1.0f);
   }
   if (j0 + SA_CPU_BK < jhi) {
     int64_t nn = SA_MIN(SA_CPU_BK, jhi - j0 - SA_CPU_BK);
@@ -466,8 +472,8 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
       if (add && !fill_rows(c, b, n, B.s, np, BK, nk, i0, j0, pos)) continue;
       for (int64_t p = 0; p < np; p++) {
         int64_t i = i0 + p, lrow = (b * N + n) * T + i;
-        cvt(B.q + p * hp, a->q, dt, ((b * T + i) * N + n) * H, H, hp, QSCALE(c));
-        cvt(B.d + p * hvp, gr->dout, dt, ((b * T + i) * N + n) * Hv, Hv, hvp, 1.0f);
+        LOAD_ROW(B.q + p * hp, a->q, dt, ((b * T + i) * N + n) * H, H, hp, QSCALE(c));
+        LOAD_ROW(B.d + p * hvp, gr->dout, dt, ((b * T + i) * N + n) * Hv, Hv, hvp, 1.0f);
         B.r1[p] = lse_base2(a->lse[lrow]);
         B.r2[p] = c->dbuf[lrow];
       }
@@ -493,13 +499,14 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
         for (int64_t e = 0; e < BK; e += VW) V_STORE(dp + e, V_MUL(V_LOAD(s + e), V_SUB(V_LOAD(dp + e), Dv)));
       }
       if (dbias) dbias_rows(c, b, n, B.dp, np, BK, nk, i0, j0);
-      PRODUCT(B, NULL, nk, hp, np, B.dp, 1, BK, B.q, hp, B.acc, hp, 1, PSCALE(c)); /* dk += dS^T (scale2 q) */
+      PRODUCT(B, NULL, nk, hp, np, B.dp, 1, BK, B.q, hp, B.acc, hp, 1, 1.0f); /* dk += dS^T (QSCALE q) */
     }
   }
-  /* q was scaled by scale * log2(e): dk = scale * dS^T q = ln(2) * dS^T (scale2 q). */
+  /* dk = scale * dS^T q = ln(2) * scale2 * dS^T q: the vector layer's q carries scale2 (QSCALE), the tile
+     layer's product adds it here (PSCALE), so that dk accumulates through the tiles without an alpha. */
   for (int64_t jj = 0; jj < nall; jj++) {
     int64_t row = (b * S + j0 + jj) * Kh + kh;
-    put(gr->dk, dt, row * H, B.acc + jj * hp, H, SA_LN2);
+    put(gr->dk, dt, row * H, B.acc + jj * hp, H, SA_LN2 * PSCALE(c));
     put(gr->dv, dt, row * Hv, B.acc2 + jj * hvp, Hv, 1.0f);
   }
 }

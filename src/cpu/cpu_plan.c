@@ -59,6 +59,7 @@ static const char *sa_cpu_plan_why_not(const sa_cpu_plan_kind *k, const sa_attn 
     if (a->dtype == SA_F32) return "the tile products take bf16 inputs only";
     if (a->dtype == SA_F16)
       return "the tile products take bf16 inputs only: f16 needs AMX-FP16's TDPFP16PS, which has no kernels yet";
+    if (!r->f.avx512_bf16) return "the tile kernels pack their operands with AVX512-BF16, which this CPU lacks (CPUID)";
     if (k->tile == SA_CPU_TILE_EMULATED) return NULL;
     if (!r->f.amx_bf16) return "this CPU lacks AMX-TILE + AMX-BF16 (CPUID)";
     if (!r->f.amx_os) return "the OS did not grant the tile state (XCR0, arch_prctl ARCH_REQ_XCOMP_PERM)";
