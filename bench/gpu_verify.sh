@@ -19,6 +19,10 @@
 #   PART=3  the segment-id and decode work, in one short call: test_cuda's segment-id cases (every legal plan),
 #           bench/segments_bench.py, the decode rows of bench/kernel_bench.py, and ncu (where the warps wait) over
 #           the default decode kernel at B1 S32k and B8 S4k and our forward on the two rows below cuDNN-with-sink.
+#   PART=decode  the decode kernels, in one short call: tests/test_decode.c (every legal CUDA decode plan of each
+#           case against the fp64 reference), compute-sanitizer memcheck and racecheck over it (the mma kernel
+#           instrumented), the decode rows of bench/kernel_bench.py (every plan, against the copy bandwidth of the same
+#           run), and ncu over the mma kernel at B1 S32k and B8 S4k.
 #   PART=all  1 and 2, in one call (longer than one call's 10 minutes on the H200).
 #
 # Every step has its own time limit (and the whole part a budget, BUDGET seconds, that later steps are cut to):
@@ -73,6 +77,7 @@ key() {
     test_cuda*|prod_check) grep -h -E "(test_cuda|prod_check): [0-9]+ passed" "$log" | tail -n 1 ;;
     san_*) grep -h -E "(ERROR|RACECHECK) SUMMARY" "$STAGE/$1.san.log" 2>/dev/null | tail -n 1
            grep -h -E "test_cuda: [0-9]+ passed|[0-9]+ passed" "$log" | tail -n 1 | cut -c1-100 ;;
+    test_decode) grep -h -E "[0-9]+ passed, [0-9]+ failed" "$log" | tail -n 1 ;;
     pytest*|ctest) grep -h -E "[0-9]+ (passed|failed)|tests passed|tests failed" "$log" | tail -n 1 | cut -c1-160 ;;
     progress) cat "$STAGE/progress.digest" 2>/dev/null ;;
     amx_check) grep -h -E "^(SKIP|bench: fwd|[0-9]+ passed)" "$log" | tr '\n' ' ' ;;
@@ -189,6 +194,24 @@ if [ "$PART" = 3 ]; then
   done
 fi
 
+if [ "$PART" = decode ]; then
+  run_step build_release 240 bash -c 'build "$@"' build build-gpu Release 16 --target sinkattn sinkattn_jax test_decode
+  export SINKATTN_LIBRARY=$PWD/build-gpu/libsinkattn_jax.so SINKATTN_C_LIBRARY=$PWD/build-gpu/libsinkattn.so
+  run_step test_decode 120 build-gpu/test_decode
+  for tool in memcheck racecheck; do
+    run_step "san_${tool}_decode" 150 "$SAN" --tool "$tool" --kernel-name regex:sa_decode_mma --error-exitcode 99 \
+      --print-limit 50 --log-file "$STAGE/san_${tool}_decode.san.log" build-gpu/test_decode
+  done
+  run_step decode_bench 150 "$PY" bench/kernel_bench.py --no-grid --no-jax --no-cudnn --out "$STAGE/decode.json"
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  ncu_sections=(--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy
+    --section MemoryWorkloadAnalysis --section LaunchStats)
+  for sh in 1:32768 8:4096; do
+    run_step "ncu_decode_mma_${sh/:/_}" 90 "$NCU" --kernel-name regex:sa_decode_mma --launch-skip 3 --launch-count 1 \
+      "${ncu_sections[@]}" "$PY" bench/kernel_bench.py --no-grid --no-jax --no-cudnn --decode-shapes "$sh" --target-ms 1
+  done
+fi
+
 {
   echo "gpu_verify PART=$PART commit $SINKATTN_COMMIT, $(grep -m1 -o 'NVIDIA H[0-9A-Za-z ]*' "$STAGE/machine.txt" \
     || echo 'GPU ?'), driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
@@ -203,6 +226,7 @@ fi
   done
   [ -f "$STAGE/kernel_bench.log" ] && sed -n '/^kernel level, ms per call/,/^wrote /p' "$STAGE/kernel_bench.log" |
     cut -c1-210
+  [ -f "$STAGE/decode_bench.log" ] && grep -h "^decode B" "$STAGE/decode_bench.log" | cut -c1-120
   [ -f "$STAGE/segments.log" ] && sed -n '/^segments summary/,/^segments_bench:/p' "$STAGE/segments.log" | cut -c1-170
   [ "$SINKATTN_COMMIT" = unknown ] && echo "WARNING: SINKATTN_COMMIT unset: results are stamped 'unknown'"
   echo "status: $([ $fail = 0 ] && echo 'every step passed' || echo 'SOME STEPS FAILED (rc != 0)')"

@@ -5,7 +5,7 @@
  * several chunks per head; bias, mask and positions (the CPU backend then runs sa_attn_fwd's kernels);
  * plus thread-count determinism (bitwise) and the error contract. The CPU cases run once per CPU decode
  * plan this machine has (forced in turn: the AVX-512 kernel with vdpbf16ps or fp32 scores, the portable
- * one, the attention forward's kernels).
+ * one, the attention forward's kernels); on a GPU, every legal CUDA decode plan of each case in turn.
  * Last line: "N passed, N failed".
  */
 #include "sa_plan.h"
@@ -139,6 +139,7 @@ static int close_enough(const sa_attn *a, const void *out, const float *lse, con
 /* The CPU decode plan of the current pass; a case it cannot run (vdpbf16ps scores of an f32 cache, the
    split-KV kernels with a bias) takes the default plan. Returns the plan forced. */
 static const char *cpu_plan;
+static int cuda_pass; /* the CUDA plans run in the first CPU pass only: the CPU plan does not change them */
 static const char *force_cpu_plan(const sa_attn *a) {
   const char *names[8], *use = NULL;
   int n = sa_plan_list(a, SA_PLAN_DECODE, SA_BACKEND_CPU, names, 8);
@@ -193,13 +194,13 @@ static void run_case(const dcase *c) {
   sa_plan_force(SA_PLAN_DECODE, NULL); /* a CPU plan forced for this thread would fail the CUDA calls below */
 
 #ifdef SINKATTN_WITH_CUDA
-  if (sa_cuda_available() && (c->bias || c->mask || c->pos)) {
+  if (sa_cuda_available() && cuda_pass && (c->bias || c->mask || c->pos)) {
     s = sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_CUDA, NULL);
     char w2[1024];
     snprintf(w2, sizeof w2, "cuda %s: SA_ERR_UNSUPPORTED naming it, got %s (%s)", what, sa_status_name(s),
              sa_last_error());
     check(s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "unsupported by the CUDA backend"), w2);
-  } else if (sa_cuda_available()) {
+  } else if (sa_cuda_available() && cuda_pass) {
     size_t es = sa_dtype_size(c->dtype);
     int64_t nq = c->B * c->Tq * c->N * c->H, nk = c->B * c->S * c->K * c->H, nv = c->B * c->S * c->K * c->Hv;
     void *dq, *dk, *dv, *dout, *dsinks, *dkvl, *dql, *dlse, *dw = NULL;
@@ -226,18 +227,33 @@ static void run_case(const dcase *c) {
     if (a.sinks) g.sinks = dsinks;
     if (a.kv_lens) g.kv_lens = dkvl;
     if (a.q_lens) g.q_lens = dql;
-    size_t gws = sa_attn_decode_workspace_size(&g, SA_BACKEND_CUDA);
-    if (gws) cudaMalloc(&dw, gws);
-    s = sa_attn_decode_fwd(&g, dw, gws, SA_BACKEND_CUDA, NULL);
-    cudaDeviceSynchronize();
-    memset(out, 0xff, ob);
-    cudaMemcpy(out, dout, ob, 2);
-    cudaMemcpy(lse, dlse, (size_t)nl * 4, 2);
-    ok = s == SA_OK && close_enough(&a, out, lse, out_ref, lse_ref, &worst);
-    if (!ok) printf("  cuda: status %s (%s), worst error / tol %.3g\n", sa_status_name(s), sa_last_error(), worst);
-    char w2[1024];
-    snprintf(w2, sizeof w2, "cuda %s", what);
-    check(ok, w2);
+    /* every legal CUDA decode plan in turn (the default first), each checked to be the one that ran */
+    const char *cplans[8];
+    int ncp = sa_plan_list(&g, SA_PLAN_DECODE, SA_BACKEND_CUDA, cplans, 8);
+    check(ncp >= 1, "CUDA has a decode plan for this case");
+    for (int pi = 0; pi < ncp && pi < 8; pi++) {
+      sa_plan_force(SA_PLAN_DECODE, cplans[pi]);
+      size_t gws = sa_attn_decode_workspace_size(&g, SA_BACKEND_CUDA);
+      if (gws) cudaMalloc(&dw, gws);
+      memset(out, 0xff, ob);
+      cudaMemcpy(dout, out, ob, 1); /* poison: a row the kernels skip shows as NaN */
+      s = sa_attn_decode_fwd(&g, dw, gws, SA_BACKEND_CUDA, NULL);
+      cudaDeviceSynchronize();
+      cudaMemcpy(out, dout, ob, 2);
+      cudaMemcpy(lse, dlse, (size_t)nl * 4, 2);
+      const size_t pl = strlen(cplans[pi]);
+      ok = s == SA_OK && close_enough(&a, out, lse, out_ref, lse_ref, &worst) &&
+           strncmp(sa_plan_last(SA_PLAN_DECODE), cplans[pi], pl) == 0 && sa_plan_last(SA_PLAN_DECODE)[pl] == ' ';
+      if (!ok)
+        printf("  cuda %s: status %s (%s), worst error / tol %.3g\n", cplans[pi], sa_status_name(s), sa_last_error(),
+               worst);
+      char w2[1024];
+      snprintf(w2, sizeof w2, "cuda %s %s", cplans[pi], what);
+      check(ok, w2);
+      cudaFree(dw);
+      dw = NULL;
+    }
+    sa_plan_force(SA_PLAN_DECODE, NULL);
     cudaFree(dq);
     cudaFree(dk);
     cudaFree(dv);
@@ -246,7 +262,6 @@ static void run_case(const dcase *c) {
     cudaFree(dsinks);
     cudaFree(dkvl);
     cudaFree(dql);
-    cudaFree(dw);
   }
 #endif
   free(out_ref);
@@ -411,6 +426,7 @@ int main(void) {
   check(nplans >= 1, "the CPU has decode plans");
   for (int level = 0; level < nplans && level < 8; level++) {
     cpu_plan = plans[level];
+    cuda_pass = level == 0;
     printf("CPU decode plan %s\n", cpu_plan);
     int idx = 0;
     for (int di = 0; di < 3; di++)

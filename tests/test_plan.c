@@ -6,7 +6,9 @@
  *   3. for every shape of tests/plan/cases.txt: the list is non-empty and starts with the default, every listed
  *      plan is pickable and describes itself with its own name first; the workspace of a backward plan is its
  *      launch's need (picking it with exactly that workspace keeps it; one byte less makes a one pass illegal);
- *   4. the REF / CPU plan names, and sa_plan_last after a REF call.
+ *   4. the REF / CPU plan names, and sa_plan_last after a REF call;
+ *   5. the decode mma plan's schedule: one wave of equal CTAs on the gpt-oss shapes, 16-row groups, its shape
+ *      and dtype rules.
  * The launches themselves are tests/plan/plan_record.cpp's (test_plan_launch, against 8667763's record).
  */
 #include <stdint.h>
@@ -83,6 +85,39 @@ static void check_force(void) {
   t_count(sa_plan_last_any(SA_PLAN_FWD, buf, sizeof buf) > 0 && !strncmp(buf, "ref.fwd ", 8));
 }
 
+/* gpt-oss decode (N64 K8 H64, one token): the mma plan's splits give at most one wave of 2 CTAs an SM when the
+   blocks are fewer than that, and one split when they are not. */
+static void check_decode_mma(void) {
+  static const struct {
+    int64_t B, S, splits, chunk;
+  } rows[] = {{1, 4096, 16, 256},  {1, 32768, 32, 1024}, {1, 131072, 33, 4032},  {8, 4096, 4, 1024},
+              {8, 32768, 4, 8192}, {64, 4096, 1, 4096},  {64, 131072, 1, 131072}};
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    const sa_attn a = shape(rows[i].B, 1, rows[i].S, 64, 8, 64, SA_CAUSAL_BOTTOM_RIGHT);
+    sa_cuda_plan p;
+    const int ok = sa_cuda_plan_pick(&a, SA_PLAN_DECODE, &h200, "cuda.decode.mma", (size_t)-1, &p) == SA_OK &&
+                   p.family == SA_CUDA_DECODE_MMA && p.rows == 8 && p.rowgroups == 1 && p.splits == rows[i].splits &&
+                   p.chunk == rows[i].chunk &&
+                   (int64_t)p.grid[0] * p.grid[1] * p.grid[2] <= (rows[i].B > 8 ? 1 << 30 : 264);
+    if (!ok)
+      t_report("decode mma B%lld S%lld: splits %lld chunk %lld (want %lld, %lld)", (long long)rows[i].B,
+               (long long)rows[i].S, (long long)p.splits, (long long)p.chunk, (long long)rows[i].splits,
+               (long long)rows[i].chunk);
+    t_count(ok);
+  }
+  /* rows in groups of 16: 5 tokens of G 8 are 40 rows, 3 groups */
+  sa_attn a = shape(2, 5, 1000, 16, 2, 128, SA_CAUSAL_BOTTOM_RIGHT);
+  sa_cuda_plan p;
+  t_count(sa_cuda_plan_pick(&a, SA_PLAN_DECODE, &h200, "cuda.decode.mma", (size_t)-1, &p) == SA_OK && p.rows == 40 &&
+          p.rowgroups == 3 && p.grid[1] == 6);
+  a.dtype = SA_F32;
+  t_count(sa_cuda_plan_pick(&a, SA_PLAN_DECODE, &h200, "cuda.decode.mma", (size_t)-1, &p) == SA_ERR_UNSUPPORTED &&
+          strstr(sa_last_error(), "cuda.decode.mma") && strstr(sa_last_error(), "bf16 / f16"));
+  a.dtype = SA_F16, a.v_head_dim = 64;
+  t_count(sa_cuda_plan_pick(&a, SA_PLAN_DECODE, &h200, "cuda.decode.mma", (size_t)-1, &p) == SA_ERR_UNSUPPORTED &&
+          strstr(sa_last_error(), "H == Hv"));
+}
+
 /* Every case of the golden record's shapes: the list, the picks, the workspace. */
 static void check_cases(const char *path) {
   FILE *f = fopen(path, "r");
@@ -147,6 +182,7 @@ static void check_cases(const char *path) {
 int main(int argc, char **argv) {
   check_old_device();
   check_force();
+  check_decode_mma();
   check_cases(argc > 1 ? argv[1] : "tests/plan/cases.txt");
   printf("test_plan: %d passed, %d failed\n", t_passed, t_failed);
   return t_failed ? 1 : 0;

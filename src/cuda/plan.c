@@ -15,21 +15,11 @@
 #include "sa_internal.h"
 #include "sa_plan.h"
 
-const char *const sa_cuda_plan_names[] = {"cuda.fwd.portable",
-                                          "hopper.fwd.persistent",
-                                          "hopper.fwd.onetile",
-                                          "hopper.fwd.persistent.narrow",
-                                          "cuda.bwd.portable",
-                                          "hopper.bwd.twopass.wg2",
-                                          "hopper.bwd.twopass.kv3",
-                                          "hopper.bwd.twopass.dq3",
-                                          "hopper.bwd.twopass.wg3",
-                                          "hopper.bwd.onepass",
-                                          "hopper.bwd.onepass.plain",
-                                          "hopper.bwd.onepass.narrow",
-                                          "cuda.decode.pipe",
-                                          "cuda.decode.register",
-                                          NULL};
+const char *const sa_cuda_plan_names[] = {
+    "cuda.fwd.portable",      "hopper.fwd.persistent",  "hopper.fwd.onetile",       "hopper.fwd.persistent.narrow",
+    "cuda.bwd.portable",      "hopper.bwd.twopass.wg2", "hopper.bwd.twopass.kv3",   "hopper.bwd.twopass.dq3",
+    "hopper.bwd.twopass.wg3", "hopper.bwd.onepass",     "hopper.bwd.onepass.plain", "hopper.bwd.onepass.narrow",
+    "cuda.decode.pipe",       "cuda.decode.register",   "cuda.decode.mma",          NULL};
 
 int sa_cuda_padded_dim(int64_t h) { return h <= 32 ? 32 : h <= 64 ? 64 : h <= 128 ? 128 : 256; }
 
@@ -312,14 +302,45 @@ static void sa_dec_schedule(const sa_pctx *c, sa_cuda_plan *p) {
   p->grid[0] = (int)p->splits, p->grid[1] = (int)(c->K * p->rowgroups), p->grid[2] = (int)c->B;
 }
 
-static const char *sa_dec_plan(const sa_pctx *c, sa_cuda_plan *p, int pipe) {
-  sa_plan_init(p, c, pipe ? "cuda.decode.pipe" : "cuda.decode.register",
-               pipe ? SA_CUDA_DECODE_PIPE : SA_CUDA_DECODE_REGISTER);
-  sa_dec_schedule(c, p);
-  p->reason = pipe ? "split-KV, K / V through a 4-stage cp.async pipeline in shared memory"
-                   : "split-KV, K / V in registers (any head dim <= 256 and dtype)";
-  if (pipe && !sa_dec_pipe_shape(c)) return "the pipeline kernel takes bf16 / f16 with H == Hv in {64, 128}";
-  if (pipe && (!sa_aligned16(c->a->q) || !sa_aligned16(c->a->k) || !sa_aligned16(c->a->v)))
+/* The mma kernel's schedule (decode/mma.cu): rows in groups of 16 (its M), and one wave of equal CTAs where the
+   (batch, kv head, row group) blocks are fewer than the resident slots (2 an SM from its shared memory): splits =
+   slots / blocks rounded down, so no second, partial wave leaves SMs idle while the last CTAs stream (B8 S4k:
+   4 splits, 256 CTAs on 264 slots; 5 would make 320, 1.2 waves). Chunks hold >= 256 keys: every warp gets
+   >= 2 tiles, so its pipeline fills. More blocks than slots: one split, the blocks in waves. */
+static void sa_dec_mma_schedule(const sa_pctx *c, sa_cuda_plan *p) {
+  const int per_sm = c->dev->smem_per_sm > 0 ? c->dev->smem_per_sm : 233472;
+  int occ = per_sm / (SA_DEC_MMA_SMEM(c->hd <= 64 ? 64 : 128) + 1024);
+  occ = occ < 1 ? 1 : occ > 2 ? 2 : occ;
+  const int64_t slots = (int64_t)occ * (c->sms > 0 ? c->sms : 132);
+  p->rows = c->G * c->T;
+  p->rowgroups = (p->rows + 15) / 16;
+  const int64_t blocks = c->B * c->K * p->rowgroups;
+  int64_t max_splits = (c->S + 255) / 256;
+  if (max_splits > 1024) max_splits = 1024;
+  if (max_splits < 1) max_splits = 1;
+  int64_t splits = blocks > 0 && blocks < slots ? slots / blocks : 1;
+  if (splits > max_splits) splits = max_splits;
+  int64_t chunk = (c->S + splits - 1) / splits;
+  chunk = (chunk + 63) / 64 * 64;
+  if (chunk < 64) chunk = 64;
+  p->chunk = chunk;
+  p->splits = c->S > 0 ? (c->S + chunk - 1) / chunk : 1;
+  p->ws = (size_t)(c->B * c->K * p->splits * p->rows) * (size_t)(c->Hv + 1) * sizeof(float);
+  p->grid[0] = (int)p->splits, p->grid[1] = (int)(c->K * p->rowgroups), p->grid[2] = (int)c->B;
+}
+
+/* kind: 0 the register kernel, 1 the pipeline kernel, 2 the mma kernel */
+static const char *sa_dec_plan(const sa_pctx *c, sa_cuda_plan *p, int kind) {
+  static const char *const names[3] = {"cuda.decode.register", "cuda.decode.pipe", "cuda.decode.mma"};
+  static const sa_cuda_family fams[3] = {SA_CUDA_DECODE_REGISTER, SA_CUDA_DECODE_PIPE, SA_CUDA_DECODE_MMA};
+  sa_plan_init(p, c, names[kind], fams[kind]);
+  if (kind == 2) sa_dec_mma_schedule(c, p);
+  else sa_dec_schedule(c, p);
+  p->reason = kind == 0   ? "split-KV, K / V in registers (any head dim <= 256 and dtype)"
+              : kind == 1 ? "split-KV, K / V through a 4-stage cp.async pipeline in shared memory"
+                          : "split-KV, scores and P V on mma.sync, a cp.async pipeline per warp";
+  if (kind && !sa_dec_pipe_shape(c)) return "the pipeline and mma kernels take bf16 / f16 with H == Hv in {64, 128}";
+  if (kind && (!sa_aligned16(c->a->q) || !sa_aligned16(c->a->k) || !sa_aligned16(c->a->v)))
     return "q, k or v is not 16-byte aligned";
   return NULL;
 }
@@ -392,6 +413,8 @@ static void sa_collect(const sa_attn *a, int which, const sa_cuda_device *dev, s
     why = sa_dec_plan(&c, &p, 1);
     sa_offer(l, &p, why);
     why = sa_dec_plan(&c, &p, 0);
+    sa_offer(l, &p, why);
+    why = sa_dec_plan(&c, &p, 2);
     sa_offer(l, &p, why);
   }
 }

@@ -34,7 +34,8 @@ typedef enum {
   SA_CUDA_BWD_TWOPASS,
   SA_CUDA_BWD_ONEPASS,
   SA_CUDA_DECODE_PIPE,
-  SA_CUDA_DECODE_REGISTER
+  SA_CUDA_DECODE_REGISTER,
+  SA_CUDA_DECODE_MMA
 } sa_cuda_family;
 
 typedef struct sa_cuda_plan {
@@ -88,6 +89,10 @@ extern const char *const sa_cuda_plan_names[];
 /* The decode pipeline kernel's shared memory (decode/pipe.cu, sa_dp_cfg): 4 stages of 32-key K and V tiles, q,
    P and the statistics of 8 rows; the plan's occupancy and so its splits follow from it. */
 #define SA_DEC_PIPE_SMEM(hd) (4 * 2 * 32 * (hd)*2 + 8 * (hd)*4 + 32 * 8 * 4 + 3 * 8 * 4)
+
+/* The decode mma kernel's shared memory (decode/mma.cu, sa_dm_cfg): 4 warps x 3 stages of K and V tiles of
+   2048 / hd keys, rows padded by 8 elements. */
+#define SA_DEC_MMA_SMEM(hd) (4 * 3 * 2 * (2048 / (hd)) * ((hd) + 8) * 2)
 
 /* The head dim the portable kernels are compiled for: 32, 64, 128 or 256 (16 runs as 32, 96 as 128, 192 as 256). */
 int sa_cuda_padded_dim(int64_t h);

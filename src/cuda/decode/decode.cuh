@@ -1,5 +1,5 @@
 /*
- * decode/decode.cuh — what the two decode split kernels and the combine share: parameters and dtype unpacking.
+ * decode/decode.cuh — what the decode split kernels and the combine share: parameters and dtype unpacking.
  */
 #ifndef SA_DECODE_CUH
 #define SA_DECODE_CUH
@@ -81,7 +81,9 @@ struct sa_dec_io<float> {
   static __device__ __forceinline__ void store(void *p, int64_t i, float x) { ((float *)p)[i] = x; }
 };
 
-/* Enqueues the split kernel of the pipeline path (the combine is decode.cu's). */
+/* Enqueue the split kernel of plan cuda.decode.pipe (pipe.cu) or cuda.decode.mma (mma.cu); the combine is
+   split.cu's. */
 cudaError_t sa_decode_pipe_launch(const sa_decode_params &dp, sa_dtype dtype, cudaStream_t st);
+cudaError_t sa_decode_mma_launch(const sa_decode_params &dp, sa_dtype dtype, cudaStream_t st);
 
 #endif /* SA_DECODE_CUH */

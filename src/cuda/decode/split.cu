@@ -1,6 +1,6 @@
 /*
  * decode/split.cu — split-KV decode (sa_attn_decode_fwd): the register split kernel, the combine (the sink enters
- * there, once) and the host side of the decode plans (cuda.decode.register, cuda.decode.pipe). docs/hopper.md.
+ * there, once) and the host side of the decode plans (cuda.decode.register, .pipe, .mma). docs/hopper.md.
  */
 #include <string.h>
 
@@ -269,11 +269,13 @@ extern "C" size_t sa_cuda_decode_workspace_size(const sa_attn *a) {
 }
 
 template <typename T>
-static cudaError_t sa_dec_launch(const sa_decode_params &dp, bool contig, bool pipe, sa_dtype dtype, cudaStream_t st) {
+static cudaError_t sa_dec_launch(const sa_decode_params &dp, bool contig, sa_cuda_family fam, sa_dtype dtype,
+                                 cudaStream_t st) {
   const sa_cuda_params &p = dp.p;
   dim3 block(SA_DEC_WARPS * 32), g1((unsigned)dp.splits, (unsigned)(p.K * dp.rowgroups), (unsigned)p.B);
-  if (pipe) {
-    cudaError_t e = sa_decode_pipe_launch(dp, dtype, st);
+  if (fam == SA_CUDA_DECODE_PIPE || fam == SA_CUDA_DECODE_MMA) {
+    cudaError_t e =
+        fam == SA_CUDA_DECODE_PIPE ? sa_decode_pipe_launch(dp, dtype, st) : sa_decode_mma_launch(dp, dtype, st);
     if (e != cudaSuccess) return e;
   } else if (contig) {
     sa_decode_split_kernel<T, true><<<g1, block, 0, st>>>(dp);
@@ -333,13 +335,12 @@ extern "C" sa_status sa_cuda_decode_fwd(const sa_attn *a, void *workspace, size_
   const bool contig = aligned && a->head_dim == a->v_head_dim && row_bytes % 16 == 0 && lanes >= 1 && lanes <= 32 &&
                       (lanes & (lanes - 1)) == 0;
   dp.lanes = contig ? (int)lanes : 32;
-  const bool pipe = plan.family == SA_CUDA_DECODE_PIPE;
   cudaStream_t st = (cudaStream_t)stream;
   cudaError_t e;
   switch (a->dtype) {
-    case SA_BF16: e = sa_dec_launch<__nv_bfloat16>(dp, contig, pipe, a->dtype, st); break;
-    case SA_F16: e = sa_dec_launch<__half>(dp, contig, pipe, a->dtype, st); break;
-    default: e = sa_dec_launch<float>(dp, contig, pipe, a->dtype, st); break;
+    case SA_BF16: e = sa_dec_launch<__nv_bfloat16>(dp, contig, plan.family, a->dtype, st); break;
+    case SA_F16: e = sa_dec_launch<__half>(dp, contig, plan.family, a->dtype, st); break;
+    default: e = sa_dec_launch<float>(dp, contig, plan.family, a->dtype, st); break;
   }
   if (e != cudaSuccess) return sa_error(SA_ERR_DEVICE, "CUDA decode launch failed: %s", cudaGetErrorString(e));
   return SA_OK;
