@@ -199,7 +199,7 @@ if [ "$PART" = decode ]; then
   export SINKATTN_LIBRARY=$PWD/build-gpu/libsinkattn_jax.so SINKATTN_C_LIBRARY=$PWD/build-gpu/libsinkattn.so
   run_step test_decode 120 build-gpu/test_decode
   for tool in memcheck racecheck; do
-    run_step "san_${tool}_decode" 150 "$SAN" --tool "$tool" --kernel-name regex:sa_decode_mma --error-exitcode 99 \
+    run_step "san_${tool}_decode" 150 "$SAN" --tool "$tool" --kernel-name kns=sa_decode_mma --error-exitcode 99 \
       --print-limit 50 --log-file "$STAGE/san_${tool}_decode.san.log" build-gpu/test_decode
   done
   run_step decode_bench 150 "$PY" bench/kernel_bench.py --no-grid --no-jax --no-cudnn --out "$STAGE/decode.json"
