@@ -20,7 +20,7 @@
 #           bench/segments_bench.py, the decode rows of bench/kernel_bench.py, and ncu (where the warps wait) over
 #           the default decode kernel at B1 S32k and B8 S4k and our forward on the two rows below cuDNN-with-sink.
 #   PART=decode  the decode kernels, in one short call: tests/test_decode.c (every legal CUDA decode plan of each
-#           case against the fp64 reference), compute-sanitizer memcheck and racecheck over it (the mma kernel
+#           case against the fp64 reference), compute-sanitizer memcheck and racecheck over it (the decode kernels
 #           instrumented), the decode rows of bench/kernel_bench.py (every plan, against the copy bandwidth of the same
 #           run), and ncu over the mma kernel at B1 S32k and B8 S4k.
 #   PART=all  1 and 2, in one call (longer than one call's 10 minutes on the H200).
@@ -199,7 +199,7 @@ if [ "$PART" = decode ]; then
   export SINKATTN_LIBRARY=$PWD/build-gpu/libsinkattn_jax.so SINKATTN_C_LIBRARY=$PWD/build-gpu/libsinkattn.so
   run_step test_decode 120 build-gpu/test_decode
   for tool in memcheck racecheck; do
-    run_step "san_${tool}_decode" 150 "$SAN" --tool "$tool" --kernel-name kns=sa_decode_mma --error-exitcode 99 \
+    run_step "san_${tool}_decode" 150 "$SAN" --tool "$tool" --kernel-name kns=sa_decode --error-exitcode 99 \
       --print-limit 50 --log-file "$STAGE/san_${tool}_decode.san.log" build-gpu/test_decode
   done
   run_step decode_bench 150 "$PY" bench/kernel_bench.py --no-grid --no-jax --no-cudnn --out "$STAGE/decode.json"

@@ -307,7 +307,7 @@ static void sa_dec_schedule(const sa_pctx *c, sa_cuda_plan *p) {
    slots / blocks rounded down, so no second, partial wave leaves SMs idle while the last CTAs stream (B8 S4k:
    4 splits, 256 CTAs on 264 slots; 5 would make 320, 1.2 waves). Chunks hold >= 256 keys: every warp gets
    >= 2 tiles, so its pipeline fills. More blocks than slots: one split, the blocks in waves. */
-static void sa_dec_mma_schedule(const sa_pctx *c, sa_cuda_plan *p) {
+static void sa_dec_mma_schedule(const sa_pctx *c, sa_cuda_plan *p, int waves) {
   const int per_sm = c->dev->smem_per_sm > 0 ? c->dev->smem_per_sm : 233472;
   int occ = per_sm / (SA_DEC_MMA_SMEM(c->hd <= 64 ? 64 : 128) + 1024);
   occ = occ < 1 ? 1 : occ > 2 ? 2 : occ;
@@ -318,7 +318,7 @@ static void sa_dec_mma_schedule(const sa_pctx *c, sa_cuda_plan *p) {
   int64_t max_splits = (c->S + 255) / 256;
   if (max_splits > 1024) max_splits = 1024;
   if (max_splits < 1) max_splits = 1;
-  int64_t splits = blocks > 0 && blocks < slots ? slots / blocks : 1;
+  int64_t splits = blocks > 0 && blocks < waves * slots ? waves * slots / blocks : 1;
   if (splits > max_splits) splits = max_splits;
   int64_t chunk = (c->S + splits - 1) / splits;
   chunk = (chunk + 63) / 64 * 64;
@@ -329,19 +329,28 @@ static void sa_dec_mma_schedule(const sa_pctx *c, sa_cuda_plan *p) {
   p->grid[0] = (int)p->splits, p->grid[1] = (int)(c->K * p->rowgroups), p->grid[2] = (int)c->B;
 }
 
-/* kind: 0 the register kernel, 1 the pipeline kernel, 2 the mma kernel */
+/* kind: 0 the register kernel, 1 the pipeline kernel, 2 the mma kernel; 3-5 the mma kernel with its combine
+   launched dependently, with the splits merged by clusters, on two waves */
 static const char *sa_dec_plan(const sa_pctx *c, sa_cuda_plan *p, int kind) {
-  static const char *const names[3] = {"cuda.decode.register", "cuda.decode.pipe", "cuda.decode.mma"};
-  static const sa_cuda_family fams[3] = {SA_CUDA_DECODE_REGISTER, SA_CUDA_DECODE_PIPE, SA_CUDA_DECODE_MMA};
-  sa_plan_init(p, c, names[kind], fams[kind]);
-  if (kind == 2) sa_dec_mma_schedule(c, p);
+  static const char *const names[6] = {"cuda.decode.register", "cuda.decode.pipe",        "cuda.decode.mma",
+                                       "cuda.decode.mma.pdl",  "cuda.decode.mma.cluster", "cuda.decode.mma.w2"};
+  sa_plan_init(p, c, names[kind],
+               kind == 0   ? SA_CUDA_DECODE_REGISTER
+               : kind == 1 ? SA_CUDA_DECODE_PIPE
+                           : SA_CUDA_DECODE_MMA);
+  if (kind >= 2) sa_dec_mma_schedule(c, p, kind == 5 ? 2 : 1);
   else sa_dec_schedule(c, p);
+  p->dec_pdl = kind == 3;
+  p->dec_fuse = kind == 4;
+  if (p->dec_fuse) p->ws = 0;
   p->reason = kind == 0   ? "split-KV, K / V in registers (any head dim <= 256 and dtype)"
               : kind == 1 ? "split-KV, K / V through a 4-stage cp.async pipeline in shared memory"
                           : "split-KV, scores and P V on mma.sync, a cp.async pipeline per warp";
   if (kind && !sa_dec_pipe_shape(c)) return "the pipeline and mma kernels take bf16 / f16 with H == Hv in {64, 128}";
   if (kind && (!sa_aligned16(c->a->q) || !sa_aligned16(c->a->k) || !sa_aligned16(c->a->v)))
     return "q, k or v is not 16-byte aligned";
+  if ((kind == 3 || kind == 4) && c->dev->cc_major < 9) return "programmatic launches and clusters need sm_90";
+  if (kind == 4 && p->splits > 8) return "more than 8 splits: a cluster holds at most 8 CTAs";
   return NULL;
 }
 
@@ -414,8 +423,10 @@ static void sa_collect(const sa_attn *a, int which, const sa_cuda_device *dev, s
     sa_offer(l, &p, why);
     why = sa_dec_plan(&c, &p, 0);
     sa_offer(l, &p, why);
-    why = sa_dec_plan(&c, &p, 2);
-    sa_offer(l, &p, why);
+    for (int kind = 2; kind <= 5; kind++) {
+      why = sa_dec_plan(&c, &p, kind);
+      sa_offer(l, &p, why);
+    }
   }
 }
 

@@ -210,6 +210,9 @@ __global__ void __launch_bounds__(SA_DEC_WARPS * 32) sa_decode_combine_kernel(co
   const sa_cuda_params &p = dp.p;
   const int64_t r = blockIdx.x, kh = blockIdx.y, b = blockIdx.z;
   const int64_t t = r / p.G, n = kh * p.G + r % p.G, C = dp.splits, base = (b * p.K + kh) * C;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory"); /* the split kernel's partials (a no-op without PDL) */
+#endif
   const float sink = p.softmax == 1 ? 0.0f : p.softmax == 2 ? p.sinks[n] : -INFINITY;
   const int64_t obase = ((b * p.T + t) * p.N + n) * p.Hv;
   float mx = -INFINITY;
@@ -269,22 +272,29 @@ extern "C" size_t sa_cuda_decode_workspace_size(const sa_attn *a) {
 }
 
 template <typename T>
-static cudaError_t sa_dec_launch(const sa_decode_params &dp, bool contig, sa_cuda_family fam, sa_dtype dtype,
+static cudaError_t sa_dec_launch(const sa_decode_params &dp, bool contig, const sa_cuda_plan &plan, sa_dtype dtype,
                                  cudaStream_t st) {
   const sa_cuda_params &p = dp.p;
   dim3 block(SA_DEC_WARPS * 32), g1((unsigned)dp.splits, (unsigned)(p.K * dp.rowgroups), (unsigned)p.B);
-  if (fam == SA_CUDA_DECODE_PIPE || fam == SA_CUDA_DECODE_MMA) {
-    cudaError_t e =
-        fam == SA_CUDA_DECODE_PIPE ? sa_decode_pipe_launch(dp, dtype, st) : sa_decode_mma_launch(dp, dtype, st);
-    if (e != cudaSuccess) return e;
-  } else if (contig) {
-    sa_decode_split_kernel<T, true><<<g1, block, 0, st>>>(dp);
-  } else {
-    sa_decode_split_kernel<T, false><<<g1, block, 0, st>>>(dp);
-  }
-  dim3 g2((unsigned)dp.rows, (unsigned)p.K, (unsigned)p.B);
-  sa_decode_combine_kernel<T><<<g2, block, (size_t)dp.splits * sizeof(float), st>>>(dp);
-  return cudaGetLastError();
+  cudaError_t e = cudaSuccess;
+  if (plan.family == SA_CUDA_DECODE_MMA) e = sa_decode_mma_launch(dp, dtype, plan.dec_fuse != 0, st);
+  else if (plan.family == SA_CUDA_DECODE_PIPE) e = sa_decode_pipe_launch(dp, dtype, st);
+  else if (contig) sa_decode_split_kernel<T, true><<<g1, block, 0, st>>>(dp);
+  else sa_decode_split_kernel<T, false><<<g1, block, 0, st>>>(dp);
+  if (e != cudaSuccess || plan.dec_fuse) return e != cudaSuccess ? e : cudaGetLastError();
+  /* the combine; with dec_pdl it is launched while the split kernel runs and waits for it in the kernel
+     (programmatic dependent launch: its launch latency hides behind the split kernel's tail) */
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)dp.rows, (unsigned)p.K, (unsigned)p.B);
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = (size_t)dp.splits * sizeof(float);
+  cfg.stream = st;
+  cfg.attrs = &attr;
+  cfg.numAttrs = plan.dec_pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, sa_decode_combine_kernel<T>, dp);
 }
 
 extern "C" sa_status sa_cuda_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_size, void *stream) {
@@ -338,9 +348,9 @@ extern "C" sa_status sa_cuda_decode_fwd(const sa_attn *a, void *workspace, size_
   cudaStream_t st = (cudaStream_t)stream;
   cudaError_t e;
   switch (a->dtype) {
-    case SA_BF16: e = sa_dec_launch<__nv_bfloat16>(dp, contig, plan.family, a->dtype, st); break;
-    case SA_F16: e = sa_dec_launch<__half>(dp, contig, plan.family, a->dtype, st); break;
-    default: e = sa_dec_launch<float>(dp, contig, plan.family, a->dtype, st); break;
+    case SA_BF16: e = sa_dec_launch<__nv_bfloat16>(dp, contig, plan, a->dtype, st); break;
+    case SA_F16: e = sa_dec_launch<__half>(dp, contig, plan, a->dtype, st); break;
+    default: e = sa_dec_launch<float>(dp, contig, plan, a->dtype, st); break;
   }
   if (e != cudaSuccess) return sa_error(SA_ERR_DEVICE, "CUDA decode launch failed: %s", cudaGetErrorString(e));
   return SA_OK;
