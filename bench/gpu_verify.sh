@@ -207,7 +207,8 @@ if [ "$PART" = decode ]; then
   ncu_sections=(--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy
     --section MemoryWorkloadAnalysis --section LaunchStats)
   for sh in 1:32768 8:4096; do
-    run_step "ncu_decode_mma_${sh/:/_}" 90 "$NCU" --kernel-name regex:sa_decode_mma --launch-skip 3 --launch-count 1 \
+    run_step "ncu_decode_mma_${sh/:/_}" 90 "$NCU" --clock-control none --kernel-name regex:sa_decode_mma --launch-skip 3 \
+      --launch-count 1 \
       "${ncu_sections[@]}" "$PY" bench/kernel_bench.py --no-grid --no-jax --no-cudnn --decode-shapes "$sh" --target-ms 1
   done
 fi
