@@ -9,9 +9,11 @@ the instruction text, its branch targets (function-relative) and its encoding wo
 byte-identical machine code. The resource line (registers, stack, shared, local, constant bank 0) is compared too.
 Anonymous namespaces demangle without their per-file hash, so moving a kernel between files keeps its key.
 
-The expectations file lists, one per line, `renamed OLD => NEW` (demangled names, exact) and
-`deleted REGEX : REASON` (a kernel of OLD_DIR that is gone on purpose). Exit status 1 when a kept kernel
-differs, a kernel vanished without a `deleted` line, or a new kernel appeared.
+The expectations file lists, one per line, `renamed OLD => NEW` (demangled names, exact), `deleted REGEX :
+REASON` (a kernel of OLD_DIR that is gone on purpose), `changed REGEX : REASON` (a kept kernel whose code
+changes on purpose) and `added REGEX : REASON` (a new kernel of NEW_DIR). Exit status 1 when a kept kernel
+differs without a `changed` line, a kernel vanished without a `deleted` line, or a new kernel appeared without
+an `added` line.
 
 cuobjdump: $CUOBJDUMP, else on PATH, else from the pip package nvidia-cuda-cuobjdump; it runs nvdisasm, found
 on PATH or beside it (the pip package nvidia-cuda-nvdisasm installs it there).
@@ -121,23 +123,32 @@ def collect(cuobjdump, root):
 
 
 def read_expect(path):
-  renames, deleted = {}, []
+  """(renames {old: new}, {'deleted' / 'changed' / 'added': [(regex, reason)]})."""
+  renames, marks = {}, {"deleted": [], "changed": [], "added": []}
   if not path:
-    return renames, deleted
+    return renames, marks
   with open(path) as f:
     for n, line in enumerate(f, 1):
       line = line.strip()
       if not line or line.startswith("#"):
         continue
-      if line.startswith("renamed "):
+      word = line.split(" ", 1)[0]
+      if word == "renamed":
         old, new = line[len("renamed ") :].split(" => ")
         renames[old.strip()] = new.strip()
-      elif line.startswith("deleted "):
-        rx, reason = line[len("deleted ") :].split(" : ", 1)
-        deleted.append((re.compile(rx.strip()), reason.strip()))
+      elif word in marks and " : " in line:
+        rx, reason = line[len(word) + 1 :].split(" : ", 1)
+        marks[word].append((re.compile(rx.strip()), reason.strip()))
       else:
-        sys.exit(f"sass_compare: {path}:{n}: expected 'renamed OLD => NEW' or 'deleted REGEX : REASON'")
-  return renames, deleted
+        sys.exit(f"sass_compare: {path}:{n}: expected 'renamed OLD => NEW' or 'deleted|changed|added REGEX : REASON'")
+  return renames, marks
+
+
+KINDS = ("identical", "deleted", "changed", "added", "CHANGED", "MISSING", "ADDED")  # the report's order
+
+
+def reason_of(marks, name):
+  return next((r for rx, r in marks if rx.search(name)), None)
 
 
 def main():
@@ -151,7 +162,7 @@ def main():
   args = ap.parse_args()
   cuobjdump = find_cuobjdump()
   old, new = collect(cuobjdump, args.old), collect(cuobjdump, args.new)
-  renames, deleted = read_expect(args.expect)
+  renames, marks = read_expect(args.expect)
   rows, bad = [], 0
   matched_new = set()
   for arch, name in sorted(old):
@@ -159,25 +170,25 @@ def main():
     if target in new:
       matched_new.add(target)
       same = old[(arch, name)] == new[target]
-      kind = "identical" if same else "CHANGED"
-      bad += not same
+      why = None if same else reason_of(marks["changed"], target[1])
+      kind = "identical" if same else "changed" if why else "CHANGED"
+      bad += kind == "CHANGED"
       label = name if target[1] == name else f"{name} => {target[1]}"
-      rows.append((arch, kind, label, old[(arch, name)][1]))
+      rows.append((arch, kind, label, why or old[(arch, name)][1]))
       continue
-    why = next((r for rx, r in deleted if rx.search(name)), None)
+    why = reason_of(marks["deleted"], name)
     bad += why is None
     rows.append((arch, "deleted" if why else "MISSING", name, why or "no 'deleted' line in the expectations"))
   for key in sorted(set(new) - matched_new):
-    bad += 1
-    rows.append((key[0], "ADDED", key[1], new[key][1]))
+    why = reason_of(marks["added"], key[1])
+    bad += why is None
+    rows.append((key[0], "added" if why else "ADDED", key[1], why or new[key][1]))
   counts = {}
   for arch, kind, _, _ in rows:
     counts[(arch, kind)] = counts.get((arch, kind), 0) + 1
   lines = [f"SASS per kernel: {args.label_old} ({args.old}) vs {args.label_new} ({args.new})", ""]
   for arch in sorted({r[0] for r in rows}):
-    summary = ", ".join(
-      f"{k} {counts[(arch, k)]}" for k in ("identical", "deleted", "CHANGED", "MISSING", "ADDED") if (arch, k) in counts
-    )
+    summary = ", ".join(f"{k} {counts[(arch, k)]}" for k in KINDS if (arch, k) in counts)
     lines.append(f"{arch}: {summary}")
   lines.append("")
   for arch, kind, name, note in rows:

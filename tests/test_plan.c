@@ -4,7 +4,7 @@
  *   2. sa_plan_force: unknown names and names of another kind are SA_ERR_INVALID; a forced plan that is not
  *      legal for a call is SA_ERR_UNSUPPORTED naming the plan and why; "" clears it;
  *   3. for every shape of tests/plan/cases.txt: the list is non-empty and starts with the default, every listed
- *      plan is pickable and describes itself with its own name first; the workspace of a backward plan is its
+ *      plan is pickable, known to sa_plan_force and describes itself with its own name first; the workspace of a backward plan is its
  *      launch's need (picking it with exactly that workspace keeps it; one byte less makes a one pass illegal);
  *   4. the REF / CPU plan names, and sa_plan_last after a REF call;
  *   5. the decode mma plan's schedule: one wave of equal CTAs on the gpt-oss shapes, 16-row groups, its shape
@@ -160,6 +160,7 @@ static void check_cases(const char *path) {
         ok =
             sa_cuda_plan_pick(&a, which, &h200, list[i].name, (size_t)-1, &p) == SA_OK && !strcmp(p.name, list[i].name);
         sa_cuda_plan_describe(&p, desc, sizeof desc);
+        ok = ok && sa_plan_force(which, list[i].name) == SA_OK; /* sa_plan_force knows every listed name */
         ok = ok && !strncmp(desc, p.name, strlen(p.name)) && desc[strlen(p.name)] == ' ';
         if (ok && which == SA_PLAN_BWD) { /* the need is the workspace: with exactly it the plan stays legal */
           sa_cuda_plan q;
@@ -184,6 +185,7 @@ int main(int argc, char **argv) {
   check_force();
   check_decode_mma();
   check_cases(argc > 1 ? argv[1] : "tests/plan/cases.txt");
+  sa_plan_force(SA_PLAN_FWD, NULL), sa_plan_force(SA_PLAN_BWD, NULL), sa_plan_force(SA_PLAN_DECODE, NULL);
   printf("test_plan: %d passed, %d failed\n", t_passed, t_failed);
   return t_failed ? 1 : 0;
 }

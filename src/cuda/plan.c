@@ -15,11 +15,25 @@
 #include "sa_internal.h"
 #include "sa_plan.h"
 
-const char *const sa_cuda_plan_names[] = {
-    "cuda.fwd.portable",      "hopper.fwd.persistent",  "hopper.fwd.onetile",       "hopper.fwd.persistent.narrow",
-    "cuda.bwd.portable",      "hopper.bwd.twopass.wg2", "hopper.bwd.twopass.kv3",   "hopper.bwd.twopass.dq3",
-    "hopper.bwd.twopass.wg3", "hopper.bwd.onepass",     "hopper.bwd.onepass.plain", "hopper.bwd.onepass.narrow",
-    "cuda.decode.pipe",       "cuda.decode.register",   "cuda.decode.mma",          NULL};
+const char *const sa_cuda_plan_names[] = {"cuda.fwd.portable",
+                                          "hopper.fwd.persistent",
+                                          "hopper.fwd.onetile",
+                                          "hopper.fwd.persistent.narrow",
+                                          "cuda.bwd.portable",
+                                          "hopper.bwd.twopass.wg2",
+                                          "hopper.bwd.twopass.kv3",
+                                          "hopper.bwd.twopass.dq3",
+                                          "hopper.bwd.twopass.wg3",
+                                          "hopper.bwd.onepass",
+                                          "hopper.bwd.onepass.plain",
+                                          "hopper.bwd.onepass.narrow",
+                                          "cuda.decode.pipe",
+                                          "cuda.decode.register",
+                                          "cuda.decode.mma",
+                                          "cuda.decode.mma.pdl",
+                                          "cuda.decode.mma.cluster",
+                                          "cuda.decode.mma.w2",
+                                          NULL};
 
 int sa_cuda_padded_dim(int64_t h) { return h <= 32 ? 32 : h <= 64 ? 64 : h <= 128 ? 128 : 256; }
 

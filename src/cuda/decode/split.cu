@@ -290,7 +290,8 @@ static cudaError_t sa_dec_launch(const sa_decode_params &dp, bool contig, const 
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)dp.rows, (unsigned)p.K, (unsigned)p.B);
   cfg.blockDim = block;
-  cfg.dynamicSmemBytes = (size_t)dp.splits * sizeof(float);
+  /* the weights' loop reads sm_w four at a time (one 16-byte load) before it tests the count: whole quads */
+  cfg.dynamicSmemBytes = (size_t)((dp.splits + 3) & ~(int64_t)3) * sizeof(float);
   cfg.stream = st;
   cfg.attrs = &attr;
   cfg.numAttrs = plan.dec_pdl ? 1 : 0;
