@@ -4,11 +4,12 @@
  *   2. sa_plan_force: unknown names and names of another kind are SA_ERR_INVALID; a forced plan that is not
  *      legal for a call is SA_ERR_UNSUPPORTED naming the plan and why; "" clears it;
  *   3. for every shape of tests/plan/cases.txt: the list is non-empty and starts with the default, every listed
- *      plan is pickable, known to sa_plan_force and describes itself with its own name first; the workspace of a backward plan is its
- *      launch's need (picking it with exactly that workspace keeps it; one byte less makes a one pass illegal);
+ *      plan is pickable, known to sa_plan_force and describes itself with its own name first; the workspace of a
+ *      backward plan is its launch's need (picking it with exactly that workspace keeps it; one byte less makes a
+ *      one pass illegal);
  *   4. the REF / CPU plan names, and sa_plan_last after a REF call;
- *   5. the decode mma plan's schedule: one wave of equal CTAs on the gpt-oss shapes, 16-row groups, its shape
- *      and dtype rules.
+ *   5. decode: the mma plan is the default on the gpt-oss shapes, its schedule one wave of equal CTAs, 16-row
+ *      groups, the combine a programmatic dependent launch on sm_90 only; its shape and dtype rules.
  * The launches themselves are tests/plan/plan_record.cpp's (test_plan_launch, against 8667763's record).
  */
 #include <stdint.h>
@@ -95,9 +96,9 @@ static void check_decode_mma(void) {
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
     const sa_attn a = shape(rows[i].B, 1, rows[i].S, 64, 8, 64, SA_CAUSAL_BOTTOM_RIGHT);
     sa_cuda_plan p;
-    const int ok = sa_cuda_plan_pick(&a, SA_PLAN_DECODE, &h200, "cuda.decode.mma", (size_t)-1, &p) == SA_OK &&
-                   p.family == SA_CUDA_DECODE_MMA && p.rows == 8 && p.rowgroups == 1 && p.splits == rows[i].splits &&
-                   p.chunk == rows[i].chunk &&
+    const int ok = sa_cuda_plan_pick(&a, SA_PLAN_DECODE, &h200, NULL, (size_t)-1, &p) == SA_OK &&
+                   p.family == SA_CUDA_DECODE_MMA && p.dec_pdl == 1 && p.rows == 8 && p.rowgroups == 1 &&
+                   p.splits == rows[i].splits && p.chunk == rows[i].chunk &&
                    (int64_t)p.grid[0] * p.grid[1] * p.grid[2] <= (rows[i].B > 8 ? 1 << 30 : 264);
     if (!ok)
       t_report("decode mma B%lld S%lld: splits %lld chunk %lld (want %lld, %lld)", (long long)rows[i].B,
@@ -105,6 +106,13 @@ static void check_decode_mma(void) {
                (long long)rows[i].chunk);
     t_count(ok);
   }
+  /* sm_80 (an A100's record): the same schedule, the combine a plain launch */
+  sa_cuda_device a100 = h200;
+  a100.cc_major = 8, a100.sms = a100.ctx_sms = 108, a100.sm90a = 0, a100.smem_per_sm = 167936;
+  const sa_attn g = shape(8, 1, 4096, 64, 8, 64, SA_CAUSAL_BOTTOM_RIGHT);
+  sa_cuda_plan q;
+  t_count(sa_cuda_plan_pick(&g, SA_PLAN_DECODE, &a100, NULL, (size_t)-1, &q) == SA_OK &&
+          q.family == SA_CUDA_DECODE_MMA && q.dec_pdl == 0 && q.splits == 1);
   /* rows in groups of 16: 5 tokens of G 8 are 40 rows, 3 groups */
   sa_attn a = shape(2, 5, 1000, 16, 2, 128, SA_CAUSAL_BOTTOM_RIGHT);
   sa_cuda_plan p;

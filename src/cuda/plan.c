@@ -15,25 +15,11 @@
 #include "sa_internal.h"
 #include "sa_plan.h"
 
-const char *const sa_cuda_plan_names[] = {"cuda.fwd.portable",
-                                          "hopper.fwd.persistent",
-                                          "hopper.fwd.onetile",
-                                          "hopper.fwd.persistent.narrow",
-                                          "cuda.bwd.portable",
-                                          "hopper.bwd.twopass.wg2",
-                                          "hopper.bwd.twopass.kv3",
-                                          "hopper.bwd.twopass.dq3",
-                                          "hopper.bwd.twopass.wg3",
-                                          "hopper.bwd.onepass",
-                                          "hopper.bwd.onepass.plain",
-                                          "hopper.bwd.onepass.narrow",
-                                          "cuda.decode.pipe",
-                                          "cuda.decode.register",
-                                          "cuda.decode.mma",
-                                          "cuda.decode.mma.pdl",
-                                          "cuda.decode.mma.cluster",
-                                          "cuda.decode.mma.w2",
-                                          NULL};
+const char *const sa_cuda_plan_names[] = {
+    "cuda.fwd.portable",      "hopper.fwd.persistent",  "hopper.fwd.onetile",       "hopper.fwd.persistent.narrow",
+    "cuda.bwd.portable",      "hopper.bwd.twopass.wg2", "hopper.bwd.twopass.kv3",   "hopper.bwd.twopass.dq3",
+    "hopper.bwd.twopass.wg3", "hopper.bwd.onepass",     "hopper.bwd.onepass.plain", "hopper.bwd.onepass.narrow",
+    "cuda.decode.pipe",       "cuda.decode.register",   "cuda.decode.mma",          NULL};
 
 int sa_cuda_padded_dim(int64_t h) { return h <= 32 ? 32 : h <= 64 ? 64 : h <= 128 ? 128 : 256; }
 
@@ -318,10 +304,11 @@ static void sa_dec_schedule(const sa_pctx *c, sa_cuda_plan *p) {
 
 /* The mma kernel's schedule (decode/mma.cu): rows in groups of 16 (its M), and one wave of equal CTAs where the
    (batch, kv head, row group) blocks are fewer than the resident slots (2 an SM from its shared memory): splits =
-   slots / blocks rounded down, so no second, partial wave leaves SMs idle while the last CTAs stream (B8 S4k:
-   4 splits, 256 CTAs on 264 slots; 5 would make 320, 1.2 waves). Chunks hold >= 256 keys: every warp gets
+   slots / blocks rounded down. A second wave costs more than the imbalance it removes: two waves of half-size
+   CTAs took 3-6 us more per call at B1 S32k and B8 S4k on the H200 (bench/NOTES.md, 2026-12-04), each wave
+   paying the CTA ramp (lengths, q, the first tile's latency) and a tail. Chunks hold >= 256 keys: every warp gets
    >= 2 tiles, so its pipeline fills. More blocks than slots: one split, the blocks in waves. */
-static void sa_dec_mma_schedule(const sa_pctx *c, sa_cuda_plan *p, int waves) {
+static void sa_dec_mma_schedule(const sa_pctx *c, sa_cuda_plan *p) {
   const int per_sm = c->dev->smem_per_sm > 0 ? c->dev->smem_per_sm : 233472;
   int occ = per_sm / (SA_DEC_MMA_SMEM(c->hd <= 64 ? 64 : 128) + 1024);
   occ = occ < 1 ? 1 : occ > 2 ? 2 : occ;
@@ -332,7 +319,7 @@ static void sa_dec_mma_schedule(const sa_pctx *c, sa_cuda_plan *p, int waves) {
   int64_t max_splits = (c->S + 255) / 256;
   if (max_splits > 1024) max_splits = 1024;
   if (max_splits < 1) max_splits = 1;
-  int64_t splits = blocks > 0 && blocks < waves * slots ? waves * slots / blocks : 1;
+  int64_t splits = blocks > 0 && blocks < slots ? slots / blocks : 1;
   if (splits > max_splits) splits = max_splits;
   int64_t chunk = (c->S + splits - 1) / splits;
   chunk = (chunk + 63) / 64 * 64;
@@ -341,30 +328,23 @@ static void sa_dec_mma_schedule(const sa_pctx *c, sa_cuda_plan *p, int waves) {
   p->splits = c->S > 0 ? (c->S + chunk - 1) / chunk : 1;
   p->ws = (size_t)(c->B * c->K * p->splits * p->rows) * (size_t)(c->Hv + 1) * sizeof(float);
   p->grid[0] = (int)p->splits, p->grid[1] = (int)(c->K * p->rowgroups), p->grid[2] = (int)c->B;
+  /* sm_90: the combine is a programmatic dependent launch (-1.0..1.2 us a call on the H200's short rows) */
+  p->dec_pdl = c->dev->cc_major >= 9;
 }
 
-/* kind: 0 the register kernel, 1 the pipeline kernel, 2 the mma kernel; 3-5 the mma kernel with its combine
-   launched dependently, with the splits merged by clusters, on two waves */
+/* kind: 0 the register kernel, 1 the pipeline kernel, 2 the mma kernel */
 static const char *sa_dec_plan(const sa_pctx *c, sa_cuda_plan *p, int kind) {
-  static const char *const names[6] = {"cuda.decode.register", "cuda.decode.pipe",        "cuda.decode.mma",
-                                       "cuda.decode.mma.pdl",  "cuda.decode.mma.cluster", "cuda.decode.mma.w2"};
-  sa_plan_init(p, c, names[kind],
-               kind == 0   ? SA_CUDA_DECODE_REGISTER
-               : kind == 1 ? SA_CUDA_DECODE_PIPE
-                           : SA_CUDA_DECODE_MMA);
-  if (kind >= 2) sa_dec_mma_schedule(c, p, kind == 5 ? 2 : 1);
+  static const char *const names[3] = {"cuda.decode.register", "cuda.decode.pipe", "cuda.decode.mma"};
+  static const sa_cuda_family fams[3] = {SA_CUDA_DECODE_REGISTER, SA_CUDA_DECODE_PIPE, SA_CUDA_DECODE_MMA};
+  sa_plan_init(p, c, names[kind], fams[kind]);
+  if (kind == 2) sa_dec_mma_schedule(c, p);
   else sa_dec_schedule(c, p);
-  p->dec_pdl = kind == 3;
-  p->dec_fuse = kind == 4;
-  if (p->dec_fuse) p->ws = 0;
   p->reason = kind == 0   ? "split-KV, K / V in registers (any head dim <= 256 and dtype)"
               : kind == 1 ? "split-KV, K / V through a 4-stage cp.async pipeline in shared memory"
                           : "split-KV, scores and P V on mma.sync, a cp.async pipeline per warp";
   if (kind && !sa_dec_pipe_shape(c)) return "the pipeline and mma kernels take bf16 / f16 with H == Hv in {64, 128}";
   if (kind && (!sa_aligned16(c->a->q) || !sa_aligned16(c->a->k) || !sa_aligned16(c->a->v)))
     return "q, k or v is not 16-byte aligned";
-  if ((kind == 3 || kind == 4) && c->dev->cc_major < 9) return "programmatic launches and clusters need sm_90";
-  if (kind == 4 && p->splits > 8) return "more than 8 splits: a cluster holds at most 8 CTAs";
   return NULL;
 }
 
@@ -433,12 +413,9 @@ static void sa_collect(const sa_attn *a, int which, const sa_cuda_device *dev, s
     why = sa_bwd_onepass(&c, &p, 2, ws_avail);
     sa_offer(l, &p, why);
   } else if (which == SA_PLAN_DECODE) {
-    why = sa_dec_plan(&c, &p, 1);
-    sa_offer(l, &p, why);
-    why = sa_dec_plan(&c, &p, 0);
-    sa_offer(l, &p, why);
-    for (int kind = 2; kind <= 5; kind++) {
-      why = sa_dec_plan(&c, &p, kind);
+    static const int order[3] = {2, 1, 0}; /* mma, pipe, register */
+    for (int i = 0; i < 3; i++) {
+      why = sa_dec_plan(&c, &p, order[i]);
       sa_offer(l, &p, why);
     }
   }
@@ -479,6 +456,7 @@ size_t sa_cuda_plan_describe(const sa_cuda_plan *p, char *buf, size_t n) {
   if (p->family == SA_CUDA_FWD_HOPPER) k += snprintf(buf + k, n > (size_t)k ? n - k : 0, " qslots=%d", p->qslots);
   if (p->wg) k += snprintf(buf + k, n > (size_t)k ? n - k : 0, " wg=%d", p->wg);
   if (p->wg_dq) k += snprintf(buf + k, n > (size_t)k ? n - k : 0, " wg_dq=%d", p->wg_dq);
+  if (p->family == SA_CUDA_DECODE_MMA) k += snprintf(buf + k, n > (size_t)k ? n - k : 0, " pdl=%d", p->dec_pdl);
   k += snprintf(buf + k, n > (size_t)k ? n - k : 0, " grid=%d,%d,%d persistent=%d cooperative=%d split=%d ws=%zu",
                 p->grid[0], p->grid[1], p->grid[2], p->persistent, p->cooperative, p->split, p->ws);
   k += snprintf(buf + k, n > (size_t)k ? n - k : 0, " reason=%s%s%s", p->reason ? p->reason : "",

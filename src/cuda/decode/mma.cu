@@ -1,12 +1,12 @@
 /*
- * decode/mma.cu — the split kernel of plan cuda.decode.mma (bf16 / f16, H = Hv = 64 or 128): scores and P V on
- * mma.sync, the (up to 16) query rows of one kv head as the A operand, so each K / V byte is read once for all
- * G heads of the group and costs no fp32 FMA. Each warp streams its own key tiles (tiles w, w + 4, ...) through a
- * private 3-stage cp.async pipeline: the loop has no block barrier. The 4 warps' softmax states merge once, at
- * the end, into the split's partial (out, lse) that the combine of split.cu reads. docs/hopper.md, "decode".
+ * decode/mma.cu — the split kernel of plan cuda.decode.mma, the default decode for bf16 / f16 at H = Hv = 64 or
+ * 128: scores and P V on mma.sync, the (up to 16) query rows of one kv head as the A operand, so each K / V byte is
+ * read once for all G heads of the group and costs no fp32 FMA (the fp32 kernel of cuda.decode.pipe issued on 66%
+ * of cycles at 27% of DRAM bandwidth). Each warp streams its own key tiles (tiles w, w + 4, ...) through a private
+ * 3-stage cp.async pipeline: the loop has no block barrier. The 4 warps' softmax states merge once, at the end, in
+ * warp order, into the split's partial (out, lse) that the combine of split.cu reads; on sm_90 the kernel lets
+ * that combine launch early (programmatic dependent launch). docs/hopper.md, "Decode".
  */
-#include <cooperative_groups.h>
-
 #include "decode/decode.cuh"
 
 #define SA_DM_WARPS  4
@@ -19,10 +19,8 @@ struct sa_dm_cfg {
   static constexpr int LD = HD + 8;    /* padded row: the 8 rows one ldmatrix reads fall in 8 bank groups */
   static constexpr int TILE = TK * LD; /* 16-bit elements of one K (or V) tile */
   static constexpr int SMEM = SA_DM_WARPS * SA_DM_STAGES * 2 * TILE * 2;
-  /* the final merge reuses the stage buffers: [WARPS][RB][HD] accumulators, m and l of [WARPS][RB], then the
-     split's partial out [RB][HD] and lse [RB] that a fused cluster reads */
-  static_assert((SA_DM_WARPS * SA_DM_RB * (HD + 2) + SA_DM_RB * (HD + 1)) * 4 <= SMEM,
-                "the merge and the fused combine's partial fit in the stage buffers");
+  /* the final merge reuses the stage buffers: [WARPS][RB][HD] accumulators, then m and l of [WARPS][RB] */
+  static_assert(SA_DM_WARPS * SA_DM_RB * (HD + 2) * 4 <= SMEM, "the merge fits in the stage buffers");
 };
 static_assert(sa_dm_cfg<64>::SMEM == SA_DEC_MMA_SMEM(64) && sa_dm_cfg<128>::SMEM == SA_DEC_MMA_SMEM(128),
               "the plan's occupancy reads the mma kernel's shared memory");
@@ -32,10 +30,7 @@ __device__ __forceinline__ void sa_dm_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-/* FUSE: the CTAs of a cluster are the splits of one row group; they merge their partials through distributed
-   shared memory and write out and lse with the sink (sm_90: no workspace, no combine kernel). Otherwise each
-   CTA writes its split's partial for the combine. */
-template <typename T, int HD, bool FUSE>
+template <typename T, int HD>
 __global__ void __launch_bounds__(SA_DM_WARPS * 32, 2) sa_decode_mma_kernel(const sa_decode_params dp) {
   using C = sa_dm_cfg<HD>;
   constexpr int TK = C::TK, LD = C::LD, NT = TK / 8, KT = HD / 16, DT = HD / 8, CH = HD / 8, RB = SA_DM_RB;
@@ -47,7 +42,7 @@ __global__ void __launch_bounds__(SA_DM_WARPS * 32, 2) sa_decode_mma_kernel(cons
   const int64_t ql = sa_dev_q_len(p, b), kl = sa_dev_kv_len(p, b);
   const int64_t c0 = c * dp.chunk, c1 = c0 + dp.chunk < kl ? c0 + dp.chunk : kl;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); /* the combine may start and wait */
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); /* the combine may launch, then waits */
 #endif
 
   /* this thread's rows r0 + gr + 8h: key ranges clipped to the chunk (kv_len < 2^31), the q fragments (A of
@@ -203,7 +198,6 @@ __global__ void __launch_bounds__(SA_DM_WARPS * 32, 2) sa_decode_mma_kernel(cons
     }
   }
   __syncthreads();
-  float *fo = red_l + SA_DM_WARPS * RB, *flse = fo + RB * HD; /* FUSE: this split's [RB][HD] and [RB] */
   const int64_t item = (b * p.K + kh) * dp.splits + c;
   for (int idx = threadIdx.x; idx < RB * HD; idx += SA_DM_WARPS * 32) {
     const int i = idx / HD, d = idx % HD;
@@ -222,79 +216,24 @@ __global__ void __launch_bounds__(SA_DM_WARPS * 32, 2) sa_decode_mma_kernel(cons
       }
       o /= ls;
     }
-    const float lse = mx == -INFINITY ? -INFINITY : (mx + log2f(ls)) * SA_LN2;
-    if (FUSE) {
-      fo[idx] = o;
-      if (d == 0) flse[i] = lse;
-    } else {
-      dp.part_out[(item * dp.rows + r) * HD + d] = o;
-      if (d == 0) dp.part_lse[item * dp.rows + r] = lse;
-    }
-  }
-  if constexpr (FUSE) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    /* the combine of split.cu over the cluster's splits, each CTA a slice of the rows' elements */
-    namespace cg = cooperative_groups;
-    cg::cluster_group cl = cg::this_cluster();
-    cl.sync(); /* every split's fo / flse written and visible to the cluster */
-    const int C = (int)cl.num_blocks(), rank = (int)cl.block_rank();
-    for (int idx = rank * SA_DM_WARPS * 32 + threadIdx.x; idx < RB * HD; idx += C * SA_DM_WARPS * 32) {
-      const int i = idx / HD, d = idx % HD;
-      const int64_t r = r0 + i, t = r / p.G, n = kh * p.G + r % p.G;
-      if (r >= dp.rows) continue;
-      const float sink = p.softmax == 1 ? 0.0f : p.softmax == 2 ? p.sinks[n] : -INFINITY;
-      float mx = sink;
-      for (int q = 0; q < C; q++) mx = fmaxf(mx, cl.map_shared_rank(flse, q)[i]);
-      const int64_t obase = ((b * p.T + t) * p.N + n) * p.Hv;
-      if (mx == -INFINITY) { /* vanilla row with no valid key: out 0, lse -inf */
-        sa_dec_io<T>::store(p.out, obase + d, 0.0f);
-        if (d == 0 && p.lse) p.lse[(b * p.N + n) * p.T + t] = -INFINITY;
-        continue;
-      }
-      float sum = 0.0f, o = 0.0f;
-      for (int q = 0; q < C; q++) {
-        const float w = expf(cl.map_shared_rank(flse, q)[i] - mx);
-        sum += w;
-        o = fmaf(w, cl.map_shared_rank(fo, q)[idx], o);
-      }
-      sum += expf(sink - mx); /* the sink, exactly once */
-      sa_dec_io<T>::store(p.out, obase + d, o * (1.0f / sum));
-      if (d == 0 && p.lse) p.lse[(b * p.N + n) * p.T + t] = mx + logf(sum);
-    }
-    cl.sync(); /* no CTA leaves while another reads its shared memory */
-#else
-    __trap(); /* the fused form is launched on sm_90 only (plan.c) */
-#endif
+    dp.part_out[(item * dp.rows + r) * HD + d] = o;
+    if (d == 0) dp.part_lse[item * dp.rows + r] = mx == -INFINITY ? -INFINITY : (mx + log2f(ls)) * SA_LN2;
   }
 }
 
-template <typename T, int HD, bool FUSE>
+template <typename T, int HD>
 static cudaError_t sa_dm_launch(const sa_decode_params &dp, cudaStream_t st) {
   const int smem = sa_dm_cfg<HD>::SMEM;
-  auto kernel = sa_decode_mma_kernel<T, HD, FUSE>;
   /* above the 48 KiB default: opt in (a host-side attribute, no stream operation, no sync) */
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaError_t e = cudaFuncSetAttribute(sa_decode_mma_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = FUSE ? (unsigned)dp.splits : 1u;
-  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)dp.splits, (unsigned)(dp.p.K * dp.rowgroups), (unsigned)dp.p.B);
-  cfg.blockDim = dim3(SA_DM_WARPS * 32);
-  cfg.dynamicSmemBytes = (size_t)smem;
-  cfg.stream = st;
-  cfg.attrs = &attr;
-  cfg.numAttrs = FUSE ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, dp);
+  dim3 grid((unsigned)dp.splits, (unsigned)(dp.p.K * dp.rowgroups), (unsigned)dp.p.B);
+  sa_decode_mma_kernel<T, HD><<<grid, SA_DM_WARPS * 32, smem, st>>>(dp);
+  return cudaGetLastError();
 }
 
-template <typename T>
-static cudaError_t sa_dm_dim(const sa_decode_params &dp, bool fuse, cudaStream_t st) {
-  if (dp.p.H == 64) return fuse ? sa_dm_launch<T, 64, true>(dp, st) : sa_dm_launch<T, 64, false>(dp, st);
-  return fuse ? sa_dm_launch<T, 128, true>(dp, st) : sa_dm_launch<T, 128, false>(dp, st);
-}
-
-cudaError_t sa_decode_mma_launch(const sa_decode_params &dp, sa_dtype dtype, bool fuse, cudaStream_t st) {
-  return dtype == SA_BF16 ? sa_dm_dim<__nv_bfloat16>(dp, fuse, st) : sa_dm_dim<__half>(dp, fuse, st);
+cudaError_t sa_decode_mma_launch(const sa_decode_params &dp, sa_dtype dtype, cudaStream_t st) {
+  if (dtype == SA_BF16)
+    return dp.p.H == 64 ? sa_dm_launch<__nv_bfloat16, 64>(dp, st) : sa_dm_launch<__nv_bfloat16, 128>(dp, st);
+  return dp.p.H == 64 ? sa_dm_launch<__half, 64>(dp, st) : sa_dm_launch<__half, 128>(dp, st);
 }

@@ -1,6 +1,6 @@
 /*
  * decode/split.cu — split-KV decode (sa_attn_decode_fwd): the register split kernel, the combine (the sink enters
- * there, once) and the host side of the decode plans (cuda.decode.register, .pipe, .mma). docs/hopper.md.
+ * there, once) and the host side of the decode plans (cuda.decode.mma, .pipe, .register). docs/hopper.md.
  */
 #include <string.h>
 
@@ -277,11 +277,11 @@ static cudaError_t sa_dec_launch(const sa_decode_params &dp, bool contig, const 
   const sa_cuda_params &p = dp.p;
   dim3 block(SA_DEC_WARPS * 32), g1((unsigned)dp.splits, (unsigned)(p.K * dp.rowgroups), (unsigned)p.B);
   cudaError_t e = cudaSuccess;
-  if (plan.family == SA_CUDA_DECODE_MMA) e = sa_decode_mma_launch(dp, dtype, plan.dec_fuse != 0, st);
+  if (plan.family == SA_CUDA_DECODE_MMA) e = sa_decode_mma_launch(dp, dtype, st);
   else if (plan.family == SA_CUDA_DECODE_PIPE) e = sa_decode_pipe_launch(dp, dtype, st);
   else if (contig) sa_decode_split_kernel<T, true><<<g1, block, 0, st>>>(dp);
   else sa_decode_split_kernel<T, false><<<g1, block, 0, st>>>(dp);
-  if (e != cudaSuccess || plan.dec_fuse) return e != cudaSuccess ? e : cudaGetLastError();
+  if (e != cudaSuccess) return e;
   /* the combine; with dec_pdl it is launched while the split kernel runs and waits for it in the kernel
      (programmatic dependent launch: its launch latency hides behind the split kernel's tail) */
   cudaLaunchAttribute attr;
