@@ -414,6 +414,7 @@ int main(void) {
     };
     // clang-format on
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) run_case(&rows[i]);
+    for (int i = 0; i < TD_NCASES; i++) run_case(&td_cases[i]); /* amx_check's tile decode cases */
     for (int di = 0; di < 3; di++) test_threads(dts[di]);
     printf("  %d cases on it (largest error / tolerance %.3f), %d refused naming it and run on the default\n", pass_ran,
            pass_worst, pass_refused);
