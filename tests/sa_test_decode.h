@@ -121,10 +121,11 @@ static inline int close_enough(const sa_attn *a, const void *out, const float *l
 }
 
 /* Decode cases for the tile item (bf16, head_dim a multiple of 32), which amx_check runs on the AMX
-   instructions against the reference and against their emulation: gpt-oss's N/K 64/8 (two kv heads per
-   16 lanes), R 1 over 6 kv heads (a last group of heads short of the vector), R 16 and 40 (one and three
-   16-lane tiles a head), H 96 / Hv 40 (three k steps, a V tail), H 128 over several chunks, windows, cache
-   lengths 0, 1 and S, q lengths, every softmax type. */
+   instructions against the reference and against their emulation (test_decode on every plan): gpt-oss's N/K
+   64/8 (two kv heads per 16 lanes), R 1 over 6 kv heads (a last group of heads short of the vector), R 1 over
+   16 and R 2 over 8 kv heads (1 and 2 lanes a head), R 16 and 40 (one and three 16-lane tiles a head), H 96 /
+   Hv 40 (three k steps, a V tail), H 128 over several chunks, windows, cache lengths 0, 1 and S, q lengths,
+   every softmax type. */
 // clang-format off
 static const dcase td_cases[] = {
     {.name = "gpt-oss", .dtype = SA_BF16, .B = 2, .Tq = 1, .S = 3000, .N = 64, .K = 8, .H = 64, .Hv = 64,
@@ -133,6 +134,10 @@ static const dcase td_cases[] = {
      .softmax = SA_SOFTMAX_LEARNABLE, .wl = 127, .wr = 0, .causal = D_BR},
     {.name = "R 1, 6 kv heads", .dtype = SA_BF16, .B = 2, .Tq = 1, .S = 900, .N = 6, .K = 6, .H = 64, .Hv = 64,
      .softmax = SA_SOFTMAX_OFF_BY_ONE, D_ALL, .lens = 2, .causal = D_BR},
+    {.name = "R 1, 16 kv heads", .dtype = SA_BF16, .B = 2, .Tq = 1, .S = 700, .N = 16, .K = 16, .H = 64, .Hv = 64,
+     .softmax = SA_SOFTMAX_LEARNABLE, D_ALL, .lens = 1, .causal = D_BR},
+    {.name = "R 2, 8 kv heads", .dtype = SA_BF16, .B = 1, .Tq = 2, .S = 600, .N = 8, .K = 8, .H = 32, .Hv = 48,
+     .softmax = SA_SOFTMAX_OFF_BY_ONE, .wl = 30, .wr = 0, .lens = 2, .q_lens = 1, .causal = D_BR},
     {.name = "R 16", .dtype = SA_BF16, .B = 3, .Tq = 2, .S = 1700, .N = 16, .K = 2, .H = 64, .Hv = 64,
      .softmax = SA_SOFTMAX_LEARNABLE, .wl = 40, .wr = 0, .lens = 2, .q_lens = 1, .causal = D_BR},
     {.name = "R 40, H 32, Hv 16", .dtype = SA_BF16, .B = 1, .Tq = 5, .S = 800, .N = 16, .K = 2, .H = 32, .Hv = 16,
