@@ -9,7 +9,7 @@ layout, with the same threads. Contenders alternate within each round (the order
 are medians over rounds, each round the median of a few calls; ratios are taken round by round.
 
     python bench/cpu_bench.py [--out results.json] [--lib build/libsinkattn_cpubench.so] [--threads N]
-                              [--rounds 5] [--quick] [--no-torch] [--only fwd|fwd+bwd|decode]
+                              [--rounds 5] [--quick] [--no-torch] [--only fwd|fwd+bwd|decode] [--amx]
 
 FLOPs: forward 4 B N T S H (x 0.5 causal), forward+backward 3.5 x that; decode bytes: the K and V caches.
 Before timing, each shape's output is checked against the fp64 reference on a cropped copy (T, S <= 256;
@@ -186,19 +186,20 @@ class TorchSdpa:
     return statistics.median(ts)
 
 
-AMX_PLANS = ("cpu.fwd.amx", "cpu.bwd.amx")  # the tile kernels (docs/cpu.md), forced by --amx
+AMX_PLANS = ("cpu.fwd.amx", "cpu.bwd.amx", "cpu.decode.amx")  # the tile kernels (docs/cpu.md), forced by --amx
 
 
 def sinkattn_time(lib, c, kind, calls, threads, force=None):
   """(median wall seconds, median CPU seconds / threads, the plan's description) of calls calls; force: (fwd plan,
-  bwd plan) names forced for this thread's calls (sa_plan_force), None for the default plans."""
+  bwd plan, decode plan) names forced for this thread's calls (sa_plan_force, kinds 0, 1, 2), None for the default
+  plans."""
   if force is not None:
     for which, name in enumerate(force):
       lib.sa_plan_force(which, name.encode())
     try:
       return sinkattn_time(lib, c, kind, calls, threads)
     finally:
-      for which in range(2):
+      for which in range(len(force)):
         lib.sa_plan_force(which, None)
   st, plan, cpu = ctypes.c_int(0), ctypes.create_string_buffer(256), ctypes.c_double(0)
   t = lib.sab_time(ctypes.byref(c.prob), kind, calls, threads, ctypes.byref(st), plan, ctypes.byref(cpu))
@@ -298,7 +299,7 @@ def time_kind(lib, c, kind, args, torch):
 
   contenders = {"sinkattn": ours}
   amx_plan = []
-  if args.amx and c.dt == BF16 and kind in (FWD, FWDBWD):  # the tile kernels beside the default plan
+  if args.amx and c.dt == BF16:  # the tile kernels beside the default plan
 
     def ours_amx(n):
       t, _, p = sinkattn_time(lib, c, kind, n, args.threads, AMX_PLANS)
@@ -333,6 +334,9 @@ def time_kind(lib, c, kind, args, torch):
     }
     if kind == DECODE:
       row[n]["gbps"] = cache_bytes(c) / med / 1e9
+      row[n]["of_read_same_round"] = statistics.median(
+        [t / s * cache_bytes(c) / read_bytes for t, s in zip(times["read"], times[n])]
+      )
   cpu_med = statistics.median(cpu_rounds)
   row["sinkattn"]["ms_cpu_time"] = 1e3 * cpu_med
   row["sinkattn"]["gflops_cpu_time"] = flops(c, kind) / cpu_med / 1e9
@@ -362,7 +366,9 @@ def main():
     "--only", choices=list(KIND_NAMES.values()), action="append", help="time only these kinds (repeatable; default all)"
   )
   ap.add_argument("--read-mib", type=int, default=512, help="size of the read-bandwidth buffer")
-  ap.add_argument("--amx", action="store_true", help="bf16 forward / forward+backward also under the AMX plans")
+  ap.add_argument(
+    "--amx", action="store_true", help="bf16 forward / forward+backward / decode also under the AMX tile plans"
+  )
   args = ap.parse_args()
   if args.threads < 1 or args.rounds < 1:
     sys.exit(f"cpu_bench: --threads {args.threads} and --rounds {args.rounds} must be >= 1")
@@ -490,8 +496,9 @@ def report(res):
       x = r["sinkattn_amx"]
       amx = f"{100 * x['gflops'] / pk['amx_gflops']:5.1f}" if pk["amx_gflops"] > 0 else "    -"
       vs = f"  torch/amx {r['torch_over_amx']:.2f}" if "torch_over_amx" in r else ""
-      name = "  under " + "/".join(AMX_PLANS)
-      print(f"{name:28s} {r['kind']:7s} {x['ms']:9.3f} {x['gflops']:7.1f} {'':5s} {amx}{vs}")
+      bw = f" {x['gbps']:5.1f} {100 * x['of_read_same_round']:5.0f}" if "gbps" in x else ""
+      name = "  under " + {"fwd": AMX_PLANS[0], "fwd+bwd": "/".join(AMX_PLANS[:2]), "decode": AMX_PLANS[2]}[r["kind"]]
+      print(f"{name:28s} {r['kind']:7s} {x['ms']:9.3f} {x['gflops']:7.1f} {'':5s} {amx}{bw}{vs}")
 
 
 if __name__ == "__main__":

@@ -9,9 +9,12 @@
  * Exit 77 (skipped, with the reason) where CPUID reports no AMX-TILE + AMX-BF16, the OS did not grant the
  * tile state, or the library was built without the AMX kernels.
  * Last line: "N passed, N failed".
+ * The decode plans likewise (amx_check_decode.h): cpu.decode.amx against the reference and against
+ * cpu.decode.amx.emulated on sa_test_decode.h's tile decode cases.
  * amx_check --bench: after the checks, the forward and forward+backward of B1 T = S = 2048 N8 H128 bf16 (learnable
- * sinks) under cpu.fwd.amx / cpu.bwd.amx and the AVX-512 plans, interleaved, median of 5 rounds, in GFLOP/s: a
- * figure printed for the lab log, never a pass / fail criterion.
+ * sinks) under cpu.fwd.amx / cpu.bwd.amx and the AVX-512 plans, interleaved, median of 5 rounds, in GFLOP/s; then
+ * gpt-oss decode at S 32768, B1 and B8, under cpu.decode.amx and cpu.decode.avx512bf16 in GB/s beside the read
+ * bandwidth of the same rounds: figures printed for the lab log, never a pass / fail criterion.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <string.h>
@@ -104,6 +107,8 @@ static void ac_bench(void) {
   t_prob_free(&p);
 }
 
+#include "amx_check_decode.h"
+
 int main(int argc, char **argv) {
   const char *skip = ac_skip_reason();
   if (skip) {
@@ -159,7 +164,18 @@ int main(int argc, char **argv) {
       "\nAMX against emulated tiles: largest difference %.3g of max |ref| (bound %.3g), %lld of %lld elements "
       "differ in their bits\n",
       worst_emu, AC_TOL_EMU, (long long)differing, (long long)total);
-  if (argc > 1 && !strcmp(argv[1], "--bench") && !t_failed) ac_bench();
+  double worst_dec = 0.0, worst_dec_emu = 0.0;
+  int64_t differing_dec = 0, total_dec = 0;
+  acd_check(&worst_dec, &worst_dec_emu, &differing_dec, &total_dec);
+  printf(
+      "%d decode cases, cpu.decode.amx against the fp64 reference: largest error / tolerance %.3f; against the "
+      "emulated tiles: largest difference %.3g of max |ref| (bound %.3g), %lld of %lld elements differ in their "
+      "bits\n",
+      TD_NCASES, worst_dec, worst_dec_emu, AC_TOL_EMU, (long long)differing_dec, (long long)total_dec);
+  if (argc > 1 && !strcmp(argv[1], "--bench") && !t_failed) {
+    ac_bench();
+    acd_bench();
+  }
   printf("%d passed, %d failed\n", t_passed, t_failed);
   return t_failed ? 1 : 0;
 }

@@ -3,7 +3,8 @@
  * features, SINKATTN_SIMD (which may only lower the level) and SINKATTN_NUM_THREADS, which plans are legal and which is the
  * default, the errors of forced plans (unknown: SA_ERR_INVALID; not legal here, the AMX tile path on a CPU
  * without it: SA_ERR_UNSUPPORTED naming the plan and why; the emulated tile plans legal on any AVX-512 + AVX512-BF16 CPU
- * for bf16, never a default), the record read once per process, and every
+ * for bf16, never a default; the tile decode's own limits: head_dim a multiple of 32, no bias, mask or
+ * positions), the record read once per process, and every
  * plan legal on this machine forced in turn (sa_plan_force) on small problems against the fp64 reference,
  * sa_plan_last naming it.
  * Last line: "N passed, N failed".
@@ -95,6 +96,66 @@ static void test_record(void) {
   check(r.threads_bad, "SINKATTN_NUM_THREADS=-2 flagged");
 }
 
+/* The tile decode (cpu.decode.amx, cpu.decode.amx.emulated): bf16 caches with head_dim a multiple of 32, no
+   bias, mask or positions; never a default, listed after the other decode plans; each refusal names why. */
+static void test_decode_tile_plans(const sa_cpu_record *r512, const sa_cpu_record *r2, const sa_cpu_record *rlow) {
+  sa_attn bf = problem(SA_BF16);
+  bf.q_len = 1;
+  bf.head_dim = bf.v_head_dim = 64;
+  sa_attn f32 = bf, f16 = bf, h40 = bf, biased = bf, pos = bf;
+  f32.dtype = SA_F32;
+  f16.dtype = SA_F16;
+  h40.head_dim = 40;
+  biased.bias_dims[0] = biased.bias_dims[1] = biased.bias_dims[2] = biased.bias_dims[3] = 1;
+  pos.q_positions = pos.kv_positions = (const int32_t *)&bf.batch;
+  const char *names[8];
+  int n = sa_cpu_plan_list(&bf, SA_PLAN_DECODE, r512, names, 8);
+  check(n == 5 && !strcmp(names[0], "cpu.decode.avx512bf16") && !strcmp(names[3], "cpu.decode.fwd") &&
+            !strcmp(names[4], "cpu.decode.amx.emulated"),
+        "bf16 H 64 decode plans without AMX: avx512bf16, avx512, portable, fwd, amx.emulated");
+  check(plan_is(&bf, SA_PLAN_DECODE, r512, "cpu.decode.amx.emulated", "cpu.decode.amx.emulated"),
+        "cpu.decode.amx.emulated legal on AVX-512 + AVX512-BF16 (bf16, H 64)");
+  check(fails(&bf, SA_PLAN_DECODE, r512, "cpu.decode.amx", SA_ERR_UNSUPPORTED, "cpu.decode.amx", "AMX-BF16"),
+        "cpu.decode.amx without AMX: SA_ERR_UNSUPPORTED naming the plan and AMX-BF16");
+  check(fails(&f32, SA_PLAN_DECODE, r512, "cpu.decode.amx.emulated", SA_ERR_UNSUPPORTED, "bf16 inputs only", NULL) &&
+            fails(&f16, SA_PLAN_DECODE, r512, "cpu.decode.amx.emulated", SA_ERR_UNSUPPORTED, "AMX-FP16", NULL) &&
+            fails(&f32, SA_PLAN_DECODE, r512, "cpu.decode.amx", SA_ERR_UNSUPPORTED, "bf16 inputs only", NULL),
+        "tile decode on f32 / f16 caches: SA_ERR_UNSUPPORTED naming the dtype");
+  check(fails(&h40, SA_PLAN_DECODE, r512, "cpu.decode.amx.emulated", SA_ERR_UNSUPPORTED, "head_dim", "multiple of 32"),
+        "tile decode at head_dim 40: SA_ERR_UNSUPPORTED naming head_dim");
+  check(fails(&biased, SA_PLAN_DECODE, r512, "cpu.decode.amx.emulated", SA_ERR_UNSUPPORTED, "bias", NULL) &&
+            fails(&pos, SA_PLAN_DECODE, r512, "cpu.decode.amx", SA_ERR_UNSUPPORTED, "positions", NULL),
+        "tile decode with a bias or positions: SA_ERR_UNSUPPORTED naming them");
+  check(fails(&bf, SA_PLAN_DECODE, r2, "cpu.decode.amx.emulated", SA_ERR_UNSUPPORTED, "CPUID", NULL) &&
+            fails(&bf, SA_PLAN_DECODE, rlow, "cpu.decode.amx.emulated", SA_ERR_UNSUPPORTED, "SINKATTN_SIMD", NULL),
+        "emulated tile decode on an AVX2 CPU or under SINKATTN_SIMD=avx2: SA_ERR_UNSUPPORTED");
+  const sa_cpu_features f_nobf16 = {1, 1, 0, 0, 0, 0};
+  sa_cpu_features f = f_nobf16;
+  sa_cpu_record r;
+  sa_cpu_record_make(&f, NULL, NULL, 2, &r);
+  check(fails(&bf, SA_PLAN_DECODE, &r, "cpu.decode.amx.emulated", SA_ERR_UNSUPPORTED, "AVX512-BF16", NULL),
+        "emulated tile decode without AVX512-BF16: SA_ERR_UNSUPPORTED naming it");
+  f.avx512_bf16 = f.amx_bf16 = 1;
+  sa_cpu_record_make(&f, NULL, NULL, 2, &r);
+  check(fails(&bf, SA_PLAN_DECODE, &r, "cpu.decode.amx", SA_ERR_UNSUPPORTED, "cpu.decode.amx", "arch_prctl"),
+        "cpu.decode.amx without the OS's tile state: SA_ERR_UNSUPPORTED naming arch_prctl");
+  f.amx_os = 1;
+  sa_cpu_record_make(&f, NULL, NULL, 2, &r);
+  sa_cpu_plan p;
+  sa_status s = sa_cpu_plan_make(&bf, SA_PLAN_DECODE, &r, "cpu.decode.amx", &p);
+  check(s == SA_OK ? p.tile == SA_CPU_TILE_AMX : s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "-mamx-tile"),
+        "AMX CPU and OS: cpu.decode.amx legal, or refused naming the compiler's missing -mamx-tile");
+  check(plan_is(&bf, SA_PLAN_DECODE, &r, NULL, "cpu.decode.avx512bf16"),
+        "AMX CPU: the decode default stays avx512bf16");
+  n = sa_cpu_plan_list(&bf, SA_PLAN_DECODE, &r, names, 8);
+  check(s == SA_OK ? n == 6 && !strcmp(names[4], "cpu.decode.amx") && !strcmp(names[5], "cpu.decode.amx.emulated")
+                   : n == 5,
+        "AMX CPU: cpu.decode.amx listed after the other decode plans, before its emulation");
+  check(sa_cpu_plan_make(&h40, SA_PLAN_DECODE, &r, NULL, &p) == SA_OK && !strcmp(p.name, "cpu.decode.avx512bf16") &&
+            sa_cpu_plan_list(&h40, SA_PLAN_DECODE, &r, names, 8) == 4,
+        "head_dim 40 on an AMX CPU: the tile decode plans not listed");
+}
+
 static void test_plans(void) {
   sa_cpu_record r512, r2, rlow;
   sa_cpu_record_make(&f_avx512, NULL, NULL, 2, &r512);
@@ -181,6 +242,8 @@ static void test_plans(void) {
   check(n == 4 && !strcmp(names[0], "cpu.decode.avx512bf16") && !strcmp(names[2], "cpu.decode.portable") &&
             !strcmp(names[3], "cpu.decode.fwd"),
         "bf16 decode plans: avx512bf16, avx512, portable, fwd");
+  test_decode_tile_plans(&r512, &r2, &rlow);
+
   sa_attn biased = bf;
   biased.bias_dims[0] = biased.bias_dims[1] = biased.bias_dims[2] = biased.bias_dims[3] = 1;
   check(plan_is(&biased, SA_PLAN_DECODE, &r512, NULL, "cpu.decode.fwd"),
@@ -343,6 +406,24 @@ static void test_machine(void) {
   check(sa_plan_forced(SA_PLAN_FWD) == NULL, "a failed force leaves no plan forced");
   test_forced_runs(SA_F32);
   test_forced_runs(SA_BF16);
+  { /* the tile decode through the plan API: refused here without AMX, naming the plan and AMX */
+    sa_attn d = problem(SA_BF16);
+    d.q_len = 1;
+    d.head_dim = d.v_head_dim = 64;
+    uint16_t q[4 * 64] = {0}, kv[8 * 2 * 64] = {0}, o[4 * 64];
+    float l[4];
+    d.q = q;
+    d.k = d.v = kv;
+    d.out = o;
+    d.lse = l;
+    check(sa_plan_force(SA_PLAN_DECODE, "cpu.decode.amx") == SA_OK, "cpu.decode.amx is a known name");
+    sa_status ds = sa_attn_decode_fwd(&d, NULL, 0, SA_BACKEND_CPU, NULL);
+    if (!r->f.amx_bf16 || !r->f.amx_os)
+      check(ds == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "cpu.decode.amx") && strstr(sa_last_error(), "AMX"),
+            "cpu.decode.amx forced without AMX: SA_ERR_UNSUPPORTED naming the plan and AMX");
+    else check(ds == SA_OK || strstr(sa_last_error(), "-mamx-tile"), "cpu.decode.amx forced on an AMX CPU runs");
+    sa_plan_force(SA_PLAN_DECODE, NULL);
+  }
 
   /* read once: the environment changed after the first call does not move the level */
   char before[16];

@@ -5,11 +5,13 @@
  * several chunks per head; bias, mask and positions (the CPU backend then runs sa_attn_fwd's kernels);
  * plus thread-count determinism (bitwise) and the error contract. The CPU cases run once per CPU decode
  * plan this machine has (forced in turn: the AVX-512 kernel with vdpbf16ps or fp32 scores, the portable
- * one, the attention forward's kernels); on a GPU, every legal CUDA decode plan of each case in turn.
+ * one, the attention forward's kernels, the tile item on AMX or, with AVX512-BF16, over emulated tile
+ * instructions); a case a plan cannot take must be refused naming it, and runs on the default. On a GPU,
+ * every legal CUDA decode plan of each case in turn.
  * Last line: "N passed, N failed".
  */
 #include "sa_plan.h"
-#include "sa_test.h"
+#include "sa_test_decode.h"
 
 #ifdef SINKATTN_WITH_CUDA
 /* The few CUDA runtime calls the test needs, declared here so a C compiler without the CUDA include path
@@ -20,131 +22,33 @@ extern int cudaMemcpy(void *dst, const void *src, size_t n, int kind);
 extern int cudaDeviceSynchronize(void);
 #endif
 
-static t_rng d_rng = {0x9e3779b97f4a7c15ull};
-
-static void *rand_buf(sa_dtype t, int64_t n, float amp) {
-  void *p = t_alloc(n, sa_dtype_size(t));
-  t_fill(p, t, n, &d_rng, -amp, amp);
-  return p;
-}
-
-typedef struct {
-  const char *name; /* rows written by hand */
-  sa_dtype dtype;
-  int64_t B, Tq, S, N, K, H, Hv;
-  sa_softmax softmax;
-  int64_t wl, wr;
-  int lens;   /* 0: no kv_lens; 1: {0, 1, S, random...}; 2: random */
-  int q_lens; /* give q_lens {Tq, Tq - 1, ...} */
-  sa_causal causal;
-  int bias, mask; /* T_BCAST forms or 0 */
-  int pos;        /* positions: queries at S - Tq + i, keys at j (causal then top-left) */
-} dcase;
-
-#define D_ALL .wl = -1, .wr = -1
-#define D_BR  SA_CAUSAL_BOTTOM_RIGHT
-
-/* Fills a from c with fresh random data; the caller frees with free_attn. */
-static void make_attn(const dcase *c, sa_attn *a, float *sinks, int32_t *kvl, int32_t *ql) {
-  sa_attn_init(a);
-  a->dtype = c->dtype;
-  a->batch = c->B;
-  a->q_len = c->Tq;
-  a->kv_len = c->S;
-  a->q_heads = c->N;
-  a->kv_heads = c->K;
-  a->head_dim = c->H;
-  a->v_head_dim = c->Hv;
-  a->q = rand_buf(c->dtype, c->B * c->Tq * c->N * c->H, 1.0f);
-  a->k = rand_buf(c->dtype, c->B * c->S * c->K * c->H, 1.0f);
-  a->v = rand_buf(c->dtype, c->B * c->S * c->K * c->Hv, 1.0f);
-  a->softmax = c->softmax;
-  a->scale = c->H >= 64 ? 0.0f : 0.3f; /* both the default and an explicit scale */
-  for (int64_t n = 0; n < c->N; n++) sinks[n] = (float)t_unif(&d_rng, -10, 10);
-  if (c->N > 2) {
-    sinks[0] = 50.0f;
-    sinks[1] = -50.0f;
-  }
-  if (c->softmax == SA_SOFTMAX_LEARNABLE) a->sinks = sinks;
-  a->causal = c->causal;
-  a->window_left = c->wl;
-  a->window_right = c->wr;
-  for (int64_t b = 0; b < c->B; b++) {
-    int64_t x = t_int(&d_rng, 0, c->S);
-    if (c->lens == 1) x = b == 0 ? 0 : b == 1 ? 1 : b == 2 ? c->S : x;
-    kvl[b] = (int32_t)x;
-    ql[b] = (int32_t)(c->Tq - (b % 2));
-  }
-  if (c->lens) a->kv_lens = kvl;
-  if (c->q_lens) a->q_lens = ql;
-  const int64_t full[4] = {c->B, c->N, c->Tq, c->S};
-  if (c->bias) {
-    t_bcast_dims(c->bias, full, a->bias_dims);
-    a->bias = rand_buf(SA_BF16, sa_dims_count(a->bias_dims), 2.0f);
-    a->bias_dtype = SA_BF16;
-  }
-  if (c->mask) {
-    t_bcast_dims(c->mask, full, a->mask_dims);
-    uint8_t *m = t_alloc(sa_dims_count(a->mask_dims), 1);
-    for (int64_t x = 0; x < sa_dims_count(a->mask_dims); x++) m[x] = t_unif(&d_rng, 0, 1) < 0.2 ? 0 : 1;
-    a->mask = m;
-  }
-  if (c->pos) {
-    int32_t *qp = t_alloc(c->B * c->Tq, 4), *kp = t_alloc(c->B * c->S, 4);
-    for (int64_t x = 0; x < c->B * c->Tq; x++) qp[x] = (int32_t)(c->S - c->Tq + x % c->Tq);
-    for (int64_t x = 0; x < c->B * c->S; x++) kp[x] = (int32_t)(x % c->S);
-    a->q_positions = qp;
-    a->kv_positions = kp;
-  }
-}
-
-static void free_attn(sa_attn *a) {
-  free((void *)a->q);
-  free((void *)a->k);
-  free((void *)a->v);
-  free((void *)a->bias);
-  free((void *)a->mask);
-  free((void *)a->q_positions);
-  free((void *)a->kv_positions);
-}
-
 static void check(int ok, const char *what) {
   if (!ok) t_report("%s", what);
   t_count(ok);
 }
 
-static int close_enough(const sa_attn *a, const void *out, const float *lse, const void *out_ref, const float *lse_ref,
-                        double *worst) {
-  double tol = a->dtype == SA_F32 ? 2e-5 : a->dtype == SA_F16 ? 2e-3 : 1.6e-2;
-  int64_t no = a->batch * a->q_len * a->q_heads * a->v_head_dim, nl = a->batch * a->q_heads * a->q_len;
-  int ok = 1;
-  *worst = 0;
-  for (int64_t i = 0; i < no; i++) {
-    double x = sa_load(out, a->dtype, i), y = sa_load(out_ref, a->dtype, i);
-    double e = fabs(x - y) / (tol * (1.0 + fabs(y)));
-    if (!(e <= 1.0)) ok = 0;
-    if (e > *worst || isnan(e)) *worst = e;
-  }
-  for (int64_t i = 0; i < nl; i++) {
-    if (isinf(lse_ref[i]) || isinf(lse[i])) {
-      if (lse[i] != lse_ref[i]) ok = 0;
-      continue;
-    }
-    double e = fabs((double)lse[i] - lse_ref[i]) / (1e-4 * (1.0 + fabs(lse_ref[i])));
-    if (!(e <= 1.0)) ok = 0;
-  }
-  return ok;
-}
-
 /* The CPU decode plan of the current pass; a case it cannot run (vdpbf16ps scores of an f32 cache, the
-   split-KV kernels with a bias) takes the default plan. Returns the plan forced. */
+   split-KV kernels with a bias, the tile item with an f16 cache or a head_dim not a multiple of 32) must be
+   refused naming the plan (SA_ERR_UNSUPPORTED, checked once per such case) and then takes the default plan.
+   Returns the plan forced; counts the pass's cases run on it, refused, and its worst error / tolerance. */
 static const char *cpu_plan;
 static int cuda_pass; /* the CUDA plans run in the first CPU pass only: the CPU plan does not change them */
+static int pass_ran, pass_refused;
+static double pass_worst;
 static const char *force_cpu_plan(const sa_attn *a) {
   const char *names[8], *use = NULL;
   int n = sa_plan_list(a, SA_PLAN_DECODE, SA_BACKEND_CPU, names, 8);
   for (int i = 0; i < n && i < 8; i++)
     if (cpu_plan && strcmp(names[i], cpu_plan) == 0) use = cpu_plan;
+  if (cpu_plan && !use && a->batch > 0) {
+    sa_plan_force(SA_PLAN_DECODE, cpu_plan);
+    sa_status s = sa_attn_decode_fwd(a, NULL, 0, SA_BACKEND_CPU, NULL);
+    char what[200];
+    snprintf(what, sizeof what, "%s, not listed for this case: SA_ERR_UNSUPPORTED naming it, got %s (%s)", cpu_plan,
+             sa_status_name(s), sa_last_error());
+    check(s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), cpu_plan), what);
+    pass_refused++;
+  }
   sa_plan_force(SA_PLAN_DECODE, use);
   return use;
 }
@@ -190,6 +94,10 @@ static void run_case(const dcase *c) {
     printf("  cpu %s: status %s (%s), worst error / tol %.3g\n", sa_plan_last(SA_PLAN_DECODE), sa_status_name(s),
            sa_last_error(), worst);
   check(ok, what);
+  if (plan) {
+    pass_ran++;
+    if (worst > pass_worst || isnan(worst)) pass_worst = worst;
+  }
   free(w);
   sa_plan_force(SA_PLAN_DECODE, NULL); /* a CPU plan forced for this thread would fail the CUDA calls below */
 
@@ -289,11 +197,13 @@ static void test_threads(sa_dtype t) {
   int32_t kvl[16], ql[16];
   sa_attn a;
   make_attn(&c, &a, sinks, kvl, ql);
-  force_cpu_plan(&a);
   int64_t no = c.B * c.Tq * c.N * c.Hv, nl = c.B * c.N * c.Tq;
   size_t ob = (size_t)no * sa_dtype_size(t);
   void *o1 = malloc(ob), *o2 = malloc(ob);
   float *l1 = malloc((size_t)nl * 4), *l2 = malloc((size_t)nl * 4);
+  a.out = o1;
+  a.lse = l1;
+  force_cpu_plan(&a);
   size_t ws = sa_attn_decode_workspace_size(&a, SA_BACKEND_CPU);
   void *w = malloc(ws);
   int saved = sa_cpu_get_num_threads();
@@ -428,6 +338,8 @@ int main(void) {
     cpu_plan = plans[level];
     cuda_pass = level == 0;
     printf("CPU decode plan %s\n", cpu_plan);
+    pass_ran = pass_refused = 0;
+    pass_worst = 0.0;
     int idx = 0;
     for (int di = 0; di < 3; di++)
       for (int gi = 0; gi < 3; gi++)
@@ -477,6 +389,12 @@ int main(void) {
         /* R = 1 with 6 kv heads (4 lanes each: groups of 4 and 2), and R = 2 with 8 heads (one group of 8) */
         {.name = "R 1, 6 kv heads", .dtype = SA_BF16, .B = 2, .Tq = 1, .S = 900, .N = 6, .K = 6, .H = 64, .Hv = 64,
          .softmax = SA_SOFTMAX_OFF_BY_ONE, D_ALL, .lens = 2, .causal = D_BR},
+        /* the tile item's other shapes: three k steps of Q.K^T, Hv off 32 (a masked V tail); R 40 in three
+           16-lane tiles of a head */
+        {.name = "H 96, Hv 40, R 3", .dtype = SA_BF16, .B = 2, .Tq = 1, .S = 1300, .N = 6, .K = 2, .H = 96, .Hv = 40,
+         .softmax = SA_SOFTMAX_LEARNABLE, .wl = 200, .wr = 0, .lens = 1, .causal = D_BR},
+        {.name = "H 32, Hv 16, R 40", .dtype = SA_BF16, .B = 1, .Tq = 5, .S = 800, .N = 16, .K = 2, .H = 32, .Hv = 16,
+         .softmax = SA_SOFTMAX_OFF_BY_ONE, D_ALL, .lens = 2, .q_lens = 1, .causal = D_BR},
         {.name = "R 2, 8 kv heads", .dtype = SA_F16, .B = 1, .Tq = 2, .S = 800, .N = 8, .K = 8, .H = 48, .Hv = 40,
          .wl = 30, .wr = 0, .lens = 2, .q_lens = 1, .causal = D_BR},
         /* empty shapes: no cache, no batch */
@@ -496,7 +414,10 @@ int main(void) {
     };
     // clang-format on
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) run_case(&rows[i]);
+    for (int i = 0; i < TD_NCASES; i++) run_case(&td_cases[i]); /* amx_check's tile decode cases */
     for (int di = 0; di < 3; di++) test_threads(dts[di]);
+    printf("  %d cases on it (largest error / tolerance %.3f), %d refused naming it and run on the default\n", pass_ran,
+           pass_worst, pass_refused);
   }
   cpu_plan = NULL;
   sa_plan_force(SA_PLAN_DECODE, NULL);

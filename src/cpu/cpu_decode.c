@@ -169,7 +169,15 @@ sa_status sa_cpu_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_
   sa_decode_job job = {
       a,    &p,  sa_cpu_decode_portable, sa_cpu_decode_portable_scratch(a, &p), sa_scale_of(a) * SA_LOG2E, NULL,
       NULL, NULL};
-  if (p.simd == SA_CPU_AVX512) {
+  if (p.tile == SA_CPU_TILE_EMULATED) {
+    job.kernel = sa_cpu_decode_amxemu;
+    job.kernel_floats = sa_cpu_decode_amxemu_scratch(a, &p);
+#ifdef SA_CPU_HAVE_AMX
+  } else if (p.tile == SA_CPU_TILE_AMX) {
+    job.kernel = sa_cpu_decode_amx;
+    job.kernel_floats = sa_cpu_decode_amx_scratch(a, &p);
+#endif
+  } else if (p.simd == SA_CPU_AVX512) {
     job.kernel = sa_cpu_decode_avx512;
     job.kernel_floats = sa_cpu_decode_avx512_scratch(a, &p);
   }

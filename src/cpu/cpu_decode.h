@@ -1,6 +1,7 @@
 /*
  * cpu_decode.h — what the CPU split-KV decode's driver (cpu_decode.c: plan, threads, combine) shares with
- * its two work-item kernels (cpu_decode_portable.c, cpu_decode_avx512.c).
+ * its work-item kernels (cpu_decode_portable.c, cpu_decode_avx512.c, and the tile one of cpu_decode_tile.h
+ * compiled as cpu_decode_amx.c and cpu_decode_amxemu.c).
  *
  * One work item is (batch b, chunk c): every kv head kh against keys [c * chunk, (c + 1) * chunk), the
  * R = G * Tq query rows that read kh together ("GQA packing": each cache byte is read once per item, for
@@ -34,5 +35,12 @@ int64_t sa_cpu_decode_avx512_scratch(const sa_attn *a, const sa_cpu_plan *p);
 /* Fills it->m, l, acc over keys [jlo, jhi) (the driver set m = -inf, l = 0, acc = 0). */
 void sa_cpu_decode_portable(const sa_decode_item *it, float *scratch);
 void sa_cpu_decode_avx512(const sa_decode_item *it, float *scratch);
+/* The tile item: AMX instructions (built where the compiler takes them: SA_CPU_HAVE_AMX) or their emulation. */
+#ifdef SA_CPU_HAVE_AMX
+int64_t sa_cpu_decode_amx_scratch(const sa_attn *a, const sa_cpu_plan *p);
+void sa_cpu_decode_amx(const sa_decode_item *it, float *scratch);
+#endif
+int64_t sa_cpu_decode_amxemu_scratch(const sa_attn *a, const sa_cpu_plan *p);
+void sa_cpu_decode_amxemu(const sa_decode_item *it, float *scratch);
 
 #endif /* SA_CPU_DECODE_H */

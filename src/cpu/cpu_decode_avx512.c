@@ -15,11 +15,7 @@
  * is read front to back; meanwhile the next block is asked into L2, a few lines per P.V step, and the
  * rows of a later group of this block into L1.
  */
-#include <immintrin.h>
-#include <stdint.h>
-
-#include "cpu_decode.h"
-#include "cpu_exp2_avx512.h"
+#include "cpu_decode_avx512.h"
 
 /* Keys per block and the prefetch distances, measured on one Zen 5 core with a DRAM-resident cache (bf16,
    B 1, S 32k, N/K 64/8, H 64, two kv heads per score vector; time ratios, medians of 11 interleaved
@@ -31,31 +27,7 @@
 #define SA_DEC_BK       16
 #define SA_DEC_L1_AHEAD 2
 
-#define SA_INL         static inline __attribute__((always_inline))
 #define SA_BF16_TARGET __attribute__((target("avx512bf16")))
-
-static int64_t sa_al16(int64_t n) { return (n + 15) & ~(int64_t)15; }
-
-/* How the rows of the kv heads fill the lanes: hpv heads per 16-lane vector, lanes per head (the head's R
-   rows, then padding), Rp lanes per group of heads. R <= 8 rows of one head would leave half the lanes of
-   a score vector empty (gpt-oss decode: G = 8, one token), so 16 / lanes heads share one: half the
-   vdpbf16ps and the exp2 of a vector per head. */
-typedef struct {
-  int64_t hpv, lanes, Rp, groups;
-} sa_dec_pack;
-
-static sa_dec_pack sa_dec_pack_of(int64_t R, int64_t K) {
-  sa_dec_pack p = {1, sa_al16(R), sa_al16(R), K};
-  if (R <= 8 && K > 1) {
-    int64_t lanes = R <= 1 ? 1 : R <= 2 ? 2 : R <= 4 ? 4 : 8;
-    while (16 / lanes > K) lanes *= 2; /* no more heads per vector than there are */
-    p.hpv = 16 / lanes;
-    p.lanes = lanes;
-    p.Rp = 16;
-    p.groups = (K + p.hpv - 1) / p.hpv;
-  }
-  return p;
-}
 
 /* Floats of the kernel's scratch: Q^T [groups][H][Rp] (fp32; bf16 pairs use half), S^T [BK][Rp], the block's
    rescale factors [Rp], the lanes' key ranges as int32 [2][Rp], m and l per group [2][groups][Rp], and an fp32
@@ -72,26 +44,6 @@ int64_t sa_cpu_decode_avx512_scratch(const sa_attn *a, const sa_cpu_plan *p) {
 SA_INL const char *sa_dec_key(const char *const *bases, int k, int64_t stride, int64_t stride3) {
   const char *p = bases[k >> 2];
   return (k & 3) == 0 ? p : (k & 3) == 1 ? p + stride : (k & 3) == 2 ? p + 2 * stride : p + stride3;
-}
-
-/* Lines still to be asked into L2: [p, p + n * 64) then [p2, p2 + n2 * 64); per lines a step. */
-typedef struct {
-  const char *p, *p2;
-  int64_t n, n2, per;
-} sa_dec_pf;
-
-SA_INL void sa_dec_pf_step(sa_dec_pf *f, int64_t lines) {
-  for (int64_t x = 0; x < lines; x++) {
-    if (f->n > 0) {
-      __builtin_prefetch(f->p, 0, 2);
-      f->p += 64;
-      f->n--;
-    } else if (f->n2 > 0) {
-      __builtin_prefetch(f->p2, 0, 2);
-      f->p2 += 64;
-      f->n2--;
-    }
-  }
 }
 
 /* ---- Q.K^T ------------------------------------------------------------------------------------- */
@@ -195,43 +147,6 @@ typedef void (*sa_dec_qk_fn)(int64_t, int64_t, int64_t, const char *, int64_t, c
 static const sa_dec_qk_fn sa_dec_qk_blocks[2][5] = {
     {sa_dec_qk_block_0_1, sa_dec_qk_block_0_2, sa_dec_qk_block_0_4, sa_dec_qk_block_0_8, sa_dec_qk_block_0_16},
     {sa_dec_qk_block_1_1, sa_dec_qk_block_1_2, sa_dec_qk_block_1_4, sa_dec_qk_block_1_8, sa_dec_qk_block_1_16}};
-
-/* ---- softmax down the lanes -------------------------------------------------------------------- */
-
-/* One block's online-softmax step for every row vector of a kv head (the block's first key at j0, lane
-   ranges [rlo, rhi) in the same coordinates): masks (when some row's range cuts the block), the new maxima, st becomes p = 2^(s - m), l and m updated, corr = 2^(m_old - m_new). While
-   a row's max is still -inf the reference point is 0, so its masked entries give p = 0, not NaN. */
-static void sa_dec_softmax(int64_t Rp, int64_t nb, int64_t j0, int mask, const int32_t *rlo, const int32_t *rhi,
-                           float *st, float *m, float *l, float *corr) {
-  const __m512 ninf = _mm512_set1_ps(-INFINITY);
-  for (int64_t v = 0; v < Rp; v += 16) {
-    __m512 mx = ninf;
-    if (mask) {
-      const __m512i lo = _mm512_load_si512(rlo + v), hi = _mm512_load_si512(rhi + v);
-      for (int64_t jj = 0; jj < nb; jj++) {
-        const __m512i j = _mm512_set1_epi32((int32_t)(j0 + jj));
-        const __mmask16 ok = _mm512_cmple_epi32_mask(lo, j) & _mm512_cmplt_epi32_mask(j, hi);
-        const __m512 s = _mm512_mask_blend_ps(ok, ninf, _mm512_load_ps(st + jj * Rp + v));
-        _mm512_store_ps(st + jj * Rp + v, s);
-        mx = _mm512_max_ps(mx, s);
-      }
-    } else {
-      for (int64_t jj = 0; jj < nb; jj++) mx = _mm512_max_ps(mx, _mm512_load_ps(st + jj * Rp + v));
-    }
-    const __m512 mold = _mm512_load_ps(m + v), mnew = _mm512_max_ps(mold, mx);
-    const __m512 mu = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mnew, ninf, _CMP_EQ_OQ), mnew, _mm512_setzero_ps());
-    const __m512 cr = sa_exp2_avx512(_mm512_sub_ps(mold, mu));
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t jj = 0; jj < nb; jj++) {
-      const __m512 p = sa_exp2_avx512(_mm512_sub_ps(_mm512_load_ps(st + jj * Rp + v), mu));
-      _mm512_store_ps(st + jj * Rp + v, p);
-      sum = _mm512_add_ps(sum, p);
-    }
-    _mm512_store_ps(l + v, _mm512_fmadd_ps(_mm512_load_ps(l + v), cr, sum));
-    _mm512_store_ps(m + v, mnew);
-    _mm512_store_ps(corr + v, cr);
-  }
-}
 
 /* ---- P.V --------------------------------------------------------------------------------------- */
 
@@ -378,21 +293,8 @@ void sa_cpu_decode_avx512(const sa_decode_item *it, float *scratch) {
   float *gl = gm + ng * Rp, *kf = gl + ng * Rp;
   int32_t *rlo = (int32_t *)(void *)(corr + Rp), *rhi = rlo + Rp;
   sa_dec_q_transpose(it, &pk, qt);
-  /* Lanes' key ranges relative to jlo (a chunk is at most 4096 keys, whatever S): a row's range is the
-     same in every head; padding lanes see every key (their q is 0: finite scores, never written out). */
-  int64_t lo_max = it->jlo, hi_min = it->jhi;
-  for (int64_t x = 0; x < Rp; x++) {
-    const int64_t r = pk.hpv > 1 ? x % pk.lanes : x;
-    const int64_t lo = r < R ? it->rng[2 * r] : it->jlo, hi = r < R ? it->rng[2 * r + 1] : it->jhi;
-    rlo[x] = (int32_t)(lo > it->jlo ? lo - it->jlo : 0);
-    rhi[x] = (int32_t)(hi > it->jlo ? hi - it->jlo : 0);
-    if (lo > lo_max) lo_max = lo;
-    if (hi < hi_min) hi_min = hi;
-  }
-  for (int64_t x = 0; x < ng * Rp; x++) {
-    gm[x] = -INFINITY;
-    gl[x] = 0.0f;
-  }
+  int64_t lo_max, hi_min;
+  sa_dec_lanes_init(it, &pk, rlo, rhi, gm, gl, &lo_max, &hi_min);
   const int direct = a->dtype == SA_F32 || p->bf16_dot; /* K elements broadcast straight from the cache */
   const int hsel = pk.hpv == 1 ? 0 : pk.hpv == 2 ? 1 : pk.hpv == 4 ? 2 : pk.hpv == 8 ? 3 : 4;
   const sa_dec_qk_fn qk_block = sa_dec_qk_blocks[p->bf16_dot][hsel];
@@ -454,11 +356,6 @@ void sa_cpu_decode_avx512(const sa_decode_item *it, float *scratch) {
       sa_dec_pf_step(&pf, pf.n + pf.n2); /* what the key loops left */
     }
   }
-  for (int64_t kh = 0; kh < K; kh++)
-    for (int64_t r = 0; r < R; r++) {
-      const int64_t x = (kh / pk.hpv) * Rp + (kh % pk.hpv) * pk.lanes + r;
-      it->m[kh * it->mstride + r] = gm[x];
-      it->l[kh * it->mstride + r] = gl[x];
-    }
+  sa_dec_lanes_out(it, &pk, gm, gl);
   if (a->dtype == SA_BF16) sa_dec_unpair(it->acc, K * R, Hv, it->astride);
 }

@@ -37,6 +37,10 @@ static const sa_cpu_plan_kind sa_cpu_plan_kinds[] = {
     {"cpu.decode.avx512", SA_PLAN_DECODE, SA_CPU_AVX512, 0, 0, 0, 0},
     {"cpu.decode.portable", SA_PLAN_DECODE, SA_CPU_SCALAR, 0, 0, 0, 0},
     {"cpu.decode.fwd", SA_PLAN_DECODE, SA_CPU_SCALAR, 0, 0, 0, 1},
+    /* The split-KV item with Q.K^T and P.V on AMX tiles (bf16, head_dim a multiple of 32), override-only until
+       it has run on an AMX CPU; and the same code over emulated instructions (tests). */
+    {"cpu.decode.amx", SA_PLAN_DECODE, SA_CPU_AVX512, SA_CPU_TILE_AMX, 0, 1, 0},
+    {"cpu.decode.amx.emulated", SA_PLAN_DECODE, SA_CPU_AVX512, SA_CPU_TILE_EMULATED, 0, 1, 0},
 };
 #define SA_CPU_NPLANS ((int)(sizeof sa_cpu_plan_kinds / sizeof sa_cpu_plan_kinds[0]))
 
@@ -59,6 +63,9 @@ static const char *sa_cpu_plan_why_not(const sa_cpu_plan_kind *k, const sa_attn 
     if (a->dtype == SA_F32) return "the tile products take bf16 inputs only";
     if (a->dtype == SA_F16)
       return "the tile products take bf16 inputs only: f16 needs AMX-FP16's TDPFP16PS, which has no kernels yet";
+    if (k->which == SA_PLAN_DECODE && a->head_dim % 32 != 0)
+      return "the tile decode loads K rows straight into A tiles, 32 elements a k step: head_dim must be a multiple "
+             "of 32";
     if (!r->f.avx512_bf16) return "the tile kernels pack their operands with AVX512-BF16, which this CPU lacks (CPUID)";
     if (k->tile == SA_CPU_TILE_EMULATED) return NULL;
     if (!r->f.amx_bf16) return "this CPU lacks AMX-TILE + AMX-BF16 (CPUID)";

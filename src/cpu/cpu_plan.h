@@ -8,7 +8,8 @@
  * cpu.fwd.scalar, cpu.decode.avx512bf16, cpu.decode.portable, cpu.decode.fwd; cpu.fwd.amx / cpu.bwd.amx are
  * the tile path (docs/cpu.md), never a default: only a forced plan reaches them, on an AMX CPU only;
  * cpu.fwd.amx.emulated / cpu.bwd.amx.emulated run the same tile code over emulated instructions, a test
- * vehicle on any AVX-512 + AVX512-BF16 CPU, never a default either.
+ * vehicle on any AVX-512 + AVX512-BF16 CPU, never a default either; cpu.decode.amx and
+ * cpu.decode.amx.emulated are the same pair for the split-KV decode item.
  */
 #ifndef SA_CPU_PLAN_H
 #define SA_CPU_PLAN_H

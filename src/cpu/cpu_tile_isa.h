@@ -90,6 +90,13 @@ static float sa_tile_emu_ftz(float x) {
 static void sa_tile_emu_dpbf16ps(int c, int a, int b) {
   const int rows = sa_tile_emu.cfg.rows[c], nk = sa_tile_emu.cfg.colsb[a] / 4, nn = sa_tile_emu.cfg.colsb[c] / 4;
   float acc[16];
+  /* C is m x n, A m x k pairs, B k pair-rows x n: a configuration that disagrees is #UD on the CPU, here a
+     C of NaN, which every test then reports (the tile decode configures its tiles per shape). */
+  if (sa_tile_emu.cfg.rows[a] != rows || sa_tile_emu.cfg.colsb[b] != sa_tile_emu.cfg.colsb[c] ||
+      sa_tile_emu.cfg.colsb[a] != 4 * sa_tile_emu.cfg.rows[b] || rows == 0 || nn == 0 || nk == 0) {
+    memset(sa_tile_emu.t[c], 0xff, sizeof sa_tile_emu.t[c]);
+    return;
+  }
   for (int m = 0; m < rows; m++) {
     memcpy(acc, sa_tile_emu.t[c][m], (size_t)nn * 4);
     const uint8_t *ar = sa_tile_emu.t[a][m];

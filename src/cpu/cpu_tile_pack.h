@@ -28,7 +28,7 @@
 #define SA_TILE_M   16                      /* rows per tile */
 #define SA_TILE_BLK (SA_TILE_K * SA_TILE_N) /* bf16 of one VNNI B block: 1 KiB, one tile load */
 
-static int64_t tile_round(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+static inline int64_t tile_round(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 /* Lanes [0, n) of a 16-lane mask, n clamped to [0, 16]. */
 static inline __mmask16 tile_lanes(int64_t n) {
@@ -72,7 +72,7 @@ static inline void tile_transpose16(__m512i r[16]) {
 }
 
 /* n bf16 of src (from element off) into the row buffer dst, zeros up to the next multiple of 32. */
-static void tile_load_row(float *dst, const void *src, int64_t off, int64_t n) {
+static inline void tile_load_row(float *dst, const void *src, int64_t off, int64_t n) {
   const uint16_t *s = (const uint16_t *)src + off;
   uint16_t *d = (uint16_t *)dst;
   for (int64_t i = 0; i < n; i += 32) {
@@ -84,7 +84,7 @@ static void tile_load_row(float *dst, const void *src, int64_t off, int64_t n) {
 /* B [kd x N] fp32 (rows ldb apart) as VNNI blocks: block (nb, s) holds k in [32 s, 32 s + 32) and columns
    [16 nb, 16 nb + 16), pair-row e of column x at (e * 16 + x) * 2: (B[32 s + 2e][.], B[32 s + 2e + 1][.]);
    zeros past kd and N, up to multiples of 32. */
-static void tile_pack_b(uint16_t *pb, int64_t kd, int64_t N, const float *B, int64_t ldb) {
+static inline void tile_pack_b(uint16_t *pb, int64_t kd, int64_t N, const float *B, int64_t ldb) {
   const int64_t ks = tile_round(kd, SA_TILE_K) / SA_TILE_K, nbs = tile_round(N, 2 * SA_TILE_N) / SA_TILE_N;
   for (int64_t nb = 0; nb < nbs; nb++) {
     const __mmask16 m = tile_lanes(N - nb * SA_TILE_N);
@@ -102,7 +102,7 @@ static void tile_pack_b(uint16_t *pb, int64_t kd, int64_t N, const float *B, int
 }
 
 /* The same blocks from B in bf16 rows (tile_load_row's; row k at uint16 element 2 k ldb). */
-static void tile_pack_b_bf16(uint16_t *pb, int64_t kd, int64_t N, const float *B, int64_t ldb) {
+static inline void tile_pack_b_bf16(uint16_t *pb, int64_t kd, int64_t N, const float *B, int64_t ldb) {
   const int64_t ks = tile_round(kd, SA_TILE_K) / SA_TILE_K, nbs = tile_round(N, 2 * SA_TILE_N) / SA_TILE_N;
   const uint16_t *b16 = (const uint16_t *)B;
   for (int64_t nb = 0; nb < nbs; nb++) {
@@ -123,7 +123,8 @@ static void tile_pack_b_bf16(uint16_t *pb, int64_t kd, int64_t N, const float *B
 /* Rows [m0, m0 + 32) of A(r, k) = A[r + k ak] (fp32: S^T or S read transposed) as a panel [32][kp] of
    bf16, zeros past M and kd: per 16 rows and k step, the 16 VNNI pairs of k rows (2e, 2e + 1), then a dword
    transpose, so that row r holds A(r, 0 .. 31) in order. Returns the panel's valid rows in tiles: 1 or 2. */
-static int tile_pack_a_t(uint16_t *pa, int64_t kp, int64_t m0, int64_t M, int64_t kd, const float *A, int64_t ak) {
+static inline int tile_pack_a_t(uint16_t *pa, int64_t kp, int64_t m0, int64_t M, int64_t kd, const float *A,
+                                int64_t ak) {
   const int halves = m0 + SA_TILE_M < M ? 2 : 1;
   for (int h = 0; h < halves; h++) {
     const int64_t r0 = m0 + h * SA_TILE_M;
