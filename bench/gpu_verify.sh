@@ -23,6 +23,9 @@
 #           case against the fp64 reference), compute-sanitizer memcheck and racecheck over it (the decode kernels
 #           instrumented), the decode rows of bench/kernel_bench.py (every plan, against the copy bandwidth of the same
 #           run), and ncu over the mma kernel at B1 S32k and B8 S4k.
+#   PART=cpu  the host CPU alone: tests/amx_check.c --bench (the AMX tile kernels, attention and decode, where the
+#           host has AMX) and bench/cpu_bench.py on 2 host cores (--amx: the tile plans beside the defaults).
+#   PART="1 decode cpu"  several parts in one call, in that order, one summary (a list of the names above).
 #   PART=all  1 and 2, in one call (longer than one call's 10 minutes on the H200).
 #
 # Every step has its own time limit (and the whole part a budget, BUDGET seconds, that later steps are cut to):
@@ -32,13 +35,15 @@
 # Knobs (env): SAN_STRIDE / SAN_HOPPER_STRIDE (every k-th case of test_cuda's general / hopper table under the
 # sanitizers; default 8 / 3), RACE_FAMILIES (racecheck over the hopper table, one process per plan-name
 # substring: "hopper.fwd hopper.bwd.onepass hopper.bwd.twopass"), RACE_HOPPER_STRIDE (3), PYTEST_WORKERS (4),
-# GREEN_SMS ("64 32 16 8"), PROGRESS_SHAPES, BENCH_ARGS, SEGMENTS_ARGS, BUDGET (560).
+# GREEN_SMS ("64 32 16 8"), PROGRESS_SHAPES, BENCH_ARGS, SEGMENTS_ARGS, CPU_BENCH (1: the cpu part runs cpu_bench.py),
+# BUDGET (560).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 PART=${PART:-1}
 OUT=${OUT:-gpu_out}
 BUDGET=${BUDGET:-560}
-STAGE=$(mktemp -d)/gpu_verify-$PART
+TAG=${PART// /+}
+STAGE=$(mktemp -d)/gpu_verify-$TAG
 mkdir -p "$OUT" "$STAGE"
 PY=$(command -v python3)
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -47,6 +52,12 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export SINKATTN_COMMIT=${SINKATTN_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 STEPS=()
+
+# has NAME: the part NAME is asked for (PART lists names; all = 1 and 2).
+has() {
+  case " $PART " in *" $1 "*) return 0 ;; esac
+  [ "$PART" = all ] && { [ "$1" = 1 ] || [ "$1" = 2 ]; }
+}
 
 # step_limit LIMIT: LIMIT, cut to what is left of the part's budget (at least 10 s).
 step_limit() {
@@ -80,7 +91,7 @@ key() {
     test_decode) grep -h -E "[0-9]+ passed, [0-9]+ failed" "$log" | tail -n 1 ;;
     pytest*|ctest) grep -h -E "[0-9]+ (passed|failed)|tests passed|tests failed" "$log" | tail -n 1 | cut -c1-160 ;;
     progress) cat "$STAGE/progress.digest" 2>/dev/null ;;
-    amx_check) grep -h -E "^(SKIP|bench: fwd|[0-9]+ passed)" "$log" | tr '\n' ' ' ;;
+    amx_check*) grep -h -E "^(SKIP|bench: fwd|bench: decode B|[0-9]+ passed)" "$log" | cut -c1-110 | tr '\n' ' ' ;;
     cpu_bench) grep -h -E "^peaks on|under cpu" "$log" | cut -c1-120 | tr '\n' ' ' ;;
     *) grep -h -E "^(kernel_bench|segments_bench|ring|build|wheels):" "$log" | tail -n 1 ;;
   esac
@@ -112,7 +123,7 @@ torch.__version__, "cuDNN", torch.backends.cudnn.version())'
   echo "commit $SINKATTN_COMMIT part $PART gpus $NGPU cores $(nproc)"
   lscpu; } > "$STAGE/machine.txt" 2>&1
 
-if [ "$PART" = 1 ] || [ "$PART" = all ]; then
+if has 1; then
   bg_step build_release 240 bash -c 'build "$@"' build build-gpu Release 8
   bg_step build_sanitizer 240 bash -c 'build "$@"' build build-gpusan RelWithDebInfo 8 --target test_cuda sinkattn_jax
   wait_steps
@@ -142,7 +153,7 @@ if [ "$PART" = 1 ] || [ "$PART" = all ]; then
   wait_steps
 fi
 
-if [ "$PART" = 2 ] || [ "$PART" = all ]; then
+if has 2; then
   if ls .whl/*.whl > /dev/null 2>&1; then  # cudnn-frontend (kernel_bench's cuDNN contender), carried as a wheel
     run_step wheels 60 bash -c "\"$PY\" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl && echo \"wheels: \$(ls .whl)\""
@@ -172,7 +183,7 @@ if [ "$PART" = 2 ] || [ "$PART" = all ]; then
   run_step segments 80 "$PY" bench/segments_bench.py --out "$STAGE/segments.json" ${SEGMENTS_ARGS:-}
 fi
 
-if [ "$PART" = 3 ]; then
+if has 3; then
   run_step build_release 300 bash -c 'build "$@"' build build-gpu Release 16 --target sinkattn sinkattn_jax test_cuda
   export SINKATTN_LIBRARY=$PWD/build-gpu/libsinkattn_jax.so SINKATTN_C_LIBRARY=$PWD/build-gpu/libsinkattn.so
   bg_step test_cuda_segs_hopper 240 build-gpu/test_cuda --table=hopper --case=segs
@@ -194,7 +205,7 @@ if [ "$PART" = 3 ]; then
   done
 fi
 
-if [ "$PART" = decode ]; then
+if has decode; then
   run_step build_release 240 bash -c 'build "$@"' build build-gpu Release 16 --target sinkattn sinkattn_jax test_decode
   export SINKATTN_LIBRARY=$PWD/build-gpu/libsinkattn_jax.so SINKATTN_C_LIBRARY=$PWD/build-gpu/libsinkattn.so
   run_step test_decode 120 build-gpu/test_decode
@@ -213,6 +224,16 @@ if [ "$PART" = decode ]; then
   done
 fi
 
+if has cpu; then
+  [ -x build-gpu/amx_check ] || run_step build_cpu 240 bash -c 'build "$@"' build build-gpu Release 16 \
+    --target sinkattn amx_check sinkattn_cpubench
+  run_step amx_check 150 bash -c 'build-gpu/amx_check --bench; rc=$?; [ $rc = 77 ] && exit 0; exit $rc'
+  run_step amx_check_2t 150 bash -c 'SINKATTN_NUM_THREADS=2 build-gpu/amx_check --bench; rc=$?; [ $rc = 77 ] && exit 0
+    exit $rc'
+  [ "${CPU_BENCH:-1}" = 1 ] && run_step cpu_bench 200 "$PY" bench/cpu_bench.py --lib build-gpu/libsinkattn_cpubench.so \
+    --quick --amx --threads 2 --rounds 3 --out "$STAGE/cpu_bench.json"
+fi
+
 {
   echo "gpu_verify PART=$PART commit $SINKATTN_COMMIT, $(grep -m1 -o 'NVIDIA H[0-9A-Za-z ]*' "$STAGE/machine.txt" \
     || echo 'GPU ?'), driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
@@ -227,6 +248,7 @@ fi
   done
   [ -f "$STAGE/kernel_bench.log" ] && sed -n '/^kernel level, ms per call/,/^wrote /p' "$STAGE/kernel_bench.log" |
     cut -c1-210
+  for f in "$STAGE"/amx_check*.log; do [ -f "$f" ] && grep -h "^bench:" "$f" | cut -c1-150; done
   [ -f "$STAGE/decode_bench.log" ] && grep -h "^decode B" "$STAGE/decode_bench.log" | cut -c1-120
   [ -f "$STAGE/segments.log" ] && sed -n '/^segments summary/,/^segments_bench:/p' "$STAGE/segments.log" | cut -c1-170
   [ "$SINKATTN_COMMIT" = unknown ] && echo "WARNING: SINKATTN_COMMIT unset: results are stamped 'unknown'"
@@ -236,6 +258,6 @@ cp "$STAGE/summary.txt" "$OUT/summary.txt"
 for f in machine.txt prod_check.json kernel_bench.json decode.json segments.json progress.jsonl ring.json cpu_bench.json; do
   [ -f "$STAGE/$f" ] && cp "$STAGE/$f" "$OUT/"
 done
-tar -C "$(dirname "$STAGE")" -czf "$OUT/gpu_verify-$PART.tgz" "gpu_verify-$PART"
+tar -C "$(dirname "$STAGE")" -czf "$OUT/gpu_verify-$TAG.tgz" "gpu_verify-$TAG"
 cat "$OUT/summary.txt"
 grep -q "every step passed" "$OUT/summary.txt"
