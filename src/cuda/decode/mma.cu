@@ -10,7 +10,7 @@
 #include "decode/decode.cuh"
 
 #define SA_DM_WARPS  4
-#define SA_DM_STAGES 3  /* 2 tiles in flight per warp: 8 warps an SM keep ~140 KiB of K / V requested */
+#define SA_DM_STAGES 3  /* 2 tiles in flight per warp: 8 warps an SM keep 128 KiB of K / V requested */
 #define SA_DM_RB     16 /* query rows per CTA: the mma's M */
 
 template <int HD>
