@@ -42,7 +42,7 @@ cd "$(dirname "$0")/.." || exit 2
 PART=${PART:-1}
 OUT=${OUT:-gpu_out}
 BUDGET=${BUDGET:-560}
-TAG=${PART// /+}
+TAG=${PART// /_}
 STAGE=$(mktemp -d)/gpu_verify-$TAG
 mkdir -p "$OUT" "$STAGE"
 PY=$(command -v python3)
