@@ -36,7 +36,7 @@
 /* Keys per block: one k step of P.V (32 keys a TDPBF16PS), two 16-key tiles of S^T. A block of every head is
    64 KiB of cache at gpt-oss's K 8, H 64; one group of two heads 16 KiB, which with the next group's K rows
    (8 KiB, asked into L1 one group ahead) and the item's staging (~15 KiB) fits the 48 KiB L1 of a Sapphire
-   Rapids core. Not yet measured on an AMX CPU. */
+   Rapids core. */
 #define SA_DTL_BK 32
 #define SA_DTL_KS (SA_DTL_BK / SA_TILE_K) /* k steps of P.V per block */
 
