@@ -15,23 +15,11 @@
 #include "sa_internal.h"
 #include "sa_plan.h"
 
-const char *const sa_cuda_plan_names[] = {"cuda.fwd.portable",
-                                          "hopper.fwd.persistent",
-                                          "hopper.fwd.onetile",
-                                          "hopper.fwd.persistent.narrow",
-                                          "cuda.bwd.portable",
-                                          "hopper.bwd.twopass.wg2",
-                                          "hopper.bwd.twopass.kv3",
-                                          "hopper.bwd.twopass.dq3",
-                                          "hopper.bwd.twopass.wg3",
-                                          "hopper.bwd.onepass",
-                                          "hopper.bwd.onepass.plain",
-                                          "hopper.bwd.onepass.narrow",
-                                          "cuda.decode.pipe",
-                                          "cuda.decode.register",
-                                          "cuda.decode.mma",
-                                          "cuda.decode.mma.s2",
-                                          NULL};
+const char *const sa_cuda_plan_names[] = {
+    "cuda.fwd.portable",      "hopper.fwd.persistent",  "hopper.fwd.onetile",       "hopper.fwd.persistent.narrow",
+    "cuda.bwd.portable",      "hopper.bwd.twopass.wg2", "hopper.bwd.twopass.kv3",   "hopper.bwd.twopass.dq3",
+    "hopper.bwd.twopass.wg3", "hopper.bwd.onepass",     "hopper.bwd.onepass.plain", "hopper.bwd.onepass.narrow",
+    "cuda.decode.pipe",       "cuda.decode.register",   "cuda.decode.mma",          NULL};
 
 int sa_cuda_padded_dim(int64_t h) { return h <= 32 ? 32 : h <= 64 ? 64 : h <= 128 ? 128 : 256; }
 
@@ -344,16 +332,12 @@ static void sa_dec_mma_schedule(const sa_pctx *c, sa_cuda_plan *p) {
   p->dec_pdl = c->dev->cc_major >= 9;
 }
 
-/* kind: 0 the register kernel, 1 the pipeline kernel, 2 the mma kernel, 3 the mma kernel with 2 stages a warp
-   (one tile in flight: half the queue, to time against the default) */
+/* kind: 0 the register kernel, 1 the pipeline kernel, 2 the mma kernel */
 static const char *sa_dec_plan(const sa_pctx *c, sa_cuda_plan *p, int kind) {
-  static const char *const names[4] = {"cuda.decode.register", "cuda.decode.pipe", "cuda.decode.mma",
-                                       "cuda.decode.mma.s2"};
-  static const sa_cuda_family fams[4] = {SA_CUDA_DECODE_REGISTER, SA_CUDA_DECODE_PIPE, SA_CUDA_DECODE_MMA,
-                                         SA_CUDA_DECODE_MMA};
+  static const char *const names[3] = {"cuda.decode.register", "cuda.decode.pipe", "cuda.decode.mma"};
+  static const sa_cuda_family fams[3] = {SA_CUDA_DECODE_REGISTER, SA_CUDA_DECODE_PIPE, SA_CUDA_DECODE_MMA};
   sa_plan_init(p, c, names[kind], fams[kind]);
-  p->dec_stages = kind == 3 ? 2 : 3;
-  if (kind >= 2) sa_dec_mma_schedule(c, p);
+  if (kind == 2) sa_dec_mma_schedule(c, p);
   else sa_dec_schedule(c, p);
   p->reason = kind == 0   ? "split-KV, K / V in registers (any head dim <= 256 and dtype)"
               : kind == 1 ? "split-KV, K / V through a 4-stage cp.async pipeline in shared memory"
@@ -429,8 +413,8 @@ static void sa_collect(const sa_attn *a, int which, const sa_cuda_device *dev, s
     why = sa_bwd_onepass(&c, &p, 2, ws_avail);
     sa_offer(l, &p, why);
   } else if (which == SA_PLAN_DECODE) {
-    static const int order[4] = {2, 1, 0, 3}; /* mma, pipe, register, mma.s2 */
-    for (int i = 0; i < 4; i++) {
+    static const int order[3] = {2, 1, 0}; /* mma, pipe, register */
+    for (int i = 0; i < 3; i++) {
       why = sa_dec_plan(&c, &p, order[i]);
       sa_offer(l, &p, why);
     }

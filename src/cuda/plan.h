@@ -59,10 +59,9 @@ typedef struct sa_cuda_plan {
   size_t off_sync, off_part; /* the one pass's regions after the common ones: dq_acc at 0, then these */
   /* decode */
   int64_t rows, rowgroups, chunk, splits;
-  int dec_pdl;    /* the combine is a programmatic dependent launch (sm_90) */
-  int dec_stages; /* the mma kernel's stages per warp (3; 2: one tile in flight) */
-  int sms;        /* the SMs the schedule was sized for (the context's) */
-  size_t ws;      /* workspace bytes the call needs */
+  int dec_pdl; /* the combine is a programmatic dependent launch (sm_90) */
+  int sms;     /* the SMs the schedule was sized for (the context's) */
+  size_t ws;   /* workspace bytes the call needs */
   const char *reason;
   char note[112]; /* what the call adds to the reason (why not Hopper; a refused cooperative launch) */
 } sa_cuda_plan;

@@ -84,6 +84,6 @@ struct sa_dec_io<float> {
 /* Enqueue the split kernel of plan cuda.decode.pipe (pipe.cu) or cuda.decode.mma (mma.cu); the combine is
    split.cu's. */
 cudaError_t sa_decode_pipe_launch(const sa_decode_params &dp, sa_dtype dtype, cudaStream_t st);
-cudaError_t sa_decode_mma_launch(const sa_decode_params &dp, sa_dtype dtype, int stages, cudaStream_t st);
+cudaError_t sa_decode_mma_launch(const sa_decode_params &dp, sa_dtype dtype, cudaStream_t st);
 
 #endif /* SA_DECODE_CUH */

@@ -10,15 +10,15 @@
 #include "decode/decode.cuh"
 
 #define SA_DM_WARPS  4
-#define SA_DM_STAGES 3  /* the default's stages: 2 tiles in flight per warp, 8 warps an SM keep 128 KiB requested */
+#define SA_DM_STAGES 3  /* 2 tiles in flight per warp: 8 warps an SM keep 128 KiB of K / V requested */
 #define SA_DM_RB     16 /* query rows per CTA: the mma's M */
 
-template <int HD, int NS = SA_DM_STAGES>
+template <int HD>
 struct sa_dm_cfg {
   static constexpr int TK = 2048 / HD; /* keys per warp tile: 32 at HD 64, 16 at HD 128 (8 KiB of K and V) */
   static constexpr int LD = HD + 8;    /* padded row: the 8 rows one ldmatrix reads fall in 8 bank groups */
   static constexpr int TILE = TK * LD; /* 16-bit elements of one K (or V) tile */
-  static constexpr int SMEM = SA_DM_WARPS * NS * 2 * TILE * 2;
+  static constexpr int SMEM = SA_DM_WARPS * SA_DM_STAGES * 2 * TILE * 2;
   /* the final merge reuses the stage buffers: [WARPS][RB][HD] accumulators, then m and l of [WARPS][RB] */
   static_assert(SA_DM_WARPS * SA_DM_RB * (HD + 2) * 4 <= SMEM, "the merge fits in the stage buffers");
 };
@@ -30,10 +30,9 @@ __device__ __forceinline__ void sa_dm_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-/* NS: stages of each warp's pipeline (NS - 1 tiles in flight while one is computed) */
-template <typename T, int HD, int NS>
+template <typename T, int HD>
 __global__ void __launch_bounds__(SA_DM_WARPS * 32, 2) sa_decode_mma_kernel(const sa_decode_params dp) {
-  using C = sa_dm_cfg<HD, NS>;
+  using C = sa_dm_cfg<HD>;
   constexpr int TK = C::TK, LD = C::LD, NT = TK / 8, KT = HD / 16, DT = HD / 8, CH = HD / 8, RB = SA_DM_RB;
   extern __shared__ __align__(16) uint16_t sm_dm[];
   const sa_cuda_params &p = dp.p;
@@ -78,7 +77,7 @@ __global__ void __launch_bounds__(SA_DM_WARPS * 32, 2) sa_decode_mma_kernel(cons
   const int mine = ntiles > warp ? (ntiles - warp + SA_DM_WARPS - 1) / SA_DM_WARPS : 0;
 
   /* this warp's tile i (the CTA's tile warp + 4 i) -> stage s: K then V, rows past jend zero-filled */
-  uint16_t *wbuf = sm_dm + warp * NS * 2 * C::TILE;
+  uint16_t *wbuf = sm_dm + warp * SA_DM_STAGES * 2 * C::TILE;
   const T *kg = (const T *)p.k, *vg = (const T *)p.v;
   auto load_tile = [&](int i, int s) {
     uint16_t *dk = wbuf + s * 2 * C::TILE, *dv = dk + C::TILE;
@@ -93,7 +92,7 @@ __global__ void __launch_bounds__(SA_DM_WARPS * 32, 2) sa_decode_mma_kernel(cons
     }
   };
 #pragma unroll
-  for (int s = 0; s < NS - 1; s++) {
+  for (int s = 0; s < SA_DM_STAGES - 1; s++) {
     if (s < mine) load_tile(s, s);
     sa_cp_async_commit(); /* one group per slot, empty or not, so wait_group counts tiles */
   }
@@ -103,11 +102,11 @@ __global__ void __launch_bounds__(SA_DM_WARPS * 32, 2) sa_decode_mma_kernel(cons
   for (int d = 0; d < DT; d++) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
 
   for (int i = 0; i < mine; i++) {
-    sa_dm_wait<NS - 2>();
+    sa_dm_wait<SA_DM_STAGES - 2>();
     __syncwarp(); /* tile i landed for every lane; every lane is done reading tile i - 1's stage */
-    if (i + NS - 1 < mine) load_tile(i + NS - 1, (i + NS - 1) % NS);
+    if (i + SA_DM_STAGES - 1 < mine) load_tile(i + SA_DM_STAGES - 1, (i + SA_DM_STAGES - 1) % SA_DM_STAGES);
     sa_cp_async_commit();
-    const uint16_t *cK = wbuf + (i % NS) * 2 * C::TILE, *cV = cK + C::TILE;
+    const uint16_t *cK = wbuf + (i % SA_DM_STAGES) * 2 * C::TILE, *cV = cK + C::TILE;
 
     /* S = Q K^T: 16 rows x TK keys */
     float s[NT][4];
@@ -222,25 +221,19 @@ __global__ void __launch_bounds__(SA_DM_WARPS * 32, 2) sa_decode_mma_kernel(cons
   }
 }
 
-template <typename T, int HD, int NS>
+template <typename T, int HD>
 static cudaError_t sa_dm_launch(const sa_decode_params &dp, cudaStream_t st) {
-  const int smem = sa_dm_cfg<HD, NS>::SMEM;
+  const int smem = sa_dm_cfg<HD>::SMEM;
   /* above the 48 KiB default: opt in (a host-side attribute, no stream operation, no sync) */
-  cudaError_t e =
-      cudaFuncSetAttribute(sa_decode_mma_kernel<T, HD, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaError_t e = cudaFuncSetAttribute(sa_decode_mma_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   dim3 grid((unsigned)dp.splits, (unsigned)(dp.p.K * dp.rowgroups), (unsigned)dp.p.B);
-  sa_decode_mma_kernel<T, HD, NS><<<grid, SA_DM_WARPS * 32, smem, st>>>(dp);
+  sa_decode_mma_kernel<T, HD><<<grid, SA_DM_WARPS * 32, smem, st>>>(dp);
   return cudaGetLastError();
 }
 
-template <typename T, int NS>
-static cudaError_t sa_dm_dim(const sa_decode_params &dp, cudaStream_t st) {
-  return dp.p.H == 64 ? sa_dm_launch<T, 64, NS>(dp, st) : sa_dm_launch<T, 128, NS>(dp, st);
-}
-
-cudaError_t sa_decode_mma_launch(const sa_decode_params &dp, sa_dtype dtype, int stages, cudaStream_t st) {
+cudaError_t sa_decode_mma_launch(const sa_decode_params &dp, sa_dtype dtype, cudaStream_t st) {
   if (dtype == SA_BF16)
-    return stages == 2 ? sa_dm_dim<__nv_bfloat16, 2>(dp, st) : sa_dm_dim<__nv_bfloat16, SA_DM_STAGES>(dp, st);
-  return stages == 2 ? sa_dm_dim<__half, 2>(dp, st) : sa_dm_dim<__half, SA_DM_STAGES>(dp, st);
+    return dp.p.H == 64 ? sa_dm_launch<__nv_bfloat16, 64>(dp, st) : sa_dm_launch<__nv_bfloat16, 128>(dp, st);
+  return dp.p.H == 64 ? sa_dm_launch<__half, 64>(dp, st) : sa_dm_launch<__half, 128>(dp, st);
 }

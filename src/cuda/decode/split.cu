@@ -277,7 +277,7 @@ static cudaError_t sa_dec_launch(const sa_decode_params &dp, bool contig, const 
   const sa_cuda_params &p = dp.p;
   dim3 block(SA_DEC_WARPS * 32), g1((unsigned)dp.splits, (unsigned)(p.K * dp.rowgroups), (unsigned)p.B);
   cudaError_t e = cudaSuccess;
-  if (plan.family == SA_CUDA_DECODE_MMA) e = sa_decode_mma_launch(dp, dtype, plan.dec_stages, st);
+  if (plan.family == SA_CUDA_DECODE_MMA) e = sa_decode_mma_launch(dp, dtype, st);
   else if (plan.family == SA_CUDA_DECODE_PIPE) e = sa_decode_pipe_launch(dp, dtype, st);
   else if (contig) sa_decode_split_kernel<T, true><<<g1, block, 0, st>>>(dp);
   else sa_decode_split_kernel<T, false><<<g1, block, 0, st>>>(dp);
