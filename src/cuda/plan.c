@@ -271,9 +271,27 @@ static int sa_dec_pipe_shape(const sa_pctx *c) {
   return (c->a->dtype == SA_BF16 || c->a->dtype == SA_F16) && c->H == c->Hv && (c->H == 64 || c->H == 128);
 }
 
+/* What the decode schedules share, given the splits wanted and the fewest keys a chunk may hold: at most 1024
+   splits (the combine keeps their weights in shared memory), chunks a multiple of 64 keys, the splits those chunks
+   make, the partials' workspace and the split kernel's grid (p->rows and p->rowgroups set by the caller). */
+static void sa_dec_split(const sa_pctx *c, sa_cuda_plan *p, int64_t splits, int64_t min_chunk) {
+  int64_t max_splits = (c->S + min_chunk - 1) / min_chunk;
+  if (max_splits > 1024) max_splits = 1024;
+  if (max_splits < 1) max_splits = 1;
+  if (splits > max_splits) splits = max_splits;
+  if (splits < 1) splits = 1;
+  int64_t chunk = (c->S + splits - 1) / splits;
+  chunk = (chunk + 63) / 64 * 64;
+  if (chunk < 64) chunk = 64;
+  p->chunk = chunk;
+  p->splits = c->S > 0 ? (c->S + chunk - 1) / chunk : 1;
+  p->ws = (size_t)(c->B * c->K * p->splits * p->rows) * (size_t)(c->Hv + 1) * sizeof(float);
+  p->grid[0] = (int)p->splits, p->grid[1] = (int)(c->K * p->rowgroups), p->grid[2] = (int)c->B;
+}
+
 /* Splits: 2 waves of the pipeline kernel's resident CTAs (3-4 an SM from its shared memory), chunks of >= 128
-   keys (its 3-deep pipeline fills); the register kernel ~8 blocks an SM, chunks of >= 256 keys. At most 1024
-   splits (the combine keeps their weights in shared memory). The same for both kernels: shape only. */
+   keys (its 3-deep pipeline fills); the register kernel ~8 blocks an SM, chunks of >= 256 keys. The same for both
+   kernels: shape only. */
 static void sa_dec_schedule(const sa_pctx *c, sa_cuda_plan *p) {
   int occ = 0;
   if (sa_dec_pipe_shape(c)) {
@@ -287,19 +305,7 @@ static void sa_dec_schedule(const sa_pctx *c, sa_cuda_plan *p) {
   p->rowgroups = (p->rows + 7) / 8;
   const int64_t blocks = c->B * c->K * p->rowgroups;
   const int64_t target = (occ ? 2 * (int64_t)occ : 8) * (int64_t)sms, min_chunk = occ ? 128 : 256;
-  int64_t max_splits = (c->S + min_chunk - 1) / min_chunk;
-  if (max_splits > 1024) max_splits = 1024;
-  if (max_splits < 1) max_splits = 1;
-  int64_t splits = blocks > 0 ? (target + blocks - 1) / blocks : 1;
-  if (splits > max_splits) splits = max_splits;
-  if (splits < 1) splits = 1;
-  int64_t chunk = (c->S + splits - 1) / splits;
-  chunk = (chunk + 63) / 64 * 64;
-  if (chunk < 64) chunk = 64;
-  p->chunk = chunk;
-  p->splits = c->S > 0 ? (c->S + chunk - 1) / chunk : 1;
-  p->ws = (size_t)(c->B * c->K * p->splits * p->rows) * (size_t)(c->Hv + 1) * sizeof(float);
-  p->grid[0] = (int)p->splits, p->grid[1] = (int)(c->K * p->rowgroups), p->grid[2] = (int)c->B;
+  sa_dec_split(c, p, blocks > 0 ? (target + blocks - 1) / blocks : 1, min_chunk);
 }
 
 /* The mma kernel's schedule (decode/mma.cu): rows in groups of 16 (its M), and one wave of equal CTAs where the
@@ -316,18 +322,7 @@ static void sa_dec_mma_schedule(const sa_pctx *c, sa_cuda_plan *p) {
   p->rows = c->G * c->T;
   p->rowgroups = (p->rows + 15) / 16;
   const int64_t blocks = c->B * c->K * p->rowgroups;
-  int64_t max_splits = (c->S + 255) / 256;
-  if (max_splits > 1024) max_splits = 1024;
-  if (max_splits < 1) max_splits = 1;
-  int64_t splits = blocks > 0 && blocks < slots ? slots / blocks : 1;
-  if (splits > max_splits) splits = max_splits;
-  int64_t chunk = (c->S + splits - 1) / splits;
-  chunk = (chunk + 63) / 64 * 64;
-  if (chunk < 64) chunk = 64;
-  p->chunk = chunk;
-  p->splits = c->S > 0 ? (c->S + chunk - 1) / chunk : 1;
-  p->ws = (size_t)(c->B * c->K * p->splits * p->rows) * (size_t)(c->Hv + 1) * sizeof(float);
-  p->grid[0] = (int)p->splits, p->grid[1] = (int)(c->K * p->rowgroups), p->grid[2] = (int)c->B;
+  sa_dec_split(c, p, blocks > 0 && blocks < slots ? slots / blocks : 1, 256);
   /* sm_90: the combine is a programmatic dependent launch (-1.0..1.2 us a call on the H200's short rows) */
   p->dec_pdl = c->dev->cc_major >= 9;
 }
