@@ -81,6 +81,17 @@ struct sa_dec_io<float> {
   static __device__ __forceinline__ void store(void *p, int64_t i, float x) { ((float *)p)[i] = x; }
 };
 
+/* A split kernel on the decode grid (splits, kv heads x row groups, batch) with `smem` bytes of dynamic shared
+   memory; above the 48 KiB default it opts in (a host-side attribute, no stream operation, no sync). */
+static inline cudaError_t sa_dec_launch_split(void (*kernel)(const sa_decode_params), int threads, int smem,
+                                              const sa_decode_params &dp, cudaStream_t st) {
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  dim3 grid((unsigned)dp.splits, (unsigned)(dp.p.K * dp.rowgroups), (unsigned)dp.p.B);
+  kernel<<<grid, threads, smem, st>>>(dp);
+  return cudaGetLastError();
+}
+
 /* Enqueue the split kernel of plan cuda.decode.pipe (pipe.cu) or cuda.decode.mma (mma.cu); the combine is
    split.cu's. */
 cudaError_t sa_decode_pipe_launch(const sa_decode_params &dp, sa_dtype dtype, cudaStream_t st);

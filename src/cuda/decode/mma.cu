@@ -223,13 +223,7 @@ __global__ void __launch_bounds__(SA_DM_WARPS * 32, 2) sa_decode_mma_kernel(cons
 
 template <typename T, int HD>
 static cudaError_t sa_dm_launch(const sa_decode_params &dp, cudaStream_t st) {
-  const int smem = sa_dm_cfg<HD>::SMEM;
-  /* above the 48 KiB default: opt in (a host-side attribute, no stream operation, no sync) */
-  cudaError_t e = cudaFuncSetAttribute(sa_decode_mma_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return e;
-  dim3 grid((unsigned)dp.splits, (unsigned)(dp.p.K * dp.rowgroups), (unsigned)dp.p.B);
-  sa_decode_mma_kernel<T, HD><<<grid, SA_DM_WARPS * 32, smem, st>>>(dp);
-  return cudaGetLastError();
+  return sa_dec_launch_split(sa_decode_mma_kernel<T, HD>, SA_DM_WARPS * 32, sa_dm_cfg<HD>::SMEM, dp, st);
 }
 
 cudaError_t sa_decode_mma_launch(const sa_decode_params &dp, sa_dtype dtype, cudaStream_t st) {

@@ -240,13 +240,7 @@ static_assert(sa_dp_cfg<64>::SMEM == SA_DEC_PIPE_SMEM(64) && sa_dp_cfg<128>::SME
 
 template <typename T, int HD>
 static cudaError_t sa_dp_launch(const sa_decode_params &dp, cudaStream_t st) {
-  const int smem = sa_dp_cfg<HD>::SMEM;
-  /* above the 48 KiB default: opt in (a host-side attribute, no stream operation, no sync) */
-  cudaError_t e = cudaFuncSetAttribute(sa_decode_pipe_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return e;
-  dim3 grid((unsigned)dp.splits, (unsigned)(dp.p.K * dp.rowgroups), (unsigned)dp.p.B);
-  sa_decode_pipe_kernel<T, HD><<<grid, SA_DP_WARPS * 32, smem, st>>>(dp);
-  return cudaGetLastError();
+  return sa_dec_launch_split(sa_decode_pipe_kernel<T, HD>, SA_DP_WARPS * 32, sa_dp_cfg<HD>::SMEM, dp, st);
 }
 
 cudaError_t sa_decode_pipe_launch(const sa_decode_params &dp, sa_dtype dtype, cudaStream_t st) {
