@@ -327,18 +327,19 @@ static void sa_dec_mma_schedule(const sa_pctx *c, sa_cuda_plan *p) {
   p->dec_pdl = c->dev->cc_major >= 9;
 }
 
-/* kind: 0 the register kernel, 1 the pipeline kernel, 2 the mma kernel */
+/* kind, best first: 0 the mma kernel, 1 the pipeline kernel, 2 the register kernel */
 static const char *sa_dec_plan(const sa_pctx *c, sa_cuda_plan *p, int kind) {
-  static const char *const names[3] = {"cuda.decode.register", "cuda.decode.pipe", "cuda.decode.mma"};
-  static const sa_cuda_family fams[3] = {SA_CUDA_DECODE_REGISTER, SA_CUDA_DECODE_PIPE, SA_CUDA_DECODE_MMA};
+  static const char *const names[3] = {"cuda.decode.mma", "cuda.decode.pipe", "cuda.decode.register"};
+  static const sa_cuda_family fams[3] = {SA_CUDA_DECODE_MMA, SA_CUDA_DECODE_PIPE, SA_CUDA_DECODE_REGISTER};
   sa_plan_init(p, c, names[kind], fams[kind]);
-  if (kind == 2) sa_dec_mma_schedule(c, p);
+  if (kind == 0) sa_dec_mma_schedule(c, p);
   else sa_dec_schedule(c, p);
-  p->reason = kind == 0   ? "split-KV, K / V in registers (any head dim <= 256 and dtype)"
+  p->reason = kind == 0   ? "split-KV, scores and P V on mma.sync, a cp.async pipeline per warp"
               : kind == 1 ? "split-KV, K / V through a 4-stage cp.async pipeline in shared memory"
-                          : "split-KV, scores and P V on mma.sync, a cp.async pipeline per warp";
-  if (kind && !sa_dec_pipe_shape(c)) return "the pipeline and mma kernels take bf16 / f16 with H == Hv in {64, 128}";
-  if (kind && (!sa_aligned16(c->a->q) || !sa_aligned16(c->a->k) || !sa_aligned16(c->a->v)))
+                          : "split-KV, K / V in registers (any head dim <= 256 and dtype)";
+  if (kind < 2 && !sa_dec_pipe_shape(c))
+    return "the pipeline and mma kernels take bf16 / f16 with H == Hv in {64, 128}";
+  if (kind < 2 && (!sa_aligned16(c->a->q) || !sa_aligned16(c->a->k) || !sa_aligned16(c->a->v)))
     return "q, k or v is not 16-byte aligned";
   return NULL;
 }
@@ -408,9 +409,8 @@ static void sa_collect(const sa_attn *a, int which, const sa_cuda_device *dev, s
     why = sa_bwd_onepass(&c, &p, 2, ws_avail);
     sa_offer(l, &p, why);
   } else if (which == SA_PLAN_DECODE) {
-    static const int order[3] = {2, 1, 0}; /* mma, pipe, register */
-    for (int i = 0; i < 3; i++) {
-      why = sa_dec_plan(&c, &p, order[i]);
+    for (int kind = 0; kind < 3; kind++) {
+      why = sa_dec_plan(&c, &p, kind);
       sa_offer(l, &p, why);
     }
   }
