@@ -3,11 +3,37 @@
  * instructions (plans cpu.fwd.amx.emulated / cpu.bwd.amx.emulated), so that its packing, VNNI layout,
  * padding and scaling are checked on any CPU with AVX-512 and AVX512-BF16: the table of sa_test_tile.h against the fp64
  * reference, and bitwise identical results on 1 and 2 threads. Exit 77 (skipped) where the CPU has no
- * AVX-512 (the emulated plans' vector layer) or no AVX512-BF16 (their packing).
+ * AVX-512 (the emulated plans' vector layer) or no AVX512-BF16 (their packing). It also checks the AVX-512
+ * layer's bf16 store (the output rows of the tile and AVX-512 kernels) on every fp32 input.
  * Last line: "N passed, N failed".
  */
 #include "cpu/cpu_plan.h"
 #include "sa_test_tile.h"
+
+/* The AVX-512 vector layer's bf16 store (the tile and AVX-512 kernels' output rows), compiled for AVX-512
+   here only: main runs it after checking the CPU has it. */
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
+#include "cpu/cpu_vec_avx512.h"
+
+/* sa_store_bf16_avx512 against sa_f32_to_bf16 over all 2^32 fp32 bit patterns (NaNs, infinities,
+   denormals, every rounding tie): the number that differ. */
+static uint64_t tt_store_bf16_mismatches(void) {
+  uint64_t bad = 0;
+  for (uint64_t base = 0; base < (1ull << 32); base += 16) {
+    uint32_t u[16];
+    uint16_t got[16];
+    for (int i = 0; i < 16; i++) u[i] = (uint32_t)(base + (uint64_t)i);
+    sa_store_bf16_avx512(got, _mm512_loadu_ps((const float *)(const void *)u));
+    for (int i = 0; i < 16; i++) {
+      float f;
+      memcpy(&f, &u[i], 4);
+      bad += got[i] != sa_f32_to_bf16(f);
+    }
+  }
+  return bad;
+}
+#pragma GCC pop_options
 
 /* 1 and 2 threads give the same bits for every output (dbias of a bias shared by the heads included), and
    the 2-thread run used 2 threads. */
@@ -67,6 +93,11 @@ int main(void) {
     printf("SKIP: the emulated tile plans pack their operands with AVX512-BF16, which this CPU lacks\n");
     return 77;
   }
+  const uint64_t bad = tt_store_bf16_mismatches();
+  if (bad)
+    t_report("the AVX-512 bf16 store differs from sa_f32_to_bf16 on %llu of 2^32 inputs", (unsigned long long)bad);
+  t_count(bad == 0);
+  printf("AVX-512 bf16 store: %llu of 2^32 fp32 inputs differ from sa_f32_to_bf16\n", (unsigned long long)bad);
   double worst[7] = {0};
   for (int i = 0; i < TT_NCASES; i++) {
     const t_case *c = &tt_cases[i];
