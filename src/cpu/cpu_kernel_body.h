@@ -91,6 +91,12 @@ static void prefetch_rows(const void *base, sa_dtype t, int64_t r0, int64_t n, i
   }
 }
 
+/* How far ahead (positions, or rows in the dq pass) an item asks for its q, dout and out rows while it
+   converts them: each row is on its own lines (N * H elements apart), which the hardware prefetchers do not
+   follow; without it the q rows' misses were 6% of the tile forward's non-product samples (T = S = 2048,
+   N8 H128, 2026-12-04). */
+#define ROW_AHEAD 8
+
 /* Column col of the transposed tile dst[n x ld] from a converted row. */
 static void scatter_col(float *dst, int64_t ld, int64_t col, const float *row, int64_t n) {
   for (int64_t d = 0; d < n; d++) dst[d * ld + col] = row[d];
@@ -314,14 +320,17 @@ static void fwd_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   int64_t jlo, jhi;
   ranges(a, ql, kl, i0, np, rg, &jlo, &jhi);
   if (Mp > M) memset(B.qt, 0, (size_t)(H * Mp) * sizeof(float));
-  for (int64_t g = 0; g < G; g++)
-    for (int64_t p = 0; p < np; p++) {
+  /* position by position, its G heads' rows adjacent in q, the position ROW_AHEAD on asked for meanwhile */
+  for (int64_t p = 0; p < np; p++) {
+    if (p + ROW_AHEAD < np) prefetch_rows(a->q, dt, b * T + i0 + p + ROW_AHEAD, 1, N * H, kh * G * H, G * H);
+    for (int64_t g = 0; g < G; g++) {
       int64_t r = g * np + p, n = kh * G + g;
       cvt(B.tmp, a->q, dt, ((b * T + i0 + p) * N + n) * H, H, H, QSCALE(c));
       scatter_col(B.qt, Mp, r, B.tmp, H);
       B.r1[r] = sa_sink_logit(a, n) * SA_LOG2E; /* running max, seeded with the sink */
       B.r2[r] = 0.0f;                           /* running sum, without the sink */
     }
+  }
   memset(B.acc, 0, (size_t)(M * hvp) * sizeof(float));
   STAGE_B(B.sq, H, Mp, B.qt, Mp);
 
@@ -392,6 +401,12 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
     float sink = sa_sink_logit(a, n), part = 0.0f;
     for (int64_t p = 0; p < np; p++) {
       int64_t r = g * np + p, i = i0 + p, orow = ((b * T + i) * N + n) * Hv, lrow = (b * N + n) * T + i;
+      if (r + ROW_AHEAD < M) { /* the rows of the step ROW_AHEAD on */
+        const int64_t ra = r + ROW_AHEAD, ta = b * T + i0 + ra % np, na = kh * G + ra / np;
+        prefetch_rows(a->q, dt, ta, 1, N * H, na * H, H);
+        prefetch_rows(gr->dout, dt, ta, 1, N * Hv, na * Hv, Hv);
+        prefetch_rows(a->out, dt, ta, 1, N * Hv, na * Hv, Hv);
+      }
       cvt(B.tmp, a->q, dt, ((b * T + i) * N + n) * H, H, H, QSCALE(c));
       scatter_col(B.qt, Mp, r, B.tmp, H);
       cvt(B.tmp, gr->dout, dt, orow, Hv, hvp, 1.0f);
