@@ -20,7 +20,7 @@
 #define TT_BF    .dt = SA_BF16
 #define TT_LEARN .sm = SA_SOFTMAX_LEARNABLE
 
-/* Lengths that are no multiple of the tiles (16 rows, 32-element k steps, 64-key blocks), H = 80 / 96 / 112
+/* Lengths that are no multiple of the tiles (16 rows, 32-element k steps, 64- and 256-key blocks), H = 80 / 96 / 112
    (k steps past the data), 128 and 256, Hv != H (down to one 16-column tile), G from 1 to 8, several query
    blocks, every mask kind, sinks U(-10, 10) and +-50. */
 static const t_case tt_cases[] = {
@@ -48,6 +48,13 @@ static const t_case tt_cases[] = {
     {"H 112, Hv 16, G 3", TT_BF, 2, 45, 83, 6, 2, 112, 16, TT_LEARN, T_UNBOUNDED},
     {"H 128, G 2, bias, causal BR", TT_BF, 1, 97, 161, 4, 2, 128, 128, TT_LEARN, .causal = SA_CAUSAL_BOTTOM_RIGHT,
      T_UNBOUNDED, .bias = T_BCAST(0, 0, 0, 0)},
+    /* several of the tile kernels' 256-key tiles (SA_CPU_TILE_BK), the last one partial */
+    {"key tiles: causal BR, scale -0.2", TT_BF, 1, 130, 700, 4, 2, 64, 64, TT_LEARN, .sinks = T_SINK_BIG,
+     .causal = SA_CAUSAL_BOTTOM_RIGHT, T_UNBOUNDED, .scale = -0.2f},
+    {"key tiles: lengths, bias", TT_BF, 2, 40, 600, 4, 4, 32, 32, TT_LEARN, .lens = T_LENS_RANDOM, T_UNBOUNDED,
+     .bias = T_BCAST(0, 0, 0, 0)},
+    {"key tiles: window 300, G 4", TT_BF, 1, 70, 1100, 8, 2, 64, 64, TT_LEARN, .causal = SA_CAUSAL_BOTTOM_RIGHT,
+     .wl = 300, .wr = 0},
 };
 #define TT_NCASES ((int)(sizeof tt_cases / sizeof tt_cases[0]))
 

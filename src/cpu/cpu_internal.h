@@ -25,12 +25,17 @@
      its diagonal tiles: causal 64 and 128 rows 72%, 256 rows 60%; gpt-oss's 128-key window (T = 4096,
      N/K = 64/8, H = 64) fwd 59% at 64 rows, 55% at 128.
    SA_CPU_BK: keys per tile in the forward and dq passes (rows of S^T).
+   SA_CPU_TILE_BK: the same for the tile kernels (cpu_tile.h), whose P V C blocks are loaded and stored
+     through the tiles once per key tile: 256 keys give them 8 k steps a load instead of 2. Their work
+     besides the products (those emulated as no-ops, Zen 4, 2 threads, T = S = 2048 N8 H128 bf16, 2026-12-04):
+     64 keys 1.00, 128 keys 0.93, 256 keys 0.89; 128 rows with 128 keys 0.96, 64 rows with 256 keys 1.05.
    SA_CPU_BK2, SA_CPU_BQ2: keys per dk/dv item and query positions per tile in that pass. 64 and 128 keys
      tie at T = 2048 (causal or not); with gpt-oss's 128-key window 64 wastes less on the window's edges
      (fwd+bwd 35% -> 40% of peak at T = 4096, N/K = 64/8, H = 64). */
 #define SA_CPU_ROWS      256
 #define SA_CPU_ROWS_DIAG 64
 #define SA_CPU_BK        64
+#define SA_CPU_TILE_BK   256
 #define SA_CPU_BK2       64
 #define SA_CPU_BQ2       64
 /* Head dims are padded to a multiple of 16 floats (one AVX-512 vector, two AVX2 ones) in the fp32 tiles. */

@@ -35,8 +35,10 @@
 
 #ifdef SA_TILE
 #include "cpu_tile.h"
+#define BODY_BK SA_CPU_TILE_BK /* keys per tile of the forward and dq passes (cpu_internal.h) */
 #else
 #include "cpu_gemm.h"
+#define BODY_BK SA_CPU_BK
 #endif
 
 /* ---- conversion ------------------------------------------------------------------------------ */
@@ -157,7 +159,7 @@ static size_t carve(const sa_cpu_ctx *c, sa_cpu_pass pass, float *ws, sa_bufs *B
     off += ((size_t)(n) + 15) & ~(size_t)15; \
   } while (0)
   const int64_t M = c->G * c->bq, Mp = pad_to(M), H = c->a->head_dim, Hv = c->a->v_head_dim;
-  const int64_t hp = c->hp, hvp = c->hvp, BK = SA_CPU_BK, BK2 = SA_CPU_BK2, Q2 = SA_CPU_BQ2;
+  const int64_t hp = c->hp, hvp = c->hvp, BK = BODY_BK, BK2 = SA_CPU_BK2, Q2 = SA_CPU_BQ2;
   memset(B, 0, sizeof *B);
   TAKE(B->tmp, SA_MAX(hp, hvp));
   TAKE(B->row, VW * SA_MAX(BK, BK2));
@@ -259,10 +261,10 @@ static void load_kv_rows(const sa_cpu_ctx *c, const sa_bufs *B, int64_t b, int64
     LOAD_ROW(B->kr + jj * c->hp, a->k, a->dtype, row * H, H, c->hp, 1.0f);
     LOAD_ROW(B->v + jj * c->hvp, a->v, a->dtype, row * Hv, Hv, c->hvp, 1.0f);
   }
-  if (j0 + SA_CPU_BK < jhi) {
-    int64_t nn = SA_MIN(SA_CPU_BK, jhi - j0 - SA_CPU_BK);
-    prefetch_rows(a->k, a->dtype, b * S + j0 + SA_CPU_BK, nn, Kh * H, kh * H, H);
-    prefetch_rows(a->v, a->dtype, b * S + j0 + SA_CPU_BK, nn, Kh * Hv, kh * Hv, Hv);
+  if (j0 + BODY_BK < jhi) {
+    int64_t nn = SA_MIN(BODY_BK, jhi - j0 - BODY_BK);
+    prefetch_rows(a->k, a->dtype, b * S + j0 + BODY_BK, nn, Kh * H, kh * H, H);
+    prefetch_rows(a->v, a->dtype, b * S + j0 + BODY_BK, nn, Kh * Hv, kh * Hv, Hv);
   }
 }
 
@@ -310,7 +312,7 @@ static void fwd_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   const sa_attn *a = c->a;
   const sa_dtype dt = a->dtype;
   const int64_t T = a->q_len, N = a->q_heads, Kh = a->kv_heads, H = a->head_dim, Hv = a->v_head_dim;
-  const int64_t G = c->G, hvp = c->hvp, BK = SA_CPU_BK;
+  const int64_t G = c->G, hvp = c->hvp, BK = BODY_BK;
   const int64_t qb = item % c->nqb, kh = (item / c->nqb) % Kh, b = item / (c->nqb * Kh);
   const int64_t i0 = qb * c->bq, np = SA_MIN(c->bq, T - i0), M = G * np, Mp = pad_to(M);
   const int64_t ql = sa_q_len_of(a, b), kl = sa_kv_len_of(a, b);
@@ -378,7 +380,7 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   const sa_attn_grad *gr = c->g;
   const sa_dtype dt = a->dtype;
   const int64_t T = a->q_len, N = a->q_heads, Kh = a->kv_heads, H = a->head_dim, Hv = a->v_head_dim;
-  const int64_t G = c->G, hp = c->hp, hvp = c->hvp, BK = SA_CPU_BK;
+  const int64_t G = c->G, hp = c->hp, hvp = c->hvp, BK = BODY_BK;
   const int64_t qb = item % c->nqb, kh = (item / c->nqb) % Kh, b = item / (c->nqb * Kh);
   const int64_t i0 = qb * c->bq, np = SA_MIN(c->bq, T - i0), M = G * np, Mp = pad_to(M);
   const int64_t ql = sa_q_len_of(a, b), kl = sa_kv_len_of(a, b);

@@ -96,7 +96,7 @@ static int fill_row(const sa_cpu_ctx *c, int64_t b, int64_t n, int64_t i, int64_
   } else if (bs.s) {
     const int64_t off = sa_bcast_at(bs, b, n, i, j0);
     cvt(row, a->bias, a->bias_dtype, off, nk, nk, SA_LOG2E);
-    prefetch_ahead(a->bias, sa_dtype_size(a->bias_dtype), off, rows_ahead ? rows_ahead * bs.t : 2 * SA_CPU_BK, nk,
+    prefetch_ahead(a->bias, sa_dtype_size(a->bias_dtype), off, rows_ahead ? rows_ahead * bs.t : 2 * BODY_BK, nk,
                    sa_dims_count(a->bias_dims));
   } else { /* one bias for every key of the row */
     float x = sa_load(a->bias, a->bias_dtype, sa_bcast_at(bs, b, n, i, 0)) * SA_LOG2E;
@@ -105,7 +105,7 @@ static int fill_row(const sa_cpu_ctx *c, int64_t b, int64_t n, int64_t i, int64_
   if (!a->mask && !pos) return 1;
   const uint8_t *m = a->mask ? a->mask + sa_bcast_at(ms, b, n, i, j0) : NULL;
   if (m && ms.s)
-    prefetch_ahead(a->mask, 1, m - a->mask, rows_ahead ? rows_ahead * ms.t : 2 * SA_CPU_BK, nk,
+    prefetch_ahead(a->mask, 1, m - a->mask, rows_ahead ? rows_ahead * ms.t : 2 * BODY_BK, nk,
                    sa_dims_count(a->mask_dims));
   const int64_t qp = pos ? a->q_positions[b * a->q_len + i] + a->diag_offset : 0;
   const int32_t *kp = pos ? a->kv_positions + b * a->kv_len + j0 : NULL;
@@ -120,7 +120,7 @@ static int fill_row(const sa_cpu_ctx *c, int64_t b, int64_t n, int64_t i, int64_
 
 /* The additive S^T tile [nk x Mp] (keys j0.. x the G * np rows of kv head kh; column r is head
    kh * G + r / np at position i0 + r % np), 0 in the padding columns. VW columns at a time are built as
-   rows of keys (blk [VW x SA_CPU_BK], along which bias and mask are contiguous), then written across:
+   rows of keys (blk [VW x BODY_BK], along which bias and mask are contiguous), then written across:
    each store of the transpose then lands in the line the previous one did. Written one column at a time,
    down the tile's 64 lines, the same transpose cost 26% of the forward with a full bias (perf, f32,
    T = S = 2048, N = 8, H = 128). 0: no pair allowed. */
@@ -130,10 +130,10 @@ static int fill_cols(const sa_cpu_ctx *c, int64_t b, int64_t kh, float *s, float
   for (int64_t r0 = 0; r0 < Mp; r0 += VW) {
     const int64_t nc = SA_MAX(0, SA_MIN(VW, M - r0));
     for (int64_t x = 0; x < nc; x++)
-      any |= fill_row(c, b, kh * c->G + (r0 + x) / np, i0 + (r0 + x) % np, j0, nk, blk + x * SA_CPU_BK, pos, 0);
+      any |= fill_row(c, b, kh * c->G + (r0 + x) / np, i0 + (r0 + x) % np, j0, nk, blk + x * BODY_BK, pos, 0);
     for (int64_t jj = 0; jj < nk; jj++) {
       float *dst = s + jj * Mp + r0;
-      for (int64_t x = 0; x < nc; x++) dst[x] = blk[x * SA_CPU_BK + jj];
+      for (int64_t x = 0; x < nc; x++) dst[x] = blk[x * BODY_BK + jj];
       for (int64_t x = nc; x < VW; x++) dst[x] = 0.0f;
     }
   }

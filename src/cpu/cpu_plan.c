@@ -107,7 +107,7 @@ static void sa_cpu_plan_shape(const sa_attn *a, sa_cpu_plan *p) {
   if (p->which != SA_PLAN_DECODE || p->fwd_kernels) {
     sa_cpu_plan_rows(a, &p->bq, &p->bq_min);
     p->rows = G * p->bq;
-    p->keys = SA_CPU_BK;
+    p->keys = p->tile != SA_CPU_TILE_NONE ? SA_CPU_TILE_BK : SA_CPU_BK;
     return;
   }
   /* Decode chunk = 16 * clamp(R, 32, 256) keys: at R = 8 rows (gpt-oss G = 8, one token) 512 keys, so the
