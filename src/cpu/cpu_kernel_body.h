@@ -100,7 +100,7 @@ static void prefetch_rows(const void *base, sa_dtype t, int64_t r0, int64_t n, i
 #define ROW_AHEAD 8
 
 /* Column col of the transposed tile dst[n x ld] from a converted row. */
-static void scatter_col(float *dst, int64_t ld, int64_t col, const float *row, int64_t n) {
+static inline void scatter_col(float *dst, int64_t ld, int64_t col, const float *row, int64_t n) {
   for (int64_t d = 0; d < n; d++) dst[d * ld + col] = row[d];
 }
 
@@ -112,16 +112,21 @@ static int64_t pad_to(int64_t x) { return (x + SA_CPU_PAD - 1) / SA_CPU_PAD * SA
 
 typedef struct {
   float *tmp, *tmp2, *q, *qt, *kt, *kr, *v, *vt, *d, *dt, *s, *dp, *acc, *acc2, *r1, *r2, *cm, *cl, *mlo, *mhi;
-  float *row, *db;          /* rows of the additive tile (cpu_mask.h); dbias row sums of the dq pass */
-  float *ta, *tb, *tc;      /* the tile layer's staging (cpu_tile.h): A panel, B blocks (bf16), C tiles */
-  float *sq, *sd, *sk, *sv; /* its per-item staging of q^T, dout^T (FWD, BWD_DQ) or k^T, v^T (BWD_DKDV) */
+  float *row, *db;           /* rows of the additive tile (cpu_mask.h); dbias row sums of the dq pass */
+  float *ta, *tb, *tc;       /* the tile layer's staging (cpu_tile.h): A panel, B blocks (bf16), C tiles */
+  float *sq, *sd, *sk, *sv;  /* its per-item staging of q^T, dout^T (FWD, BWD_DQ) or k^T, v^T (BWD_DKDV) */
+  const uint16_t **ra, **rb; /* and the input rows they are packed from (q, dout; k, v) */
 } sa_bufs;
 
 /* The products. The vector layer multiplies fp32 operands with q pre-scaled by scale * log2(e) (QSCALE);
    the tile layer takes q as the bf16 input gives it, exact in a tile, and scales the products of S by q
-   instead (PSCALE, their alpha; dk gets it in its final factor). STAGE_B puts a B operand that the whole
-   item reuses into the tile layout once (a no-op for the vector layer); PRODUCT's st is that staging or
-   NULL. LOAD_ROW brings one row of a per-tile input (K, V, q, dout) into its row buffer: fp32 for the
+   instead (PSCALE, their alpha; dk gets it in its final factor). The B operands that a whole item reuses are
+   transposed inputs (q^T, dout^T; k^T, v^T): T_COL puts the row of src at element off (already converted
+   into tmp) as column r of the vector layer's fp32 tile, T_COL_CVT converts it first; the tile layer only
+   records the row's address in rows, and STAGE_T packs the recorded rows into the tile layout once, straight
+   from the bf16 input (tile_pack_b_t; through the fp32 tile and a scalar scatter per element, the q^T of a
+   forward item was 5% of the tile forward's non-product samples, T = S = 2048, N8 H128, 2026-12-04).
+   PRODUCT's st is that staging or NULL. LOAD_ROW brings one row of a per-tile input (K, V, q, dout) into its row buffer: fp32 for the
    vector layer, the bf16 as it is for the tile layer (cpu_tile_pack.h: same row starts, two per float),
    whose products with st take it as A and those without st as B (cpu_tile.h).
    The score products' scale is split (score_mul): where no bias tile is accumulated, the tile layer stores
@@ -131,20 +136,25 @@ typedef struct {
    costs a load, a multiply and a store per score: 4-5% of the tile forward's non-product time (T = S =
    2048, N8 H128, 2 threads, products emulated as no-ops on a Zen 4, 2026-12-04). */
 #ifdef SA_TILE
-#define QSCALE(c)                                1.0f
-#define PSCALE(c)                                ((c)->scale2)
-#define EXP_ARG(s, mulv, nmu)                    V_FMA(s, mulv, nmu)
-#define STAGE_B(dst, kd, N, src, ldb)            tile_pack_b((uint16_t *)(dst), kd, N, src, ldb)
-#define LOAD_ROW(dst, src, t, off, n, npad, mul) tile_load_row(dst, src, off, n)
+#define QSCALE(c)                                           1.0f
+#define PSCALE(c)                                           ((c)->scale2)
+#define EXP_ARG(s, mulv, nmu)                               V_FMA(s, mulv, nmu)
+#define T_COL(dst, ld, r, tmp, n, rows, src, off)           ((rows)[r] = (const uint16_t *)(src) + (off))
+#define T_COL_CVT(B, dst, ld, r, src, t, off, n, mul, rows) T_COL(dst, ld, r, (B).tmp, n, rows, src, off)
+#define STAGE_T(st, kd, N, Nt, rows)                        tile_pack_b_t((uint16_t *)(st), kd, N, Nt, rows)
+#define LOAD_ROW(dst, src, t, off, n, npad, mul)            tile_load_row(dst, src, off, n)
 #define PRODUCT(B, st, M, N, kd, A, ar, ak, Bm, ldb, C, ldc, acc, alpha)                       \
   ((st)                                                                                        \
        ? tile_gemm_staged(M, N, kd, A, ar, (const uint16_t *)(st), C, ldc, acc, alpha, (B).tc) \
        : tile_gemm_rows(M, N, kd, A, ak, Bm, ldb, C, ldc, acc, alpha, (uint16_t *)(B).ta, (uint16_t *)(B).tb, (B).tc))
 #else
-#define QSCALE(c)                                                        ((c)->scale2)
-#define PSCALE(c)                                                        1.0f
-#define EXP_ARG(s, mulv, nmu)                                            V_ADD(s, nmu)
-#define STAGE_B(dst, kd, N, src, ldb)                                    ((void)0)
+#define QSCALE(c)                                 ((c)->scale2)
+#define PSCALE(c)                                 1.0f
+#define EXP_ARG(s, mulv, nmu)                     V_ADD(s, nmu)
+#define T_COL(dst, ld, r, tmp, n, rows, src, off) scatter_col(dst, ld, r, tmp, n)
+#define T_COL_CVT(B, dst, ld, r, src, t, off, n, mul, rows) \
+  (cvt((B).tmp, src, t, off, n, n, mul), scatter_col(dst, ld, r, (B).tmp, n))
+#define STAGE_T(st, kd, N, Nt, rows)                                     ((void)0)
 #define LOAD_ROW(dst, src, t, off, n, npad, mul)                         cvt(dst, src, t, off, n, npad, mul)
 #define PRODUCT(B, st, M, N, kd, A, ar, ak, Bm, ldb, C, ldc, acc, alpha) gemm(M, N, kd, A, ar, ak, Bm, ldb, C, ldc, acc)
 #endif
@@ -208,6 +218,12 @@ static size_t carve(const sa_cpu_ctx *c, sa_cpu_pass pass, float *ws, sa_bufs *B
     TAKE(B->ta, (tile_a_elems(kmax) + 1) / 2);
     TAKE(B->tb, (tile_b_elems(kmax, nmax) + 1) / 2);
     TAKE(B->tc, SA_TILE_C_FLOATS);
+    const int64_t nrows = pass == SA_CPU_BWD_DKDV ? BK2 : Mp, pf = (int64_t)(sizeof(void *) / sizeof(float));
+    float *ra, *rb;
+    TAKE(ra, nrows * pf);
+    TAKE(rb, nrows * pf);
+    B->ra = (const uint16_t **)(void *)ra;
+    B->rb = (const uint16_t **)(void *)rb;
     if (pass == SA_CPU_BWD_DKDV) {
       TAKE(B->sk, (tile_b_elems(H, BK2) + 1) / 2);
       TAKE(B->sv, (tile_b_elems(Hv, BK2) + 1) / 2);
@@ -327,14 +343,13 @@ static void fwd_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
     if (p + ROW_AHEAD < np) prefetch_rows(a->q, dt, b * T + i0 + p + ROW_AHEAD, 1, N * H, kh * G * H, G * H);
     for (int64_t g = 0; g < G; g++) {
       int64_t r = g * np + p, n = kh * G + g;
-      cvt(B.tmp, a->q, dt, ((b * T + i0 + p) * N + n) * H, H, H, QSCALE(c));
-      scatter_col(B.qt, Mp, r, B.tmp, H);
+      T_COL_CVT(B, B.qt, Mp, r, a->q, dt, ((b * T + i0 + p) * N + n) * H, H, QSCALE(c), B.ra);
       B.r1[r] = sa_sink_logit(a, n) * SA_LOG2E; /* running max, seeded with the sink */
       B.r2[r] = 0.0f;                           /* running sum, without the sink */
     }
   }
   memset(B.acc, 0, (size_t)(M * hvp) * sizeof(float));
-  STAGE_B(B.sq, H, Mp, B.qt, Mp);
+  STAGE_T(B.sq, H, M, Mp, B.ra);
 
   for (int64_t j0 = jlo; j0 < jhi; j0 += BK) {
     const int64_t nk = SA_MIN(BK, jhi - j0);
@@ -409,11 +424,10 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
         prefetch_rows(gr->dout, dt, ta, 1, N * Hv, na * Hv, Hv);
         prefetch_rows(a->out, dt, ta, 1, N * Hv, na * Hv, Hv);
       }
-      cvt(B.tmp, a->q, dt, ((b * T + i) * N + n) * H, H, H, QSCALE(c));
-      scatter_col(B.qt, Mp, r, B.tmp, H);
+      T_COL_CVT(B, B.qt, Mp, r, a->q, dt, ((b * T + i) * N + n) * H, H, QSCALE(c), B.ra);
       cvt(B.tmp, gr->dout, dt, orow, Hv, hvp, 1.0f);
       cvt(B.tmp2, a->out, dt, orow, Hv, hvp, 1.0f);
-      scatter_col(B.dt, Mp, r, B.tmp, Hv);
+      T_COL(B.dt, Mp, r, B.tmp, Hv, B.rb, gr->dout, orow);
       vf acc = V_ZERO();
       for (int64_t e = 0; e < hvp; e += VW) acc = V_FMA(V_LOAD(B.tmp + e), V_LOAD(B.tmp2 + e), acc);
       float D = V_RADD(acc) - (gr->dlse ? gr->dlse[lrow] : 0.0f), lse = a->lse[lrow];
@@ -428,8 +442,8 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   memset(B.acc, 0, (size_t)(M * hp) * sizeof(float));
   const int dbias = c->dbias_pass == SA_CPU_BWD_DQ;
   if (dbias) memset(B.db, 0, (size_t)Mp * sizeof(float));
-  STAGE_B(B.sq, H, Mp, B.qt, Mp);
-  STAGE_B(B.sd, Hv, Mp, B.dt, Mp);
+  STAGE_T(B.sq, H, M, Mp, B.ra);
+  STAGE_T(B.sd, Hv, M, Mp, B.rb);
 
   for (int64_t j0 = jlo; j0 < jhi; j0 += BK) {
     const int64_t nk = SA_MIN(BK, jhi - j0);
@@ -491,15 +505,13 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   }
   for (int64_t jj = 0; jj < nk; jj++) {
     int64_t row = (b * S + j0 + jj) * Kh + kh;
-    cvt(B.tmp, a->k, dt, row * H, H, H, 1.0f);
-    scatter_col(B.kt, BK, jj, B.tmp, H);
-    cvt(B.tmp, a->v, dt, row * Hv, Hv, Hv, 1.0f);
-    scatter_col(B.vt, BK, jj, B.tmp, Hv);
+    T_COL_CVT(B, B.kt, BK, jj, a->k, dt, row * H, H, 1.0f, B.ra);
+    T_COL_CVT(B, B.vt, BK, jj, a->v, dt, row * Hv, Hv, 1.0f, B.rb);
   }
   memset(B.acc, 0, (size_t)(nall * hp) * sizeof(float));
   memset(B.acc2, 0, (size_t)(nall * hvp) * sizeof(float));
-  STAGE_B(B.sk, H, BK, B.kt, BK);
-  STAGE_B(B.sv, Hv, BK, B.vt, BK);
+  STAGE_T(B.sk, H, nk, BK, B.ra);
+  STAGE_T(B.sv, Hv, nk, BK, B.rb);
   const int64_t ib = first_row(a, ql, kl, 0, ql, j0, 1);
   const int64_t ie = nk > 0 ? first_row(a, ql, kl, ib, ql, j0 + nk, 0) : ib;
   sa_range rg[SA_CPU_BQ2];

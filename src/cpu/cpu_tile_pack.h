@@ -81,22 +81,31 @@ static inline void tile_load_row(float *dst, const void *src, int64_t off, int64
   }
 }
 
-/* B [kd x N] fp32 (rows ldb apart) as VNNI blocks: block (nb, s) holds k in [32 s, 32 s + 32) and columns
-   [16 nb, 16 nb + 16), pair-row e of column x at (e * 16 + x) * 2: (B[32 s + 2e][.], B[32 s + 2e + 1][.]);
-   zeros past kd and N, up to multiples of 32. */
-static inline void tile_pack_b(uint16_t *pb, int64_t kd, int64_t N, const float *B, int64_t ldb) {
-  const int64_t ks = tile_round(kd, SA_TILE_K) / SA_TILE_K, nbs = tile_round(N, 2 * SA_TILE_N) / SA_TILE_N;
+/* B [kd x N] as VNNI blocks: block (nb, s) holds k in [32 s, 32 s + 32) and columns [16 nb, 16 nb + 16),
+   pair-row e of column x at (e * 16 + x) * 2: (B[32 s + 2e][x], B[32 s + 2e + 1][x]); zeros past kd and N,
+   up to multiples of 32. tile_pack_b_t and tile_pack_b_bf16 write them. */
+
+/* The blocks from B's columns given as bf16 rows: B(k, n) = rows[n][k] for k < kd and n < N, zeros
+   for n in [N, Nt) and past kd (q^T, dout^T, k^T, v^T straight from the input's rows, no fp32 copy). Per 16
+   columns and k step: the 16 rows' 32 elements (one 64-byte load each) as 16 x 16 dwords, transposed, so that
+   dword x of pair-row e is (B(2e, x), B(2e + 1, x)); the next 16 rows are asked into L1 meanwhile (rows
+   N * H elements apart in q: lines the hardware prefetchers do not follow). */
+static inline void tile_pack_b_t(uint16_t *pb, int64_t kd, int64_t N, int64_t Nt, const uint16_t *const *rows) {
+  const int64_t ks = tile_round(kd, SA_TILE_K) / SA_TILE_K, nbs = tile_round(Nt, 2 * SA_TILE_N) / SA_TILE_N;
   for (int64_t nb = 0; nb < nbs; nb++) {
-    const __mmask16 m = tile_lanes(N - nb * SA_TILE_N);
+    for (int64_t x = (nb + 1) * SA_TILE_N; x < (nb + 2) * SA_TILE_N && x < N; x++)
+      for (int64_t k = 0; k < kd; k += 32) __builtin_prefetch(rows[x] + k, 0, 3);
     for (int64_t s = 0; s < ks; s++) {
-      uint16_t *blk = pb + (nb * ks + s) * SA_TILE_BLK;
-      const float *src = B + s * SA_TILE_K * ldb + nb * SA_TILE_N;
-      for (int64_t e = 0; e < SA_TILE_K / 2; e++) {
-        const int64_t k = s * SA_TILE_K + 2 * e;
-        __m512 lo = _mm512_maskz_loadu_ps(k < kd ? m : 0, src + 2 * e * ldb);
-        __m512 hi = _mm512_maskz_loadu_ps(k + 1 < kd ? m : 0, src + (2 * e + 1) * ldb);
-        _mm512_storeu_si512(blk + e * 2 * SA_TILE_N, tile_pair_f32(lo, hi));
+      const int64_t k0 = s * SA_TILE_K;
+      const __mmask32 m = kd - k0 >= 32 ? (__mmask32)~0u : (__mmask32)((1u << (kd - k0)) - 1u);
+      __m512i v[16];
+      for (int x = 0; x < 16; x++) {
+        const int64_t n = nb * SA_TILE_N + x;
+        v[x] = n < N ? _mm512_maskz_loadu_epi16(m, rows[n] + k0) : _mm512_setzero_si512();
       }
+      tile_transpose16(v);
+      uint16_t *blk = pb + (nb * ks + s) * SA_TILE_BLK;
+      for (int e = 0; e < 16; e++) _mm512_storeu_si512(blk + e * 2 * SA_TILE_N, v[e]);
     }
   }
 }
