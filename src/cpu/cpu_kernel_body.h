@@ -266,22 +266,55 @@ static void ranges(const sa_attn *a, int64_t ql, int64_t kl, int64_t i0, int64_t
   }
 }
 
-/* K and V rows [j0, j0 + nk) of kv head kh (LOAD_ROW: the FWD / BWD_DQ tile layout), and a
-   prefetch of the next tile's rows. */
-static void load_kv_rows(const sa_cpu_ctx *c, const sa_bufs *B, int64_t b, int64_t kh, int64_t j0, int64_t nk,
-                         int64_t jhi) {
+/* The K and V rows of a tile as the products read them: row jj at k + jj * kld and v + jj * vld (floats; the
+   tile layer's rows hold bf16, two per float). */
+typedef struct {
+  const float *k, *v;
+  int64_t kld, vld;
+} kv_rows;
+
+/* K and V rows [j0, j0 + nk) of kv head kh, and a prefetch of the next tile's rows. The vector layer
+   converts both into its row buffers (LOAD_ROW). The tile layer reads them where they lie instead of copying
+   them (tile_load_row, zero-padded) where the products allow it: V where it is the B operand (v_b: the
+   forward's P V, packed once per tile) when its rows are whole 16-column blocks; K, the A operand of S^T
+   (loaded once per 32 columns of S^T, so once per 32 query rows), when the item has at most 64 rows (Mp), its
+   rows are whole 32-element k steps, and the 16-row groups the tiles load (nk rounded to 16) stay inside the
+   array; either 4-byte aligned. Measured on the work besides the tile products (emulated as no-ops, 2
+   threads, 2026-12-04): T = S = 4096 N64/8 H64 causal forward (64-row items) 0.94x with both in place, 0.97x
+   with V only; T = S = 2048 N8 H128 (256 rows) 1.03-1.06x with K in place, its A tiles then gathered from rows
+   4 KiB apart, once per 32 of the 256 rows, and 1.01x with V only. */
+static kv_rows load_kv_rows(const sa_cpu_ctx *c, const sa_bufs *B, int64_t b, int64_t kh, int64_t j0, int64_t nk,
+                            int64_t jhi, int64_t Mp, int v_b) {
   const sa_attn *a = c->a;
   const int64_t S = a->kv_len, Kh = a->kv_heads, H = a->head_dim, Hv = a->v_head_dim;
-  for (int64_t jj = 0; jj < nk; jj++) {
-    int64_t row = (b * S + j0 + jj) * Kh + kh;
-    LOAD_ROW(B->kr + jj * c->hp, a->k, a->dtype, row * H, H, c->hp, 1.0f);
-    LOAD_ROW(B->v + jj * c->hvp, a->v, a->dtype, row * Hv, Hv, c->hvp, 1.0f);
-  }
   if (j0 + BODY_BK < jhi) {
     int64_t nn = SA_MIN(BODY_BK, jhi - j0 - BODY_BK);
     prefetch_rows(a->k, a->dtype, b * S + j0 + BODY_BK, nn, Kh * H, kh * H, H);
     prefetch_rows(a->v, a->dtype, b * S + j0 + BODY_BK, nn, Kh * Hv, kh * Hv, Hv);
   }
+  kv_rows kv = {B->kr, B->v, c->hp, c->hvp};
+#ifdef SA_TILE
+  const int64_t row0 = (b * S + j0) * Kh + kh;
+  const uint16_t *k0 = (const uint16_t *)a->k + row0 * H, *v0 = (const uint16_t *)a->v + row0 * Hv;
+  if (Mp <= 64 && H % 32 == 0 && (Kh * H) % 2 == 0 && ((uintptr_t)k0 & 3) == 0 &&
+      b * S + j0 + tile_round(nk, SA_TILE_M) <= a->batch * S) {
+    kv.k = (const float *)(const void *)k0;
+    kv.kld = Kh * H / 2;
+  }
+  if (v_b && Hv % 16 == 0 && (Kh * Hv) % 2 == 0 && ((uintptr_t)v0 & 3) == 0) {
+    kv.v = (const float *)(const void *)v0;
+    kv.vld = Kh * Hv / 2;
+  }
+#else
+  (void)Mp;
+  (void)v_b;
+#endif
+  for (int64_t jj = 0; jj < nk; jj++) {
+    int64_t row = (b * S + j0 + jj) * Kh + kh;
+    if (kv.k == B->kr) LOAD_ROW(B->kr + jj * c->hp, a->k, a->dtype, row * H, H, c->hp, 1.0f);
+    if (kv.v == B->v) LOAD_ROW(B->v + jj * c->hvp, a->v, a->dtype, row * Hv, Hv, c->hvp, 1.0f);
+  }
+  return kv;
 }
 
 /* ---- forward --------------------------------------------------------------------------------- */
@@ -356,11 +389,11 @@ static void fwd_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
     const int cls = tile_class(a, b, rg, i0, np, j0, nk), pos = a->q_positions && cls == 1, add = c->fill || pos;
     if (cls == 0 || (add && !fill_cols(c, b, kh, B.s, B.row, nk, Mp, M, np, i0, j0, pos))) continue;
     const float mul = score_mul(c, add);
-    load_kv_rows(c, &B, b, kh, j0, nk, jhi);
-    PRODUCT(B, B.sq, nk, Mp, H, B.kr, c->hp, 1, B.qt, Mp, B.s, Mp, add, PSCALE(c) / mul); /* S^T = (bias^T +) k q^T */
+    const kv_rows kv = load_kv_rows(c, &B, b, kh, j0, nk, jhi, Mp, 1);
+    PRODUCT(B, B.sq, nk, Mp, H, kv.k, kv.kld, 1, B.qt, Mp, B.s, Mp, add, PSCALE(c) / mul); /* S^T = (bias^T +) k q^T */
     if (cls == 1) mask_cols(a, b, B.s, nk, Mp, M, np, rg, i0, j0, B.mlo, B.mhi);
     softmax_cols(B.s, nk, Mp, M, mul, B.r1, B.r2, B.acc, hvp, B.cm, B.cl);
-    PRODUCT(B, NULL, M, hvp, nk, B.s, 1, Mp, B.v, hvp, B.acc, hvp, 1, 1.0f); /* o += P v, P through S^T's strides */
+    PRODUCT(B, NULL, M, hvp, nk, B.s, 1, Mp, kv.v, kv.vld, B.acc, hvp, 1, 1.0f); /* o += P v, P through S^T */
   }
 
   /* The sink enters here, once: l_total = l + 2^(a - m). No valid key contributed (l == 0): out = 0 and
@@ -452,10 +485,10 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
     const float mul = score_mul(c, add);
     const vf mulv = V_SET1(mul);
     (void)mulv;
-    load_kv_rows(c, &B, b, kh, j0, nk, jhi);
-    PRODUCT(B, B.sq, nk, Mp, H, B.kr, hp, 1, B.qt, Mp, B.s, Mp, add, PSCALE(c) / mul); /* S^T = (bias^T +) k q^T */
+    const kv_rows kv = load_kv_rows(c, &B, b, kh, j0, nk, jhi, Mp, 0);
+    PRODUCT(B, B.sq, nk, Mp, H, kv.k, kv.kld, 1, B.qt, Mp, B.s, Mp, add, PSCALE(c) / mul); /* S^T = (bias^T +) k q^T */
     if (cls == 1) mask_cols(a, b, B.s, nk, Mp, M, np, rg, i0, j0, B.mlo, B.mhi);
-    PRODUCT(B, B.sd, nk, Mp, Hv, B.v, hvp, 1, B.dt, Mp, B.dp, Mp, 0, 1.0f); /* dP^T = v dout^T */
+    PRODUCT(B, B.sd, nk, Mp, Hv, kv.v, kv.vld, 1, B.dt, Mp, B.dp, Mp, 0, 1.0f); /* dP^T = v dout^T */
     for (int64_t jj = 0; jj < nk; jj++) { /* p = 2^(mul s - lse2); ds = p (dp - D), per column */
       float *s = B.s + jj * Mp, *dp = B.dp + jj * Mp;
       for (int64_t e = 0; e < Mp; e += VW) {
@@ -464,7 +497,7 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
       }
     }
     if (dbias) dbias_cols(B.dp, nk, Mp, B.db);
-    PRODUCT(B, NULL, M, hp, nk, B.dp, 1, Mp, B.kr, hp, B.acc, hp, 1, 1.0f); /* dq += dS k */
+    PRODUCT(B, NULL, M, hp, nk, B.dp, 1, Mp, kv.k, kv.kld, B.acc, hp, 1, 1.0f); /* dq += dS k */
   }
   for (int64_t r = 0; r < M; r++) {
     int64_t g = r / np, p = r % np, n = kh * G + g;
