@@ -1,6 +1,6 @@
 """The GPU benchmarks' and checks' harness where there is no GPU: bench/sa_capi.py's structs against the C
 compiler's layout of include/sinkattn.h, bench/prod_check.py's --cpu mode on the REF and CPU backends (and that it
-fails on a wrong reference), and bench/kernel_bench.py's argument handling and dry run."""
+fails on a wrong reference), bench/kernel_bench.py's argument handling and dry run, and bench/cpu_ab.py's arguments."""
 
 import ctypes
 import os
@@ -102,3 +102,15 @@ def test_kernel_bench_dry_run_and_arguments(capsys):
   assert "row 12" in out and "row 13" in out and "decode B64 S131072" in out
   with pytest.raises(SystemExit):
     kernel_bench.main(["--dry-run", "--rounds", "3"])
+
+
+def test_cpu_ab_arguments(monkeypatch):
+  import cpu_ab
+
+  assert cpu_ab.parse_libs(["a=/x.so", "b=/y.so", "a"]) == [("a", "/x.so"), ("b", "/y.so"), ("a", "/x.so")]
+  with pytest.raises(SystemExit, match="no path given"):
+    cpu_ab.parse_libs(["a=/x.so", "c"])
+  for argv in (["--lib", "a=/x.so"], ["--lib", "a=/x.so", "--lib", "a", "--plans", "cpu.fwd.avx512,cpu.bwd.avx512"]):
+    monkeypatch.setattr(sys, "argv", ["cpu_ab.py", *argv])
+    with pytest.raises(SystemExit, match="at least twice|three plan names"):
+      cpu_ab.main()
