@@ -24,7 +24,9 @@
 #           instrumented), the decode rows of bench/kernel_bench.py (every plan, against the copy bandwidth of the same
 #           run), and ncu over the mma kernel at B1 S32k and B8 S4k.
 #   PART=cpu  the host CPU alone: tests/amx_check.c --bench (the AMX tile kernels, attention and decode, where the
-#           host has AMX) and bench/cpu_bench.py on 2 host cores (--amx: the tile plans beside the defaults).
+#           host has AMX) and bench/cpu_bench.py on 2 host cores (--amx: the tile plans beside the defaults); with
+#           AB_BASE=DIR (a source tree of another commit, e.g. `git archive C | tar -x -C DIR`, carried untracked)
+#           also bench/cpu_ab.py: DIR's library against this one's, A/B/A, under the plans AB_PLANS (amx).
 #   PART="1 decode cpu"  several parts in one call, in that order, one summary (a list of the names above).
 #   PART=all  1 and 2, in one call (longer than one call's 10 minutes on the H200).
 #
@@ -93,6 +95,7 @@ key() {
     progress) cat "$STAGE/progress.digest" 2>/dev/null ;;
     amx_check*) grep -h -E "^(SKIP|bench: fwd|bench: decode B|[0-9]+ passed)" "$log" | cut -c1-110 | tr '\n' ' ' ;;
     cpu_bench) grep -h -E "^peaks on|under cpu" "$log" | cut -c1-120 | tr '\n' ' ' ;;
+    cpu_ab) grep -h -E " / base: " "$log" | sed 's/ *base .* head / head /' | cut -c1-100 | tr '\n' ' ' ;;
     *) grep -h -E "^(kernel_bench|segments_bench|ring|build|wheels):" "$log" | tail -n 1 ;;
   esac
 }
@@ -232,6 +235,12 @@ if has cpu; then
     exit $rc'
   [ "${CPU_BENCH:-1}" = 1 ] && run_step cpu_bench 200 "$PY" bench/cpu_bench.py --lib build-gpu/libsinkattn_cpubench.so \
     --quick --amx --threads 2 --rounds 3 --out "$STAGE/cpu_bench.json"
+  if [ -n "${AB_BASE:-}" ]; then # the same rows under the tile plans, a base tree's library beside this one's
+    run_step build_ab_base 200 bash -c 'cmake -S "$1" -B "$1/build" -DCMAKE_BUILD_TYPE=Release -DSINKATTN_CUDA=OFF \
+      -DSINKATTN_FFI=OFF >/dev/null && cmake --build "$1/build" -j 16 --target sinkattn_cpubench' _ "$AB_BASE"
+    run_step cpu_ab 240 "$PY" bench/cpu_ab.py --lib "base=$AB_BASE/build/libsinkattn_cpubench.so" \
+      --lib head=build-gpu/libsinkattn_cpubench.so --lib base --plans "${AB_PLANS:-amx}" --rounds 5 --out "$STAGE/cpu_ab.json"
+  fi
 fi
 
 {
@@ -255,7 +264,8 @@ fi
   echo "status: $([ $fail = 0 ] && echo 'every step passed' || echo 'SOME STEPS FAILED (rc != 0)')"
 } > "$STAGE/summary.txt"
 cp "$STAGE/summary.txt" "$OUT/summary.txt"
-for f in machine.txt prod_check.json kernel_bench.json decode.json segments.json progress.jsonl ring.json cpu_bench.json; do
+for f in machine.txt prod_check.json kernel_bench.json decode.json segments.json progress.jsonl ring.json cpu_bench.json \
+  cpu_ab.json; do
   [ -f "$STAGE/$f" ] && cp "$STAGE/$f" "$OUT/"
 done
 tar -C "$(dirname "$STAGE")" -czf "$OUT/gpu_verify-$TAG.tgz" "gpu_verify-$TAG"
