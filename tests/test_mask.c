@@ -114,7 +114,7 @@ static int m_grid_case(int form, int64_t B, int64_t T, int64_t S, int64_t N, int
   sa_attn_grad g = {0};
   g.dbias = &one;
   sa_cpu_ctx c;
-  sa_cpu_ctx_init(&c, &a, &g);
+  sa_cpu_ctx_init(&c, &a, &g, 0);
   const sa_cpu_pass pass = (sa_cpu_pass)c.dbias_pass;
   const sa_cpu_grid gr = sa_cpu_grid_of(&c, pass);
   const int64_t nblk = pass == SA_CPU_BWD_DKDV ? c.nkb : c.nqb, blk = pass == SA_CPU_BWD_DKDV ? SA_CPU_BK2 : c.bq;

@@ -35,7 +35,7 @@ const char *sa_cpu_simd_name(void) {
 
 static int64_t sa_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-void sa_cpu_ctx_init(sa_cpu_ctx *c, const sa_attn *a, const sa_attn_grad *g) {
+void sa_cpu_ctx_init(sa_cpu_ctx *c, const sa_attn *a, const sa_attn_grad *g, int tile) {
   memset(c, 0, sizeof *c);
   c->a = a;
   c->g = g;
@@ -43,7 +43,8 @@ void sa_cpu_ctx_init(sa_cpu_ctx *c, const sa_attn *a, const sa_attn_grad *g) {
   int64_t bq_min;
   sa_cpu_plan_rows(a, &c->bq, &bq_min); /* the plan's rows */
   c->nqb = (a->q_len + c->bq - 1) / c->bq;
-  c->nkb = (a->kv_len + SA_CPU_BK2 - 1) / SA_CPU_BK2;
+  const int64_t bk2 = tile ? SA_CPU_TILE_BK2 : SA_CPU_BK2; /* the kernel body's BODY_BK2 */
+  c->nkb = (a->kv_len + bk2 - 1) / bk2;
   c->hp = sa_round_up(a->head_dim, SA_CPU_PAD);
   c->hvp = sa_round_up(a->v_head_dim, SA_CPU_PAD);
   c->scale = sa_scale_of(a);
@@ -86,7 +87,7 @@ sa_status sa_cpu_attn_supported(const sa_attn *a) {
 sa_status sa_cpu_attn_fwd_plan(const sa_attn *a, const sa_cpu_plan *p, int *threads) {
   if (a->batch == 0 || a->q_len == 0) return SA_OK;
   sa_cpu_ctx c;
-  sa_cpu_ctx_init(&c, a, NULL);
+  sa_cpu_ctx_init(&c, a, NULL, p->tile != SA_CPU_TILE_NONE);
   const sa_cpu_kernels *k = sa_cpu_kernels_of(p);
   return sa_cpu_parallel(k, &c, SA_CPU_FWD, sa_cpu_items(&c, SA_CPU_FWD), k->scratch(&c, SA_CPU_FWD), sa_cpu_flops(a),
                          threads);
@@ -130,7 +131,7 @@ sa_status sa_cpu_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspa
   sa_status s = sa_cpu_plan_of(a, SA_PLAN_BWD, &p);
   if (s != SA_OK) return s;
   sa_cpu_ctx c;
-  sa_cpu_ctx_init(&c, a, g);
+  sa_cpu_ctx_init(&c, a, g, p.tile != SA_CPU_TILE_NONE);
   size_t part_off, need = sa_cpu_bwd_bytes(a, &p, &part_off);
   int own = workspace == NULL || workspace_size < need || ((uintptr_t)workspace & 3) != 0; /* floats */
   char *buf = own ? aligned_alloc(64, need) : (char *)workspace;

@@ -31,13 +31,21 @@
      64 keys 1.00, 128 keys 0.93, 256 keys 0.89; 128 rows with 128 keys 0.96, 64 rows with 256 keys 1.05.
    SA_CPU_BK2, SA_CPU_BQ2: keys per dk/dv item and query positions per tile in that pass. 64 and 128 keys
      tie at T = 2048 (causal or not); with gpt-oss's 128-key window 64 wastes less on the window's edges
-     (fwd+bwd 35% -> 40% of peak at T = 4096, N/K = 64/8, H = 64). */
+     (fwd+bwd 35% -> 40% of peak at T = 4096, N/K = 64/8, H = 64).
+   SA_CPU_TILE_BK2, SA_CPU_TILE_BQ2: the same for the tile kernels, whose dv and dk products then run 4 k steps
+     (the tile's query rows) per C block load and store instead of 2. The forward+backward's work besides the
+     tile products (emulated as no-ops, as above), 64 x 64 = 1.00: 128 keys x 128 rows 0.90 (N8 H128), 0.94
+     (causal), 0.91 (T = S = 4096 N64/8 H64 causal); 64 keys x 128 rows 0.96-0.97; 256 keys x 128 rows 0.89,
+     0.94, 0.87; 128 keys x 64 rows 0.98-1.04. gpt-oss's window layer (127 keys, T = S = 4096 N64/8 H64) 1.03:
+     a 128-key item's queries span 256 rows for 128 x 128 pairs in the window, a 64-key item's 192 for 64 x 128. */
 #define SA_CPU_ROWS      256
 #define SA_CPU_ROWS_DIAG 64
 #define SA_CPU_BK        64
 #define SA_CPU_TILE_BK   256
 #define SA_CPU_BK2       64
 #define SA_CPU_BQ2       64
+#define SA_CPU_TILE_BK2  128
+#define SA_CPU_TILE_BQ2  128
 /* Head dims are padded to a multiple of 16 floats (one AVX-512 vector, two AVX2 ones) in the fp32 tiles. */
 #define SA_CPU_PAD 16
 
@@ -50,7 +58,7 @@ typedef struct sa_cpu_ctx {
   int64_t G;                    /* query heads per kv head */
   int64_t bq;                   /* query positions per forward / dq item (G * bq rows; the plan's) */
   int64_t nqb;                  /* query blocks of bq positions */
-  int64_t nkb;                  /* key blocks of SA_CPU_BK2 in the dk/dv pass */
+  int64_t nkb;                  /* key blocks of the dk/dv pass (SA_CPU_BK2 keys, SA_CPU_TILE_BK2 at the tiles) */
   int64_t hp, hvp;              /* head_dim, v_head_dim rounded up to SA_CPU_PAD */
   float scale;                  /* softmax scale */
   float scale2;                 /* scale * log2(e): scores are kept in base 2 so exp is exp2 */
@@ -65,7 +73,7 @@ typedef struct sa_cpu_ctx {
 typedef enum { SA_CPU_FWD = 0, SA_CPU_BWD_DQ = 1, SA_CPU_BWD_DKDV = 2 } sa_cpu_pass;
 
 /* The context of a call (g NULL for a forward); tests read its dbias item grid too. */
-void sa_cpu_ctx_init(sa_cpu_ctx *c, const sa_attn *a, const sa_attn_grad *g);
+void sa_cpu_ctx_init(sa_cpu_ctx *c, const sa_attn *a, const sa_attn_grad *g, int tile);
 
 /* The items of a pass: one per (b, kv head, block) where blocks are query blocks (FWD, BWD_DQ) or key
    blocks (BWD_DKDV), except in the pass that sums dbias, whose items span every axis along which two

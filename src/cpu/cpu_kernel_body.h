@@ -35,10 +35,14 @@
 
 #ifdef SA_TILE
 #include "cpu_tile.h"
-#define BODY_BK SA_CPU_TILE_BK /* keys per tile of the forward and dq passes (cpu_internal.h) */
+#define BODY_BK  SA_CPU_TILE_BK  /* keys per tile of the forward and dq passes (cpu_internal.h) */
+#define BODY_BK2 SA_CPU_TILE_BK2 /* keys per dk/dv item (sa_cpu_ctx_init's nkb) */
+#define BODY_BQ2 SA_CPU_TILE_BQ2 /* query positions per dk/dv tile */
 #else
 #include "cpu_gemm.h"
-#define BODY_BK SA_CPU_BK
+#define BODY_BK  SA_CPU_BK
+#define BODY_BK2 SA_CPU_BK2
+#define BODY_BQ2 SA_CPU_BQ2
 #endif
 
 /* ---- conversion ------------------------------------------------------------------------------ */
@@ -169,7 +173,7 @@ static size_t carve(const sa_cpu_ctx *c, sa_cpu_pass pass, float *ws, sa_bufs *B
     off += ((size_t)(n) + 15) & ~(size_t)15; \
   } while (0)
   const int64_t M = c->G * c->bq, Mp = pad_to(M), H = c->a->head_dim, Hv = c->a->v_head_dim;
-  const int64_t hp = c->hp, hvp = c->hvp, BK = BODY_BK, BK2 = SA_CPU_BK2, Q2 = SA_CPU_BQ2;
+  const int64_t hp = c->hp, hvp = c->hvp, BK = BODY_BK, BK2 = BODY_BK2, Q2 = BODY_BQ2;
   memset(B, 0, sizeof *B);
   TAKE(B->tmp, SA_MAX(hp, hvp));
   TAKE(B->row, VW * SA_MAX(BK, BK2));
@@ -525,7 +529,7 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   const sa_attn_grad *gr = c->g;
   const sa_dtype dt = a->dtype;
   const int64_t T = a->q_len, S = a->kv_len, N = a->q_heads, Kh = a->kv_heads, H = a->head_dim, Hv = a->v_head_dim;
-  const int64_t G = c->G, hp = c->hp, hvp = c->hvp, BK = SA_CPU_BK2, Q2 = SA_CPU_BQ2;
+  const int64_t G = c->G, hp = c->hp, hvp = c->hvp, BK = BODY_BK2, Q2 = BODY_BQ2;
   const int64_t kb = item % c->nkb, kh = (item / c->nkb) % Kh, b = item / (c->nkb * Kh);
   const int64_t ql = sa_q_len_of(a, b), kl = sa_kv_len_of(a, b);
   /* Keys in [kl, S) are padding: never loaded (whatever they hold), their dk and dv are 0. */
@@ -547,7 +551,7 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   STAGE_T(B.sv, Hv, nk, BK, B.rb);
   const int64_t ib = first_row(a, ql, kl, 0, ql, j0, 1);
   const int64_t ie = nk > 0 ? first_row(a, ql, kl, ib, ql, j0 + nk, 0) : ib;
-  sa_range rg[SA_CPU_BQ2];
+  sa_range rg[BODY_BQ2];
 
   const int dbias = c->dbias_pass == SA_CPU_BWD_DKDV;
 

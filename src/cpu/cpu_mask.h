@@ -145,7 +145,7 @@ static int fill_rows(const sa_cpu_ctx *c, int64_t b, int64_t n, float *s, int64_
                      int64_t i0, int64_t j0, int pos) {
   int any = 0;
   for (int64_t p = 0; p < np; p++) {
-    any |= fill_row(c, b, n, i0 + p, j0, nk, s + p * bk, pos, 2 * SA_CPU_BQ2);
+    any |= fill_row(c, b, n, i0 + p, j0, nk, s + p * bk, pos, 2 * BODY_BQ2);
     memset(s + p * bk + nk, 0, (size_t)(bk - nk) * sizeof *s);
   }
   return any;
