@@ -41,7 +41,7 @@ void sa_cpu_ctx_init(sa_cpu_ctx *c, const sa_attn *a, const sa_attn_grad *g, int
   c->g = g;
   c->G = a->q_heads / a->kv_heads;
   int64_t bq_min;
-  sa_cpu_plan_rows(a, &c->bq, &bq_min); /* the plan's rows */
+  sa_cpu_plan_rows(a, tile, &c->bq, &bq_min); /* the plan's rows */
   c->nqb = (a->q_len + c->bq - 1) / c->bq;
   const int64_t bk2 = tile ? SA_CPU_TILE_BK2 : SA_CPU_BK2; /* the kernel body's BODY_BK2 */
   c->nkb = (a->kv_len + bk2 - 1) / bk2;

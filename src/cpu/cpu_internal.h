@@ -24,6 +24,10 @@
    SA_CPU_ROWS_DIAG: the same with a causal / window / segment mask, where a taller block wastes more on
      its diagonal tiles: causal 64 and 128 rows 72%, 256 rows 60%; gpt-oss's 128-key window (T = 4096,
      N/K = 64/8, H = 64) fwd 59% at 64 rows, 55% at 128.
+   SA_CPU_TILE_ROWS_CAUSAL: the rows of the tile kernels' items under a plain causal mask (cpu_plan.c): their
+     work besides the tile products (emulated as no-ops, Zen 4, 2 threads, 2026-12-04) at 128 rows against 64:
+     T = S = 2048 N8 H128 causal forward 0.88, forward+backward 0.92; T = S = 4096 N64/8 H64 causal 0.91, 0.96
+     (A/A 0.99-1.00; 256 rows, in an earlier run beside 128: about the same); the 127-key window unchanged.
    SA_CPU_BK: keys per tile in the forward and dq passes (rows of S^T).
    SA_CPU_TILE_BK: the same for the tile kernels (cpu_tile.h), whose P V C blocks are loaded and stored
      through the tiles once per key tile: 256 keys give them 8 k steps a load instead of 2. Their work
@@ -38,14 +42,15 @@
      (causal), 0.91 (T = S = 4096 N64/8 H64 causal); 64 keys x 128 rows 0.96-0.97; 256 keys x 128 rows 0.89,
      0.94, 0.87; 128 keys x 64 rows 0.98-1.04. gpt-oss's window layer (127 keys, T = S = 4096 N64/8 H64) 1.03:
      a 128-key item's queries span 256 rows for 128 x 128 pairs in the window, a 64-key item's 192 for 64 x 128. */
-#define SA_CPU_ROWS      256
-#define SA_CPU_ROWS_DIAG 64
-#define SA_CPU_BK        64
-#define SA_CPU_TILE_BK   256
-#define SA_CPU_BK2       64
-#define SA_CPU_BQ2       64
-#define SA_CPU_TILE_BK2  128
-#define SA_CPU_TILE_BQ2  128
+#define SA_CPU_ROWS             256
+#define SA_CPU_ROWS_DIAG        64
+#define SA_CPU_TILE_ROWS_CAUSAL 128
+#define SA_CPU_BK               64
+#define SA_CPU_TILE_BK          256
+#define SA_CPU_BK2              64
+#define SA_CPU_BQ2              64
+#define SA_CPU_TILE_BK2         128
+#define SA_CPU_TILE_BQ2         128
 /* Head dims are padded to a multiple of 16 floats (one AVX-512 vector, two AVX2 ones) in the fp32 tiles. */
 #define SA_CPU_PAD 16
 

@@ -91,12 +91,16 @@ const char *sa_cpu_plan_known(const char *name) {
 
 const char *sa_cpu_plan_name(int i) { return i >= 0 && i < SA_CPU_NPLANS ? sa_cpu_plan_kinds[i].name : NULL; }
 
-void sa_cpu_plan_rows(const sa_attn *a, int64_t *bq, int64_t *bq_min) {
+void sa_cpu_plan_rows(const sa_attn *a, int tile, int64_t *bq, int64_t *bq_min) {
   const int64_t G = a->kv_heads > 0 ? a->q_heads / a->kv_heads : 1;
   /* G heads x bq positions share each K/V tile (one position per item when G exceeds the rows). A mask
-     array is treated as a diagonal mask: its all-false tiles are skipped, and shorter blocks skip more. */
+     array is treated as a diagonal mask: its all-false tiles are skipped, and shorter blocks skip more. The
+     tile kernels take SA_CPU_TILE_ROWS_CAUSAL under a plain causal mask (no window, segment ids or mask
+     array, whose blocks would span more keys outside them). */
   int diag = a->causal != SA_CAUSAL_NONE || a->window_left >= 0 || a->window_right >= 0 || a->q_segment_ids || a->mask;
-  int64_t rows = diag ? SA_CPU_ROWS_DIAG : SA_CPU_ROWS;
+  int plain_causal =
+      a->causal != SA_CAUSAL_NONE && a->window_left < 0 && a->window_right < 0 && !a->q_segment_ids && !a->mask;
+  int64_t rows = !diag ? SA_CPU_ROWS : tile && plain_causal ? SA_CPU_TILE_ROWS_CAUSAL : SA_CPU_ROWS_DIAG;
   *bq = G >= rows ? 1 : rows / G;
   *bq_min = G >= SA_CPU_ROWS_DIAG ? 1 : SA_CPU_ROWS_DIAG / G;
 }
@@ -105,7 +109,7 @@ void sa_cpu_plan_rows(const sa_attn *a, int64_t *bq, int64_t *bq_min) {
 static void sa_cpu_plan_shape(const sa_attn *a, sa_cpu_plan *p) {
   const int64_t G = a->kv_heads > 0 ? a->q_heads / a->kv_heads : 1;
   if (p->which != SA_PLAN_DECODE || p->fwd_kernels) {
-    sa_cpu_plan_rows(a, &p->bq, &p->bq_min);
+    sa_cpu_plan_rows(a, p->tile != SA_CPU_TILE_NONE, &p->bq, &p->bq_min);
     p->rows = G * p->bq;
     p->keys = p->tile != SA_CPU_TILE_NONE ? SA_CPU_TILE_BK : SA_CPU_BK;
     return;

@@ -70,8 +70,8 @@ typedef struct sa_cpu_plan {
 } sa_cpu_plan;
 
 /* Query positions per forward / dq item (bq) and the smallest any mask gives this shape (bq_min): the
-   plans' rows, the same at every SIMD level. */
-void sa_cpu_plan_rows(const sa_attn *a, int64_t *bq, int64_t *bq_min);
+   plans' rows, the same at every SIMD level; tile: the tile kernels' (which differ under a causal mask). */
+void sa_cpu_plan_rows(const sa_attn *a, int tile, int64_t *bq, int64_t *bq_min);
 
 /* The plan for problem a of kind which. forced NULL or "": the default, the first legal plan of the
    kind that is not override-only. Else that plan: SA_ERR_INVALID (message naming it and the known
