@@ -11,7 +11,8 @@ set -euo pipefail
 src=$1 dst=$2
 rm -rf "$dst"
 mkdir -p "$dst"
-tar -C "$src" --exclude=./.git --exclude="./build*" --exclude="./.venv*" --exclude=./dist -cf - . | tar -C "$dst" -xf -
+tar -C "$src" --exclude=./.git --exclude="./build*" --exclude="./.venv*" --exclude=./dist --exclude=./.whl -cf - . |
+  tar -C "$dst" -xf -
 python3 - "$dst/src/cpu/cpu_tile_isa.h" <<'PY'
 import sys
 
@@ -52,6 +53,7 @@ rep(
 )
 open(p, "w").write(s)
 PY
+[ "${TILE_PROXY_NO_BUILD:-0}" = 1 ] && exit 0 # the patched tree only (tests/test_bench_harness.py)
 cmake -S "$dst" -B "$dst/build" -DCMAKE_BUILD_TYPE=Release -DSINKATTN_CUDA=OFF -DSINKATTN_FFI=OFF >/dev/null
 cmake --build "$dst/build" -j "$(nproc)" --target sinkattn_cpubench >/dev/null
 echo "$dst/build/libsinkattn_cpubench.so"
