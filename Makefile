@@ -14,7 +14,7 @@ JOBS      ?= $(shell nproc)
 CMAKE_FLAGS ?=
 WHEEL_ARGS ?=
 
-.PHONY: all build test test-c test-py test-py-newest docs lint wheel wheel-compat demo demo-c bench bench-cpu \
+.PHONY: all build test test-c test-c-clang test-py test-py-newest docs lint wheel wheel-compat demo demo-c bench bench-cpu \
         sanitize fuzz clean
 
 all: build
@@ -45,6 +45,14 @@ build: $(VENV)/.stamp
 test-c: build
 	ctest --test-dir $(BUILD) --output-on-failure
 
+# The CPU library and its C tests built by a second compiler (clang 14, packaging/clang.sh) and run: a
+# miscompile under either compiler fails `make test` (GCC 12 once deleted the AMX tile configuration's stores).
+test-c-clang:
+	cmake -S . -B build-clang -DCMAKE_C_COMPILER=$$(packaging/clang.sh) -DCMAKE_BUILD_TYPE=Release \
+	      -DSINKATTN_CUDA=OFF -DSINKATTN_FFI=OFF -DSINKATTN_WERROR=ON
+	cmake --build build-clang -j $(JOBS)
+	ctest --test-dir build-clang --output-on-failure
+
 test-py: build
 	PYTHONPATH=python $(VPY) -m pytest tests -q
 
@@ -67,7 +75,7 @@ lint: $(VENV)/.stamp
 
 # Both ends of the version range, the API reference, the sanitizer run and the fuzz budget (2 x 60 s): 17 min
 # from a fresh clone on the 2 shared cores, CUDA compiled (2026-12-02: 12 min of CPU; each pytest run 4-5 min).
-test: lint test-c test-py test-py-newest docs sanitize fuzz
+test: lint test-c test-c-clang test-py test-py-newest docs sanitize fuzz
 
 # The wheel users get from `pip wheel .`, built by the newest Python (so against the newest jaxlib's header),
 # then `auditwheel repair`: dist/sinkattn-<version>-py3-none-manylinux_*.whl (CUDA backend when nvcc is found;
@@ -109,4 +117,4 @@ fuzz: $(VENV)/.stamp
 	JOBS=$(JOBS) PYTHON=$(VPY) fuzz/run.sh
 
 clean:
-	rm -rf $(BUILD) build-san build-fuzz dist
+	rm -rf $(BUILD) build-san build-fuzz build-clang dist

@@ -155,7 +155,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static void *sab_amx_thread(void *p
   uint16_t ab[2][16 * 32] __attribute__((aligned(64)));
   float c[16 * 16] __attribute__((aligned(64)));
   for (int i = 0; i < 16 * 32; i++) ab[0][i] = ab[1][i] = 0x3c00; /* bf16 0.0078125: no overflow */
-  _tile_loadconfig(&cfg);
+  __asm__ volatile("ldtilecfg %0" : : "m"(cfg)); /* the whole block as the operand: cpu_tile_isa.h says why */
   _tile_loadd(4, ab[0], 64);
   _tile_loadd(5, ab[1], 64);
   _tile_loadd(6, ab[0], 64);

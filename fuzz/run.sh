@@ -13,18 +13,7 @@ FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 PYTHON=${PYTHON:-.venv/bin/python}
 JOBS=${JOBS:-$(nproc)}
 
-# clang 14 and its runtime (libFuzzer, ASan) come from Debian packages; install them on a fresh machine.
-need=()
-for pkg in clang-14 libclang-rt-14-dev; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
-done
-if ((${#need[@]})); then
-  sudo_cmd=""
-  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-  $sudo_cmd apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q "${need[@]}"
-fi
-CC_FUZZ=$(command -v clang-14 || command -v clang)
+CC_FUZZ=$(packaging/clang.sh) # clang 14 and its runtime, installed where missing
 
 mkdir -p build-fuzz
 # No -Werror here: clang warns where gcc (the -Werror build) does not, e.g. an unused static inline in

@@ -6,7 +6,8 @@
  * for bf16, never a default; the tile decode's own limits: head_dim a multiple of 32, no bias, mask or
  * positions), the record read once per process, and every
  * plan legal on this machine forced in turn (sa_plan_force) on small problems against the fp64 reference,
- * sa_plan_last naming it.
+ * sa_plan_last naming it, and every CPU plan name forced on every kind of call and dtype: it runs or the
+ * error names it.
  * Last line: "N passed, N failed".
  */
 #define _POSIX_C_SOURCE 200112L /* setenv */
@@ -395,6 +396,72 @@ static void test_forced_runs(sa_dtype t) {
   free(dv);
 }
 
+/* Every CPU plan name there is, forced on a forward, a backward and a decode call of each dtype: it runs (and
+   sa_plan_last names it) or the call fails naming it. A forced plan never takes the process down (a tile plan
+   whose configuration was compiled away died here with SIGILL). */
+static void test_every_forced_plan(void) {
+  for (int ti = 0; ti < 3; ti++) {
+    const sa_dtype t = ti == 0 ? SA_F32 : ti == 1 ? SA_F16 : SA_BF16;
+    sa_attn a = problem(t);
+    a.q_len = 40;
+    a.kv_len = 70;
+    a.head_dim = a.v_head_dim = 64;
+    a.causal = SA_CAUSAL_BOTTOM_RIGHT;
+    unsigned seed = 11;
+    const int64_t nq = a.q_len * 4 * 64, nk = a.kv_len * 2 * 64;
+    void *q = rand_buf(t, nq, &seed), *k = rand_buf(t, nk, &seed), *v = rand_buf(t, nk, &seed);
+    void *dout = rand_buf(t, nq, &seed), *o = rand_buf(t, nq, &seed), *dq = rand_buf(t, nq, &seed);
+    void *dk = rand_buf(t, nk, &seed), *dv = rand_buf(t, nk, &seed);
+    float lse[4 * 40];
+    a.q = q;
+    a.k = k;
+    a.v = v;
+    a.out = o;
+    a.lse = lse;
+    sa_attn_grad g = {0};
+    g.dout = dout;
+    g.dq = dq;
+    g.dk = dk;
+    g.dv = dv;
+    for (int i = 0; sa_cpu_plan_name(i); i++) {
+      const char *name = sa_cpu_plan_name(i);
+      for (int which = SA_PLAN_FWD; which <= SA_PLAN_DECODE; which++) {
+        if (sa_plan_force(which, name) != SA_OK) continue; /* a plan of another kind: refused at once */
+        sa_attn c = a;
+        if (which == SA_PLAN_DECODE) c.q_len = 2;
+        sa_status s = sa_attn_fwd(&c, SA_BACKEND_CPU, NULL);
+        if (which == SA_PLAN_BWD && s == SA_OK) {
+          size_t ws = sa_attn_bwd_workspace_size(&c, SA_BACKEND_CPU);
+          void *w = malloc(ws ? ws : 1);
+          s = sa_attn_bwd(&c, &g, w, ws, SA_BACKEND_CPU, NULL);
+          free(w);
+        } else if (which == SA_PLAN_DECODE) {
+          size_t ws = sa_attn_decode_workspace_size(&c, SA_BACKEND_CPU);
+          void *w = malloc(ws ? ws : 1);
+          s = sa_attn_decode_fwd(&c, w, ws, SA_BACKEND_CPU, NULL);
+          free(w);
+        }
+        char what[160];
+        snprintf(what, sizeof what, "%s forced on a %s call (dtype %d): runs, or the error names it", name,
+                 which == SA_PLAN_FWD   ? "forward"
+                 : which == SA_PLAN_BWD ? "backward"
+                                        : "decode",
+                 (int)t);
+        check(s == SA_OK ? last_is(which, name) : strstr(sa_last_error(), name) != NULL, what);
+        sa_plan_force(which, NULL);
+      }
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+    free(o);
+    free(dq);
+    free(dk);
+    free(dv);
+  }
+}
+
 static void test_machine(void) {
   const sa_cpu_record *r = sa_cpu_record_get();
   printf("this CPU: level %s (CPUID %d), AVX512-BF16 %d, AMX-BF16 %d, AMX-FP16 %d, tile state granted %d\n",
@@ -406,6 +473,7 @@ static void test_machine(void) {
   check(sa_plan_forced(SA_PLAN_FWD) == NULL, "a failed force leaves no plan forced");
   test_forced_runs(SA_F32);
   test_forced_runs(SA_BF16);
+  test_every_forced_plan();
   { /* the tile decode through the plan API: refused here without AMX, naming the plan and AMX */
     sa_attn d = problem(SA_BF16);
     d.q_len = 1;

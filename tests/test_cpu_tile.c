@@ -12,8 +12,13 @@
 
 /* The AVX-512 vector layer's bf16 store (the tile and AVX-512 kernels' output rows), compiled for AVX-512
    here only: main runs it after checking the CPU has it. */
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"))), \
+                             apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
+#endif
 #include "cpu/cpu_vec_avx512.h"
 
 /* sa_store_bf16_avx512 against sa_f32_to_bf16 over all 2^32 fp32 bit patterns (NaNs, infinities,
@@ -33,7 +38,11 @@ static uint64_t tt_store_bf16_mismatches(void) {
   }
   return bad;
 }
+#ifdef __clang__
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 /* 1 and 2 threads give the same bits for every output (dbias of a bias shared by the heads included), and
    the 2-thread run used 2 threads. */

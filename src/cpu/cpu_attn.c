@@ -18,7 +18,7 @@
 
 /* The kernel table a plan runs (the plan's level is one CPUID and SINKATTN_SIMD allow; a tile plan is legal
    only where its kernels are built and, for the real instructions, the CPU and OS have AMX). */
-static const sa_cpu_kernels *sa_cpu_kernels_of(const sa_cpu_plan *p) {
+const sa_cpu_kernels *sa_cpu_kernels_of(const sa_cpu_plan *p) {
   if (p->tile == SA_CPU_TILE_EMULATED) return &sa_cpu_kernels_amxemu;
 #ifdef SA_CPU_HAVE_AMX
   if (p->tile == SA_CPU_TILE_AMX) return &sa_cpu_kernels_amx;

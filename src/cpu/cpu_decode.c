@@ -151,6 +151,14 @@ static void sa_cpu_decode_item_run(void *arg, int64_t item, float *scratch) {
     for (int64_t kh = 0; kh < K; kh++) sa_cpu_decode_combine(j, b, kh);
 }
 
+int64_t sa_cpu_decode_tile_config(const sa_attn *a, const sa_cpu_plan *p, void *got) {
+  if (p->tile == SA_CPU_TILE_EMULATED) return sa_cpu_decode_amxemu_config(a, p, got);
+#ifdef SA_CPU_HAVE_AMX
+  if (p->tile == SA_CPU_TILE_AMX) return sa_cpu_decode_amx_config(a, p, got);
+#endif
+  return -1;
+}
+
 sa_status sa_cpu_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_size) {
   sa_cpu_plan p;
   sa_status s = sa_cpu_plan_of(a, SA_PLAN_DECODE, &p);

@@ -39,8 +39,13 @@ void sa_cpu_decode_avx512(const sa_decode_item *it, float *scratch);
 #ifdef SA_CPU_HAVE_AMX
 int64_t sa_cpu_decode_amx_scratch(const sa_attn *a, const sa_cpu_plan *p);
 void sa_cpu_decode_amx(const sa_decode_item *it, float *scratch);
+int64_t sa_cpu_decode_amx_config(const sa_attn *a, const sa_cpu_plan *p, void *got);
 #endif
 int64_t sa_cpu_decode_amxemu_scratch(const sa_attn *a, const sa_cpu_plan *p);
 void sa_cpu_decode_amxemu(const sa_decode_item *it, float *scratch);
+int64_t sa_cpu_decode_amxemu_config(const sa_attn *a, const sa_cpu_plan *p, void *got);
+/* A tile decode plan's configuration routine as its items run it, the configuration then held read back
+   into got (64 bytes, STTILECFG) and released: the item's tile width tw, or -1 for a plan without tiles. */
+int64_t sa_cpu_decode_tile_config(const sa_attn *a, const sa_cpu_plan *p, void *got);
 
 #endif /* SA_CPU_DECODE_H */

@@ -6,5 +6,6 @@
  */
 #define SA_DEC_TILE_FN      sa_cpu_decode_amx
 #define SA_DEC_TILE_SCRATCH sa_cpu_decode_amx_scratch
+#define SA_DEC_TILE_CONFIG  sa_cpu_decode_amx_config
 
 #include "cpu_decode_tile.h"

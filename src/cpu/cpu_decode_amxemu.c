@@ -6,5 +6,6 @@
 #define SA_TILE_EMULATED    1
 #define SA_DEC_TILE_FN      sa_cpu_decode_amxemu
 #define SA_DEC_TILE_SCRATCH sa_cpu_decode_amxemu_scratch
+#define SA_DEC_TILE_CONFIG  sa_cpu_decode_amxemu_config
 
 #include "cpu_decode_tile.h"

@@ -2,7 +2,7 @@
  * cpu_decode_tile.h — the decode work item with Q.K^T and P.V on AMX tiles (plans cpu.decode.amx and
  * cpu.decode.amx.emulated; docs/cpu.md, "Decode"), compiled twice: cpu_decode_amx.c over the instructions,
  * cpu_decode_amxemu.c over their emulation (cpu_tile_isa.h, SA_TILE_EMULATED). The includer names the item
- * and its scratch size (SA_DEC_TILE_FN, SA_DEC_TILE_SCRATCH). bf16 caches, head_dim a multiple of 32
+ * and its scratch size (SA_DEC_TILE_FN, SA_DEC_TILE_SCRATCH) and its configuration probe (SA_DEC_TILE_CONFIG). bf16 caches, head_dim a multiple of 32
  * (cpu_plan.c refuses the rest, naming why).
  *
  * The item is the AVX-512 one's (cpu_decode_avx512.c) with its products moved to tiles: S^T [keys][rows]
@@ -94,6 +94,16 @@ static void sa_dtl_config(const sa_dtl *s) {
     cfg.rows[t] = rows[t];
   }
   TILE_LOADCONFIG(&cfg);
+}
+
+/* sa_dtl_config as an item runs it, then the configuration the thread holds (STTILECFG) into got (64 bytes),
+   then TILERELEASE; returns the item's tw, from which tests/test_tile_config.c states the intended block. */
+int64_t SA_DEC_TILE_CONFIG(const sa_attn *a, const sa_cpu_plan *p, void *got) {
+  const sa_dtl s = sa_dtl_of(a, p);
+  sa_dtl_config(&s);
+  TILE_STORECONFIG((sa_tile_cfg *)got);
+  TILE_RELEASE();
+  return s.tw;
 }
 
 /* Q^T of every kv head as VNNI B blocks qb [kh][ct][s] (32 dims x 16 columns each): pair-row e of column x

@@ -119,6 +119,9 @@ typedef struct sa_cpu_kernels {
      tile configuration and release the tile state there. */
   void (*begin)(void);
   void (*end)(void);
+  /* The 64-byte tile configuration this thread holds (STTILECFG; NULL for the vector kernels): the tests read
+     it back after begin (tests/test_tile_config.c). */
+  void (*config_read)(void *cfg64);
 } sa_cpu_kernels;
 
 extern const sa_cpu_kernels sa_cpu_kernels_avx512;
@@ -130,6 +133,10 @@ extern const sa_cpu_kernels sa_cpu_kernels_scalar;
 extern const sa_cpu_kernels sa_cpu_kernels_amx;
 #endif
 extern const sa_cpu_kernels sa_cpu_kernels_amxemu;
+
+struct sa_cpu_plan;
+/* The kernel table a plan runs (its SIMD level, or its tile products: real or emulated). */
+const sa_cpu_kernels *sa_cpu_kernels_of(const struct sa_cpu_plan *p);
 
 /* Runs fn(arg, i, scratch) for the items i in [0, n) on up to max_threads threads (the caller's among
    them; fewer when sa_cpu_get_num_threads or n is smaller), each worker with its own scratch of

@@ -559,7 +559,7 @@ static void run(const sa_cpu_ctx *c, sa_cpu_pass pass, int64_t item, float *ws) 
 }
 
 #ifdef SA_TILE
-const sa_cpu_kernels SA_K_TABLE = {SA_K_NAME, scratch, run, tile_begin, tile_end};
+const sa_cpu_kernels SA_K_TABLE = {SA_K_NAME, scratch, run, tile_begin, tile_end, tile_config_read};
 #else
-const sa_cpu_kernels SA_K_TABLE = {SA_K_NAME, scratch, run, NULL, NULL};
+const sa_cpu_kernels SA_K_TABLE = {SA_K_NAME, scratch, run, NULL, NULL, NULL};
 #endif

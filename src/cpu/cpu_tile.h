@@ -43,6 +43,8 @@ static void tile_begin(void) {
 
 static void tile_end(void) { TILE_RELEASE(); }
 
+static void tile_config_read(void *cfg64) { TILE_STORECONFIG((sa_tile_cfg *)cfg64); }
+
 /* The C block of rows [m0, m0 + 16 mt) and columns [n0, n0 + 16 nt) (mt, nt 1 or 2; tile (i, j) is tile
    2 i + j) over ks k steps: A tiles at a0, a1 (rows astride bytes apart, k step s at + 32 s), B blocks at
    b0, b1 (step s at + s * SA_TILE_BLK). C (+)= alpha A B: straight through the tiles (C loaded or zeroed,

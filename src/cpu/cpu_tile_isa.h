@@ -1,7 +1,7 @@
 /*
- * cpu_tile_isa.h — the six AMX instructions the tile layer (cpu_tile.h) uses, in one of two forms chosen
+ * cpu_tile_isa.h — the seven AMX instructions the tile layer (cpu_tile.h) uses, in one of two forms chosen
  * when the including file is compiled:
- *   default             the instructions themselves (LDTILECFG, TILELOADD, TILEZERO, TDPBF16PS, TILESTORED,
+ *   default             the instructions themselves (LDTILECFG, STTILECFG, TILELOADD, TILEZERO, TDPBF16PS, TILESTORED,
  *                       TILERELEASE), for a translation unit compiled with -mamx-tile -mamx-bf16;
  *   SA_TILE_EMULATED    plain C that does what the Intel SDM's pseudocode of each instruction does, on eight
  *                       per-thread tile registers of 16 rows x 64 bytes, so that the tile layer's packing,
@@ -25,8 +25,21 @@ typedef struct {
 
 #include <immintrin.h>
 
-#define TILE_LOADCONFIG(cfg)      _tile_loadconfig(cfg)
-#define TILE_LOADD(t, p, stride)  _tile_loadd(t, p, stride)
+/* LDTILECFG and STTILECFG as asm statements whose memory operand is the whole 64-byte block. GCC 12's
+   _tile_loadconfig declares an 8-byte operand, so the stores that fill colsb and rows are deleted as dead
+   and every tile stays unconfigured: the first TILEZERO faults (SIGILL). tests/test_tile_config.c reads
+   the configuration back after each configuration routine, under both compilers that `make test` builds. */
+static inline void sa_tile_ldtilecfg(const sa_tile_cfg *cfg) { __asm__ volatile("ldtilecfg %0" : : "m"(*cfg)); }
+static inline void sa_tile_sttilecfg(sa_tile_cfg *cfg) { __asm__ volatile("sttilecfg %0" : "=m"(*cfg)); }
+
+/* TILELOADD with a memory clobber: GCC's _tile_loadd names no memory operand, so nothing orders it after
+   the stores that stage its operand (cpu_tile_pack.h); _tile_stored already clobbers memory. */
+#define TILE_LOADD(t, p, stride) SA_TILE_LOADD_(t, p, stride) /* t expanded first (TD_Q -> 4) */
+#define SA_TILE_LOADD_(t, p, stride) \
+  __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t : : "r"((const void *)(p)), "r"((long)(stride)) : "memory")
+
+#define TILE_LOADCONFIG(cfg)      sa_tile_ldtilecfg(cfg)
+#define TILE_STORECONFIG(cfg)     sa_tile_sttilecfg(cfg)
 #define TILE_ZERO(t)              _tile_zero(t)
 #define TILE_DPBF16PS(c, a, b)    _tile_dpbf16ps(c, a, b)
 #define TILE_STORED(t, p, stride) _tile_stored(t, p, stride)
@@ -61,6 +74,9 @@ static void sa_tile_emu_stored(int t, void *p, int64_t stride) {
   const int rows = sa_tile_emu.cfg.rows[t], colsb = sa_tile_emu.cfg.colsb[t];
   for (int r = 0; r < rows; r++) memcpy((char *)p + r * stride, sa_tile_emu.t[t][r], (size_t)colsb);
 }
+
+/* STTILECFG: the configuration this thread holds (all zero after TILERELEASE). */
+static void sa_tile_emu_storeconfig(sa_tile_cfg *cfg) { memcpy(cfg, &sa_tile_emu.cfg, sizeof *cfg); }
 
 /* TILERELEASE: the tile state returns to its initial one (configuration and data zero). */
 static void sa_tile_emu_release(void) { memset(&sa_tile_emu, 0, sizeof sa_tile_emu); }
@@ -115,6 +131,7 @@ static void sa_tile_emu_dpbf16ps(int c, int a, int b) {
 }
 
 #define TILE_LOADCONFIG(cfg)      sa_tile_emu_loadconfig(cfg)
+#define TILE_STORECONFIG(cfg)     sa_tile_emu_storeconfig(cfg)
 #define TILE_LOADD(t, p, stride)  sa_tile_emu_loadd(t, p, stride)
 #define TILE_ZERO(t)              sa_tile_emu_zero(t)
 #define TILE_DPBF16PS(c, a, b)    sa_tile_emu_dpbf16ps(c, a, b)
