@@ -22,8 +22,8 @@ cudaError_t sa_hop_fwd_launch(const sa_cuda_plan &plan, const sa_cuda_params &p,
 cudaError_t sa_hop_twopass_launch(const sa_cuda_plan &plan, const sa_cuda_params &p, cudaStream_t st);
 /* hopper/onepass128.cu, hopper/onepass64.cu: the one pass into the workspace regions at ws (16-byte aligned,
    after the common ones): memset of the ticket and semaphores, the kernel (cooperative when the plan says so),
-   then dq_convert (H128) or dkdv_sum (H64 with a head split). A refused cooperative launch returns its error
-   having enqueued nothing but the memset, so the caller can run the two passes instead. */
+   then sa_hop_dq_convert_kernel (H128) or sa_hop_dkdv_sum_kernel (H64 with a head split). A refused cooperative
+   launch returns its error having enqueued nothing but the memset, so the caller can run the two passes instead. */
 cudaError_t sa_hop_onepass_launch(const sa_cuda_plan &plan, const sa_cuda_params &p, void *ws, cudaStream_t st);
 
 #endif /* SA_CUDA_LAUNCH_H */

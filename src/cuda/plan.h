@@ -50,7 +50,7 @@ typedef struct sa_cuda_plan {
   int grid_dq[3];  /* two-pass and portable backward: the dQ kernel's grid */
   int persistent;  /* CTAs loop over work tiles / items */
   int cooperative; /* launched cooperatively: every CTA co-resident or the launch is refused */
-  /* Hopper forward work order (hopper/fwd_parts.cuh, sa_hop_work_tile) */
+  /* Hopper forward work order (hopper/fwd_tile.cuh, sa_hop_work_tile) */
   int BH, n_mb, total, hg, nph;
   int kb_slowest; /* two-pass dK/dV grid with the key block slowest */
   /* one pass */

@@ -31,7 +31,7 @@ __device__ __forceinline__ void sa_dec_row(const void *base, int64_t off, int64_
 }
 
 template <typename T, bool CONTIG>
-__global__ void __launch_bounds__(SA_DEC_WARPS * 32) sa_decode_split_kernel(const sa_decode_params dp) {
+__global__ void __launch_bounds__(SA_DEC_WARPS * 32) sa_decode_register_kernel(const sa_decode_params dp) {
   constexpr int NE = CONTIG ? 16 / (int)sizeof(T) : SA_DEC_MAXD / 32;
   constexpr int RB = SA_DEC_RB;
   __shared__ float sm_acc[SA_DEC_WARPS][RB][SA_DEC_MAXD];
@@ -279,8 +279,8 @@ static cudaError_t sa_dec_launch(const sa_decode_params &dp, bool contig, const 
   cudaError_t e = cudaSuccess;
   if (plan.family == SA_CUDA_DECODE_MMA) e = sa_decode_mma_launch(dp, dtype, st);
   else if (plan.family == SA_CUDA_DECODE_PIPE) e = sa_decode_pipe_launch(dp, dtype, st);
-  else if (contig) sa_decode_split_kernel<T, true><<<g1, block, 0, st>>>(dp);
-  else sa_decode_split_kernel<T, false><<<g1, block, 0, st>>>(dp);
+  else if (contig) sa_decode_register_kernel<T, true><<<g1, block, 0, st>>>(dp);
+  else sa_decode_register_kernel<T, false><<<g1, block, 0, st>>>(dp);
   if (e != cudaSuccess) return e;
   /* the combine; with dec_pdl it is launched while the split kernel runs and waits for it in the kernel
      (programmatic dependent launch: its launch latency hides behind the split kernel's tail) */

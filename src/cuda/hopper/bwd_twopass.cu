@@ -4,23 +4,22 @@
  * products from registers; no atomics. Between the portable preprocess and sink reduction. docs/hopper.md,
  * "two-pass backward".
  */
-#include "hopper/bwd_parts.cuh"
+#include "hopper/bwd_gemm.cuh"
 #include "launch.h"
 
 namespace {
 
-/* from the tile table (hopper/ptx.cuh), where the reasons are */
-constexpr int KB = sa_hop_tiles::BWD_KB;     /* keys per dK/dV CTA at H128 (dkdv_tile below: 192 at H64) */
-constexpr int QB = sa_hop_tiles::BWD_QB;     /* query rows per streamed tile of dK/dV: N of S^T / dP^T */
-constexpr int QM = sa_hop_tiles::BWD_QM;     /* query rows per dQ CTA at H128 (dq_tile below: 192 at H64) */
-constexpr int KT = sa_hop_tiles::BWD_KT;     /* keys per streamed tile of dQ */
-constexpr int STAGES = sa_hop_tiles::STAGES; /* ring depth (Q, dO tiles of dK/dV; K, V tiles of dQ): 130 KiB at H 128 */
-/* consumer warpgroups and threads per CTA: dkdv_tile / dq_tile below (2 + producer at H128, 3 + producer at H64) */
+/* from the tile table (hopper/tiles.h), where the reasons are */
+constexpr int QB = SA_HOP_BWD_QB;     /* query rows per streamed tile of dK/dV: N of S^T / dP^T */
+constexpr int KT = SA_HOP_BWD_KT;     /* keys per streamed tile of dQ */
+constexpr int STAGES = SA_HOP_STAGES; /* ring depth (Q, dO tiles of dK/dV; K, V tiles of dQ): 130 KiB at H 128 */
+/* consumer warpgroups and threads per CTA: sa_hop_dkdv_tile / sa_hop_dq_tile below (2 + producer at H128, 3 +
+   producer at H64) */
 /* Registers per consumer thread at H 128 (dK/dV): dK 64 + dV 64 + S^T 32 + dP^T 32 = 192 live accumulators,
    plus 32 for the bf16 fragments of P^T and dS^T: a 128-row query tile (S^T, dP^T 64 each) would not fit 240. */
 
 /* What the dK/dV and dQ kernels take besides their tensor maps (outputs [B, L, heads, H] bf16). */
-struct sa_hop_bwd_params {
+struct sa_hop_twopass_params {
   __nv_bfloat16 *dq, *dk, *dv;
   const float *lse2, *D; /* [B, N, T], workspace written by sa_bwd_pre_kernel */
   int T, S, N, KH;
@@ -31,7 +30,7 @@ struct sa_hop_bwd_params {
   const int32_t *q_seg, *kv_seg; /* [B, T], [B, S] (MASK 4: segment ids; the streamed side's by TMA) */
 };
 
-/* dK/dV's warpgroups (the tile table of hopper/ptx.cuh points here). H128: 2 consumer warpgroups of 64 keys (KB
+/* dK/dV's warpgroups (the tile table of hopper/tiles.h points here). H128: 2 consumer warpgroups of 64 keys (KB
    128), 240 registers each. H64: 3 (KB 192), 160 registers each (128 x 24 + 384 x 160 = 64512; the consumer
    needs R152 at H64): at k = 64 a warpgroup's four m64n64 products per tile are 512 tensor clocks against its
    4096 exp2 (256 MUFU clocks) plus the dS arithmetic, and with two warpgroups waiting on the same tile both are
@@ -40,7 +39,7 @@ struct sa_hop_bwd_params {
    it also loads each Q / dO tile once for 192 keys instead of 128. S is a multiple of 128, not of 192: the last
    CTA of a head may hold 64 or 128 keys (n_wg warpgroups; the others leave at once). */
 template <int HD, int NCK>
-struct dkdv_tile {
+struct sa_hop_dkdv_tile {
   static constexpr int NC = NCK, KB = 64 * NC, THREADS = 128 * (NC + 1), REGS = NC == 3 ? 160 : 240;
   static_assert(128 * 24 + 128 * NC * REGS <= 65536, "register file: producer 24 + consumers");
   /* per stage: the Q and dO tiles, lse2 and D (QB fp32 each) and, MASK 4, the tile's query segment ids (QB int32;
@@ -52,7 +51,7 @@ struct dkdv_tile {
    against the same exp2s, each K / V tile loaded once for 192 rows); T is a multiple of 128, so the last CTA of a
    head may hold 64 or 128 rows. */
 template <int HD, int NCQ>
-struct dq_tile {
+struct sa_hop_dq_tile {
   static constexpr int NC = NCQ, QM = 64 * NC, THREADS = 128 * (NC + 1), REGS = NC == 3 ? 160 : 240;
   static_assert(128 * 24 + 128 * NC * REGS <= 65536, "register file: producer 24 + consumers");
   /* per stage: the K and V tiles and, MASK 4, the tile's key segment ids (KT int32; reserved for every kind) */
@@ -62,24 +61,24 @@ struct dq_tile {
 static_assert(QB == 64 && KT == 64, "gemm_rs and pack_frag read 64-row tiles");
 /* lse2 / D boxes: inner extent a multiple of 16 bytes and <= 256 elements; shared destinations 128-byte aligned
    (the region follows K, V and the Q / dO ring from a 1024-byte boundary, boxes QB * 4 = 256 B apart). */
-static_assert(QB * 4 % 128 == 0 && QB <= 256 && (KB * 64 * 2) % 128 == 0 && (QB * 64 * 2) % 128 == 0,
+static_assert(QB * 4 % 128 == 0 && QB <= 256 && (SA_HOP_WG_ROWS * 64 * 2) % 128 == 0 && (QB * 64 * 2) % 128 == 0,
               "lse2 / D box destinations must be 128-byte aligned");
-static_assert(128 % KB == 0 && 128 % QB == 0 && 128 % QM == 0 && 128 % KT == 0,
+static_assert(128 % SA_HOP_WG_ROWS == 0 && 128 % QB == 0 && 128 % KT == 0,
               "sa_hop_in_scope admits T and S that are multiples of 128");
 
 /* the device helpers (wgmma m64n64, the lse2 / D box, gemm_ss / gemm_rs, pack_frag, anchor_exp2, zero,
-   store_rows) are in hopper_bwd_parts.cuh */
+   store_rows) are in hopper/bwd_gemm.cuh */
 
 /* ---- 2. dK, dV -------------------------------------------------------------------------------------- */
 
 template <int HD, int MASK, int NCK>
-__global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
-    sa_hop_bwd_dkdv(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
-                    const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
-                    const __grid_constant__ CUtensorMap tml, const __grid_constant__ CUtensorMap tmd,
-                    const __grid_constant__ CUtensorMap tmqid, const sa_hop_bwd_params p) {
+__global__ void __launch_bounds__(sa_hop_dkdv_tile<HD, NCK>::THREADS, 1)
+    sa_hop_twopass_dkdv_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
+                               const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
+                               const __grid_constant__ CUtensorMap tml, const __grid_constant__ CUtensorMap tmd,
+                               const __grid_constant__ CUtensorMap tmqid, const sa_hop_twopass_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using TL = dkdv_tile<HD, NCK>;
+  using TL = sa_hop_dkdv_tile<HD, NCK>;
   constexpr int CB = HD / 64, NC = TL::NC, KB = TL::KB;
   constexpr uint32_t KV_BYTES = KB * HD * 2, QT_BYTES = QB * HD * 2, LD_BYTES = (MASK == 4 ? 3 : 2) * QB * 4;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -295,7 +294,7 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
 #endif /* sm_90a */
 }
 
-#include "hopper/bwd_twopass_dq.cuh" /* 3. dQ (sa_hop_bwd_dq) */
+#include "hopper/bwd_twopass_dq.cuh" /* 3. dQ (sa_hop_twopass_dq_kernel) */
 
 /* ---- host ------------------------------------------------------------------------------------------- */
 
@@ -305,42 +304,42 @@ enum { M_Q_QB, M_DO_QB, M_K_KB, M_V_KB, M_Q_QM, M_DO_QM, M_K_KT, M_V_KT, M_LSE2,
 
 /* The dK/dV kernel with NCK consumer warpgroups (ceil(S / KB) key blocks a head). */
 template <int HD, int MASK, int NCK>
-cudaError_t sa_hop_dkdv_launch(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B,
-                               cudaStream_t st) {
-  using TL = dkdv_tile<HD, NCK>;
-  cudaError_t e =
-      cudaFuncSetAttribute(sa_hop_bwd_dkdv<HD, MASK, NCK>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM);
+cudaError_t sa_hop_twopass_dkdv_launch(const CUtensorMap (&m)[M_COUNT], const sa_hop_twopass_params &hp, int64_t B,
+                                       cudaStream_t st) {
+  using TL = sa_hop_dkdv_tile<HD, NCK>;
+  cudaError_t e = cudaFuncSetAttribute(sa_hop_twopass_dkdv_kernel<HD, MASK, NCK>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM);
   if (e != cudaSuccess) return e;
   const unsigned nkb = (unsigned)((hp.S + TL::KB - 1) / TL::KB);
   const dim3 gk = hp.kb_slowest ? dim3((unsigned)hp.KH, (unsigned)B, nkb) : dim3(nkb, (unsigned)hp.KH, (unsigned)B);
-  sa_hop_bwd_dkdv<HD, MASK, NCK>
+  sa_hop_twopass_dkdv_kernel<HD, MASK, NCK>
       <<<gk, TL::THREADS, TL::SMEM, st>>>(m[M_Q_QB], m[M_DO_QB], m[M_K_KB], m[M_V_KB], m[M_LSE2], m[M_D], m[M_QID], hp);
   return cudaGetLastError();
 }
 
 template <int HD, int MASK, int NCK, int NCQ>
-cudaError_t sa_hop_bwd_run_nc(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B,
-                              cudaStream_t st) {
-  using TQ = dq_tile<HD, NCQ>;
-  cudaError_t e =
-      cudaFuncSetAttribute(sa_hop_bwd_dq<HD, MASK, NCQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, TQ::SMEM);
-  if (e != cudaSuccess || (e = sa_hop_dkdv_launch<HD, MASK, NCK>(m, hp, B, st)) != cudaSuccess) return e;
+cudaError_t sa_hop_twopass_run_nc(const CUtensorMap (&m)[M_COUNT], const sa_hop_twopass_params &hp, int64_t B,
+                                  cudaStream_t st) {
+  using TQ = sa_hop_dq_tile<HD, NCQ>;
+  cudaError_t e = cudaFuncSetAttribute(sa_hop_twopass_dq_kernel<HD, MASK, NCQ>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, TQ::SMEM);
+  if (e != cudaSuccess || (e = sa_hop_twopass_dkdv_launch<HD, MASK, NCK>(m, hp, B, st)) != cudaSuccess) return e;
   dim3 gq((unsigned)((hp.T + TQ::QM - 1) / TQ::QM), (unsigned)hp.N, (unsigned)B);
-  sa_hop_bwd_dq<HD, MASK, NCQ>
+  sa_hop_twopass_dq_kernel<HD, MASK, NCQ>
       <<<gq, TQ::THREADS, TQ::SMEM, st>>>(m[M_Q_QM], m[M_DO_QM], m[M_K_KT], m[M_V_KT], m[M_KID], hp);
   return cudaGetLastError();
 }
 
 template <int HD, int MASK>
-cudaError_t sa_hop_bwd_run(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B, int nck, int ncq,
-                           cudaStream_t st) {
+cudaError_t sa_hop_twopass_run(const CUtensorMap (&m)[M_COUNT], const sa_hop_twopass_params &hp, int64_t B, int nck,
+                               int ncq, cudaStream_t st) {
   if constexpr (HD == 64 && MASK < 3) { /* lengths and segment ids: 2 (at 3 their kernels spill) */
     if (nck == 3)
-      return ncq == 3 ? sa_hop_bwd_run_nc<HD, MASK, 3, 3>(m, hp, B, st)
-                      : sa_hop_bwd_run_nc<HD, MASK, 3, 2>(m, hp, B, st);
-    if (ncq == 3) return sa_hop_bwd_run_nc<HD, MASK, 2, 3>(m, hp, B, st);
+      return ncq == 3 ? sa_hop_twopass_run_nc<HD, MASK, 3, 3>(m, hp, B, st)
+                      : sa_hop_twopass_run_nc<HD, MASK, 3, 2>(m, hp, B, st);
+    if (ncq == 3) return sa_hop_twopass_run_nc<HD, MASK, 2, 3>(m, hp, B, st);
   }
-  return sa_hop_bwd_run_nc<HD, MASK, 2, 2>(m, hp, B, st);
+  return sa_hop_twopass_run_nc<HD, MASK, 2, 2>(m, hp, B, st);
 }
 
 } /* namespace */
@@ -364,7 +363,7 @@ cudaError_t sa_hop_twopass_launch(const sa_cuda_plan &plan, const sa_cuda_params
   const bool ids_ok = kind != 4 || (sa_hop_map_ids(enc, &m[M_QID], p.q_seg, p.B, p.T, QB) &&
                                     sa_hop_map_ids(enc, &m[M_KID], p.kv_seg, p.B, p.S, KT));
   if (!ok || !ids_ok) return cudaErrorInvalidValue;
-  sa_hop_bwd_params hp;
+  sa_hop_twopass_params hp;
   hp.dq = (__nv_bfloat16 *)p.dq;
   hp.dk = (__nv_bfloat16 *)p.dk;
   hp.dv = (__nv_bfloat16 *)p.dv;
@@ -383,15 +382,15 @@ cudaError_t sa_hop_twopass_launch(const sa_cuda_plan &plan, const sa_cuda_params
   hp.kb_slowest = plan.kb_slowest;
   const int nck = plan.wg, ncq = plan.wg_dq;
   switch (kind + 5 * (p.H == 128)) {
-    case 0: return sa_hop_bwd_run<64, 0>(m, hp, p.B, nck, ncq, st);
-    case 1: return sa_hop_bwd_run<64, 1>(m, hp, p.B, nck, ncq, st);
-    case 2: return sa_hop_bwd_run<64, 2>(m, hp, p.B, nck, ncq, st);
-    case 3: return sa_hop_bwd_run<64, 3>(m, hp, p.B, nck, ncq, st);
-    case 4: return sa_hop_bwd_run<64, 4>(m, hp, p.B, nck, ncq, st);
-    case 5: return sa_hop_bwd_run<128, 0>(m, hp, p.B, nck, ncq, st);
-    case 6: return sa_hop_bwd_run<128, 1>(m, hp, p.B, nck, ncq, st);
-    case 7: return sa_hop_bwd_run<128, 2>(m, hp, p.B, nck, ncq, st);
-    case 8: return sa_hop_bwd_run<128, 3>(m, hp, p.B, nck, ncq, st);
-    default: return sa_hop_bwd_run<128, 4>(m, hp, p.B, nck, ncq, st);
+    case 0: return sa_hop_twopass_run<64, 0>(m, hp, p.B, nck, ncq, st);
+    case 1: return sa_hop_twopass_run<64, 1>(m, hp, p.B, nck, ncq, st);
+    case 2: return sa_hop_twopass_run<64, 2>(m, hp, p.B, nck, ncq, st);
+    case 3: return sa_hop_twopass_run<64, 3>(m, hp, p.B, nck, ncq, st);
+    case 4: return sa_hop_twopass_run<64, 4>(m, hp, p.B, nck, ncq, st);
+    case 5: return sa_hop_twopass_run<128, 0>(m, hp, p.B, nck, ncq, st);
+    case 6: return sa_hop_twopass_run<128, 1>(m, hp, p.B, nck, ncq, st);
+    case 7: return sa_hop_twopass_run<128, 2>(m, hp, p.B, nck, ncq, st);
+    case 8: return sa_hop_twopass_run<128, 3>(m, hp, p.B, nck, ncq, st);
+    default: return sa_hop_twopass_run<128, 4>(m, hp, p.B, nck, ncq, st);
   }
 }

@@ -1,18 +1,18 @@
 /*
  * hopper/bwd_twopass_dq.cuh — the dQ kernel of the two-pass backward; included by hopper/bwd_twopass.cu only.
  */
-#ifndef SA_HOPPER_BWD_DQ_CUH
-#define SA_HOPPER_BWD_DQ_CUH
+#ifndef SA_HOPPER_BWD_TWOPASS_DQ_CUH
+#define SA_HOPPER_BWD_TWOPASS_DQ_CUH
 
 /* ---- 3. dQ ------------------------------------------------------------------------------------------ */
 
 template <int HD, int MASK, int NCQ>
-__global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
-    sa_hop_bwd_dq(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
-                  const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
-                  const __grid_constant__ CUtensorMap tmkid, const sa_hop_bwd_params p) {
+__global__ void __launch_bounds__(sa_hop_dq_tile<HD, NCQ>::THREADS, 1)
+    sa_hop_twopass_dq_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
+                             const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
+                             const __grid_constant__ CUtensorMap tmkid, const sa_hop_twopass_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using TL = dq_tile<HD, NCQ>;
+  using TL = sa_hop_dq_tile<HD, NCQ>;
   constexpr int CB = HD / 64, NC = TL::NC, QM = TL::QM;
   constexpr uint32_t Q_BYTES = QM * HD * 2, KT_BYTES = KT * HD * 2;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -207,4 +207,4 @@ __global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
 #endif /* sm_90a */
 }
 
-#endif /* SA_HOPPER_BWD_DQ_CUH */
+#endif /* SA_HOPPER_BWD_TWOPASS_DQ_CUH */

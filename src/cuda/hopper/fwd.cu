@@ -4,7 +4,7 @@
  * wgmma with the online softmax in registers; persistent CTAs walk work tiles in the plan's order. Protocol,
  * work orders and masks: docs/hopper.md, "forward".
  */
-#include "hopper/fwd_parts.cuh"
+#include "hopper/fwd_tile.cuh"
 #include "launch.h"
 
 namespace {
@@ -13,7 +13,7 @@ template <int HD, int MASK>
 __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
     sa_hop_fwd_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
                       const __grid_constant__ CUtensorMap tmv, const __grid_constant__ CUtensorMap tmids,
-                      const sa_hop_params p) {
+                      const sa_hop_fwd_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using TL = sa_hop_fwd_tile<HD, MASK>;
   constexpr int NC = TL::NC, BM = TL::BM, BN = TL::BN, QBOX = TL::QBOX, ST = TL::ST, QS = TL::QS;
@@ -30,12 +30,12 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
 
   /* A work tile's geometry, the same in the producer and every consumer warp: (b, head, m-block), the warpgroups
      with rows, the batch's lengths and mask, the key tiles t0 .. t0 + n_tiles - 1. */
-  struct work {
+  struct sa_hop_fwd_work {
     int b, n, m0, n_wg, ql, kl, t0, n_tiles;
     sa_hop_mask mk;
   };
   auto work_of = [&](int tile) {
-    work w;
+    sa_hop_fwd_work w;
     int bh, mb;
     sa_hop_work_tile(p, MASK != 0, tile, &bh, &mb);
     if (mb < 0) { /* the pair order's padding: no rows, no key tiles (a plain Q-full arrive, nothing stored) */
@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
         /* every consumer warp is past its last S of work tile jq - QS, the slot's previous use */
         const uint32_t qs = jq % QS, qf = bar_qf(b0, qs), sqj = sq + qs * TL::Q_BYTES;
         if (issuer) mbar_wait(bar_qe(b0, qs), ((jq / QS) & 1) ^ 1);
-        const work w = work_of(tile);
+        const sa_hop_fwd_work w = work_of(tile);
         if (!issuer) continue;
         if (w.n_tiles == 0) {
           mbar_arrive(qf);
@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
        behind it at every work tile's start. */
     const int tile = blockIdx.x + (int)jq * (int)gridDim.x; /* < total + gridDim.x <= 2^31 (sa_hop_run) */
     if (tile >= p.total) break;
-    const work w = work_of(tile);
+    const sa_hop_fwd_work w = work_of(tile);
     const float sink = p.softmax == 2 ? p.sinks[w.n] : p.softmax == 1 ? 0.f : -INFINITY;
     /* MASK 4: the ids of this thread's rows (r0 and r0 + 8 below; a warpgroup without rows reads none) */
     int qid0 = 0, qid1 = 0;
@@ -386,7 +386,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
 
 /* The maps take the configuration's boxes (Q: QBOX rows, K / V: BN rows). */
 template <int HD, int MASK>
-cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_params &p, const sa_hop_params &hp,
+cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_params &p, const sa_hop_fwd_params &hp,
                        int grid, cudaStream_t st) {
   using TL = sa_hop_fwd_tile<HD, MASK>;
   CUtensorMap mq, mk, mv, mids;
@@ -407,7 +407,7 @@ cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_para
 cudaError_t sa_hop_fwd_launch(const sa_cuda_plan &plan, const sa_cuda_params &p, cudaStream_t st) {
   static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
   if (!enc) return cudaErrorNotSupported;
-  sa_hop_params hp;
+  sa_hop_fwd_params hp;
   hp.out = (__nv_bfloat16 *)p.out;
   hp.lse = p.lse;
   hp.sinks = p.sinks;

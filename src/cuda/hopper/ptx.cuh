@@ -17,13 +17,6 @@
 #include "hopper/mask.h"
 #include "hopper/tiles.h"
 
-/* The tile numbers the backward kernels name (their reasons: hopper/tiles.h). */
-struct sa_hop_tiles {
-  static constexpr int NC = 2, THREADS = 128 * (NC + 1), STAGES = SA_HOP_STAGES;
-  static constexpr int BWD_KB = SA_HOP_OP_KB(128), BWD_QB = SA_HOP_BWD_QB, BWD_QM = 128, BWD_KT = SA_HOP_BWD_KT;
-  static constexpr int BWD1_NC64 = SA_HOP_OP_NC(64);
-};
-
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return sa_smem_addr(p); }

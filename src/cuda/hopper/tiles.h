@@ -75,7 +75,7 @@
   (1024 + 2 * SA_HOP_OP_KB(hd) * (hd)*2 + SA_HOP_STAGES * 2 * SA_HOP_BWD_QB * (hd)*2 +        \
    ((hd) == 64 ? 3 : 2) * SA_HOP_OP_KB(hd) * SA_HOP_BWD_QB * 2 + 2 * SA_HOP_BWD_QB * (hd)*4 + \
    SA_HOP_STAGES * 2 * SA_HOP_BWD_QB * 4 + ((hd) == 64 ? 2 * SA_HOP_BWD_QB * (hd)*4 : 0))
-/* B N T below 2^27: dq_convert's int index (rows x H / 8 < 2^31). */
+/* B N T below 2^27: sa_hop_dq_convert_kernel's int index (rows x H / 8 < 2^31). */
 #define SA_HOP_OP_MAX_ROWS (1LL << 27)
 
 #endif /* SA_HOPPER_TILES_H */

@@ -1,9 +1,9 @@
 /*
- * hopper/fwd_parts.cuh — the Hopper forward's tile struct, parameters, barrier slots, work-tile order and device
+ * hopper/fwd_tile.cuh — the Hopper forward's tile struct, parameters, barrier slots, work-tile order and device
  * helpers (the products, the mask tests, the online softmax, P's packing). Included by hopper/fwd.cu only.
  */
-#ifndef SA_HOPPER_FWD_PARTS_CUH
-#define SA_HOPPER_FWD_PARTS_CUH
+#ifndef SA_HOPPER_FWD_TILE_CUH
+#define SA_HOPPER_FWD_TILE_CUH
 
 #include "hopper/ptx.cuh"
 #include "hopper/segments.cuh"
@@ -41,7 +41,7 @@ struct sa_hop_fwd_tile {
   static_assert(BN == 128, "mask_range and mask_segments read 128-key tiles");
 };
 
-struct sa_hop_params {
+struct sa_hop_fwd_params {
   __nv_bfloat16 *out; /* [B, T, N, H] */
   float *lse;         /* [B, N, T] or NULL */
   const float *sinks; /* [N], learnable only */
@@ -70,7 +70,7 @@ struct sa_hop_params {
    every head's heaviest m-block, then the next lighter level: with the static stride a CTA's successive tiles
    get lighter (the balance of a global heaviest-first order) while the K/V read at one time stays in L2. The
    last section may hold fewer heads. */
-__device__ __forceinline__ void sa_hop_work_tile(const sa_hop_params &p, bool masked, int i, int *bh, int *mb) {
+__device__ __forceinline__ void sa_hop_work_tile(const sa_hop_fwd_params &p, bool masked, int i, int *bh, int *mb) {
   if (p.nph > 0) { /* the pair order (below) */
     const int g = gridDim.x, r = i / g, pair = (r >> 1) * g + (i - r * g), k = pair % p.nph;
     *bh = pair / p.nph;
@@ -219,4 +219,4 @@ __device__ __forceinline__ void pack_p(uint32_t (&pf)[SN / 2], const float (&sac
 
 } /* namespace */
 
-#endif /* SA_HOPPER_FWD_PARTS_CUH */
+#endif /* SA_HOPPER_FWD_TILE_CUH */

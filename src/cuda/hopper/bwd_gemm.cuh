@@ -1,9 +1,9 @@
 /*
- * hopper/bwd_parts.cuh — the device helpers every Hopper backward uses: the m64n64 wgmma, the SS and RS product
+ * hopper/bwd_gemm.cuh — the device helpers every Hopper backward uses: the m64n64 wgmma, the SS and RS product
  * loops, fragment packing, the exp2 anchor, the accumulator row store.
  */
-#ifndef SA_HOPPER_BWD_PARTS_CUH
-#define SA_HOPPER_BWD_PARTS_CUH
+#ifndef SA_HOPPER_BWD_GEMM_CUH
+#define SA_HOPPER_BWD_GEMM_CUH
 
 #include "hopper/ptx.cuh"
 #include "hopper/segments.cuh"
@@ -96,4 +96,4 @@ __device__ __forceinline__ void store_rows(__nv_bfloat16 *base, const float (&ac
 
 #endif /* sm_90a */
 
-#endif /* SA_HOPPER_BWD_PARTS_CUH */
+#endif /* SA_HOPPER_BWD_GEMM_CUH */

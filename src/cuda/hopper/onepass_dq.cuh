@@ -1,19 +1,20 @@
 /*
- * hopper/onepass_parts.cuh — what both one-pass backwards share: parameters, the dQ adds' PTX (TMA store and
- * reduce-add, proxy fences, the semaphore's acquire and release), the transposed wgmma, the query-tile walk,
- * and the cooperative launch. docs/hopper.md, "one-pass backward".
+ * hopper/onepass_dq.cuh — the ordered dQ adds and what else both one-pass backwards share: parameters, the dQ
+ * adds' PTX (TMA store and reduce-add, proxy fences, the semaphore's acquire and release), their order (nat_rank),
+ * the dQ staging, the transposed wgmma, the tile step, the query-tile walk, and the cooperative launch.
+ * docs/hopper.md, "one-pass backward".
  */
-#ifndef SA_HOPPER_BWD1_PARTS_CUH
-#define SA_HOPPER_BWD1_PARTS_CUH
+#ifndef SA_HOPPER_ONEPASS_DQ_CUH
+#define SA_HOPPER_ONEPASS_DQ_CUH
 
 #include <utility>
 
-#include "hopper/bwd_parts.cuh"
+#include "hopper/bwd_gemm.cuh"
 #include "plan.h"
 
 /* an earlier standalone version's parameters (outputs [B, L, heads, H] bf16); the kernel reads dk, dv, T, S, N, KH,
-   the scales (dq_acc, lse2, D go by tensor map, dq by dq_convert). */
-struct BwdParams {
+   the scales (dq_acc, lse2, D go by tensor map, dq by sa_hop_dq_convert_kernel). */
+struct sa_hop_onepass_params {
   __nv_bfloat16 *dq, *dk, *dv;
   float *dq_acc;         /* [B, N, T, H] fp32 */
   const float *lse2, *D; /* [B, N, T] */
@@ -23,9 +24,9 @@ struct BwdParams {
 
 /* The CTA's query tiles in visiting order: head g of the kv head's G, query block q in [qb0, PT); a rotation
    start t0 wraps around the G (PT - qb0) tiles. Stepped, not divided out of the loop counter. */
-struct Walk {
+struct sa_hop_walk {
   int g, q, qb0, PT, G;
-  __host__ __device__ Walk(int t0, int qb0_, int PT_, int G_) : qb0(qb0_), PT(PT_), G(G_) {
+  __host__ __device__ sa_hop_walk(int t0, int qb0_, int PT_, int G_) : qb0(qb0_), PT(PT_), G(G_) {
     g = t0 / (PT - qb0);
     q = qb0 + t0 % (PT - qb0);
   }
@@ -93,7 +94,7 @@ __device__ __forceinline__ void red_release_add(int *p, int v) {
 template <int HD>
 __device__ __forceinline__ void write_dq_tile(const CUtensorMap *tma, uint32_t src, int rank, int row0, int plane,
                                               uint32_t dq_empty, int *sem) {
-  constexpr int QB = sa_hop_tiles::BWD_QB;
+  constexpr int QB = SA_HOP_BWD_QB;
   if (rank == 0) /* the tile's first visit stores: dq_acc is not zeroed */
     for (int c = 0; c < HD / 32; ++c) tma_store_3d(tma, src + c * QB * 128, c * 32, row0, plane);
   else
@@ -115,6 +116,50 @@ __device__ __forceinline__ void wgmma_ss_tt(float (&d)[32], uint64_t da, uint64_
       : "l"(da), "l"(db), "r"(scale_d));
 }
 
+/* NAT rank of key block kb's visit to tile (g, q) (key blocks of KB keys; written for KB = 128, H128's, and the same
+   with 192, H64's: hopper/onepass64.cuh): how many key blocks visit it at an earlier step of their walk
+   (ties cannot occur). Causal: the visitors are key blocks 0..m, m = min(nkb - 1, q / 2), and key block j reaches
+   (g, q) at step g (PT - 2j) + q - 2j: descending j, rank m - kb. Non-causal: key block j starts at tile j d
+   (distinct offsets below n_all = G PT when n_all >= nkb, which the host ensures), so tile t = g PT + q comes at
+   step t - j d for j <= m = min(nkb - 1, t / d), else t - j d + n_all: the order m, m - 1, .., 0, nkb - 1, .., m + 1,
+   rank (m - kb) mod nkb. Equal to counting the earlier visits (15.1 M visits checked on the host, T, S <= 4096).
+   dq_acc is not zeroed: every (b, head, 64-query tile) has exactly one rank-0 visit, which stores the whole tile
+   before any add to it. The grid is one CTA per (b, kv head, key block kb < nkb), nkb = S / 128 >= 1 (S > 0 in
+   sa_hop_in_scope); a CTA's walk visits n_tiles distinct tiles of heads kvh G + g, g < G (all N heads over the kv
+   heads). Causal top-left: key block j visits (g, q) iff q >= 2 j; key block 0 visits every tile, so the visitors
+   of (g, q) are 0..m (T > S: all nkb from q = 2 nkb - 2 on; T < S: key blocks with 2 kb >= T / 64 have no tile
+   and no writer, but 2 m <= q < T / 64), ranks m - kb: a bijection onto 0..m, rank 0 is key block m. Non-causal: every
+   key block visits all n_all tiles, (m - kb) mod nkb is a bijection of kb onto 0..nkb-1, rank 0 is key block m.
+   The semaphores start at 0 and rank r waits for r: rank 0 goes first, and the next rank's acquire sees its store
+   complete (bulk_wait0 + fence.proxy.async.global before the release, as for an add). H / 32 boxes {32, 64} cover
+   the 64 x H tile, none clipped (64 | T). Results as with a zeroed buffer (+0 + x == x), except x == -0 (+0 +
+   -0 == +0; a rank-0 -0 now stays -0 unless a later partial is +0 or nonzero). */
+template <int KB, bool CAUSAL>
+__host__ __device__ __forceinline__ int nat_rank(int kb, int g, int q, int nkb, int PT, int d) {
+  const int x = CAUSAL ? q * SA_HOP_BWD_QB / KB : (g * PT + q) / d, m = x < nkb - 1 ? x : nkb - 1;
+  return m >= kb ? m - kb : m + nkb - kb; /* causal: always m >= kb */
+}
+
+/* This thread's share of a warpgroup's dQ [64 rows][64 fp32 columns] into staging slot `dst`, from box box0 on
+   (H128: the warpgroup's half, box0 = 2 cw; H64: the owner's whole tile, box0 = 0): 32-column box c holds
+   [64 rows][32 fp32] = 128-byte rows, 16-byte unit u of row r at u ^ (r % 8) (TMA's 128-byte swizzle). A warp's float2 store covers 8 rows x 32 B:
+   the 8 row phases spread them over all 32 banks, 2 wavefronts (the minimum for 256 B). */
+__device__ __forceinline__ void stage_dq(const float (&dq)[32], uint32_t dst, int box0, int warp, int lane) {
+  constexpr int QB = SA_HOP_BWD_QB;
+  const int t = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = 16 * warp + lane / 4 + 8 * h;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int c = box0 + j / 4, u = 2 * (j % 4) + (t >> 1);
+      const uint32_t a = dst + c * QB * 128 + r * 128 + ((u ^ (r & 7)) << 4) + 8 * (t & 1);
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(a), "f"(dq[4 * j + 2 * h]), "f"(dq[4 * j + 2 * h + 1])
+                   : "memory");
+    }
+  }
+}
+
 /* One key block's share of a 64-query tile, the same in both one-pass kernels: S^T = K Q^T and dP^T = V dO^T
    (wgmma SS, this warpgroup's 64 keys of a kv_rows-key block), P^T = exp2(S^T scale_l2 - lse2) (0 above the
    causal diagonal), dS^T = P^T (dP^T - D), both packed to bf16 fragments. ld_s: this stage's lse2[64], D[64];
@@ -124,7 +169,7 @@ __device__ __forceinline__ void onepass_tile(float (&st)[32], float (&dpt)[32], 
                                              uint32_t sk_wg, uint32_t sv_wg, int kv_rows, uint32_t sq_s, uint32_t sdo_s,
                                              const float *ld_s, float sl2, int i0, int kw0, int kr, int t,
                                              float *anchor_slot, int lane) {
-  constexpr int QB = sa_hop_tiles::BWD_QB;
+  constexpr int QB = SA_HOP_BWD_QB;
   zero(st);
   zero(dpt);
   pin(st);
@@ -180,11 +225,12 @@ __device__ __forceinline__ void store_ds_rows(uint32_t sds_x, const uint32_t (&d
 
 /* The tensor maps of both one-pass kernels (Q / dO 64-row boxes, K / V kv_rows-row boxes, lse2 / D rows, dq_acc as
    the reduce target) and their parameters; false when the driver has no encoder or refuses a map. */
-bool sa_hop1_prepare(const sa_cuda_params &p, float *acc, int kv_rows, CUtensorMap (&m)[7], BwdParams *bp);
+bool sa_hop_onepass_prepare(const sa_cuda_params &p, float *acc, int kv_rows, CUtensorMap (&m)[7],
+                            sa_hop_onepass_params *bp);
 
 /* dq [B, T, N, H] bf16 = scale * dq_acc [B, N, T, H] on st (onepass128.cu); rows = B T N < 2^27. */
-cudaError_t sa_hop1_dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N, int HD, float scale, int rows,
-                               int sms, cudaStream_t st);
+cudaError_t sa_hop_onepass_dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N, int HD, float scale, int rows,
+                                      int sms, cudaStream_t st);
 
 /* The H64 one pass (onepass64.cu); sa_hop_onepass_launch hands H64 plans to it. */
 cudaError_t sa_hop_onepass64_launch(const sa_cuda_plan &plan, const sa_cuda_params &p, void *ws, cudaStream_t st);
@@ -207,4 +253,4 @@ cudaError_t sa_hop_launch_items(void (*kernel)(KP...), const sa_cuda_plan &plan,
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<AP>(args)...);
 }
 
-#endif /* SA_HOPPER_BWD1_PARTS_CUH */
+#endif /* SA_HOPPER_ONEPASS_DQ_CUH */
