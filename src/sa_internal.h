@@ -229,7 +229,7 @@ sa_status sa_check_dims(const sa_attn *a);   /* sizes, enums, options; no pointe
 sa_status sa_check_shapes(const sa_attn *a); /* sa_check_dims plus the pointers a call dereferences */
 sa_status sa_check_cuda_present(void);       /* SA_ERR_DEVICE unless built with CUDA and a device is present */
 sa_status sa_check_memory_kind(const sa_attn *a, sa_backend be);
-sa_status sa_check_cuda_inputs(const sa_attn *a); /* SA_ERR_UNSUPPORTED for bias, mask, positions */
+sa_status sa_check_cuda_inputs(const sa_attn *a); /* SA_ERR_UNSUPPORTED: bias, mask, positions, soft-cap */
 
 /* ---- backends -------------------------------------------------------------------------------- */
 /* Each backend says what it supports (SA_OK, or SA_ERR_UNSUPPORTED with the message set) and is only
