@@ -244,19 +244,9 @@ sa_status sa_check_memory_kind(const sa_attn *a, sa_backend be) {
   return SA_OK;
 }
 
-/* What the CUDA kernels do not take yet, named before any of their own rules. */
-sa_status sa_check_cuda_inputs(const sa_attn *a) {
-  const char *what = sa_dims_set(a->bias_dims)    ? "bias"
-                     : sa_dims_set(a->mask_dims)  ? "mask"
-                     : a->q_positions             ? "q_positions / kv_positions"
-                     : a->logits_soft_cap != 0.0f ? "logits_soft_cap"
-                                                  : NULL;
-  if (!what) return SA_OK;
-  return sa_error(SA_ERR_UNSUPPORTED,
-                  "%s unsupported by the CUDA backend: its kernels do not take it yet "
-                  "(SA_BACKEND_CPU and SA_BACKEND_REF do, on host memory)",
-                  what);
-}
+/* What the CUDA kernels do not take by default, named before any of their own rules: the inputs only the
+   feature plans take, while those plans are override-only (src/cuda/plan.c, sa_cuda_feature_check). */
+sa_status sa_check_cuda_inputs(const sa_attn *a) { return sa_cuda_feature_check(a, 0); }
 
 static sa_status sa_check_for(const sa_attn *a, sa_backend be) {
   sa_status s;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cuda_mock.h"
+#include "feat.h"
 #include "sinkattn.h"
 #ifdef SA_RECORD_PLAN
 #include "sa_plan.h"
@@ -67,6 +68,31 @@ struct m_hop_params {
   const int32_t *q_seg, *kv_seg;
   int BH, n_mb, total, hg, nph;
 };
+/* the feature kernels' blocks: the plain block, then feat.h's sa_cuda_feat and their own fields */
+struct m_hop_fwd_feat_params {
+  m_hop_params base;
+  sa_cuda_feat f;
+  int B, b_fast, lists;
+};
+struct m_twopass_params {
+  void *dq, *dk, *dv;
+  const float *lse2, *D;
+  int T, S, N, KH;
+  float scale, scale_l2;
+  m_hop_mask mask;
+  m_hop_shape shape;
+  int kb_slowest;
+  const int32_t *q_seg, *kv_seg;
+};
+struct m_twopass_feat_params {
+  m_twopass_params base;
+  sa_cuda_feat f;
+  int b0, n0;
+};
+struct m_feat_class_args {
+  int64_t B, T, S, N, Hv, cb, cn;
+  uint8_t *out;
+};
 struct m_onepass128_sched {
   int *sync;
   int nkb, G, n_all, d, total;
@@ -84,6 +110,16 @@ void decode(const char *k, void **args, char *buf, size_t n) {
   if (has(k, "sa_hop_fwd_kernel")) {
     const m_hop_params &h = *(const m_hop_params *)args[4];
     snprintf(buf, n, "BH=%d n_mb=%d total=%d hg=%d nph=%d", h.BH, h.n_mb, h.total, h.hg, h.nph);
+    if (has(k, ", 1>")) { /* the feature kernel */
+      const m_hop_fwd_feat_params &f = *(const m_hop_fwd_feat_params *)args[4];
+      snprintf(buf + strlen(buf), n - strlen(buf), " b_fast=%d lists=%d cap=%g", f.b_fast, f.lists, (double)f.f.cap);
+    }
+  } else if (has(k, "sa_hop_twopass_dq_kernel") && has(k, ", 2, 1>")) {
+    const m_twopass_feat_params &f = *(const m_twopass_feat_params *)args[5];
+    snprintf(buf, n, "b0=%d n0=%d dbias=%d classes=%d", f.b0, f.n0, f.f.dbias_out != nullptr, f.f.cls != nullptr);
+  } else if (has(k, "sa_feat_class_kernel")) {
+    const m_feat_class_args &c = *(const m_feat_class_args *)args[1];
+    snprintf(buf, n, "cb=%lld cn=%lld lists=%d", (long long)c.cb, (long long)c.cn, c.out != nullptr);
   } else if (has(k, "sa_hop_onepass64_kernel")) {
     const m_onepass64_sched &s = *(const m_onepass64_sched *)args[8];
     snprintf(buf, n, "nkb=%d Gc=%d hs=%d n_all=%d d=%d items=%d", s.nkb, s.Gc, s.hs, s.n_all, s.d,
@@ -114,7 +150,8 @@ int parse_enum(const char *s, const char *const *names, int n) {
   exit(2);
 }
 
-/* "name | dtype B T S N K H Hv softmax causal wl wr diag lens segs" */
+/* "name | dtype B T S N K H Hv softmax causal wl wr diag lens segs [bias=DIMS/DTYPE] [mask=DIMS] [pos=1] [cap=X]"
+   (DIMS as test_cuda's: "1NTS" is [1, N, T, S]); a case with one of the last four runs the feature plans. */
 bool parse_case(const std::string &line, tcase *c) {
   const size_t bar = line.find(" | ");
   if (bar == std::string::npos) return false;
@@ -143,14 +180,38 @@ bool parse_case(const std::string &line, tcase *c) {
   a.sinks = a.softmax == SA_SOFTMAX_LEARNABLE ? (const float *)dev(6) : nullptr;
   if (lens) a.q_lens = (const int32_t *)dev(7), a.kv_lens = (const int32_t *)dev(8);
   if (segs) a.q_segment_ids = (const int32_t *)dev(9), a.kv_segment_ids = (const int32_t *)dev(10);
+  const long long full[4] = {B, N, T, S};
+  for (size_t at = line.find(' ', bar + 3); at != std::string::npos; at = line.find(' ', at + 1)) {
+    char dims[8] = "", dtype[8] = "f32";
+    if (sscanf(line.c_str() + at + 1, "bias=%4s/%7s", dims, dtype) >= 1 && strlen(dims) == 4) {
+      for (int d = 0; d < 4; ++d) a.bias_dims[d] = dims[d] == '1' ? 1 : full[d];
+      a.bias_dtype = (sa_dtype)parse_enum(dtype, dts, 3);
+      a.bias = dev(11);
+    } else if (sscanf(line.c_str() + at + 1, "mask=%4s", dims) == 1 && strlen(dims) == 4) {
+      for (int d = 0; d < 4; ++d) a.mask_dims[d] = dims[d] == '1' ? 1 : full[d];
+      a.mask = (const uint8_t *)dev(12);
+    } else if (!strncmp(line.c_str() + at + 1, "pos=1", 5)) {
+      a.q_positions = (const int32_t *)dev(13), a.kv_positions = (const int32_t *)dev(14);
+    } else {
+      sscanf(line.c_str() + at + 1, "cap=%f", &a.logits_soft_cap);
+    }
+  }
   return true;
 }
+
+/* The case takes the feature plans (override-only: run_case forces them). */
+bool feature_case(const sa_attn &a) { return a.bias || a.mask || a.q_positions || a.logits_soft_cap != 0.0f; }
 
 void run_case(const tcase &c, FILE *out) {
   static const char *const st[] = {"SA_OK", "SA_ERR_INVALID", "SA_ERR_UNSUPPORTED", "SA_ERR_NO_MEMORY",
                                    "SA_ERR_DEVICE"};
   fprintf(out, "case %s\n", c.line.c_str());
   void *stream = (void *)(uintptr_t)0x5000;
+#ifdef SA_RECORD_PLAN
+  const bool feat = feature_case(c.a);
+  if (feat)
+    sa_plan_force(SA_PLAN_FWD, "hopper.fwd.features"), sa_plan_force(SA_PLAN_BWD, "hopper.bwd.twopass.features");
+#endif
   fprintf(out, " fwd\n");
   sa_status s = sa_attn_fwd(&c.a, SA_BACKEND_CUDA, stream);
   if (s != SA_OK) fprintf(out, "  status %s\n", st[s]);
@@ -162,6 +223,7 @@ void run_case(const tcase &c, FILE *out) {
   g.dout = (void *)(uintptr_t)0x200000000000ull, g.dq = (void *)(uintptr_t)0x210000000000ull;
   g.dk = (void *)(uintptr_t)0x220000000000ull, g.dv = (void *)(uintptr_t)0x230000000000ull;
   g.dsinks = c.a.softmax == SA_SOFTMAX_LEARNABLE ? (float *)(uintptr_t)0x240000000000ull : nullptr;
+  g.dbias = c.a.bias ? (float *)(uintptr_t)0x250000000000ull : nullptr;
   g.deterministic = 1;
   const size_t ws = sa_attn_bwd_workspace_size(&c.a, SA_BACKEND_CUDA);
   fprintf(out, " bwd ws=%zu\n", ws);
@@ -169,6 +231,9 @@ void run_case(const tcase &c, FILE *out) {
   if (s != SA_OK) fprintf(out, "  status %s\n", st[s]);
 #ifdef SA_RECORD_PLAN
   else fprintf(out, "  plan %s\n", sa_plan_last(SA_PLAN_BWD));
+#endif
+#ifdef SA_RECORD_PLAN
+  if (feat) sa_plan_force(SA_PLAN_FWD, nullptr), sa_plan_force(SA_PLAN_BWD, nullptr);
 #endif
   if (c.a.q_len <= 64) {
     const size_t dws = sa_attn_decode_workspace_size(&c.a, SA_BACKEND_CUDA);

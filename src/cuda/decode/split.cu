@@ -248,6 +248,13 @@ extern "C" sa_status sa_cuda_decode_supported(const sa_attn *a) {
                     (long long)a->head_dim, (long long)a->v_head_dim);
   if (a->q_segment_ids)
     return sa_error(SA_ERR_UNSUPPORTED, "q_segment_ids/kv_segment_ids unsupported by CUDA decode: use sa_attn_fwd");
+  const char *feat = sa_dims_set(a->bias_dims)    ? "bias"
+                     : sa_dims_set(a->mask_dims)  ? "mask"
+                     : a->q_positions             ? "q_positions / kv_positions"
+                     : a->logits_soft_cap != 0.0f ? "logits_soft_cap"
+                                                  : NULL;
+  if (feat) /* the split-KV kernels take none of these (a forced forward plan lets them past sa_check_cuda_inputs) */
+    return sa_error(SA_ERR_UNSUPPORTED, "%s unsupported by the CUDA backend's decode: use sa_attn_fwd", feat);
   const int64_t rg = (a->q_heads / a->kv_heads * a->q_len + SA_DEC_RB - 1) / SA_DEC_RB;
   if (a->batch > 65535 || a->kv_heads * rg > 65535 || a->kv_len >= ((int64_t)1 << 31))
     return sa_error(SA_ERR_UNSUPPORTED,

@@ -10,28 +10,34 @@
 
 namespace {
 
-/* The forward's tile per (head dim, mask kind): the numbers and their reasons are hopper/tiles.h's. */
-template <int HD, int MASK>
+/* The forward's tile per (head dim, mask kind, feature kernel or not): the numbers and their reasons are
+   hopper/tiles.h's. */
+template <int HD, int MASK, int FEAT = 0>
 struct sa_hop_fwd_tile {
-  static constexpr int QS = SA_HOP_FWD_QSLOTS; /* Q slots */
-  static constexpr int NC = SA_HOP_FWD_NC(HD); /* consumer warpgroups */
-  static constexpr int BM = SA_HOP_FWD_BM(HD); /* query rows per CTA */
-  static constexpr int BN = SA_HOP_FWD_BN;     /* keys per tile */
-  static constexpr int ST = SA_HOP_STAGES;     /* K / V ring depth */
+  static constexpr int QS = SA_HOP_FWD_QSLOTS;                             /* Q slots */
+  static constexpr int NC = FEAT ? SA_HOP_FWD_FEAT_NC : SA_HOP_FWD_NC(HD); /* consumer warpgroups */
+  static constexpr int BM = SA_HOP_WG_ROWS * NC;                           /* query rows per CTA */
+  static constexpr int BN = SA_HOP_FWD_BN;                                 /* keys per tile */
+  static constexpr int ST = SA_HOP_STAGES;                                 /* K / V ring depth */
   static constexpr int THREADS = 128 * (NC + 1);
   /* Registers after setmaxnreg, inside the CTA's launch pool (65536 / THREADS rounded down to 8: 168 a thread at
      H128, so 32 + 2 x 240 would ask 65536 and never return). Producer 24; kind 4's producer warp also narrows the
-     key tiles (spills at 24): 32, and its H128 consumers give up 8. */
-  static constexpr int PREGS = MASK == 4 ? 32 : 24;
-  static constexpr int REGS = NC == 3 ? 160 : MASK == 4 ? 232 : 240;
+     key tiles (spills at 24): 32, and its H128 consumers give up 8; the feature kernels' producer warp also copies
+     the class lists (spills 150 B at 24): 40, and their consumers give up 8. */
+  static constexpr int PREGS = FEAT ? 56 : MASK == 4 ? 32 : 24;
+  static constexpr int REGS = NC == 3 ? 160 : FEAT ? 224 : MASK == 4 ? 232 : 240;
   static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
   /* Q's TMA box: one per warpgroup when a CTA can be partial (BM 192), else one BM-row box per column block */
   static constexpr int QBOX = 128 % BM == 0 ? BM : 64;
   static constexpr int Q_BYTES = BM * HD * 2;
   /* kind 4 (segment ids): each K stage carries its 128 keys' ids (TMA, on K's full barrier) */
   static constexpr int IDS_BYTES = MASK == 4 ? 128 * 4 : 0;
-  static constexpr int SMEM = SA_HOP_FWD_SMEM(HD, MASK);
-  static_assert(SMEM == 1024 + QS * Q_BYTES + ST * (2 * BN * HD * 2 + IDS_BYTES), "the layout of the kernel");
+  /* the feature kernels: per Q slot a work tile's class list (a byte a key tile) and its two range words */
+  static constexpr int LIST_BYTES = FEAT ? SA_HOP_FEAT_MAX_KV_LEN / BN : 0;
+  static constexpr int SMEM = FEAT ? SA_HOP_FWD_FEAT_SMEM(HD) : SA_HOP_FWD_SMEM(HD, MASK);
+  static_assert(SMEM == 1024 + QS * Q_BYTES + ST * (2 * BN * HD * 2 + IDS_BYTES) + QS * (LIST_BYTES + (FEAT ? 16 : 0)),
+                "the layout of the kernel");
+  static_assert(!FEAT || MASK < 4, "the feature kernels take no segment ids");
   static_assert(128 * PREGS + 128 * NC * REGS <= LAUNCH_REGS * THREADS && REGS % 8 == 0,
                 "setmaxnreg: producer + consumers within the CTA's launch pool");
   static_assert(SMEM + 1024 <= SA_HOP_SMEM_LIMIT, "shared memory over the sm_90 limit (+1 KiB of static barriers)");

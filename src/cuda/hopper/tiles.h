@@ -40,6 +40,16 @@
 #define SA_HOP_FWD_L2_SECTION_BYTES (16.0 * 1024 * 1024)
 /* Persistent test schedule (hopper.fwd.persistent.narrow): 3 CTAs, so every CTA crosses many work tiles. */
 #define SA_HOP_FWD_NARROW_GRID 3
+/* The feature kernels (hopper.fwd.features, hopper.bwd.twopass.features): a work tile's class list (a byte a key
+   tile, hopper/fwd_feat.cuh) lives in its Q slot, 512 B at most: kv_len <= 65536 (a 1 KiB pair of lists beside the
+   H128 forward's 193 KiB). The forward's feature steps (bias loads, soft-cap, selects) need registers that 3
+   consumer warpgroups of 160 do not have (740-990 B of spills at H64): 2 warpgroups at both head dims. */
+#define SA_HOP_FEAT_MAX_KV_LEN 65536
+#define SA_HOP_FWD_FEAT_NC     2
+#define SA_HOP_FWD_FEAT_BM     (SA_HOP_WG_ROWS * SA_HOP_FWD_FEAT_NC)
+#define SA_HOP_FWD_FEAT_SMEM(hd)                                                                         \
+  (1024 + SA_HOP_FWD_QSLOTS * SA_HOP_FWD_FEAT_BM * (hd)*2 + SA_HOP_STAGES * 2 * SA_HOP_FWD_BN * (hd)*2 + \
+   SA_HOP_FWD_QSLOTS * (SA_HOP_FEAT_MAX_KV_LEN / SA_HOP_FWD_BN + 16))
 
 /* ---- two-pass backward ----
    dK/dV: K, V of 64 NC keys loaded once, Q / dO streamed in 64-row tiles (dK 64 + dV 64 + S^T 32 + dP^T 32 = 192
