@@ -121,7 +121,7 @@ static_assert(QB == 64 && KT == 64, "gemm_rs and pack_frag read 64-row tiles");
 static_assert(QB * 4 % 128 == 0 && QB <= 256 && (SA_HOP_WG_ROWS * 64 * 2) % 128 == 0 && (QB * 64 * 2) % 128 == 0,
               "lse2 / D box destinations must be 128-byte aligned");
 static_assert(128 % SA_HOP_WG_ROWS == 0 && 128 % QB == 0 && 128 % KT == 0,
-              "sa_hop_in_scope admits T and S that are multiples of 128");
+              "the Hopper scope (sa_hop_scope) admits T and S that are multiples of 128");
 
 /* the device helpers (wgmma m64n64, the lse2 / D box, gemm_ss / gemm_rs, pack_frag, anchor_exp2, zero,
    store_rows) are in hopper/bwd_gemm.cuh */
@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(sa_hop_dkdv_tile<HD, NCK>::THREADS, 1)
     for (int j = 0; j < 8; ++j) {
       float2 dd = *reinterpret_cast<const float2 *>(Dq + 8 * j + 2 * t);
       /* D of a row past q_len may be NaN (padding dO / out), and P = 0 times NaN is NaN: 0 in registers. Not by
-         a store into the stage: a plain store there races (compute-sanitizer racecheck, ) with
+         a store into the stage: a plain store there races (compute-sanitizer racecheck reports it) with
          the reads of lanes 1..31 in the stage's previous tile, which only lane 0's empty arrive releases. */
       if (MASK >= 3 && i0 + 8 * j + 2 * t + 1 >= ql) {
         if (i0 + 8 * j + 2 * t >= ql) dd.x = 0.f;

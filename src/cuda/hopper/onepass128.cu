@@ -99,7 +99,7 @@ __device__ __forceinline__ void dq_step(float (&dq)[HD / 4], uint32_t k, bool la
 
 #endif /* sm_90a */
 
-/* PERSISTENT (an earlier standalone version): grid min(SMs, items) CTAs (at least nkb: the deadlock argument in the header), each
+/* PERSISTENT: grid min(SMs, items) CTAs (at least nkb: the deadlock argument in the header), each
    taking item tickets from the counter until one is past the last item. Barriers initialised once; every parity
    from a running counter: j the CTA's items (the end marker included), x its query tiles over all items, jk its
    items with tiles (causal T < S has items without). STAGES = 2: tile x's ring stage, dS^T buffer and staging slot
@@ -312,7 +312,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
           for (int i = 0; i < 16; ++i) df[i] = 0u; /* bf16 +0: both dQ halves read all 128 keys */
         }
-        /* ---- dS^T(x) to shared memory (01a's swizzled store), for both warpgroups' dQ halves ---- */
+        /* ---- dS^T(x) to shared memory (a 128-byte swizzled store), for both warpgroups' dQ halves ---- */
         const uint32_t sds_x = sds + xb * DS_BYTES;
         mbar_wait(ds_empty0 + 8 * xb, xp ^ 1); /* both halves of dQ(x - 2) have read this buffer */
         store_ds_rows(sds_x, df, kr - k0, t);
@@ -393,7 +393,7 @@ bool sa_hop_onepass_prepare(const sa_cuda_params &p, float *acc, int kv_rows, CU
                             sa_hop_onepass_params *bp) {
   static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
   if (!enc) return false;
-  /* As an earlier version: Q / dO 64-row boxes, K / V kv_rows-row boxes (past S: TMA's zero fill, counted in the transaction
+  /* Q / dO 64-row boxes, K / V kv_rows-row boxes (past S: TMA's zero fill, counted in the transaction
      bytes), lse2 / D as {T, B N} fp32 boxes of 64 (no swizzle), and dq_acc as the reduce target {H, T, B N} fp32,
      box {32, 64, 1}: 128 B inner (the 128-byte swizzle's limit), row stride 4 H. TMA wants 16-byte aligned bases
      and strides: T % 128 == 0, H in {64, 128}. */

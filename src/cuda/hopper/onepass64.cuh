@@ -48,8 +48,8 @@ static_assert(op64_smem() + 1024 <= 227 * 1024, "over the sm_90 limit");
 /* NAT (nat_rank of hopper/onepass_dq.cuh) with 192-key blocks: causal key block j sees query tile q iff q >= 3 j
    (q 64 + 63 >= 192 j), and reaches tile (g, q) at step g (PT - 3j) + q - 3j, earlier for larger j: rank m - kb,
    m = min(nkb - 1, q / 3). dq_acc is not zeroed: each (b, head, 64-query tile) has exactly one rank-0 visit, which
-   stores the tile before any add (nat_rank's comment has the ordering argument). The grid is one CTA per (b, kv head, head split
-   hh < hs, key block kb < nkb), nkb = ceil(S / 192) >= 1 (S > 0 in sa_hop_in_scope); CTA hh walks n_tiles
+   stores the tile before any add (nat_rank's comment has the ordering argument). The grid is one CTA per (b, kv
+   head, head split hh < hs, key block kb < nkb), nkb = ceil(S / 192) >= 1 (S > 0 in sa_hop_scope); CTA hh walks n_tiles
    distinct tiles of heads kvh G + hh Gc + g, g < Gc = G / hs (hs | G): each head's tiles are visited by the nkb
    CTAs of one hh only, and the semaphores are per query head. Causal top-left: key block j visits (g, q) iff
    q >= 3 j (its first query block k0 / 64); key block 0 visits every tile, the visitors of (g, q) are 0..m

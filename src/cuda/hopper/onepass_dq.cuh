@@ -12,8 +12,8 @@
 #include "hopper/bwd_gemm.cuh"
 #include "plan.h"
 
-/* an earlier standalone version's parameters (outputs [B, L, heads, H] bf16); the kernel reads dk, dv, T, S, N, KH,
-   the scales (dq_acc, lse2, D go by tensor map, dq by sa_hop_dq_convert_kernel). */
+/* the one passes' parameters (outputs [B, L, heads, H] bf16); the kernel reads dk, dv, T, S, N, KH, the scales
+   (dq_acc, lse2, D go by tensor map, dq by sa_hop_dq_convert_kernel). */
 struct sa_hop_onepass_params {
   __nv_bfloat16 *dq, *dk, *dv;
   float *dq_acc;         /* [B, N, T, H] fp32 */
@@ -125,7 +125,7 @@ __device__ __forceinline__ void wgmma_ss_tt(float (&d)[32], uint64_t da, uint64_
    rank (m - kb) mod nkb. Equal to counting the earlier visits (15.1 M visits checked on the host, T, S <= 4096).
    dq_acc is not zeroed: every (b, head, 64-query tile) has exactly one rank-0 visit, which stores the whole tile
    before any add to it. The grid is one CTA per (b, kv head, key block kb < nkb), nkb = S / 128 >= 1 (S > 0 in
-   sa_hop_in_scope); a CTA's walk visits n_tiles distinct tiles of heads kvh G + g, g < G (all N heads over the kv
+   sa_hop_scope); a CTA's walk visits n_tiles distinct tiles of heads kvh G + g, g < G (all N heads over the kv
    heads). Causal top-left: key block j visits (g, q) iff q >= 2 j; key block 0 visits every tile, so the visitors
    of (g, q) are 0..m (T > S: all nkb from q = 2 nkb - 2 on; T < S: key blocks with 2 kb >= T / 64 have no tile
    and no writer, but 2 m <= q < T / 64), ranks m - kb: a bijection onto 0..m, rank 0 is key block m. Non-causal: every
@@ -133,7 +133,7 @@ __device__ __forceinline__ void wgmma_ss_tt(float (&d)[32], uint64_t da, uint64_
    The semaphores start at 0 and rank r waits for r: rank 0 goes first, and the next rank's acquire sees its store
    complete (bulk_wait0 + fence.proxy.async.global before the release, as for an add). H / 32 boxes {32, 64} cover
    the 64 x H tile, none clipped (64 | T). Results as with a zeroed buffer (+0 + x == x), except x == -0 (+0 +
-   -0 == +0; a rank-0 -0 now stays -0 unless a later partial is +0 or nonzero). */
+   -0 == +0; a rank-0 -0 stays -0 unless a later partial is +0 or nonzero). */
 template <int KB, bool CAUSAL>
 __host__ __device__ __forceinline__ int nat_rank(int kb, int g, int q, int nkb, int PT, int d) {
   const int x = CAUSAL ? q * SA_HOP_BWD_QB / KB : (g * PT + q) / d, m = x < nkb - 1 ? x : nkb - 1;
