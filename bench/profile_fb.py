@@ -42,7 +42,7 @@ def main():
 
   def fused(q, k, v, s):
     return sinkattn.dot_product_attention(
-      q, k, v, s, softmax_type="learnable", is_causal=a.causal, local_window_size=window
+      q, k, v, sinks=s, softmax_type="learnable", is_causal=a.causal, local_window_size=window
     )
 
   def cudnn(q, k, v, s):

@@ -1,6 +1,7 @@
 """bench/ratios.py FILE.json [FILE.json ...]: the fused kernel against cuDNN (and fused_ab, the same kernel under
---ab-env) row by row, from python -m sinkattn.bench result files: TFLOP/s forward / forward+backward, and the
-ratios fused / cuDNN and fused / fused_ab (> 1: fused is faster). With --rounds > 1 the files hold every timing;
+other switches, in result files written before the switches were read once per process) row by row, from
+bench/jax_bench.py result files: TFLOP/s forward / forward+backward, and the ratios fused / cuDNN and
+fused / fused_ab (> 1: fused is faster). With --rounds > 1 the files hold every timing;
 then each ratio also gets its spread: the ratio of every round's own medians, min..max (rounds time the
 contenders in turn, so a round's ratio compares timings taken seconds apart).
 """

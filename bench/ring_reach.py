@@ -104,7 +104,7 @@ def functions(mesh):
   """Jitted forward and forward+backward (value_and_grad w.r.t. q, k, v, sinks) of the ring."""
 
   def attn(q, k, v, s):
-    return sinkattn.ring_attention_sharded(q, k, v, s, mesh=mesh, axis_name="sp", layout="zigzag", is_causal=True)
+    return sinkattn.ring_attention_sharded(q, k, v, sinks=s, mesh=mesh, axis_name="sp", layout="zigzag", is_causal=True)
 
   def loss(q, k, v, s):
     return jnp.sum(attn(q, k, v, s).astype(jnp.float32))

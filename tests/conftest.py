@@ -55,6 +55,11 @@ GRAD_TOL = {np.dtype(np.float32): 1e-4, np.dtype(jnp.float16): 1e-2, np.dtype(jn
 LSE_TOL = {np.dtype(np.float32): 2e-5, np.dtype(jnp.float16): 2e-4, np.dtype(jnp.bfloat16): 2e-4}
 
 
+def bnt(lse):
+  """A public lse [B,T,N] (jax.nn's residual layout) in the C API's and numpy_ref's [B,N,T]."""
+  return None if lse is None else jnp.swapaxes(lse, -1, -2)
+
+
 def f64(x):
   return None if x is None else np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64)
 
