@@ -9,8 +9,8 @@ FLOPs follow the FlashAttention convention: forward 2*B*N*P*(H + Hv) for P valid
 Timing: `--inner` calls chained inside one jitted lax.fori_loop (each call depends on the previous one, so
 XLA cannot hoist it; `--loop`: see bench/jax_timing.py), median of `--repeats` x `--rounds` (each round
 times every contender in turn: a clock drift reaches them alike); dispatch is amortised. The library reads
-its SINKATTN_* switches once per process, so an A/B of two switch settings is two runs of this program
-(bench/ratios.py compares their result files), or bench/cpu_ab.py on the CPU. Memory: the temp
+its SINKATTN_* switches once per process, so an A/B of two switch settings is two runs of this program, or
+bench/cpu_ab.py on the CPU. Memory: the temp
 bytes XLA reserves for the jitted forward+backward (compiled.memory_analysis()), which shows the fused path
 linear in T and the jnp paths quadratic. A progress bar (tqdm, on a terminal) shows the ETA, the work
 weighted by each row's FLOPs. Results go to `--out` (a JSON file, or a directory for the default name

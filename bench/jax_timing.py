@@ -20,9 +20,9 @@ def _loop(fn, n, grad, mode="barrier"):
   output included: without it XLA drops the jnp contenders' forward P V, which training needs) passes
   through a second barrier before one element of each feeds the carry: the barrier forces the whole result
   to exist, so even the jnp contenders must compute all of it. What is timed is the attention alone.
-  mode "sum" (the earlier method): q + carry * 0 and a full sum of every result per call: an
+  mode "sum": q + carry * 0 and a full sum of every result per call: an
   elementwise pass over q and a reduction over each output per call, the same for every contender, but up to
-  ~20% of a T=1024 call (bench/NOTES.md, "timing method").
+  ~20% of a T=1024 call.
   """
   if mode == "sum":
 

@@ -10,7 +10,7 @@ twin of the kernel) beside the fused kernel, prints the learnt sink logits and e
 on its sink (mass = exp(sink - lse), averaged over positions), samples text with a KV cache (`generate`),
 and writes demo.png (both loss curves, the sink mass per head) and summary.json to --out.
 The sinks train at --sink-lr-mult (10) x the learning rate: one scalar per head, which Adam would move by
-only ~0.5 in the 200 default steps otherwise. Defaults: ~2 minutes on 2 CPU cores (both models, 2026-12-02),
+only ~0.5 in the 200 default steps otherwise. Defaults: ~2 minutes on 2 CPU cores (both models),
 loss 3.67 -> 0.464 nats/char with learnable sinks and 0.467 for the vanilla twin: at this size the sinks take
 1-8% of each head's attention without changing the loss.
 """

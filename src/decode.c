@@ -2,9 +2,10 @@
  * decode.c — the public decode entry points (sa_attn_decode_workspace_size, sa_attn_decode_fwd):
  * the validation of sa_attn_fwd (sinkattn.c's pieces), the decode limit q_len <= SA_DECODE_MAX_Q_LEN (sinkattn.h), the backend choice
  * and dispatch. REF runs the reference forward itself: decode is sa_attn_fwd with a short query, so the
- * reference is the oracle with no new math. The split-KV kernels take no bias, mask or positions: with
- * any of them the CPU backend's plan is its attention forward (cpu.decode.fwd: the same result, bitwise
- * independent of the thread count too) and CUDA answers SA_ERR_UNSUPPORTED naming the field.
+ * reference is the oracle with no new math. The split-KV kernels take no bias, mask, positions or
+ * logits_soft_cap: with any of them the CPU backend's plan is its attention forward (cpu.decode.fwd: the
+ * same result, bitwise independent of the thread count too) and CUDA answers SA_ERR_UNSUPPORTED naming
+ * the field.
  */
 #include "sa_internal.h"
 #include "sa_plan.h"

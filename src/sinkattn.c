@@ -157,6 +157,9 @@ sa_status sa_check_dims(const sa_attn *a) {
                     (long long)a->diag_offset);
   if (!isfinite(a->scale))
     return sa_error(SA_ERR_INVALID, "scale %g invalid: must be finite (0 = 1/sqrt(head_dim))", (double)a->scale);
+  if (a->logits_soft_cap != 0.0f && !(a->logits_soft_cap > 0.0f && isfinite(a->logits_soft_cap)))
+    return sa_error(SA_ERR_INVALID, "logits_soft_cap %g invalid: must be > 0 and finite, or 0 for none",
+                    (double)a->logits_soft_cap);
   if ((a->q_segment_ids == NULL) != (a->kv_segment_ids == NULL))
     return sa_error(SA_ERR_INVALID, "%s is NULL but %s is set: give both segment id arrays or neither",
                     a->q_segment_ids ? "kv_segment_ids" : "q_segment_ids",
@@ -243,10 +246,11 @@ sa_status sa_check_memory_kind(const sa_attn *a, sa_backend be) {
 
 /* What the CUDA kernels do not take yet, named before any of their own rules. */
 sa_status sa_check_cuda_inputs(const sa_attn *a) {
-  const char *what = sa_dims_set(a->bias_dims)   ? "bias"
-                     : sa_dims_set(a->mask_dims) ? "mask"
-                     : a->q_positions            ? "q_positions / kv_positions"
-                                                 : NULL;
+  const char *what = sa_dims_set(a->bias_dims)    ? "bias"
+                     : sa_dims_set(a->mask_dims)  ? "mask"
+                     : a->q_positions             ? "q_positions / kv_positions"
+                     : a->logits_soft_cap != 0.0f ? "logits_soft_cap"
+                                                  : NULL;
   if (!what) return SA_OK;
   return sa_error(SA_ERR_UNSUPPORTED,
                   "%s unsupported by the CUDA backend: its kernels do not take it yet "

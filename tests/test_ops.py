@@ -312,7 +312,7 @@ def packed_ids(B, L, shift=0):
 @pytest.mark.parametrize("shift", [0, 5], ids=["self", "shifted_kv"])
 def test_packed_documents_tile_sizes(platform, H, shift):
   """Segment ids at the sizes the GPU kernels tile (bf16, T = S = 384, H 64 / 128, causal, GQA 2): on an H200 the
-  Hopper forward's kind-4 kernels (hopper_fwd.cu) take them and skip the key tiles of other documents; a shifted
+  Hopper forward's kind-4 kernels (hopper/fwd.cu) take them and skip the key tiles of other documents; a shifted
   key layout leaves rows without any key of their document (out 0, lse = sink)."""
   q, k, v, sinks = make_inputs(21, B=2, T=384, S=384, N=4, K=2, H=H, dtype=jnp.bfloat16)
   ex = dict(query_segment_ids=packed_ids(2, 384), key_value_segment_ids=packed_ids(2, 384, shift))

@@ -32,14 +32,15 @@ static const sa_cpu_plan_kind sa_cpu_plan_kinds[] = {
     {"cpu.bwd.amx.emulated", SA_PLAN_BWD, SA_CPU_AVX512, SA_CPU_TILE_EMULATED, 0, 1, 0},
     /* The split-KV decode kernels: AVX-512 (scores by vdpbf16ps straight from a bf16 cache, or fp32 FMAs),
        and the portable C one, which the avx2 and scalar levels get; then the attention forward's kernels,
-       which take what those do not (a bias, a mask, positions). */
+       which take what those do not (a bias, a mask, positions, a soft-cap). */
     {"cpu.decode.avx512bf16", SA_PLAN_DECODE, SA_CPU_AVX512, 0, 1, 0, 0},
     {"cpu.decode.avx512", SA_PLAN_DECODE, SA_CPU_AVX512, 0, 0, 0, 0},
     {"cpu.decode.portable", SA_PLAN_DECODE, SA_CPU_SCALAR, 0, 0, 0, 0},
     {"cpu.decode.fwd", SA_PLAN_DECODE, SA_CPU_SCALAR, 0, 0, 0, 1},
     /* The split-KV item with Q.K^T and P.V on AMX tiles (bf16, head_dim a multiple of 32), override-only: on 2
-       Sapphire Rapids cores it reads 0.34-0.37 of the read bandwidth against the AVX-512 item's 0.33 (3996aef),
-       too little a gain to change the default; and the same code over emulated instructions (tests). */
+       Sapphire Rapids cores it reads 0.34-0.37 of the read bandwidth against the AVX-512 item's 0.33
+       (docs/performance.md), too little a gain to change the default; and the same code over emulated
+       instructions (tests). */
     {"cpu.decode.amx", SA_PLAN_DECODE, SA_CPU_AVX512, SA_CPU_TILE_AMX, 0, 1, 0},
     {"cpu.decode.amx.emulated", SA_PLAN_DECODE, SA_CPU_AVX512, SA_CPU_TILE_EMULATED, 0, 1, 0},
 };
@@ -52,8 +53,8 @@ static const char *sa_cpu_simd_str(sa_cpu_simd s) {
 /* NULL when kind k can run a, else why not (static text). */
 static const char *sa_cpu_plan_why_not(const sa_cpu_plan_kind *k, const sa_attn *a, const sa_cpu_record *r) {
   if (k->which == SA_PLAN_DECODE && !k->fwd_kernels &&
-      (sa_dims_set(a->bias_dims) || sa_dims_set(a->mask_dims) || a->q_positions))
-    return "the split-KV kernels take no bias, mask or positions (cpu.decode.fwd does)";
+      (sa_dims_set(a->bias_dims) || sa_dims_set(a->mask_dims) || a->q_positions || a->logits_soft_cap != 0.0f))
+    return "the split-KV kernels take no bias, mask, positions or logits_soft_cap (cpu.decode.fwd does)";
   if (k->simd > r->simd_cpu) return "this CPU lacks the instructions (CPUID)";
   if (k->simd > r->simd) return "SINKATTN_SIMD lowers the level below it";
   if (k->bf16_dot) {
@@ -192,7 +193,7 @@ sa_status sa_cpu_plan_make(const sa_attn *a, int which, const sa_cpu_record *r, 
     const sa_cpu_plan_kind *k = &sa_cpu_plan_kinds[i];
     if (k->which != which || k->override_only || sa_cpu_plan_why_not(k, a, r)) continue;
     sa_cpu_plan_fill(k, a, r,
-                     k->fwd_kernels          ? "a bias, a mask or positions: the attention forward's kernels"
+                     k->fwd_kernels ? "a bias, a mask, positions or a soft-cap: the attention forward's kernels"
                      : r->simd < r->simd_cpu ? "the widest kernels SINKATTN_SIMD allows"
                                              : "the widest kernels this CPU has",
                      p);

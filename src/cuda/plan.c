@@ -311,7 +311,7 @@ static void sa_dec_schedule(const sa_pctx *c, sa_cuda_plan *p) {
 /* The mma kernel's schedule (decode/mma.cu): rows in groups of 16 (its M), and one wave of equal CTAs where the
    (batch, kv head, row group) blocks are fewer than the resident slots (2 an SM from its shared memory): splits =
    slots / blocks rounded down. A second wave costs more than the imbalance it removes: two waves of half-size
-   CTAs took 3-6 us more per call at B1 S32k and B8 S4k on the H200 (bench/NOTES.md, 2026-12-04), each wave
+   CTAs take 3-6 us more per call at B1 S32k and B8 S4k on the H200 (docs/performance.md, "Decode"), each wave
    paying the CTA ramp (lengths, q, the first tile's latency) and a tail. Chunks hold >= 256 keys: every warp gets
    >= 2 tiles, so its pipeline fills. More blocks than slots: one split, the blocks in waves. */
 static void sa_dec_mma_schedule(const sa_pctx *c, sa_cuda_plan *p) {

@@ -9,7 +9,7 @@
 
 namespace {
 
-/* from the tile table (hopper/ptx.cuh), where the reasons are */
+/* from the tile table (hopper/tiles.h), where the reasons are */
 constexpr int KB = sa_hop_tiles::BWD_KB;     /* keys per dK/dV CTA at H128 (dkdv_tile below: 192 at H64) */
 constexpr int QB = sa_hop_tiles::BWD_QB;     /* query rows per streamed tile of dK/dV: N of S^T / dP^T */
 constexpr int QM = sa_hop_tiles::BWD_QM;     /* query rows per dQ CTA at H128 (dq_tile below: 192 at H64) */
@@ -31,7 +31,7 @@ struct sa_hop_bwd_params {
   const int32_t *q_seg, *kv_seg; /* [B, T], [B, S] (MASK 4: segment ids; the streamed side's by TMA) */
 };
 
-/* dK/dV's warpgroups (the tile table of hopper/ptx.cuh points here). H128: 2 consumer warpgroups of 64 keys (KB
+/* dK/dV's warpgroups (the tile table of hopper/tiles.h points here). H128: 2 consumer warpgroups of 64 keys (KB
    128), 240 registers each. H64: 3 (KB 192), 160 registers each (128 x 24 + 384 x 160 = 64512; the consumer
    needs R152 at H64): at k = 64 a warpgroup's four m64n64 products per tile are 512 tensor clocks against its
    4096 exp2 (256 MUFU clocks) plus the dS arithmetic, and with two warpgroups waiting on the same tile both are
@@ -65,10 +65,10 @@ static_assert(QB == 64 && KT == 64, "gemm_rs and pack_frag read 64-row tiles");
 static_assert(QB * 4 % 128 == 0 && QB <= 256 && (KB * 64 * 2) % 128 == 0 && (QB * 64 * 2) % 128 == 0,
               "lse2 / D box destinations must be 128-byte aligned");
 static_assert(128 % KB == 0 && 128 % QB == 0 && 128 % QM == 0 && 128 % KT == 0,
-              "sa_hop_in_scope admits T and S that are multiples of 128");
+              "the Hopper scope (sa_hop_scope) admits T and S that are multiples of 128");
 
 /* the device helpers (wgmma m64n64, the lse2 / D box, gemm_ss / gemm_rs, pack_frag, anchor_exp2, zero,
-   store_rows) are in hopper_bwd_parts.cuh */
+   store_rows) are in hopper/bwd_parts.cuh */
 
 /* ---- 2. dK, dV -------------------------------------------------------------------------------------- */
 
@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
     for (int j = 0; j < 8; ++j) {
       float2 dd = *reinterpret_cast<const float2 *>(Dq + 8 * j + 2 * t);
       /* D of a row past q_len may be NaN (padding dO / out), and P = 0 times NaN is NaN: 0 in registers. Not by
-         a store into the stage: a plain store there races (compute-sanitizer racecheck, ) with
+         a store into the stage: a plain store there races (compute-sanitizer racecheck reports it) with
          the reads of lanes 1..31 in the stage's previous tile, which only lane 0's empty arrive releases. */
       if (MASK >= 3 && i0 + 8 * j + 2 * t + 1 >= ql) {
         if (i0 + 8 * j + 2 * t >= ql) dd.x = 0.f;

@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
     }
     /* Key tiles: those holding a key some real row of the tile sees; the rest are fully masked and skipped.
        n_tiles = 0 (no row sees a key, e.g. a negative diag_offset): out 0, lse = sink. Without a mask
-       ceil(S / BN) (BN 176: the last holds 16..176 keys). */
+       S / BN (S is a multiple of 128 in the Hopper scope, BN is 128). */
     w.t0 = 0, w.n_tiles = (p.S + BN - 1) / BN;
     if (MASK) {
       const int rows = w.ql - w.m0 < BM ? w.ql - w.m0 : BM; /* <= 64 n_wg (ql <= T) */
@@ -99,9 +99,8 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
        a fresh barrier returns at once for j = 0), then Q and the key tiles, K before V (the
        consumers need K_j one step before V_j), at ring position x, which runs on across work tiles (up to ST
        key tiles ahead of the consumers' releases; the expect_tx bytes of a stage do not depend on ST). Q: only
-       the boxes of warpgroups with rows (no box is ever past T). A 176-key box past S: TMA fills the rows past
-       S with zeros and counts them in complete_tx, so expect_tx is the whole box. A work tile without key
-       tiles: a plain arrive. */
+       the boxes of warpgroups with rows (no box is ever past T); no K / V box is past S (BN divides S), so
+       expect_tx is the whole box. A work tile without key tiles: a plain arrive. */
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(TL::PREGS) : "memory");
     /* Thread 0 issues everything; at MASK 4 its whole warp walks the work tiles with it, for work_of's
        warp-collective narrowing (the other lanes only that). */
@@ -167,7 +166,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
   for (uint32_t jq = 0;; ++jq) {
     /* The work tile is the producer's walk, blockIdx.x + jq gridDim.x (no slot to read): known before Q full,
        so the sink's global load (and MASK 3's lengths) is issued before the wait and lands under it. Read after
-       the wait it cost 2.7% of the H128 forward's stall samples at T1024 (ncu, ), its use right
+       the wait it costs 2.7% of the H128 forward's stall samples at T1024 (ncu on the H200), its use right
        behind it at every work tile's start. */
     const int tile = blockIdx.x + (int)jq * (int)gridDim.x; /* < total + gridDim.x <= 2^31 (sa_hop_run) */
     if (tile >= p.total) break;
@@ -194,8 +193,8 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
     for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
     /* A tile of keys [k, k + BN) is visible to every row of the warpgroup iff its smallest key - row, k -
        wg_row0 - 63, is >= dlo and its largest, k + BN - 1 - wg_row0, is <= dhi (and, with lengths, it ends by
-       kv_len and the warpgroup's rows by q_len): then no per-element test. Without a mask only a 176-key tile
-       past S tests (the last one), against kl = S. */
+       kv_len and the warpgroup's rows by q_len): then no per-element test. Without a mask no tile tests (BN
+       divides S). */
     const int dlo = w.mk.dlo, dhi = w.mk.dhi;
     int dhi0 = dhi, dhi1 = dhi, unused;
     if (MASK >= 3) {
@@ -270,15 +269,15 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
 
     if (a < e) {
       /* The ring position as (stage, parity) = (x % ST, (x / ST) & 1), carried through the loop and
-       advanced by one per key tile instead of derived from x = x0 + it in each (the port's form cost ~8
-       integer instructions a tile). Invariant: (sp, pp) is the position of x0 + it - 1 at the top of iteration
+       advanced by one per key tile instead of derived from x = x0 + it in each (which costs ~8 integer
+       instructions a tile). Invariant: (sp, pp) is the position of x0 + it - 1 at the top of iteration
        it (the tile whose V is pending), of x0 + a after tile a and of x0 + e - 1 after the loop, i.e. exactly
        the values release() and the producer derive from x. The advance: the stage steps and wraps ST - 1 -> 0,
        the parity flips as it wraps; at ST 2 (sp is 0 or 1) in the toggle form, which the general one costs 1 / 5
        more loop instructions at H64 / H128 (ptxas does not know sp < 2); ST 4 pays that 1 (every H64 kind).
        The key-tile loop in SASS (nvcc 13.0, sm_90a), instructions at H64 / H128 without a mask, H128 causal:
-       400 / 718 / 570, old kernel (f08c8da, one tile a CTA) 452 / 782 / 620, the persistent port 478 / 806 /
-       642; HGMMA and MUFU.EX2 the same. */
+       400 / 718 / 570, against 478 / 806 / 642 with the position derived from x in every tile; HGMMA and MUFU.EX2
+       the same. */
       uint32_t sp = (x0 + a) % ST, pp = ((x0 + a) / ST) & 1;
       { /* Tile a: S_a alone, then its softmax (O is still 0: nothing to rescale). */
         mbar_wait(bar_kf<ST>(b0, sp), pp);

@@ -64,11 +64,10 @@ struct sa_hop_params {
    stride deals out equal shares: a list-scheduling model of B16 T1024 N16 H128 causal gives the SMs busy 0.97 of
    the time against 0.79 for the L2 sections below (B4 T4096: 1.00 / 0.78), and a pair keeps one head's K / V in
    L2 across its two m-blocks; grid consecutive pairs span grid / nph heads (T1024 H128: 33 heads, 17 MiB).
-   hg = 0: the one-tile-per-CTA grid's order (m-block fastest, reversed
-   under a mask: heaviest first within a head, as blockIdx.x = n_mb - 1 - mb did). hg > 0 (persistent, masked;
-   an earlier standalone version): sections of hg heads (their K/V <= 16 MiB, a third of the H200's L2), inside a section
-   every head's heaviest m-block, then the next lighter level: with the static stride a CTA's successive tiles
-   get lighter (the balance of a global heaviest-first order) while the K/V read at one time stays in L2. The
+   hg = 0: the one-tile-per-CTA grid's order (m-block fastest, reversed under a mask: heaviest first within a head).
+   hg > 0 (persistent, masked): sections of hg heads (their K/V <= 16 MiB, a third of the H200's L2), inside a
+   section every head's heaviest m-block, then the next lighter level: with the static stride a CTA's successive
+   tiles get lighter (the balance of a global heaviest-first order) while the K/V read at one time stays in L2. The
    last section may hold fewer heads. */
 __device__ __forceinline__ void sa_hop_work_tile(const sa_hop_params &p, bool masked, int i, int *bh, int *mb) {
   if (p.nph > 0) { /* the pair order (below) */
@@ -119,11 +118,12 @@ __device__ __forceinline__ uint32_t bar_ve(uint32_t b0, int s) {
    operand here lies inside the CTA's shared memory (< 228 KiB < 2^18 from the window's base), so for a
    16-byte multiple off, gmma_desc(a + off) = gmma_desc(a) + off / 16 (no carry out of the field). The key-tile
    loop then forms each k-step's descriptor with one add to a base made once, not a mask-shift-or of an
-   address per k-step (-3 uniform instructions per descriptor: 36 a tile at H64, 57 at H128 with 176 keys). */
+   address per k-step (-3 uniform instructions per descriptor, H / 16 + BN / 16 of them a tile: 36 at H64, 48 at
+   H128). */
 __device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t off) { return d + (off >> 4); }
 
 /* S = Q K^T for one warpgroup: H / 16 k-steps, 32 bytes apart inside a 128-byte swizzled row, 4 per block;
-   Q's column blocks are BM x 128 bytes apart, K's BN x 128 (176 rows = 22 swizzle atoms: still 1024-aligned).
+   Q's column blocks are BM x 128 bytes apart, K's BN x 128 (128 rows = 16 swizzle atoms: 1024-aligned).
    dq, dk: the descriptors of the warpgroup's Q rows and of the K stage (K-major, LBO 16, SBO 1024). */
 template <int HD, int BM, int BN>
 __device__ __forceinline__ void gemm_qk(float (&sacc)[BN / 2], uint64_t dq, uint64_t dk) {
@@ -136,7 +136,7 @@ __device__ __forceinline__ void gemm_qk(float (&sacc)[BN / 2], uint64_t dq, uint
 }
 
 /* O += P V: V N-major; a k-step is 16 keys = 2048 bytes (BN / 16 of them); the 64-column blocks of V are
-   BN * 128 bytes apart (dv: the V stage's descriptor with that LBO, 16384 at 128 keys, 22528 at 176). */
+   BN * 128 bytes apart (dv: the V stage's descriptor with that LBO, 16384 at 128 keys). */
 template <int HD, int BN>
 __device__ __forceinline__ void gemm_pv(float (&o)[HD / 2], const uint32_t (&pf)[BN / 4], uint64_t dv) {
 #pragma unroll

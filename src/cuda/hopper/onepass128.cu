@@ -10,7 +10,7 @@
 
 namespace {
 
-/* from the tile table (hopper/ptx.cuh), where the reasons are; as in hopper/bwd_twopass.cu */
+/* from the tile table (hopper/tiles.h), where the reasons are; as in hopper/bwd_twopass.cu */
 constexpr int KB = sa_hop_tiles::BWD_KB;     /* keys per CTA: 2 consumer warpgroups x 64 (the wgmma M) */
 constexpr int QB = sa_hop_tiles::BWD_QB;     /* query rows per streamed tile: N of S^T / dP^T, M of dQ */
 constexpr int STAGES = sa_hop_tiles::STAGES; /* Q / dO ring depth */
@@ -50,7 +50,7 @@ static_assert(op_smem<128>() + 1024 <= 227 * 1024, "over the sm_90 limit");
    rank (m - kb) mod nkb. Equal to counting the earlier visits (15.1 M visits checked on the host, T, S <= 4096).
    dq_acc is not zeroed: every (b, head, 64-query tile) has exactly one rank-0 visit, which stores the whole tile
    before any add to it. The grid is one CTA per (b, kv head, key block kb < nkb), nkb = S / 128 >= 1 (S > 0 in
-   sa_hop_in_scope); a CTA's walk visits n_tiles distinct tiles of heads kvh G + g, g < G (all N heads over the kv
+   sa_hop_scope); a CTA's walk visits n_tiles distinct tiles of heads kvh G + g, g < G (all N heads over the kv
    heads). Causal top-left: key block j visits (g, q) iff q >= 2 j; key block 0 visits every tile, so the visitors
    of (g, q) are 0..m (T > S: all nkb from q = 2 nkb - 2 on; T < S: key blocks with 2 kb >= T / 64 have no tile
    and no writer, but 2 m <= q < T / 64), ranks m - kb: a bijection onto 0..m, rank 0 is key block m. Non-causal: every
@@ -58,7 +58,7 @@ static_assert(op_smem<128>() + 1024 <= 227 * 1024, "over the sm_90 limit");
    The semaphores start at 0 and rank r waits for r: rank 0 goes first, and the next rank's acquire sees its store
    complete (bulk_wait0 + fence.proxy.async.global before the release, as for an add). H / 32 boxes {32, 64} cover
    the 64 x H tile, none clipped (64 | T). Results as with a zeroed buffer (+0 + x == x), except x == -0 (+0 +
-   -0 == +0; a rank-0 -0 now stays -0 unless a later partial is +0 or nonzero). */
+   -0 == +0; a rank-0 -0 stays -0 unless a later partial is +0 or nonzero). */
 template <bool CAUSAL>
 __host__ __device__ __forceinline__ int nat_rank(int kb, int g, int q, int nkb, int PT, int d) {
   const int x = CAUSAL ? q * QB / KB : (g * PT + q) / d, m = x < nkb - 1 ? x : nkb - 1;
@@ -142,7 +142,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[HD / 4], uint32_t k, bool la
 
 #endif /* sm_90a */
 
-/* PERSISTENT (an earlier standalone version): grid min(SMs, items) CTAs (at least nkb: the deadlock argument in the header), each
+/* PERSISTENT: grid min(SMs, items) CTAs (at least nkb: the deadlock argument in the header), each
    taking item tickets from the counter until one is past the last item. Barriers initialised once; every parity
    from a running counter: j the CTA's items (the end marker included), x its query tiles over all items, jk its
    items with tiles (causal T < S has items without). STAGES = 2: tile x's ring stage, dS^T buffer and staging slot
@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
           for (int i = 0; i < 16; ++i) df[i] = 0u; /* bf16 +0: both dQ halves read all 128 keys */
         }
-        /* ---- dS^T(x) to shared memory (01a's swizzled store), for both warpgroups' dQ halves ---- */
+        /* ---- dS^T(x) to shared memory (a 128-byte swizzled store), for both warpgroups' dQ halves ---- */
         const uint32_t sds_x = sds + xb * DS_BYTES;
         mbar_wait(ds_empty0 + 8 * xb, xp ^ 1); /* both halves of dQ(x - 2) have read this buffer */
         store_ds_rows(sds_x, df, kr - k0, t);
@@ -432,7 +432,7 @@ cudaError_t sa_hop1_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sc
 bool sa_hop1_prepare(const sa_cuda_params &p, float *acc, int kv_rows, CUtensorMap (&m)[7], BwdParams *bp) {
   static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
   if (!enc) return false;
-  /* As an earlier version: Q / dO 64-row boxes, K / V kv_rows-row boxes (past S: TMA's zero fill, counted in the transaction
+  /* Q / dO 64-row boxes, K / V kv_rows-row boxes (past S: TMA's zero fill, counted in the transaction
      bytes), lse2 / D as {T, B N} fp32 boxes of 64 (no swizzle), and dq_acc as the reduce target {H, T, B N} fp32,
      box {32, 64, 1}: 128 B inner (the 128-byte swizzle's limit), row stride 4 H. TMA wants 16-byte aligned bases
      and strides: T % 128 == 0, H in {64, 128}. */

@@ -15,8 +15,8 @@ struct Item3 {
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-/* %laneid, re-read where it is tested: as a value kept from the warp's start it was one register too many in
-   the consumers (spilled). */
+/* %laneid, re-read where it is tested: as a value kept from the warp's start it is one register too many in
+   the consumers (they spill). */
 __device__ __forceinline__ int lane_id() {
   int l;
   asm volatile("mov.u32 %0, %%laneid;" : "=r"(l));

@@ -21,7 +21,7 @@ struct Sched3 {
 
 namespace {
 
-/* from the tile table (hopper/ptx.cuh), where the reasons are */
+/* from the tile table (hopper/tiles.h), where the reasons are */
 constexpr int QB = sa_hop_tiles::BWD_QB;     /* query rows per streamed tile: N of S^T / dP^T, M of dQ */
 constexpr int STAGES = sa_hop_tiles::STAGES; /* Q / dO ring depth */
 constexpr int NC3 = sa_hop_tiles::BWD1_NC64; /* consumer warpgroups */
@@ -44,11 +44,11 @@ static_assert(op_smem3() + 1024 <= 227 * 1024, "over the sm_90 limit");
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-/* 05's nat_rank with 192-key blocks: causal key block j sees query tile q iff q >= 3 j (q 64 + 63 >= 192 j), and
-   reaches tile (g, q) at step g (PT - 3j) + q - 3j, earlier for larger j: rank m - kb, m = min(nkb - 1, q / 3).
+/* onepass128.cu's nat_rank with 192-key blocks: causal key block j sees query tile q iff q >= 3 j (q 64 + 63 >= 192 j),
+   and reaches tile (g, q) at step g (PT - 3j) + q - 3j, earlier for larger j: rank m - kb, m = min(nkb - 1, q / 3).
    dq_acc is not zeroed: each (b, head, 64-query tile) has exactly one rank-0 visit, which stores the tile before
    any add (hopper/onepass128.cu's nat_rank has the ordering argument). The grid is one CTA per (b, kv head, head split
-   hh < hs, key block kb < nkb), nkb = ceil(S / 192) >= 1 (S > 0 in sa_hop_in_scope); CTA hh walks n_tiles
+   hh < hs, key block kb < nkb), nkb = ceil(S / 192) >= 1 (S > 0 in sa_hop_scope); CTA hh walks n_tiles
    distinct tiles of heads kvh G + hh Gc + g, g < Gc = G / hs (hs | G): each head's tiles are visited by the nkb
    CTAs of one hh only, and the semaphores are per query head. Causal top-left: key block j visits (g, q) iff
    q >= 3 j (its first query block k0 / 64); key block 0 visits every tile, the visitors of (g, q) are 0..m
@@ -94,8 +94,8 @@ __device__ __forceinline__ void dq_product_nwg(float (&dq)[32], uint32_t sds_x, 
 }
 
 /* The owner's whole dQ tile [64 rows][64 fp32] into staging slot dst: box c = columns [32 c, 32 c + 32) as
-   [64 rows][128 B], 16-byte unit u of row r at u ^ (r % 8) (05's stage_dq for warpgroup 0 at H128: 2 wavefronts
-   per float2 warp store). */
+   [64 rows][128 B], 16-byte unit u of row r at u ^ (r % 8) (as stage_dq of hopper/onepass128.cu for its warpgroup 0:
+   2 wavefronts per float2 warp store). */
 __device__ __forceinline__ void stage_dq64(const float (&dq)[32], uint32_t dst, int warp, int lane) {
   const int t = lane % 4;
 #pragma unroll

@@ -11,7 +11,7 @@
 #include "hopper/bwd_parts.cuh"
 #include "plan.h"
 
-/* an earlier standalone version's parameters (outputs [B, L, heads, H] bf16); the kernel reads dk, dv, T, S, N, KH,
+/* the one passes' parameters (outputs [B, L, heads, H] bf16); the kernel reads dk, dv, T, S, N, KH,
    the scales (dq_acc, lse2, D go by tensor map, dq by dq_convert). */
 struct BwdParams {
   __nv_bfloat16 *dq, *dk, *dv;

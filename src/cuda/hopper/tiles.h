@@ -45,13 +45,13 @@
    dK/dV: K, V of 64 NC keys loaded once, Q / dO streamed in 64-row tiles (dK 64 + dV 64 + S^T 32 + dP^T 32 = 192
    live accumulators at H128, R216 of 240); dQ: Q, dO of 64 NC rows once, K / V streamed in 64-key tiles.
    NC 3 at H64 (no lengths, no segment ids: their kernels spill at 160 registers) for grids of at least 4 CTAs
-   an SM (f+b +5-15% with 2700-3100 CTAs; gpt-oss's 176 CTAs of 192 keys lost 297 -> 272). */
+   an SM (f+b +5-15% with 2700-3100 CTAs; gpt-oss's 176 CTAs of 192 keys: 272 against 297 TFLOP/s with 2). */
 #define SA_HOP_BWD_QB               64
 #define SA_HOP_BWD_KT               64
 #define SA_HOP_BWD_NC_MAX(hd, mask) ((hd) == 64 && (mask) < 3 ? 3 : 2)
 #define SA_HOP_BWD_NC3_CTAS_PER_SM  4
 /* Under a falling mask the dK/dV grid puts the key block slowest (heaviest CTAs first) while it is under 8 CTAs
-   an SM (gpt-oss 211 -> 276 TFLOP/s; with 2048 CTAs the fast order kept L2 locality: 382 vs 363). */
+   an SM (gpt-oss 276 against 211 TFLOP/s; with 2048 CTAs the fast order keeps L2 locality: 382 vs 363). */
 #define SA_HOP_BWD_KB_SLOWEST_CTAS_PER_SM 8
 #define SA_HOP_BWD_DKDV_SMEM(hd, nc)                                                        \
   (1024 + 2 * SA_HOP_WG_ROWS * (nc) * (hd)*2 + SA_HOP_STAGES * 2 * SA_HOP_BWD_QB * (hd)*2 + \
