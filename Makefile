@@ -67,7 +67,7 @@ docs: $(VENV)/.stamp
 # The style: Python by ruff (pyproject.toml's [tool.ruff]: lint rules and the formatter), C and CUDA by
 # clang-format 14 (.clang-format), each over every file of its language; then the rot gate (tests/rot_gate.py):
 # an sa_* name, a path, a commit hash or a date in a comment or a doc that the tree no longer backs.
-LINT_DIRS := python tests bench docs packaging
+LINT_DIRS := python tests bench docs packaging examples
 lint: $(VENV)/.stamp
 	$(VENV)/bin/ruff check $(LINT_DIRS)
 	$(VENV)/bin/ruff format --check $(LINT_DIRS)
@@ -101,7 +101,7 @@ wheel-compat: $(VENV)/.stamp $(VENV_NEW)/.stamp
 	PY=$(PY) PY_NEWEST=$(PY_NEWEST) WHEEL_ARGS="$(WHEEL_ARGS)" packaging/wheel_compat.sh
 
 demo: build
-	PYTHONPATH=python $(VPY) -m sinkattn.demo
+	PYTHONPATH=python $(VPY) examples/demo.py
 
 demo-c: build
 	$(BUILD)/sinkattn_demo
@@ -112,7 +112,7 @@ bench-cpu: build
 	$(VPY) bench/cpu_bench.py --lib $(BUILD)/libsinkattn_cpubench.so $(if $(OUT),--out $(OUT))
 
 bench: build
-	PYTHONPATH=python $(VPY) -m sinkattn.bench --out bench/results/
+	PYTHONPATH=python $(VPY) bench/jax_bench.py --out bench/results/
 
 sanitize:
 	cmake -S . -B build-san -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSINKATTN_SANITIZE=ON -DSINKATTN_CUDA=OFF \

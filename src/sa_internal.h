@@ -250,11 +250,12 @@ int sa_cuda_available(void);                  /* built with CUDA and a device is
 int sa_cuda_is_device_pointer(const void *p); /* p is device (or managed) memory */
 sa_status sa_cuda_attn_supported(const sa_attn *a);
 sa_status sa_cuda_attn_fwd(const sa_attn *a, void *stream);
-size_t sa_cuda_attn_bwd_workspace_size(const sa_attn *a, int deterministic);
+size_t sa_cuda_attn_bwd_workspace_size(const sa_attn *a);
 sa_status sa_cuda_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspace, size_t workspace_size,
                            void *stream);
 
-/* Split-KV decode (src/decode.c; CPU in src/cpu/cpu_decode.c, CUDA in src/cuda/decode/, q_len <= 64). */
+/* Split-KV decode (src/decode.c; CPU in src/cpu/cpu_decode.c, CUDA in src/cuda/decode/, q_len <=
+   SA_DECODE_MAX_Q_LEN). */
 sa_status sa_cpu_decode_supported(const sa_attn *a);
 size_t sa_cpu_decode_workspace_size(const sa_attn *a);
 sa_status sa_cpu_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_size);

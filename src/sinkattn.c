@@ -293,11 +293,11 @@ sa_status sa_attn_fwd(const sa_attn *a, sa_backend be, void *stream) {
 /* ---- backward -------------------------------------------------------------------------------- */
 
 /* Depends on sizes and options only, so callers (the FFI layer at trace time) may ask with NULL data
-   pointers. For CUDA it returns the deterministic size, the larger of the two. */
+   pointers. */
 size_t sa_attn_bwd_workspace_size(const sa_attn *a, sa_backend be) {
   if (sa_check_backend_enum(be) != SA_OK || sa_check_dims(a) != SA_OK) return 0;
   switch (sa_backend_resolve(a, be)) {
-    case SA_BACKEND_CUDA: return sa_cuda_attn_bwd_workspace_size(a, 1);
+    case SA_BACKEND_CUDA: return sa_cuda_attn_bwd_workspace_size(a);
     case SA_BACKEND_CPU: return sa_cpu_attn_bwd_workspace_size(a);
     default: return 0;
   }

@@ -33,6 +33,7 @@ SLOW = {
   "test_demo.py::test_generate_matches_argmax_of_full_forward",
   # runs a benchmark script end to end
   "test_ring.py::test_ring_bench_runs_on_cpu",
+  "test_bench_harness.py::test_jax_bench_tiny_grid",
   # an exhaustive matrix (Transformer Engine's layouts x bias types x masks); the file's other tests stay
   "test_flax_compat.py::test_te_layouts_bias_types_and_masks",
   # the jnp reference's variant of a test whose fused variant stays
@@ -114,6 +115,11 @@ def platform(request):
 OUT_TOL = {np.dtype(np.float32): 2e-5, np.dtype(jnp.float16): 2e-3, np.dtype(jnp.bfloat16): 1.6e-2}
 GRAD_TOL = {np.dtype(np.float32): 1e-4, np.dtype(jnp.float16): 1e-2, np.dtype(jnp.bfloat16): 6e-2}
 LSE_TOL = {np.dtype(np.float32): 2e-5, np.dtype(jnp.float16): 2e-4, np.dtype(jnp.bfloat16): 2e-4}
+
+
+def bnt(lse):
+  """A public lse [B,T,N] (jax.nn's residual layout) in the C API's and numpy_ref's [B,N,T]."""
+  return None if lse is None else jnp.swapaxes(lse, -1, -2)
 
 
 def f64(x):

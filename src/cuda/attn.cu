@@ -152,10 +152,9 @@ extern "C" sa_status sa_cuda_attn_fwd(const sa_attn *a, void *stream) {
    fp32 (read by the Hopper kernels; reserved always: 4 bytes a row against the 2 Hv bytes each of dout and out
    that the preprocess reads), each 256-byte aligned (sa_cuda_bwd_common_ws); then the one pass's regions when
    its plan runs: dq_acc [B, N, T, H] fp32, the ticket and the semaphores, and at H64 with a head split the fp32
-   partial dK, dV (B4 T4096 N16 H128 adds 128 MiB to the common 2 MiB; gpt-oss adds 32 MiB at hs 8). The same
-   for both values of `deterministic`: the one pass orders its adds, the other kernels use no atomics. */
-extern "C" size_t sa_cuda_attn_bwd_workspace_size(const sa_attn *a, int deterministic) {
-  (void)deterministic;
+   partial dK, dV (B4 T4096 N16 H128 adds 128 MiB to the common 2 MiB; gpt-oss adds 32 MiB at hs 8). Every plan
+   is bitwise reproducible: the one pass orders its adds, the other kernels use no atomics. */
+extern "C" size_t sa_cuda_attn_bwd_workspace_size(const sa_attn *a) {
   sa_cuda_plan plan;
   const sa_cuda_device *dev = sa_cuda_available() ? sa_cuda_device_current() : nullptr;
   if (!dev) return sa_cuda_bwd_common_ws(a);
@@ -199,7 +198,7 @@ extern "C" sa_status sa_cuda_attn_bwd(const sa_attn *a, const sa_attn_grad *g, v
     return sa_error(SA_ERR_INVALID,
                     "workspace_size %zu too small: this call needs %zu bytes "
                     "(sa_attn_bwd_workspace_size)",
-                    workspace_size, sa_cuda_attn_bwd_workspace_size(a, g->deterministic));
+                    workspace_size, sa_cuda_attn_bwd_workspace_size(a));
   if ((uintptr_t)workspace % 16 != 0)
     return sa_error(SA_ERR_INVALID, "workspace is not 16-byte aligned: the CUDA backward needs 16-byte alignment");
   sa_cuda_plan plan;

@@ -217,7 +217,6 @@ void run_case(const tcase &c, FILE *out) {
   g.dk = (void *)(uintptr_t)0x220000000000ull, g.dv = (void *)(uintptr_t)0x230000000000ull;
   g.dsinks = c.a.softmax == SA_SOFTMAX_LEARNABLE ? (float *)(uintptr_t)0x240000000000ull : nullptr;
   g.dbias = c.a.bias ? (float *)(uintptr_t)0x250000000000ull : nullptr;
-  g.deterministic = 1;
   const size_t ws = sa_attn_bwd_workspace_size(&c.a, SA_BACKEND_CUDA);
   fprintf(out, " bwd ws=%zu\n", ws);
   s = sa_attn_bwd(&c.a, &g, (void *)(uintptr_t)0x300000000000ull, ws, SA_BACKEND_CUDA, stream);

@@ -1,9 +1,9 @@
-"""`python -m sinkattn.demo`: train a small gpt-oss-style language model with learnable attention sinks.
+"""examples/demo.py (`make demo`): train a small gpt-oss-style language model with learnable attention sinks.
 
 The model: token embedding, `--layers` pre-norm blocks (RMSNorm, `sinkattn.flax.MultiHeadAttention` with
 GQA, RoPE and learnable sinks, RMSNorm, SwiGLU MLP), alternating a causal sliding window of `--window`
 tokens (even layers; gpt-oss uses 128) with full causal attention (odd layers). Data: generated stories
-(`sinkattn.demo_data`), one character per token. It prints loss and tokens/s as it trains, then trains the
+(`demo_data.py` beside this file), one character per token. It prints loss and tokens/s as it trains, then trains the
 model's vanilla-softmax twin (the same model, initialisation and batches, without sinks) so the two loss
 curves can be compared, times a few steps of the sink model with implementation='reference' (the pure-jnp
 twin of the kernel) beside the fused kernel, prints the learnt sink logits and each head's attention mass
@@ -28,9 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-
-from .demo_data import CharCorpus
-from .demo_model import LanguageModel, generate, sink_report
+from demo_data import CharCorpus
+from demo_model import LanguageModel, generate, sink_report
 
 
 def loss_fn(params, model, batch):
@@ -177,7 +176,7 @@ def write_plot(path, curves: dict, report, title):
 
 
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(prog="python -m sinkattn.demo", description=__doc__.split("\n")[0])
+  p = argparse.ArgumentParser(prog="examples/demo.py", description=__doc__.split("\n")[0])
   p.add_argument("--steps", type=int, default=200)
   p.add_argument("--batch", type=int, default=16)
   p.add_argument("--seq-len", type=int, default=128)

@@ -1,4 +1,4 @@
-"""The demo's model (`python -m sinkattn.demo`): a small gpt-oss-style language model built on
+"""The demo's model (examples/demo.py, `make demo`): a small gpt-oss-style language model built on
 `sinkattn.flax.MultiHeadAttention`, its text sampling through the KV cache, and the per-head report of the
 attention mass on the sink.
 """
@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .flax import MultiHeadAttention
+from sinkattn.flax import MultiHeadAttention
 
 
 class Block(nn.Module):
@@ -44,7 +44,7 @@ class Block(nn.Module):
     y = nn.RMSNorm(name="norm_attn")(x)
     if self.collect_lse:
       y, lse = attn(y, return_residual=True)
-      self.sow("intermediates", "lse", lse)  # [B,N,T]
+      self.sow("intermediates", "lse", lse)  # [B,T,N]
     else:
       y = attn(y)
     x = x + y
@@ -93,13 +93,13 @@ def sink_report(model, params, batch):
   _, state = model.clone(collect_lse=True).apply({"params": params}, batch, mutable=["intermediates"])
   rows = []
   for i in range(model.layers):
-    lse = state["intermediates"][f"block_{i}"]["lse"][0]  # [B,N,T]
+    lse = state["intermediates"][f"block_{i}"]["lse"][0]  # [B,T,N]
     core = params[f"block_{i}"]["attn"].get("attention", {})  # empty unless learnable
     if "softmax_offset" in core:
       sink = jnp.reshape(core["softmax_offset"], (-1,))
     else:
       sink = jnp.full((model.heads,), 0.0 if model.softmax_type.startswith("off") else -jnp.inf)
-    mass = jnp.exp(sink[None, :, None] - lse).mean(axis=(0, 2))
+    mass = jnp.exp(sink[None, None, :] - lse).mean(axis=(0, 1))
     rows.append((np.asarray(sink), np.asarray(mass)))
   return rows
 

@@ -1,4 +1,4 @@
-"""python -m sinkattn.bench: fused sink attention vs the jnp alternatives on the current device.
+"""bench/jax_bench.py (`make bench`): fused sink attention vs the jnp alternatives on the current device.
 
 Columns (ms and TFLOP/s, forward and forward+backward): the fused kernel, sinkattn's pure-jnp reference,
 "jnp sinks" (what a JAX user writes today: fp32 logits, a sink column concatenated, softmax, column
@@ -7,9 +7,10 @@ prints the fused kernel's speed-up over the jnp sink attention, the reference an
 FLOPs follow the FlashAttention convention: forward 2*B*N*P*(H + Hv) for P valid (query, key) pairs
 (4*B*N*T*S*H dense, half of it causal, in-window pairs only for a window), forward+backward 3.5x.
 Timing: `--inner` calls chained inside one jitted lax.fori_loop (each call depends on the previous one, so
-XLA cannot hoist it; `--loop`: see sinkattn._bench_timing), median of `--repeats` x `--rounds` (each round
-times every contender in turn: a clock drift reaches them alike; `--ab-env` adds the fused kernel under
-other SINKATTN_* switches as a contender, for an interleaved A/B); dispatch is amortised. Memory: the temp
+XLA cannot hoist it; `--loop`: see bench/jax_timing.py), median of `--repeats` x `--rounds` (each round
+times every contender in turn: a clock drift reaches them alike); dispatch is amortised. The library reads
+its SINKATTN_* switches once per process, so an A/B of two switch settings is two runs of this program, or
+bench/cpu_ab.py on the CPU. Memory: the temp
 bytes XLA reserves for the jitted forward+backward (compiled.memory_analysis()), which shows the fused path
 linear in T and the jnp paths quadratic. A progress bar (tqdm, on a terminal) shows the ETA, the work
 weighted by each row's FLOPs. Results go to `--out` (a JSON file, or a directory for the default name
@@ -29,9 +30,9 @@ import subprocess
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax_timing import compile_loop, time_loop
 
-from . import _lib, ops
-from ._bench_timing import _env, compile_loop, time_loop
+import sinkattn
 
 # (B, T=S, N, K, H, causal, window): the performance grid on GPU; a 2-core-sized one on CPU.
 # fmt: off
@@ -60,7 +61,7 @@ GRIDS = {
                  (4, 4096, 32, 32, 64, False, None), (4, 4096, 32, 32, 64, True, None),
                  (1, 16384, 32, 32, 64, True, None),
                  (1, 4096, 64, 8, 64, True, None), (1, 4096, 64, 8, 64, True, (127, 0))],
-    # the gpt-oss layers alone (a same-run A/B of their knobs: --ab-env)
+    # the gpt-oss layers alone
     "gptoss": [(1, 4096, 64, 8, 64, True, None), (1, 4096, 64, 8, 64, True, (127, 0))],
     "tiny": [(1, 128, 4, 2, 64, False, None), (1, 256, 4, 2, 64, True, (31, 0))],
 }
@@ -91,11 +92,11 @@ def contenders(platform, softmax_type):
 
   def sink_fn(impl):
     def f(q, k, v, s, causal, window):
-      return ops.dot_product_attention(
+      return sinkattn.dot_product_attention(
         q,
         k,
         v,
-        s if learn else None,
+        sinks=s if learn else None,
         softmax_type=softmax_type,
         is_causal=causal,
         local_window_size=window,
@@ -161,16 +162,10 @@ def main(argv=None):
     "one a round), so a drift of the clocks reaches all alike; the row's figure is the median over all",
   )
   p.add_argument(
-    "--ab-env",
-    default=None,
-    help="'VAR=VAL ...': one more contender, fused_ab, the fused kernel with these environment "
-    "variables set while it runs (the library's SINKATTN_* switches), interleaved with the rest",
-  )
-  p.add_argument(
     "--loop",
     choices=("barrier", "sum"),
     default="barrier",
-    help="how calls are chained and their results consumed (see sinkattn._bench_timing); the same for every contender",
+    help="how calls are chained and their results consumed (see bench/jax_timing.py); the same for every contender",
   )
   p.add_argument(
     "--max-ref-t",
@@ -193,7 +188,7 @@ def main(argv=None):
   device = str(jax.devices()[0].device_kind)
   print(
     f"# sinkattn bench on {platform} ({device}), jax {jax.__version__}, "
-    f"CPU SIMD {_lib.simd_name()} x{_lib.get_num_threads()} threads"
+    f"CPU SIMD {sinkattn.simd_name()} x{sinkattn.get_num_threads()} threads"
   )
   rows = []
   stamp = datetime.datetime.now(datetime.timezone.utc)
@@ -204,13 +199,12 @@ def main(argv=None):
     device=device,
     jax=jax.__version__,
     jaxlib=_jaxlib_version(),
-    cpu_simd=_lib.simd_name(),
-    cpu_threads=_lib.get_num_threads(),
+    cpu_simd=sinkattn.simd_name(),
+    cpu_threads=sinkattn.get_num_threads(),
     inner=inner,
     repeats=a.repeats,
     loop=a.loop,
     rounds=a.rounds,
-    ab_env=a.ab_env,
     flop_convention="fwd 2*B*N*pairs*(H+Hv); fwd+bwd 3.5x fwd",
   )
   path = a.out or os.curdir
@@ -229,14 +223,11 @@ def main(argv=None):
     cons = contenders(platform, st)
     if a.contenders:
       cons = {k: v for k, v in cons.items() if k in a.contenders.split(",")}
-    envs = {name: None for name in cons}
-    if a.ab_env:
-      cons["fused_ab"], envs["fused_ab"] = contenders(platform, st)["fused"], a.ab_env
-    sets[st] = cons, envs
+    sets[st] = cons
   jobs = [(st, dt, row) for st in sets for dt in dtypes for row in grid]
 
   def names_of(st, T):
-    return [n for n in sets[st][0] if n in ("fused", "fused_ab") or T <= max_ref_t]
+    return [n for n in sets[st] if n == "fused" or T <= max_ref_t]
 
   # ETA: each contender of a row costs in proportion to the row's FLOPs, half compiling, half timing
   work = sum(flops(B, T, N, H, c, w) * len(names_of(st, T)) for st, _, (B, T, N, K, H, c, w) in jobs)
@@ -252,7 +243,7 @@ def main(argv=None):
     % ("shape", "contender", "dtype", "fwd ms", "fwd TF/s", "f+b ms", "f+b TF/s", "f+b tempMB")
   )
   for st, dt, (B, T, N, K, H, causal, window) in jobs:
-    cons, envs = sets[st]
+    cons = sets[st]
     rng = np.random.default_rng(0)
     q = jnp.asarray(rng.standard_normal((B, T, N, H)), dt)
     k = jnp.asarray(rng.standard_normal((B, T, K, H)), dt)
@@ -264,22 +255,21 @@ def main(argv=None):
     shape = f"B{B} T{T} N{N}/{K} H{H}{' causal' if causal else ''}{' w' + str(window) if window else ''}"
     names = names_of(st, T)
     loops, samples = {}, {n: ([], []) for n in names}
-    for name in names:  # compiled (and warmed up) once, under its own environment
+    for name in names:  # compiled (and warmed up) once
       bar.set_description_str(f"{shape} {st} {dt}: compiling {name}")
       f = lambda q, k, v, s, fn=cons[name]: fn(q, k, v, s, causal, window)
-      with _env(envs[name]):
-        loops[name] = (compile_loop(f, args, inner, False, a.loop), compile_loop(f, args, inner, True, a.loop))
+      loops[name] = (compile_loop(f, args, inner, False, a.loop), compile_loop(f, args, inner, True, a.loop))
       bar.update(fl / 2)
     bar.set_description_str(f"{shape} {st} {dt}: timing")
     for rnd in range(a.rounds):
       # the order rotates by one a round: a contender timed right after another can read several percent
-      # slow or fast with the same code (on the H200, fused_ab, always after cuDNN, read 5% slower than
-      # fused at H128 T4096 with identical kernels), so over len(names) rounds each takes every position
+      # slow or fast with the same code (on the H200, a second fused contender, always after cuDNN, read 5%
+      # slower than fused at H128 T4096 with identical kernels), so over len(names) rounds each takes every
+      # position
       k = rnd % len(names)
       for name in names[k:] + names[:k]:
-        with _env(envs[name]):
-          samples[name][0].extend(time_loop(loops[name][0][0], args, inner, a.repeats))
-          samples[name][1].extend(time_loop(loops[name][1][0], args, inner, a.repeats))
+        samples[name][0].extend(time_loop(loops[name][0][0], args, inner, a.repeats))
+        samples[name][1].extend(time_loop(loops[name][1][0], args, inner, a.repeats))
       bar.update(fl / 2 * len(names) / a.rounds)
     for name in names:
       fwd_ms, fb_ms = statistics.median(samples[name][0]), statistics.median(samples[name][1])
@@ -304,8 +294,6 @@ def main(argv=None):
         fwd_ms_samples=samples[name][0],
         fwdbwd_ms_samples=samples[name][1],
       )
-      if envs[name]:
-        row["env"] = envs[name]
       rows.append(row)
       save()
       say(
@@ -323,7 +311,7 @@ def main(argv=None):
       )
     del loops
     base = {r["contender"]: r for r in rows[-len(names) :]}
-    for other in ("jnp_sinks", "reference", "cudnn_no_sink", "fused_ab"):
+    for other in ("jnp_sinks", "reference", "cudnn_no_sink"):
       if "fused" in base and other in base:
         say(
           "%-34s fused vs %s: fwd %.3fx, fwd+bwd %.3fx"

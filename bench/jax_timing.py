@@ -1,11 +1,9 @@
-"""The timing machinery of `python -m sinkattn.bench` (and of bench/segments_bench.py): calls chained in one
-jitted loop so XLA can neither hoist nor drop them, compiled once, timed per call; and the SINKATTN_*
-environment of an A/B contender set while it runs.
+"""The timing machinery of bench/jax_bench.py: calls chained in one jitted loop so XLA can neither hoist nor drop
+them, compiled once, timed per call.
 """
 
 from __future__ import annotations
 
-import os
 import time
 
 import jax
@@ -82,22 +80,3 @@ def time_loop(compiled, args, inner, repeats):
     jax.block_until_ready(compiled(*args))
     times.append((time.perf_counter() - t0) / inner * 1e3)
   return times
-
-
-class _env:
-  """The environment variables of an A/B contender set for the duration of a with block (the library reads its
-  SINKATTN_* switches at every call, so one process times both forms of a kernel, interleaved)."""
-
-  def __init__(self, assignments):
-    self.new = dict(kv.split("=", 1) for kv in assignments.split()) if assignments else {}
-
-  def __enter__(self):
-    self.old = {k: os.environ.get(k) for k in self.new}
-    os.environ.update(self.new)
-
-  def __exit__(self, *exc):
-    for k, v in self.old.items():
-      if v is None:
-        os.environ.pop(k, None)
-      else:
-        os.environ[k] = v
