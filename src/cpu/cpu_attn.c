@@ -41,6 +41,7 @@ static int64_t sa_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
    2048, K = 8, H = 64 about 1/4000 of the backward's multiply-adds. */
 static int sa_cpu_keys_nonfinite(const sa_attn *a) {
   const int64_t row = a->kv_heads * a->head_dim;
+  if (!a->k) return 0; /* an empty k may be NULL */
   for (int64_t b = 0; b < a->batch; b++) {
     const int64_t n = sa_kv_len_of(a, b) * row, off = b * a->kv_len * row;
     unsigned bad = 0;
