@@ -4,7 +4,7 @@
 # nothing, TILELOADD / TILESTORED move each 64-byte row with one vector load and store, and the emulated tile state
 # is reached through an initial-exec thread-local pointer (a dlopen'd library's dynamic TLS lookups were 13% of the
 # samples). Under bench/cpu_ab.py --plans emulated its tile plans then time what the tile path does besides its
-# products, on a CPU without AMX: the proxy that bench/NOTES.md's CPU tile entries of 2026-12-04 use. Builds
+# products, on a CPU without AMX (docs/cpu.md, "Tiles"). Builds
 # DEST/build/libsinkattn_cpubench.so (CPU only). Loading two such builds into one process needs static TLS room:
 # GLIBC_TUNABLES=glibc.rtld.optional_static_tls=1048576.
 set -euo pipefail

@@ -55,7 +55,8 @@
  *                                                          bitwise reproducible run to run)
  *     dbias[b',n',i',j'] = sum of ds_ij over every (b,n,i,j) that read that bias element (the sum over
  *                  bias's size-1 axes), fp32 with bias_dims, reduced in a fixed order (bitwise reproducible)
- * dk and dv are summed over the G = N/K query heads that share a kv head.
+ * dk and dv are summed over the G = N/K query heads that share a kv head. Every backend's backward is bitwise
+ * reproducible run to run (fixed reduction orders, no float atomics): there is no other mode.
  *
  * LAYOUT (dense, row-major, no strides)
  *     q [B,T,N,H]  k [B,S,K,H]  v [B,S,K,Hv]  out [B,T,N,Hv]  lse [B,N,T] fp32  sinks [N] fp32
@@ -193,8 +194,6 @@ typedef struct sa_attn_grad {
   const float *dlse;  /* [B,N,T] or NULL */
   void *dq, *dk, *dv; /* like q, k, v; fully overwritten */
   float *dsinks;      /* [N] or NULL; fully overwritten (zeros unless LEARNABLE) */
-  int deterministic;  /* CUDA: 1 = dq reduced in a fixed order too (dsinks always is). CPU and REF are
-                          always deterministic. 0 lets the CUDA backend use float atomics for dq. */
   float *dbias;       /* NULL (not wanted) or [bias_dims] fp32, bias required; fully overwritten */
 } sa_attn_grad;
 
@@ -213,15 +212,20 @@ SA_API sa_status sa_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *work
 SA_API const char *sa_status_name(sa_status s);
 SA_API const char *sa_last_error(void); /* thread-local; "" when the last call on this thread was fine */
 
-/* DECODE: a few query tokens (q_len <= 64) against a long KV cache, split-KV. Fill *a as for sa_attn_fwd:
+/* The longest query sa_attn_decode_fwd takes: rows of one split-KV work item are G * q_len, and 64 tokens keep
+   them (and the CUDA kernel's shared memory) bounded; longer queries are prefill and belong to sa_attn_fwd. */
+#define SA_DECODE_MAX_Q_LEN 64
+
+/* DECODE: a few query tokens (q_len <= SA_DECODE_MAX_Q_LEN) against a long KV cache, split-KV. Fill *a as for
+   sa_attn_fwd:
    q [B,Tq,N,H], k/v the caches [B,S,K,H] / [B,S,K,Hv], kv_lens the cache lengths, causal
    SA_CAUSAL_BOTTOM_RIGHT (query row i sits at position kv_len - Tq + i), optionally a window. The result
    equals sa_attn_fwd's; the cache is cut into chunks processed in parallel, each producing a partial
    without the sink, merged in a fixed order with the sink added once (bitwise independent of the CPU
    thread count). The workspace holds the partials: on CUDA it is required (no allocation, no sync);
-   on CPU it is used when large enough, else allocated. q_len > 64 gives SA_ERR_UNSUPPORTED. With a bias, a
-   mask, positions or a soft-cap the CPU backend runs sa_attn_fwd's kernels instead (no workspace; the same
-   result) and CUDA answers SA_ERR_UNSUPPORTED naming the field. */
+   on CPU it is used when large enough, else allocated. q_len > SA_DECODE_MAX_Q_LEN gives SA_ERR_UNSUPPORTED.
+   With a bias, a mask, positions or a soft-cap the CPU backend runs sa_attn_fwd's kernels instead (no workspace;
+   the same result) and CUDA answers SA_ERR_UNSUPPORTED naming the field. */
 SA_API size_t sa_attn_decode_workspace_size(const sa_attn *a, sa_backend be); /* shape-only, like bwd */
 SA_API sa_status sa_attn_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_size, sa_backend be,
                                     void *stream);

@@ -1,7 +1,8 @@
 """The GPU benchmarks' and checks' harness where there is no GPU: bench/sa_capi.py's structs against the C
 compiler's layout of include/sinkattn.h, bench/prod_check.py's --cpu mode on the REF and CPU backends (and that it
-fails on a wrong reference), bench/kernel_bench.py's argument handling and dry run; and of the CPU benchmarks,
-bench/cpu_ab.py's arguments and bench/tile_proxy.sh's edits."""
+fails on a wrong reference), bench/kernel_bench.py's argument handling and dry run; of the CPU benchmarks,
+bench/cpu_ab.py's arguments and bench/tile_proxy.sh's edits; and bench/jax_bench.py (`make bench`) on its tiny
+grid."""
 
 import ctypes
 import os
@@ -132,3 +133,19 @@ def test_tile_proxy_still_patches_the_tile_emulation(tmp_path):
   assert r.returncode == 0, r.stderr
   text = (dst / "src" / "cpu" / "cpu_tile_isa.h").read_text()
   assert "((void)sa_tile_emu_dpbf16ps)" in text and 'tls_model("initial-exec")' in text
+
+
+def test_jax_bench_tiny_grid(tmp_path):
+  """`make bench`'s program runs from the source tree and writes its rows; the A/B of environment switches within
+  one process is gone (the library reads its switches once per process: both contenders would time one plan)."""
+  import json
+
+  import jax_bench
+
+  out = tmp_path / "r.json"
+  flags = ["--grid", "tiny", "--contenders", "fused", "--repeats", "1", "--no-progress", "--out", str(out)]
+  jax_bench.main(flags)
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["contender"] for r in rows] == ["fused", "fused"] and all(r["fwd_ms"] > 0 for r in rows)
+  with pytest.raises(SystemExit):
+    jax_bench.main(flags + ["--ab-env", "SINKATTN_SIMD=avx2"])

@@ -17,7 +17,7 @@
 #include "sa_internal.h"
 
 /* Tile sizes, one table (measured on a 2-core AMD EPYC Zen 4, f32, T = S = 2048, H = 128, one thread,
-   per CPU second so that the shared machine's load does not enter; see bench/NOTES.md).
+   per CPU second so that the shared machine's load does not enter).
    SA_CPU_ROWS: query rows (G heads x positions) per forward / dq item, sharing each K/V tile. The K/V
      rows are converted once per item, so more rows mean fewer passes over K/V (each row of K/V sits on
      its own page): 64 -> 128 -> 256 rows gave 68% -> 72% -> 76% of the FMA peak without a mask.
@@ -25,13 +25,13 @@
      its diagonal tiles: causal 64 and 128 rows 72%, 256 rows 60%; gpt-oss's 128-key window (T = 4096,
      N/K = 64/8, H = 64) fwd 59% at 64 rows, 55% at 128.
    SA_CPU_TILE_ROWS_CAUSAL: the rows of the tile kernels' items under a plain causal mask (cpu_plan.c): their
-     work besides the tile products (emulated as no-ops, Zen 4, 2 threads, 2026-12-04) at 128 rows against 64:
+     work besides the tile products (emulated as no-ops, Zen 4, 2 threads) at 128 rows against 64:
      T = S = 2048 N8 H128 causal forward 0.88, forward+backward 0.92; T = S = 4096 N64/8 H64 causal 0.91, 0.96
-     (A/A 0.99-1.00; 256 rows, in an earlier run beside 128: about the same); the 127-key window unchanged.
+     (A/A 0.99-1.00; 256 rows beside 128: about the same); the 127-key window unchanged.
    SA_CPU_BK: keys per tile in the forward and dq passes (rows of S^T).
    SA_CPU_TILE_BK: the same for the tile kernels (cpu_tile.h), whose P V C blocks are loaded and stored
      through the tiles once per key tile: 256 keys give them 8 k steps a load instead of 2. Their work
-     besides the products (those emulated as no-ops, Zen 4, 2 threads, T = S = 2048 N8 H128 bf16, 2026-12-04):
+     besides the products (those emulated as no-ops, Zen 4, 2 threads, T = S = 2048 N8 H128 bf16):
      64 keys 1.00, 128 keys 0.93, 256 keys 0.89; 128 rows with 128 keys 0.96, 64 rows with 256 keys 1.05.
    SA_CPU_BK2, SA_CPU_BQ2: keys per dk/dv item and query positions per tile in that pass. 64 and 128 keys
      tie at T = 2048 (causal or not); with gpt-oss's 128-key window 64 wastes less on the window's edges

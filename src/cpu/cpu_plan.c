@@ -38,8 +38,9 @@ static const sa_cpu_plan_kind sa_cpu_plan_kinds[] = {
     {"cpu.decode.portable", SA_PLAN_DECODE, SA_CPU_SCALAR, 0, 0, 0, 0},
     {"cpu.decode.fwd", SA_PLAN_DECODE, SA_CPU_SCALAR, 0, 0, 0, 1},
     /* The split-KV item with Q.K^T and P.V on AMX tiles (bf16, head_dim a multiple of 32), override-only: on 2
-       Sapphire Rapids cores it reads 0.34-0.37 of the read bandwidth against the AVX-512 item's 0.33 (3996aef),
-       too little a gain to change the default; and the same code over emulated instructions (tests). */
+       Sapphire Rapids cores it reads 0.34-0.37 of the read bandwidth against the AVX-512 item's 0.33
+       (docs/performance.md), too little a gain to change the default; and the same code over emulated
+       instructions (tests). */
     {"cpu.decode.amx", SA_PLAN_DECODE, SA_CPU_AVX512, SA_CPU_TILE_AMX, 0, 1, 0},
     {"cpu.decode.amx.emulated", SA_PLAN_DECODE, SA_CPU_AVX512, SA_CPU_TILE_EMULATED, 0, 1, 0},
 };
