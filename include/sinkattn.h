@@ -45,7 +45,7 @@
  *     bounded by cap, applied to every pair's logit l before the masks; the sink logit is not capped. Every
  *     gradient flows through it: with t = tanh(l / cap), d s / d l = 1 - t^2, so the backward's ds_ij below is
  *     the gradient of s and the one of l (dq, dk, dbias) is ds_ij * (1 - t_ij^2). lse, out and dsinks read s.
- *     The CUDA backend refuses it (SA_ERR_UNSUPPORTED naming logits_soft_cap) until its kernels take it.
+ *     The CUDA backend takes it where its feature kernels do (see Backends), else SA_ERR_UNSUPPORTED naming it.
  *
  * Backward with upstream dout (and optionally dlse, when the caller's loss uses lse):
  *     D_i   = sum_d dout_id * out_id - dlse_i
@@ -93,9 +93,12 @@
  *                  row does see, reaches at least that row and may reach every row of its (batch, kv
  *                  head).
  *     Backends     A size or option one backend lacks is SA_ERR_UNSUPPORTED naming the field (e.g.
- *                  CUDA head_dim 72; bias, mask, positions and logits_soft_cap, which REF and CPU take and
- *                  the CUDA kernels do not yet); SA_BACKEND_CUDA in a build without CUDA, or on a machine without a CUDA
- *                  device, is SA_ERR_DEVICE (before any other CUDA rule).
+ *                  CUDA head_dim 72). REF and CPU take bias, mask, positions and logits_soft_cap everywhere; CUDA
+ *                  on an sm_90a device with bf16, head_dim = v_head_dim in {64, 128}, q_len and kv_len multiples of
+ *                  128, kv_len <= 65536, no segment ids, a mask of [B or 1, q_heads or 1, q_len, kv_len] and a
+ *                  bias not shared by the query rows (else SA_ERR_UNSUPPORTED naming the input and the reason,
+ *                  for the forward and the backward alike); SA_BACKEND_CUDA in a build without CUDA, or on a
+ *                  machine without a CUDA device, is SA_ERR_DEVICE (before any other CUDA rule).
  *     Threads      Every entry point may be called from many threads at once; CPU and REF results are
  *                  bitwise identical to a serial call and across sa_cpu_set_num_threads counts.
  *

@@ -229,8 +229,8 @@ sa_status sa_check_dims(const sa_attn *a);   /* sizes, enums, options; no pointe
 sa_status sa_check_shapes(const sa_attn *a); /* sa_check_dims plus the pointers a call dereferences */
 sa_status sa_check_cuda_present(void);       /* SA_ERR_DEVICE unless built with CUDA and a device is present */
 sa_status sa_check_memory_kind(const sa_attn *a, sa_backend be);
-sa_status sa_check_cuda_inputs(const sa_attn *a);               /* SA_ERR_UNSUPPORTED: bias, mask, positions, soft-cap,
-                                                     unless a plan is forced (sa_cuda_feature_check) */
+sa_status sa_check_cuda_inputs(const sa_attn *a);               /* SA_ERR_UNSUPPORTED: bias, mask, positions, soft-cap
+                                                     the feature plans do not take (sa_cuda_feature_check) */
 sa_status sa_cuda_feature_check(const sa_attn *a, int listing); /* src/cuda/plan.c (plan.h) */
 
 /* ---- backends -------------------------------------------------------------------------------- */

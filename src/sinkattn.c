@@ -244,8 +244,9 @@ sa_status sa_check_memory_kind(const sa_attn *a, sa_backend be) {
   return SA_OK;
 }
 
-/* What the CUDA kernels do not take by default, named before any of their own rules: the inputs only the
-   feature plans take, while those plans are override-only (src/cuda/plan.c, sa_cuda_feature_check). */
+/* What the CUDA kernels do not take, named before any of their own rules: a call with inputs only the feature plans
+   take that those plans cannot run (src/cuda/plan.c, sa_cuda_feature_check; the device's part is
+   sa_cuda_attn_supported's). */
 sa_status sa_check_cuda_inputs(const sa_attn *a) { return sa_cuda_feature_check(a, 0); }
 
 static sa_status sa_check_for(const sa_attn *a, sa_backend be) {

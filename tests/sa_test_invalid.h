@@ -194,7 +194,8 @@ static void t_invalid_group(void) {
   /* an empty bias may be NULL (as every empty buffer), and still has a dbias (of zeros) */
   T_INV(T_CALL_BWD, SA_OK, "", t_inv_extras(&a, &g); a.q_len = 0; a.q = a.out = NULL; a.lse = NULL; g.dq = NULL;
         g.dout = NULL; a.bias_dims[2] = 0; a.bias = NULL; a.mask = NULL; memset(a.mask_dims, 0, 32));
-  /* what the CUDA kernels do not take is named whether or not this build has them */
+  /* what the CUDA kernels do not take (sizes outside the feature plans' scope) is named whether or not this build has
+     them */
   {
     static const char *needles[4] = {"bias unsupported by the CUDA backend", "mask unsupported by the CUDA backend",
                                      "q_positions / kv_positions unsupported by the CUDA backend",

@@ -126,6 +126,89 @@ static void check_decode_mma(void) {
           strstr(sa_last_error(), "H == Hv"));
 }
 
+/* The feature plans (bias, mask array, positions, soft-cap) are the default for the calls they take, in both
+   directions; every other call with those inputs is refused by name before any kernel (sa_cuda_feature_check, no
+   device; sa_cuda_feature_device on the device), so that a caller asking once (Python's routing) runs the
+   reference instead. */
+static void check_features(void) {
+  static const int32_t marker[4] __attribute__((aligned(16))) = {0};
+  sa_plan_force(SA_PLAN_FWD, NULL), sa_plan_force(SA_PLAN_BWD, NULL);
+  sa_cuda_plan p;
+  sa_attn a = shape(2, 256, 256, 4, 2, 64, SA_CAUSAL_NONE);
+  t_count(sa_cuda_feature_check(&a, 0) == SA_OK); /* no feature input */
+  a.bias = marker, a.bias_dtype = SA_BF16;
+  const int64_t bias1nts[4] = {1, 4, 256, 256};
+  memcpy(a.bias_dims, bias1nts, sizeof bias1nts);
+  t_count(sa_cuda_feature_check(&a, 0) == SA_OK && sa_cuda_feature_device(&a, &h200) == SA_OK);
+  t_count(sa_cuda_plan_pick(&a, SA_PLAN_FWD, &h200, NULL, (size_t)-1, &p) == SA_OK &&
+          !strcmp(p.name, "hopper.fwd.features"));
+  t_count(sa_cuda_plan_pick(&a, SA_PLAN_BWD, &h200, NULL, (size_t)-1, &p) == SA_OK &&
+          !strcmp(p.name, "hopper.bwd.twopass.features"));
+  /* each call below differs from `a` in one way the feature plans do not take: the reason names the input and why */
+  enum { F32, H32, H96, T200, SEGS, MASK_KEYS, MASK_QUERIES, BIAS_ROWS, S128K, CAP_HV, POS_UNALIGNED, N_REFUSED };
+  static const char *const want[N_REFUSED] = {
+      "bias unsupported by the CUDA backend for this call (plan hopper.fwd.features: dtype is not bf16",
+      "head_dim != v_head_dim or not 64 / 128",
+      "head_dim != v_head_dim or not 64 / 128",
+      "not a positive multiple of 128",
+      "mask unsupported by the CUDA backend for this call (plan hopper.fwd.features: the Hopper feature kernels take "
+      "no segment ids",
+      "take a mask of [B or 1, N or 1, q_len, kv_len]",
+      "take a mask of [B or 1, N or 1, q_len, kv_len]",
+      "plan hopper.bwd.twopass.features: the Hopper feature kernels take no bias shared by the query rows",
+      "take kv_len <= 65536",
+      "logits_soft_cap unsupported by the CUDA backend for this call",
+      "q_positions / kv_positions unsupported by the CUDA backend for this call (plan hopper.fwd.features: bias, mask "
+      "or positions not 16-byte aligned"};
+  for (int k = 0; k < N_REFUSED; ++k) {
+    sa_attn x = a;
+    if (k == F32) x.dtype = SA_F32;
+    if (k == H32) x.head_dim = x.v_head_dim = 32;
+    if (k == H96) x.head_dim = x.v_head_dim = 96;
+    if (k == T200) x.q_len = 200, x.bias_dims[2] = 200;
+    if (k >= SEGS && k <= MASK_QUERIES) {
+      x.bias = NULL, memset(x.bias_dims, 0, sizeof x.bias_dims);
+      x.mask = (const uint8_t *)marker;
+      const int64_t m[3][4] = {{2, 1, 256, 256}, {2, 1, 1, 256}, {1, 1, 256, 1}};
+      memcpy(x.mask_dims, m[k - SEGS], sizeof m[0]);
+      if (k == SEGS) x.q_segment_ids = x.kv_segment_ids = marker;
+    }
+    if (k == BIAS_ROWS) x.bias_dims[2] = 1;
+    if (k == S128K) x.q_len = 128, x.kv_len = 131072, x.bias_dims[2] = 128, x.bias_dims[3] = 131072;
+    if (k == CAP_HV)
+      x.bias = NULL, memset(x.bias_dims, 0, sizeof x.bias_dims), x.logits_soft_cap = 30.f, x.head_dim = 128;
+    if (k == POS_UNALIGNED) {
+      x.bias = NULL, memset(x.bias_dims, 0, sizeof x.bias_dims), x.causal = SA_CAUSAL_TOP_LEFT;
+      x.q_positions = marker + 1, x.kv_positions = marker;
+    }
+    const sa_status s = sa_cuda_feature_check(&x, 0);
+    int ok = s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), want[k]) && strstr(sa_last_error(), "SA_BACKEND_CPU");
+    if (!ok) t_report("feature refusal %d: status %d '%s'", k, (int)s, sa_last_error());
+    /* the backward's pick says the same; listing (test_cuda) leaves the plans to say it */
+    ok = ok && sa_cuda_plan_pick(&x, SA_PLAN_BWD, &h200, NULL, (size_t)-1, &p) == SA_ERR_UNSUPPORTED &&
+         strstr(sa_last_error(), want[k]) && sa_cuda_feature_check(&x, 1) == SA_OK;
+    t_count(ok);
+  }
+  /* a forced plan: the check lets the call through, the pick of the forced plan says why it is not legal */
+  sa_attn rows = a;
+  rows.bias_dims[2] = 1;
+  t_count(sa_plan_force(SA_PLAN_FWD, "hopper.fwd.features") == SA_OK && sa_cuda_feature_check(&rows, 0) == SA_OK);
+  t_count(sa_cuda_plan_pick(&rows, SA_PLAN_FWD, &h200, "hopper.fwd.features", (size_t)-1, &p) == SA_OK);
+  t_count(sa_cuda_plan_pick(&rows, SA_PLAN_BWD, &h200, "hopper.bwd.twopass.features", (size_t)-1, &p) ==
+              SA_ERR_UNSUPPORTED &&
+          strstr(sa_last_error(), "plan hopper.bwd.twopass.features is not legal") &&
+          strstr(sa_last_error(), "shared by the query rows"));
+  sa_plan_force(SA_PLAN_FWD, NULL);
+  /* the device's part: no sm_90a code (an A100), the Hopper kernels switched off */
+  sa_cuda_device a100 = h200, off = h200;
+  a100.cc_major = 8, a100.sm90a = 0, off.hopper_off = 1;
+  t_count(sa_cuda_feature_device(&a, &a100) == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "no sm_90a code") &&
+          strstr(sa_last_error(), "bias"));
+  t_count(sa_cuda_feature_device(&a, &off) == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "SINKATTN_CUDA_HOPPER=0"));
+  t_count(sa_cuda_plan_pick(&a, SA_PLAN_FWD, &a100, NULL, (size_t)-1, &p) == SA_ERR_UNSUPPORTED &&
+          strstr(sa_last_error(), "no sm_90a code"));
+}
+
 /* Every case of the golden record's shapes: the list, the picks, the workspace. */
 static void check_cases(const char *path) {
   FILE *f = fopen(path, "r");
@@ -192,6 +275,7 @@ int main(int argc, char **argv) {
   check_old_device();
   check_force();
   check_decode_mma();
+  check_features();
   check_cases(argc > 1 ? argv[1] : "tests/plan/cases.txt");
   sa_plan_force(SA_PLAN_FWD, NULL), sa_plan_force(SA_PLAN_BWD, NULL), sa_plan_force(SA_PLAN_DECODE, NULL);
   printf("test_plan: %d passed, %d failed\n", t_passed, t_failed);

@@ -47,3 +47,67 @@ def test_what_the_cuda_kernels_lack_comes_from_the_library(feature):
   )[feature]
   assert ops._cuda_reason(Inputs(q, k, k, **arrays)) == why
   assert not hasattr(_routing, "CUDA_LACKS")
+
+
+def _supported_call(lib, shape, *, causal=0, segments=False, bias=None, mask=None, positions=False, cap=0.0):
+  """sa_jax_cuda_supported_call through ctypes (the query a call with a bias, mask or positions needs)."""
+  import ctypes
+
+  i64, c_int = ctypes.c_int64, ctypes.c_int
+  f = lib.sa_jax_cuda_supported_call
+  f.restype = c_int
+  dims = ctypes.POINTER(i64)
+  f.argtypes = [c_int] + [i64] * 7 + [c_int, c_int, i64, i64, i64, c_int, c_int, dims, c_int, dims, c_int]
+  f.argtypes += [ctypes.c_float, ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p, ctypes.c_size_t]
+  as_dims = lambda d: None if d is None else (i64 * 4)(*d)  # noqa: E731
+  why, ws = ctypes.create_string_buffer(512), ctypes.c_size_t(7)
+  ok = f(
+    2,
+    *shape,
+    2,
+    causal,
+    -1,
+    -1,
+    0,
+    0,
+    int(segments),
+    as_dims(bias),
+    2,
+    as_dims(mask),
+    int(positions),
+    cap,
+    ctypes.byref(ws),
+    why,
+    len(why),
+  )
+  return bool(ok), why.value.decode(), ws.value
+
+
+@pytest.mark.skipif(not _lib.available(), reason="libsinkattn_jax.so is not built")
+def test_the_full_query_names_what_the_feature_kernels_refuse():
+  """sa_jax_cuda_supported_call decides with the bias's and mask's shapes and the segment ids, on any machine: each
+  call the feature plans cannot take is refused naming the input and the reason; one they take is refused only for
+  want of a device here (no workspace then), and the sizes-only query refuses every bias, mask or positions, naming
+  the query that can decide."""
+  lib = _lib.load()
+  B, T, N, K, H = 2, 256, 4, 2, 64
+  shape = (B, T, T, N, K, H, H)
+  refused = [
+    (dict(bias=(1, N, 1, T)), "bias", "shared by the query rows"),
+    (dict(mask=(B, 1, 1, T)), "mask", "[B or 1, N or 1, q_len, kv_len]"),
+    (dict(mask=(1, 1, T, T), segments=True), "mask", "segment ids"),
+    (dict(positions=True, causal=1, segments=True), "positions", "segment ids"),
+  ]
+  for kw, feature, reason in refused:
+    ok, why, ws = _supported_call(lib, shape, **kw)
+    assert not ok and feature in why and reason in why and ws == 0, (kw, why)
+  ok, why, _ = _supported_call(lib, (B, 200, T, N, K, H, H), bias=(1, N, 200, T))
+  assert not ok and "bias" in why and "multiple of 128" in why, why
+  ok, why, ws = _supported_call(lib, shape, bias=(1, N, T, T), mask=(B, 1, T, T), positions=True, causal=1)
+  if not ok:  # no GPU here, or one the feature plans do not run on: the device's reason, not the inputs'
+    device = ("no CUDA device", "built without CUDA", "not CC 9.0", "no sm_90a code", "SINKATTN_CUDA_HOPPER=0")
+    assert any(d in why for d in device) and ws == 0, why
+  else:
+    assert ws > 0
+  ok, why = _lib.cuda_supported(2, *shape, mask=True)
+  assert not ok and "sa_jax_cuda_supported_call" in why, why

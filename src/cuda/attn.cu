@@ -75,7 +75,7 @@ extern "C" sa_status sa_cuda_attn_supported(const sa_attn *a) {
   if ((s = sa_cuda_aligned(a->q, "q")) != SA_OK || (s = sa_cuda_aligned(a->k, "k")) != SA_OK ||
       (s = sa_cuda_aligned(a->v, "v")) != SA_OK || (s = sa_cuda_aligned(a->out, "out")) != SA_OK)
     return s;
-  return SA_OK;
+  return sa_cuda_feature_device(a, dev); /* bias, mask, positions, soft-cap: the feature plans on this device */
 }
 
 static sa_cuda_params sa_cuda_params_of(const sa_attn *a) {
@@ -194,11 +194,14 @@ extern "C" sa_status sa_cuda_attn_bwd(const sa_attn *a, const sa_attn_grad *g, v
       (s = sa_cuda_aligned(g->dk, "dk")) != SA_OK || (s = sa_cuda_aligned(g->dv, "dv")) != SA_OK)
     return s;
   const size_t common = sa_cuda_bwd_common_ws(a);
-  if (workspace_size < common || (common && !workspace))
+  if (workspace_size < common || (common && !workspace)) {
+    sa_cuda_plan any; /* no plan takes the call whatever the workspace: that is the reason to give */
+    if ((s = sa_cuda_plan_of(a, SA_PLAN_BWD, (size_t)-1, &any)) != SA_OK) return s;
     return sa_error(SA_ERR_INVALID,
                     "workspace_size %zu too small: this call needs %zu bytes "
                     "(sa_attn_bwd_workspace_size)",
-                    workspace_size, sa_cuda_attn_bwd_workspace_size(a));
+                    workspace_size, any.ws);
+  }
   if ((uintptr_t)workspace % 16 != 0)
     return sa_error(SA_ERR_INVALID, "workspace is not 16-byte aligned: the CUDA backward needs 16-byte alignment");
   sa_cuda_plan plan;

@@ -35,13 +35,18 @@ const char *const sa_cuda_plan_names[] = {"cuda.fwd.portable",
                                           "hopper.bwd.twopass.features",
                                           NULL};
 
-/* The feature plans (hopper.fwd.features, hopper.bwd.twopass.features: feat.h's inputs) are the default for a call
-   with a bias, a mask array, positions or a soft-cap only once their kernels have passed bench/gpu_verify.sh
-   PART=features on an H200: until then 0, and such a call runs them only when a plan is forced (sa_plan_force,
-   SINKATTN_PLAN); without one the CUDA backend refuses it by name (sa_cuda_feature_check) and Python runs the
-   reference. Setting this to 1 (with the inputs taken off python/sinkattn/_routing.py's CUDA_LACKS) makes them the
-   default. */
-#define SA_CUDA_FEATURE_PLANS_DEFAULT 0
+/* Plans whose kernels have not yet passed bench/gpu_verify.sh on an H200: listed (sa_plan_list, so test_cuda runs
+   them) and run when forced (sa_plan_force, SINKATTN_PLAN), never the default. The feature plans
+   hopper.fwd.features and hopper.bwd.twopass.features passed PART=features (every case of test_cuda's features
+   tables on every plan against the fp64 reference, memcheck and racecheck clean: the h200-features-* results in
+   bench/results/) and are the default for the calls they take. */
+static const char *const sa_unverified[] = {NULL};
+
+static int sa_plan_unverified(const char *name) {
+  for (int i = 0; sa_unverified[i]; ++i)
+    if (!strcmp(sa_unverified[i], name)) return 1;
+  return 0;
+}
 
 int sa_cuda_padded_dim(int64_t h) { return h <= 32 ? 32 : h <= 64 ? 64 : h <= 128 ? 128 : 256; }
 
@@ -405,15 +410,49 @@ sa_cuda_feat sa_cuda_feat_make(const sa_attn *a) {
   return f;
 }
 
+/* Why the verified feature plans cannot take a call with feature inputs on `dev` (both directions: a caller asking
+   once, as Python does, runs the backward with the forward's plan family); NULL when they can. The reason goes into
+   buf, prefixed by the plan that refuses. */
+static const char *sa_feature_why(const sa_attn *a, const sa_cuda_device *dev, char *buf, size_t n) {
+  for (int which = SA_PLAN_FWD; which <= SA_PLAN_BWD; ++which) {
+    sa_pctx c;
+    sa_pctx_make(&c, a, which, dev);
+    sa_cuda_plan p;
+    const char *why = which == SA_PLAN_FWD ? sa_fwd_hopper_feat(&c, &p) : sa_bwd_twopass_feat(&c, &p);
+    if (why) {
+      snprintf(buf, n, "plan %s: %s", p.name, why);
+      return buf;
+    }
+  }
+  return NULL;
+}
+
+/* Any sm_90a device with the H100 / H200 shared memory: what the device-free check assumes (the device's own rules
+   are sa_cuda_feature_device's). */
+static const sa_cuda_device sa_feat_any_sm90a = {9, 0, 132, 132, 232448, 233472, 1, 0, "an sm_90a device"};
+
+static sa_status sa_feature_refuse(const char *what, const char *why) {
+  return sa_error(SA_ERR_UNSUPPORTED,
+                  "%s unsupported by the CUDA backend for this call (%s); SA_BACKEND_CPU and SA_BACKEND_REF take it, "
+                  "on host memory",
+                  what, why);
+}
+
 sa_status sa_cuda_feature_check(const sa_attn *a, int listing) {
   const char *what = sa_feature_of(a);
-  if (!what || listing || SA_CUDA_FEATURE_PLANS_DEFAULT) return SA_OK;
+  if (!what || listing) return SA_OK;
   if (sa_plan_forced(SA_PLAN_FWD) || sa_plan_forced(SA_PLAN_BWD)) return SA_OK; /* the pick names what is wrong */
-  return sa_error(SA_ERR_UNSUPPORTED,
-                  "%s unsupported by the CUDA backend by default: the kernels that take it (plans hopper.fwd.features, "
-                  "hopper.bwd.twopass.features) have not run on a GPU yet; force one (sa_plan_force or "
-                  "SINKATTN_PLAN) to use them (SA_BACKEND_CPU and SA_BACKEND_REF take it, on host memory)",
-                  what);
+  char buf[224];
+  const char *why = sa_feature_why(a, &sa_feat_any_sm90a, buf, sizeof buf);
+  return why ? sa_feature_refuse(what, why) : SA_OK;
+}
+
+sa_status sa_cuda_feature_device(const sa_attn *a, const sa_cuda_device *dev) {
+  const char *what = sa_feature_of(a);
+  if (!what || sa_plan_forced(SA_PLAN_FWD) || sa_plan_forced(SA_PLAN_BWD)) return SA_OK;
+  char buf[224];
+  const char *why = sa_feature_why(a, dev, buf, sizeof buf);
+  return why ? sa_feature_refuse(what, why) : SA_OK;
 }
 
 /* ---- decode --------------------------------------------------------------------------------------------- */
@@ -503,6 +542,7 @@ typedef struct {
   const char *forced; /* when set: only that plan is wanted */
   const char *why;    /* why the forced plan is not legal */
   int seen;           /* the forced plan was considered */
+  int listing;        /* every legal plan, the unverified ones too (sa_cuda_plans) */
 } sa_plist;
 
 static void sa_offer(sa_plist *l, const sa_cuda_plan *p, const char *why) {
@@ -513,7 +553,7 @@ static void sa_offer(sa_plist *l, const sa_cuda_plan *p, const char *why) {
       l->why = why;
       return;
     }
-  } else if (why) {
+  } else if (why || (!l->listing && sa_plan_unverified(p->name))) {
     return;
   }
   for (int i = 0; i < l->n && i < l->max; ++i)
@@ -587,7 +627,7 @@ int sa_cuda_plans(const sa_attn *a, int which, const sa_cuda_device *dev, size_t
                   int max) {
   char buf[256];
   if (!a || !dev || sa_device_why(dev, buf, sizeof buf)) return 0;
-  sa_plist l = {.out = plans, .max = plans ? max : 0};
+  sa_plist l = {.out = plans, .max = plans ? max : 0, .listing = 1};
   sa_collect(a, which, dev, ws_avail, &l);
   return l.n;
 }
@@ -598,17 +638,17 @@ sa_status sa_cuda_plan_pick(const sa_attn *a, int which, const sa_cuda_device *d
   const char *dw = sa_device_why(dev, buf, sizeof buf);
   if (dw) return sa_error(SA_ERR_UNSUPPORTED, "%s", dw);
   sa_plist l = {.out = out, .max = 1, .forced = forced && *forced ? forced : NULL};
-  const char *feat = sa_feature_of(a);
-  if (feat && !l.forced && !SA_CUDA_FEATURE_PLANS_DEFAULT && which != SA_PLAN_DECODE)
-    return sa_error(SA_ERR_UNSUPPORTED,
-                    "%s unsupported by the CUDA backend by default: its plan (hopper.%s.features) has not run on a "
-                    "GPU yet; force it (sa_plan_force or SINKATTN_PLAN) to use it",
-                    feat, which == SA_PLAN_FWD ? "fwd" : "bwd.twopass");
   sa_collect(a, which, dev, ws_avail, &l);
   if (l.n > 0) return SA_OK;
   if (l.forced)
     return sa_error(SA_ERR_UNSUPPORTED, "plan %s is not legal for this call: %s", l.forced,
                     l.seen ? l.why : "it is not a plan of this kind on the CUDA backend");
+  const char *feat = sa_feature_of(a);
+  if (feat && which != SA_PLAN_DECODE) { /* only the feature plans take it: say why they do not */
+    char why[224];
+    if (!sa_feature_why(a, dev, why, sizeof why)) snprintf(why, sizeof why, "the workspace given is too small");
+    return sa_feature_refuse(feat, why);
+  }
   return sa_error(SA_ERR_UNSUPPORTED, "no CUDA plan for this call");
 }
 

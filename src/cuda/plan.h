@@ -90,11 +90,16 @@ sa_status sa_cuda_plan_pick(const sa_attn *a, int which, const sa_cuda_device *d
 /* "NAME hd=.. tile=..x.. grid=.. persistent=.. split=.. ws=.. reason=..." into buf; returns the length. */
 size_t sa_cuda_plan_describe(const sa_cuda_plan *p, char *buf, size_t n);
 
-/* The inputs only the feature plans take (bias, mask array, positions, soft-cap): SA_OK without them; with them
-   SA_OK while listing plans (listing 1) or when a forward or backward plan is forced, else SA_ERR_UNSUPPORTED
-   naming the first one (the feature plans are reachable only through sa_plan_force / SINKATTN_PLAN until
-   SA_CUDA_FEATURE_PLANS_DEFAULT in plan.c says they have been verified on a GPU). */
+/* The inputs only the feature plans take (bias, mask array, positions, soft-cap), asked without a device (any sm_90a
+   one assumed): SA_OK without them, while listing plans (listing 1), when a forward or backward plan is forced (its
+   pick says what is wrong), or when the verified feature plans take the call in both directions (the forward's and
+   the backward's, since a caller that asks once runs both); else SA_ERR_UNSUPPORTED naming the input and the plan's
+   reason (dtype, head dims, T or S, segment ids, the mask's or the bias's broadcast, kv_len). */
 sa_status sa_cuda_feature_check(const sa_attn *a, int listing);
+
+/* The same on this device (not CC 9.0, no sm_90a code, SINKATTN_CUDA_HOPPER=0, its shared memory), for
+   sa_cuda_attn_supported. */
+sa_status sa_cuda_feature_device(const sa_attn *a, const sa_cuda_device *dev);
 
 /* The feature kernels' view of a call (feat.h): bias and mask with their broadcast strides, positions, soft-cap;
    the class table and dbias are the backward launch's to fill in. */

@@ -449,48 +449,33 @@ SA_FFI_EXPORT size_t sa_jax_bwd_workspace_size(int dtype, int64_t batch, int64_t
                                                int64_t kv_heads, int64_t head_dim, int64_t v_head_dim, int softmax,
                                                int causal, int64_t window_left, int64_t window_right,
                                                int64_t diag_offset, int has_lengths, int has_segments, int backend) {
-  /* Non-NULL markers (size queries never read data), 16-byte aligned as XLA's buffers are: the CUDA plans
-     refuse the Hopper kernels for segment ids that are not, and the query must pick the launch's plan. */
-  static _Alignas(16) const int32_t present[4] = {0};
-  static _Alignas(16) const float sink[4] = {0};
   sa_attn a;
   sa_ffi_attn_of_shape(&a, dtype, batch, q_len, kv_len, q_heads, kv_heads, head_dim, v_head_dim);
-  a.softmax = (sa_softmax)softmax;
-  a.causal = (sa_causal)causal;
-  a.window_left = window_left;
-  a.window_right = window_right;
-  a.diag_offset = diag_offset;
-  if (softmax == SA_SOFTMAX_LEARNABLE) a.sinks = sink;
-  if (has_lengths) {
-    a.q_lens = present;
-    a.kv_lens = present;
-  }
-  if (has_segments) {
-    a.q_segment_ids = present;
-    a.kv_segment_ids = present;
-  }
+  sa_ffi_attn_options(&a, softmax, causal, window_left, window_right, diag_offset, has_lengths, has_segments);
   return sa_attn_bwd_workspace_size(&a, (sa_backend)backend);
 }
 
 /* Whether the CUDA backend takes a problem of this dtype, these sizes and these optional inputs (shape-only:
-   data pointers are NULL, which every alignment check accepts; a bias or mask stands as one of shape
-   [1,1,1,1]). The inputs the CUDA kernels do not take are asked first and need no device, so Python learns
-   them from the library (sa_check_cuda_inputs) on any machine. Writes the reason into why[why_len] when the
-   answer is no, so Python can fall back to the reference and say why. 1 = supported. */
+   data pointers are NULL, which every alignment check accepts). A bias, a mask or positions are not described
+   enough here for the feature plans (their shapes, the segment ids, the workspace): with one the answer is no,
+   and sa_jax_cuda_supported_call (ffi_query.c) is the query that takes them. The inputs the CUDA kernels do not take
+   are asked first and need no device, so Python learns them from the library on any machine. Writes the reason into
+   why[why_len] when the answer is no, so Python can fall back to the reference and say why. 1 = supported. */
 SA_FFI_EXPORT int sa_jax_cuda_supported(int dtype, int64_t batch, int64_t q_len, int64_t kv_len, int64_t q_heads,
                                         int64_t kv_heads, int64_t head_dim, int64_t v_head_dim, int has_bias,
                                         int has_mask, int has_positions, char *why, size_t why_len) {
-  static const int32_t marker[1] = {0};
   sa_attn a;
   sa_ffi_attn_of_shape(&a, dtype, batch, q_len, kv_len, q_heads, kv_heads, head_dim, v_head_dim);
-  for (int d = 0; d < 4; d++) {
-    a.bias_dims[d] = has_bias ? 1 : 0;
-    a.mask_dims[d] = has_mask ? 1 : 0;
-  }
-  if (has_positions) a.q_positions = a.kv_positions = marker;
   sa_clear_error();
-  int ok = sa_check_cuda_inputs(&a) == SA_OK && sa_has_cuda() && sa_cuda_attn_supported(&a) == SA_OK;
-  if (!ok && why && why_len) snprintf(why, why_len, "%s", *sa_last_error() ? sa_last_error() : "built without CUDA");
+  const char *feat = has_bias ? "bias" : has_mask ? "mask" : has_positions ? "q_positions / kv_positions" : NULL;
+  int ok = !feat && sa_check_cuda_inputs(&a) == SA_OK && sa_has_cuda() && sa_cuda_attn_supported(&a) == SA_OK;
+  if (feat && why && why_len)
+    snprintf(why, why_len,
+             "%s unsupported by the CUDA backend for a call described by sizes alone (its shape, the segment ids and "
+             "the workspace decide: sa_jax_cuda_supported_call)",
+             feat);
+  else if (!ok && why && why_len)
+    snprintf(why, why_len, "%s", *sa_last_error() ? sa_last_error() : "built without CUDA");
   return ok;
 }
 

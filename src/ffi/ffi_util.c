@@ -242,3 +242,18 @@ void sa_ffi_attn_of_shape(sa_attn *a, int dtype, int64_t batch, int64_t q_len, i
   a->head_dim = head_dim;
   a->v_head_dim = v_head_dim;
 }
+
+_Alignas(16) const int32_t sa_ffi_present[4] = {0};
+
+void sa_ffi_attn_options(sa_attn *a, int softmax, int causal, int64_t window_left, int64_t window_right,
+                         int64_t diag_offset, int has_lengths, int has_segments) {
+  static _Alignas(16) const float sink[4] = {0};
+  a->softmax = (sa_softmax)softmax;
+  a->causal = (sa_causal)causal;
+  a->window_left = window_left;
+  a->window_right = window_right;
+  a->diag_offset = diag_offset;
+  if (softmax == SA_SOFTMAX_LEARNABLE) a->sinks = sink;
+  if (has_lengths) a->q_lens = a->kv_lens = sa_ffi_present;
+  if (has_segments) a->q_segment_ids = a->kv_segment_ids = sa_ffi_present;
+}

@@ -97,4 +97,11 @@ size_t sa_ffi_elem_size(XLA_FFI_DataType t);
 void sa_ffi_attn_of_shape(sa_attn *a, int dtype, int64_t batch, int64_t q_len, int64_t kv_len, int64_t q_heads,
                           int64_t kv_heads, int64_t head_dim, int64_t v_head_dim);
 
+/* The options of such a problem, and which of its optional inputs exist, as non-NULL markers (never read), 16-byte
+   aligned as XLA's buffers are: the CUDA plans refuse the Hopper kernels for inputs that are not, and a query must
+   pick the launch's plan. sa_ffi_present is the marker (for the caller's bias, mask or positions). */
+extern const int32_t sa_ffi_present[4];
+void sa_ffi_attn_options(sa_attn *a, int softmax, int causal, int64_t window_left, int64_t window_right,
+                         int64_t diag_offset, int has_lengths, int has_segments);
+
 #endif /* SA_FFI_H */

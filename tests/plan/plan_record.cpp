@@ -138,6 +138,7 @@ void decode(const char *k, void **args, char *buf, size_t n) {
 struct tcase {
   std::string name, line;
   sa_attn a;
+  std::string force[2]; /* fwd=NAME, bwd=NAME: the plans this case forces (an unverified plan is never the default) */
 };
 
 int parse_enum(const char *s, const char *const *names, int n) {
@@ -147,8 +148,9 @@ int parse_enum(const char *s, const char *const *names, int n) {
   exit(2);
 }
 
-/* "name | dtype B T S N K H Hv softmax causal wl wr diag lens segs [bias=DIMS/DTYPE] [mask=DIMS] [pos=1] [cap=X]"
-   (DIMS as test_cuda's: "1NTS" is [1, N, T, S]); a case with one of the last four runs the feature plans. */
+/* "name | dtype B T S N K H Hv softmax causal wl wr diag lens segs [bias=DIMS/DTYPE] [mask=DIMS] [pos=1] [cap=X]
+   [fwd=PLAN] [bwd=PLAN]" (DIMS as test_cuda's: "1NTS" is [1, N, T, S]); a case with a bias, a mask, positions or a
+   soft-cap runs the feature plans; fwd= / bwd= force a plan. */
 bool parse_case(const std::string &line, tcase *c) {
   const size_t bar = line.find(" | ");
   if (bar == std::string::npos) return false;
@@ -189,6 +191,9 @@ bool parse_case(const std::string &line, tcase *c) {
       a.mask = (const uint8_t *)dev(12);
     } else if (!strncmp(line.c_str() + at + 1, "pos=1", 5)) {
       a.q_positions = (const int32_t *)dev(13), a.kv_positions = (const int32_t *)dev(14);
+    } else if (!strncmp(line.c_str() + at + 1, "fwd=", 4) || !strncmp(line.c_str() + at + 1, "bwd=", 4)) {
+      const size_t end = line.find(' ', at + 1);
+      c->force[line[at + 1] == 'b'] = line.substr(at + 5, end == std::string::npos ? end : end - at - 5);
     } else {
       sscanf(line.c_str() + at + 1, "cap=%f", &a.logits_soft_cap);
     }
@@ -196,20 +201,16 @@ bool parse_case(const std::string &line, tcase *c) {
   return true;
 }
 
-/* The case takes the feature plans (override-only: run_case forces them). */
-bool feature_case(const sa_attn &a) { return a.bias || a.mask || a.q_positions || a.logits_soft_cap != 0.0f; }
-
 void run_case(const tcase &c, FILE *out) {
   static const char *const st[] = {"SA_OK", "SA_ERR_INVALID", "SA_ERR_UNSUPPORTED", "SA_ERR_NO_MEMORY",
                                    "SA_ERR_DEVICE"};
   fprintf(out, "case %s\n", c.line.c_str());
   void *stream = (void *)(uintptr_t)0x5000;
-  const bool feat = feature_case(c.a);
-  if (feat)
-    sa_plan_force(SA_PLAN_FWD, "hopper.fwd.features"), sa_plan_force(SA_PLAN_BWD, "hopper.bwd.twopass.features");
+  for (int w = 0; w < 2; ++w)
+    if (!c.force[w].empty()) sa_plan_force(w == 0 ? SA_PLAN_FWD : SA_PLAN_BWD, c.force[w].c_str());
   fprintf(out, " fwd\n");
   sa_status s = sa_attn_fwd(&c.a, SA_BACKEND_CUDA, stream);
-  if (s != SA_OK) fprintf(out, "  status %s\n", st[s]);
+  if (s != SA_OK) fprintf(out, "  status %s: %s\n", st[s], sa_last_error());
   else fprintf(out, "  plan %s\n", sa_plan_last(SA_PLAN_FWD));
   sa_attn_grad g;
   memset(&g, 0, sizeof g);
@@ -220,14 +221,14 @@ void run_case(const tcase &c, FILE *out) {
   const size_t ws = sa_attn_bwd_workspace_size(&c.a, SA_BACKEND_CUDA);
   fprintf(out, " bwd ws=%zu\n", ws);
   s = sa_attn_bwd(&c.a, &g, (void *)(uintptr_t)0x300000000000ull, ws, SA_BACKEND_CUDA, stream);
-  if (s != SA_OK) fprintf(out, "  status %s\n", st[s]);
+  if (s != SA_OK) fprintf(out, "  status %s: %s\n", st[s], sa_last_error());
   else fprintf(out, "  plan %s\n", sa_plan_last(SA_PLAN_BWD));
-  if (feat) sa_plan_force(SA_PLAN_FWD, nullptr), sa_plan_force(SA_PLAN_BWD, nullptr);
+  sa_plan_force(SA_PLAN_FWD, nullptr), sa_plan_force(SA_PLAN_BWD, nullptr);
   if (c.a.q_len <= 64) {
     const size_t dws = sa_attn_decode_workspace_size(&c.a, SA_BACKEND_CUDA);
     fprintf(out, " decode ws=%zu\n", dws);
     s = sa_attn_decode_fwd(&c.a, (void *)(uintptr_t)0x400000000000ull, dws, SA_BACKEND_CUDA, stream);
-    if (s != SA_OK) fprintf(out, "  status %s\n", st[s]);
+    if (s != SA_OK) fprintf(out, "  status %s: %s\n", st[s], sa_last_error());
     else fprintf(out, "  plan %s\n", sa_plan_last(SA_PLAN_DECODE));
   }
 }
