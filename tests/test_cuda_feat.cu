@@ -12,7 +12,11 @@
  *      of a pair with bias and cap, and 1 - tanh^2 recovered from the probability, against double;
  *   5. sa_cuda_feat_make: the bias / mask strides give sa_bcast_at's element for every broadcast form;
  *   6. the forward's class lists inside out: every (batch, head, slab, tile) byte distinct and inside that slab's
- *      own rows (so a work tile's consumers overwrite only lists their producer has read).
+ *      own rows (so a work tile's consumers overwrite only lists their producer has read);
+ *   7. the TMA feature plans' tiles (sa_feat_swz): TMA's 128-byte swizzle (address bits 4-6 XOR bits 7-9 of each
+ *      1024-byte aligned box), a bijection onto the tile's bytes, and every warp access of the kernels' fragments
+ *      (the forward's bias and mask pairs, dK/dV's transposed bias elements, dQ's bias pairs, f32 and 16-bit) in the
+ *      fewest shared-memory wavefronts its bytes allow; dK/dV's per-thread offsets plus 1024 j; the class slice byte.
  * Exit status 0 when every check passes.
  */
 #include <math.h>
@@ -269,6 +273,87 @@ static void class_lists(void) {
   }
 }
 
+/* 7 */
+/* Wavefronts of one warp access (shared memory: 32 banks of 4 bytes; a wavefront serves one 4-byte word a bank): the
+   most distinct words any bank is asked for, and the fewest the access could take (its distinct words / 32). */
+static void wavefronts(const uint32_t *addr, int bytes, int *got, int *best) {
+  std::set<uint32_t> words;
+  for (int l = 0; l < 32; ++l)
+    for (int x = 0; x < bytes; x += 4) words.insert((addr[l] + (uint32_t)x) / 4);
+  int per[32] = {0}, most = 0;
+  for (uint32_t w : words) most = ++per[w % 32] > most ? per[w % 32] : most;
+  *got = most;
+  *best = ((int)words.size() + 31) / 32;
+}
+
+static void tma_tiles(void) {
+  /* the tiles: rows, bytes a row (the forward's 128 x 128 keys of 1, 2, 4 bytes; dK/dV's 64 x 128 keys of 2, 4; dQ's
+     128 x 64 keys of 2, 4) */
+  static const int shapes[][2] = {{128, 128}, {128, 256}, {128, 512}, {64, 256}, {64, 512}, {128, 128}, {128, 256}};
+  for (const auto &sh : shapes) {
+    const int rows = sh[0], rowbytes = sh[1];
+    std::set<uint32_t> seen;
+    for (int r = 0; r < rows; ++r)
+      for (int byte = 0; byte < rowbytes; ++byte) {
+        const uint32_t got = sa_feat_swz(rows, r, byte);
+        const uint32_t lin = (uint32_t)((byte / 128) * rows * 128 + r * 128 + byte % 128); /* the box's linear bytes */
+        CHECK(got == (lin ^ (((lin >> 7) & 7u) << 4)), "swizzle of row %d byte %d (tile %d x %d)", r, byte, rows,
+              rowbytes);
+        CHECK(got < (uint32_t)(rows * rowbytes) && seen.insert(got).second, "row %d byte %d lands twice", r, byte);
+      }
+  }
+  /* every warp access: lane l is (lane / 4, t = lane % 4) of warp w, warpgroup cw */
+  uint32_t a[32];
+  int got, best;
+  for (int cw = 0; cw < 2; ++cw)
+    for (int w = 0; w < 4; ++w) {
+      for (int es = 1; es <= 4; es *= 2) /* forward: the pair (row 64 cw + 16 w + lane / 4 + 8 h, keys 8 j + 2 t) */
+        for (int j = 0; j < 16; ++j)
+          for (int h = 0; h < 2; ++h) {
+            for (int l = 0; l < 32; ++l)
+              a[l] = sa_feat_swz(128, 64 * cw + 16 * w + l / 4 + 8 * h, (8 * j + 2 * (l % 4)) * es);
+            wavefronts(a, 2 * es, &got, &best);
+            CHECK(got == best && a[0] % (2 * es) == 0, "forward es %d j %d: %d wavefronts, %d possible", es, j, got,
+                  best);
+          }
+      for (int es = 2; es <= 4; es *= 2) { /* dK/dV: element (query 8 j + 2 t + (e & 1), key 64 cw + 16 w + lane / 4 +
+                                               8 (e >> 1)) of a 64 x 128 tile */
+        for (int l = 0; l < 32; ++l) {
+          const int t = l % 4;
+          for (int e = 0; e < 4; ++e) {
+            const uint32_t fbo = sa_feat_swz(64, 2 * t + (e & 1), (64 * cw + 16 * w + l / 4 + 8 * (e >> 1)) * es);
+            for (int j = 0; j < 8; ++j)
+              CHECK(fbo + 1024u * j ==
+                        sa_feat_swz(64, 8 * j + 2 * t + (e & 1), (64 * cw + 16 * w + l / 4 + 8 * (e >> 1)) * es),
+                    "dK/dV offset + 1024 j (es %d e %d j %d)", es, e, j);
+          }
+        }
+        for (int j = 0; j < 8; ++j)
+          for (int e = 0; e < 4; ++e) {
+            for (int l = 0; l < 32; ++l)
+              a[l] = sa_feat_swz(64, 8 * j + 2 * (l % 4) + (e & 1), (64 * cw + 16 * w + l / 4 + 8 * (e >> 1)) * es);
+            wavefronts(a, es, &got, &best);
+            CHECK(got == best, "dK/dV es %d j %d e %d: %d wavefronts, %d possible", es, j, e, got, best);
+          }
+        for (int j = 0; j < 8; ++j) /* dQ: the pair (row 64 cw + 16 w + lane / 4 + 8 h, keys 8 j + 2 t) of 128 x 64 */
+          for (int h = 0; h < 2; ++h) {
+            for (int l = 0; l < 32; ++l)
+              a[l] = sa_feat_swz(128, 64 * cw + 16 * w + l / 4 + 8 * h, (8 * j + 2 * (l % 4)) * es);
+            wavefronts(a, 2 * es, &got, &best);
+            CHECK(got == best, "dQ es %d j %d: %d wavefronts, %d possible", es, j, got, best);
+          }
+      }
+    }
+  /* the class slice byte: empty for the CTA iff every warpgroup's block is, each warpgroup's class back */
+  for (uint32_t c0 = 0; c0 < 3; ++c0)
+    for (uint32_t c1 = 0; c1 < 3; ++c1)
+      for (int n_wg = 1; n_wg <= 2; ++n_wg) {
+        const uint32_t v = sa_feat_cls_pack(c0, c1, n_wg);
+        CHECK((v == 0) == (c0 == SA_FEAT_EMPTY && (n_wg == 1 || c1 == SA_FEAT_EMPTY)), "slice byte emptiness");
+        CHECK((v & 3u) == c0 && (n_wg == 1 || ((v >> 2) & 3u) == c1), "slice byte classes");
+      }
+}
+
 int main() {
   positions();
   position_classes();
@@ -276,6 +361,7 @@ int main() {
   soft_cap();
   strides();
   class_lists();
+  tma_tiles();
   printf("test_cuda_feat: %ld checks, %ld failures\n", checks, failures);
   return failures ? 1 : 0;
 }

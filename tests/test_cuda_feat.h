@@ -118,8 +118,9 @@ static void tc_feat_free(tc_feat_bufs *fb) {
 #endif /* SINKATTN_WITH_CUDA */
 
 /* Inside the Hopper feature plans' scope (src/cuda/plan.c, sa_feat_hop_scope): bf16, H = Hv in {64, 128}, T and S
-   multiples of 128 (S <= 65536), masks [B or 1, N or 1, T, S], no segment ids. Every plan of each case runs: the
-   forward and the backward (dbias too) against the fp64 reference. Sinks U(-10, 10) and +-50 (sink_range -r). */
+   multiples of 128 (S <= 65536), masks [B or 1, N or 1, T, S], no segment ids. Every plan of each case runs (the TMA
+   plans too, where their scope takes the case: a bias [., ., T, S], f32 at H64 in the forward): the forward and the
+   backward (dbias too) against the fp64 reference. Sinks U(-10, 10) and +-50 (sink_range -r). */
 /* one case a line */
 // clang-format off
 static const tc_case tc_feat_cases[] = {
@@ -137,6 +138,9 @@ static const tc_case tc_feat_cases[] = {
     {.name = "feat soft-cap 30 causal H128", .dt = SA_BF16, .B = 2, .T = 256, .S = 256, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10, .cap = 30.0f},
     {.name = "feat soft-cap 5 + bias + mask H64 +-50", .dt = SA_BF16, .B = 1, .T = 256, .S = 384, .N = 4, .K = 1, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = -10, .bias = "BNTS/bf16", .mpat = 2, .mdims = "B1TS", .cap = 5.0f},
     {.name = "feat NaN in masked bias H64", .dt = SA_BF16, .B = 2, .T = 256, .S = 256, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10, .bias = "BNTS/f32", .mpat = 2, .mdims = "BNTS", .nanm = 1},
+    {.name = "feat bias BNTS bf16 H128 window lens", .dt = SA_BF16, .B = 2, .T = 256, .S = 384, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = 100, .wr = 0, .lens = 1, .dlse = 1, .sink_range = 10, .bias = "BNTS/bf16"},
+    {.name = "feat bias 1NTS f16 + mask B1TS H128", .dt = SA_BF16, .B = 2, .T = 256, .S = 256, .N = 4, .K = 4, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = -10, .bias = "1NTS/f16", .mpat = 2, .mdims = "B1TS"},
+    {.name = "feat bias B1TS f32 H64 causal", .dt = SA_BF16, .B = 2, .T = 384, .S = 384, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10, .bias = "B1TS/f32"},
     {.name = "feat NaN in masked keys (no dq) H128", .dt = SA_BF16, .B = 1, .T = 256, .S = 384, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 50, .bias = "1NTS/f32", .mpat = 4, .mdims = "11TS", .nanm = 2},
 };
 /* Production sizes: a causal-in-content mask at gpt-oss's heads, a per-head bias at H128. */

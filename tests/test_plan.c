@@ -199,6 +199,46 @@ static void check_features(void) {
           strstr(sa_last_error(), "plan hopper.bwd.twopass.features is not legal") &&
           strstr(sa_last_error(), "shared by the query rows"));
   sa_plan_force(SA_PLAN_FWD, NULL);
+  /* the TMA feature plans: listed after the verified ones, never the default (not yet run on a GPU), legal when forced
+     within their own scope */
+  {
+    sa_cuda_plan list[16];
+    int nf = sa_cuda_plans(&a, SA_PLAN_FWD, &h200, (size_t)-1, list, 16);
+    t_count(nf == 2 && !strcmp(list[0].name, "hopper.fwd.features") &&
+            !strcmp(list[1].name, "hopper.fwd.features.tma"));
+    int nb = sa_cuda_plans(&a, SA_PLAN_BWD, &h200, (size_t)-1, list, 16);
+    t_count(nb == 2 && !strcmp(list[1].name, "hopper.bwd.twopass.features.tma") && list[1].ws == list[0].ws);
+    t_count(sa_cuda_plan_pick(&a, SA_PLAN_FWD, &h200, "hopper.fwd.features.tma", (size_t)-1, &p) == SA_OK &&
+            p.feat == 2 && p.qslots == 1);
+    t_count(sa_cuda_plan_pick(&a, SA_PLAN_BWD, &h200, "hopper.bwd.twopass.features.tma", (size_t)-1, &p) == SA_OK &&
+            p.feat == 2);
+    sa_attn f32 = a; /* an f32 bias tile fits the forward's feature stage at H64, not at H128 */
+    f32.bias_dtype = SA_F32;
+    t_count(sa_cuda_plan_pick(&f32, SA_PLAN_FWD, &h200, "hopper.fwd.features.tma", (size_t)-1, &p) == SA_OK);
+    f32.head_dim = f32.v_head_dim = 128;
+    t_count(sa_cuda_plan_pick(&f32, SA_PLAN_FWD, &h200, "hopper.fwd.features.tma", (size_t)-1, &p) ==
+                SA_ERR_UNSUPPORTED &&
+            strstr(sa_last_error(), "f32 bias tile"));
+    t_count(sa_cuda_plan_pick(&f32, SA_PLAN_BWD, &h200, "hopper.bwd.twopass.features.tma", (size_t)-1, &p) == SA_OK);
+    t_count(sa_cuda_plan_pick(&rows, SA_PLAN_FWD, &h200, "hopper.fwd.features.tma", (size_t)-1, &p) ==
+                SA_ERR_UNSUPPORTED &&
+            strstr(sa_last_error(), "[B or 1, N or 1, q_len, kv_len]"));
+    /* the class slice of a dK/dV CTA: G x T / 64 bytes, at most SA_HOP_BWD_TMA_CLS */
+    sa_attn mq = shape(1, 8192, 8192, 64, 1, 64, SA_CAUSAL_NONE);
+    const int64_t m11[4] = {1, 1, 8192, 8192};
+    mq.mask = (const uint8_t *)marker, memcpy(mq.mask_dims, m11, sizeof m11);
+    t_count(sa_cuda_plan_pick(&mq, SA_PLAN_BWD, &h200, "hopper.bwd.twopass.features.tma", (size_t)-1, &p) ==
+                SA_ERR_UNSUPPORTED &&
+            strstr(sa_last_error(), "class slice"));
+    mq.q_len = mq.kv_len = mq.mask_dims[2] = mq.mask_dims[3] = 4096;
+    t_count(sa_cuda_plan_pick(&mq, SA_PLAN_BWD, &h200, "hopper.bwd.twopass.features.tma", (size_t)-1, &p) == SA_OK);
+    nb = sa_cuda_plans(&mq, SA_PLAN_BWD, &h200, (size_t)-1, list, 16);
+    t_count(nb == 2 && sa_cuda_plan_pick(&mq, SA_PLAN_BWD, &h200, NULL, (size_t)-1, &p) == SA_OK &&
+            !strcmp(p.name, "hopper.bwd.twopass.features"));
+    nf = sa_plan_force(SA_PLAN_FWD, "hopper.fwd.features.tma") == SA_OK; /* a name sa_plan_force knows */
+    t_count(nf);
+    sa_plan_force(SA_PLAN_FWD, NULL);
+  }
   /* the device's part: no sm_90a code (an A100), the Hopper kernels switched off */
   sa_cuda_device a100 = h200, off = h200;
   a100.cc_major = 8, a100.sm90a = 0, off.hopper_off = 1;

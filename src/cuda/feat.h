@@ -133,6 +133,21 @@ SA_FD int64_t sa_feat_list_offset(int64_t b, int64_t n, int64_t rb, int64_t k, i
   return ((b * T + 64 * rb + k / rowb) * N + n) * rowb + k % rowb;
 }
 
+/* A bias or mask tile of the TMA feature plans (hopper.*.features.tma) lands as K and V do, with the 128-byte swizzle:
+   a tile of `rows` rows of `rowbytes` bytes each (a multiple of 128) is rowbytes / 128 column blocks of rows x 128
+   bytes, 1024-byte aligned, and inside a block byte b of row r lies at b ^ ((r % 8) << 4) (TMA's SWIZZLE_128B: address
+   bits 4-6 XORed with bits 7-9). The 8 rows that a warp's lane groups read then hold their 16-byte chunks in 8
+   distinct bank groups: the accumulator fragments read the tile without conflicts (tests/test_cuda_feat.cu counts the
+   banks of every access). Returns the byte offset of byte `byte` of row r. */
+SA_FD uint32_t sa_feat_swz(int rows, int r, int byte) {
+  return (uint32_t)((byte >> 7) * rows * 128 + r * 128 + ((byte & 127) ^ ((r & 7) << 4)));
+}
+
+/* The TMA backward's class slice byte of a tile (hopper/bwd_feat.cuh): the classes of its block for warpgroups 0 and
+   1 in bits 0-1 and 2-3 (the second only with n_wg 2), so that the tile is empty for the CTA iff the byte is 0 and
+   warpgroup w's class is (byte >> 2 w) & 3. */
+SA_FD uint32_t sa_feat_cls_pack(uint32_t c0, uint32_t c1, int n_wg) { return c0 | (n_wg > 1 ? c1 << 2 : 0u); }
+
 /* A pair passes when both of two rules let it (the mask array and the positions): the class of their AND. */
 SA_FD int sa_feat_and(int a, int b) {
   return a == SA_FEAT_EMPTY || b == SA_FEAT_EMPTY ? SA_FEAT_EMPTY

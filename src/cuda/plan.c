@@ -33,6 +33,8 @@ const char *const sa_cuda_plan_names[] = {"cuda.fwd.portable",
                                           "cuda.decode.mma",
                                           "hopper.fwd.features",
                                           "hopper.bwd.twopass.features",
+                                          "hopper.fwd.features.tma",
+                                          "hopper.bwd.twopass.features.tma",
                                           NULL};
 
 /* Plans whose kernels have not yet passed bench/gpu_verify.sh on an H200: listed (sa_plan_list, so test_cuda runs
@@ -40,7 +42,7 @@ const char *const sa_cuda_plan_names[] = {"cuda.fwd.portable",
    hopper.fwd.features and hopper.bwd.twopass.features passed PART=features (every case of test_cuda's features
    tables on every plan against the fp64 reference, memcheck and racecheck clean: the h200-features-* results in
    bench/results/) and are the default for the calls they take. */
-static const char *const sa_unverified[] = {NULL};
+static const char *const sa_unverified[] = {"hopper.fwd.features.tma", "hopper.bwd.twopass.features.tma", NULL};
 
 static int sa_plan_unverified(const char *name) {
   for (int i = 0; sa_unverified[i]; ++i)
@@ -360,6 +362,33 @@ static const char *sa_fwd_hopper_feat(const sa_pctx *c, sa_cuda_plan *p) {
   return NULL;
 }
 
+/* The TMA feature plans' map of a bias: its dims {S, T, heads, batches}, so a bias of [B or 1, N or 1, T, S]. */
+static const char *sa_feat_tma_bias_why(const sa_pctx *c) {
+  const sa_attn *a = c->a;
+  return a->bias && (a->bias_dims[2] != c->T || a->bias_dims[3] != c->S)
+             ? "the TMA feature kernels take a bias of [B or 1, N or 1, q_len, kv_len]"
+             : NULL;
+}
+
+/* hopper.fwd.features.tma: hopper.fwd.features with each key tile's bias (or, without a bias, the mask of its partial
+   tiles) landed by TMA into a feature stage beside K (hopper/fwd_feat.cuh, FEAT 2), one Q slot. The map needs a bias
+   of [B or 1, N or 1, T, S]; an f32 bias tile (64 KiB) fits the stage at H64 only. */
+static const char *sa_fwd_hopper_feat_tma(const sa_pctx *c, sa_cuda_plan *p) {
+  const sa_attn *a = c->a;
+  const char *why = sa_fwd_hopper_feat(c, p);
+  p->name = "hopper.fwd.features.tma";
+  if (why || (why = sa_feat_tma_bias_why(c))) return why;
+  if (a->bias && a->bias_dtype == SA_F32 && SA_HOP_FWD_TMA_FS(c->H) < SA_HOP_FWD_FEAT_BM * SA_HOP_FWD_BN * 4)
+    return "an f32 bias tile does not fit the feature stage at head_dim 128";
+  if (SA_HOP_FWD_TMA_SMEM(c->H) > c->dev->smem_optin) return "its shared memory exceeds the device's opt-in limit";
+  p->feat = 2;
+  p->qslots = SA_HOP_FWD_TMA_QSLOTS;
+  p->reason =
+      "sm_90a forward with bias / mask / positions / soft-cap; the bias (or a partial tile's mask) by TMA "
+      "beside K";
+  return NULL;
+}
+
 /* hopper.bwd.twopass.features: the two passes with 2 consumer warpgroups each, the class table in the workspace
    after the common regions, dbias from the dQ kernel (one launch per contributor of a bias shared by the batch or
    the heads). A bias shared by the query rows ([., ., 1, S]) would need a sum across dQ's CTAs: not taken. */
@@ -379,6 +408,25 @@ static const char *sa_bwd_twopass_feat(const sa_pctx *c, sa_cuda_plan *p) {
     p->ws += sa_r256((size_t)(p->cls_cb * p->cls_cn * sa_cdiv(c->T, 64) * sa_cdiv(c->S, 64)));
   }
   p->reason = "sm_90a dK/dV then dQ with bias / mask / positions / soft-cap, dbias in a fixed order";
+  return NULL;
+}
+
+/* hopper.bwd.twopass.features.tma: hopper.bwd.twopass.features with each CTA's slice of the class table in shared
+   memory (an empty tile costs a shared load, no global one) and each streamed tile's bias landed by TMA beside it
+   (hopper/bwd_feat.cuh, FEAT 2). The map needs a bias of [B or 1, N or 1, T, S]; the dK/dV slice, G heads x T / 64
+   query blocks, at most SA_HOP_BWD_TMA_CLS bytes. */
+static const char *sa_bwd_twopass_feat_tma(const sa_pctx *c, sa_cuda_plan *p) {
+  const char *why = sa_bwd_twopass_feat(c, p);
+  p->name = "hopper.bwd.twopass.features.tma";
+  if (why || (why = sa_feat_tma_bias_why(c))) return why;
+  if (p->cls_cb && c->G * (c->T / 64) > SA_HOP_BWD_TMA_CLS)
+    return "the class slice of a key block (G x q_len / 64 bytes) exceeds its shared memory";
+  if (SA_HOP_BWD_DKDV_TMA_SMEM(c->H) > c->dev->smem_optin || SA_HOP_BWD_DQ_TMA_SMEM(c->H) > c->dev->smem_optin)
+    return "its shared memory exceeds the device's opt-in limit";
+  p->feat = 2;
+  p->reason =
+      "sm_90a dK/dV then dQ with bias / mask / positions / soft-cap, classes in shared memory, the bias by "
+      "TMA, dbias in a fixed order";
   return NULL;
 }
 
@@ -585,6 +633,8 @@ static void sa_collect(const sa_attn *a, int which, const sa_cuda_device *dev, s
     sa_offer(l, &p, why ? why : nf);
     why = sa_fwd_hopper_feat(&c, &p);
     sa_offer(l, &p, c.feat ? why : nofeat);
+    why = sa_fwd_hopper_feat_tma(&c, &p);
+    sa_offer(l, &p, c.feat ? why : nofeat);
   } else if (which == SA_PLAN_BWD) {
     sa_cuda_plan port;
     sa_bwd_portable(&c, &port);
@@ -606,6 +656,9 @@ static void sa_collect(const sa_attn *a, int which, const sa_cuda_device *dev, s
     why = sa_bwd_onepass(&c, &p, 2, ws_avail);
     sa_offer(l, &p, why ? why : nf);
     why = sa_bwd_twopass_feat(&c, &p);
+    if (!why && p.ws > ws_avail) why = "the workspace given is smaller than the backward needs";
+    sa_offer(l, &p, c.feat ? why : nofeat);
+    why = sa_bwd_twopass_feat_tma(&c, &p);
     if (!why && p.ws > ws_avail) why = "the workspace given is smaller than the backward needs";
     sa_offer(l, &p, c.feat ? why : nofeat);
   } else if (which == SA_PLAN_DECODE) {
@@ -661,7 +714,7 @@ size_t sa_cuda_plan_describe(const sa_cuda_plan *p, char *buf, size_t n) {
   k += snprintf(buf + k, n > (size_t)k ? n - k : 0, " grid=%d,%d,%d persistent=%d cooperative=%d split=%d ws=%zu",
                 p->grid[0], p->grid[1], p->grid[2], p->persistent, p->cooperative, p->split, p->ws);
   if (p->feat)
-    k += snprintf(buf + k, n > (size_t)k ? n - k : 0, " feat=1 b_fast=%d classes=%lldx%lld", p->b_fast,
+    k += snprintf(buf + k, n > (size_t)k ? n - k : 0, " feat=%d b_fast=%d classes=%lldx%lld", p->feat, p->b_fast,
                   (long long)p->cls_cb, (long long)p->cls_cn);
   k += snprintf(buf + k, n > (size_t)k ? n - k : 0, " reason=%s%s%s", p->reason ? p->reason : "",
                 p->note[0] ? "; " : "", p->note);

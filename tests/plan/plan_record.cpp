@@ -65,11 +65,14 @@ struct m_hop_params {
   const int32_t *q_seg, *kv_seg;
   int BH, n_mb, total, hg, nph;
 };
-/* the feature kernels' blocks: the plain block, then feat.h's sa_cuda_feat and their own fields */
-struct m_hop_fwd_feat_params {
-  m_hop_params base;
+/* the feature kernels' blocks: the plain block, then feat.h's sa_cuda_feat and their own fields; derived as the
+   kernels' are (a derived block may place its fields in its base's tail padding: the TMA one does) */
+struct m_hop_fwd_feat_params : m_hop_params {
   sa_cuda_feat f;
   int B, b_fast, lists;
+};
+struct m_hop_fwd_tma_params : m_hop_fwd_feat_params {
+  int tma, bias_es;
 };
 struct m_twopass_params {
   void *dq, *dk, *dv;
@@ -81,10 +84,12 @@ struct m_twopass_params {
   int kb_slowest;
   const int32_t *q_seg, *kv_seg;
 };
-struct m_twopass_feat_params {
-  m_twopass_params base;
+struct m_twopass_feat_params : m_twopass_params {
   sa_cuda_feat f;
   int b0, n0;
+};
+struct m_twopass_tma_params : m_twopass_feat_params {
+  int bias_es;
 };
 struct m_feat_class_args {
   int64_t B, T, S, N, Hv, cb, cn;
@@ -107,13 +112,19 @@ void decode(const char *k, void **args, char *buf, size_t n) {
   if (has(k, "sa_hop_fwd_kernel")) {
     const m_hop_params &h = *(const m_hop_params *)args[4];
     snprintf(buf, n, "BH=%d n_mb=%d total=%d hg=%d nph=%d", h.BH, h.n_mb, h.total, h.hg, h.nph);
-    if (has(k, ", 1>")) { /* the feature kernel */
+    if (has(k, ", 1>") || has(k, ", 2>")) { /* the feature kernels */
       const m_hop_fwd_feat_params &f = *(const m_hop_fwd_feat_params *)args[4];
       snprintf(buf + strlen(buf), n - strlen(buf), " b_fast=%d lists=%d cap=%g", f.b_fast, f.lists, (double)f.f.cap);
     }
-  } else if (has(k, "sa_hop_twopass_dq_kernel") && has(k, ", 2, 1>")) {
+    if (has(k, ", 2>")) { /* the TMA one: what its feature stage holds */
+      const m_hop_fwd_tma_params &f = *(const m_hop_fwd_tma_params *)args[4];
+      snprintf(buf + strlen(buf), n - strlen(buf), " tma=%d bias_es=%d", f.tma, f.bias_es);
+    }
+  } else if (has(k, "sa_hop_twopass_dq_kernel") && (has(k, ", 2, 1>") || has(k, ", 2, 2>"))) {
     const m_twopass_feat_params &f = *(const m_twopass_feat_params *)args[5];
     snprintf(buf, n, "b0=%d n0=%d dbias=%d classes=%d", f.b0, f.n0, f.f.dbias_out != nullptr, f.f.cls != nullptr);
+    if (has(k, ", 2, 2>"))
+      snprintf(buf + strlen(buf), n - strlen(buf), " bias_es=%d", ((const m_twopass_tma_params *)args[5])->bias_es);
   } else if (has(k, "sa_feat_class_kernel")) {
     const m_feat_class_args &c = *(const m_feat_class_args *)args[1];
     snprintf(buf, n, "cb=%lld cn=%lld lists=%d", (long long)c.cb, (long long)c.cn, c.out != nullptr);

@@ -47,6 +47,15 @@ template <>
 struct sa_hop_twopass_params_of<1> {
   using type = sa_hop_twopass_feat_params;
 };
+/* FEAT 2 (hopper.bwd.twopass.features.tma, hopper/bwd_feat.cuh): the CTA's slice of the class table in shared memory,
+   and the bias of each streamed tile landed by TMA beside it (the tensor map in the kernels' ids slot). */
+struct sa_hop_twopass_tma_params : sa_hop_twopass_feat_params {
+  int bias_es; /* the bias's element bytes: 2 (bf16, f16) or 4 (f32); 0 without a bias */
+};
+template <>
+struct sa_hop_twopass_params_of<2> {
+  using type = sa_hop_twopass_tma_params;
+};
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* What the dQ kernel reads of the features whatever its block (the plain block has none: 0, false). */
@@ -103,6 +112,13 @@ struct sa_hop_dkdv_tile {
      reserved for every kind: 512 B) */
   static constexpr int SMEM = 1024 + 2 * KB * HD * 2 + STAGES * 2 * QB * HD * 2 + STAGES * 3 * QB * 4;
   static_assert(SMEM <= 227 * 1024, "over the sm_90 limit");
+  /* FEAT 2 (2 warpgroups): the lse2 / D region rounded up to 2 KiB, per stage the tile's bias (f32 at most), the class
+     slice (hopper/tiles.h) */
+  static constexpr int SMEM_TMA = SA_HOP_BWD_DKDV_TMA_SMEM(HD);
+  static_assert(NC != 2 || SMEM_TMA == 1024 + 2 * KB * HD * 2 + STAGES * 2 * QB * HD * 2 + 2048 + STAGES * KB * QB * 4 +
+                                           SA_HOP_BWD_TMA_CLS,
+                "the layout of the FEAT 2 kernel");
+  static_assert(STAGES * 3 * QB * 4 <= 2048 && SMEM_TMA + 1024 <= 227 * 1024, "over the sm_90 limit");
 };
 /* dQ likewise: NCQ consumer warpgroups of 64 query rows (QM 128 at H128, 192 at H64: 3 products per 64-key tile
    against the same exp2s, each K / V tile loaded once for 192 rows); T is a multiple of 128, so the last CTA of a
@@ -114,6 +130,13 @@ struct sa_hop_dq_tile {
   /* per stage: the K and V tiles and, MASK 4, the tile's key segment ids (KT int32; reserved for every kind) */
   static constexpr int SMEM = 1024 + 2 * QM * HD * 2 + STAGES * (2 * KT * HD * 2 + KT * 4);
   static_assert(SMEM <= 227 * 1024, "over the sm_90 limit");
+  /* FEAT 2 (2 warpgroups): the ids region rounded up to 1 KiB, per stage the tile's bias (f32 at most), the class row
+     (S / 64 <= 1024 bytes; hopper/tiles.h) */
+  static constexpr int SMEM_TMA = SA_HOP_BWD_DQ_TMA_SMEM(HD);
+  static_assert(NC != 2 ||
+                    SMEM_TMA == 1024 + 2 * QM * HD * 2 + STAGES * 2 * KT * HD * 2 + 1024 + STAGES * QM * KT * 4 + 1024,
+                "the layout of the FEAT 2 kernel");
+  static_assert(STAGES * KT * 4 <= 1024 && SMEM_TMA + 1024 <= 227 * 1024, "over the sm_90 limit");
 };
 static_assert(QB == 64 && KT == 64, "gemm_rs and pack_frag read 64-row tiles");
 /* lse2 / D boxes: inner extent a multiple of 16 bytes and <= 256 elements; shared destinations 128-byte aligned
@@ -148,6 +171,9 @@ __global__ void __launch_bounds__(sa_hop_dkdv_tile<HD, NCK>::THREADS, 1)
   const uint32_t sq = sv + KV_BYTES, sdo = sq + STAGES * QT_BYTES, sld = sdo + STAGES * QT_BYTES;
   /* per stage: lse2[QB], D[QB] and, MASK 4, the query ids[QB] */
   const float *ld_f = reinterpret_cast<const float *>(smem_raw + (sld - raw));
+  /* FEAT 2: stage s's bias tile at sfb + s FB (1024-aligned), the class slice at scls (hopper/bwd_feat.cuh) */
+  constexpr uint32_t FB = KB * QB * 4;
+  const uint32_t sfb = sld + 2048, scls = sfb + STAGES * FB;
   const uint32_t b0 = smem_u32(bar);
   auto bar_full = [&](int s) { return b0 + 8 * (1 + s); };
   auto bar_empty = [&](int s) { return b0 + 8 * (1 + STAGES + s); };
@@ -192,6 +218,8 @@ __global__ void __launch_bounds__(sa_hop_dkdv_tile<HD, NCK>::THREADS, 1)
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  if constexpr (FEAT == 2)
+    if (p.f.cls) feat_cls_slice_kv(p.f, scls, b, kvh * G, G, T / 64, k0 / 64, n_wg);
   __syncthreads();
 
   if (wg == 0) {
@@ -205,11 +233,20 @@ __global__ void __launch_bounds__(sa_hop_dkdv_tile<HD, NCK>::THREADS, 1)
       int xs = 0; /* FEAT: the ring position of the loaded tiles (a tile whose every block is empty is not) */
       for (int it = 0; it < n_tiles; ++it) {
         const int s = (FEAT ? xs : it) % STAGES, n = kvh * G + it / per_head, i0 = (qb0 + it % per_head) * QB;
-        if constexpr (FEAT)
+        if constexpr (FEAT == 2) {
+          if (feat_cls_byte(p.f, scls + (it / per_head) * (T / 64) + i0 / 64) == 0u) continue;
+        } else if constexpr (FEAT) {
           if (feat_tile_empty(p.f, b, n, i0 / 64, k0 / 64, n_wg, false)) continue;
+        }
         mbar_wait(bar_empty(s), (((FEAT ? xs : it) / STAGES) & 1) ^ 1);
         if constexpr (FEAT) ++xs;
-        mbar_arrive_tx(bar_full(s), 2 * QT_BYTES + LD_BYTES);
+        if constexpr (FEAT == 2) { /* and the tile's bias (64 queries x KB keys) */
+          const int fb = KB * p.bias_es;
+          mbar_arrive_tx(bar_full(s), 2 * QT_BYTES + LD_BYTES + QB * fb);
+          if (fb) feat_tma_bias(p.f, &tmqid, sfb + s * FB, bar_full(s), p.bias_es, fb, QB, k0, i0, b, n);
+        } else {
+          mbar_arrive_tx(bar_full(s), 2 * QT_BYTES + LD_BYTES);
+        }
         for (int c = 0; c < CB; ++c) {
           tma_load(sq + s * QT_BYTES + c * QB * 128, &tmq, bar_full(s), c * 64, n, i0, b);
           tma_load(sdo + s * QT_BYTES + c * QB * 128, &tmdo, bar_full(s), c * 64, n, i0, b);
@@ -267,6 +304,13 @@ __global__ void __launch_bounds__(sa_hop_dkdv_tile<HD, NCK>::THREADS, 1)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         sa_feat_pos_qbounds(&p.f, p.f.kv_pos[(int64_t)b * p.S + kr + 8 * h], &fq[h].x, &fq[h].y);
+  /* FEAT 2: the offset in a bias stage of this thread's element (j = 0, e): row (query) 2 t + (e & 1), column (key)
+     64 cw + 16 warp + lane / 4 + 8 (e >> 1); element (j, e) is 8 j rows = 1024 j bytes further (sa_feat_swz) */
+  uint32_t fbo[4] = {0u, 0u, 0u, 0u};
+  if constexpr (FEAT == 2)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      fbo[e] = sa_feat_swz(QB, 2 * t + (e & 1), (64 * cw + 16 * warp + lane / 4 + 8 * (e >> 1)) * p.bias_es);
   if (n_tiles > 0) mbar_wait(b0, 0);
 
   int xs = 0; /* FEAT: as the producer's */
@@ -277,7 +321,15 @@ __global__ void __launch_bounds__(sa_hop_dkdv_tile<HD, NCK>::THREADS, 1)
     int fcls = SA_FEAT_FULL;
     const uint8_t *fbp = nullptr, *fmp = nullptr;
     const int32_t *fqp = nullptr;
-    if constexpr (FEAT) {
+    if constexpr (FEAT == 2) { /* the class slice; the bias from the stage below */
+      const int n = kvh * G + it / per_head;
+      const uint32_t cv = feat_cls_byte(p.f, scls + (it / per_head) * (T / 64) + i0 / 64);
+      if (cv == 0u) continue;
+      fcls = (int)((cv >> (2 * cw)) & 3u);
+      const int64_t q = i0 + 2 * t;
+      if (p.f.mask) fmp = p.f.mask + b * p.f.mask_b + n * p.f.mask_n + q * p.f.mask_t + (int64_t)kr * p.f.mask_s;
+      if (p.f.q_pos) fqp = p.f.q_pos + (int64_t)b * T + q;
+    } else if constexpr (FEAT) {
       const int n = kvh * G + it / per_head;
       if (feat_tile_empty(p.f, b, n, i0 / 64, k0 / 64, n_wg, false)) continue;
       fcls = feat_cls(p.f, b, n, i0 / 64, kw0 / 64);
@@ -290,6 +342,7 @@ __global__ void __launch_bounds__(sa_hop_dkdv_tile<HD, NCK>::THREADS, 1)
       if (p.f.q_pos) fqp = p.f.q_pos + (int64_t)b * T + q;
     }
     const uint32_t sq_s = sq + s * QT_BYTES, sdo_s = sdo + s * QT_BYTES;
+    const uint8_t *fbs = smem_raw + (sfb + s * FB - raw); /* FEAT 2: the stage's bias */
     mbar_wait(bar_full(s), ((FEAT ? xs : it) / STAGES) & 1);
     if constexpr (FEAT) ++xs;
     if (MASK >= 3 && i0 + QB > ql) { /* the block holding q_len (CTA-uniform): rows past it may be NaN padding */
@@ -336,7 +389,10 @@ __global__ void __launch_bounds__(sa_hop_dkdv_tile<HD, NCK>::THREADS, 1)
         float x;
         if constexpr (FEAT) { /* the logit of bias and soft-cap, the mask array's and the positions' select */
           const int dq = 8 * j + (e & 1), dk = 8 * (e >> 1);
-          const float bias = fbp ? sa_feat_ld1(fbp, p.f.bias_dtype, (int64_t)dq * p.f.bias_t + dk * p.f.bias_s) : 0.f;
+          float bias;
+          if constexpr (FEAT == 2)
+            bias = p.bias_es ? feat_bias_at(fbs + fbo[e] + 1024 * j, p.bias_es, p.f.bias_dtype) : 0.f;
+          else bias = fbp ? sa_feat_ld1(fbp, p.f.bias_dtype, (int64_t)dq * p.f.bias_t + dk * p.f.bias_s) : 0.f;
           x = ex2(sa_feat_logit2(&p.f, st[4 * j + e], bias) - ((e & 1) ? l2.y : l2.x));
           if (fcls == SA_FEAT_PARTIAL) {
             bool ok = !fmp || __ldg(fmp + (int64_t)dq * p.f.mask_t + dk * p.f.mask_s) != 0;
@@ -453,37 +509,55 @@ cudaError_t sa_hop_twopass_run(const CUtensorMap (&m)[M_COUNT], const sa_hop_two
   return sa_hop_twopass_run_nc<HD, MASK, 2, 2>(m, hp, B, st);
 }
 
-/* The feature kernels (plan hopper.bwd.twopass.features, 2 consumer warpgroups each): dK/dV once, then dQ once, or
-   with a dbias that a batch / head broadcast shares, once per contributor (b0, n0) in order, each adding into the
-   zeroed dbias (the dQ grid then spans the other batches / heads only). */
-template <int HD, int MASK>
-cudaError_t sa_hop_twopass_feat_run(const CUtensorMap (&m)[M_COUNT], const sa_hop_twopass_feat_params &hp, int64_t B,
+/* The feature kernels (plans hopper.bwd.twopass.features, FEAT 1, and .features.tma, FEAT 2; 2 consumer warpgroups
+   each): dK/dV once, then dQ once, or with a dbias that a batch / head broadcast shares, once per contributor (b0, n0)
+   in order, each adding into the zeroed dbias (the dQ grid then spans the other batches / heads only). */
+template <int HD, int MASK, int FEAT>
+cudaError_t sa_hop_twopass_feat_run(const CUtensorMap (&m)[M_COUNT],
+                                    const typename sa_hop_twopass_params_of<FEAT>::type &hp, int64_t B,
                                     cudaStream_t st) {
   using TK = sa_hop_dkdv_tile<HD, 2>;
   using TQ = sa_hop_dq_tile<HD, 2>;
-  cudaError_t e = cudaFuncSetAttribute(sa_hop_twopass_dkdv_kernel<HD, MASK, 2, 1>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, TK::SMEM);
+  const int smk = FEAT == 2 ? TK::SMEM_TMA : TK::SMEM, smq = FEAT == 2 ? TQ::SMEM_TMA : TQ::SMEM;
+  cudaError_t e = cudaFuncSetAttribute(sa_hop_twopass_dkdv_kernel<HD, MASK, 2, FEAT>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smk);
   if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(sa_hop_twopass_dq_kernel<HD, MASK, 2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             TQ::SMEM);
+    e = cudaFuncSetAttribute(sa_hop_twopass_dq_kernel<HD, MASK, 2, FEAT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             smq);
   if (e != cudaSuccess) return e;
   const unsigned nkb = (unsigned)((hp.S + TK::KB - 1) / TK::KB);
   const dim3 gk = hp.kb_slowest ? dim3((unsigned)hp.KH, (unsigned)B, nkb) : dim3(nkb, (unsigned)hp.KH, (unsigned)B);
-  sa_hop_twopass_dkdv_kernel<HD, MASK, 2, 1>
-      <<<gk, TK::THREADS, TK::SMEM, st>>>(m[M_Q_QB], m[M_DO_QB], m[M_K_KB], m[M_V_KB], m[M_LSE2], m[M_D], m[M_QID], hp);
+  sa_hop_twopass_dkdv_kernel<HD, MASK, 2, FEAT>
+      <<<gk, TK::THREADS, smk, st>>>(m[M_Q_QB], m[M_DO_QB], m[M_K_KB], m[M_V_KB], m[M_LSE2], m[M_D], m[M_QID], hp);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   const sa_cuda_feat &f = hp.f;
   const bool per_b = f.dbias_out && f.bias_b == 0 && B > 1, per_n = f.dbias_out && f.bias_n == 0 && hp.N > 1;
   const dim3 gq((unsigned)((hp.T + TQ::QM - 1) / TQ::QM), per_n ? 1u : (unsigned)hp.N, per_b ? 1u : (unsigned)B);
-  sa_hop_twopass_feat_params c = hp;
+  typename sa_hop_twopass_params_of<FEAT>::type c = hp;
   for (int b0 = 0; b0 < (per_b ? B : 1); ++b0)
     for (int n0 = 0; n0 < (per_n ? hp.N : 1); ++n0) {
       c.b0 = b0, c.n0 = n0;
-      sa_hop_twopass_dq_kernel<HD, MASK, 2, 1>
-          <<<gq, TQ::THREADS, TQ::SMEM, st>>>(m[M_Q_QM], m[M_DO_QM], m[M_K_KT], m[M_V_KT], m[M_KID], c);
+      sa_hop_twopass_dq_kernel<HD, MASK, 2, FEAT>
+          <<<gq, TQ::THREADS, smq, st>>>(m[M_Q_QM], m[M_DO_QM], m[M_K_KT], m[M_V_KT], m[M_KID], c);
       if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
   return cudaSuccess;
+}
+
+template <int FEAT>
+cudaError_t sa_hop_twopass_feat_kind(const CUtensorMap (&m)[M_COUNT],
+                                     const typename sa_hop_twopass_params_of<FEAT>::type &hp, int kind, int64_t H,
+                                     int64_t B, cudaStream_t st) {
+  switch (kind + 4 * (H == 128)) {
+    case 0: return sa_hop_twopass_feat_run<64, 0, FEAT>(m, hp, B, st);
+    case 1: return sa_hop_twopass_feat_run<64, 1, FEAT>(m, hp, B, st);
+    case 2: return sa_hop_twopass_feat_run<64, 2, FEAT>(m, hp, B, st);
+    case 3: return sa_hop_twopass_feat_run<64, 3, FEAT>(m, hp, B, st);
+    case 4: return sa_hop_twopass_feat_run<128, 0, FEAT>(m, hp, B, st);
+    case 5: return sa_hop_twopass_feat_run<128, 1, FEAT>(m, hp, B, st);
+    case 6: return sa_hop_twopass_feat_run<128, 2, FEAT>(m, hp, B, st);
+    default: return sa_hop_twopass_feat_run<128, 3, FEAT>(m, hp, B, st);
+  }
 }
 
 } /* namespace */
@@ -536,16 +610,20 @@ cudaError_t sa_hop_twopass_launch(const sa_cuda_plan &plan, const sa_cuda_params
       const cudaError_t e = sa_feat_class_launch(*f, ca, 0, st);
       if (e != cudaSuccess) return e;
     }
-    switch (kind + 4 * (p.H == 128)) {
-      case 0: return sa_hop_twopass_feat_run<64, 0>(m, fp, p.B, st);
-      case 1: return sa_hop_twopass_feat_run<64, 1>(m, fp, p.B, st);
-      case 2: return sa_hop_twopass_feat_run<64, 2>(m, fp, p.B, st);
-      case 3: return sa_hop_twopass_feat_run<64, 3>(m, fp, p.B, st);
-      case 4: return sa_hop_twopass_feat_run<128, 0>(m, fp, p.B, st);
-      case 5: return sa_hop_twopass_feat_run<128, 1>(m, fp, p.B, st);
-      case 6: return sa_hop_twopass_feat_run<128, 2>(m, fp, p.B, st);
-      default: return sa_hop_twopass_feat_run<128, 3>(m, fp, p.B, st);
+    if (plan.feat == 2) { /* the bias's maps in the ids slots: 64-query boxes for dK/dV, QM-row boxes for dQ */
+      sa_hop_twopass_tma_params tp;
+      static_cast<sa_hop_twopass_feat_params &>(tp) = fp;
+      tp.bias_es = !f->bias ? 0 : f->bias_dtype == SA_F32 ? 4 : 2;
+      if (tp.bias_es) {
+        const int64_t dims[4] = {f->bias_b ? p.B : 1, f->bias_n ? p.N : 1, p.T, p.S};
+        const CUtensorMapDataType ty = sa_hop_feat_type(tp.bias_es, f->bias_dtype == SA_F16);
+        if (!sa_hop_map_feat(enc, &m[M_QID], f->bias, ty, tp.bias_es, dims, QB) ||
+            !sa_hop_map_feat(enc, &m[M_KID], f->bias, ty, tp.bias_es, dims, qmk))
+          return cudaErrorInvalidValue;
+      }
+      return sa_hop_twopass_feat_kind<2>(m, tp, kind, p.H, p.B, st);
     }
+    return sa_hop_twopass_feat_kind<1>(m, fp, kind, p.H, p.B, st);
   }
   const int nck = plan.wg, ncq = plan.wg_dq;
   switch (kind + 5 * (p.H == 128)) {

@@ -24,6 +24,9 @@ __global__ void __launch_bounds__(sa_hop_dq_tile<HD, NCQ>::THREADS, 1)
   const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u, sdo = sq + Q_BYTES;
   const uint32_t sk = sdo + Q_BYTES, sv = sk + STAGES * KT_BYTES, b0 = smem_u32(bar);
   const uint32_t sids = sv + STAGES * KT_BYTES; /* MASK 4: stage s's KT key segment ids at sids + s KT 4 */
+  /* FEAT 2: stage s's bias tile at sfb + s FB (1024-aligned), the class row at scls (hopper/bwd_feat.cuh) */
+  constexpr uint32_t FB = QM * KT * 4;
+  const uint32_t sfb = sids + 1024, scls = sfb + STAGES * FB;
   auto bar_full = [&](int s) { return b0 + 8 * (1 + s); };
   auto bar_empty = [&](int s) { return b0 + 8 * (1 + STAGES + s); };
 
@@ -62,6 +65,8 @@ __global__ void __launch_bounds__(sa_hop_dq_tile<HD, NCQ>::THREADS, 1)
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  if constexpr (FEAT == 2)
+    if (p.f.cls) feat_cls_slice_q(p.f, scls, b, n, m0 / 64, p.S / 64, n_wg);
   __syncthreads();
 
   if (wg == 0) {
@@ -75,11 +80,20 @@ __global__ void __launch_bounds__(sa_hop_dq_tile<HD, NCQ>::THREADS, 1)
       int xs = 0; /* FEAT: the ring position of the loaded tiles (a tile whose every block is empty is not) */
       for (int it = 0; it < n_tiles; ++it) {
         const int s = (FEAT ? xs : it) % STAGES;
-        if constexpr (FEAT)
+        if constexpr (FEAT == 2) {
+          if (feat_cls_byte(p.f, scls + t0 + it) == 0u) continue;
+        } else if constexpr (FEAT) {
           if (feat_tile_empty(p.f, b, n, m0 / 64, t0 + it, n_wg, true)) continue;
+        }
         mbar_wait(bar_empty(s), (((FEAT ? xs : it) / STAGES) & 1) ^ 1);
         if constexpr (FEAT) ++xs;
-        mbar_arrive_tx(bar_full(s), 2 * KT_BYTES + (MASK == 4 ? KT * 4 : 0));
+        if constexpr (FEAT == 2) { /* and the tile's bias (QM rows x 64 keys) */
+          const int fb = KT * p.bias_es;
+          mbar_arrive_tx(bar_full(s), 2 * KT_BYTES + QM * fb);
+          if (fb) feat_tma_bias(p.f, &tmkid, sfb + s * FB, bar_full(s), p.bias_es, fb, QM, (t0 + it) * KT, m0, b, n);
+        } else {
+          mbar_arrive_tx(bar_full(s), 2 * KT_BYTES + (MASK == 4 ? KT * 4 : 0));
+        }
         for (int c = 0; c < CB; ++c) {
           tma_load(sk + s * KT_BYTES + c * KT * 128, &tmk, bar_full(s), c * 64, kvh, (t0 + it) * KT, b);
           tma_load(sv + s * KT_BYTES + c * KT * 128, &tmv, bar_full(s), c * 64, kvh, (t0 + it) * KT, b);
@@ -156,11 +170,16 @@ __global__ void __launch_bounds__(sa_hop_dq_tile<HD, NCQ>::THREADS, 1)
   for (int it = 0; it < n_tiles; ++it) {
     const int s = (FEAT ? xs : it) % STAGES, key0 = (t0 + it) * KT;
     int fcls = SA_FEAT_FULL; /* FEAT: the class of this warpgroup's block of the tile */
-    if constexpr (FEAT) {
+    if constexpr (FEAT == 2) {
+      const uint32_t cv = feat_cls_byte(p.f, scls + t0 + it);
+      if (cv == 0u) continue;
+      fcls = (int)((cv >> (2 * cw)) & 3u);
+    } else if constexpr (FEAT) {
       if (feat_tile_empty(p.f, b, n, m0 / 64, t0 + it, n_wg, true)) continue;
       fcls = feat_cls(p.f, b, n, wg_row0 / 64, t0 + it);
     }
     const uint32_t sk_s = sk + s * KT_BYTES, sv_s = sv + s * KT_BYTES;
+    const uint8_t *fbs = smem_raw + (sfb + s * FB - smem_u32(smem_raw)); /* FEAT 2: the stage's bias */
     mbar_wait(bar_full(s), ((FEAT ? xs : it) / STAGES) & 1);
     if constexpr (FEAT) ++xs;
     if (MASK >= 3 && key0 + KT > kl) { /* the tile holding kv_len (CTA-uniform): keys past it may be NaN padding */
@@ -205,7 +224,15 @@ __global__ void __launch_bounds__(sa_hop_dq_tile<HD, NCQ>::THREADS, 1)
         if (fcls == SA_FEAT_PARTIAL && kpos) kv = __ldg(reinterpret_cast<const int2 *>(kpos + kc));
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          fbias[h] = sa_feat_bias2(p.f, fb[h], kc);
+          if constexpr (FEAT == 2) { /* rows 64 cw + 16 warp + lane / 4 + 8 h of the CTA, keys 8 j + 2 t of the tile */
+            const int es = p.bias_es, r = 64 * cw + 16 * warp + lane / 4 + 8 * h;
+            const uint8_t *a = fbs + sa_feat_swz(QM, r, (8 * j + 2 * t) * es);
+            fbias[h] = !es       ? make_float2(0.f, 0.f)
+                       : es == 4 ? *reinterpret_cast<const float2 *>(a)
+                                 : sa_feat_unpack2(*reinterpret_cast<const uint32_t *>(a), p.f.bias_dtype);
+          } else {
+            fbias[h] = sa_feat_bias2(p.f, fb[h], kc);
+          }
           if (fcls == SA_FEAT_PARTIAL) {
             fok[h] = sa_feat_mask2_aligned(p.f, fm[h], kc);
             if (kpos) fok[h] &= sa_feat_pos2(kv, fp[h].x, fp[h].y);
@@ -253,7 +280,9 @@ __global__ void __launch_bounds__(sa_hop_dq_tile<HD, NCQ>::THREADS, 1)
     wgmma_wait0();
     pin(dq);
     pin(df);
-    if (MASK == 4) __syncwarp(); /* every lane read the stage's ids: the arrive releases only lane 0's reads */
+    if (MASK == 4 || FEAT == 2)
+      __syncwarp(); /* every lane read the stage's ids / bias: the arrive releases only
+                                                 lane 0's reads */
     if (lane == 0) mbar_arrive(bar_empty(s));
   }
 

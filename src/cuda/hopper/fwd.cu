@@ -30,8 +30,10 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, FEAT>::THREADS, 1)
   /* work tile jq's Q: slot jq % QS, the (jq / QS)-th use of that slot */
   const uint32_t sk = sq + QS * TL::Q_BYTES, sv = sk + ST * KV_BYTES, b0 = smem_u32(bar);
   const uint32_t sids = sv + ST * KV_BYTES; /* MASK 4: stage s's 128 key ids at sids + s IDS_BYTES */
+  /* FEAT 2: stage s's feature tile at sfeat + s FS (no ids then: 1024-aligned) */
+  const uint32_t sfeat = sids;
   /* FEAT: Q slot q's class list at slist + q LIST_BYTES, its range words (t0, n_tiles) at srange + 8 q */
-  const uint32_t slist = sids + ST * TL::IDS_BYTES, srange = slist + QS * TL::LIST_BYTES;
+  const uint32_t slist = sids + ST * (TL::IDS_BYTES + TL::FS), srange = slist + QS * TL::LIST_BYTES;
 
   /* A work tile's geometry, the same in the producer and every consumer warp: (b, head, m-block), the warpgroups
      with rows, the batch's lengths and mask, the key tiles t0 .. t0 + n_tiles - 1. */
@@ -142,7 +144,13 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, FEAT>::THREADS, 1)
           const int s = x % ST, key0 = (w.t0 + it) * BN;
           const uint32_t ph = (x / ST) & 1;
           mbar_wait(bar_ke<ST>(b0, s), ph ^ 1);
-          mbar_arrive_tx(bar_kf<ST>(b0, s), KV_BYTES + TL::IDS_BYTES);
+          if constexpr (FEAT == 2) { /* the tile's bias or mask beside K (hopper/fwd_feat.cuh) */
+            const uint32_t fb = feat_tma_bytes(p, slist + qs * TL::LIST_BYTES, w.t0 + it, w.n_wg);
+            mbar_arrive_tx(bar_kf<ST>(b0, s), KV_BYTES + fb);
+            if (fb) feat_tma_load(p, &tmids, sfeat + s * TL::FS, bar_kf<ST>(b0, s), key0, w.m0, w.b, w.n);
+          } else {
+            mbar_arrive_tx(bar_kf<ST>(b0, s), KV_BYTES + TL::IDS_BYTES);
+          }
           for (int c = 0; c < CB; ++c)
             tma_load(sk + s * KV_BYTES + c * BN * 128, &tmk, bar_kf<ST>(b0, s), c * 64, kvh, key0, w.b);
           if (MASK == 4) tma_load_2d(sids + s * TL::IDS_BYTES, &tmids, bar_kf<ST>(b0, s), key0, w.b);
@@ -230,11 +238,24 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, FEAT>::THREADS, 1)
       frows = feat_rows(p, w.b, w.n, r0);
       if (p.f.kv_pos) kpos = p.f.kv_pos + (size_t)w.b * p.S;
     }
+    /* FEAT 2: this thread's first row within the work tile, and feature stage s as a pointer into shared memory */
+    const int rl = 64 * cw + 16 * warp + lane / 4;
+    auto fstage = [&](uint32_t s) { return smem_raw + (sfeat + s * TL::FS - smem_u32(smem_raw)); };
     /* The tile of keys [k, k + BN) in K stage s. MASK 4: its ids are read here, so the K stage is released after
        (release_k), not as soon as S has landed. FEAT: first the scores of the bias and the soft-cap (in base 2),
        then the selects of every mask, the class's last (the list in the Q slot: read before the Q-empty arrive). */
     auto mask_tile = [&](int k, uint32_t s) {
-      if constexpr (FEAT) {
+      if constexpr (FEAT == 2) { /* the bias from the feature stage (hopper/fwd_feat.cuh) */
+        if (p.tma == 1) {
+          if (p.bias_es == 4) feat_tma_scores<4>(sacc, p.f, fstage(s), rl, t);
+          else feat_tma_scores<2>(sacc, p.f, fstage(s), rl, t);
+        } else if (p.f.cap > 0.f) {
+          feat_fwd_scores(sacc, p.f, frows, k + 2 * t); /* no bias: the soft-cap alone */
+        } else {
+#pragma unroll
+          for (int i = 0; i < BN / 2; ++i) sacc[i] *= p.scale_l2;
+        }
+      } else if constexpr (FEAT) {
         if (p.f.bias || p.f.cap > 0.f) feat_fwd_scores(sacc, p.f, frows, k + 2 * t);
         else
 #pragma unroll
@@ -252,14 +273,20 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, FEAT>::THREADS, 1)
                        : "=r"(c)
                        : "r"(slist + (jq % QS) * TL::LIST_BYTES + k / BN)
                        : "memory");
-          feat_fwd_select(sacc, (int)((c >> (2 * cw)) & 3u), p.f, frows, kpos, k + 2 * t);
+          if constexpr (FEAT == 2) {
+            if (p.tma == 2)
+              feat_select<true>(sacc, (int)((c >> (2 * cw)) & 3u), p.f, frows, kpos, k + 2 * t, fstage(s), rl, t);
+            else feat_fwd_select(sacc, (int)((c >> (2 * cw)) & 3u), p.f, frows, kpos, k + 2 * t);
+          } else {
+            feat_fwd_select(sacc, (int)((c >> (2 * cw)) & 3u), p.f, frows, kpos, k + 2 * t);
+          }
         }
     };
     /* K stage s read: by the wgmma of S (landed) and, MASK 4, by every lane's id loads (__syncwarp: an mbarrier
        arrive releases only the arriving thread's own accesses). Called before the mask but at MASK 4 (after it
        there); one lambda doing both reordered the SASS of the H128 causal and window kernels, so two calls. */
     auto release_k = [&](uint32_t s) {
-      if (MASK == 4) __syncwarp();
+      if (MASK == 4 || FEAT == 2) __syncwarp();
       if (lane == 0) mbar_arrive(bar_ke<ST>(b0, s));
     };
     /* The last tile with lengths: V rows past kv_len become 0 (a key row past kv_len may hold NaN, and 0 x NaN
@@ -336,9 +363,9 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, FEAT>::THREADS, 1)
         wgmma_commit();
         wgmma_wait0();
         pin(sacc);
-        if (MASK != 4) release_k(sp);
+        if (MASK != 4 && FEAT != 2) release_k(sp);
         mask_tile((t0 + a) * BN, sp);
-        if (MASK == 4) release_k(sp);
+        if (MASK == 4 || FEAT == 2) release_k(sp);
         softmax_tile(sacc, m_, l_, corr, sl2);
         pack_p(pf, sacc);
       }
@@ -359,9 +386,9 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, FEAT>::THREADS, 1)
         wgmma_commit();
         wgmma_wait1(); /* S_j has landed; P V may still run */
         pin(sacc);
-        if (MASK != 4) release_k(s);
+        if (MASK != 4 && FEAT != 2) release_k(s);
         mask_tile((t0 + it) * BN, s);
-        if (MASK == 4) release_k(s);
+        if (MASK == 4 || FEAT == 2) release_k(s);
         softmax_tile(sacc, m_, l_, corr, sl2);
         /* ptxas schedules WARPGROUP.DEPBAR (wait_group 0) into the first stall slot after the row-max shuffle,
          i.e. before the 64 exp2s, which then no longer overlap P V (seen in the SASS of nvcc 13.0). A shared
@@ -433,16 +460,18 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, FEAT>::THREADS, 1)
 
 /* ---- host ------------------------------------------------------------------------------------------- */
 
-/* The maps take the configuration's boxes (Q: QBOX rows, K / V: BN rows). */
+/* The maps take the configuration's boxes (Q: QBOX rows, K / V: BN rows); the fourth is the key ids' (MASK 4), the
+   feature map fmap (FEAT 2), else any valid map (never read). */
 template <int HD, int MASK, int FEAT = 0>
 cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_params &p,
-                       const typename sa_hop_fwd_params_of<FEAT>::type &hp, int grid, cudaStream_t st) {
+                       const typename sa_hop_fwd_params_of<FEAT>::type &hp, int grid, cudaStream_t st,
+                       const CUtensorMap *fmap = nullptr) {
   using TL = sa_hop_fwd_tile<HD, MASK, FEAT>;
   CUtensorMap mq, mk, mv, mids;
   if (!sa_hop_map(enc, &mq, p.q, p.B, p.T, p.N, p.H, TL::QBOX) ||
       !sa_hop_map(enc, &mk, p.k, p.B, p.S, p.K, p.H, TL::BN) || !sa_hop_map(enc, &mv, p.v, p.B, p.S, p.K, p.Hv, TL::BN))
     return cudaErrorInvalidValue;
-  mids = mq; /* without segment ids the kernel never reads its ids map: any valid map will do */
+  mids = fmap ? *fmap : mq;
   if (MASK == 4 && !sa_hop_map_ids(enc, &mids, p.kv_seg, p.B, p.S, 128)) return cudaErrorInvalidValue;
   cudaError_t e =
       cudaFuncSetAttribute(sa_hop_fwd_kernel<HD, MASK, FEAT>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM);
@@ -451,7 +480,38 @@ cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_para
   return cudaGetLastError();
 }
 
-/* The feature kernel (plan hopper.fwd.features): the class pre-pass writes the work tiles' lists into out
+/* The TMA feature kernel (plan hopper.fwd.features.tma, after the class pre-pass): the bias, or without one the
+   mask, as a tensor map for the kernel's fourth slot (hopper/fwd_feat.cuh, FEAT 2). The plan takes a bias of
+   [B or 1, N or 1, T, S] only. */
+cudaError_t sa_hop_fwd_tma_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_plan &plan, const sa_cuda_params &p,
+                               const sa_hop_fwd_feat_params &fp, cudaStream_t st) {
+  const sa_cuda_feat &f = fp.f;
+  sa_hop_fwd_tma_params tp;
+  static_cast<sa_hop_fwd_feat_params &>(tp) = fp;
+  tp.tma = f.bias ? 1 : f.mask ? 2 : 0;
+  tp.bias_es = f.bias_dtype == SA_F32 ? 4 : 2;
+  const bool bias = tp.tma == 1;
+  const int es = bias ? tp.bias_es : 1;
+  const int64_t dims[4] = {(bias ? f.bias_b : f.mask_b) ? p.B : 1, (bias ? f.bias_n : f.mask_n) ? p.N : 1, p.T, p.S};
+  CUtensorMap fm;
+  if (tp.tma && !sa_hop_map_feat(enc, &fm, bias ? f.bias : (const void *)f.mask,
+                                 sa_hop_feat_type(es, f.bias_dtype == SA_F16), es, dims, SA_HOP_FWD_FEAT_BM))
+    return cudaErrorInvalidValue;
+  const CUtensorMap *fmap = tp.tma ? &fm : nullptr;
+  const int g = plan.grid[0];
+  switch (plan.mask + 4 * (plan.hd == 128)) {
+    case 0: return sa_hop_run<64, 0, 2>(enc, p, tp, g, st, fmap);
+    case 1: return sa_hop_run<64, 1, 2>(enc, p, tp, g, st, fmap);
+    case 2: return sa_hop_run<64, 2, 2>(enc, p, tp, g, st, fmap);
+    case 3: return sa_hop_run<64, 3, 2>(enc, p, tp, g, st, fmap);
+    case 4: return sa_hop_run<128, 0, 2>(enc, p, tp, g, st, fmap);
+    case 5: return sa_hop_run<128, 1, 2>(enc, p, tp, g, st, fmap);
+    case 6: return sa_hop_run<128, 2, 2>(enc, p, tp, g, st, fmap);
+    default: return sa_hop_run<128, 3, 2>(enc, p, tp, g, st, fmap);
+  }
+}
+
+/* The feature kernels (plans hopper.fwd.features, .features.tma): the class pre-pass writes the work tiles' lists into out
    (feat_class.cu) when there is a mask array or positions, then the kernel of the call's position-mask kind. */
 cudaError_t sa_hop_fwd_feat_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_plan &plan,
                                 const sa_cuda_params &p, const sa_hop_fwd_params &hp, const sa_cuda_feat &f,
@@ -468,6 +528,7 @@ cudaError_t sa_hop_fwd_feat_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_
     if (e != cudaSuccess) return e;
   }
   const int g = plan.grid[0];
+  if (plan.feat == 2) return sa_hop_fwd_tma_run(enc, plan, p, fp, st);
   switch (plan.mask + 4 * (plan.hd == 128)) {
     case 0: return sa_hop_run<64, 0, 1>(enc, p, fp, g, st);
     case 1: return sa_hop_run<64, 1, 1>(enc, p, fp, g, st);

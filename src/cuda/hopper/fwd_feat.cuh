@@ -33,6 +33,19 @@ struct sa_hop_fwd_params_of<1> {
   using type = sa_hop_fwd_feat_params;
 };
 
+/* FEAT 2 (hopper.fwd.features.tma): each key tile's feature stage holds its bias (tma 1), or without a bias its mask
+   (tma 2, loaded only when a slab of the work tile is partial there), landed by TMA beside K through the tensor map in
+   the kernel's fourth map slot (hopper/fwd.cu). One map a kernel: with a bias the mask comes from global memory, as
+   in FEAT 1 (only its partial tiles are read). */
+struct sa_hop_fwd_tma_params : sa_hop_fwd_feat_params {
+  int tma;     /* 0: nothing staged (positions or soft-cap alone), 1: the bias, 2: the mask */
+  int bias_es; /* the bias's element bytes: 2 (bf16, f16) or 4 (f32) */
+};
+template <>
+struct sa_hop_fwd_params_of<2> {
+  using type = sa_hop_fwd_tma_params;
+};
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 /* The first and the last index k in [lo, hi] of this lane's 16 list bytes (indices k0 .. k0 + 15 in w) with
@@ -129,9 +142,12 @@ __device__ __forceinline__ void feat_fwd_scores(float (&s)[64], const sa_cuda_fe
 }
 
 /* The mask array's and the positions' select of one 128-key tile of class cls (for this warpgroup's rows): nothing
-   when full, -inf everywhere when empty, else per pair (the mask's bytes and the key positions of batch row kp). */
-__device__ __forceinline__ void feat_fwd_select(float (&s)[64], int cls, const sa_cuda_feat &f,
-                                                const sa_hop_feat_rows &rows, const int32_t *kp, int kc) {
+   when full, -inf everywhere when empty, else per pair: the key positions of batch row kp, and the mask's bytes from
+   global memory, or (STAGED, FEAT 2) from the tile's feature stage fs at this thread's row rl of the work tile. */
+template <bool STAGED>
+__device__ __forceinline__ void feat_select(float (&s)[64], int cls, const sa_cuda_feat &f,
+                                            const sa_hop_feat_rows &rows, const int32_t *kp, int kc, const uint8_t *fs,
+                                            int rl, int t) {
   if (cls == SA_FEAT_FULL) return;
   const bool part = cls == SA_FEAT_PARTIAL;
 #pragma unroll
@@ -143,7 +159,13 @@ __device__ __forceinline__ void feat_fwd_select(float (&s)[64], int cls, const s
       if (kp) kv = __ldg(reinterpret_cast<const int2 *>(kp + k));
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        ok[h] = sa_feat_mask2_aligned(f, rows.mask[h], k);
+        if constexpr (STAGED) {
+          const unsigned short m = *reinterpret_cast<const unsigned short *>(
+              fs + sa_feat_swz(SA_HOP_FWD_FEAT_BM, rl + 8 * h, 8 * j + 2 * t));
+          ok[h] = ((m & 0xffu) != 0 ? 1u : 0u) | ((m >> 8) != 0 ? 2u : 0u);
+        } else {
+          ok[h] = sa_feat_mask2_aligned(f, rows.mask[h], k);
+        }
         if (kp) ok[h] &= sa_feat_pos2(kv, rows.pos[h].x, rows.pos[h].y);
       }
     }
@@ -153,6 +175,51 @@ __device__ __forceinline__ void feat_fwd_select(float (&s)[64], int cls, const s
       if (!(ok[h] & 2u)) s[4 * j + 2 * h + 1] = -INFINITY;
     }
   }
+}
+__device__ __forceinline__ void feat_fwd_select(float (&s)[64], int cls, const sa_cuda_feat &f,
+                                                const sa_hop_feat_rows &rows, const int32_t *kp, int kc) {
+  feat_select<false>(s, cls, f, rows, kp, kc, nullptr, 0, 0);
+}
+
+/* FEAT 2: the feature bytes of key tile k of a work tile and their TMA loads, by the producer's issuing thread: the
+   bias always (BM x BN elements), the mask when a slab (n_wg of them) is partial in the tile's list byte (the Q slot's
+   list at slist, copied before by feat_fwd_lists); 0 when nothing is staged. */
+__device__ __forceinline__ uint32_t feat_tma_bytes(const sa_hop_fwd_tma_params &p, uint32_t slist, int k, int n_wg) {
+  if (p.tma == 1) return (uint32_t)(SA_HOP_FWD_FEAT_BM * SA_HOP_FWD_BN * p.bias_es);
+  if (p.tma != 2) return 0u;
+  uint32_t c;
+  asm volatile("ld.shared.u8 %0, [%1];" : "=r"(c) : "r"(slist + k) : "memory");
+  bool part = false;
+  for (int s = 0; s < n_wg; ++s) part |= ((c >> (2 * s)) & 3u) == SA_FEAT_PARTIAL;
+  return part ? (uint32_t)(SA_HOP_FWD_FEAT_BM * SA_HOP_FWD_BN) : 0u;
+}
+
+/* The stage's boxes (128 bytes of each of BM rows a box, 128-byte swizzled: sa_feat_swz) of the key tile from key0 of
+   rows m0 .., batch b, head n: the map's dims are {S, T, heads, batches} of the bias or mask, broadcast dims of 1. */
+__device__ __forceinline__ void feat_tma_load(const sa_hop_fwd_tma_params &p, const CUtensorMap *map, uint32_t dst,
+                                              uint32_t bar, int key0, int m0, int b, int n) {
+  const sa_cuda_feat &f = p.f;
+  const int es = p.tma == 1 ? p.bias_es : 1, per = 128 / es;
+  const int nb = p.tma == 1 ? (f.bias_n ? n : 0) : (f.mask_n ? n : 0);
+  const int bb = p.tma == 1 ? (f.bias_b ? b : 0) : (f.mask_b ? b : 0);
+  for (int c = 0; c < es; ++c) tma_load(dst + c * SA_HOP_FWD_FEAT_BM * 128, map, bar, key0 + c * per, m0, nb, bb);
+}
+
+/* FEAT 2: feat_fwd_scores with the bias from the feature stage fs (generic pointer to shared memory), rows rl, rl + 8
+   of the work tile; ES the bias's element bytes. The same values and arithmetic as FEAT 1. */
+template <int ES>
+__device__ __forceinline__ void feat_tma_scores(float (&s)[64], const sa_cuda_feat &f, const uint8_t *fs, int rl,
+                                                int t) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t *a = fs + sa_feat_swz(SA_HOP_FWD_FEAT_BM, rl + 8 * h, (8 * j + 2 * t) * ES);
+      const float2 bv = ES == 4 ? *reinterpret_cast<const float2 *>(a)
+                                : sa_feat_unpack2(*reinterpret_cast<const uint32_t *>(a), f.bias_dtype);
+      s[4 * j + 2 * h] = sa_feat_logit2(&f, s[4 * j + 2 * h], bv.x);
+      s[4 * j + 2 * h + 1] = sa_feat_logit2(&f, s[4 * j + 2 * h + 1], bv.y);
+    }
 }
 
 #endif /* sm_90a */

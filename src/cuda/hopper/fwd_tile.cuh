@@ -14,11 +14,11 @@ namespace {
    hopper/tiles.h's. */
 template <int HD, int MASK, int FEAT = 0>
 struct sa_hop_fwd_tile {
-  static constexpr int QS = SA_HOP_FWD_QSLOTS;                             /* Q slots */
-  static constexpr int NC = FEAT ? SA_HOP_FWD_FEAT_NC : SA_HOP_FWD_NC(HD); /* consumer warpgroups */
-  static constexpr int BM = SA_HOP_WG_ROWS * NC;                           /* query rows per CTA */
-  static constexpr int BN = SA_HOP_FWD_BN;                                 /* keys per tile */
-  static constexpr int ST = SA_HOP_STAGES;                                 /* K / V ring depth */
+  static constexpr int QS = FEAT == 2 ? SA_HOP_FWD_TMA_QSLOTS : SA_HOP_FWD_QSLOTS; /* Q slots */
+  static constexpr int NC = FEAT ? SA_HOP_FWD_FEAT_NC : SA_HOP_FWD_NC(HD);         /* consumer warpgroups */
+  static constexpr int BM = SA_HOP_WG_ROWS * NC;                                   /* query rows per CTA */
+  static constexpr int BN = SA_HOP_FWD_BN;                                         /* keys per tile */
+  static constexpr int ST = SA_HOP_STAGES;                                         /* K / V ring depth */
   static constexpr int THREADS = 128 * (NC + 1);
   /* Registers after setmaxnreg, inside the CTA's launch pool (65536 / THREADS rounded down to 8: 168 a thread at
      H128, so 32 + 2 x 240 would ask 65536 and never return). Producer 24; kind 4's producer warp also narrows the
@@ -34,8 +34,13 @@ struct sa_hop_fwd_tile {
   static constexpr int IDS_BYTES = MASK == 4 ? 128 * 4 : 0;
   /* the feature kernels: per Q slot a work tile's class list (a byte a key tile) and its two range words */
   static constexpr int LIST_BYTES = FEAT ? SA_HOP_FEAT_MAX_KV_LEN / BN : 0;
-  static constexpr int SMEM = FEAT ? SA_HOP_FWD_FEAT_SMEM(HD) : SA_HOP_FWD_SMEM(HD, MASK);
-  static_assert(SMEM == 1024 + QS * Q_BYTES + ST * (2 * BN * HD * 2 + IDS_BYTES) + QS * (LIST_BYTES + (FEAT ? 16 : 0)),
+  /* FEAT 2: per stage a feature stage (the key tile's bias or mask, by TMA: hopper/fwd_feat.cuh) */
+  static constexpr int FS = FEAT == 2 ? SA_HOP_FWD_TMA_FS(HD) : 0;
+  static constexpr int SMEM = FEAT == 2 ? SA_HOP_FWD_TMA_SMEM(HD)
+                              : FEAT    ? SA_HOP_FWD_FEAT_SMEM(HD)
+                                        : SA_HOP_FWD_SMEM(HD, MASK);
+  static_assert(SMEM ==
+                    1024 + QS * Q_BYTES + ST * (2 * BN * HD * 2 + IDS_BYTES + FS) + QS * (LIST_BYTES + (FEAT ? 16 : 0)),
                 "the layout of the kernel");
   static_assert(!FEAT || MASK < 4, "the feature kernels take no segment ids");
   static_assert(128 * PREGS + 128 * NC * REGS <= LAUNCH_REGS * THREADS && REGS % 8 == 0,

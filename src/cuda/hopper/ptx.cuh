@@ -268,6 +268,27 @@ static inline bool sa_hop_map_ids(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtenso
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+/* A bias or mask [d0, d1, T, S] of es-byte elements (dense in its dims, a dim of 1 broadcast) as a 4-D tensor
+   {S, T, d1, d0}, box {128 / es elements, rows, 1, 1}, 128-byte swizzle: the tiles of the TMA feature plans
+   (feat.h, sa_feat_swz). TMA wants a 16-byte aligned base and row pitches that are multiples of 16 (S % 128 == 0). */
+static inline bool sa_hop_map_feat(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const void *base,
+                                   CUtensorMapDataType ty, int es, const int64_t dims[4], int rows) {
+  const cuuint64_t gd[4] = {(cuuint64_t)dims[3], (cuuint64_t)dims[2], (cuuint64_t)dims[1], (cuuint64_t)dims[0]};
+  const cuuint64_t row = (cuuint64_t)dims[3] * es, st[3] = {row, row * gd[1], row * gd[1] * gd[2]};
+  const cuuint32_t box[4] = {(cuuint32_t)(128 / es), (cuuint32_t)rows, 1, 1}, estr[4] = {1, 1, 1, 1};
+  return enc(m, ty, 4, const_cast<void *>(base), gd, st, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* The tensor map type of a feature tensor of es-byte elements: a mask (1), f16 (half) or bf16 (2), f32 (4). */
+static inline CUtensorMapDataType sa_hop_feat_type(int es, int half) {
+  return es == 1   ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+         : es == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+         : half    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                   : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+}
+
 static inline sa_hop_mask sa_hop_mask_of(const sa_cuda_params &p) {
   return sa_hop_mask_make(p.T, p.S, p.causal, p.wl, p.wr, p.diag_offset);
 }

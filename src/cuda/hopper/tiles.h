@@ -50,6 +50,15 @@
 #define SA_HOP_FWD_FEAT_SMEM(hd)                                                                         \
   (1024 + SA_HOP_FWD_QSLOTS * SA_HOP_FWD_FEAT_BM * (hd)*2 + SA_HOP_STAGES * 2 * SA_HOP_FWD_BN * (hd)*2 + \
    SA_HOP_FWD_QSLOTS * (SA_HOP_FEAT_MAX_KV_LEN / SA_HOP_FWD_BN + 16))
+/* The TMA feature forward (hopper.fwd.features.tma): per K / V stage a feature stage, where the producer lands the
+   key tile's bias (or, without a bias, its mask when a slab of the work tile is partial) by TMA beside K. A 128 x 128
+   tile is 64 KiB of f32 bias, 32 KiB of bf16 / f16, 16 KiB of mask: the stage holds 64 KiB at H64, 32 KiB at H128
+   (an f32 bias there is not taken), and one Q slot makes the room (H128: 1 KiB + 32 + 128 + 64 KiB of 227). */
+#define SA_HOP_FWD_TMA_QSLOTS 1
+#define SA_HOP_FWD_TMA_FS(hd) ((hd) == 64 ? 65536 : 32768)
+#define SA_HOP_FWD_TMA_SMEM(hd)                                                                              \
+  (1024 + SA_HOP_FWD_TMA_QSLOTS * SA_HOP_FWD_FEAT_BM * (hd)*2 + SA_HOP_STAGES * 2 * SA_HOP_FWD_BN * (hd)*2 + \
+   SA_HOP_STAGES * SA_HOP_FWD_TMA_FS(hd) + SA_HOP_FWD_TMA_QSLOTS * (SA_HOP_FEAT_MAX_KV_LEN / SA_HOP_FWD_BN + 16))
 
 /* ---- two-pass backward ----
    dK/dV: K, V of 64 NC keys loaded once, Q / dO streamed in 64-row tiles (dK 64 + dV 64 + S^T 32 + dP^T 32 = 192
@@ -68,6 +77,19 @@
    SA_HOP_STAGES * 3 * SA_HOP_BWD_QB * 4)
 #define SA_HOP_BWD_DQ_SMEM(hd, nc) \
   (1024 + 2 * SA_HOP_WG_ROWS * (nc) * (hd)*2 + SA_HOP_STAGES * (2 * SA_HOP_BWD_KT * (hd)*2 + SA_HOP_BWD_KT * 4))
+/* The TMA feature backward (hopper.bwd.twopass.features.tma): each streamed tile's bias lands by TMA beside it (64 x
+   128 of dK/dV, 128 x 64 of dQ: 32 KiB in f32), and the CTA's slice of the class table lies in shared memory: dK/dV's
+   (its G heads x T / 64 query blocks, a byte for its two key blocks) up to this many bytes, dQ's (S / 64 key blocks
+   for its two row blocks) 1 KiB at kv_len 65536. */
+#define SA_HOP_BWD_TMA_CLS 4096
+/* with 2 consumer warpgroups: the lse2 / D (dK/dV) or ids (dQ) region rounded up to 2 / 1 KiB (the bias stages are
+   1024-aligned), the bias stages (f32 at most), the class slice */
+#define SA_HOP_BWD_DKDV_TMA_SMEM(hd)                                             \
+  (1024 + 2 * 128 * (hd)*2 + SA_HOP_STAGES * 2 * SA_HOP_BWD_QB * (hd)*2 + 2048 + \
+   SA_HOP_STAGES * 128 * SA_HOP_BWD_QB * 4 + SA_HOP_BWD_TMA_CLS)
+#define SA_HOP_BWD_DQ_TMA_SMEM(hd)                                               \
+  (1024 + 2 * 128 * (hd)*2 + SA_HOP_STAGES * 2 * SA_HOP_BWD_KT * (hd)*2 + 1024 + \
+   SA_HOP_STAGES * 128 * SA_HOP_BWD_KT * 4 + 1024)
 
 /* ---- one-pass backward ----
    dK, dV and dQ in one kernel, dQ added into an fp32 workspace in a fixed order: 5 products a tile where the
