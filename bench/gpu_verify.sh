@@ -27,15 +27,18 @@
 #           host has AMX) and bench/cpu_bench.py on 2 host cores (--amx: the tile plans beside the defaults); with
 #           AB_BASE=DIR (a source tree of another commit, e.g. `git archive C | tar -x -C DIR`, carried untracked)
 #           also bench/cpu_ab.py: DIR's library against this one's, A/B/A, under the plans AB_PLANS (amx).
-#   PART=features  the feature kernels (bias, mask array, positions, soft-cap: plans hopper.fwd.features and
-#           hopper.bwd.twopass.features, override-only until this part passes), in one call: a Release build and a
-#           sanitizer build side by side; then concurrently test_cuda's features and features-prod tables (every
-#           legal plan of each case, the feature plans forced, against the fp64 reference: out, lse, dq, dk, dv,
-#           dsinks, dbias, three bitwise-equal backward runs), test_cuda_feat and the plan record, compute-sanitizer
-#           memcheck over the features table and racecheck over it per plan; then ALONE bench/feature_bench.py (a
-#           mask causal in content against is_causal, a bias [1,N,T,S] / [B,N,T,S] against none, at B4 T4096 N32
-#           H64 / H128 and gpt-oss's shape: CUDA events, A/A, rotated inputs). Last, a verdict line per feature plan
-#           (verified when its test_cuda runs passed and the sanitizers are clean) and the timing targets' lines.
+#   PART=features  the feature kernels (bias, mask array, positions, soft-cap), in one call: the verified plans
+#           (hopper.fwd.features, hopper.bwd.twopass.features: the default) and the TMA plans (hopper.fwd.features.tma,
+#           hopper.bwd.twopass.features.tma: override-only until this part passes). A Release build and a sanitizer
+#           build side by side; then concurrently, each plan set in its own processes (a fault in one cannot stop the
+#           other's runs): test_cuda's features and features-prod tables (every case on each plan of the set, forced,
+#           against the fp64 reference: out, lse, dq, dk, dv, dsinks, dbias, three bitwise-equal backward runs) and
+#           compute-sanitizer memcheck over the features table; racecheck over it per plan; test_cuda_feat and the plan
+#           record. Then ALONE bench/feature_bench.py, both plan sets in the same rounds (a mask causal in content
+#           against is_causal, a bias [1,N,T,S] / [B,N,T,S] against none, at B4 T4096 N32 H64 / H128 and gpt-oss's
+#           shape: CUDA events, A/A, rotated inputs; the verified set again alone if the joint run faulted). Last, a
+#           verdict line per plan (verified when its runs passed, its process did not fault and its sanitizers are
+#           clean) and the ratios against the targets (10% for the mask, 25% for the bias), a verdict per plan set.
 #   PART="1 decode cpu"  several parts in one call, in that order, one summary (a list of the names above).
 #   PART=all  1 and 2, in one call (longer than one call's 10 minutes on the H200).
 #
@@ -48,7 +51,8 @@
 # substring: "hopper.fwd hopper.bwd.onepass hopper.bwd.twopass"), RACE_HOPPER_STRIDE (3), PYTEST_WORKERS (4),
 # GREEN_SMS ("64 32 16 8"), PROGRESS_SHAPES, BENCH_ARGS, SEGMENTS_ARGS, CPU_BENCH (1: the cpu part runs cpu_bench.py),
 # SAN_FEAT_STRIDE / RACE_FEAT_STRIDE (the features table under memcheck / racecheck: 2 / 3), BUDGET (560).
-# The feature kernels' call: PART=features SINKATTN_COMMIT=<commit> bench/gpu_verify.sh (about 7 of its 10 minutes).
+# The feature kernels' call: PART=features SINKATTN_COMMIT=<commit> bench/gpu_verify.sh (about 4 of its 10 minutes:
+# builds ~80 s, tests and sanitizers ~90 s concurrently, feature_bench ~60 s).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 PART=${PART:-1}
@@ -98,7 +102,7 @@ key() {
   local log=$STAGE/$1.log
   case $1 in
     test_cuda*|prod_check) grep -h -E "(test_cuda|prod_check): [0-9]+ passed" "$log" | tail -n 1 ;;
-    feature_bench) grep -h -E "^feature_bench: (every|SOME)" "$log" | tail -n 1 ;;
+    feature_bench*) grep -h -E "^feature_bench: (every|checks|SOME)" "$log" | tail -n 1 ;;
     san_*) grep -h -E "(ERROR|RACECHECK) SUMMARY" "$STAGE/$1.san.log" 2>/dev/null | tail -n 1
            grep -h -E "test_cuda: [0-9]+ passed|[0-9]+ passed" "$log" | tail -n 1 | cut -c1-100 ;;
     test_decode) grep -h -E "[0-9]+ passed, [0-9]+ failed" "$log" | tail -n 1 ;;
@@ -244,22 +248,39 @@ if has features; then
   bg_step build_sanitizer 270 bash -c 'build "$@"' build build-gpusan RelWithDebInfo 8 --target test_cuda
   wait_steps
   export SINKATTN_LIBRARY=$PWD/build-gpu/libsinkattn_jax.so SINKATTN_C_LIBRARY=$PWD/build-gpu/libsinkattn.so
-  for t in features features-prod; do bg_step "test_cuda_$t" 240 build-gpu/test_cuda --table="$t"; done
+  # test_cuda's --plan: exact names (a trailing $), so that a set's processes run its own plans only
+  declare -A FEAT_SET=([verified]='hopper.fwd.features$,hopper.bwd.twopass.features$'
+    [tma]='hopper.fwd.features.tma$,hopper.bwd.twopass.features.tma$')
+  for set in verified tma; do
+    for t in features features-prod; do bg_step "test_cuda_${t}_$set" 300 build-gpu/test_cuda --table="$t" \
+      --plan="${FEAT_SET[$set]}"; done
+    san_step "san_memcheck_features_$set" memcheck --table=features --stride="${SAN_FEAT_STRIDE:-2}" \
+      --plan="${FEAT_SET[$set]}"
+  done
   bg_step feat_host 60 bash -c 'build-gpu/test_cuda_feat && build-gpu/plan_record --check tests/plan/golden.txt'
-  san_step san_memcheck_features memcheck --table=features --stride="${SAN_FEAT_STRIDE:-2}"
-  for plan in hopper.fwd.features hopper.bwd.twopass.features; do
-    san_step "san_racecheck_$plan" racecheck --table=features --plan="$plan" --stride="${RACE_FEAT_STRIDE:-3}"
+  FEAT_PLANS="hopper.fwd.features hopper.bwd.twopass.features hopper.fwd.features.tma hopper.bwd.twopass.features.tma"
+  for plan in $FEAT_PLANS; do
+    san_step "san_racecheck_$plan" racecheck --table=features --plan="$plan\$" --stride="${RACE_FEAT_STRIDE:-3}"
   done
   wait_steps
-  run_step feature_bench 240 "$PY" bench/feature_bench.py --out "$STAGE/feature_bench.json"
-  # The verdict of each feature plan: every test_cuda run of it passed (and it ran), and the sanitizers are clean.
-  for plan in hopper.fwd.features hopper.bwd.twopass.features; do
-    runs=$(cat "$STAGE"/test_cuda_features*.log 2>/dev/null | grep -c -E "^feat .* $plan ")
-    fails=$(cat "$STAGE"/test_cuda_features*.log 2>/dev/null | grep -c -F "[$plan]")
-    san=$(cat "$STAGE/san_memcheck_features.rc" "$STAGE/san_racecheck_$plan.rc" 2>/dev/null | grep -c -v '^0$')
-    tests=$(cat "$STAGE"/test_cuda_features*.rc 2>/dev/null | grep -c -v '^0$')
+  run_step feature_bench 300 "$PY" bench/feature_bench.py --plans verified,tma --out "$STAGE/feature_bench.json"
+  case $(cat "$STAGE/feature_bench.rc") in # 0 every target met, 2 checks ok and targets missed; else a fault
+    0|2) ;;
+    *) run_step feature_bench_verified 200 "$PY" bench/feature_bench.py --plans verified \
+         --out "$STAGE/feature_bench_verified.json" ;;
+  esac
+  # The verdict of each feature plan: its runs passed (and there were some), its set's test_cuda processes ended
+  # without a fault or time-out (status 0, or 1 for failed checks, which the plan's own FAIL lines count), and its
+  # set's memcheck and its own racecheck are clean.
+  for plan in $FEAT_PLANS; do
+    set=verified
+    case $plan in *.tma) set=tma ;; esac
+    runs=$(cat "$STAGE"/test_cuda_features*_"$set".log 2>/dev/null | grep -c -E "^feat .* $plan ")
+    fails=$(cat "$STAGE"/test_cuda_features*_"$set".log 2>/dev/null | grep -c -F "[$plan]")
+    san=$(cat "$STAGE/san_memcheck_features_$set.rc" "$STAGE/san_racecheck_$plan.rc" 2>/dev/null | grep -c -v '^0$')
+    tests=$(cat "$STAGE"/test_cuda_features*_"$set".rc 2>/dev/null | grep -c -v -E '^[01]$')
     if [ "$runs" -gt 0 ] && [ "$fails" = 0 ] && [ "$san" = 0 ] && [ "$tests" = 0 ]; then v=verified; else v="NOT verified"; fi
-    echo "verdict $plan: $v ($runs runs, $fails failed checks; sanitizer steps failed: $san; test_cuda steps failed: $tests)"
+    echo "verdict $plan: $v ($runs runs, $fails failed checks; sanitizer steps failed: $san; test_cuda processes faulted: $tests)"
   done > "$STAGE/verdicts.txt"
 fi
 
@@ -297,13 +318,13 @@ fi
   [ -f "$STAGE/decode_bench.log" ] && grep -h "^decode B" "$STAGE/decode_bench.log" | cut -c1-120
   [ -f "$STAGE/segments.log" ] && sed -n '/^segments summary/,/^segments_bench:/p' "$STAGE/segments.log" | cut -c1-170
   [ -f "$STAGE/verdicts.txt" ] && cat "$STAGE/verdicts.txt"
-  [ -f "$STAGE/feature_bench.log" ] && grep -h -E "^feature_bench: " "$STAGE/feature_bench.log" | cut -c1-170
+  for f in "$STAGE"/feature_bench*.log; do [ -f "$f" ] && grep -h -E "^feature_bench: " "$f" | cut -c1-200; done
   [ "$SINKATTN_COMMIT" = unknown ] && echo "WARNING: SINKATTN_COMMIT unset: results are stamped 'unknown'"
   echo "status: $([ $fail = 0 ] && echo 'every step passed' || echo 'SOME STEPS FAILED (rc != 0)')"
 } > "$STAGE/summary.txt"
 cp "$STAGE/summary.txt" "$OUT/summary.txt"
 for f in machine.txt prod_check.json kernel_bench.json decode.json segments.json progress.jsonl ring.json cpu_bench.json \
-  cpu_ab.json feature_bench.json verdicts.txt; do
+  cpu_ab.json feature_bench.json feature_bench_verified.json verdicts.txt; do
   [ -f "$STAGE/$f" ] && cp "$STAGE/$f" "$OUT/"
 done
 tar -C "$(dirname "$STAGE")" -czf "$OUT/gpu_verify-$TAG.tgz" "gpu_verify-$TAG"

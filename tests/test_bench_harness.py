@@ -149,3 +149,72 @@ def test_jax_bench_tiny_grid(tmp_path):
   assert [r["contender"] for r in rows] == ["fused", "fused"] and all(r["fwd_ms"] > 0 for r in rows)
   with pytest.raises(SystemExit):
     jax_bench.main(flags + ["--ab-env", "SINKATTN_SIMD=avx2"])
+
+
+def test_feature_bench_times_every_plan_set_and_reports_each(monkeypatch, capsys):
+  """bench/feature_bench.py's bookkeeping without a GPU: every feature call under each plan set of --plans beside
+  the plain ones, a ratio, an A/A and a check per contender, the plan named on each line, a verdict per plan set,
+  and a contender whose plan cannot run reported (not timed) while the rest still are."""
+  import feature_bench
+
+  class Chain:  # stands for torch and its tensors: every attribute and call gives itself
+    def __getattr__(self, name):
+      return self
+
+    def __call__(self, *a, **k):
+      return self
+
+  class FakeCall:
+    def __init__(self, lib, torch, sets, causal, bias=None, mask=None, plans=None):
+      self.plans_, self.fails = plans, plans is not None and plans[0].endswith(".tma") and bias is None and causal == 0
+      self.fails = self.fails and mask is MASKS[1]
+
+    def fwd(self, i):
+      pass
+
+    fb = fwd
+
+    def plans(self):
+      if self.fails:
+        raise RuntimeError("sa_attn_fwd: status 2: plan not legal")
+      p = self.plans_ or ("hopper.fwd.persistent", "hopper.bwd.onepass")
+      return p[0] + " hd=64", p[1] + " hd=64"
+
+  class FakeTimer:
+    def rounds(self, cons, rounds, target_ms):
+      ms = lambda n: 1.0 if n.startswith("causal") else 2.0 if n.startswith("nobias") else 1.05 if ".tma" in n else 3.0  # noqa: E731
+      return {c.name: [ms(c.name)] * rounds for c in cons}
+
+  chain = Chain()
+  MASKS = []
+  real_view = Chain.__getattr__
+
+  def view(self, name):  # the two masks are told apart by identity: the second is the [B, 1, T, S] one
+    if name == "contiguous":
+      m = Chain()
+      MASKS.append(m)
+      return lambda *a, **k: m
+    return real_view(self, name)
+
+  monkeypatch.setattr(Chain, "__getattr__", view)
+  monkeypatch.setattr(feature_bench, "Call", FakeCall)
+  monkeypatch.setattr(feature_bench, "make_sets", lambda *a: [None, None])
+  monkeypatch.setattr(feature_bench, "same_output", lambda *a: 1e-5)
+  monkeypatch.setattr(feature_bench.gpu_timing, "l2_bytes", lambda t: 60 << 20)
+  args = feature_bench.argparse.Namespace(seed=1, rounds=5, target_ms=1.0, plans=["verified", "tma"])
+  row = feature_bench.bench_shape(chain, None, FakeTimer(), (4, 256, 4, 4, 64), args)
+  names = {k for k in row["fwd"] if "_over_" in k}
+  assert "mask_11TS.tma_over_causal" in names and "bias_BNTS_over_nobias" in names, names
+  assert "mask_B1TS.tma_over_causal" not in names and "mask_B1TS.tma" in row["errors"]
+  assert row["fwd"]["aa_mask_11TS.tma"]["median"] == 1.0 and "bias_zero.tma" in row["check"]
+  ok, met = feature_bench.report([row], args.plans)
+  out = capsys.readouterr().out
+  assert not ok and not met, out  # one contender could not run; the verified plans miss their targets
+  assert "mask_B1TS.tma could not run" in out, out
+  line = lambda key: next(x for x in out.splitlines() if key in x)  # noqa: E731
+  assert "1.050" in line("fwd mask_11TS.tma_over_causal") and "met" in line("fwd mask_11TS.tma_over_causal"), out
+  assert line("fwd mask_11TS.tma_over_causal").endswith("[hopper.fwd.features.tma]"), out
+  assert "1.500" in line("fb  bias_1NTS_over_nobias") and "MISSED" in line("fb  bias_1NTS_over_nobias"), out
+  assert line("fb  bias_1NTS_over_nobias").endswith("[hopper.bwd.twopass.features]"), out
+  assert "verdict tma (hopper.fwd.features.tma + hopper.bwd.twopass.features.tma): targets met fwd mask 1/1" in out
+  assert "verdict verified" in out and "fwd bias 0/2" in out, out

@@ -7,9 +7,9 @@
  * sinks from U(-10, 10) or U(-50, 50), empty rows, GQA, Hv != H, odd sizes, all head dims, both 16-bit dtypes,
  * and production schedules (T, S = 4096..8192). Outputs are NaN-poisoned, padding holds NaN, the backward runs
  * three times and must agree bitwise. Exit 77 (skipped) without a GPU.
- *   test_cuda [--list] [--table=general|hopper|prod|features|features-prod] [--plan=SUBSTR] [--case=SUBSTR]
- *             [--stride=K]
- * --list enumerates cases x plans on a mocked H200 record without a GPU (CI runs it).
+ *   test_cuda [--list] [--table=general|hopper|prod|features|features-prod] [--plan=SUBSTR[$][,...]]
+ *             [--case=SUBSTR] [--stride=K]
+ * --list enumerates cases x plans (those --plan selects) on a mocked H200 record without a GPU (CI runs it).
  */
 #define _POSIX_C_SOURCE 200112L
 #include <math.h>
@@ -198,6 +198,24 @@ static const tc_case tc_prod_cases[] = {
 // clang-format on
 
 static const char *tc_plan_sel, *tc_case_sel; /* --plan, --case substrings */
+
+/* --plan=SEL: a comma-separated list of plan-name substrings, an entry ending in '$' matching the whole name (so
+   that hopper.fwd.features$ leaves out hopper.fwd.features.tma); no --plan: every plan. */
+static int tc_plan_selected(const char *name) {
+  if (!tc_plan_sel) return 1;
+  const size_t len = strlen(name);
+  for (const char *e = tc_plan_sel; *e;) {
+    const char *end = strchr(e, ',');
+    const size_t n = end ? (size_t)(end - e) : strlen(e);
+    const int exact = n > 0 && e[n - 1] == '$';
+    const size_t m = exact ? n - 1 : n;
+    if (exact && len == m && !strncmp(name, e, m)) return 1;
+    for (size_t i = 0; !exact && m > 0 && i + m <= len; i++)
+      if (!strncmp(name + i, e, m)) return 1;
+    e += n + (end != NULL);
+  }
+  return 0;
+}
 
 #ifdef SINKATTN_WITH_CUDA
 static int tc_pass, tc_fail;
@@ -394,7 +412,7 @@ static void tc_run(const tc_case *c, uint64_t seed) {
   tc_check(nf > 0 && nb > 0, c, "no CUDA plan (%g fwd, %g bwd)", nf, nb);
   double lerr = 0;
   for (int fi = 0; fi < nf && fi < 16; fi++) {
-    if (tc_plan_sel && !strstr(fplans[fi], tc_plan_sel)) continue;
+    if (!tc_plan_selected(fplans[fi])) continue;
     tc_plan_now = fplans[fi];
     sa_plan_force(SA_PLAN_FWD, fplans[fi]);
     TC_CUDA(cudaMemset((void *)d.out, 0xff, no * es > 0 ? no * es : 16));
@@ -455,7 +473,7 @@ static void tc_run(const tc_case *c, uint64_t seed) {
   dg.dout = tc_dev(no * es, dout);
   dg.dlse = c->dlse ? tc_dev(nl * 4, dlse) : NULL;
   for (int bi = 0; bi < nb && bi < 16; bi++) {
-    if (tc_plan_sel && !strstr(bplans[bi], tc_plan_sel)) continue;
+    if (!tc_plan_selected(bplans[bi])) continue;
     tc_plan_now = bplans[bi];
     sa_plan_force(SA_PLAN_BWD, bplans[bi]);
     for (int rep = 0; rep < 3; rep++) {
@@ -655,12 +673,13 @@ static int tc_list(const char *table) {
         return 1;
       }
       printf("%-8s %-42s fwd:", tc_tables[t].name, c->name);
-      for (int k = 0; k < nf && k < 16; k++) printf(" %s", pf[k].name);
+      for (int k = 0; k < nf && k < 16; k++)
+        if (tc_plan_selected(pf[k].name)) printf(" %s", pf[k].name), runs++;
       printf("  bwd:");
-      for (int k = 0; k < nb && k < 16; k++) printf(" %s", pb[k].name);
+      for (int k = 0; k < nb && k < 16; k++)
+        if (tc_plan_selected(pb[k].name)) printf(" %s", pb[k].name), runs++;
       printf("\n");
       cases++;
-      runs += (size_t)(nf + nb);
     }
   }
   printf("test_cuda --list: %zu cases, %zu (case, plan) runs on a GPU\n", cases, runs);
