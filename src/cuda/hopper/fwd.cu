@@ -179,7 +179,11 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, FEAT>::THREADS, 1)
   const uint32_t anchor_w = __shfl_sync(0xffffffffu, smem_u32(&anchor[4 * cw + warp]), 0);
   const uint64_t dq0 = gmma_desc(sq + cw * 64 * 128, 16, 1024), dk0 = gmma_desc(sk, 16, 1024); /* Q: slot 0 */
   const uint64_t dv0 = dk0 + ST * KV_DESC + ((uint64_t)(BN * 128 / 16 - 16 / 16) << 16);
-  const float sl2 = FEAT ? 1.f : p.scale_l2; /* FEAT: the scores reach the softmax in base 2 (fwd_feat.cuh) */
+  /* FEAT: the scores reach the softmax in base 2 (fwd_feat.cuh); FEAT 2 without a bias or a soft-cap leaves the scale
+     to the softmax's FFMA, as the plain kernels do (64 FMUL a tile fewer) */
+  float sl2 = FEAT ? 1.f : p.scale_l2;
+  if constexpr (FEAT == 2)
+    if (p.tma != 1 && !(p.f.cap > 0.f)) sl2 = p.scale_l2;
 
   /* Accumulator layout of m64nN (per warp 16 rows): d[4j + e]: row lane/4 + 8 * (e >> 1),
      column 8j + 2 * (lane % 4) + (e & 1). */
@@ -251,10 +255,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, FEAT>::THREADS, 1)
           else feat_tma_scores<2>(sacc, p.f, fstage(s), rl, t);
         } else if (p.f.cap > 0.f) {
           feat_fwd_scores(sacc, p.f, frows, k + 2 * t); /* no bias: the soft-cap alone */
-        } else {
-#pragma unroll
-          for (int i = 0; i < BN / 2; ++i) sacc[i] *= p.scale_l2;
-        }
+        } /* else the raw scores: the softmax scales them (sl2) */
       } else if constexpr (FEAT) {
         if (p.f.bias || p.f.cap > 0.f) feat_fwd_scores(sacc, p.f, frows, k + 2 * t);
         else
