@@ -353,7 +353,7 @@ fi
   [ -f "$STAGE/feature_bench.log" ] && grep -h -E "^feature_bench: " "$STAGE/feature_bench.log" | cut -c1-170
   [ "$SINKATTN_COMMIT" = unknown ] && echo "WARNING: SINKATTN_COMMIT unset: results are stamped 'unknown'"
   echo "status: $([ $fail = 0 ] && echo 'every step passed' || echo 'SOME STEPS FAILED (rc != 0)')"
-  [ -f "$STAGE/decision.txt" ] && cut -c1-230 "$STAGE/decision.txt"  # the timing decisions (PART=perf33), last
+  [ -f "$STAGE/decision.txt" ] && cut -c1-300 "$STAGE/decision.txt"  # the timing decisions (PART=perf33), last
   [ -f "$STAGE/plan_decide.log" ] && [ ! -f "$STAGE/decision.txt" ] && tail -n 20 "$STAGE/plan_decide.log"
 } > "$STAGE/summary.txt"
 cp "$STAGE/summary.txt" "$OUT/summary.txt"

@@ -164,9 +164,8 @@ def decide_decode(data, gate_rcs, lines):
     if cut != 1024:
       change += ", #define SA_DEC_MMA_SHORT_CHUNK %d" % cut
     lines.append(
-      head
-      + "; %s %+.1f%% (%.1f%% of copy, default chunks <= %d) -> FLIP: %s (then remake tests/plan/golden.txt)"
-      % (v, 100 * gain, 100 * copy, cut, change)
+      head + "; %s %+.1f%% (%.1f%% of copy, default chunks <= %d) -> FLIP: %s (then remake tests/plan/golden.txt, "
+      "update tests/test_plan.c's decode rows)" % (v, 100 * gain, 100 * copy, cut, change)
     )
   lines.extend(shapes)
 

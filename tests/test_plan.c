@@ -11,8 +11,7 @@
  *   5. decode: the mma plan is the default on the gpt-oss shapes, its schedule one wave of equal CTAs, 16-row
  *      groups, the combine a programmatic dependent launch on sm_90 only; its shape and dtype rules;
  *   6. the override-only timing variants: the one pass that always waits (the default's schedule and workspace,
- *      op_wait set; the defaults keep op_wait 0) and the mma decode's split counts (half, x2, x4 of the default's,
- *      refused where equal to it).
+ *      op_wait set) and the mma decode's split counts (half, x2, x4 of the default's, refused where equal to it).
  * The launches themselves are tests/plan/plan_record.cpp's (test_plan_launch, against tests/plan/golden.txt).
  */
 #include <stdint.h>
@@ -136,7 +135,7 @@ static void check_variants(void) {
   sa_cuda_plan d, w, nw;
   char desc[384];
   int ok = sa_cuda_plan_pick(&a, SA_PLAN_BWD, &h200, NULL, (size_t)-1, &d) == SA_OK &&
-           !strcmp(d.name, "hopper.bwd.onepass") && d.op_wait == 0 &&
+           !strcmp(d.name, "hopper.bwd.onepass") &&
            sa_cuda_plan_pick(&a, SA_PLAN_BWD, &h200, "hopper.bwd.onepass.wait", (size_t)-1, &w) == SA_OK &&
            w.family == SA_CUDA_BWD_ONEPASS && w.op_wait == 1 && w.cooperative == 1 && w.grid[0] == d.grid[0] &&
            w.ws == d.ws && w.items == d.items && w.split == d.split &&
