@@ -38,9 +38,9 @@
 #           (verified when its test_cuda runs passed and the sanitizers are clean) and the timing targets' lines.
 #   PART=perf33  the timing decisions, in one call (about 7 of its 10 minutes): a Release and a sanitizer build side
 #           by side; then concurrently the override-only variants against the fp64 reference (test_cuda's hopper and
-#           prod tables under the one pass that always waits, hopper.bwd.onepass.wait / .narrow.wait; test_decode,
-#           every decode plan, cuda.decode.mma.half / .x2 / .x4 included) and compute-sanitizer synccheck and
-#           racecheck over the waiting one passes; then ALONE, in order of value: the waiting one pass against the
+#           prod tables' one-pass cases under the one pass that always waits, hopper.bwd.onepass.wait / .narrow.wait;
+#           test_decode, every decode plan, cuda.decode.mma.half / .x2 / .x4 included) and compute-sanitizer
+#           synccheck and racecheck over the waiting one passes; then ALONE, in order of value: the waiting one pass against the
 #           default on the grid rows whose default is the one pass (bench/plan_bench.py), the decode split counts at
 #           B8 S4k and its neighbours (bench/kernel_bench.py --decode-plans), the gpt-oss forward at 2k-32k against
 #           cuDNN 9.27's published figures (kernel_bench.py --grid h200_gptoss, cuDNN beside it where the wheel is
@@ -284,7 +284,9 @@ if has perf33; then
   export SINKATTN_LIBRARY=$PWD/build-gpu/libsinkattn_jax.so SINKATTN_C_LIBRARY=$PWD/build-gpu/libsinkattn.so
   # the variants against the fp64 reference, concurrently (untimed): ".wait" selects both waiting one passes
   bg_step test_cuda_wait_hopper 200 build-gpu/test_cuda --table=hopper --plan=.wait
-  bg_step test_cuda_wait_prod 200 build-gpu/test_cuda --table=prod --plan=.wait
+  # the prod table's one-pass cases in two processes (their fp64 references take ~30-60 s each on one core)
+  bg_step test_cuda_wait_prod_h64 200 build-gpu/test_cuda --table=prod --plan=.wait --case=causal
+  bg_step test_cuda_wait_prod_h128 200 build-gpu/test_cuda --table=prod --plan=.wait --case=H128
   bg_step test_decode 150 build-gpu/test_decode
   san_step san_synccheck_wait synccheck --table=hopper --plan=.wait
   san_step san_racecheck_wait racecheck --table=hopper --plan=.wait --stride="${RACE_HOPPER_STRIDE:-3}"
@@ -308,9 +310,10 @@ if has perf33; then
   run_step plans_bwd 90 "$PY" bench/plan_bench.py --dir bwd --rows 4,5,10,11 \
     --plans '^hopper\.bwd\.(onepass|twopass\.[a-z0-9]+)$' --label "backward plans on the T16384 rows" \
     --out "$STAGE/plans_bwd.json"
+  wait_gates=test_cuda_wait_hopper,test_cuda_wait_prod_h64,test_cuda_wait_prod_h128,san_synccheck_wait,san_racecheck_wait
   "$PY" bench/plan_decide.py --wait "$STAGE/wait_bench.json" --decode "$STAGE/decode_variants.json" \
     --anchors "$STAGE/gptoss_anchors.json" --plans "$STAGE/plans_fwd.json" "$STAGE/plans_bwd.json" --stage "$STAGE" \
-    --gate test_cuda_wait_hopper,test_cuda_wait_prod,san_synccheck_wait,san_racecheck_wait,wait_bench \
+    --gate "$wait_gates,wait_bench" \
     --decode-gate test_decode,decode_variants \
     --out "$STAGE/decision.txt" > "$STAGE/plan_decide.log" 2>&1
 fi
