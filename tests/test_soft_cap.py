@@ -3,6 +3,8 @@ not capped. The fused CPU kernels against the jnp reference computed in float64 
 fp64 NumPy oracle, written apart from it), forward and every gradient (q, k, v, sinks, bias; through lse too);
 finite differences of both paths; decode_attention; the refusals, by name; and nothing changed without a cap."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,8 +13,9 @@ from jax.test_util import check_grads
 
 import numpy_ref
 import sinkattn
-from conftest import GRAD_TOL, LSE_TOL, OUT_TOL, assert_close, bnt, f64, make_inputs
-from sinkattn import _lib
+from conftest import GRAD_TOL, LSE_TOL, OUT_TOL, _gpu_devices, assert_close, bnt, f64, make_inputs
+from sinkattn import _lib, _routing
+from sinkattn._inputs import Inputs
 
 pytestmark = pytest.mark.skipif(not _lib.available(), reason="libsinkattn_jax.so is not built")
 
@@ -329,3 +332,38 @@ def test_the_kernels_get_the_cap_as_a_float32_attribute():
   for cap, want in ((None, "logits_soft_cap = 0.000000e+00 : f32"), (7.5, "logits_soft_cap = 7.500000e+00 : f32")):
     calls = [line for line in text(cap).splitlines() if "@sinkattn_" in line]
     assert len(calls) == 3 and all(want in line for line in calls), calls
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_devices(), reason="no GPU visible to jax")
+@pytest.mark.parametrize("op", ["dot_product_attention", "decode_attention"])
+def test_on_a_gpu_the_library_decides(monkeypatch, op):
+  """On a GPU a soft-capped call runs where the library says: on the CUDA kernels when it takes the cap, else on
+  the reference with one warning in its words (and implementation='cudnn' refuses it); the numbers of the
+  float64 reference either way."""
+  monkeypatch.setattr(_routing, "_warned", set())
+  q, k, v, s = make_inputs(30, B=2, T=1 if op == "decode_attention" else 128, S=256, N=4, K=2, H=64)
+  q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+  lens = jnp.asarray([256, 77], jnp.int32)
+  kw = dict(sinks=s, logits_soft_cap=5.0, return_residual=True)
+  if op == "decode_attention":
+    call = lambda *a, **c: sinkattn.decode_attention(*a, lens, **kw, **c)  # noqa: E731
+  else:
+    call = lambda *a, **c: sinkattn.dot_product_attention(*a, is_causal=True, key_value_seq_lengths=lens, **kw, **c)  # noqa: E731
+  why = _routing.cuda_reason(Inputs(q, k, v, s), logits_soft_cap=5.0, decode=op == "decode_attention")
+  gpu = jax.devices("gpu")[0]
+  with warnings.catch_warnings(record=True) as seen, jax.default_device(gpu):
+    warnings.simplefilter("always")
+    out, lse = call(*jax.device_put((q, k, v), gpu))
+  named = [w for w in seen if issubclass(w.category, RuntimeWarning) and why and why in str(w.message)]
+  assert len(named) == (1 if why else 0), [str(w.message) for w in seen]
+  with jax.enable_x64(True):
+    up = lambda x: jnp.asarray(f64(x))  # noqa: E731
+    with jax.default_device(jax.devices("cpu")[0]):
+      want_out, want_lse = (np.asarray(x) for x in call(up(q), up(k), up(v), implementation="reference"))
+  assert_close(out, want_out, OUT_TOL[np.dtype(jnp.bfloat16)], f"{op} out on GPU")
+  assert_close(lse, want_lse, LSE_TOL[np.dtype(jnp.bfloat16)], f"{op} lse on GPU")
+  if why:
+    with jax.default_device(gpu), pytest.raises(ValueError, match="implementation='cudnn'") as e:
+      call(*jax.device_put((q, k, v), gpu), implementation="cudnn")
+    assert why in str(e.value)
