@@ -390,6 +390,9 @@ int main(void) {
          .softmax = SA_SOFTMAX_LEARNABLE, D_ALL, .lens = 1, .causal = D_BR},
         {.name = "gpt-oss window", .dtype = SA_F32, .B = 1, .Tq = 1, .S = 2000, .N = 64, .K = 8, .H = 64, .Hv = 64,
          .softmax = SA_SOFTMAX_LEARNABLE, .wl = 127, .wr = 0, .causal = D_BR},
+        /* 32 splits of 1024 keys: the mma decode's split-count plans (.half 16, .x2 64, .x4 128) all legal */
+        {.name = "gpt-oss S 32k", .dtype = SA_BF16, .B = 1, .Tq = 1, .S = 32768, .N = 64, .K = 8, .H = 64, .Hv = 64,
+         .softmax = SA_SOFTMAX_LEARNABLE, D_ALL, .lens = 1, .causal = D_BR},
         /* R = 1 with 6 kv heads (4 lanes each: groups of 4 and 2), and R = 2 with 8 heads (one group of 8) */
         {.name = "R 1, 6 kv heads", .dtype = SA_BF16, .B = 2, .Tq = 1, .S = 900, .N = 6, .K = 6, .H = 64, .Hv = 64,
          .softmax = SA_SOFTMAX_OFF_BY_ONE, D_ALL, .lens = 2, .causal = D_BR},

@@ -27,9 +27,11 @@ BWD_TARGET = "sinkattn_bwd"  # "cpu": results dq dk dv dsinks
 BWD_TARGET_CUDA = "sinkattn_bwd_cuda"  # "CUDA": results dq dk dv dsinks workspace
 DECODE_TARGET = "sinkattn_decode"  # "cpu": results out lse (decode.py)
 DECODE_TARGET_CUDA = "sinkattn_decode_cuda"  # "CUDA": results out lse workspace
-# The attention handlers' buffers and attributes (sa_jax_attn_abi_version in src/ffi/ffi_attn.c): 12 forward
-# inputs (bias, mask and positions included), dbias among the backward's results, no `deterministic` attribute.
-ATTN_ABI = 3
+# The attention and decode handlers' buffers and attributes (sa_jax_attn_abi_version in src/ffi/ffi_attn.c): 12
+# forward inputs (bias, mask and positions included), dbias among the backward's results, no `deterministic`
+# attribute, `logits_soft_cap` in every handler; a call with a bias, a mask, positions or a soft-cap asked of
+# sa_jax_cuda_supported_call, which also sizes its CUDA backward's workspace.
+ATTN_ABI = 5
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_DIR = os.path.dirname(os.path.dirname(_PKG_DIR))
@@ -105,15 +107,25 @@ def candidates() -> list[str]:
 
 
 def _declare(lib):
-  i64, c_int = ctypes.c_int64, ctypes.c_int
+  i64, c_int, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_float
   lib.sa_has_cuda.restype = c_int
   lib.sa_has_cuda.argtypes = []
   lib.sa_jax_bwd_workspace_size.restype = ctypes.c_size_t
-  lib.sa_jax_bwd_workspace_size.argtypes = [c_int] + [i64] * 7 + [c_int, c_int, i64, i64, i64, c_int, c_int, c_int]
+  lib.sa_jax_bwd_workspace_size.argtypes = [c_int] + [i64] * 7 + [c_int, c_int, i64, i64, i64, c_int, c_int, f32, c_int]
   lib.sa_jax_ffi_api_version.restype = c_int
   lib.sa_jax_ffi_api_version.argtypes = []
   lib.sa_jax_cuda_supported.restype = c_int
-  lib.sa_jax_cuda_supported.argtypes = [c_int] + [i64] * 7 + [c_int] * 3 + [ctypes.c_char_p, ctypes.c_size_t]
+  lib.sa_jax_cuda_supported.argtypes = (
+    [c_int] + [i64] * 7 + [c_int] * 3 + [f32, c_int, ctypes.c_char_p, ctypes.c_size_t]
+  )
+  dims = ctypes.POINTER(i64)
+  lib.sa_jax_cuda_supported_call.restype = c_int
+  lib.sa_jax_cuda_supported_call.argtypes = (
+    [c_int]
+    + [i64] * 7
+    + [c_int, c_int, i64, i64, i64, c_int, c_int, dims, c_int, dims, c_int, f32]
+    + [ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p, ctypes.c_size_t]
+  )
   lib.sa_jax_decode_workspace_size.restype = ctypes.c_size_t
   lib.sa_jax_decode_workspace_size.argtypes = [c_int] + [i64] * 7 + [c_int]
   lib.sa_jax_decode_max_q_len.restype = c_int
@@ -152,13 +164,13 @@ def load():
         "implementation='reference' works without it." % (LIB_NAME, ", ".join(tried))
       )
     lib = ctypes.CDLL(path)
-    _declare(lib)
-    abi = _attn_abi_version(lib)
+    abi = _attn_abi_version(lib)  # before the declarations: another layout may lack their symbols
     if abi != ATTN_ABI:
       raise StaleLibraryError(
         "sinkattn: %s was built from other sources: its attention handlers take buffer layout %d, this "
         "package passes layout %d. Rebuild it (cmake --build build) or reinstall sinkattn." % (path, abi, ATTN_ABI)
       )
+    _declare(lib)
     declared = divmod(int(lib.sa_jax_ffi_api_version()), 1000)
     check_ffi_api_version(path, declared, jaxlib_ffi_api_version())
     _register(lib)
@@ -179,15 +191,75 @@ def has_cuda() -> bool:
   return available() and bool(load().sa_has_cuda())
 
 
-def cuda_supported(dtype_code, B, T, S, N, K, H, Hv, *, bias=False, mask=False, positions=False):
-  """(ok, reason): whether the CUDA kernels take this dtype, these sizes and these optional inputs, as the
-  library answers (sa_jax_cuda_supported); the inputs they lack are named on any machine, the rest needs a
-  GPU."""
+def cuda_supported(
+  dtype_code, B, T, S, N, K, H, Hv, *, bias=False, mask=False, positions=False, logits_soft_cap=0.0, decode=False
+):
+  """(ok, reason): whether the CUDA kernels take this dtype, these sizes, these optional inputs and this soft-cap
+  (0.0 = none), as the library answers (sa_jax_cuda_supported): the attention kernels, or with decode=True the
+  decode kernels (causal bottom-right over cache lengths). The inputs they lack are named on any machine, the rest
+  needs a GPU."""
   why = ctypes.create_string_buffer(512)
-  ok = bool(
-    load().sa_jax_cuda_supported(dtype_code, B, T, S, N, K, H, Hv, int(bias), int(mask), int(positions), why, len(why))
-  )
+  flags = (int(bias), int(mask), int(positions), float(logits_soft_cap), int(decode))
+  ok = bool(load().sa_jax_cuda_supported(dtype_code, B, T, S, N, K, H, Hv, *flags, why, len(why)))
   return ok, why.value.decode()
+
+
+def cuda_supported_call(
+  dtype_code,
+  B,
+  T,
+  S,
+  N,
+  K,
+  H,
+  Hv,
+  *,
+  softmax,
+  causal,
+  window_left,
+  window_right,
+  diag_offset,
+  has_lengths,
+  has_segments,
+  bias_dims=None,
+  bias_dtype_code=0,
+  mask_dims=None,
+  positions=False,
+  logits_soft_cap=0.0,
+):
+  """(ok, reason, bwd_workspace): whether the CUDA kernels take this call in both directions, described in full (the
+  bias's and the mask's 4-d shapes, the bias's dtype, the segment ids, the lengths, causal / window, the soft-cap), as
+  the library answers (sa_jax_cuda_supported_call), and the bytes of the backward workspace of the plan it runs (0
+  when not taken). The inputs the feature kernels cannot take are named on any machine, the rest needs a GPU."""
+  i64 = ctypes.c_int64
+  as_dims = lambda d: None if d is None else (i64 * 4)(*(int(v) for v in d))  # noqa: E731
+  why, ws = ctypes.create_string_buffer(512), ctypes.c_size_t(0)
+  ok = load().sa_jax_cuda_supported_call(
+    dtype_code,
+    B,
+    T,
+    S,
+    N,
+    K,
+    H,
+    Hv,
+    int(softmax),
+    int(causal),
+    window_left,
+    window_right,
+    diag_offset,
+    int(has_lengths),
+    int(has_segments),
+    as_dims(bias_dims),
+    int(bias_dtype_code),
+    as_dims(mask_dims),
+    int(positions),
+    float(logits_soft_cap),
+    ctypes.byref(ws),
+    why,
+    len(why),
+  )
+  return bool(ok), why.value.decode(), int(ws.value)
 
 
 def decode_max_query_tokens() -> int:
@@ -211,6 +283,7 @@ def bwd_workspace_size(
   diag_offset,
   has_lengths,
   has_segments,
+  logits_soft_cap,
   backend,
 ):
   return int(
@@ -230,6 +303,7 @@ def bwd_workspace_size(
       diag_offset,
       int(has_lengths),
       int(has_segments),
+      float(logits_soft_cap),
       backend,
     )
   )

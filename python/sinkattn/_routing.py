@@ -1,8 +1,8 @@
 """Which implementation runs a call (dot_product_attention and decode_attention alike): the fused kernel,
 the pure-jnp reference, or a choice per platform made when the computation is lowered (the CPU kernel takes
-every input; what the CUDA kernels do not take, the library says (_lib.cuda_supported: float32, some head
-dims, a bias / mask / positions for now), and on GPU such calls run the reference, with one warning per
-reason)."""
+every input; what the CUDA kernels do not take, the library says (_lib.cuda_supported, and for a call with a bias,
+a mask, positions or a soft-cap _lib.cuda_supported_call: float32, some head dims, shapes outside the feature
+kernels' scope), and on GPU such calls run the reference, with one warning per reason)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Callable, Optional
 import jax
 
 from . import _lib
+from ._enums import dtype_code
 
 _warned: set = set()
 
@@ -45,6 +46,76 @@ def likely_on_gpu(x) -> bool:
   if d is not None:
     return (d if isinstance(d, str) else d.platform) in ("gpu", "cuda")
   return jax.default_backend() == "gpu"
+
+
+def has_features(x, logits_soft_cap: float = 0.0) -> bool:
+  """Whether the call on inputs x carries what only the CUDA feature kernels take: a bias, a mask, positions or a
+  soft-cap."""
+  return x.bias is not None or x.mask is not None or x.q_pos is not None or bool(logits_soft_cap)
+
+
+def cuda_call(x, *, softmax, causal, window_left, window_right, diag_offset, logits_soft_cap=0.0, **_):
+  """(ok, reason, bwd_workspace) of the CUDA kernels for the attention call on inputs x (an `_inputs.Inputs`, its
+  shapes as the kernel sees them) described in full, as the library answers (sa_jax_cuda_supported_call)."""
+  (B, T, N, H), (S, K), Hv = x.q.shape, x.k.shape[1:3], x.v.shape[3]
+  return _lib.cuda_supported_call(
+    dtype_code(x.q.dtype),
+    B,
+    T,
+    S,
+    N,
+    K,
+    H,
+    Hv,
+    softmax=softmax,
+    causal=causal,
+    window_left=window_left,
+    window_right=window_right,
+    diag_offset=diag_offset,
+    has_lengths=x.q_lens is not None or x.kv_lens is not None,
+    has_segments=x.q_seg is not None,
+    bias_dims=None if x.bias is None else x.bias.shape,
+    bias_dtype_code=0 if x.bias is None else dtype_code(x.bias.dtype),
+    mask_dims=None if x.mask is None else x.mask.shape,
+    positions=x.q_pos is not None,
+    logits_soft_cap=logits_soft_cap,
+  )
+
+
+def cuda_reason(
+  x, *, statics: Optional[dict] = None, logits_soft_cap: float = 0.0, decode: bool = False
+) -> Optional[str]:
+  """Why the CUDA kernels cannot take the call on inputs x (an `_inputs.Inputs`) with this soft-cap (0.0 = none):
+  its dtype, a head dim, an input or option they lack, as the library says; or None. decode: the question is about
+  the decode kernels (decode_attention: sa_jax_cuda_supported), else the attention kernels; an attention call with a
+  bias, a mask, positions or a soft-cap is decided by its shapes and options too (statics: the call's softmax,
+  causal, window and diag_offset; sa_jax_cuda_supported_call), the rest by its sizes (sa_jax_cuda_supported)."""
+  (B, T, N, H), (S, K), Hv = x.q.shape, x.k.shape[1:3], x.v.shape[3]
+  try:
+    code = dtype_code(x.q.dtype)
+    if x.bias is not None:
+      dtype_code(x.bias.dtype)
+  except KeyError:
+    return None
+  if not decode and statics is not None and has_features(x, logits_soft_cap):
+    ok, why, _ = cuda_call(x, **dict(statics, logits_soft_cap=logits_soft_cap))
+    return None if ok else why
+  ok, why = _lib.cuda_supported(
+    code,
+    B,
+    T,
+    S,
+    N,
+    K,
+    H,
+    Hv,
+    bias=x.bias is not None,
+    mask=x.mask is not None,
+    positions=x.q_pos is not None,
+    logits_soft_cap=logits_soft_cap,
+    decode=decode,
+  )
+  return None if ok else why
 
 
 def run(

@@ -11,8 +11,10 @@
  * bias is f32, f16 or bf16 and mask PRED, both rank 4 with each dim 1 or the full B, N, T, S (their own
  * dims are bias_dims / mask_dims); positions int32 [B,T], [B,S]; dbias f32 with bias's dims, zero-size
  * when has_dbias is false. The workspace result exists on CUDA only; Python sizes it at trace time
- * (sa_jax_bwd_workspace_size). Version 3 of this layout and of the attribute set (sa_jax_attn_abi_version,
- * which the Python package checks when it loads the library).
+ * (sa_jax_bwd_workspace_size). The attributes: causal, diag_offset, has_* flags, logits_soft_cap (float, 0 = no
+ * cap), scale, softmax, window_left, window_right. Version 4 of this layout and of the attribute set, the decode
+ * handler's (ffi_decode.c) included (sa_jax_attn_abi_version, which the Python package checks when it loads the
+ * library).
  *
  * vmap: Python uses ffi_call(vmap_method="expand_dims"), so every buffer may carry the same number of
  * extra leading dims, each of the full vmapped size or 1 (an unbatched input). When every batched input
@@ -72,8 +74,10 @@ enum {
   V_COUNT
 };
 
-/* Version 3: the backward takes no `deterministic` attribute (every backend's backward is reproducible). */
-#define SA_FFI_ABI_VERSION 3
+/* Version 5: a call with a bias, a mask, positions or a soft-cap is asked of sa_jax_cuda_supported_call (ffi_query.c),
+   which sizes its CUDA backward's workspace (4: every handler takes `logits_soft_cap`; 3 dropped the backward's
+   `deterministic` attribute). */
+#define SA_FFI_ABI_VERSION 5
 
 typedef struct {
   const char *target;
@@ -102,6 +106,7 @@ enum {
   AT_HAS_MASK,
   AT_HAS_POSITIONS,
   AT_HAS_DBIAS,
+  AT_LOGITS_SOFT_CAP,
   AT_COUNT
 };
 
@@ -122,6 +127,7 @@ static XLA_FFI_Error *sa_ffi_decode_attrs(XLA_FFI_CallFrame *f, sa_ffi_call *c, 
       [AT_HAS_MASK] = {"has_mask", SA_ATTR_BOOL, 1, 0, 0, 0},
       [AT_HAS_POSITIONS] = {"has_positions", SA_ATTR_BOOL, 1, 0, 0, 0},
       [AT_HAS_DBIAS] = {"has_dbias", SA_ATTR_BOOL, c->bwd, 0, 0, 0},
+      [AT_LOGITS_SOFT_CAP] = {"logits_soft_cap", SA_ATTR_FLOAT, 1, 0, 0, 0},
   };
   XLA_FFI_Error *e = sa_ffi_attrs_decode(f, c->target, at, AT_COUNT);
   if (e) return e;
@@ -149,7 +155,7 @@ static XLA_FFI_Error *sa_ffi_decode_attrs(XLA_FFI_CallFrame *f, sa_ffi_call *c, 
   c->a.softmax = (sa_softmax)softmax;
   c->a.window_left = at[AT_WINDOW_LEFT].i;
   c->a.window_right = at[AT_WINDOW_RIGHT].i;
-  return NULL;
+  return sa_ffi_soft_cap(f, c->target, at[AT_LOGITS_SOFT_CAP].f, &c->a.logits_soft_cap);
 }
 
 #define SA_F32T XLA_FFI_DataType_F32
@@ -448,37 +454,61 @@ SA_FFI_EXPORT XLA_FFI_Error *sa_jax_attn_bwd_cuda(XLA_FFI_CallFrame *f) {
 SA_FFI_EXPORT size_t sa_jax_bwd_workspace_size(int dtype, int64_t batch, int64_t q_len, int64_t kv_len, int64_t q_heads,
                                                int64_t kv_heads, int64_t head_dim, int64_t v_head_dim, int softmax,
                                                int causal, int64_t window_left, int64_t window_right,
-                                               int64_t diag_offset, int has_lengths, int has_segments, int backend) {
+                                               int64_t diag_offset, int has_lengths, int has_segments,
+                                               float logits_soft_cap, int backend) {
   sa_attn a;
   sa_ffi_attn_of_shape(&a, dtype, batch, q_len, kv_len, q_heads, kv_heads, head_dim, v_head_dim);
   sa_ffi_attn_options(&a, softmax, causal, window_left, window_right, diag_offset, has_lengths, has_segments);
+  a.logits_soft_cap = logits_soft_cap;
   return sa_attn_bwd_workspace_size(&a, (sa_backend)backend);
 }
 
-/* Whether the CUDA backend takes a problem of this dtype, these sizes and these optional inputs (shape-only:
-   data pointers are NULL, which every alignment check accepts). A bias, a mask or positions are not described
-   enough here for the feature plans (their shapes, the segment ids, the workspace): with one the answer is no,
-   and sa_jax_cuda_supported_call (ffi_query.c) is the query that takes them. The inputs the CUDA kernels do not take
-   are asked first and need no device, so Python learns them from the library on any machine. Writes the reason into
-   why[why_len] when the answer is no, so Python can fall back to the reference and say why. 1 = supported. */
+/* Whether the CUDA backend takes a problem of this dtype, these sizes, these optional inputs and this soft-cap
+   (shape-only: data pointers are NULL, which every alignment check accepts): the attention kernels (sa_attn_fwd /
+   sa_attn_bwd), or with decode != 0 the decode kernels (sa_attn_decode_fwd: causal bottom-right over cache lengths).
+   The inputs the CUDA kernels do not take are asked first and need no device, so Python learns them from the library
+   (sa_check_cuda_inputs) on any machine. A bias, a mask, positions or a soft-cap of the attention kernels are not
+   described enough here for the feature plans (their shapes, the segment ids, causal / window, the workspace): with
+   one the answer is no, naming sa_jax_cuda_supported_call (ffi_query.c), the query that takes them. Writes the reason
+   into why[why_len] when the answer is no, so Python can fall back to the reference and say why. 1 = supported. */
 SA_FFI_EXPORT int sa_jax_cuda_supported(int dtype, int64_t batch, int64_t q_len, int64_t kv_len, int64_t q_heads,
                                         int64_t kv_heads, int64_t head_dim, int64_t v_head_dim, int has_bias,
-                                        int has_mask, int has_positions, char *why, size_t why_len) {
+                                        int has_mask, int has_positions, float logits_soft_cap, int decode, char *why,
+                                        size_t why_len) {
+  static const int32_t marker[1] = {0};
   sa_attn a;
   sa_ffi_attn_of_shape(&a, dtype, batch, q_len, kv_len, q_heads, kv_heads, head_dim, v_head_dim);
+  for (int d = 0; d < 4; d++) {
+    a.bias_dims[d] = has_bias ? 1 : 0;
+    a.mask_dims[d] = has_mask ? 1 : 0;
+  }
+  if (has_positions) a.q_positions = a.kv_positions = marker;
+  a.logits_soft_cap = logits_soft_cap;
+  if (decode) {
+    a.causal = SA_CAUSAL_BOTTOM_RIGHT;
+    a.kv_lens = marker;
+  }
   sa_clear_error();
-  const char *feat = has_bias ? "bias" : has_mask ? "mask" : has_positions ? "q_positions / kv_positions" : NULL;
-  int ok = !feat && sa_check_cuda_inputs(&a) == SA_OK && sa_has_cuda() && sa_cuda_attn_supported(&a) == SA_OK;
-  if (feat && why && why_len)
-    snprintf(why, why_len,
-             "%s unsupported by the CUDA backend for a call described by sizes alone (its shape, the segment ids and "
-             "the workspace decide: sa_jax_cuda_supported_call)",
-             feat);
-  else if (!ok && why && why_len)
-    snprintf(why, why_len, "%s", *sa_last_error() ? sa_last_error() : "built without CUDA");
+  const char *feat = has_bias                 ? "bias"
+                     : has_mask               ? "mask"
+                     : has_positions          ? "q_positions / kv_positions"
+                     : logits_soft_cap != 0.f ? "logits_soft_cap"
+                                              : NULL;
+  if (feat && !decode) {
+    if (why && why_len)
+      snprintf(why, why_len,
+               "%s unsupported by the CUDA backend for a call described by sizes alone (its shape, the segment ids, "
+               "causal / window and the workspace decide: sa_jax_cuda_supported_call)",
+               feat);
+    return 0;
+  }
+  int ok = sa_check_cuda_inputs(&a) == SA_OK;
+  ok = ok && sa_has_cuda() && (decode ? sa_cuda_decode_supported(&a) : sa_cuda_attn_supported(&a)) == SA_OK;
+  if (!ok && why && why_len) snprintf(why, why_len, "%s", *sa_last_error() ? sa_last_error() : "built without CUDA");
   return ok;
 }
 
-/* The buffer layout and attribute set of the attention handlers (see the top of this file): 2 takes bias, mask
-   and positions and returns dbias; 3 drops the backward's `deterministic` attribute. */
+/* The buffer layout and attribute set of the attention and decode handlers (see the top of this file): 2 takes
+   bias, mask and positions and returns dbias; 3 drops the backward's `deterministic` attribute; 4 adds
+   `logits_soft_cap` to every handler. */
 SA_FFI_EXPORT int sa_jax_attn_abi_version(void) { return SA_FFI_ABI_VERSION; }

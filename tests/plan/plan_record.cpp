@@ -149,7 +149,7 @@ void decode(const char *k, void **args, char *buf, size_t n) {
 struct tcase {
   std::string name, line;
   sa_attn a;
-  std::string force[2]; /* fwd=NAME, bwd=NAME: the plans this case forces (an unverified plan is never the default) */
+  std::string force[3]; /* fwd=, bwd=, dec=NAME: the plans this case forces (an unverified plan is never the default) */
 };
 
 int parse_enum(const char *s, const char *const *names, int n) {
@@ -160,8 +160,8 @@ int parse_enum(const char *s, const char *const *names, int n) {
 }
 
 /* "name | dtype B T S N K H Hv softmax causal wl wr diag lens segs [bias=DIMS/DTYPE] [mask=DIMS] [pos=1] [cap=X]
-   [fwd=PLAN] [bwd=PLAN]" (DIMS as test_cuda's: "1NTS" is [1, N, T, S]); a case with a bias, a mask, positions or a
-   soft-cap runs the feature plans; fwd= / bwd= force a plan. */
+   [fwd=PLAN] [bwd=PLAN] [dec=PLAN]" (DIMS as test_cuda's: "1NTS" is [1, N, T, S]); a case with a bias, a mask,
+   positions or a soft-cap runs the feature plans; fwd= / bwd= / dec= force a plan in that direction. */
 bool parse_case(const std::string &line, tcase *c) {
   const size_t bar = line.find(" | ");
   if (bar == std::string::npos) return false;
@@ -202,9 +202,11 @@ bool parse_case(const std::string &line, tcase *c) {
       a.mask = (const uint8_t *)dev(12);
     } else if (!strncmp(line.c_str() + at + 1, "pos=1", 5)) {
       a.q_positions = (const int32_t *)dev(13), a.kv_positions = (const int32_t *)dev(14);
-    } else if (!strncmp(line.c_str() + at + 1, "fwd=", 4) || !strncmp(line.c_str() + at + 1, "bwd=", 4)) {
+    } else if (!strncmp(line.c_str() + at + 1, "fwd=", 4) || !strncmp(line.c_str() + at + 1, "bwd=", 4) ||
+               !strncmp(line.c_str() + at + 1, "dec=", 4)) {
       const size_t end = line.find(' ', at + 1);
-      c->force[line[at + 1] == 'b'] = line.substr(at + 5, end == std::string::npos ? end : end - at - 5);
+      const int w = line[at + 1] == 'f' ? 0 : line[at + 1] == 'b' ? 1 : 2;
+      c->force[w] = line.substr(at + 5, end == std::string::npos ? end : end - at - 5);
     } else {
       sscanf(line.c_str() + at + 1, "cap=%f", &a.logits_soft_cap);
     }
@@ -217,8 +219,9 @@ void run_case(const tcase &c, FILE *out) {
                                    "SA_ERR_DEVICE"};
   fprintf(out, "case %s\n", c.line.c_str());
   void *stream = (void *)(uintptr_t)0x5000;
-  for (int w = 0; w < 2; ++w)
-    if (!c.force[w].empty()) sa_plan_force(w == 0 ? SA_PLAN_FWD : SA_PLAN_BWD, c.force[w].c_str());
+  static const int dirs[3] = {SA_PLAN_FWD, SA_PLAN_BWD, SA_PLAN_DECODE};
+  for (int w = 0; w < 3; ++w)
+    if (!c.force[w].empty()) sa_plan_force(dirs[w], c.force[w].c_str());
   fprintf(out, " fwd\n");
   sa_status s = sa_attn_fwd(&c.a, SA_BACKEND_CUDA, stream);
   if (s != SA_OK) fprintf(out, "  status %s: %s\n", st[s], sa_last_error());
@@ -242,6 +245,7 @@ void run_case(const tcase &c, FILE *out) {
     if (s != SA_OK) fprintf(out, "  status %s: %s\n", st[s], sa_last_error());
     else fprintf(out, "  plan %s\n", sa_plan_last(SA_PLAN_DECODE));
   }
+  sa_plan_force(SA_PLAN_DECODE, nullptr);
 }
 
 std::vector<std::string> read_lines(const char *path) {

@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, FEAT>::THREADS, 1)
           else feat_tma_scores<2>(sacc, p.f, fstage(s), rl, t);
         } else if (p.f.cap > 0.f) {
           feat_fwd_scores(sacc, p.f, frows, k + 2 * t); /* no bias: the soft-cap alone */
-        } /* else the raw scores: the softmax scales them (sl2) */
+        }                                               /* else the raw scores: the softmax scales them (sl2) */
       } else if constexpr (FEAT) {
         if (p.f.bias || p.f.cap > 0.f) feat_fwd_scores(sacc, p.f, frows, k + 2 * t);
         else
