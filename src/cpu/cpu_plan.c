@@ -8,7 +8,8 @@
 #include "cpu_internal.h"
 #include "cpu_plan.h"
 
-/* Preference order within a kind: the default is the first legal entry that is not override-only. */
+/* Preference order within a kind: the default is the first legal entry that is not override-only and, for
+   the AMX tile entries, whose shape they win (sa_cpu_tile_wins). */
 typedef struct {
   const char *name;
   int which;
@@ -16,31 +17,34 @@ typedef struct {
   sa_cpu_tile tile;
   int bf16_dot;
   int override_only; /* reached only through a forced plan */
-  int fwd_kernels;   /* decode: the attention forward's kernels at the default level */
+  int fwd_kernels;   /* decode: the attention forward's kernels, those of the forward's default plan */
 } sa_cpu_plan_kind;
 
 static const sa_cpu_plan_kind sa_cpu_plan_kinds[] = {
+    /* bf16 on AMX tiles first: on 2 cores of a Xeon with AMX they take 0.25-0.35x the AVX-512 plan's time at
+       T = S = 128..2048 (forward and forward+backward, H 16 to 256, docs/performance.md); the vector plans
+       take the shapes below sa_cpu_tile_wins's threshold. */
+    {"cpu.fwd.amx", SA_PLAN_FWD, SA_CPU_AVX512, SA_CPU_TILE_AMX, 0, 0, 0},
     {"cpu.fwd.avx512", SA_PLAN_FWD, SA_CPU_AVX512, 0, 0, 0, 0},
     {"cpu.fwd.avx2", SA_PLAN_FWD, SA_CPU_AVX2, 0, 0, 0, 0},
     {"cpu.fwd.scalar", SA_PLAN_FWD, SA_CPU_SCALAR, 0, 0, 0, 0},
-    {"cpu.fwd.amx", SA_PLAN_FWD, SA_CPU_AVX512, SA_CPU_TILE_AMX, 0, 1, 0},
     {"cpu.fwd.amx.emulated", SA_PLAN_FWD, SA_CPU_AVX512, SA_CPU_TILE_EMULATED, 0, 1, 0},
+    {"cpu.bwd.amx", SA_PLAN_BWD, SA_CPU_AVX512, SA_CPU_TILE_AMX, 0, 0, 0},
     {"cpu.bwd.avx512", SA_PLAN_BWD, SA_CPU_AVX512, 0, 0, 0, 0},
     {"cpu.bwd.avx2", SA_PLAN_BWD, SA_CPU_AVX2, 0, 0, 0, 0},
     {"cpu.bwd.scalar", SA_PLAN_BWD, SA_CPU_SCALAR, 0, 0, 0, 0},
-    {"cpu.bwd.amx", SA_PLAN_BWD, SA_CPU_AVX512, SA_CPU_TILE_AMX, 0, 1, 0},
     {"cpu.bwd.amx.emulated", SA_PLAN_BWD, SA_CPU_AVX512, SA_CPU_TILE_EMULATED, 0, 1, 0},
-    /* The split-KV decode kernels: AVX-512 (scores by vdpbf16ps straight from a bf16 cache, or fp32 FMAs),
-       and the portable C one, which the avx2 and scalar levels get; then the attention forward's kernels,
-       which take what those do not (a bias, a mask, positions). */
+    /* The split-KV item with Q.K^T and P.V on AMX tiles (bf16, head_dim a multiple of 32): 0.55-0.82x the
+       time of the vdpbf16ps item on 2 cores of a Xeon with AMX (gpt-oss N/K 64/8 H 64, B 1 and 8, S 256 to
+       32k; docs/performance.md). Then the AVX-512 decode kernels (scores by vdpbf16ps straight from a bf16
+       cache, or fp32 FMAs), and the portable C one, which the avx2 and scalar levels get; then the attention
+       forward's kernels, which take what those do not (a bias, a mask, positions). */
+    {"cpu.decode.amx", SA_PLAN_DECODE, SA_CPU_AVX512, SA_CPU_TILE_AMX, 0, 0, 0},
     {"cpu.decode.avx512bf16", SA_PLAN_DECODE, SA_CPU_AVX512, 0, 1, 0, 0},
     {"cpu.decode.avx512", SA_PLAN_DECODE, SA_CPU_AVX512, 0, 0, 0, 0},
     {"cpu.decode.portable", SA_PLAN_DECODE, SA_CPU_SCALAR, 0, 0, 0, 0},
     {"cpu.decode.fwd", SA_PLAN_DECODE, SA_CPU_SCALAR, 0, 0, 0, 1},
-    /* The split-KV item with Q.K^T and P.V on AMX tiles (bf16, head_dim a multiple of 32), override-only: on 2
-       Sapphire Rapids cores it reads 0.34-0.37 of the read bandwidth against the AVX-512 item's 0.33 (3996aef),
-       too little a gain to change the default; and the same code over emulated instructions (tests). */
-    {"cpu.decode.amx", SA_PLAN_DECODE, SA_CPU_AVX512, SA_CPU_TILE_AMX, 0, 1, 0},
+    /* the tile code over emulated instructions: a test vehicle, never a default */
     {"cpu.decode.amx.emulated", SA_PLAN_DECODE, SA_CPU_AVX512, SA_CPU_TILE_EMULATED, 0, 1, 0},
 };
 #define SA_CPU_NPLANS ((int)(sizeof sa_cpu_plan_kinds / sizeof sa_cpu_plan_kinds[0]))
@@ -133,13 +137,48 @@ static void sa_cpu_plan_shape(const sa_attn *a, sa_cpu_plan *p) {
   p->splits = a->kv_len > 0 ? (a->kv_len + p->keys - 1) / p->keys : 1;
 }
 
+/* Whether an AMX tile plan that can run a is also the default for it: the tile kernels pay a tile
+   configuration per worker, operands padded to 16 rows and 32-element k steps and their staging per item,
+   which tiny problems do not recover. Measured on 2 cores of a Xeon with AMX, bf16, CPU time, tile / vector
+   (docs/performance.md): forward T = S = 8 (H 16) 1.03x, T = S = 2 1.23x, T = 1 S = 16 0.88x, T = S = 32
+   0.51-0.53x (H 64, 128), T = S = 32 H 16 0.96x; forward+backward T = S = 8 1.0-2.0x, T = S = 32 0.58-0.96x.
+   So fewer than 32 keys take the vector kernels. The tile decode wins from one row (N = K) and 256 keys on
+   (0.58-0.82x at S 256 .. 32k), and takes what its legality rule allows. */
+#define SA_CPU_TILE_MIN_KEYS 32
+static int sa_cpu_tile_wins(const sa_cpu_plan_kind *k, const sa_attn *a) {
+  return k->which == SA_PLAN_DECODE || a->kv_len >= SA_CPU_TILE_MIN_KEYS;
+}
+
+/* The default kind of a call (NULL: none, which the always-legal scalar entries rule out); *tile_lost: an AMX
+   tile kind could run the call but loses at its shape. */
+static const sa_cpu_plan_kind *sa_cpu_plan_default(const sa_attn *a, int which, const sa_cpu_record *r,
+                                                   int *tile_lost) {
+  *tile_lost = 0;
+  for (int i = 0; i < SA_CPU_NPLANS; i++) {
+    const sa_cpu_plan_kind *k = &sa_cpu_plan_kinds[i];
+    if (k->which != which || k->override_only || sa_cpu_plan_why_not(k, a, r)) continue;
+    if (k->tile == SA_CPU_TILE_AMX && !sa_cpu_tile_wins(k, a)) {
+      *tile_lost = 1;
+      continue;
+    }
+    return k;
+  }
+  return NULL;
+}
+
 static void sa_cpu_plan_fill(const sa_cpu_plan_kind *k, const sa_attn *a, const sa_cpu_record *r, const char *reason,
                              sa_cpu_plan *p) {
   memset(p, 0, sizeof *p);
   p->name = k->name;
   p->which = k->which;
-  p->simd = k->fwd_kernels ? r->simd : k->simd;
+  p->simd = k->simd;
   p->tile = k->tile;
+  if (k->fwd_kernels) { /* the kernels of the forward's default plan: the AMX tiles too where that wins */
+    int lost;
+    const sa_cpu_plan_kind *f = sa_cpu_plan_default(a, SA_PLAN_FWD, r, &lost);
+    p->simd = f ? f->simd : r->simd;
+    p->tile = f ? f->tile : SA_CPU_TILE_NONE;
+  }
   p->bf16_dot = k->bf16_dot;
   p->fwd_kernels = k->fwd_kernels;
   p->reason = reason;
@@ -188,27 +227,30 @@ sa_status sa_cpu_plan_make(const sa_attn *a, int which, const sa_cpu_record *r, 
     sa_cpu_plan_fill(k, a, r, reason, p);
     return SA_OK;
   }
-  for (int i = 0; i < SA_CPU_NPLANS; i++) {
-    const sa_cpu_plan_kind *k = &sa_cpu_plan_kinds[i];
-    if (k->which != which || k->override_only || sa_cpu_plan_why_not(k, a, r)) continue;
-    sa_cpu_plan_fill(k, a, r,
-                     k->fwd_kernels          ? "a bias, a mask or positions: the attention forward's kernels"
-                     : r->simd < r->simd_cpu ? "the widest kernels SINKATTN_SIMD allows"
-                                             : "the widest kernels this CPU has",
-                     p);
-    return SA_OK;
-  }
+  int lost;
+  const sa_cpu_plan_kind *k = sa_cpu_plan_default(a, which, r, &lost);
   /* unreachable: the scalar / portable entries are always legal */
-  return sa_error(SA_ERR_UNSUPPORTED, "CPU backend: no plan for call kind %d", which);
+  if (!k) return sa_error(SA_ERR_UNSUPPORTED, "CPU backend: no plan for call kind %d", which);
+  sa_cpu_plan_fill(k, a, r,
+                   k->fwd_kernels               ? "a bias, a mask or positions: the attention forward's kernels"
+                   : k->tile == SA_CPU_TILE_AMX ? "bf16 on AMX tiles, which this CPU has and the OS granted"
+                   : lost                  ? "fewer keys than the AMX tile kernels win at: the widest vector kernels"
+                   : r->simd < r->simd_cpu ? "the widest kernels SINKATTN_SIMD allows"
+                                           : "the widest kernels this CPU has",
+                   p);
+  return SA_OK;
 }
 
 int sa_cpu_plan_list(const sa_attn *a, int which, const sa_cpu_record *r, const char **names, int max) {
-  int n = 0;
+  int n = 0, lost;
   if (r->env_bad || r->threads_bad) return 0;
+  const sa_cpu_plan_kind *d = sa_cpu_plan_default(a, which, r, &lost);
+  if (d && n < max) names[n] = d->name;
+  n += d != NULL;
   for (int pass = 0; pass < 2; pass++)
     for (int i = 0; i < SA_CPU_NPLANS; i++) {
       const sa_cpu_plan_kind *k = &sa_cpu_plan_kinds[i];
-      if (k->which != which || k->override_only != pass || sa_cpu_plan_why_not(k, a, r)) continue;
+      if (k == d || k->which != which || k->override_only != pass || sa_cpu_plan_why_not(k, a, r)) continue;
       if (n < max) names[n] = k->name;
       n++;
     }
