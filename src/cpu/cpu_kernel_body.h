@@ -179,8 +179,16 @@ static size_t carve(const sa_cpu_ctx *c, sa_cpu_pass pass, float *ws, sa_bufs *B
   return off;
 }
 
+#ifdef SA_TILE
+static size_t tile_fwd_scratch(const sa_cpu_ctx *c, sa_cpu_pass pass);
+#endif
+
 static size_t scratch(const sa_cpu_ctx *c, sa_cpu_pass pass) {
   sa_bufs B;
+#ifdef SA_TILE
+  /* the tile kernels' own forward item and its packing of K and V (cpu_tile_fwd.h) */
+  if (pass == SA_CPU_FWD || pass == SA_CPU_FWD_PACK) return tile_fwd_scratch(c, pass);
+#endif
   return carve(c, pass, NULL, &B);
 }
 
@@ -260,6 +268,8 @@ static kv_rows load_kv_rows(const sa_cpu_ctx *c, const sa_bufs *B, int64_t b, in
 }
 
 /* ---- forward --------------------------------------------------------------------------------- */
+
+#ifndef SA_TILE /* the tile kernels' forward item is cpu_tile_fwd.h's */
 
 /* One online-softmax step on S^T [nk x Mp] (base 2 once multiplied by mul, score_mul; column c = query
    row c, c < M): s becomes p = 2^(mul s - m_new); l and the output rows o are rescaled by 2^(m_old - m_new). While a running max is
@@ -358,6 +368,14 @@ static void fwd_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
     if (a->lse) a->lse[(b * N + n) * T + i] = lse;
   }
 }
+#else
+#include "cpu_tile_fwd.h"
+#define fwd_item fwd_item_tile
+static size_t tile_fwd_scratch(const sa_cpu_ctx *c, sa_cpu_pass pass) {
+  tf_bufs B;
+  return pass == SA_CPU_FWD_PACK ? tf_pack_scratch(c) : tf_carve(c, NULL, &B);
+}
+#endif
 
 /* ---- backward: D, dsinks partials and dq ----------------------------------------------------- */
 
@@ -553,6 +571,9 @@ static void run(const sa_cpu_ctx *c, sa_cpu_pass pass, int64_t item, float *ws) 
     switch (pass) {
       case SA_CPU_FWD: fwd_item(c, sub, ws); break;
       case SA_CPU_BWD_DQ: dq_item(c, sub, ws); break;
+#ifdef SA_TILE
+      case SA_CPU_FWD_PACK: tf_pack_item(c, sub, ws); break;
+#endif
       default: dkdv_item(c, sub, ws); break;
     }
   }
