@@ -223,46 +223,48 @@ typedef struct {
   int64_t kld, vld;
 } kv_rows;
 
-/* K and V rows [j0, j0 + nk) of kv head kh, and a prefetch of the next tile's rows. The vector layer
-   converts both into its row buffers (LOAD_ROW). The tile layer reads them where they lie instead of copying
-   them (tile_load_row, zero-padded) where the products allow it: V where it is the B operand (v_b: the
-   forward's P V, packed once per tile) when its rows are whole 16-column blocks; K, the A operand of S^T
-   (loaded once per 32 columns of S^T, so once per 32 query rows), when the item has at most 64 rows (Mp), its
-   rows are whole 32-element k steps, and the 16-row groups the tiles load (nk rounded to 16) stay inside the
-   array; either 4-byte aligned. Measured on the work besides the tile products (emulated as no-ops, 2
-   threads, 2026-12-04): T = S = 4096 N64/8 H64 causal forward (64-row items) 0.94x with both in place, 0.97x
-   with V only; T = S = 2048 N8 H128 (256 rows) 1.03-1.06x with K in place, its A tiles then gathered from rows
-   4 KiB apart, once per 32 of the 256 rows, and 1.01x with V only. */
+/* The next tile's rows asked into L1 while this one computes (K / V here, q / dout in the dk/dv pass): the vector
+   kernels read 64 keys a tile. The tile kernels' 128- and 256-row tiles would ask for up to 2048 lines at once,
+   more than L1 holds, and ran their forward+backward in 0.93-0.95x the time without them (B1 T = S = 2048 N8
+   H128 bf16, 2 threads, Xeon with AMX; into L2 instead: 1.00x). */
+#ifdef SA_TILE
+#define PREFETCH_NEXT(base, t, r0, n, stride, off, len) ((void)(base), (void)(r0), (void)(n), (void)(off))
+#else
+#define PREFETCH_NEXT(base, t, r0, n, stride, off, len) prefetch_rows(base, t, r0, n, stride, off, len)
+#endif
+
+/* K and V rows [j0, j0 + nk) of kv head kh, and a prefetch of the next tile's rows. The vector layer converts both
+   into its row buffers (LOAD_ROW), the tile layer copies them as bf16 (tile_load_row, zero-padded), except K, the A
+   operand of the dq pass's S^T (loaded once per 32 columns of S^T, so once per 32 query rows), which it reads where
+   it lies when the item has at most 64 rows (Mp), its rows are whole 32-element k steps, the 16-row groups the
+   tiles load (nk rounded to 16) stay inside the array, and it is 4-byte aligned. Measured on the work besides the
+   tile products (emulated as no-ops, 2 threads): T = S = 4096 N64/8 H64 causal (64-row items) 0.94x in place;
+   T = S = 2048 N8 H128 (256 rows) 1.03-1.06x, its A tiles then gathered from rows 4 KiB apart, once per 32 of
+   the 256 rows. */
 static kv_rows load_kv_rows(const sa_cpu_ctx *c, const sa_bufs *B, int64_t b, int64_t kh, int64_t j0, int64_t nk,
-                            int64_t jhi, int64_t Mp, int v_b) {
+                            int64_t jhi, int64_t Mp) {
   const sa_attn *a = c->a;
   const int64_t S = a->kv_len, Kh = a->kv_heads, H = a->head_dim, Hv = a->v_head_dim;
   if (j0 + BODY_BK < jhi) {
     int64_t nn = SA_MIN(BODY_BK, jhi - j0 - BODY_BK);
-    prefetch_rows(a->k, a->dtype, b * S + j0 + BODY_BK, nn, Kh * H, kh * H, H);
-    prefetch_rows(a->v, a->dtype, b * S + j0 + BODY_BK, nn, Kh * Hv, kh * Hv, Hv);
+    PREFETCH_NEXT(a->k, a->dtype, b * S + j0 + BODY_BK, nn, Kh * H, kh * H, H);
+    PREFETCH_NEXT(a->v, a->dtype, b * S + j0 + BODY_BK, nn, Kh * Hv, kh * Hv, Hv);
   }
   kv_rows kv = {B->kr, B->v, c->hp, c->hvp};
 #ifdef SA_TILE
-  const int64_t row0 = (b * S + j0) * Kh + kh;
-  const uint16_t *k0 = (const uint16_t *)a->k + row0 * H, *v0 = (const uint16_t *)a->v + row0 * Hv;
+  const uint16_t *k0 = (const uint16_t *)a->k + ((b * S + j0) * Kh + kh) * H;
   if (Mp <= 64 && H % 32 == 0 && (Kh * H) % 2 == 0 && ((uintptr_t)k0 & 3) == 0 &&
       b * S + j0 + tile_round(nk, SA_TILE_M) <= a->batch * S) {
     kv.k = (const float *)(const void *)k0;
     kv.kld = Kh * H / 2;
   }
-  if (v_b && Hv % 16 == 0 && (Kh * Hv) % 2 == 0 && ((uintptr_t)v0 & 3) == 0) {
-    kv.v = (const float *)(const void *)v0;
-    kv.vld = Kh * Hv / 2;
-  }
 #else
   (void)Mp;
-  (void)v_b;
 #endif
   for (int64_t jj = 0; jj < nk; jj++) {
     int64_t row = (b * S + j0 + jj) * Kh + kh;
     if (kv.k == B->kr) LOAD_ROW(B->kr + jj * c->hp, a->k, a->dtype, row * H, H, c->hp, 1.0f);
-    if (kv.v == B->v) LOAD_ROW(B->v + jj * c->hvp, a->v, a->dtype, row * Hv, Hv, c->hvp, 1.0f);
+    LOAD_ROW(B->v + jj * c->hvp, a->v, a->dtype, row * Hv, Hv, c->hvp, 1.0f);
   }
   return kv;
 }
@@ -341,7 +343,7 @@ static void fwd_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
     const int cls = tile_class(a, b, rg, i0, np, j0, nk), pos = a->q_positions && cls == 1, add = c->fill || pos;
     if (cls == 0 || (add && !fill_cols(c, b, kh, B.s, B.row, nk, Mp, M, np, i0, j0, pos))) continue;
     const float mul = score_mul(c, add);
-    const kv_rows kv = load_kv_rows(c, &B, b, kh, j0, nk, jhi, Mp, 1);
+    const kv_rows kv = load_kv_rows(c, &B, b, kh, j0, nk, jhi, Mp);
     PRODUCT(B, B.sq, nk, Mp, H, kv.k, kv.kld, 1, B.qt, Mp, B.s, Mp, add, PSCALE(c) / mul); /* S^T = (bias^T +) k q^T */
     if (cls == 1) mask_cols(a, b, B.s, nk, Mp, M, np, rg, i0, j0, B.mlo, B.mhi);
     softmax_cols(B.s, nk, Mp, M, mul, B.r1, B.r2, B.acc, hvp, B.cm, B.cl);
@@ -445,7 +447,7 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
     const float mul = score_mul(c, add);
     const vf mulv = V_SET1(mul);
     (void)mulv;
-    const kv_rows kv = load_kv_rows(c, &B, b, kh, j0, nk, jhi, Mp, 0);
+    const kv_rows kv = load_kv_rows(c, &B, b, kh, j0, nk, jhi, Mp);
     PRODUCT(B, B.sq, nk, Mp, H, kv.k, kv.kld, 1, B.qt, Mp, B.s, Mp, add, PSCALE(c) / mul); /* S^T = (bias^T +) k q^T */
     if (cls == 1) mask_cols(a, b, B.s, nk, Mp, M, np, rg, i0, j0, B.mlo, B.mhi);
     PRODUCT(B, B.sd, nk, Mp, Hv, kv.v, kv.vld, 1, B.dt, Mp, B.dp, Mp, 0, 1.0f); /* dP^T = v dout^T */
@@ -529,8 +531,8 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
       { /* the rows of the next (head, tile) step */
         int64_t ng = g + 1 < G ? n + 1 : kh * G, ni = g + 1 < G ? i0 : i0 + Q2, nn = SA_MIN(Q2, ie - ni);
         if (nn > 0) {
-          prefetch_rows(a->q, dt, b * T + ni, nn, N * H, ng * H, H);
-          prefetch_rows(gr->dout, dt, b * T + ni, nn, N * Hv, ng * Hv, Hv);
+          PREFETCH_NEXT(a->q, dt, b * T + ni, nn, N * H, ng * H, H);
+          PREFETCH_NEXT(gr->dout, dt, b * T + ni, nn, N * Hv, ng * Hv, Hv);
         }
       }
       const float mul = score_mul(c, add);
