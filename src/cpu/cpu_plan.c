@@ -140,10 +140,10 @@ static void sa_cpu_plan_shape(const sa_attn *a, sa_cpu_plan *p) {
 /* Whether an AMX tile plan that can run a is also the default for it: the tile kernels pay a tile
    configuration per worker, operands padded to 16 rows and 32-element k steps and their staging per item,
    which tiny problems do not recover. Measured on 2 cores of a Xeon with AMX, bf16, CPU time, tile / vector
-   (docs/performance.md): forward T = S = 8 (H 16) 1.03x, T = S = 2 1.23x, T = 1 S = 16 0.88x, T = S = 32
-   0.51-0.53x (H 64, 128), T = S = 32 H 16 0.96x; forward+backward T = S = 8 1.0-2.0x, T = S = 32 0.58-0.96x.
-   So fewer than 32 keys take the vector kernels. The tile decode wins from one row (N = K) and 256 keys on
-   (0.58-0.82x at S 256 .. 32k), and takes what its legality rule allows. */
+   (docs/performance.md): forward T = S = 16 1.5x (H 64) and 2.2x (H 16), T = S = 8 2.1-2.3x, T = 1 S = 16 0.92x;
+   T = S = 32 0.54x (H 64, 128) and 0.84x (H 16); forward+backward T = S = 16 1.16x, T = S = 32 0.38-0.94x. So
+   fewer than 32 keys take the vector kernels. The tile decode wins from one row (N = K) and 256 keys on
+   (0.55-0.82x at S 256 .. 32k), and takes what its legality rule allows. */
 #define SA_CPU_TILE_MIN_KEYS 32
 static int sa_cpu_tile_wins(const sa_cpu_plan_kind *k, const sa_attn *a) {
   return k->which == SA_PLAN_DECODE || a->kv_len >= SA_CPU_TILE_MIN_KEYS;
