@@ -163,9 +163,26 @@ sa_status sa_cpu_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspa
   int threads = 1;
   /* dbias is summed in place (pairs that no tile visits add nothing) */
   if (g->dbias) memset(g->dbias, 0, (size_t)sa_dims_count(a->bias_dims) * sizeof *g->dbias);
-  if (B > 0 && a->q_len > 0)
+  /* the tile dq pass's K^T, V^T and K pairs packed once per call, as the forward's (sa_cpu_attn_fwd_plan) */
+  const size_t kte = (size_t)sa_cpu_tile_kt_elems(a), vbe = (size_t)sa_cpu_tile_vb_elems(a);
+  const size_t tiles = (size_t)(a->batch * a->kv_heads * c.nkt);
+  if (p.tile != SA_CPU_TILE_NONE && c.nqb > 1 && a->kv_len > 0 && B > 0 && a->q_len > 0) {
+    c.kpack = aligned_alloc(64, tiles * (2 * kte + vbe) * sizeof(uint16_t));
+    if (!c.kpack)
+      s = sa_error(SA_ERR_NO_MEMORY, "CPU backend: cannot allocate %zu bytes for the packed K and V",
+                   tiles * (2 * kte + vbe) * sizeof(uint16_t));
+    else {
+      c.vpack = c.kpack + tiles * kte;
+      c.kpair = c.vpack + tiles * vbe;
+      s = sa_cpu_parallel(k, &c, SA_CPU_DQ_PACK, sa_cpu_items(&c, SA_CPU_DQ_PACK), k->scratch(&c, SA_CPU_DQ_PACK),
+                          (double)tiles * (double)(2 * kte + vbe) * 16.0, &threads);
+    }
+  }
+  if (s == SA_OK && B > 0 && a->q_len > 0)
     s = sa_cpu_parallel(k, &c, SA_CPU_BWD_DQ, sa_cpu_items(&c, SA_CPU_BWD_DQ), k->scratch(&c, SA_CPU_BWD_DQ),
                         1.5 * sa_cpu_flops(a), &threads);
+  free(c.kpack);
+  c.kpack = c.vpack = c.kpair = NULL;
   /* dk/dv read every D of pass 1, so the passes run one after the other. */
   if (s == SA_OK && B > 0 && a->kv_len > 0)
     s = sa_cpu_parallel(k, &c, SA_CPU_BWD_DKDV, sa_cpu_items(&c, SA_CPU_BWD_DKDV), k->scratch(&c, SA_CPU_BWD_DKDV),

@@ -73,16 +73,25 @@ typedef struct sa_cpu_ctx {
   int fill;                     /* every score tile starts from an additive tile (bias, mask; see cpu_mask.h) */
   int dbias_pass;               /* the backward pass that sums dbias (an sa_cpu_pass), -1 without dbias */
   int span_b, span_k, span_blk; /* that pass's items span every batch / kv head / block (see sa_cpu_grid) */
-  int64_t nkt;                  /* the tile forward's key tiles of SA_CPU_TILE_BK keys (cpu_tile_fwd.h) */
-  uint16_t *kpack, *vpack;      /* its K^T and V packed once per call [B][K][nkt] (NULL: each item packs them) */
+  int64_t nkt;                  /* the tile kernels' key tiles of SA_CPU_TILE_BK keys (cpu_tile_fwd.h) */
+  uint16_t *kpack, *vpack;      /* K^T, and V (forward) or V^T (dq pass), packed once per call [B][K][nkt] */
+  uint16_t *kpair;              /* K's key pairs for the dq pass's dS K, likewise (NULL: each item packs) */
 } sa_cpu_ctx;
 
-/* SA_CPU_FWD_PACK: the tile forward's packing of K^T and V, one item per (b, kv head, key tile), before its
-   SA_CPU_FWD pass when a kv head has several query blocks (cpu_attn.c). */
-typedef enum { SA_CPU_FWD = 0, SA_CPU_BWD_DQ = 1, SA_CPU_BWD_DKDV = 2, SA_CPU_FWD_PACK = 3 } sa_cpu_pass;
+/* SA_CPU_FWD_PACK, SA_CPU_DQ_PACK: the tile kernels' packing of their B operands once per call, one item per (b,
+   kv head, key tile), before the forward's / the dq pass's items when a kv head has several query blocks
+   (cpu_attn.c; cpu_tile_fwd.h, cpu_tile_bwd.h). */
+typedef enum {
+  SA_CPU_FWD = 0,
+  SA_CPU_BWD_DQ = 1,
+  SA_CPU_BWD_DKDV = 2,
+  SA_CPU_FWD_PACK = 3,
+  SA_CPU_DQ_PACK = 4
+} sa_cpu_pass;
 
-/* bf16 elements of one packed key tile of the tile forward: K^T [16-key groups][32-dim k steps] and V
-   [16-column groups][32-key k steps] VNNI blocks of 512 (cpu_tile_pack.h's layouts, dims rounded to 32). */
+/* bf16 elements of one packed key tile of the tile kernels, VNNI blocks of 512 (cpu_tile_pack.h's layouts, dims
+   rounded to 32): K-sized (K^T [16-key groups][32-dim k steps], K's key pairs [16-column groups][32-key k steps])
+   and V-sized (V's key pairs, V^T). */
 static inline int64_t sa_cpu_tile_kt_elems(const sa_attn *a) { return (a->head_dim + 31) / 32 * 32 * SA_CPU_TILE_BK; }
 static inline int64_t sa_cpu_tile_vb_elems(const sa_attn *a) { return (a->v_head_dim + 31) / 32 * 32 * SA_CPU_TILE_BK; }
 
@@ -99,7 +108,9 @@ typedef struct {
 } sa_cpu_grid;
 
 static inline sa_cpu_grid sa_cpu_grid_of(const sa_cpu_ctx *c, sa_cpu_pass pass) {
-  const int64_t nblk = pass == SA_CPU_BWD_DKDV ? c->nkb : pass == SA_CPU_FWD_PACK ? c->nkt : c->nqb;
+  const int64_t nblk = pass == SA_CPU_BWD_DKDV                             ? c->nkb
+                       : pass == SA_CPU_FWD_PACK || pass == SA_CPU_DQ_PACK ? c->nkt
+                                                                           : c->nqb;
   const int64_t span = (int)pass == c->dbias_pass;
   sa_cpu_grid g;
   g.gb = span && c->span_b && c->a->batch > 0 ? c->a->batch : 1;

@@ -160,19 +160,14 @@ static size_t carve(const sa_cpu_ctx *c, sa_cpu_pass pass, float *ws, sa_bufs *B
     TAKE(B->ta, (tile_a_elems(kmax) + 1) / 2);
     TAKE(B->tb, (tile_b_elems(kmax, nmax) + 1) / 2);
     TAKE(B->tc, SA_TILE_C_FLOATS);
-    const int64_t nrows = pass == SA_CPU_BWD_DKDV ? BK2 : Mp, pf = (int64_t)(sizeof(void *) / sizeof(float));
+    const int64_t pf = (int64_t)(sizeof(void *) / sizeof(float));
     float *ra, *rb;
-    TAKE(ra, nrows * pf);
-    TAKE(rb, nrows * pf);
+    TAKE(ra, BK2 * pf);
+    TAKE(rb, BK2 * pf);
     B->ra = (const uint16_t **)(void *)ra;
     B->rb = (const uint16_t **)(void *)rb;
-    if (pass == SA_CPU_BWD_DKDV) {
-      TAKE(B->sk, (tile_b_elems(H, BK2) + 1) / 2);
-      TAKE(B->sv, (tile_b_elems(Hv, BK2) + 1) / 2);
-    } else {
-      TAKE(B->sq, (tile_b_elems(H, Mp) + 1) / 2);
-      if (pass == SA_CPU_BWD_DQ) TAKE(B->sd, (tile_b_elems(Hv, Mp) + 1) / 2);
-    }
+    TAKE(B->sk, (tile_b_elems(H, BK2) + 1) / 2); /* the dk/dv items' (the forward and dq items are cpu_tile_*.h's) */
+    TAKE(B->sv, (tile_b_elems(Hv, BK2) + 1) / 2);
   }
 #endif
 #undef TAKE
@@ -180,14 +175,14 @@ static size_t carve(const sa_cpu_ctx *c, sa_cpu_pass pass, float *ws, sa_bufs *B
 }
 
 #ifdef SA_TILE
-static size_t tile_fwd_scratch(const sa_cpu_ctx *c, sa_cpu_pass pass);
+static size_t tile_own_scratch(const sa_cpu_ctx *c, sa_cpu_pass pass);
 #endif
 
 static size_t scratch(const sa_cpu_ctx *c, sa_cpu_pass pass) {
   sa_bufs B;
 #ifdef SA_TILE
-  /* the tile kernels' own forward item and its packing of K and V (cpu_tile_fwd.h) */
-  if (pass == SA_CPU_FWD || pass == SA_CPU_FWD_PACK) return tile_fwd_scratch(c, pass);
+  /* the tile kernels' own forward and dq items and their packing passes (cpu_tile_fwd.h, cpu_tile_bwd.h) */
+  if (pass != SA_CPU_BWD_DKDV) return tile_own_scratch(c, pass);
 #endif
   return carve(c, pass, NULL, &B);
 }
@@ -216,15 +211,8 @@ static void ranges(const sa_attn *a, int64_t ql, int64_t kl, int64_t i0, int64_t
   }
 }
 
-/* The K and V rows of a tile as the products read them: row jj at k + jj * kld and v + jj * vld (floats; the
-   tile layer's rows hold bf16, two per float). */
-typedef struct {
-  const float *k, *v;
-  int64_t kld, vld;
-} kv_rows;
-
-/* The next tile's rows asked into L1 while this one computes (K / V here, q / dout in the dk/dv pass): the vector
-   kernels read 64 keys a tile. The tile kernels' 128- and 256-row tiles would ask for up to 2048 lines at once,
+/* The next tile's q / dout rows asked into L1 in the dk/dv pass while this one computes: the vector kernels read
+   64 rows a tile. The tile kernels' 128- and 256-row tiles would ask for up to 2048 lines at once,
    more than L1 holds, and ran their forward+backward in 0.93-0.95x the time without them (B1 T = S = 2048 N8
    H128 bf16, 2 threads, Xeon with AMX; into L2 instead: 1.00x). */
 #ifdef SA_TILE
@@ -233,41 +221,33 @@ typedef struct {
 #define PREFETCH_NEXT(base, t, r0, n, stride, off, len) prefetch_rows(base, t, r0, n, stride, off, len)
 #endif
 
-/* K and V rows [j0, j0 + nk) of kv head kh, and a prefetch of the next tile's rows. The vector layer converts both
-   into its row buffers (LOAD_ROW), the tile layer copies them as bf16 (tile_load_row, zero-padded), except K, the A
-   operand of the dq pass's S^T (loaded once per 32 columns of S^T, so once per 32 query rows), which it reads where
-   it lies when the item has at most 64 rows (Mp), its rows are whole 32-element k steps, the 16-row groups the
-   tiles load (nk rounded to 16) stay inside the array, and it is 4-byte aligned. Measured on the work besides the
-   tile products (emulated as no-ops, 2 threads): T = S = 4096 N64/8 H64 causal (64-row items) 0.94x in place;
-   T = S = 2048 N8 H128 (256 rows) 1.03-1.06x, its A tiles then gathered from rows 4 KiB apart, once per 32 of
-   the 256 rows. */
+#ifndef SA_TILE /* the vector kernels' forward and dq items; the tile kernels pack K and V (cpu_tile_*.h) */
+/* The K and V rows of a tile as the products read them: row jj at k + jj * kld and v + jj * vld (floats; the
+   tile layer's rows hold bf16, two per float). */
+typedef struct {
+  const float *k, *v;
+  int64_t kld, vld;
+} kv_rows;
+
+/* K and V rows [j0, j0 + nk) of kv head kh converted into the row buffers, and a prefetch of the next tile's. */
 static kv_rows load_kv_rows(const sa_cpu_ctx *c, const sa_bufs *B, int64_t b, int64_t kh, int64_t j0, int64_t nk,
-                            int64_t jhi, int64_t Mp) {
+                            int64_t jhi) {
   const sa_attn *a = c->a;
   const int64_t S = a->kv_len, Kh = a->kv_heads, H = a->head_dim, Hv = a->v_head_dim;
   if (j0 + BODY_BK < jhi) {
     int64_t nn = SA_MIN(BODY_BK, jhi - j0 - BODY_BK);
-    PREFETCH_NEXT(a->k, a->dtype, b * S + j0 + BODY_BK, nn, Kh * H, kh * H, H);
-    PREFETCH_NEXT(a->v, a->dtype, b * S + j0 + BODY_BK, nn, Kh * Hv, kh * Hv, Hv);
+    prefetch_rows(a->k, a->dtype, b * S + j0 + BODY_BK, nn, Kh * H, kh * H, H);
+    prefetch_rows(a->v, a->dtype, b * S + j0 + BODY_BK, nn, Kh * Hv, kh * Hv, Hv);
   }
-  kv_rows kv = {B->kr, B->v, c->hp, c->hvp};
-#ifdef SA_TILE
-  const uint16_t *k0 = (const uint16_t *)a->k + ((b * S + j0) * Kh + kh) * H;
-  if (Mp <= 64 && H % 32 == 0 && (Kh * H) % 2 == 0 && ((uintptr_t)k0 & 3) == 0 &&
-      b * S + j0 + tile_round(nk, SA_TILE_M) <= a->batch * S) {
-    kv.k = (const float *)(const void *)k0;
-    kv.kld = Kh * H / 2;
-  }
-#else
-  (void)Mp;
-#endif
   for (int64_t jj = 0; jj < nk; jj++) {
     int64_t row = (b * S + j0 + jj) * Kh + kh;
-    if (kv.k == B->kr) LOAD_ROW(B->kr + jj * c->hp, a->k, a->dtype, row * H, H, c->hp, 1.0f);
+    LOAD_ROW(B->kr + jj * c->hp, a->k, a->dtype, row * H, H, c->hp, 1.0f);
     LOAD_ROW(B->v + jj * c->hvp, a->v, a->dtype, row * Hv, Hv, c->hvp, 1.0f);
   }
+  const kv_rows kv = {B->kr, B->v, c->hp, c->hvp};
   return kv;
 }
+#endif
 
 /* ---- forward --------------------------------------------------------------------------------- */
 
@@ -343,7 +323,7 @@ static void fwd_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
     const int cls = tile_class(a, b, rg, i0, np, j0, nk), pos = a->q_positions && cls == 1, add = c->fill || pos;
     if (cls == 0 || (add && !fill_cols(c, b, kh, B.s, B.row, nk, Mp, M, np, i0, j0, pos))) continue;
     const float mul = score_mul(c, add);
-    const kv_rows kv = load_kv_rows(c, &B, b, kh, j0, nk, jhi, Mp);
+    const kv_rows kv = load_kv_rows(c, &B, b, kh, j0, nk, jhi);
     PRODUCT(B, B.sq, nk, Mp, H, kv.k, kv.kld, 1, B.qt, Mp, B.s, Mp, add, PSCALE(c) / mul); /* S^T = (bias^T +) k q^T */
     if (cls == 1) mask_cols(a, b, B.s, nk, Mp, M, np, rg, i0, j0, B.mlo, B.mhi);
     softmax_cols(B.s, nk, Mp, M, mul, B.r1, B.r2, B.acc, hvp, B.cm, B.cl);
@@ -373,10 +353,6 @@ static void fwd_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
 #else
 #include "cpu_tile_fwd.h"
 #define fwd_item fwd_item_tile
-static size_t tile_fwd_scratch(const sa_cpu_ctx *c, sa_cpu_pass pass) {
-  tf_bufs B;
-  return pass == SA_CPU_FWD_PACK ? tf_pack_scratch(c) : tf_carve(c, NULL, &B);
-}
 #endif
 
 /* ---- backward: D, dsinks partials and dq ----------------------------------------------------- */
@@ -385,6 +361,7 @@ static size_t tile_fwd_scratch(const sa_cpu_ctx *c, sa_cpu_pass pass) {
    scores: reference 0 gives p = 2^-inf = 0 there instead of NaN. */
 static float lse_base2(float lse) { return lse == -INFINITY ? 0.0f : lse * SA_LOG2E; }
 
+#ifndef SA_TILE /* the tile kernels' dq item is cpu_tile_bwd.h's */
 static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   const sa_attn *a = c->a;
   const sa_attn_grad *gr = c->g;
@@ -447,7 +424,7 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
     const float mul = score_mul(c, add);
     const vf mulv = V_SET1(mul);
     (void)mulv;
-    const kv_rows kv = load_kv_rows(c, &B, b, kh, j0, nk, jhi, Mp);
+    const kv_rows kv = load_kv_rows(c, &B, b, kh, j0, nk, jhi);
     PRODUCT(B, B.sq, nk, Mp, H, kv.k, kv.kld, 1, B.qt, Mp, B.s, Mp, add, PSCALE(c) / mul); /* S^T = (bias^T +) k q^T */
     if (cls == 1) mask_cols(a, b, B.s, nk, Mp, M, np, rg, i0, j0, B.mlo, B.mhi);
     PRODUCT(B, B.sd, nk, Mp, Hv, kv.v, kv.vld, 1, B.dt, Mp, B.dp, Mp, 0, 1.0f); /* dP^T = v dout^T */
@@ -467,6 +444,23 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
     if (dbias) gr->dbias[sa_bcast_at(c->bias_st, b, n, i0 + p, 0)] += B.db[r];
   }
 }
+#else
+#include "cpu_tile_bwd.h"
+#define dq_item dq_item_tile
+static size_t tile_own_scratch(const sa_cpu_ctx *c, sa_cpu_pass pass) {
+  tf_bufs F;
+  tb_bufs Q;
+  /* cpu_mask.h's column forms serve the body's S^T items, which these kernels replace (their S is query rows x
+     keys): named here so that the compiler does not warn about them */
+  (void)mask_cols;
+  (void)fill_cols;
+  (void)dbias_cols;
+  return pass == SA_CPU_FWD_PACK  ? tf_pack_scratch(c)
+         : pass == SA_CPU_DQ_PACK ? tb_pack_scratch(c)
+         : pass == SA_CPU_FWD     ? tf_carve(c, NULL, &F)
+                                  : tb_carve(c, NULL, &Q);
+}
+#endif
 
 /* ---- backward: dk, dv ------------------------------------------------------------------------ */
 
@@ -575,6 +569,7 @@ static void run(const sa_cpu_ctx *c, sa_cpu_pass pass, int64_t item, float *ws) 
       case SA_CPU_BWD_DQ: dq_item(c, sub, ws); break;
 #ifdef SA_TILE
       case SA_CPU_FWD_PACK: tf_pack_item(c, sub, ws); break;
+      case SA_CPU_DQ_PACK: tb_pack_item(c, sub, ws); break;
 #endif
       default: dkdv_item(c, sub, ws); break;
     }
