@@ -24,15 +24,14 @@
    SA_CPU_ROWS_DIAG: the same with a causal / window / segment mask, where a taller block wastes more on
      its diagonal tiles: causal 64 and 128 rows 72%, 256 rows 60%; gpt-oss's 128-key window (T = 4096,
      N/K = 64/8, H = 64) fwd 59% at 64 rows, 55% at 128.
-   SA_CPU_TILE_ROWS_CAUSAL: the rows of the tile kernels' items under a plain causal mask (cpu_plan.c): their
-     work besides the tile products (emulated as no-ops, Zen 4, 2 threads, 2026-12-04) at 128 rows against 64:
-     T = S = 2048 N8 H128 causal forward 0.88, forward+backward 0.92; T = S = 4096 N64/8 H64 causal 0.91, 0.96
-     (A/A 0.99-1.00; 256 rows, in an earlier run beside 128: about the same); the 127-key window unchanged.
+   SA_CPU_TILE_ROWS_CAUSAL: the rows of the tile kernels' forward and dq items under a plain causal mask
+     (cpu_plan.c), whose 32-row strips each multiply only the keys they see: 64, 128 and 256 rows tie within 2%
+     (bf16 forward, T = S = 2048 N8 H128 causal and T = S = 4096 N64/8 H64 causal, 2 threads, Xeon with AMX).
    SA_CPU_BK: keys per tile in the forward and dq passes (rows of S^T).
-   SA_CPU_TILE_BK: the same for the tile kernels (cpu_tile.h), whose P V C blocks are loaded and stored
-     through the tiles once per key tile: 256 keys give them 8 k steps a load instead of 2. Their work
-     besides the products (those emulated as no-ops, Zen 4, 2 threads, T = S = 2048 N8 H128 bf16, 2026-12-04):
-     64 keys 1.00, 128 keys 0.93, 256 keys 0.89; 128 rows with 128 keys 0.96, 64 rows with 256 keys 1.05.
+   SA_CPU_TILE_BK: keys per tile of the tile kernels' forward and dq items (cpu_tile_fwd.h, cpu_tile_bwd.h) and
+     of their packed K and V: each strip's o / dq goes through the C tiles once per key tile, and its S (32 rows
+     x the tile's keys, fp32) should stay in L1. CPU time against 256 keys (bf16, 2 threads, Xeon with AMX):
+     128 keys forward 1.07x (N8 H128) and 1.11x (N64/8 H64 causal), forward+backward 1.05x; 512 keys 1.00-1.06x.
    SA_CPU_BK2, SA_CPU_BQ2: keys per dk/dv item and query positions per tile in that pass. 64 and 128 keys
      tie at T = 2048 (causal or not); with gpt-oss's 128-key window 64 wastes less on the window's edges
      (fwd+bwd 35% -> 40% of peak at T = 4096, N/K = 64/8, H = 64).

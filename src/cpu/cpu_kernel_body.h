@@ -24,7 +24,9 @@
  * their transpose as A, read through the strides. A per-tile scalar transpose cost 6-12% of the forward.
  * The products go through PRODUCT: cpu_gemm.h's fp32 FMAs, or with SA_TILE defined (the AMX kernels,
  * cpu_kernel_amx.c and its emulated twin cpu_kernel_amxemu.c) cpu_tile.h's bf16 tile products; everything
- * else is the same code at both. The rows' conversions and prefetches are cpu_kernel_rows.h's.
+ * else is the same code at both, except that the tile kernels' forward and dq items are their own (scores as
+ * S in 32-row strips, cpu_tile_fwd.h, cpu_tile_bwd.h). The rows' conversions and prefetches are
+ * cpu_kernel_rows.h's.
  */
 #include <math.h>
 #include <string.h>
