@@ -363,6 +363,15 @@ def time_kind(lib, build, c, kind, args, torch):
   read_bytes = max(cache_bytes(c), 256 * 2.0**20)
   if kind == DECODE:  # the read bandwidth beside each round's decode: a ratio that the machine's load moves less
     contenders["read"] = lambda n: read_bytes / (1e9 * lib.sab_read_bw(args.threads, read_bytes, 3, None))
+  peak_rounds = []
+  amx = c.dt == BF16 and lib.sab_amx_peak(args.threads, 1, 0) > 0  # -1: no AMX, or a build without the peak
+  if kind != DECODE:  # likewise the AMX (bf16) or FMA (f32) peak beside each round's attention
+
+    def peak(_calls):
+      peak_rounds.append(lib.sab_amx_peak(args.threads, 1, 0) if amx else lib.sab_fma_peak(args.threads, 1, None))
+      return 0.0
+
+    contenders["peak"] = peak
   sdpa = TorchSdpa(torch, c, kind, args.threads) if torch is not None else None
   if sdpa is not None:
     contenders["torch"] = sdpa.time
@@ -374,7 +383,7 @@ def time_kind(lib, build, c, kind, args, torch):
       times[n].append(contenders[n](calls))
   row = {"calls_per_round": calls, "plans": {n: ours[n][1] for n in ours}, "not_timed": why}
   for n in names:
-    if n == "read":
+    if n in ("read", "peak"):
       continue
     med = statistics.median(times[n])
     row[n] = {
@@ -386,6 +395,10 @@ def time_kind(lib, build, c, kind, args, torch):
     if n in cpu_rounds:
       cpu_med = statistics.median(cpu_rounds[n])
       row[n].update(ms_cpu_time=1e3 * cpu_med, gflops_cpu_time=flops(c, kind) / cpu_med / 1e9)
+    if peak_rounds:
+      row[n]["of_peak_same_round"] = statistics.median(
+        [flops(c, kind) / t / 1e9 / g for t, g in zip(times[n], peak_rounds)]
+      )
     if kind == DECODE:
       row[n]["gbps"] = cache_bytes(c) / med / 1e9
       row[n]["of_read_same_round"] = statistics.median(
@@ -395,6 +408,8 @@ def time_kind(lib, build, c, kind, args, torch):
       row[n]["torch_over"] = statistics.median([t / s for t, s in zip(times["torch"], times[n])])
   if kind == DECODE:
     row["read_gbps_rounds"] = [read_bytes / t / 1e9 for t in times["read"]]
+  else:
+    row["peak_rounds"] = {"kind": "amx_bf16" if amx else "fma_fp32", "gflops": peak_rounds}
   if sdpa is not None:
     row["torch"]["gqa"] = sdpa.gqa_mode
   return row
@@ -516,8 +531,8 @@ def report(res):
   print(
     "sinkattn: learnable sinks; torch: PyTorch CPU scaled_dot_product_attention, vanilla (no sinks); medians of "
     f"{res['rounds']} interleaved rounds. default: the plan a call gets; tile / vector: the AMX tile / vector "
-    "plans forced ('=': the default); %peak: of the AMX peak (bf16) or the FMA peak (f32), decode: of the read "
-    "bandwidth measured beside it in each round; x: PyTorch's time over ours."
+    "plans forced ('=': the default); %peak: of the AMX peak (bf16) or the FMA peak (f32) measured beside it in "
+    "each round (decode: of the read bandwidth); x: PyTorch's time over ours."
   )
   print(
     f"{'shape':29s} {'kind':7s} {'default plan':22s} {'ms':>8s} {'GFLOP/s':>8s} {'GB/s':>5s} {'%peak':>5s} "
@@ -533,8 +548,7 @@ def report(res):
   for r in res["rows"]:
     d = r["default"]
     dec = r["kind"] == "decode"
-    peak = amx_peak if r["dtype"] == "bf16" and amx_peak else pk["fma_gflops"]
-    share = 100 * d["of_read_same_round"] if dec else 100 * d["gflops"] / peak
+    share = 100 * (d["of_read_same_round"] if dec else d["of_peak_same_round"])
     print(
       f"{r['name']:29s} {r['kind']:7s} {r['plans']['default'].split()[0]:22s} {d['ms']:8.2f} "
       f"{'-' if dec else format(d['gflops'], '.0f'):>8s} {format(d['gbps'], '.1f') if dec else '-':>5s} "
