@@ -174,7 +174,6 @@ static void problem_init(problem *p, const shape *s, cudaStream_t st) {
   a->lse = p->lse[1];
   memset(&p->g, 0, sizeof p->g);
   p->g.dout = p->dout;
-  p->g.deterministic = 1;
   /* the largest workspace any backward plan asks */
   const char *names[64];
   int n = plans(a, KIND_BWD, names, 64);

@@ -27,6 +27,15 @@
 #           host has AMX) and bench/cpu_bench.py on 2 host cores (the default, tile and vector plans and PyTorch); with
 #           AB_BASE=DIR (a source tree of another commit, e.g. `git archive C | tar -x -C DIR`, carried untracked)
 #           also bench/cpu_ab.py: DIR's library against this one's, A/B/A, under the plans AB_PLANS (amx).
+#   PART=features  the feature kernels (bias, mask array, positions, soft-cap: plans hopper.fwd.features and
+#           hopper.bwd.twopass.features, override-only until this part passes), in one call: a Release build and a
+#           sanitizer build side by side; then concurrently test_cuda's features and features-prod tables (every
+#           legal plan of each case, the feature plans forced, against the fp64 reference: out, lse, dq, dk, dv,
+#           dsinks, dbias, three bitwise-equal backward runs), test_cuda_feat and the plan record, compute-sanitizer
+#           memcheck over the features table and racecheck over it per plan; then ALONE bench/feature_bench.py (a
+#           mask causal in content against is_causal, a bias [1,N,T,S] / [B,N,T,S] against none, at B4 T4096 N32
+#           H64 / H128 and gpt-oss's shape: CUDA events, A/A, rotated inputs). Last, a verdict line per feature plan
+#           (verified when its test_cuda runs passed and the sanitizers are clean) and the timing targets' lines.
 #   PART="1 decode cpu"  several parts in one call, in that order, one summary (a list of the names above).
 #   PART=all  1 and 2, in one call (longer than one call's 10 minutes on the H200).
 #
@@ -38,7 +47,8 @@
 # sanitizers; default 8 / 3), RACE_FAMILIES (racecheck over the hopper table, one process per plan-name
 # substring: "hopper.fwd hopper.bwd.onepass hopper.bwd.twopass"), RACE_HOPPER_STRIDE (3), PYTEST_WORKERS (4),
 # GREEN_SMS ("64 32 16 8"), PROGRESS_SHAPES, BENCH_ARGS, SEGMENTS_ARGS, CPU_BENCH (1: the cpu part runs cpu_bench.py),
-# BUDGET (560).
+# SAN_FEAT_STRIDE / RACE_FEAT_STRIDE (the features table under memcheck / racecheck: 2 / 3), BUDGET (560).
+# The feature kernels' call: PART=features SINKATTN_COMMIT=<commit> bench/gpu_verify.sh (about 7 of its 10 minutes).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 PART=${PART:-1}
@@ -88,6 +98,7 @@ key() {
   local log=$STAGE/$1.log
   case $1 in
     test_cuda*|prod_check) grep -h -E "(test_cuda|prod_check): [0-9]+ passed" "$log" | tail -n 1 ;;
+    feature_bench) grep -h -E "^feature_bench: (every|SOME)" "$log" | tail -n 1 ;;
     san_*) grep -h -E "(ERROR|RACECHECK) SUMMARY" "$STAGE/$1.san.log" 2>/dev/null | tail -n 1
            grep -h -E "test_cuda: [0-9]+ passed|[0-9]+ passed" "$log" | tail -n 1 | cut -c1-100 ;;
     test_decode) grep -h -E "[0-9]+ passed, [0-9]+ failed" "$log" | tail -n 1 ;;
@@ -227,6 +238,31 @@ if has decode; then
   done
 fi
 
+if has features; then
+  bg_step build_release 270 bash -c 'build "$@"' build build-gpu Release 8 --target sinkattn sinkattn_jax test_cuda \
+    test_cuda_feat plan_record
+  bg_step build_sanitizer 270 bash -c 'build "$@"' build build-gpusan RelWithDebInfo 8 --target test_cuda
+  wait_steps
+  export SINKATTN_LIBRARY=$PWD/build-gpu/libsinkattn_jax.so SINKATTN_C_LIBRARY=$PWD/build-gpu/libsinkattn.so
+  for t in features features-prod; do bg_step "test_cuda_$t" 240 build-gpu/test_cuda --table="$t"; done
+  bg_step feat_host 60 bash -c 'build-gpu/test_cuda_feat && build-gpu/plan_record --check tests/plan/golden.txt'
+  san_step san_memcheck_features memcheck --table=features --stride="${SAN_FEAT_STRIDE:-2}"
+  for plan in hopper.fwd.features hopper.bwd.twopass.features; do
+    san_step "san_racecheck_$plan" racecheck --table=features --plan="$plan" --stride="${RACE_FEAT_STRIDE:-3}"
+  done
+  wait_steps
+  run_step feature_bench 240 "$PY" bench/feature_bench.py --out "$STAGE/feature_bench.json"
+  # The verdict of each feature plan: every test_cuda run of it passed (and it ran), and the sanitizers are clean.
+  for plan in hopper.fwd.features hopper.bwd.twopass.features; do
+    runs=$(cat "$STAGE"/test_cuda_features*.log 2>/dev/null | grep -c -E "^feat .* $plan ")
+    fails=$(cat "$STAGE"/test_cuda_features*.log 2>/dev/null | grep -c -F "[$plan]")
+    san=$(cat "$STAGE/san_memcheck_features.rc" "$STAGE/san_racecheck_$plan.rc" 2>/dev/null | grep -c -v '^0$')
+    tests=$(cat "$STAGE"/test_cuda_features*.rc 2>/dev/null | grep -c -v '^0$')
+    if [ "$runs" -gt 0 ] && [ "$fails" = 0 ] && [ "$san" = 0 ] && [ "$tests" = 0 ]; then v=verified; else v="NOT verified"; fi
+    echo "verdict $plan: $v ($runs runs, $fails failed checks; sanitizer steps failed: $san; test_cuda steps failed: $tests)"
+  done > "$STAGE/verdicts.txt"
+fi
+
 if has cpu; then
   [ -x build-gpu/amx_check ] || run_step build_cpu 240 bash -c 'build "$@"' build build-gpu Release 16 \
     --target sinkattn amx_check sinkattn_cpubench
@@ -260,12 +296,14 @@ fi
   for f in "$STAGE"/amx_check*.log; do [ -f "$f" ] && grep -h "^bench:" "$f" | cut -c1-150; done
   [ -f "$STAGE/decode_bench.log" ] && grep -h "^decode B" "$STAGE/decode_bench.log" | cut -c1-120
   [ -f "$STAGE/segments.log" ] && sed -n '/^segments summary/,/^segments_bench:/p' "$STAGE/segments.log" | cut -c1-170
+  [ -f "$STAGE/verdicts.txt" ] && cat "$STAGE/verdicts.txt"
+  [ -f "$STAGE/feature_bench.log" ] && grep -h -E "^feature_bench: " "$STAGE/feature_bench.log" | cut -c1-170
   [ "$SINKATTN_COMMIT" = unknown ] && echo "WARNING: SINKATTN_COMMIT unset: results are stamped 'unknown'"
   echo "status: $([ $fail = 0 ] && echo 'every step passed' || echo 'SOME STEPS FAILED (rc != 0)')"
 } > "$STAGE/summary.txt"
 cp "$STAGE/summary.txt" "$OUT/summary.txt"
 for f in machine.txt prod_check.json kernel_bench.json decode.json segments.json progress.jsonl ring.json cpu_bench.json \
-  cpu_ab.json; do
+  cpu_ab.json feature_bench.json verdicts.txt; do
   [ -f "$STAGE/$f" ] && cp "$STAGE/$f" "$OUT/"
 done
 tar -C "$(dirname "$STAGE")" -czf "$OUT/gpu_verify-$TAG.tgz" "gpu_verify-$TAG"

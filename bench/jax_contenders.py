@@ -15,7 +15,7 @@ def _attn_fns(jax, sinkattn, causal, window):
     return jax.nn.dot_product_attention(q, k, v, is_causal=causal, local_window_size=window, implementation="cudnn")
 
   def ours(q, k, v, s):
-    return sinkattn.dot_product_attention(q, k, v, s, is_causal=causal, local_window_size=window)
+    return sinkattn.dot_product_attention(q, k, v, sinks=s, is_causal=causal, local_window_size=window)
 
   return {"jax_cudnn_vanilla": cudnn, "jax_ours": ours}
 

@@ -5,13 +5,13 @@ Contenders, each twice (A/A, instances "#2"), interleaved in rotated rounds (ben
 rotation of input/output sets, CUDA events around a gated batch, medians of --rounds rounds with the per-round
 range, ratios paired per round):
 - ours: sa_attn_fwd / sa_attn_bwd of libsinkattn.so through ctypes on torch tensors (bench/sa_capi.py), learnable
-  sinks, the default plan (its description recorded), deterministic = 1 (what the JAX op uses by default);
+  sinks, the default plan (its description recorded; every plan's backward is bitwise reproducible);
 - cudnn_sink: cuDNN's SDPA with the sink token through cudnn-frontend's graph API (bench/cudnn_sink.py), default
   (non-deterministic) backward, dsink included;
 - end to end in JAX (host clock, bench/jax_contenders.py): jax.nn.dot_product_attention's cuDNN route (vanilla)
   and our sinkattn.dot_product_attention.
-Forward and forward+backward on the performance grid (sinkattn.bench's GRIDS["h200"]: both gpt-oss layers
-included); TFLOP/s as sinkattn.bench.flops counts them (fwd 4 B N pairs H, f+b 3.5x; bench/perf_tables.py
+Forward and forward+backward on the performance grid (bench/jax_bench.py's GRIDS["h200"]: both gpt-oss layers
+included); TFLOP/s as jax_bench.flops counts them (fwd 4 B N pairs H, f+b 3.5x; bench/perf_tables.py
 prints the tables). Outputs checked at every shape on set 0: ours against cudnn_sink (everything), and ours and
 cudnn_sink against the fp64 reference (bench/attn_ref.py) on kv head 0 and its G query heads. Then decode
 (sa_attn_decode_fwd, gpt-oss heads N64/8 H64, one token, learnable sinks, every legal plan), B = 1, 8, 64 and
@@ -66,7 +66,7 @@ class Ours:
         window=tuple(window) if window else (-1, -1),
       )
       self.a.append(a)
-      self.g.append(sa_capi.make_grad(s["dO"], s["dq"], s["dk"], s["dv"], s["ds"], deterministic=1))
+      self.g.append(sa_capi.make_grad(s["dO"], s["dq"], s["dk"], s["dv"], s["ds"]))
     self.pa = [ctypes.byref(a) for a in self.a]
     self.pg = [ctypes.byref(g) for g in self.g]
     self.wsn = lib.lib.sa_attn_bwd_workspace_size(self.pa[0], self.cuda)
@@ -158,8 +158,7 @@ def check(torch, s, shape, have_cudnn):
 
 def bench_row(torch, lib, timer, shape, a):
   import cudnn_sink
-
-  from sinkattn.bench import flops
+  from jax_bench import flops
 
   B, T, N, K, H, causal, window = shape
   fl = flops(B, T, N, H, causal, window)
@@ -422,7 +421,7 @@ def main(argv=None):
     ap.error("--decode-shapes %r: expected B:S pairs of positive integers" % a.decode_shapes)
   if a.rounds < 5:
     ap.error("--rounds %d: at least 5 (each figure is a median of >= 5 rounds)" % a.rounds)
-  from sinkattn.bench import GRIDS
+  from jax_bench import GRIDS
 
   grid = GRIDS["h200"]
   idx = [int(x) for x in a.rows.split(",") if x.strip()] or list(range(len(grid)))
@@ -472,7 +471,7 @@ def main(argv=None):
     target_ms=a.target_ms,
     gated=timer.sleep is not None,
     timing=gpu_timing.__doc__.strip(),
-    ours="learnable sinks, default plan, deterministic=1",
+    ours="learnable sinks, default plan",
     cudnn_sink="cudnn-frontend graph API, default (non-deterministic) backward",
   )
   out = a.out or os.path.join(

@@ -4,7 +4,7 @@ with heads 0 and 1 at +50 and -50, forward and forward+backward through the C AP
 torch tensors), against the fp64 reference of bench/attn_ref.py computed blockwise on the same GPU. For each
 shape: the default plan, and (--plans persistent, the default) every plan whose name says persistent or one-pass,
 forced through the plan API; --plans all: every legal plan. Per plan: out and lse (forward), dq, dk, dv and dsinks
-(backward from the default forward's out and lse, deterministic = 1) with the max-element error over the largest
+(backward from the default forward's out and lse) with the max-element error over the largest
 reference magnitude and the relative (Frobenius) error; the backward runs three times and dq, dk, dv, dsinks
 must agree bitwise. Outputs are NaN-poisoned before every call; a NaN left where the reference is finite fails.
 
@@ -246,7 +246,7 @@ def check_shape(lib, arr, shape, backend, mode, seed):
     row("fwd", plan, res, all(verdict(key, e) for key, e in res.items()))
   fwd(None)  # the default forward's out and lse feed every backward
   dq, dk, dv, ds = arr.empty(q.shape), arr.empty(k.shape), arr.empty(v.shape), arr.empty((N,), f32=True)
-  g = sa_capi.make_grad(dout, dq, dk, dv, ds, deterministic=1)
+  g = sa_capi.make_grad(dout, dq, dk, dv, ds)
   for plan in pick(lib.plans(a, sa_capi.PLAN_BWD, backend), mode):
     lib.force(sa_capi.PLAN_BWD, plan)
     wsn = lib.lib.sa_attn_bwd_workspace_size(ctypes.byref(a), backend)
@@ -294,7 +294,7 @@ def main(argv=None):
     backends = [("ref", sa_capi.C["SA_BACKEND_REF"]), ("cpu", sa_capi.C["SA_BACKEND_CPU"])]
   else:
     sys.path.insert(0, os.path.join(sa_capi.ROOT, "python"))
-    from sinkattn.bench import GRIDS
+    from jax_bench import GRIDS
 
     grid, arr = GRIDS["h200"], _Torch("cuda")
     arr.t.backends.cuda.matmul.allow_tf32 = False  # the reference's products stay fp64 (no tf32 anywhere)

@@ -105,7 +105,7 @@ def one_device(a, L):
   dev = jax.devices()[:1]
   mesh = Mesh(np.array(dev), ("one",))
   args = make_inputs(a, L, mesh, P())
-  fn = fwd_bwd(lambda q, k, v, s: sinkattn.dot_product_attention(q, k, v, s, is_causal=not a.no_causal))
+  fn = fwd_bwd(lambda q, k, v, s: sinkattn.dot_product_attention(q, k, v, sinks=s, is_causal=not a.no_causal))
   return timed(fn, args, a.iters)
 
 
@@ -114,7 +114,7 @@ def ring(a, L, layout):
   args = make_inputs(a, a.devices * L, mesh, P(None, "sp"))  # inputs taken to be in `layout` order already
   fn = fwd_bwd(
     lambda q, k, v, s: sinkattn.ring_attention_sharded(
-      q, k, v, s, mesh=mesh, axis_name="sp", layout=layout, is_causal=not a.no_causal
+      q, k, v, sinks=s, mesh=mesh, axis_name="sp", layout=layout, is_causal=not a.no_causal
     )
   )
   return timed(fn, args, a.iters)

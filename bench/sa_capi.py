@@ -213,10 +213,9 @@ def make_attn(
   return a
 
 
-def make_grad(dout, dq, dk, dv, dsinks, deterministic=1):
+def make_grad(dout, dq, dk, dv, dsinks):
   g = Grad()
   g.dout, g.dq, g.dk, g.dv, g.dsinks = ptr(dout), ptr(dq), ptr(dk), ptr(dv), ptr(dsinks)
-  g.deterministic = deterministic
   return g
 
 

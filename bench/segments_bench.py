@@ -62,7 +62,7 @@ class Layer:
       )
       self.sets.append(s)
       self.a.append((a, ctypes.byref(a)))
-      gr = sa_capi.make_grad(s["dO"], s["dq"], s["dk"], s["dv"], s["ds"], deterministic=1)
+      gr = sa_capi.make_grad(s["dO"], s["dq"], s["dk"], s["dv"], s["ds"])
       self.g.append((gr, ctypes.byref(gr)))
     self.ws, self.wsn = None, 0
 

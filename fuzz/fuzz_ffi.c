@@ -176,10 +176,37 @@ static void ff_bcast(ff_buf *fb, int nlead, unsigned ones) {
     if (ones >> (3 - d) & 1) fb->dims[nlead + d] = 1;
 }
 
-static const char *const ff_attr_names[] = {
-    "causal",  "deterministic", "diag_offset",  "has_dlse", "has_kv_lens", "has_q_lens",    "has_segments", "scale",
-    "softmax", "window_left",   "window_right", "has_bias", "has_mask",    "has_positions", "has_dbias"};
-enum { FF_NATTR = sizeof ff_attr_names / sizeof ff_attr_names[0] };
+enum {
+  FA_CAUSAL,
+  FA_DIAG_OFFSET,
+  FA_HAS_DLSE,
+  FA_HAS_KV_LENS,
+  FA_HAS_Q_LENS,
+  FA_HAS_SEGMENTS,
+  FA_SCALE,
+  FA_SOFTMAX,
+  FA_WINDOW_LEFT,
+  FA_WINDOW_RIGHT,
+  FA_HAS_BIAS,
+  FA_HAS_MASK,
+  FA_HAS_POSITIONS,
+  FA_HAS_DBIAS,
+  FF_NATTR
+};
+static const char *const ff_attr_names[FF_NATTR] = {[FA_CAUSAL] = "causal",
+                                                    [FA_DIAG_OFFSET] = "diag_offset",
+                                                    [FA_HAS_DLSE] = "has_dlse",
+                                                    [FA_HAS_KV_LENS] = "has_kv_lens",
+                                                    [FA_HAS_Q_LENS] = "has_q_lens",
+                                                    [FA_HAS_SEGMENTS] = "has_segments",
+                                                    [FA_SCALE] = "scale",
+                                                    [FA_SOFTMAX] = "softmax",
+                                                    [FA_WINDOW_LEFT] = "window_left",
+                                                    [FA_WINDOW_RIGHT] = "window_right",
+                                                    [FA_HAS_BIAS] = "has_bias",
+                                                    [FA_HAS_MASK] = "has_mask",
+                                                    [FA_HAS_POSITIONS] = "has_positions",
+                                                    [FA_HAS_DBIAS] = "has_dbias"};
 
 static void ff_set_attr(ff_attr *at, const char *name, XLA_FFI_DataType dt, int64_t value) {
   memset(at, 0, sizeof *at);
@@ -191,7 +218,7 @@ static void ff_set_attr(ff_attr *at, const char *name, XLA_FFI_DataType dt, int6
   at->fvalue = (double)value;
 }
 
-/* A well-formed call: what Python's ffi_call would send (version 2 of the layout). */
+/* A well-formed call: what Python's ffi_call would send (version 3 of the layout). */
 static void ff_build(ff_in *in, ff_frame *fr, int bwd, int cuda) {
   static const XLA_FFI_DataType dts[] = {XLA_FFI_DataType_F32, XLA_FFI_DataType_F16, XLA_FFI_DataType_BF16};
   XLA_FFI_DataType dt = dts[ff_pick(in, 3)], bt = dts[ff_pick(in, 3)];
@@ -225,30 +252,30 @@ static void ff_build(ff_in *in, ff_frame *fr, int bwd, int cuda) {
   if (nlead && ff_pick(in, 2)) { /* unbatched sinks under vmap: lead dims of 1 */
     for (int d = 0; d < nlead; d++) fr->bufs[3].dims[d] = 1;
   }
-  int64_t vals[FF_NATTR] = {ff_pick(in, 3),
-                            ff_pick(in, 2),
-                            (int64_t)ff_pick(in, 9) - 4,
-                            ff_pick(in, 2),
-                            ff_pick(in, 2),
-                            ff_pick(in, 2),
-                            ff_pick(in, 2),
-                            0,
-                            ff_pick(in, 3),
-                            (int64_t)ff_pick(in, 6) - 1,
-                            (int64_t)ff_pick(in, 6) - 1,
-                            has_bias,
-                            has_mask,
-                            has_pos,
-                            has_dbias};
+  int64_t vals[FF_NATTR];
+  vals[FA_CAUSAL] = ff_pick(in, 3);
+  vals[FA_DIAG_OFFSET] = (int64_t)ff_pick(in, 9) - 4;
+  vals[FA_HAS_DLSE] = ff_pick(in, 2);
+  vals[FA_HAS_KV_LENS] = ff_pick(in, 2);
+  vals[FA_HAS_Q_LENS] = ff_pick(in, 2);
+  vals[FA_HAS_SEGMENTS] = ff_pick(in, 2);
+  vals[FA_SCALE] = 0;
+  vals[FA_SOFTMAX] = ff_pick(in, 3);
+  vals[FA_WINDOW_LEFT] = (int64_t)ff_pick(in, 6) - 1;
+  vals[FA_WINDOW_RIGHT] = (int64_t)ff_pick(in, 6) - 1;
+  vals[FA_HAS_BIAS] = has_bias;
+  vals[FA_HAS_MASK] = has_mask;
+  vals[FA_HAS_POSITIONS] = has_pos;
+  vals[FA_HAS_DBIAS] = has_dbias;
   fr->nattrs = 0;
   for (int x = 0; x < FF_NATTR; x++) {
-    if (!bwd && (x == 1 || x == 3 || x == 14)) continue; /* deterministic, has_dlse, has_dbias: backward only */
+    if (!bwd && (x == FA_HAS_DLSE || x == FA_HAS_DBIAS)) continue; /* backward only */
     ff_attr *at = &fr->attrs[fr->nattrs++];
-    XLA_FFI_DataType t = x == 7                                      ? XLA_FFI_DataType_F64
-                         : (x == 1 || (x >= 3 && x <= 6) || x >= 11) ? XLA_FFI_DataType_PRED
-                                                                     : XLA_FFI_DataType_S64;
+    const int is_bool =
+        x == FA_HAS_DLSE || x == FA_HAS_KV_LENS || x == FA_HAS_Q_LENS || x == FA_HAS_SEGMENTS || x >= FA_HAS_BIAS;
+    XLA_FFI_DataType t = x == FA_SCALE ? XLA_FFI_DataType_F64 : is_bool ? XLA_FFI_DataType_PRED : XLA_FFI_DataType_S64;
     ff_set_attr(at, ff_attr_names[x], t, vals[x]);
-    if (x == 7) at->fvalue = ff_pick(in, 2) ? 0.0 : 0.25;
+    if (x == FA_SCALE) at->fvalue = ff_pick(in, 2) ? 0.0 : 0.25;
   }
 }
 

@@ -4,8 +4,10 @@
  * WHAT IT COMPUTES
  * For batch b, query head n, query row i (the "BTNH" layout of jax.nn.dot_product_attention):
  *
- *     s_ij  = scale * q_i . k_j + bias[b,n,i,j]    for every valid (i, j)   (scale default 1/sqrt(H);
+ *     l_ij  = scale * q_i . k_j + bias[b,n,i,j]    for every valid (i, j)   (scale default 1/sqrt(H);
  *                                                  bias optional, below; the sink is not biased)
+ *     s_ij  = l_ij, or cap * tanh(l_ij / cap) with logits_soft_cap = cap > 0 (Gemma's soft-capping,
+ *             tokamax's definition); the sink logit a_n is not capped
  *     a_n   = -inf (VANILLA) | 0 (OFF_BY_ONE) | sinks[n] (LEARNABLE; fp32, NOT multiplied by scale)
  *     lse_i = log( sum_{j valid} exp(s_ij) + exp(a_n) )     the log-sum-exp INCLUDES the sink
  *     p_ij  = exp(s_ij - lse_i)
@@ -35,17 +37,26 @@
  *     along that axis) or the full size (B, N = q_heads, T, S); the data is dense row-major in those dims.
  *     bias is added to the scaled logits in its own dtype (bias_dtype, independent of dtype); a row whose
  *     every key has bias -inf is a row with no valid key. mask holds one byte per element, nonzero = attend.
- *     +inf or NaN in bias propagate as in q and k (see EDGES).
+ *     +inf or NaN in bias propagate as in q and k (see EDGES). Under a soft-cap the bias is capped with the
+ *     product (l = scale * q.k + bias), so a bias of -inf gives the logit -cap: it masks nothing there.
+ *
+ * SOFT-CAPPING (logits_soft_cap)
+ *     0 = off. Otherwise cap > 0 and finite (else SA_ERR_INVALID naming logits_soft_cap): s = cap * tanh(l / cap),
+ *     bounded by cap, applied to every pair's logit l before the masks; the sink logit is not capped. Every
+ *     gradient flows through it: with t = tanh(l / cap), d s / d l = 1 - t^2, so the backward's ds_ij below is
+ *     the gradient of s and the one of l (dq, dk, dbias) is ds_ij * (1 - t_ij^2). lse, out and dsinks read s.
+ *     The CUDA backend refuses it (SA_ERR_UNSUPPORTED naming logits_soft_cap) until its kernels take it.
  *
  * Backward with upstream dout (and optionally dlse, when the caller's loss uses lse):
  *     D_i   = sum_d dout_id * out_id - dlse_i
- *     ds_ij = p_ij * (dout_i . v_j - D_i)
+ *     ds_ij = p_ij * (dout_i . v_j - D_i)                  (times 1 - t_ij^2 under a soft-cap, above)
  *     dq_i  = scale * sum_j ds_ij k_j,   dk_j = scale * sum_i ds_ij q_i,   dv_j = sum_i p_ij dout_i
  *     dsinks[n] = - sum_{b,i} exp(a_n - lse_i) * D_i      (LEARNABLE only; fixed reduction order,
  *                                                          bitwise reproducible run to run)
  *     dbias[b',n',i',j'] = sum of ds_ij over every (b,n,i,j) that read that bias element (the sum over
  *                  bias's size-1 axes), fp32 with bias_dims, reduced in a fixed order (bitwise reproducible)
- * dk and dv are summed over the G = N/K query heads that share a kv head.
+ * dk and dv are summed over the G = N/K query heads that share a kv head. Every backend's backward is bitwise
+ * reproducible run to run (fixed reduction orders, no float atomics): there is no other mode.
  *
  * LAYOUT (dense, row-major, no strides)
  *     q [B,T,N,H]  k [B,S,K,H]  v [B,S,K,Hv]  out [B,T,N,Hv]  lse [B,N,T] fp32  sinks [N] fp32
@@ -76,8 +87,8 @@
  *                  segment, position and mask-array masks are not guaranteed to isolate it (0 * NaN in a
  *                  tile).
  *     Backends     A size or option one backend lacks is SA_ERR_UNSUPPORTED naming the field (e.g.
- *                  CUDA head_dim 72; bias, mask and positions, which REF and CPU take and the CUDA kernels
- *                  do not yet); SA_BACKEND_CUDA in a build without CUDA, or on a machine without a CUDA
+ *                  CUDA head_dim 72; bias, mask, positions and logits_soft_cap, which REF and CPU take and
+ *                  the CUDA kernels do not yet); SA_BACKEND_CUDA in a build without CUDA, or on a machine without a CUDA
  *                  device, is SA_ERR_DEVICE (before any other CUDA rule).
  *     Threads      Every entry point may be called from many threads at once; CPU and REF results are
  *                  bitwise identical to a serial call and across sa_cpu_set_num_threads counts.
@@ -167,6 +178,9 @@ typedef struct sa_attn {
   int64_t mask_dims[4];
   /* [B,T], [B,S] or NULL (both or neither): causal and window compare these instead of i and j. */
   const int32_t *q_positions, *kv_positions;
+  /* 0 = none; else cap > 0 and finite: logits = cap * tanh(l / cap), l = scale * q.k + bias, before the
+     masks; the sink is not capped (SOFT-CAPPING above). */
+  float logits_soft_cap;
 } sa_attn;
 
 typedef struct sa_attn_grad {
@@ -174,8 +188,6 @@ typedef struct sa_attn_grad {
   const float *dlse;  /* [B,N,T] or NULL */
   void *dq, *dk, *dv; /* like q, k, v; fully overwritten */
   float *dsinks;      /* [N] or NULL; fully overwritten (zeros unless LEARNABLE) */
-  int deterministic;  /* CUDA: 1 = dq reduced in a fixed order too (dsinks always is). CPU and REF are
-                          always deterministic. 0 lets the CUDA backend use float atomics for dq. */
   float *dbias;       /* NULL (not wanted) or [bias_dims] fp32, bias required; fully overwritten */
 } sa_attn_grad;
 
@@ -194,15 +206,20 @@ SA_API sa_status sa_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *work
 SA_API const char *sa_status_name(sa_status s);
 SA_API const char *sa_last_error(void); /* thread-local; "" when the last call on this thread was fine */
 
-/* DECODE: a few query tokens (q_len <= 64) against a long KV cache, split-KV. Fill *a as for sa_attn_fwd:
+/* The longest query sa_attn_decode_fwd takes: rows of one split-KV work item are G * q_len, and 64 tokens keep
+   them (and the CUDA kernel's shared memory) bounded; longer queries are prefill and belong to sa_attn_fwd. */
+#define SA_DECODE_MAX_Q_LEN 64
+
+/* DECODE: a few query tokens (q_len <= SA_DECODE_MAX_Q_LEN) against a long KV cache, split-KV. Fill *a as for
+   sa_attn_fwd:
    q [B,Tq,N,H], k/v the caches [B,S,K,H] / [B,S,K,Hv], kv_lens the cache lengths, causal
    SA_CAUSAL_BOTTOM_RIGHT (query row i sits at position kv_len - Tq + i), optionally a window. The result
    equals sa_attn_fwd's; the cache is cut into chunks processed in parallel, each producing a partial
    without the sink, merged in a fixed order with the sink added once (bitwise independent of the CPU
    thread count). The workspace holds the partials: on CUDA it is required (no allocation, no sync);
-   on CPU it is used when large enough, else allocated. q_len > 64 gives SA_ERR_UNSUPPORTED. With a bias, a
-   mask or positions the CPU backend runs sa_attn_fwd's kernels instead (no workspace; the same result) and
-   CUDA answers SA_ERR_UNSUPPORTED naming the field. */
+   on CPU it is used when large enough, else allocated. q_len > SA_DECODE_MAX_Q_LEN gives SA_ERR_UNSUPPORTED.
+   With a bias, a mask, positions or a soft-cap the CPU backend runs sa_attn_fwd's kernels instead (no workspace;
+   the same result) and CUDA answers SA_ERR_UNSUPPORTED naming the field. */
 SA_API size_t sa_attn_decode_workspace_size(const sa_attn *a, sa_backend be); /* shape-only, like bwd */
 SA_API sa_status sa_attn_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_size, sa_backend be,
                                     void *stream);

@@ -4,7 +4,7 @@
 #   1. the files git tracks (or would: untracked, not ignored) are copied from the working tree to $WORK/src,
 #      which is then made read-only (a read-only bind mount when run as root, else chmod a-w);
 #   2. wheel N: `pip wheel` there by the newest Python (pip's isolated build environment gets the newest
-#      jax/jaxlib, FFI header 0.5 on 2026-12-02); wheel O: `pip wheel --no-build-isolation` in a virtualenv
+#      jax/jaxlib, FFI header 0.5 with jaxlib 0.12); wheel O: `pip wheel --no-build-isolation` in a virtualenv
 #      holding the oldest supported jax stack (requirements-oldest.txt: FFI header 0.3);
 #   3. wheel N goes into a fresh virtualenv with the oldest jax stack (Python $PY), wheel O into one with the
 #      newest (Python $PY_NEWEST); each runs the README's JAX snippet and `pytest -q tests/test_ops.py` from a

@@ -1,17 +1,14 @@
 /*
  * decode.c — the public decode entry points (sa_attn_decode_workspace_size, sa_attn_decode_fwd):
- * the validation of sa_attn_fwd (sinkattn.c's pieces), the decode limit q_len <= 64, the backend choice
+ * the validation of sa_attn_fwd (sinkattn.c's pieces), the decode limit q_len <= SA_DECODE_MAX_Q_LEN (sinkattn.h), the backend choice
  * and dispatch. REF runs the reference forward itself: decode is sa_attn_fwd with a short query, so the
- * reference is the oracle with no new math. The split-KV kernels take no bias, mask or positions: with
- * any of them the CPU backend's plan is its attention forward (cpu.decode.fwd: the same result, bitwise
- * independent of the thread count too) and CUDA answers SA_ERR_UNSUPPORTED naming the field.
+ * reference is the oracle with no new math. The split-KV kernels take no bias, mask, positions or
+ * logits_soft_cap: with any of them the CPU backend's plan is its attention forward (cpu.decode.fwd: the
+ * same result, bitwise independent of the thread count too) and CUDA answers SA_ERR_UNSUPPORTED naming
+ * the field.
  */
 #include "sa_internal.h"
 #include "sa_plan.h"
-
-/* Rows of one split-KV work item are G * q_len; 64 tokens keeps them (and the CUDA kernel's shared
-   memory) bounded; longer queries are prefill and belong to sa_attn_fwd. */
-#define SA_DECODE_MAX_Q_LEN 64
 
 static sa_backend sa_decode_resolve(const sa_attn *a, sa_backend be) {
   if (be != SA_BACKEND_AUTO) return be;

@@ -25,9 +25,8 @@ sa_status sa_cuda_attn_fwd(const sa_attn *a, void *stream) {
   (void)stream;
   return sa_no_cuda();
 }
-size_t sa_cuda_attn_bwd_workspace_size(const sa_attn *a, int deterministic) {
+size_t sa_cuda_attn_bwd_workspace_size(const sa_attn *a) {
   (void)a;
-  (void)deterministic;
   return 0;
 }
 sa_status sa_cuda_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *w, size_t ws, void *stream) {

@@ -229,7 +229,9 @@ sa_status sa_check_dims(const sa_attn *a);   /* sizes, enums, options; no pointe
 sa_status sa_check_shapes(const sa_attn *a); /* sa_check_dims plus the pointers a call dereferences */
 sa_status sa_check_cuda_present(void);       /* SA_ERR_DEVICE unless built with CUDA and a device is present */
 sa_status sa_check_memory_kind(const sa_attn *a, sa_backend be);
-sa_status sa_check_cuda_inputs(const sa_attn *a); /* SA_ERR_UNSUPPORTED for bias, mask, positions */
+sa_status sa_check_cuda_inputs(const sa_attn *a);               /* SA_ERR_UNSUPPORTED: bias, mask, positions, soft-cap,
+                                                     unless a plan is forced (sa_cuda_feature_check) */
+sa_status sa_cuda_feature_check(const sa_attn *a, int listing); /* src/cuda/plan.c (plan.h) */
 
 /* ---- backends -------------------------------------------------------------------------------- */
 /* Each backend says what it supports (SA_OK, or SA_ERR_UNSUPPORTED with the message set) and is only
@@ -248,11 +250,12 @@ int sa_cuda_available(void);                  /* built with CUDA and a device is
 int sa_cuda_is_device_pointer(const void *p); /* p is device (or managed) memory */
 sa_status sa_cuda_attn_supported(const sa_attn *a);
 sa_status sa_cuda_attn_fwd(const sa_attn *a, void *stream);
-size_t sa_cuda_attn_bwd_workspace_size(const sa_attn *a, int deterministic);
+size_t sa_cuda_attn_bwd_workspace_size(const sa_attn *a);
 sa_status sa_cuda_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspace, size_t workspace_size,
                            void *stream);
 
-/* Split-KV decode (src/decode.c; CPU in src/cpu/cpu_decode.c, CUDA in src/cuda/decode*.cu, q_len <= 64). */
+/* Split-KV decode (src/decode.c; CPU in src/cpu/cpu_decode.c, CUDA in src/cuda/decode/, q_len <=
+   SA_DECODE_MAX_Q_LEN). */
 sa_status sa_cpu_decode_supported(const sa_attn *a);
 size_t sa_cpu_decode_workspace_size(const sa_attn *a);
 sa_status sa_cpu_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_size);

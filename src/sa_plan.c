@@ -178,7 +178,7 @@ int sa_plan_list(const sa_attn *a, int which, sa_backend be, const char **names,
   if (r == SA_BACKEND_CUDA) {
     const sa_cuda_device *dev = sa_cuda_device_current();
     sa_cuda_plan plans[16];
-    const int ok = dev && sa_check_cuda_inputs(a) == SA_OK &&
+    const int ok = dev && sa_cuda_feature_check(a, 1) == SA_OK && /* the override-only plans too */
                    (which == SA_PLAN_DECODE ? sa_cuda_decode_supported(a) : sa_cuda_attn_supported(a)) == SA_OK;
     n = ok ? sa_cuda_plans(a, which, dev, (size_t)-1, plans, 16) : 0;
     for (int i = 0; i < n && i < max && names; ++i) names[i] = plans[i].name;

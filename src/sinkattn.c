@@ -157,6 +157,9 @@ sa_status sa_check_dims(const sa_attn *a) {
                     (long long)a->diag_offset);
   if (!isfinite(a->scale))
     return sa_error(SA_ERR_INVALID, "scale %g invalid: must be finite (0 = 1/sqrt(head_dim))", (double)a->scale);
+  if (a->logits_soft_cap != 0.0f && !(a->logits_soft_cap > 0.0f && isfinite(a->logits_soft_cap)))
+    return sa_error(SA_ERR_INVALID, "logits_soft_cap %g invalid: must be > 0 and finite, or 0 for none",
+                    (double)a->logits_soft_cap);
   if ((a->q_segment_ids == NULL) != (a->kv_segment_ids == NULL))
     return sa_error(SA_ERR_INVALID, "%s is NULL but %s is set: give both segment id arrays or neither",
                     a->q_segment_ids ? "kv_segment_ids" : "q_segment_ids",
@@ -241,18 +244,9 @@ sa_status sa_check_memory_kind(const sa_attn *a, sa_backend be) {
   return SA_OK;
 }
 
-/* What the CUDA kernels do not take yet, named before any of their own rules. */
-sa_status sa_check_cuda_inputs(const sa_attn *a) {
-  const char *what = sa_dims_set(a->bias_dims)   ? "bias"
-                     : sa_dims_set(a->mask_dims) ? "mask"
-                     : a->q_positions            ? "q_positions / kv_positions"
-                                                 : NULL;
-  if (!what) return SA_OK;
-  return sa_error(SA_ERR_UNSUPPORTED,
-                  "%s unsupported by the CUDA backend: its kernels do not take it yet "
-                  "(SA_BACKEND_CPU and SA_BACKEND_REF do, on host memory)",
-                  what);
-}
+/* What the CUDA kernels do not take by default, named before any of their own rules: the inputs only the
+   feature plans take, while those plans are override-only (src/cuda/plan.c, sa_cuda_feature_check). */
+sa_status sa_check_cuda_inputs(const sa_attn *a) { return sa_cuda_feature_check(a, 0); }
 
 static sa_status sa_check_for(const sa_attn *a, sa_backend be) {
   sa_status s;
@@ -299,11 +293,11 @@ sa_status sa_attn_fwd(const sa_attn *a, sa_backend be, void *stream) {
 /* ---- backward -------------------------------------------------------------------------------- */
 
 /* Depends on sizes and options only, so callers (the FFI layer at trace time) may ask with NULL data
-   pointers. For CUDA it returns the deterministic size, the larger of the two. */
+   pointers. */
 size_t sa_attn_bwd_workspace_size(const sa_attn *a, sa_backend be) {
   if (sa_check_backend_enum(be) != SA_OK || sa_check_dims(a) != SA_OK) return 0;
   switch (sa_backend_resolve(a, be)) {
-    case SA_BACKEND_CUDA: return sa_cuda_attn_bwd_workspace_size(a, 1);
+    case SA_BACKEND_CUDA: return sa_cuda_attn_bwd_workspace_size(a);
     case SA_BACKEND_CPU: return sa_cpu_attn_bwd_workspace_size(a);
     default: return 0;
   }

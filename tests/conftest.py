@@ -1,4 +1,4 @@
-"""Shared pytest set-up: the `gpu` marker, the platform fixture (the same suite runs on CPU and, when
+"""Shared pytest set-up: the `gpu` and `slow` markers, the platform fixture (the same suite runs on CPU and, when
 present, on a GPU, where "fused" means the CUDA kernels), input builders and dtype tolerances."""
 
 import json
@@ -16,6 +16,68 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 def pytest_configure(config):
   config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped when jax sees none)")
+  config.addinivalue_line("markers", "slow: left out of `make check` (the inner loop); `make test` runs it")
+
+
+# The tests `make check` leaves out (-m "not slow"), by role; every test file keeps tests in the fast tier.
+# An entry names a test function (all its cases) or one case of it, relative to tests/.
+SLOW = {
+  # several virtual devices: one subprocess per module, since XLA fixes its device count when it starts
+  # (test_sharding.py's subprocess stays in the fast tier: it is that file's role)
+  "test_ring.py::test_ring_matches_single_device",
+  "test_ring.py::test_ring_moves_kv_with_collective_permute_only",
+  "test_nnx.py::test_explicit_mesh_heads_split_over_4_devices",
+  # end to end: trains or samples a model (test_demo.py's other tests stay)
+  "test_demo.py::test_demo_trains_both_models_and_writes_plot",
+  "test_demo.py::test_vanilla_demo_has_no_twin",
+  "test_demo.py::test_generate_matches_argmax_of_full_forward",
+  # runs a benchmark script end to end
+  "test_ring.py::test_ring_bench_runs_on_cpu",
+  "test_bench_harness.py::test_jax_bench_tiny_grid",
+  # an exhaustive matrix (Transformer Engine's layouts x bias types x masks); the file's other tests stay
+  "test_flax_compat.py::test_te_layouts_bias_types_and_masks",
+  # the jnp reference's variant of a test whose fused variant stays
+  "test_ops.py::test_vmap[cpu-reference]",
+  "test_flax.py::test_mha_under_an_explicit_mesh[reference]",
+  "test_bias_mask.py::test_bias_every_broadcast_form_vs_jax_nn[reference]",
+  # mask kinds whose C twins (test_attn against the fp64 reference) cover the kernels; the fast tier keeps one
+  # case per Python-side feature: sinks +-50, segments with lengths, empty rows, the window, GQA, Hv != H
+  "test_grads.py::test_fused_grads_f32[cpu-vanilla]",
+  "test_grads.py::test_fused_grads_f32[cpu-learnable]",
+  "test_grads.py::test_fused_grads_f32[cpu-off_by_one]",
+  "test_grads.py::test_fused_grads_f32[cpu-causal_bottom_right]",
+  "test_grads.py::test_fused_grads_f32[cpu-lengths]",
+  "test_grads.py::test_fused_grads_f32[cpu-lengths_vanilla_empty]",
+  # sweeps whose cheapest case stays in the fast tier: finite differences of the reference (segments, causal
+  # and lengths together stay), the decode kernels against the reference (case3 stays)
+  "test_grads.py::test_reference_check_grads[learnable]",
+  "test_grads.py::test_reference_check_grads[causal_bottom_right]",
+  "test_grads.py::test_reference_check_grads[window_gptoss]",
+  "test_grads.py::test_reference_check_grads[lengths_vanilla_empty]",
+  "test_decode.py::test_fused_matches_reference[case0]",
+  "test_decode.py::test_fused_matches_reference[case1]",
+  "test_decode.py::test_fused_matches_reference[case2]",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+  """Marks SLOW's tests, and refuses an entry that names nothing (a renamed test would otherwise join the fast
+  tier silently): a function its module does not define or, when whole files were collected, a case no
+  collected test has."""
+  modules, used = {}, set()
+  for item in items:
+    rel = os.path.relpath(str(item.path), os.path.dirname(os.path.abspath(__file__)))
+    modules[rel] = item.module
+    key = f"{rel}::{item.name}"
+    for entry in (key, key.split("[")[0]):
+      if entry in SLOW:
+        item.add_marker(pytest.mark.slow)
+        used.add(entry)
+  whole_files = not any("::" in str(a) for a in config.args)
+  for entry in sorted(SLOW):
+    rel, name = entry.split("::")
+    if rel in modules and (not hasattr(modules[rel], name.split("[")[0]) or (whole_files and entry not in used)):
+      raise pytest.UsageError(f"tests/conftest.py SLOW names {entry}, which no test of {rel} is")
 
 
 def _gpu_devices():
@@ -53,6 +115,11 @@ def platform(request):
 OUT_TOL = {np.dtype(np.float32): 2e-5, np.dtype(jnp.float16): 2e-3, np.dtype(jnp.bfloat16): 1.6e-2}
 GRAD_TOL = {np.dtype(np.float32): 1e-4, np.dtype(jnp.float16): 1e-2, np.dtype(jnp.bfloat16): 6e-2}
 LSE_TOL = {np.dtype(np.float32): 2e-5, np.dtype(jnp.float16): 2e-4, np.dtype(jnp.bfloat16): 2e-4}
+
+
+def bnt(lse):
+  """A public lse [B,T,N] (jax.nn's residual layout) in the C API's and numpy_ref's [B,N,T]."""
+  return None if lse is None else jnp.swapaxes(lse, -1, -2)
 
 
 def f64(x):

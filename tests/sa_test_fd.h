@@ -23,6 +23,8 @@ typedef struct {
   int bias;      /* T_BCAST form or 0; one element is -inf (its gradient is 0 either way) */
   int mask;      /* T_BCAST form or 0 */
   int positions; /* 1: random positions (causal and window then compare them) */
+  float cap;     /* logits_soft_cap (0: none) */
+  double sink;   /* sinks drawn from U(-sink, sink), one of them +-sink exactly (0: U(-2, 2)) */
 } t_fd_case;
 
 typedef struct {
@@ -79,6 +81,7 @@ static int t_fd_one(const t_fd_case *fc, t_rng *r) {
   a.window_right = fc->wr;
   a.diag_offset = fc->diag;
   a.scale = 0.7f; /* != 1/sqrt(H): a missing or doubled scale shows */
+  a.logits_soft_cap = fc->cap;
   int32_t qlens[2] = {4, 5}, kvlens[2] = {7, 3}, qseg[10], kvseg[14], qpos[10], kvpos[14];
   uint8_t mask[2 * 4 * 5 * 7];
   if (fc->lens) {
@@ -116,7 +119,9 @@ static int t_fd_one(const t_fd_case *fc, t_rng *r) {
   for (int64_t i = 0; i < nk; i++) k[i] = t_unif(r, -1.5, 1.5);
   for (int64_t i = 0; i < nv; i++) v[i] = t_unif(r, -1, 1);
   for (int64_t i = 0; i < no; i++) wo[i] = t_unif(r, -1, 1);
-  for (int n = 0; n < 4; n++) sinks[n] = t_unif(r, -2, 2);
+  const double sr = fc->sink > 0.0 ? fc->sink : 2.0;
+  for (int n = 0; n < 4; n++) sinks[n] = t_unif(r, -sr, sr);
+  if (fc->sink > 0.0) sinks[1] = t_unif(r, 0, 1) < 0.5 ? -sr : sr;
   for (int64_t i = 0; i < nb; i++) bias[i] = i == nb / 2 && nb > 1 ? -INFINITY : t_unif(r, -1.5, 1.5);
   double *bp = fc->bias ? bias : NULL;
   t_fd_ctx c = {&a, q, k, v, sinks, bp, wo, wl, out0, lse0};
@@ -257,6 +262,58 @@ static void t_fd_group(void) {
        .Hv = 2,
        .mask = T_BCAST(1, 1, 0, 0),
        .positions = 1},
+      /* soft-capped: caps 1.2-3 against logits up to ~5 (scale 0.7, |q|, |k| <= 1.5), so the tanh is far from
+         linear and a missing 1 - tanh^2 in any gradient shows */
+      {.name = "cap learnable+dlse causal",
+       .softmax = SA_SOFTMAX_LEARNABLE,
+       .causal = SA_CAUSAL_TOP_LEFT,
+       FD_ALL,
+       .dlse = 1,
+       .H = 3,
+       .Hv = 3,
+       .cap = 1.5f,
+       .sink = 10.0},
+      {.name = "cap vanilla window lens",
+       .causal = SA_CAUSAL_BOTTOM_RIGHT,
+       .wl = 2,
+       .wr = 1,
+       .lens = 1,
+       .dlse = 1,
+       .H = 4,
+       .Hv = 2,
+       .cap = 2.0f},
+      {.name = "cap learnable+dlse full bias sinks +-50",
+       .softmax = SA_SOFTMAX_LEARNABLE,
+       FD_ALL,
+       .dlse = 1,
+       .H = 3,
+       .Hv = 3,
+       .bias = T_BCAST(0, 0, 0, 0),
+       .cap = 1.2f,
+       .sink = 50.0},
+      {.name = "cap off_by_one bias [1,N,T,1] segs",
+       .softmax = SA_SOFTMAX_OFF_BY_ONE,
+       FD_ALL,
+       .segs = 1,
+       .dlse = 1,
+       .H = 3,
+       .Hv = 2,
+       .bias = T_BCAST(1, 0, 0, 1),
+       .cap = 3.0f},
+      {.name = "cap learnable positions window mask bias",
+       .softmax = SA_SOFTMAX_LEARNABLE,
+       .causal = SA_CAUSAL_TOP_LEFT,
+       .wl = 3,
+       .wr = 0,
+       .lens = 1,
+       .dlse = 1,
+       .H = 3,
+       .Hv = 3,
+       .bias = T_BCAST(0, 1, 0, 0),
+       .mask = T_BCAST(0, 1, 0, 0),
+       .positions = 1,
+       .cap = 1.5f,
+       .sink = 10.0},
   };
 #undef FD_ALL
   t_rng r = {12345};
@@ -267,7 +324,8 @@ static void t_fd_group(void) {
     pass += ok;
   }
   printf(
-      "reference vs finite differences (fp64, dq dk dv dsinks dbias, dlse path, bias / mask / positions): "
+      "reference vs finite differences (fp64, dq dk dv dsinks dbias, dlse path, bias / mask / positions / "
+      "soft-cap): "
       "%d/%d cases pass\n",
       pass, n);
 }

@@ -127,6 +127,12 @@ static void t_invalid_group(void) {
   T_INV(T_CALL_FWD, INV, "diag_offset", a.diag_offset = -((int64_t)1 << 41));
   T_INV(T_CALL_FWD, INV, "scale", a.scale = NAN);
   T_INV(T_CALL_FWD, INV, "scale", a.scale = INFINITY);
+  T_INV(T_CALL_FWD, INV, "logits_soft_cap -1 invalid: must be > 0 and finite, or 0 for none",
+        a.logits_soft_cap = -1.0f);
+  T_INV(T_CALL_FWD, INV, "logits_soft_cap nan invalid: must be > 0 and finite", a.logits_soft_cap = NAN);
+  T_INV(T_CALL_BWD, INV, "logits_soft_cap inf invalid: must be > 0 and finite", a.logits_soft_cap = INFINITY);
+  T_INV(T_CALL_CHECK, INV, "logits_soft_cap -inf invalid", a.logits_soft_cap = -INFINITY);
+  T_INV(T_CALL_FWD, INV, "logits_soft_cap -1e-30 invalid", a.logits_soft_cap = -1e-30f);
   T_INV(T_CALL_FWD, INV, "q: size", a.head_dim = (int64_t)1 << 60);
   T_INV(T_CALL_FWD, INV, "k: size", a.kv_len = (int64_t)1 << 61);
   T_INV(T_CALL_FWD, INV, "v: size", a.v_head_dim = (int64_t)1 << 60);
@@ -190,13 +196,16 @@ static void t_invalid_group(void) {
         g.dout = NULL; a.bias_dims[2] = 0; a.bias = NULL; a.mask = NULL; memset(a.mask_dims, 0, 32));
   /* what the CUDA kernels do not take is named whether or not this build has them */
   {
-    static const char *needles[3] = {"bias unsupported by the CUDA backend", "mask unsupported by the CUDA backend",
-                                     "q_positions / kv_positions unsupported by the CUDA backend"};
-    for (int w = 0; w < 3; w++) {
+    static const char *needles[4] = {"bias unsupported by the CUDA backend", "mask unsupported by the CUDA backend",
+                                     "q_positions / kv_positions unsupported by the CUDA backend",
+                                     "logits_soft_cap unsupported by the CUDA backend"};
+    for (int w = 0; w < 4; w++) {
       sa_attn a;
       sa_attn_grad g;
       t_inv_base(&a, &g);
       t_inv_extras(&a, &g);
+      a.logits_soft_cap = 30.0f;
+      if (w > 2) { a.q_positions = a.kv_positions = NULL; }
       if (w > 0) {
         a.bias = NULL;
         memset(a.bias_dims, 0, 32);

@@ -1,7 +1,7 @@
 """The GPU benchmarks' and checks' harness where there is no GPU: bench/sa_capi.py's structs against the C
 compiler's layout of include/sinkattn.h, bench/prod_check.py's --cpu mode on the REF and CPU backends (and that it
-fails on a wrong reference), bench/kernel_bench.py's argument handling and dry run; and of the CPU benchmarks,
-bench/cpu_ab.py's arguments."""
+fails on a wrong reference), bench/kernel_bench.py's argument handling and dry run; of the CPU benchmarks,
+bench/cpu_ab.py's arguments; and bench/jax_bench.py (`make bench`) on its tiny grid."""
 
 import ctypes
 import os
@@ -115,3 +115,19 @@ def test_cpu_ab_arguments(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["cpu_ab.py", *argv])
     with pytest.raises(SystemExit, match="at least twice|three plan names"):
       cpu_ab.main()
+
+
+def test_jax_bench_tiny_grid(tmp_path):
+  """`make bench`'s program runs from the source tree and writes its rows; the A/B of environment switches within
+  one process is gone (the library reads its switches once per process: both contenders would time one plan)."""
+  import json
+
+  import jax_bench
+
+  out = tmp_path / "r.json"
+  flags = ["--grid", "tiny", "--contenders", "fused", "--repeats", "1", "--no-progress", "--out", str(out)]
+  jax_bench.main(flags)
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["contender"] for r in rows] == ["fused", "fused"] and all(r["fwd_ms"] > 0 for r in rows)
+  with pytest.raises(SystemExit):
+    jax_bench.main(flags + ["--ab-env", "SINKATTN_SIMD=avx2"])

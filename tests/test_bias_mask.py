@@ -14,7 +14,7 @@ import pytest
 
 import numpy_ref
 import sinkattn
-from conftest import GRAD_TOL, LSE_TOL, OUT_TOL, _gpu_devices, assert_close, f64, make_inputs
+from conftest import GRAD_TOL, LSE_TOL, OUT_TOL, _gpu_devices, assert_close, bnt, f64, make_inputs
 from sinkattn import _lib, _routing
 
 pytestmark = pytest.mark.usefixtures("on_cpu")
@@ -35,7 +35,7 @@ B, T, S, N, K, H = 2, 8, 12, 4, 2, 16  # GQA 2, T != S
 
 def _attn(impl, **kw):
   return lambda q, k, v, s, b, m: sinkattn.dot_product_attention(
-    q, k, v, s, bias=b, mask=m, implementation=impl, return_residual=True, **kw
+    q, k, v, sinks=s, bias=b, mask=m, implementation=impl, return_residual=True, **kw
   )
 
 
@@ -229,7 +229,7 @@ def test_learnable_sinks_everything_vs_fp64(impl, dtype):
 
   def f(q, k, v, s, b):
     return sinkattn.dot_product_attention(
-      q, k, v, s, bias=b, mask=jnp.asarray(keep), return_residual=True, implementation=impl, **opts, **extra
+      q, k, v, sinks=s, bias=b, mask=jnp.asarray(keep), return_residual=True, implementation=impl, **opts, **extra
     )
 
   (out, lse), vjp = jax.vjp(f, q, k, v, sinks, bias)
@@ -247,10 +247,10 @@ def test_learnable_sinks_everything_vs_fp64(impl, dtype):
   )
   want_out, want_lse = numpy_ref.forward(f64(q), f64(k), f64(v), f64(sinks), **np_kw)
   dlse = jnp.where(jnp.isfinite(want_lse), dlse, 0.0)
-  grads = jax.jit(vjp)((dout, dlse))
+  grads = jax.jit(vjp)((dout, bnt(dlse)))  # numpy_ref's [B,N,T] as the public lse's [B,T,N]
   want = numpy_ref.backward(f64(q), f64(k), f64(v), f64(sinks), f64(dout), f64(dlse), **np_kw)
   assert_close(out, want_out, OUT_TOL[np.dtype(dtype)], f"{impl} out")
-  assert_close(lse, want_lse, LSE_TOL[np.dtype(dtype)], f"{impl} lse")
+  assert_close(bnt(lse), want_lse, LSE_TOL[np.dtype(dtype)], f"{impl} lse")
   for name, g, w in zip(("dq", "dk", "dv", "dsinks", "dbias"), grads, want):
     assert_close(g, w, GRAD_TOL[np.dtype(dtype)], f"{impl} {name}")
   assert float(np.abs(want[4]).max()) > 1e-3 and float(np.abs(want[3]).max()) > 1e-3
@@ -267,9 +267,9 @@ def test_positions_equal_to_indices_change_nothing(impl):
   def both(q, k, v, s, pos):
     return [
       (
-        sinkattn.dot_product_attention(q, k, v, s, implementation=impl, **o),
+        sinkattn.dot_product_attention(q, k, v, sinks=s, implementation=impl, **o),
         sinkattn.dot_product_attention(
-          q, k, v, s, query_positions=pos, key_value_positions=pos, implementation=impl, **o
+          q, k, v, sinks=s, query_positions=pos, key_value_positions=pos, implementation=impl, **o
         ),
       )
       for o in (dict(is_causal=True), dict(local_window_size=(2, 3)), dict(is_causal=True, local_window_size=(4, 0)))
@@ -288,10 +288,12 @@ def test_rows_emptied_by_mask_or_bias(impl):
   bias = jnp.zeros((1, N, T, S), jnp.float32).at[0, 1, 5].set(-jnp.inf)
 
   def f(q, s, b):
-    return sinkattn.dot_product_attention(q, k, v, s, bias=b, mask=mask, return_residual=True, implementation=impl)
+    return sinkattn.dot_product_attention(
+      q, k, v, sinks=s, bias=b, mask=mask, return_residual=True, implementation=impl
+    )
 
   out, lse = jax.jit(f)(q, sinks, bias)
-  out, lse = np.asarray(out), np.asarray(lse)
+  out, lse = np.asarray(out), np.asarray(bnt(lse))
   assert np.all(out[0, 2] == 0) and np.all(lse[0, :, 2] == np.asarray(sinks))
   assert np.all(out[:, 5, 1] == 0) and np.all(lse[:, 1, 5] == np.asarray(sinks)[1])
   grads = jax.jit(jax.grad(lambda q, s, b: jnp.sum(f(q, s, b)[0] ** 2) + jnp.sum(f(q, s, b)[1]), argnums=(0, 1, 2)))(
@@ -308,7 +310,7 @@ def test_bias_dtypes_and_vmap(impl):
   per-example dbias, equal a Python loop."""
   q, k, v, sinks = make_inputs(10, B=B, T=T, S=S, N=N, K=K, H=H)
   grad = jax.jit(
-    jax.grad(lambda b: jnp.sum(sinkattn.dot_product_attention(q, k, v, sinks, bias=b, implementation=impl)))
+    jax.grad(lambda b: jnp.sum(sinkattn.dot_product_attention(q, k, v, sinks=sinks, bias=b, implementation=impl)))
   )
   for dt in (jnp.bfloat16, jnp.float16):
     bias = jnp.asarray(np.random.default_rng(11).standard_normal((B, 1, T, S)), dt)
@@ -320,7 +322,7 @@ def test_bias_dtypes_and_vmap(impl):
     q,
     k,
     v,
-    sinks,
+    sinks=sinks,
     bias=b,
     is_causal=True,  # noqa: E731
     implementation=impl,
@@ -345,7 +347,7 @@ def test_dbias_only_when_the_bias_is_differentiated():
   undifferentiated values) costs no dbias."""
   q, k, v, sinks = make_inputs(13, B=B, T=T, S=S, N=N, K=K, H=H)
   bias = jnp.ones((1, N, T, S), jnp.float32)
-  f = lambda q, b: jnp.sum(sinkattn.dot_product_attention(q, k, v, sinks, bias=b, implementation="fused"))
+  f = lambda q, b: jnp.sum(sinkattn.dot_product_attention(q, k, v, sinks=sinks, bias=b, implementation="fused"))
   wrt_q, wrt_b = _bwd_calls(jax.grad(f), q, bias), _bwd_calls(jax.grad(f, argnums=1), q, bias)
   assert wrt_q and all("has_dbias = false" in line for line in wrt_q), wrt_q
   assert wrt_b and all("has_dbias = true" in line for line in wrt_b), wrt_b
@@ -356,7 +358,7 @@ def test_numeric_masks_read_nonzero_as_attend(impl):
   """A float mask attends where it is nonzero, NaN included (as jnp.where reads it, and Flax with it)."""
   q, k, v, sinks = make_inputs(14, B=B, T=T, S=S, N=N, K=K, H=H)
   keep = jnp.asarray(np.random.default_rng(15).random((B, 1, T, S)) < 0.6).at[..., 0].set(True)
-  f = jax.jit(lambda m: sinkattn.dot_product_attention(q, k, v, sinks, mask=m, implementation=impl))
+  f = jax.jit(lambda m: sinkattn.dot_product_attention(q, k, v, sinks=sinks, mask=m, implementation=impl))
   want = f(keep)
   for numeric in (jnp.where(keep, jnp.nan, 0.0), jnp.where(keep, -2.5, 0.0), keep.astype(jnp.int8)):
     np.testing.assert_array_equal(np.asarray(f(numeric)), np.asarray(want))
@@ -366,7 +368,8 @@ def test_numeric_masks_read_nonzero_as_attend(impl):
 @pytest.mark.skipif(not _gpu_devices(), reason="no GPU visible to jax")
 def test_gpu_runs_bias_mask_positions_on_the_reference(monkeypatch):
   """The CUDA kernels take no bias / mask / positions yet: on a GPU such a call runs the reference (the same
-  numbers as on the CPU), with one warning naming the argument; implementation='cudnn' refuses it."""
+  numbers as on the CPU), with one warning naming the argument (the library's words: 'positions' for
+  query_positions / key_value_positions); implementation='cudnn' refuses it."""
   monkeypatch.setattr(_routing, "_warned", set())
   q, k, v, sinks = make_inputs(16, B=B, T=T, S=S, N=N, K=K, H=64, dtype=jnp.bfloat16)
   bias = jnp.asarray(np.random.default_rng(17).standard_normal((1, N, T, S)), jnp.float32)
@@ -374,7 +377,7 @@ def test_gpu_runs_bias_mask_positions_on_the_reference(monkeypatch):
   calls = dict(
     bias=dict(bias=bias),
     mask=dict(mask=bias > 0),
-    query_positions=dict(
+    positions=dict(
       query_positions=pos, key_value_positions=jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S)), is_causal=True
     ),
   )
@@ -383,12 +386,13 @@ def test_gpu_runs_bias_mask_positions_on_the_reference(monkeypatch):
     with warnings.catch_warnings(record=True) as seen:
       warnings.simplefilter("always")
       with jax.default_device(jax.devices("gpu")[0]):
-        got = [sinkattn.dot_product_attention(q, k, v, sinks, **kw) for _ in range(2)]
+        got = [sinkattn.dot_product_attention(q, k, v, sinks=sinks, **kw) for _ in range(2)]
     named = [w for w in seen if issubclass(w.category, RuntimeWarning) and name in str(w.message)]
     assert len(named) == 1, [str(w.message) for w in seen]
     on_cpu = {n: jax.device_put(x, cpu) if hasattr(x, "shape") else x for n, x in kw.items()}  # is_causal stays a bool
-    want = sinkattn.dot_product_attention(*jax.device_put((q, k, v, sinks), cpu), **on_cpu)
+    q_c, k_c, v_c, s_c = jax.device_put((q, k, v, sinks), cpu)
+    want = sinkattn.dot_product_attention(q_c, k_c, v_c, sinks=s_c, **on_cpu)
     for g in got:
       assert_close(g, f64(want), OUT_TOL[np.dtype(jnp.bfloat16)], f"{name} on GPU")
     with jax.default_device(jax.devices("gpu")[0]), pytest.raises(ValueError, match=name):
-      sinkattn.dot_product_attention(q, k, v, sinks, implementation="cudnn", **kw)
+      sinkattn.dot_product_attention(q, k, v, sinks=sinks, implementation="cudnn", **kw)

@@ -1,12 +1,14 @@
 /*
  * test_cuda.c — SA_BACKEND_CUDA against SA_BACKEND_REF (fp64), over EVERY plan legal for each case
- * (sa_plan_list; sa_plan_force runs it, sa_plan_last must name it). Larger than 600 lines: its three case
- * tables (90 cases, one a line) are most of it, beside the driver that walks them. Cases cover every mask (lengths with
+ * (sa_plan_list; sa_plan_force runs it, sa_plan_last must name it: the override-only feature plans too). Larger
+ * than 600 lines: its three case tables (90 cases, one a line) are most of it, beside the driver that walks them;
+ * the feature plans' two tables (bias, mask array, positions, soft-cap; dbias) are in test_cuda_feat.h. Cases cover every mask (lengths with
  * clamped values, causal top-left / bottom-right, windows, diag_offset, segments), the three softmax types with
  * sinks from U(-10, 10) or U(-50, 50), empty rows, GQA, Hv != H, odd sizes, all head dims, both 16-bit dtypes,
  * and production schedules (T, S = 4096..8192). Outputs are NaN-poisoned, padding holds NaN, the backward runs
- * three times (deterministic 1, 1, 0) and must agree bitwise. Exit 77 (skipped) without a GPU.
- *   test_cuda [--list] [--table=general|hopper|prod] [--plan=SUBSTR] [--case=SUBSTR] [--stride=K]
+ * three times and must agree bitwise. Exit 77 (skipped) without a GPU.
+ *   test_cuda [--list] [--table=general|hopper|prod|features|features-prod] [--plan=SUBSTR] [--case=SUBSTR]
+ *             [--stride=K]
  * --list enumerates cases x plans on a mocked H200 record without a GPU (CI runs it).
  */
 #define _POSIX_C_SOURCE 200112L
@@ -35,7 +37,26 @@ typedef struct {
                            4 packed: 8 documents of T / 8 queries and S / 8 keys, the same ids on both sides */
   float sink_range;     /* sinks ~ U(-r, r); -r: the same with heads 0 and 1 at +50 and -50;
                            0: the special values +inf, -inf, 1e4, -1e4, ... */
+  /* the feature plans' inputs (test_cuda_feat.h): bias dims and dtype ("1NTS/f32"), mask pattern and dims,
+     positions pattern, soft-cap, NaN where every pair is masked */
+  const char *bias;
+  int mpat;
+  const char *mdims;
+  int pos;
+  float cap;
+  int nanm;
 } tc_case;
+
+#ifdef SINKATTN_WITH_CUDA
+static double tc_rand(uint64_t *s) { /* splitmix64 -> U[0, 1) */
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return (double)((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0);
+}
+#endif
+
+#include "test_cuda_feat.h"
 
 /* one case a line */
 // clang-format off
@@ -208,13 +229,6 @@ static void tc_check(int ok, const tc_case *c, const char *fmt, double x, double
   printf("\n");
 }
 
-static double tc_rand(uint64_t *s) { /* splitmix64 -> U[0, 1) */
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return (double)((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0);
-}
-
 static void *tc_dev(size_t bytes, const void *host) {
   void *d = NULL;
   TC_CUDA(cudaMalloc(&d, bytes ? bytes : 16));
@@ -333,6 +347,12 @@ static void tc_run(const tc_case *c, uint64_t seed) {
   a.kv_lens = c->lens ? kl : NULL;
   a.q_segment_ids = c->segs ? qs : NULL;
   a.kv_segment_ids = c->segs ? ks : NULL;
+  tc_feat_bufs fb; /* bias, mask, positions, soft-cap (drawn after the rest: the other cases keep their data) */
+  tc_feat_make(c, &a, &fb, &s);
+  tc_feat_nan(c, &a, k, &fb);
+  const size_t nbias = (size_t)fb.nbias, bes = fb.bias ? sa_dtype_size(a.bias_dtype) : 0;
+  float *dbias_r = fb.bias ? malloc(nbias * 4 + 16) : NULL, *dbias_c[3] = {NULL, NULL, NULL};
+  for (int y = 0; y < 3 && fb.bias; y++) dbias_c[y] = malloc(nbias * 4 + 16);
 
   /* reference */
   a.q = q;
@@ -348,6 +368,7 @@ static void tc_run(const tc_case *c, uint64_t seed) {
   g.dk = g_r[1];
   g.dv = g_r[2];
   g.dsinks = c->sm == SA_SOFTMAX_LEARNABLE ? ds_r : NULL;
+  g.dbias = dbias_r;
   if (st == SA_OK) st = sa_attn_bwd(&a, &g, NULL, 0, SA_BACKEND_REF, NULL);
   tc_check(st == SA_OK, c, "reference failed %g %g", (double)st, 0);
 
@@ -363,6 +384,10 @@ static void tc_run(const tc_case *c, uint64_t seed) {
   d.kv_lens = c->lens ? tc_dev(B * 4, kl) : NULL;
   d.q_segment_ids = c->segs ? tc_dev(B * T * 4, qs) : NULL;
   d.kv_segment_ids = c->segs ? tc_dev(B * S * 4, ks) : NULL;
+  d.bias = fb.bias ? tc_dev(nbias * bes, fb.bias) : NULL;
+  d.mask = fb.mask ? tc_dev((size_t)fb.nmask, fb.mask) : NULL;
+  d.q_positions = fb.qp ? tc_dev(B * T * 4, fb.qp) : NULL;
+  d.kv_positions = fb.kp ? tc_dev(B * S * 4, fb.kp) : NULL;
   const char *fplans[16], *bplans[16];
   const int nf = sa_plan_list(&d, SA_PLAN_FWD, SA_BACKEND_CUDA, fplans, 16);
   const int nb = sa_plan_list(&d, SA_PLAN_BWD, SA_BACKEND_CUDA, bplans, 16);
@@ -405,6 +430,18 @@ static void tc_run(const tc_case *c, uint64_t seed) {
           for (int64_t x = 0; x < Hv; x++)
             if (sa_load(out_c, c->dt, ((b * T + i) * N + n) * Hv + x) != 0.0f) ebad++;
         }
+    if (c->mpat || c->pos) /* rows that the mask array or the positions leave without a key: exact too */
+      for (int64_t b = 0; b < B; b++)
+        for (int64_t n = 0; n < N; n++)
+          for (int64_t i = 0; i < qlen_of[b]; i++) {
+            int any = 0;
+            for (int64_t j = 0; j < S && !any; j++) any = sa_attn_valid(&a, b, n, i, j);
+            if (any) continue;
+            const float sk = sa_sink_logit(&a, n);
+            if (memcmp(&lse_c[(b * N + n) * T + i], &sk, 4) != 0) ebad++;
+            for (int64_t x = 0; x < Hv; x++)
+              if (sa_load(out_c, c->dt, ((b * T + i) * N + n) * Hv + x) != 0.0f) ebad++;
+          }
     tc_check(ebad == 0, c, "empty rows: %g elements not exactly out 0 / lse sink (tol %g)", ebad, 0);
     printf("%-40s %-30s out %.2e  lse %.2e\n", c->name, fplans[fi], tc_relerr(out_c, out_r, c->dt, no), lerr);
   }
@@ -426,7 +463,7 @@ static void tc_run(const tc_case *c, uint64_t seed) {
       dg.dk = tc_dev(nk * es, NULL);
       dg.dv = tc_dev(nv * es, NULL);
       dg.dsinks = g.dsinks ? tc_dev(N * 4, NULL) : NULL;
-      dg.deterministic = rep < 2;
+      dg.dbias = fb.bias ? (float *)tc_dev(nbias * 4, NULL) : NULL;
       size_t ws = sa_attn_bwd_workspace_size(&d, SA_BACKEND_CUDA);
       void *w = tc_dev(ws, NULL);
       st = sa_attn_bwd(&d, &dg, w, ws, SA_BACKEND_CUDA, NULL);
@@ -438,6 +475,10 @@ static void tc_run(const tc_case *c, uint64_t seed) {
       tc_get(g_c[rep][1], dg.dk, nk * es);
       tc_get(g_c[rep][2], dg.dv, nv * es);
       if (dg.dsinks) tc_get(rep == 0 ? ds_c : rep == 1 ? ds_c2 : ds_c3, dg.dsinks, N * 4);
+      if (dg.dbias) {
+        tc_get(dbias_c[rep], dg.dbias, nbias * 4);
+        TC_CUDA(cudaFree(dg.dbias));
+      }
       TC_CUDA(cudaFree(dg.dq));
       TC_CUDA(cudaFree(dg.dk));
       TC_CUDA(cudaFree(dg.dv));
@@ -447,6 +488,10 @@ static void tc_run(const tc_case *c, uint64_t seed) {
     static const char *const gname[3] = {"dq", "dk", "dv"};
     const double gtol = c->dt == SA_BF16 ? 3e-2 : 2e-2;
     for (int x = 0; x < 3; x++) {
+      if (x == 0 && c->nanm == 2) { /* dS K: the zero dS of a NaN key row is NaN in dq, as in jax.nn's gradient */
+        printf("%-40s %-30s dq not compared (NaN in masked keys)\n", c->name, bplans[bi]);
+        continue;
+      }
       double e = tc_relerr(g_c[0][x], g_r[x], c->dt, gn[x]);
       char msg[96];
       snprintf(msg, sizeof msg, "%s rel err %%.3g > %%.3g", gname[x]);
@@ -469,12 +514,20 @@ static void tc_run(const tc_case *c, uint64_t seed) {
       tc_check(memcmp(ds_c, ds_c2, N * 4) == 0 && memcmp(ds_c, ds_c3, N * 4) == 0, c,
                "dsinks differ bitwise between runs (%g %g)", 0, 0);
     }
+    if (fb.bias) { /* dbias: fp32, reduced over the bias's broadcast axes in a fixed order */
+      const double e = tc_relerr(dbias_c[0], dbias_r, SA_F32, (int64_t)nbias);
+      tc_check(e <= gtol, c, "dbias rel err %.3g > %.3g", e, gtol);
+      tc_check(memcmp(dbias_c[0], dbias_c[1], nbias * 4) == 0 && memcmp(dbias_c[0], dbias_c[2], nbias * 4) == 0, c,
+               "dbias differs bitwise between runs (%g %g)", 0, 0);
+    }
     printf("%-40s %-30s dq %.2e  dk %.2e  dv %.2e\n", c->name, bplans[bi], tc_relerr(g_c[0][0], g_r[0], c->dt, nq),
            tc_relerr(g_c[0][1], g_r[1], c->dt, nk), tc_relerr(g_c[0][2], g_r[2], c->dt, nv));
   }
   sa_plan_force(SA_PLAN_BWD, NULL);
-  const void *dp[] = {
-      d.q, d.k, d.v, d.out, d.lse, d.sinks, d.q_lens, d.kv_lens, d.q_segment_ids, d.kv_segment_ids, dg.dout, dg.dlse};
+  const void *dp[] = {d.q,           d.k,      d.v,       d.out,           d.lse,
+                      d.sinks,       d.q_lens, d.kv_lens, d.q_segment_ids, d.kv_segment_ids,
+                      dg.dout,       dg.dlse,  d.bias,    d.mask,          d.q_positions,
+                      d.kv_positions};
   for (size_t x = 0; x < sizeof dp / sizeof dp[0]; x++)
     if (dp[x]) TC_CUDA(cudaFree((void *)dp[x]));
   free(q);
@@ -493,6 +546,9 @@ static void tc_run(const tc_case *c, uint64_t seed) {
   free(kl);
   free(qs);
   free(ks);
+  tc_feat_free(&fb);
+  free(dbias_r);
+  for (int y = 0; y < 3; y++) free(dbias_c[y]);
   for (int x = 0; x < 3; x++) {
     free(g_r[x]);
     for (int y = 0; y < 3; y++) free(g_c[y][x]);
@@ -557,6 +613,18 @@ static sa_attn tc_shape(const tc_case *c) {
   if (c->sm == SA_SOFTMAX_LEARNABLE) a.sinks = &sink;
   if (c->lens) a.q_lens = a.kv_lens = marker;
   if (c->segs) a.q_segment_ids = a.kv_segment_ids = marker;
+  const int64_t full[4] = {c->B, c->N, c->T, c->S};
+  if (c->bias) { /* the plans read the dims, the dtype and the pointers' alignment */
+    tc_dims(c->bias, full, a.bias_dims);
+    a.bias_dtype = tc_dtype_of(c->bias);
+    a.bias = marker;
+  }
+  if (c->mpat) {
+    tc_dims(c->mdims ? c->mdims : "1111", full, a.mask_dims);
+    a.mask = (const uint8_t *)marker;
+  }
+  if (c->pos) a.q_positions = a.kv_positions = marker;
+  a.logits_soft_cap = c->cap;
   return a;
 }
 
@@ -566,7 +634,9 @@ static const struct {
   size_t n;
 } tc_tables[] = {{"general", tc_cases, sizeof tc_cases / sizeof tc_cases[0]},
                  {"hopper", tc_hopper_cases, sizeof tc_hopper_cases / sizeof tc_hopper_cases[0]},
-                 {"prod", tc_prod_cases, sizeof tc_prod_cases / sizeof tc_prod_cases[0]}};
+                 {"prod", tc_prod_cases, sizeof tc_prod_cases / sizeof tc_prod_cases[0]},
+                 {"features", tc_feat_cases, sizeof tc_feat_cases / sizeof tc_feat_cases[0]},
+                 {"features-prod", tc_feat_prod_cases, sizeof tc_feat_prod_cases / sizeof tc_feat_prod_cases[0]}};
 
 /* --list: every case's plans on a mocked H200 (CC 9.0, 132 SMs, sm_90a code), no GPU needed. */
 static int tc_list(const char *table) {

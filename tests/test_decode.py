@@ -47,16 +47,16 @@ def test_fused_matches_reference(case):
   q, kc, vc, sinks, lens = _inputs(B, T, S, N, K, H, Hv, dtype)
   s = sinks if softmax == "learnable" else None
   kw = dict(softmax_type=softmax, local_window_size=window, return_residual=True)
-  out, lse = sinkattn.decode_attention(q, kc, vc, lens, s, **kw)
-  rout, rlse = sinkattn.decode_attention(q, kc, vc, lens, s, implementation="reference", **kw)
-  assert out.dtype == q.dtype and out.shape == (B, T, N, Hv) and lse.shape == (B, N, T)
+  out, lse = sinkattn.decode_attention(q, kc, vc, lens, sinks=s, **kw)
+  rout, rlse = sinkattn.decode_attention(q, kc, vc, lens, sinks=s, implementation="reference", **kw)
+  assert out.dtype == q.dtype and out.shape == (B, T, N, Hv) and lse.shape == (B, T, N)
   _close(out, lse, rout, rlse, dtype)
   # the same as dot_product_attention with bottom-right causal alignment and the cache lengths
   dout, dlse = sinkattn.dot_product_attention(
     q,
     kc,
     vc,
-    s,
+    sinks=s,
     is_causal=True,
     causal_alignment="bottom_right",
     key_value_seq_lengths=lens,
@@ -68,29 +68,29 @@ def test_fused_matches_reference(case):
 
 def test_empty_rows_give_sink():
   q, kc, vc, sinks, _ = _inputs(2, 1, 64, 4, 2, 64, 64, jnp.float32)
-  out, lse = sinkattn.decode_attention(q, kc, vc, jnp.zeros((2,), jnp.int32), sinks, return_residual=True)
+  out, lse = sinkattn.decode_attention(q, kc, vc, jnp.zeros((2,), jnp.int32), sinks=sinks, return_residual=True)
   assert np.all(np.asarray(out) == 0)
-  np.testing.assert_array_equal(np.asarray(lse)[:, :, 0], np.broadcast_to(np.asarray(sinks), (2, 4)))
+  np.testing.assert_array_equal(np.asarray(lse)[:, 0, :], np.broadcast_to(np.asarray(sinks), (2, 4)))
 
 
 def test_jit_and_vmap():
   q, kc, vc, sinks, lens = _inputs(2, 1, 600, 8, 2, 64, 64, jnp.bfloat16)
-  f = jax.jit(lambda q, k, v, l, s: sinkattn.decode_attention(q, k, v, l, s, local_window_size=(127, 0)))
-  ref = sinkattn.decode_attention(q, kc, vc, lens, sinks, local_window_size=(127, 0), implementation="reference")
+  f = jax.jit(lambda q, k, v, l, s: sinkattn.decode_attention(q, k, v, l, sinks=s, local_window_size=(127, 0)))
+  ref = sinkattn.decode_attention(q, kc, vc, lens, sinks=sinks, local_window_size=(127, 0), implementation="reference")
   _close(f(q, kc, vc, lens, sinks), np.zeros(1), ref, np.zeros(1), jnp.bfloat16)
   # vmap over a leading axis of everything (two independent caches) and over q only
   qs, ks, vs, ls = (jnp.stack([x, x[::-1]]) for x in (q, kc, vc, lens))
   got = jax.vmap(lambda a, b, c, d: f(a, b, c, d, sinks))(qs, ks, vs, ls)
   for i in range(2):
     want = sinkattn.decode_attention(
-      qs[i], ks[i], vs[i], ls[i], sinks, local_window_size=(127, 0), implementation="reference"
+      qs[i], ks[i], vs[i], ls[i], sinks=sinks, local_window_size=(127, 0), implementation="reference"
     )
     _close(got[i], np.zeros(1), want, np.zeros(1), jnp.bfloat16)
   got = jax.vmap(lambda a: f(a, kc, vc, lens, sinks))(jnp.stack([q, -q]))
   _close(
     got[1],
     np.zeros(1),
-    sinkattn.decode_attention(-q, kc, vc, lens, sinks, local_window_size=(127, 0), implementation="reference"),
+    sinkattn.decode_attention(-q, kc, vc, lens, sinks=sinks, local_window_size=(127, 0), implementation="reference"),
     np.zeros(1),
     jnp.bfloat16,
   )
@@ -115,8 +115,10 @@ def test_bad_inputs():
     d(q, kc, vc, lens.astype(jnp.float32))
   with pytest.raises(ValueError, match="T = 65"):
     d(jnp.zeros((2, 65, 4, 64)), kc, vc, lens)
+  with pytest.raises(ValueError, match="local_window_size"):
+    d(q, kc, vc, lens, local_window_size=(-1, 0))
   with pytest.raises(ValueError, match="sinks: expected shape"):
-    d(q, kc, vc, lens, sinks[:3])
+    d(q, kc, vc, lens, sinks=sinks[:3])
   with pytest.raises(ValueError, match="softmax_type"):
     d(q, kc, vc, lens, softmax_type="sparse")
   with pytest.raises(ValueError, match="implementation"):
@@ -141,14 +143,16 @@ def test_cuda_matches_reference(case):
     q, kc, vc, sinks, lens = _inputs(B, T, S, N, K, H, Hv, dtype)
     s = sinks if softmax == "learnable" else None
     kw = dict(softmax_type=softmax, local_window_size=window, return_residual=True)
-    out, lse = jax.jit(lambda *a: sinkattn.decode_attention(*a, implementation="fused", **kw))(q, kc, vc, lens, s)
+    out, lse = jax.jit(
+      lambda q, k, v, l, s: sinkattn.decode_attention(q, k, v, l, sinks=s, implementation="fused", **kw)
+    )(q, kc, vc, lens, s)
     jax.block_until_ready(out)
   plan = sinkattn.last_plan("decode")
   assert plan == "" or plan.startswith("cuda.decode."), plan
   with jax.default_device(jax.devices("cpu")[0]):
     cpu = [jax.device_put(x, jax.devices("cpu")[0]) for x in (q, kc, vc, lens)]
     rs = None if s is None else jax.device_put(s, jax.devices("cpu")[0])
-    rout, rlse = sinkattn.decode_attention(*cpu, rs, implementation="reference", **kw)
+    rout, rlse = sinkattn.decode_attention(*cpu, sinks=rs, implementation="reference", **kw)
   _close(out, lse, rout, rlse, dtype)
 
 
@@ -202,3 +206,20 @@ def test_flax_kv_cache_calls_decode_for_short_steps():
 
   assert _targets(nnx_step, state, x[:, :1]) == {"sinkattn_decode"}
   assert _targets(nnx_step, state, x[:, :17]) == {"sinkattn_fwd"}
+
+
+def test_the_query_limit_is_the_headers():
+  """The decode limit is SA_DECODE_MAX_Q_LEN of include/sinkattn.h, which Python reads from the library; the jnp
+  twin has no limit."""
+  import os
+  import re
+
+  header = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "include", "sinkattn.h")
+  with open(header) as f:
+    limit = int(re.search(r"#define SA_DECODE_MAX_Q_LEN (\d+)", f.read()).group(1))
+  assert _lib.decode_max_query_tokens() == limit
+  q, kc, vc, sinks, lens = _inputs(2, limit + 1, 96, 4, 2, 16, 16, jnp.float32)
+  with pytest.raises(ValueError, match=f"T = {limit + 1}"):
+    sinkattn.decode_attention(q, kc, vc, lens, sinks=sinks)
+  out = sinkattn.decode_attention(q, kc, vc, lens, sinks=sinks, implementation="reference")
+  assert out.shape == q.shape

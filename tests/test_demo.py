@@ -1,14 +1,17 @@
-"""Smoke test of `python -m sinkattn.demo` with tiny flags: it trains the sink model and its vanilla twin,
+"""Smoke test of examples/demo.py (`make demo`) with tiny flags: it trains the sink model and its vanilla twin,
 compares, reports and plots."""
 
 import json
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sinkattn import demo
-from sinkattn.demo_data import CharCorpus, vocabulary
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+import demo  # noqa: E402
+from demo_data import CharCorpus, vocabulary  # noqa: E402
 
 
 def test_corpus_round_trip_and_batches():

@@ -9,13 +9,14 @@ import pytest
 import sinkattn
 from conftest import make_inputs
 from sinkattn import _lib, primitives
+from sinkattn._inputs import Inputs
 
 Q, K, V, SINKS = make_inputs(0, B=2, T=8, S=6, N=4, K=2, H=16, Hv=8)
 I32 = lambda *s: jnp.zeros(s, jnp.int32)
 
 # (id, argument overrides, exception type, substrings that must all appear in the message)
 BAD = [
-  ("query_rank", dict(query=Q[0]), ValueError, ["query", "[B,T,N,H]", "(8, 4, 16)"]),
+  ("query_rank", dict(query=Q[None]), ValueError, ["query", "[B,T,N,H]", "[T,N,H]", "(1, 2, 8, 4, 16)"]),
   ("query_not_array", dict(query=[[1.0]]), TypeError, ["query", "list"]),
   ("query_int", dict(query=Q.astype(jnp.int32)), TypeError, ["query", "int32"]),
   ("query_f64_fused", dict(query=np.zeros((2, 8, 4, 16), np.float64)), TypeError, ["query", "float64"]),
@@ -33,6 +34,9 @@ BAD = [
   ("causal_alignment", dict(causal_alignment="bottom"), ValueError, ["causal_alignment", "bottom_right"]),
   ("is_causal_type", dict(is_causal=1), TypeError, ["is_causal", "bool"]),
   ("window_negative", dict(local_window_size=-2), ValueError, ["local_window_size", "-2"]),
+  # jax.nn reads a negative side as a window shifted off the diagonal; sinkattn's unbounded side is None
+  ("window_minus_one", dict(local_window_size=-1), ValueError, ["local_window_size", "-1", "shifted", "None"]),
+  ("window_pair_negative", dict(local_window_size=(-1, 3)), ValueError, ["local_window_size", "(-1, 3)", "None"]),
   ("window_triple", dict(local_window_size=(1, 2, 3)), ValueError, ["local_window_size", "pair"]),
   ("window_float", dict(local_window_size=2.5), TypeError, ["local_window_size", "float"]),
   (
@@ -66,7 +70,12 @@ BAD = [
   ("implementation", dict(implementation="triton"), ValueError, ["implementation", "triton", "cudnn", "xla"]),
   ("return_residual_type", dict(return_residual="yes"), TypeError, ["return_residual", "bool"]),
   # bias / mask: rank 4, each dim 1 or the full [B,N,T,S] = (2, 4, 8, 6)
-  ("bias_rank", dict(bias=jnp.zeros((8, 6))), ValueError, ["bias", "rank 4", "(8, 6)", "(2, 4, 8, 6)"]),
+  (
+    "bias_rank",
+    dict(bias=jnp.zeros((1, 2, 4, 8, 6))),
+    ValueError,
+    ["bias", "rank 4", "(1, 2, 4, 8, 6)", "(2, 4, 8, 6)"],
+  ),
   ("bias_dim", dict(bias=jnp.zeros((1, 4, 7, 6))), ValueError, ["bias", "dim 2 is 7", "T = 8", "(1, 4, 7, 6)"]),
   ("bias_kv_heads", dict(bias=jnp.zeros((1, 2, 8, 6))), ValueError, ["bias", "dim 1 is 2", "N = 4"]),
   ("bias_int", dict(bias=jnp.zeros((1, 1, 8, 6), jnp.int32)), TypeError, ["bias", "int32", "float32", "mask="]),
@@ -74,7 +83,8 @@ BAD = [
   ("bias_complex", dict(bias=jnp.zeros((1, 1, 8, 6), jnp.complex64)), TypeError, ["bias", "complex64"]),
   ("bias_f64_fused", dict(bias=np.zeros((1, 1, 8, 6))), TypeError, ["bias", "float64"]),
   ("bias_list", dict(bias=[[0.0]]), TypeError, ["bias", "list", "(2, 4, 8, 6)"]),
-  ("mask_rank", dict(mask=jnp.ones((2, 8, 6), bool)), ValueError, ["mask", "rank 4", "(2, 8, 6)", "(2, 4, 8, 6)"]),
+  ("mask_rank", dict(mask=jnp.ones((1, 2, 1, 8, 6), bool)), ValueError, ["mask", "rank 4", "(1, 2, 1, 8, 6)"]),
+  ("mask_low_rank_heads", dict(mask=jnp.ones((2, 8, 6), bool)), ValueError, ["mask", "dim 1 is 2", "N = 4"]),
   ("mask_dim", dict(mask=jnp.ones((2, 1, 1, 5), bool)), ValueError, ["mask", "dim 3 is 5", "S = 6"]),
   ("mask_complex", dict(mask=jnp.ones((1, 1, 8, 6), jnp.complex64)), TypeError, ["mask", "complex64"]),
   ("positions_one", dict(query_positions=I32(2, 8), is_causal=True), ValueError, ["key_value_positions", "both"]),
@@ -107,6 +117,15 @@ BAD = [
   ("dropout_range", dict(dropout_rate=1.5, deterministic=True), ValueError, ["dropout_rate", "[0, 1)"]),
   ("einsum", dict(qk_attn_weights_einsum=jnp.einsum), NotImplementedError, ["qk_attn_weights_einsum", "None"]),
   ("precision", dict(precision=2.0), TypeError, ["precision", "Precision"]),
+  ("precision_name", dict(precision="bogus"), ValueError, ["precision", "'bogus'", "'highest'"]),
+  ("precision_pair", dict(precision=("foo", 3)), TypeError, ["precision", "('foo', 3)", "pair"]),
+  ("precision_pair_name", dict(precision=("highest", "fast")), ValueError, ["precision", "'fast'"]),
+  (
+    "precision_algorithm",
+    dict(precision=jax.lax.DotAlgorithmPreset.BF16_BF16_F32),
+    TypeError,
+    ["precision", "DotAlgorithmPreset"],
+  ),
   ("cudnn_on_cpu", dict(implementation="cudnn"), RuntimeError, ["implementation='cudnn'", "GPU"]),
 ]
 
@@ -120,23 +139,24 @@ def test_bad_arguments(case):
   args.update(over)
   q, k, v, s = (args.pop(n) for n in ("query", "key", "value", "sinks"))
   with pytest.raises(exc) as info:
-    sinkattn.dot_product_attention(q, k, v, s, **args)
+    sinkattn.dot_product_attention(q, k, v, sinks=s, **args)
   msg = str(info.value)
   for w in words:
     assert w in msg, f"{w!r} not in {msg!r}"
 
 
-def test_window_minus_one_is_unbounded():
-  """DESIGN.md section 1: -1 = unbounded side, so the int -1 means (-1, -1), the same as None."""
-  want = sinkattn.dot_product_attention(Q, K, V, SINKS, is_causal=True)
-  got = sinkattn.dot_product_attention(Q, K, V, SINKS, is_causal=True, local_window_size=-1)
-  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+def test_window_none_side_is_unbounded():
+  """None is an unbounded window side (the C API's -1), alone or in a pair."""
+  want = sinkattn.dot_product_attention(Q, K, V, sinks=SINKS, is_causal=True)
+  for w in ((None, None), (None, 0)):
+    got = sinkattn.dot_product_attention(Q, K, V, sinks=SINKS, is_causal=True, local_window_size=w)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 def test_errors_at_trace_time():
   """Under jit the error comes while tracing: nothing reaches the kernel."""
   with pytest.raises(ValueError, match="sinks"):
-    jax.jit(lambda q: sinkattn.dot_product_attention(q, K, V, SINKS[:2])).lower(Q)
+    jax.jit(lambda q: sinkattn.dot_product_attention(q, K, V, sinks=SINKS[:2])).lower(Q)
 
 
 KW = dict(softmax=2, causal=0, window_left=-1, window_right=-1, diag_offset=0, scale=0.25)
@@ -145,67 +165,65 @@ KW = dict(softmax=2, causal=0, window_left=-1, window_right=-1, diag_offset=0, s
 FFI_BAD = [
   (
     "key_head_dim",
-    lambda: primitives.attn_fwd(Q, K[..., :8], V, SINKS, None, None, None, None, **KW),
+    lambda: primitives.attn_fwd(Inputs(Q, K[..., :8], V, SINKS), **KW),
     ["INVALID_ARGUMENT", "key", "[2,6,2,8]", "[2,?,?,16]"],
   ),
-  ("sinks_len", lambda: primitives.attn_fwd(Q, K, V, SINKS[:3], None, None, None, None, **KW), ["sinks", "[3]", "[4]"]),
+  ("sinks_len", lambda: primitives.attn_fwd(Inputs(Q, K, V, SINKS[:3]), **KW), ["sinks", "[3]", "[4]"]),
   (
     "lens_dtype",
-    lambda: primitives.attn_fwd(Q, K, V, SINKS, I32(3), None, None, None, **KW),
+    lambda: primitives.attn_fwd(Inputs(Q, K, V, SINKS, q_lens=I32(3)), **KW),
     ["query_seq_lengths", "[3]", "[2]"],
   ),
   (
     "value_dtype",
-    lambda: primitives.attn_fwd(Q, K, V.astype(jnp.float16), SINKS, None, None, None, None, **KW),
+    lambda: primitives.attn_fwd(Inputs(Q, K, V.astype(jnp.float16), SINKS), **KW),
     ["value", "float16", "float32"],
   ),
   (
     "gqa",
-    lambda: primitives.attn_fwd(
-      Q, jnp.zeros((2, 6, 3, 16)), jnp.zeros((2, 6, 3, 8)), SINKS, None, None, None, None, **KW
-    ),
+    lambda: primitives.attn_fwd(Inputs(Q, jnp.zeros((2, 6, 3, 16)), jnp.zeros((2, 6, 3, 8)), SINKS), **KW),
     ["q_heads", "kv_heads"],
   ),
   (
     "softmax_enum",
-    lambda: primitives.attn_fwd(Q, K, V, None, None, None, None, None, **dict(KW, softmax=7)),
+    lambda: primitives.attn_fwd(Inputs(Q, K, V), **dict(KW, softmax=7)),
     ["softmax"],
   ),
   (
     "window_enum",
-    lambda: primitives.attn_fwd(Q, K, V, SINKS, None, None, None, None, **dict(KW, window_left=-5)),
+    lambda: primitives.attn_fwd(Inputs(Q, K, V, SINKS), **dict(KW, window_left=-5)),
     ["window_left", "-5"],
   ),
   (
     "bwd_dout_shape",
     lambda: primitives.attn_bwd(
-      Q, K, V, SINKS, *(None,) * 8, jnp.zeros((2, 8, 4, 8)), jnp.zeros((2, 4, 8)), jnp.zeros((2, 8, 4, 7)), None, **KW
+      Inputs(Q, K, V, SINKS), jnp.zeros((2, 8, 4, 8)), jnp.zeros((2, 4, 8)), jnp.zeros((2, 8, 4, 7)), None, **KW
     ),
     ["dout", "[2,8,4,7]", "[2,8,4,8]"],
   ),
 ]
 
 
-# The bias / mask / positions buffers, checked by the C handler (a library with buffer layout 2 only).
+# The bias / mask / positions buffers, checked by the C handler.
 FFI_BAD_BIAS = [
   (
     "bias_dims",
-    lambda: primitives.attn_fwd(Q, K, V, SINKS, *(None,) * 4, jnp.zeros((1, 4, 7, 6)), **KW),
+    lambda: primitives.attn_fwd(Inputs(Q, K, V, SINKS, bias=jnp.zeros((1, 4, 7, 6))), **KW),
     ["INVALID_ARGUMENT", "bias", "[1,4,7,6]", "[2,4,8,6]"],
   ),
   (
     "bias_dtype",
-    lambda: primitives.attn_fwd(Q, K, V, SINKS, *(None,) * 4, I32(1, 4, 8, 6), **KW),
+    lambda: primitives.attn_fwd(Inputs(Q, K, V, SINKS, bias=I32(1, 4, 8, 6)), **KW),
     ["bias", "int32", "float32"],
   ),
   (
     "mask_dims",
-    lambda: primitives.attn_fwd(Q, K, V, SINKS, *(None,) * 5, jnp.ones((2, 1, 8, 5), bool), **KW),
+    lambda: primitives.attn_fwd(Inputs(Q, K, V, SINKS, mask=jnp.ones((2, 1, 8, 5), bool)), **KW),
     ["mask", "[2,1,8,5]"],
   ),
   (
     "positions_bottom_right",
-    lambda: primitives.attn_fwd(Q, K, V, SINKS, *(None,) * 6, I32(2, 8), I32(2, 6), **dict(KW, causal=2)),
+    lambda: primitives.attn_fwd(Inputs(Q, K, V, SINKS, q_pos=I32(2, 8), kv_pos=I32(2, 6)), **dict(KW, causal=2)),
     ["causal", "positions"],
   ),
 ]

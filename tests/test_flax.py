@@ -84,7 +84,7 @@ def test_apply_equals_functional(softmax_type):
     q,
     k,
     v,
-    sinks if softmax_type == "learnable" else None,
+    sinks=sinks if softmax_type == "learnable" else None,
     softmax_type=softmax_type,
     is_causal=True,
     local_window_size=(4, 0),
@@ -94,7 +94,7 @@ def test_apply_equals_functional(softmax_type):
   )
   np.testing.assert_array_equal(out, want_out)
   np.testing.assert_array_equal(lse, want_lse)
-  assert out.shape == (B, T, N, H) and lse.shape == (B, N, T) and lse.dtype == jnp.float32
+  assert out.shape == (B, T, N, H) and lse.shape == (B, T, N) and lse.dtype == jnp.float32
   # the reference twin agrees, and the sink matters: vanilla differs from off-by-one / learnable
   ref = mod.clone(implementation="reference").apply(
     params, q, k, v, query_seq_lengths=q_lens, key_value_seq_lengths=kv_lens
@@ -139,7 +139,7 @@ def test_mha_params_gqa_shapes_and_lse():
   }
   assert variables["params"]["query"]["kernel"].names == ("embed", "heads", "head_dim")
   y, lse = mha.apply(variables, x, return_residual=True)
-  assert y.shape == (B, T, 24) and lse.shape == (B, N, T)
+  assert y.shape == (B, T, 24) and lse.shape == (B, T, N)
   with pytest.raises(ValueError, match="num_kv_heads"):
     _mha(num_kv_heads=3).init(jax.random.key(1), x)
 
@@ -168,7 +168,7 @@ def test_mha_equals_manual_composition():
     q,
     k,
     v,
-    params["attention"]["softmax_offset"],
+    sinks=params["attention"]["softmax_offset"],
     is_causal=True,
     query_segment_ids=seg,
     key_value_segment_ids=seg,

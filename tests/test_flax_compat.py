@@ -1,8 +1,8 @@
 """Drop-in compatibility with Flax and Transformer Engine: sinkattn.dot_product_attention as the attention_fn of
 Flax's own modules (outputs equal to Flax's attention with causal, padding and arbitrary masks; every argument
-Flax passes is either honoured or refused), sinkattn's modules loading Flax's weights, the TE-style
-DotProductAttention, and the TE checkpoint converters on a TE-shaped parameter tree. Larger than 400 lines: one
-file per drop-in claim of the README."""
+Flax passes is either honoured or refused), sinkattn's modules loading Flax's weights, sinkattn.te's
+DotProductAttention (Transformer Engine's fields, defaults and inverted mask), and the TE checkpoint converters on
+a TE-shaped parameter tree. Larger than 400 lines: one file per drop-in claim of the README."""
 
 import functools
 import inspect
@@ -17,6 +17,7 @@ from flax import nnx
 import sinkattn
 import sinkattn.flax as sa_linen
 import sinkattn.nnx as sa_nnx
+import sinkattn.te as sa_te
 
 pytestmark = pytest.mark.usefixtures("on_cpu")  # Flax's float32 products run in TF32 on a GPU
 
@@ -242,13 +243,13 @@ TE_CASES = [  # id, module fields, call keywords (beside q, k, v), dot_product_a
   (
     "padding_seqlens",
     dict(attn_mask_type="padding"),
-    dict(sequence_descriptor=sa_linen.SequenceDescriptor.from_seqlens(LENS)),
+    dict(sequence_descriptor=sa_te.SequenceDescriptor.from_seqlens(LENS)),
     dict(query_seq_lengths=LENS[0], key_value_seq_lengths=LENS[1]),
   ),
   (
     "padding_causal_bottom_right",
     dict(attn_mask_type="padding_causal_bottom_right"),
-    dict(sequence_descriptor=sa_linen.SequenceDescriptor.from_seqlens(LENS)),
+    dict(sequence_descriptor=sa_te.SequenceDescriptor.from_seqlens(LENS)),
     dict(is_causal=True, causal_alignment="bottom_right", query_seq_lengths=LENS[0], key_value_seq_lengths=LENS[1]),
   ),
   (
@@ -264,12 +265,12 @@ TE_CASES = [  # id, module fields, call keywords (beside q, k, v), dot_product_a
 @pytest.mark.parametrize("case", TE_CASES, ids=[c[0] for c in TE_CASES])
 def test_te_dot_product_attention_equals_the_op(case):
   _, fields, call, want_kw = case
-  mod = sa_linen.DotProductAttention(
+  mod = sa_te.DotProductAttention(
     head_dim=16, num_attention_heads=N, num_gqa_groups=2, softmax_type="learnable", **fields
   )
   params = {"params": {"softmax_offset": TE_SINKS}}
   got = jax.jit(lambda p, q, k, v, c: mod.apply(p, q, k, v, **c))(params, TQ, TK, TV, call)
-  want = sinkattn.dot_product_attention(TQ, TK, TV, TE_SINKS, **want_kw)
+  want = sinkattn.dot_product_attention(TQ, TK, TV, sinks=TE_SINKS, **want_kw)
   np.testing.assert_allclose(got, want, atol=1e-6)
 
 
@@ -285,13 +286,13 @@ def _positions(ids):
 def test_te_layouts_bias_types_and_masks():
   """SBHD input (transpose_batch_sequence), pre- and post-scale bias, TE's mask (True = masked out), and
   packed documents from segment ids (0 = padding) and positions measuring the causal window."""
-  te = functools.partial(sa_linen.DotProductAttention, head_dim=16, num_attention_heads=N)
+  te = functools.partial(sa_te.DotProductAttention, head_dim=16, num_attention_heads=N)
   bias = jax.random.normal(jax.random.key(30), (1, N, T, S))
   masked_out = jax.random.bernoulli(jax.random.key(31), 0.3, (B, 1, T, S)).at[..., 0].set(False)
   q_ids = jnp.asarray([[1] * 4 + [2] * 6, [1] * 8 + [0] * 2], jnp.int32)
   kv_ids = jnp.asarray([[1] * 5 + [2] * 7, [1] * 9 + [0] * 3], jnp.int32)
   q_pos, kv_pos = _positions(q_ids), _positions(kv_ids)
-  desc = sa_linen.SequenceDescriptor.from_segment_ids_and_pos((q_ids, kv_ids), (q_pos, kv_pos))
+  desc = sa_te.SequenceDescriptor.from_segment_ids_and_pos((q_ids, kv_ids), (q_pos, kv_pos))
   op = functools.partial(sinkattn.dot_product_attention, TQ, TK, TV)
   cases = [  # (module, call arguments, the equal op call)
     (
@@ -344,15 +345,13 @@ TE_BAD = [
   ("no_bias_with_bias", dict(attn_bias_type="no_bias"), dict(bias=jnp.zeros((1, 1, T, S))), ValueError, "no_bias"),
   ("head_dim", dict(head_dim=32), {}, ValueError, "head_dim"),
   ("gqa_groups", dict(num_gqa_groups=4), {}, ValueError, "num_gqa_groups"),
-  ("both_causal", dict(attn_mask_type="causal", is_causal=True), {}, ValueError, "attn_mask_type"),
+  ("window_size", dict(window_size=(-2, 0)), {}, ValueError, "window_size"),
   ("mask_type", dict(attn_mask_type="sliding"), {}, ValueError, "attn_mask_type"),
   (
     "thd",
     dict(attn_mask_type="padding"),
     dict(
-      sequence_descriptor=sa_linen.SequenceDescriptor.from_seqlens_and_offsets(
-        LENS, (jnp.zeros((B, 2), jnp.int32),) * 2
-      )
+      sequence_descriptor=sa_te.SequenceDescriptor.from_seqlens_and_offsets(LENS, (jnp.zeros((B, 2), jnp.int32),) * 2)
     ),
     NotImplementedError,
     "seq_offsets",
@@ -364,7 +363,7 @@ TE_BAD = [
 def test_te_refusals(case):
   _, fields, call, exc, word = case
   with pytest.raises(exc, match=word):
-    sa_linen.DotProductAttention(**fields).apply({}, TQ, TK, TV, **call)
+    sa_te.DotProductAttention(**fields).apply({}, TQ, TK, TV, **call)
 
 
 def _te_tree(value, scope="_FusedDotProductAttention_0"):
@@ -387,15 +386,15 @@ class _Layer(nn.Module):
 def test_te_checkpoint_converters():
   for scope, fused in (("_FusedDotProductAttention_0", True), ("_UnfusedDotProductAttention_0", False)):
     te = _te_tree(TE_SINKS, scope)
-    ours = sa_linen.from_transformer_engine(te)
+    ours = sa_te.from_transformer_engine(te)
     box = ours["params"]["layer_0"]["DotProductAttention_0"]["softmax_offset"]
     assert box.names == (None, "heads", None, None) and box.value is TE_SINKS
     assert set(ours["params"]["layer_0"]["DotProductAttention_0"]) == {"softmax_offset"}
     assert ours["params"]["layer_0"]["mlp"] == te["params"]["layer_0"]["mlp"]
     layer = {"params": ours["params"]["layer_0"]}
     got = _Layer().apply(layer, TQ, TK, TV)
-    np.testing.assert_array_equal(got, sinkattn.dot_product_attention(TQ, TK, TV, TE_SINKS))
-    back = sa_linen.to_transformer_engine(ours, fused=fused)
+    np.testing.assert_array_equal(got, sinkattn.dot_product_attention(TQ, TK, TV, sinks=TE_SINKS))
+    back = sa_te.to_transformer_engine(ours, fused=fused)
     assert jax.tree.structure(back) == jax.tree.structure(te)
     assert back["params"]["layer_0"]["DotProductAttention_0"][scope]["softmax_offset"].names == (
       None,
@@ -403,7 +402,7 @@ def test_te_checkpoint_converters():
       None,
       None,
     )
-  frozen = sa_linen.from_transformer_engine(jax.tree.map(lambda x: x, nn.FrozenDict(_te_tree(TE_SINKS))))
+  frozen = sa_te.from_transformer_engine(jax.tree.map(lambda x: x, nn.FrozenDict(_te_tree(TE_SINKS))))
   assert isinstance(frozen, nn.FrozenDict)
   with pytest.raises(ValueError, match="softmax_offset"):
-    sa_linen.to_transformer_engine({"softmax_offset": TE_SINKS, "_FusedDotProductAttention_0": {}})
+    sa_te.to_transformer_engine({"softmax_offset": TE_SINKS, "_FusedDotProductAttention_0": {}})

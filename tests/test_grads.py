@@ -46,13 +46,14 @@ def _setup(case, dtype, seed=0):
 
 
 def _grads(impl, q, k, v, s, extras, opts, dout, dlse):
-  """VJP of (out, lse) with cotangents (dout, dlse), differentiated in q, k, v (and sinks)."""
+  """VJP of (out, lse) with cotangents (dout, dlse), differentiated in q, k, v (and sinks); dlse [B,N,T] as
+  numpy_ref takes it, given to the public lse [B,T,N] transposed."""
 
   def f(q, k, v, s):
-    return sinkattn.dot_product_attention(q, k, v, s, return_residual=True, implementation=impl, **opts, **extras)
+    return sinkattn.dot_product_attention(q, k, v, sinks=s, return_residual=True, implementation=impl, **opts, **extras)
 
   (out, lse), vjp = jax.vjp(f, q, k, v, s)
-  return vjp((dout, jnp.where(jnp.isfinite(lse), dlse, 0.0)))
+  return vjp((dout, jnp.where(jnp.isfinite(lse), jnp.swapaxes(dlse, 1, 2), 0.0)))
 
 
 @pytest.mark.parametrize("case", GRAD_CASES, ids=[c[0] for c in GRAD_CASES])
@@ -110,7 +111,7 @@ def test_reference_check_grads(case):
 
     def f(q, k, v, s):
       out, lse = sinkattn.dot_product_attention(
-        q, k, v, s, return_residual=True, implementation="reference", **opts, **extras
+        q, k, v, sinks=s, return_residual=True, implementation="reference", **opts, **extras
       )
       return jnp.sum(jnp.sin(out)) + jnp.sum(jnp.where(jnp.isfinite(lse), jnp.tanh(lse), 0.0))
 
@@ -125,7 +126,7 @@ def test_vmap_of_grad_per_example_dsinks(platform):
   """vmap(grad): dsinks per example (the handler loops), equal to a Python loop of grads."""
   q, k, v, sinks = make_inputs(11, B=1, T=8, S=8)
   qs = jnp.stack([q, -q, 2 * q])
-  f = lambda q, s: jnp.sum(sinkattn.dot_product_attention(q, k, v, s, is_causal=True) ** 2)
+  f = lambda q, s: jnp.sum(sinkattn.dot_product_attention(q, k, v, sinks=s, is_causal=True) ** 2)
   g = jax.vmap(jax.grad(f, argnums=(0, 1)), in_axes=(0, None))(qs, sinks)
   for i in range(3):
     gi = jax.grad(f, argnums=(0, 1))(qs[i], sinks)
@@ -151,7 +152,7 @@ def test_vmap_of_grad_all_batched(platform):
 
 def test_dsinks_deterministic(platform):
   q, k, v, sinks = make_inputs(12, B=3, T=32, S=32)
-  f = jax.jit(jax.grad(lambda s: jnp.sum(sinkattn.dot_product_attention(q, k, v, s) ** 2)))
+  f = jax.jit(jax.grad(lambda s: jnp.sum(sinkattn.dot_product_attention(q, k, v, sinks=s) ** 2)))
   a, b = f(sinks), f(sinks)
   np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import sinkattn
+from conftest import bnt
 
 
 def _inputs(seed, B=2, T=37, S=45, N=4, K=2, H=32, dtype=jnp.float32):
@@ -31,7 +32,7 @@ def _loss(q, k, v, sinks, kv_lens):
     q,
     k,
     v,
-    sinks,
+    sinks=sinks,
     is_causal=True,
     causal_alignment="bottom_right",
     key_value_seq_lengths=kv_lens,
@@ -98,20 +99,20 @@ def test_empty_rows_and_lengths_out_of_range():
     q,
     k,
     v,
-    sinks,
+    sinks=sinks,
     key_value_seq_lengths=kv_lens,
     query_seq_lengths=q_lens,
     return_residual=True,
     implementation="fused",
   )
-  out, lse = np.asarray(out), np.asarray(lse)
+  out, lse = np.asarray(out), np.asarray(bnt(lse))
   assert np.all(out[0] == 0), "a row without keys must give out = 0"
   assert _bits(lse[0]) == _bits(np.broadcast_to(np.asarray(sinks)[:, None], lse[0].shape)), "lse = sink"
-  ref = sinkattn.dot_product_attention(q, k, v, sinks, implementation="fused")
+  ref = sinkattn.dot_product_attention(q, k, v, sinks=sinks, implementation="fused")
   assert _bits(out[1]) == _bits(np.asarray(ref)[1]), "kv length 1000 must act as S"
   g = jax.grad(
     lambda q: jnp.sum(
-      sinkattn.dot_product_attention(q, k, v, sinks, key_value_seq_lengths=kv_lens, implementation="fused")
+      sinkattn.dot_product_attention(q, k, v, sinks=sinks, key_value_seq_lengths=kv_lens, implementation="fused")
     )
   )(q)
   assert np.all(np.isfinite(np.asarray(g))) and np.all(np.asarray(g)[0] == 0)
@@ -121,18 +122,18 @@ def test_infinite_and_nan_sinks():
   q, k, v, _ = _inputs(7)
   base = jnp.asarray([1.0, 2.0, -1.0, 0.5], jnp.float32)
   sinks = base.at[0].set(jnp.inf).at[1].set(-jnp.inf).at[2].set(jnp.nan)
-  out, lse = sinkattn.dot_product_attention(q, k, v, sinks, return_residual=True, implementation="fused")
-  out, lse = np.asarray(out), np.asarray(lse)
+  out, lse = sinkattn.dot_product_attention(q, k, v, sinks=sinks, return_residual=True, implementation="fused")
+  out, lse = np.asarray(out), np.asarray(bnt(lse))
   van, van_lse = sinkattn.dot_product_attention(
     q, k, v, softmax_type="vanilla", return_residual=True, implementation="fused"
   )
-  van, van_lse = np.asarray(van), np.asarray(van_lse)
+  van, van_lse = np.asarray(van), np.asarray(bnt(van_lse))
   assert np.all(out[:, :, 0] == 0) and np.all(lse[:, 0] == np.inf), "+inf sink: out 0, lse +inf"
   assert _bits(out[:, :, 1]) == _bits(van[:, :, 1]) and _bits(lse[:, 1]) == _bits(van_lse[:, 1]), (
     "-inf sink must equal vanilla bitwise"
   )
   assert np.all(np.isnan(out[:, :, 2])) and np.all(np.isnan(lse[:, 2])), "NaN sink: NaN in its head"
-  clean = np.asarray(sinkattn.dot_product_attention(q, k, v, base, implementation="fused"))
+  clean = np.asarray(sinkattn.dot_product_attention(q, k, v, sinks=base, implementation="fused"))
   assert _bits(out[:, :, 3]) == _bits(clean[:, :, 3]), "a NaN sink in head 2 changed head 3"
 
 
@@ -168,10 +169,10 @@ def test_cuda_unsupported_head_dim_is_clear():
   with jax.default_device(jax.devices("gpu")[0]):
     q, k, v, sinks = _inputs(13, H=72, dtype=jnp.bfloat16)
     try:
-      out = sinkattn.dot_product_attention(q, k, v, sinks, implementation="fused")
+      out = sinkattn.dot_product_attention(q, k, v, sinks=sinks, implementation="fused")
       jax.block_until_ready(out)
     except Exception as e:  # a clear refusal naming head_dim is the contract; a silent wrong answer is not
       assert "head_dim" in str(e) or "head dim" in str(e), str(e)
       return
-    ref = sinkattn.dot_product_attention(q, k, v, sinks, implementation="reference")
+    ref = sinkattn.dot_product_attention(q, k, v, sinks=sinks, implementation="reference")
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=3e-2)

@@ -83,7 +83,7 @@ def test_apply_equals_functional(softmax_type):
     q,
     k,
     v,
-    sinks,
+    sinks=sinks,
     softmax_type=softmax_type,
     is_causal=True,
     local_window_size=(4, 0),
@@ -92,7 +92,7 @@ def test_apply_equals_functional(softmax_type):
   )
   np.testing.assert_array_equal(out, want_out)
   np.testing.assert_array_equal(lse, want_lse)
-  assert out.shape == (B, T, N, H) and lse.shape == (B, N, T)
+  assert out.shape == (B, T, N, H) and lse.shape == (B, T, N)
 
 
 def test_grad_reaches_softmax_offset():
@@ -104,7 +104,7 @@ def test_grad_reaches_softmax_offset():
   g = grads["softmax_offset"][...]
   assert g.shape == (1, N, 1, 1) and np.all(np.abs(np.asarray(g)) > 1e-6)
   want = jax.grad(
-    lambda s: jnp.sum(sinkattn.dot_product_attention(q, k, v, s, is_causal=True, implementation="reference") * w)
+    lambda s: jnp.sum(sinkattn.dot_product_attention(q, k, v, sinks=s, is_causal=True, implementation="reference") * w)
   )
   np.testing.assert_allclose(g, want(_wide_sinks()), rtol=1e-4, atol=1e-5)
 
@@ -122,7 +122,7 @@ def test_mha_shapes_metadata_and_lse():
   assert mha.key.kernel.get_metadata()["out_sharding"] == ("embed", "kv_heads", "head_dim")
   x = jax.random.normal(jax.random.key(0), (B, T, D))
   y, lse = mha(x, return_residual=True)
-  assert y.shape == (B, T, 24) and lse.shape == (B, N, T) and lse.dtype == jnp.float32
+  assert y.shape == (B, T, 24) and lse.shape == (B, T, N) and lse.dtype == jnp.float32
   assert _mha(dtype=jnp.bfloat16)(x).dtype == jnp.bfloat16
 
 

@@ -10,7 +10,7 @@ import pytest
 
 import numpy_ref
 import sinkattn
-from conftest import LSE_TOL, OUT_TOL, assert_close, f64, make_inputs
+from conftest import LSE_TOL, OUT_TOL, assert_close, bnt, f64, make_inputs
 
 SOFTMAX = {"vanilla": 0, "off_by_one": 1, "off-by-one": 1, "learnable": 2}
 
@@ -97,11 +97,12 @@ def run_case(case, dtype, seed=0):
   want_out, want_lse = numpy_ref.forward(f64(q), f64(k), f64(v), f64(s), **_np_kwargs(opts, extras, N))
   res = {}
   for impl in ("fused", "reference"):
-    res[impl] = jax.jit(
+    out, lse = jax.jit(
       lambda q, k, v, s, ex, impl=impl: sinkattn.dot_product_attention(
-        q, k, v, s, return_residual=True, implementation=impl, **opts, **ex
+        q, k, v, sinks=s, return_residual=True, implementation=impl, **opts, **ex
       )
     )(q, k, v, s, extras)
+    res[impl] = out, bnt(lse)
   return res, want_out, want_lse
 
 
@@ -144,8 +145,8 @@ def test_forward_low_precision(platform, case, dtype):
 def test_sink_changes_output(platform):
   """The tests can see a wrong sink: U(-10,10) sinks move the output far beyond the f32 tolerance."""
   q, k, v, sinks = make_inputs(1)
-  a = sinkattn.dot_product_attention(q, k, v, sinks)
-  b = sinkattn.dot_product_attention(q, k, v, sinks + 1.0)
+  a = sinkattn.dot_product_attention(q, k, v, sinks=sinks)
+  b = sinkattn.dot_product_attention(q, k, v, sinks=sinks + 1.0)
   c = sinkattn.dot_product_attention(q, k, v, softmax_type="vanilla")
   assert float(jnp.max(jnp.abs(a - b))) > 1e-2 and float(jnp.max(jnp.abs(a - c))) > 1e-2
 
@@ -161,13 +162,14 @@ def test_empty_rows_and_huge_sinks(platform, impl):
       q,
       k,
       v,
-      s,
+      sinks=s,
       softmax_type=st,
       query_seq_lengths=ql,
       key_value_seq_lengths=kl,
       return_residual=True,
       implementation=impl,
     )
+    lse = bnt(lse)
     assert not np.any(np.isnan(np.asarray(out))) and not np.any(np.isnan(np.asarray(lse)))
     assert np.all(np.asarray(out[0]) == 0.0) and np.all(np.asarray(out[1, 4:]) == 0.0)
     want = {"vanilla": -np.inf, "off_by_one": 0.0}.get(st)
@@ -182,10 +184,12 @@ def test_no_keys_at_all(platform, impl):
   """S = 0: every row is empty (out 0, lse = sink), in the forward and in the gradients."""
   q, _, _, sinks = make_inputs(4, B=2, T=3, S=1, N=4, K=2)
   k, v = jnp.zeros((2, 0, 2, q.shape[3]), q.dtype), jnp.zeros((2, 0, 2, 8), q.dtype)
-  out, lse = sinkattn.dot_product_attention(q, k, v, sinks, return_residual=True, implementation=impl)
+  out, lse = sinkattn.dot_product_attention(q, k, v, sinks=sinks, return_residual=True, implementation=impl)
   assert out.shape == (2, 3, 4, 8) and np.all(np.asarray(out) == 0.0)
-  np.testing.assert_array_equal(np.asarray(lse), np.broadcast_to(np.asarray(sinks)[None, :, None], (2, 4, 3)))
-  loss = lambda q, s: jnp.sum(sinkattn.dot_product_attention(q, k, v, s, return_residual=True, implementation=impl)[1])
+  np.testing.assert_array_equal(np.asarray(bnt(lse)), np.broadcast_to(np.asarray(sinks)[None, :, None], (2, 4, 3)))
+  loss = lambda q, s: jnp.sum(
+    sinkattn.dot_product_attention(q, k, v, sinks=s, return_residual=True, implementation=impl)[1]
+  )
   dq, ds = jax.grad(loss, argnums=(0, 1))(q, sinks)
   np.testing.assert_array_equal(np.asarray(dq), 0.0)
   np.testing.assert_allclose(np.asarray(ds), 6.0)  # d lse / d a_n = exp(a_n - lse) = 1, over B*T rows
@@ -193,12 +197,12 @@ def test_no_keys_at_all(platform, impl):
 
 def test_sinks_shapes_and_dtypes(platform):
   q, k, v, sinks = make_inputs(3)
-  base = sinkattn.dot_product_attention(q, k, v, sinks)
-  out4 = sinkattn.dot_product_attention(q, k, v, sinks.reshape(1, -1, 1, 1))
+  base = sinkattn.dot_product_attention(q, k, v, sinks=sinks)
+  out4 = sinkattn.dot_product_attention(q, k, v, sinks=sinks.reshape(1, -1, 1, 1))
   np.testing.assert_array_equal(np.asarray(base), np.asarray(out4))
   sb = sinks.astype(jnp.bfloat16)
   for impl in ("fused", "reference"):
-    g = jax.grad(lambda s: jnp.sum(sinkattn.dot_product_attention(q, k, v, s, implementation=impl) ** 2))(
+    g = jax.grad(lambda s: jnp.sum(sinkattn.dot_product_attention(q, k, v, sinks=s, implementation=impl) ** 2))(
       sb.reshape(1, -1, 1, 1)
     )
     assert g.dtype == jnp.bfloat16 and g.shape == (1, 4, 1, 1)
@@ -217,7 +221,7 @@ def test_vmap(platform, impl):
   ss = jnp.stack([sinks, -sinks, sinks + 3])
   lens = jnp.asarray([[3, 8], [8, 0], [1, 5]], jnp.int32)
   f = lambda q, k, s, l: sinkattn.dot_product_attention(
-    q, k, v, s, is_causal=True, key_value_seq_lengths=l, implementation=impl
+    q, k, v, sinks=s, is_causal=True, key_value_seq_lengths=l, implementation=impl
   )
   # fold path (everything batched but sinks) and loop path (batched sinks, unbatched k)
   got = jax.vmap(f, in_axes=(0, 0, None, 0))(qs, ks, sinks, lens)
@@ -226,7 +230,7 @@ def test_vmap(platform, impl):
   np.testing.assert_allclose(got, _loop(lambda q, s: f(q, k, s, lens[0]), qs, ss), atol=1e-6)
   # every input batched, sinks shared: the handler folds the vmap dim into the batch
   vs = jnp.stack([v, -v, v[::-1]])
-  g = lambda q, k, v, l: sinkattn.dot_product_attention(q, k, v, sinks, query_seq_lengths=l, implementation=impl)
+  g = lambda q, k, v, l: sinkattn.dot_product_attention(q, k, v, sinks=sinks, query_seq_lengths=l, implementation=impl)
   np.testing.assert_allclose(jax.vmap(g)(qs, ks, vs, lens), _loop(g, qs, ks, vs, lens), atol=1e-6)
   # two extra dims
   q2 = jnp.stack([qs, qs[::-1]])
@@ -241,7 +245,7 @@ def test_jit_caches(platform):
   @jax.jit
   def f(q, k, v, s):
     traces.append(1)
-    return sinkattn.dot_product_attention(q, k, v, s, is_causal=True)
+    return sinkattn.dot_product_attention(q, k, v, sinks=s, is_causal=True)
 
   q, k, v, sinks = make_inputs(5)
   a = f(q, k, v, sinks)
@@ -252,34 +256,34 @@ def test_jit_caches(platform):
 def test_env_selects_reference(platform, monkeypatch):
   q, k, v, sinks = make_inputs(6)
   monkeypatch.setenv("SINKATTN_IMPLEMENTATION", "reference")
-  jaxpr = str(jax.make_jaxpr(lambda q: sinkattn.dot_product_attention(q, k, v, sinks))(q))
+  jaxpr = str(jax.make_jaxpr(lambda q: sinkattn.dot_product_attention(q, k, v, sinks=sinks))(q))
   assert "ffi_call" not in jaxpr and "custom_vjp" not in jaxpr
   monkeypatch.delenv("SINKATTN_IMPLEMENTATION")
-  jaxpr = str(jax.make_jaxpr(lambda q: sinkattn.dot_product_attention(q, k, v, sinks))(q))
+  jaxpr = str(jax.make_jaxpr(lambda q: sinkattn.dot_product_attention(q, k, v, sinks=sinks))(q))
   assert "custom_vjp" in jaxpr
 
 
 def test_primitives_signature(platform):
   """The internal primitives other modules build on: q/k/v BTNH, sinks fp32 [N], lse [B,N,T]."""
   from sinkattn import primitives
+  from sinkattn._inputs import Inputs
 
   # The raw FFI calls have no fallback: the CUDA kernels take 16-bit inputs only.
   dtype = jnp.float32 if platform == "cpu" else jnp.bfloat16
   q, k, v, sinks = make_inputs(7, T=8, S=8, dtype=dtype)
   kw = dict(softmax=2, causal=1, window_left=-1, window_right=-1, diag_offset=4, scale=0.25)
-  out, lse = primitives.attn_fwd(q, k, v, sinks, None, None, None, None, **kw)
+  out, lse = primitives.attn_fwd(Inputs(q, k, v, sinks), **kw)
   want_out, want_lse = numpy_ref.forward(
     f64(q), f64(k), f64(v), f64(sinks), softmax=2, causal=1, scale=0.25, diag_offset=4
   )
   assert_close(out, want_out, OUT_TOL[np.dtype(dtype)], "out")
   assert_close(lse, want_lse, LSE_TOL[np.dtype(dtype)], "lse")
   dout = jnp.ones_like(out)
-  none4 = (None,) * 4
-  dq, dk, dv, ds, db = primitives.attn_bwd(q, k, v, sinks, *none4, *none4, out, lse, dout, None, **kw)
+  dq, dk, dv, ds, db = primitives.attn_bwd(Inputs(q, k, v, sinks), out, lse, dout, None, **kw)
   assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape and ds.shape == (4,) and db is None
   kw["softmax"] = 0
-  out, lse = primitives.attn_fwd(q, k, v, None, None, None, None, None, **kw)
-  ds = primitives.attn_bwd(q, k, v, None, *none4, *none4, out, lse, dout, None, **kw)[3]
+  out, lse = primitives.attn_fwd(Inputs(q, k, v), **kw)
+  ds = primitives.attn_bwd(Inputs(q, k, v), out, lse, dout, None, **kw).dsinks
   np.testing.assert_array_equal(np.asarray(ds), np.zeros(4))
 
 
@@ -289,7 +293,7 @@ def test_no_warning_on_cpu(platform):
   q, k, v, sinks = make_inputs(8)
   with warnings.catch_warnings():
     warnings.simplefilter("error")
-    sinkattn.dot_product_attention(q, k, v, sinks)
+    sinkattn.dot_product_attention(q, k, v, sinks=sinks)
 
 
 def packed_ids(B, L, shift=0):
@@ -308,15 +312,16 @@ def packed_ids(B, L, shift=0):
 @pytest.mark.parametrize("shift", [0, 5], ids=["self", "shifted_kv"])
 def test_packed_documents_tile_sizes(platform, H, shift):
   """Segment ids at the sizes the GPU kernels tile (bf16, T = S = 384, H 64 / 128, causal, GQA 2): on an H200 the
-  Hopper forward's kind-4 kernels (hopper_fwd.cu) take them and skip the key tiles of other documents; a shifted
+  Hopper forward's kind-4 kernels (hopper/fwd.cu) take them and skip the key tiles of other documents; a shifted
   key layout leaves rows without any key of their document (out 0, lse = sink)."""
   q, k, v, sinks = make_inputs(21, B=2, T=384, S=384, N=4, K=2, H=H, dtype=jnp.bfloat16)
   ex = dict(query_segment_ids=packed_ids(2, 384), key_value_segment_ids=packed_ids(2, 384, shift))
   opts = dict(is_causal=True)
   want_out, want_lse = numpy_ref.forward(f64(q), f64(k), f64(v), f64(sinks), **_np_kwargs(opts, ex, 4))
   out, lse = jax.jit(
-    lambda q, k, v, s, ex: sinkattn.dot_product_attention(q, k, v, s, return_residual=True, **opts, **ex)
+    lambda q, k, v, s, ex: sinkattn.dot_product_attention(q, k, v, sinks=s, return_residual=True, **opts, **ex)
   )(q, k, v, sinks, ex)
+  lse = bnt(lse)
   assert_close(out, want_out, OUT_TOL[np.dtype(jnp.bfloat16)], "out")
   assert_close(lse, want_lse, LSE_TOL[np.dtype(jnp.bfloat16)], "lse")
   if shift:  # the rows that see no key: exactly 0 out and the sink as lse
@@ -331,7 +336,7 @@ def test_packed_documents_tile_sizes(platform, H, shift):
 def test_xla_is_the_reference(platform):
   """jax.nn's implementation name 'xla' runs the pure jnp twin (no FFI call), bitwise equal to 'reference'."""
   q, k, v, sinks = make_inputs(30)
-  f = lambda impl: lambda q: sinkattn.dot_product_attention(q, k, v, sinks, is_causal=True, implementation=impl)
+  f = lambda impl: lambda q: sinkattn.dot_product_attention(q, k, v, sinks=sinks, is_causal=True, implementation=impl)
   assert "ffi_call" not in str(jax.make_jaxpr(f("xla"))(q))
   np.testing.assert_array_equal(np.asarray(f("xla")(q)), np.asarray(f("reference")(q)))
 
@@ -341,7 +346,7 @@ def test_last_plan_names_the_kernel(platform):
   from sinkattn import _lib
 
   q, k, v, sinks = make_inputs(31, dtype=jnp.bfloat16)
-  jax.block_until_ready(jax.grad(lambda q: jnp.sum(sinkattn.dot_product_attention(q, k, v, sinks)))(q))
+  jax.block_until_ready(jax.grad(lambda q: jnp.sum(sinkattn.dot_product_attention(q, k, v, sinks=sinks)))(q))
   fwd, bwd = sinkattn.last_plan("fwd"), sinkattn.last_plan("bwd")
   if getattr(_lib.load(), "sa_plan_last_any", None) is None:
     assert fwd == bwd == ""

@@ -1,5 +1,6 @@
 """What installing sinkattn relies on: the FFI API version check at the first load (faked mismatches, and the
-real library against the running jaxlib) and the version written in one place."""
+real library against the running jaxlib), the version written in one place, and a package that is the library
+alone (no demo or benchmark), documented by its public modules."""
 
 import os
 import re
@@ -80,7 +81,8 @@ def test_first_load_refuses_a_library_of_another_buffer_layout(monkeypatch):
   monkeypatch.setattr(_lib, "_attn_abi_version", lambda lib: 1)
   registered = []
   monkeypatch.setattr(_lib, "_register", registered.append)
-  with pytest.raises(_lib.StaleLibraryError, match=r"handlers take buffer layout 1, this package passes layout 2"):
+  want = rf"handlers take buffer layout 1, this package passes layout {_lib.ATTN_ABI}"
+  with pytest.raises(_lib.StaleLibraryError, match=want):
     _lib.load()
   assert registered == [] and _lib._lib is None
   assert not _lib.available()  # a stale library counts as no library: the jnp twin still runs
@@ -102,3 +104,24 @@ def test_c_header_version_matches_pyproject():
   assert sinkattn.__version__ == version
   assert macros["STRING"] == '"%s"' % version
   assert "%s.%s.%s" % (macros["MAJOR"], macros["MINOR"], macros["PATCH"]) == version
+
+
+def test_the_package_is_the_library():
+  """The demo and the benchmarks live in examples/ and bench/, not in the installed package; its public
+  submodules (sinkattn.SUBMODULES) are modules of it."""
+  import pkgutil
+
+  names = {m.name for m in pkgutil.iter_modules(sinkattn.__path__)}
+  assert not {n for n in names if n.startswith(("demo", "bench", "_bench"))}, names
+  assert set(sinkattn.SUBMODULES) == {"flax", "nnx", "te"} and set(sinkattn.SUBMODULES) <= names
+
+
+def test_the_api_reference_documents_the_public_modules():
+  """docs/api/build.py documents the package and sinkattn.SUBMODULES, nothing else."""
+  import importlib.util
+
+  pytest.importorskip("pdoc")  # in .venv (make docs); .venv-newest has no pdoc
+  spec = importlib.util.spec_from_file_location("api_build", os.path.join(REPO, "docs", "api", "build.py"))
+  build = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(build)
+  assert build.public_modules("sinkattn") == ["sinkattn", "sinkattn.flax", "sinkattn.nnx", "sinkattn.te"]

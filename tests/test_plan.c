@@ -10,7 +10,7 @@
  *   4. the REF / CPU plan names, and sa_plan_last after a REF call;
  *   5. decode: the mma plan is the default on the gpt-oss shapes, its schedule one wave of equal CTAs, 16-row
  *      groups, the combine a programmatic dependent launch on sm_90 only; its shape and dtype rules.
- * The launches themselves are tests/plan/plan_record.cpp's (test_plan_launch, against 8667763's record).
+ * The launches themselves are tests/plan/plan_record.cpp's (test_plan_launch, against tests/plan/golden.txt).
  */
 #include <stdint.h>
 #include <stdio.h>

@@ -76,7 +76,7 @@ def _worker():
     rng = np.random.default_rng(len(report))
     f32 = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
     q, k, v = f32(B, T, N, 8), f32(B, S, K, 8), f32(B, S, K, 8)
-    do, dl = f32(B, T, N, 8), f32(B, N, T)
+    do, dl = f32(B, T, N, 8), f32(B, T, N)
     sinks = np.asarray(rng.uniform(-10, 10, N), np.float32)
     sinks[:2] = (50, -50)[:N]
     learnable = opts.get("softmax_type") is None
@@ -92,7 +92,7 @@ def _worker():
       return jnp.sum(out * do) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0) * dl)
 
     def single(q, k, v, s):
-      out, lse = sinkattn.dot_product_attention(q, k, v, s, return_residual=True, **opts)
+      out, lse = sinkattn.dot_product_attention(q, k, v, sinks=s, return_residual=True, **opts)
       return loss(out, lse), (out, lse)
 
     if mesh2d:  # batch or heads split 2 ways on a second mesh axis
@@ -107,9 +107,18 @@ def _worker():
 
     def ring(q, k, v, s):
       out, lse = sinkattn.ring_attention_sharded(
-        zz(q), zz(k), zz(v), s, mesh=mesh, axis_name="sp", layout=layout, return_residual=True, **extra, **ring_opts
+        zz(q),
+        zz(k),
+        zz(v),
+        sinks=s,
+        mesh=mesh,
+        axis_name="sp",
+        layout=layout,
+        return_residual=True,
+        **extra,
+        **ring_opts,
       )
-      out, lse = unzz(out), unzz(lse, 2)
+      out, lse = unzz(out), unzz(lse, 1)
       return loss(out, lse), (out, lse)
 
     argnums = (0, 1, 2, 3) if learnable else (0, 1, 2)
@@ -133,8 +142,8 @@ def _worker():
   s = jnp.ones((4,), jnp.float32)
 
   def grads(q, k, v, s):
-    f = lambda *a: jnp.sum(
-      sinkattn.ring_attention_sharded(*a, mesh=mesh, axis_name="sp", layout="zigzag", is_causal=True) ** 2
+    f = lambda q, k, v, s: jnp.sum(
+      sinkattn.ring_attention_sharded(q, k, v, sinks=s, mesh=mesh, axis_name="sp", layout="zigzag", is_causal=True) ** 2
     )
     return jax.grad(f, (0, 1, 2, 3))(q, k, v, s)
 

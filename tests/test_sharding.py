@@ -38,6 +38,7 @@ def _worker():
 
   import sinkattn
   from sinkattn import primitives
+  from sinkattn._inputs import Inputs
 
   report = {}
   T, H = 16, 8
@@ -45,7 +46,7 @@ def _worker():
     opts = dict(opts)
     rng = np.random.default_rng(i)
     f32 = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)
-    q, k, v, do, dl = f32(B, T, N, H), f32(B, T, K, H), f32(B, T, K, H), f32(B, T, N, H), f32(B, N, T)
+    q, k, v, do, dl = f32(B, T, N, H), f32(B, T, K, H), f32(B, T, K, H), f32(B, T, N, H), f32(B, T, N)
     sinks = np.asarray(rng.uniform(-10, 10, N), np.float32)
     sinks[:2] = (50, -50)
     sinks = jnp.asarray(sinks)
@@ -68,7 +69,7 @@ def _worker():
 
     def run(q, k, v, s, b, do, dl, extra):
       f = lambda q, k, v, s, b: sinkattn.dot_product_attention(
-        q, k, v, s, bias=b, return_residual=True, **extra, **opts
+        q, k, v, sinks=s, bias=b, return_residual=True, **extra, **opts
       )
       (out, lse), vjp = jax.vjp(f, q, k, v, s, b)
       return tuple(x for x in (out, lse) + vjp((do, dl)) if x is not None)
@@ -86,7 +87,7 @@ def _worker():
       put(sinks, h_ax),
       None if bias is None else put(bias, *bn(bias)),
       put(do, b_ax, None, h_ax, None),
-      put(dl, b_ax, h_ax, None),
+      put(dl, b_ax, None, h_ax),
       {n: put(x, *bn(x)) if n == "mask" else put(x, b_ax, *([None] * (x.ndim - 1))) for n, x in extra.items()},
     )
     want = jax.jit(run)(q, k, v, sinks, bias, do, dl, extra)
@@ -123,14 +124,7 @@ def _worker():
       report[name + "/explicit"] = dict(error=repr(e)[:2000])
     if name == "data2_model4":  # control: the bare FFI call is opaque to XLA, which gathers q/k/v
       bare = lambda q, k, v, s: primitives.attn_fwd(
-        q,
-        k,
-        v,
-        s,
-        None,
-        None,
-        None,
-        None,
+        Inputs(q, k, v, s),
         softmax=2,
         causal=1,
         window_left=-1,
@@ -145,11 +139,11 @@ def _worker():
   mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
   rng = np.random.default_rng(99)
   f32 = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)
-  q, k, v, do, dl = f32(2, T, 8, H), f32(2, T, 1, H), f32(2, T, 1, H), f32(2, T, 8, H), f32(2, 8, T)
+  q, k, v, do, dl = f32(2, T, 8, H), f32(2, T, 1, H), f32(2, T, 1, H), f32(2, T, 8, H), f32(2, T, 8)
   sinks = jnp.asarray(rng.uniform(-10, 10, 8), jnp.float32)
-  attn = lambda q, k, v, s: sinkattn.dot_product_attention(q, k, v, s, is_causal=True, return_residual=True)
+  attn = lambda q, k, v, s: sinkattn.dot_product_attention(q, k, v, sinks=s, is_causal=True, return_residual=True)
   manual = jax.shard_map(
-    attn, mesh=mesh, in_specs=(P(None, None, "d"), P(), P(), P("d")), out_specs=(P(None, None, "d"), P(None, "d"))
+    attn, mesh=mesh, in_specs=(P(None, None, "d"), P(), P(), P("d")), out_specs=(P(None, None, "d"), P(None, None, "d"))
   )
   loss = lambda f: lambda *a: jnp.sum(f(*a)[0] * do) + jnp.sum(f(*a)[1] * dl)
   want = jax.grad(loss(attn), (0, 1, 2, 3))(q, k, v, sinks)
@@ -191,8 +185,7 @@ def test_no_gather_of_qkv(report, name):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_explicit_mesh(report, name):
   """Under an Explicit mesh: the same numbers, no gather or shuffle, and out/lse/dq/dk/dv/dsinks typed
-  like the sharded operands (dq like q, ... dsinks like sinks, dbias like bias; out like q, lse [B,N,T] like
-  q's b and n)."""
+  like the sharded operands (dq like q, ... dsinks like sinks, dbias like bias; out like q)."""
   r = _case(report, name + "/explicit")
   assert "error" not in r, r["error"]
   for n, e in list(r["err"].items()) + list(r["err_eager"].items()):

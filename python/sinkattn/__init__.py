@@ -1,10 +1,13 @@
 """sinkattn: fused attention with attention sinks for JAX (C kernels behind XLA FFI calls).
 
-    out = sinkattn.dot_product_attention(q, k, v, sinks, is_causal=True, local_window_size=(127, 0))
+    out = sinkattn.dot_product_attention(q, k, v, sinks=sinks, is_causal=True, local_window_size=(127, 0))
 
-Submodules: ops (dot_product_attention), primitives (the raw FFI calls), reference (pure jnp twin),
-flax / nnx (modules with a learnable `softmax_offset`), partitioning (sharded calls), context_parallel (ring
-attention), bench.
+dot_product_attention is a drop-in for jax.nn.dot_product_attention (its arguments in its order and meaning:
+bias, mask True = attend, the residual lse [B,T,N]), with sinks and sinkattn's options as keywords.
+
+Public submodules (imported on first use, so the core op does not import flax): `sinkattn.flax` (linen) and
+`sinkattn.nnx` (modules with a learnable `softmax_offset`, one contract for both), `sinkattn.te` (Transformer
+Engine's module, mask convention and checkpoints). The other modules are the implementation.
 """
 
 from ._lib import (
@@ -21,11 +24,14 @@ from .context_parallel import ring_attention, ring_attention_sharded, zigzag_sha
 from .decode import decode_attention
 from .ops import dot_product_attention
 
+# The public submodules (the API reference documents these and the package itself: docs/api/build.py).
+SUBMODULES = ("flax", "nnx", "te")
+
 
 def __getattr__(name):
-  """`sinkattn.flax` / `sinkattn.nnx` after a bare `import sinkattn` (the public API names them so),
-  imported on first use so that the core op does not import flax."""
-  if name in ("flax", "nnx"):
+  """`sinkattn.flax` / `sinkattn.nnx` / `sinkattn.te` after a bare `import sinkattn` (the public API names them
+  so), imported on first use so that the core op does not import flax."""
+  if name in SUBMODULES:
     import importlib
 
     return importlib.import_module(f"{__name__}.{name}")

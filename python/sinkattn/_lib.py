@@ -28,8 +28,8 @@ BWD_TARGET_CUDA = "sinkattn_bwd_cuda"  # "CUDA": results dq dk dv dsinks workspa
 DECODE_TARGET = "sinkattn_decode"  # "cpu": results out lse (decode.py)
 DECODE_TARGET_CUDA = "sinkattn_decode_cuda"  # "CUDA": results out lse workspace
 # The attention handlers' buffers and attributes (sa_jax_attn_abi_version in src/ffi/ffi_attn.c): 12 forward
-# inputs (bias, mask and positions included) and dbias among the backward's results.
-ATTN_ABI = 2
+# inputs (bias, mask and positions included), dbias among the backward's results, no `deterministic` attribute.
+ATTN_ABI = 3
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_DIR = os.path.dirname(os.path.dirname(_PKG_DIR))
@@ -113,9 +113,11 @@ def _declare(lib):
   lib.sa_jax_ffi_api_version.restype = c_int
   lib.sa_jax_ffi_api_version.argtypes = []
   lib.sa_jax_cuda_supported.restype = c_int
-  lib.sa_jax_cuda_supported.argtypes = [c_int] + [i64] * 7 + [ctypes.c_char_p, ctypes.c_size_t]
+  lib.sa_jax_cuda_supported.argtypes = [c_int] + [i64] * 7 + [c_int] * 3 + [ctypes.c_char_p, ctypes.c_size_t]
   lib.sa_jax_decode_workspace_size.restype = ctypes.c_size_t
   lib.sa_jax_decode_workspace_size.argtypes = [c_int] + [i64] * 7 + [c_int]
+  lib.sa_jax_decode_max_q_len.restype = c_int
+  lib.sa_jax_decode_max_q_len.argtypes = []
   lib.sa_cpu_set_num_threads.argtypes = [c_int]
   lib.sa_cpu_get_num_threads.restype = c_int
   lib.sa_cpu_simd_name.restype = ctypes.c_char_p
@@ -177,12 +179,20 @@ def has_cuda() -> bool:
   return available() and bool(load().sa_has_cuda())
 
 
-def cuda_supported(dtype_code, B, T, S, N, K, H, Hv):
-  """(ok, reason): whether the CUDA kernels take this dtype and these sizes (f32 and head dims outside
-  16/32/64/96/128/192/256 they do not)."""
+def cuda_supported(dtype_code, B, T, S, N, K, H, Hv, *, bias=False, mask=False, positions=False):
+  """(ok, reason): whether the CUDA kernels take this dtype, these sizes and these optional inputs, as the
+  library answers (sa_jax_cuda_supported); the inputs they lack are named on any machine, the rest needs a
+  GPU."""
   why = ctypes.create_string_buffer(512)
-  ok = bool(load().sa_jax_cuda_supported(dtype_code, B, T, S, N, K, H, Hv, why, len(why)))
+  ok = bool(
+    load().sa_jax_cuda_supported(dtype_code, B, T, S, N, K, H, Hv, int(bias), int(mask), int(positions), why, len(why))
+  )
   return ok, why.value.decode()
+
+
+def decode_max_query_tokens() -> int:
+  """The longest query decode_attention's kernels take (SA_DECODE_MAX_Q_LEN of include/sinkattn.h)."""
+  return int(load().sa_jax_decode_max_q_len())
 
 
 def bwd_workspace_size(

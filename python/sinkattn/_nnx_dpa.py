@@ -30,27 +30,30 @@ data_slot = getattr(nnx, "data", lambda x: x)
 
 
 class DotProductAttention(nnx.Module):
-  """Fused attention with sinks: query [B,T,N,H], key [B,S,K,H], value [B,S,K,Hv] -> out [B,T,N,Hv],
-  or (out, lse [B,N,T] fp32, including the sink) with return_residual=True.
+  """Fused attention with sinks as an nnx module: query [B,T,N,H], key [B,S,K,H], value [B,S,K,Hv] -> out
+  [B,T,N,Hv], or (out, lse [B,T,N] fp32, including the sink) with return_residual=True.
+
+  Its constructor and call are those of sinkattn.flax.DotProductAttention (in the same order, with the same
+  defaults): an nnx state and a linen checkpoint of one model hold the same `softmax_offset`, and the same mask
+  means the same thing in both.
 
   Args:
     num_heads: N (sizes `softmax_offset`): needed with 'learnable' only (an nnx parameter exists before the
       first call); when given, calls check query's heads against it.
     softmax_type: 'vanilla' (or None), 'off_by_one' (or 'off-by-one') or 'learnable'; only 'learnable'
-      creates the parameter `softmax_offset` (1, N, 1, 1) fp32, zeros init.
+      creates the parameter `softmax_offset` (1, N, 1, 1) fp32, zeros init, sharding metadata
+      (None, 'heads', None, None) (Transformer Engine's name, shape and layout).
     scale: as in sinkattn.dot_product_attention.
     is_causal: as in sinkattn.dot_product_attention.
     causal_alignment: as in sinkattn.dot_product_attention.
     local_window_size: as in sinkattn.dot_product_attention.
     dtype: cast q, k, v to it first (None keeps theirs).
     implementation: as in sinkattn.dot_product_attention.
-    rngs: unused (the sink is zeros-initialised); accepted as other nnx modules take it.
   """
 
   def __init__(
     self,
     num_heads: Optional[int] = None,
-    *,
     softmax_type: Optional[str] = "vanilla",
     scale: Optional[float] = None,
     is_causal: bool = False,
@@ -58,9 +61,7 @@ class DotProductAttention(nnx.Module):
     local_window_size: Window = None,
     dtype: Any = None,
     implementation: Optional[str] = None,
-    rngs: Optional[nnx.Rngs] = None,
   ):
-    del rngs
     self.num_heads = num_heads
     self.softmax_type = normalize_softmax_type(softmax_type)
     self.scale, self.is_causal, self.causal_alignment = scale, is_causal, causal_alignment
@@ -80,9 +81,9 @@ class DotProductAttention(nnx.Module):
     query: ArrayLike,
     key: ArrayLike,
     value: ArrayLike,
-    *,
     bias: Optional[ArrayLike] = None,
     mask: Optional[ArrayLike] = None,
+    *,
     query_seq_lengths: Optional[ArrayLike] = None,
     key_value_seq_lengths: Optional[ArrayLike] = None,
     query_segment_ids: Optional[ArrayLike] = None,
@@ -102,51 +103,43 @@ class DotProductAttention(nnx.Module):
       query: [B,T,N,H].
       key: [B,S,K,H].
       value: [B,S,K,Hv].
-      bias: as in sinkattn.dot_product_attention.
-      mask: True / nonzero = attend, broadcastable to [B,N,T,S].
+      bias: as in sinkattn.dot_product_attention (added to the scaled logits).
+      mask: as in sinkattn.dot_product_attention: True / nonzero = attend, broadcastable to [B,N,T,S].
       query_seq_lengths: [B] int.
       key_value_seq_lengths: [B] int.
       query_segment_ids: [B,T] int.
       key_value_segment_ids: [B,S] int.
       query_positions: [B,T] int, placing the causal / window masks.
       key_value_positions: [B,S] int.
-      is_causal: adds a causal mask for this call (Flax's call-time flag), on top of the attribute.
-      causal_alignment: overrides the attribute for this call.
-      return_residual: also return lse [B,N,T] fp32.
-      cache_lengths: [B] int: key / value are KV caches filled up to it, the T <= 64 queries being the last
-        T entries: runs sinkattn.decode_attention (causal, bottom-right).
+      is_causal: adds a causal mask for this call (Flax's call-time flag), on top of the constructor's.
+      causal_alignment: overrides the constructor's for this call.
+      return_residual: also return lse [B,T,N] fp32.
+      cache_lengths: [B] int: key / value are KV caches filled up to it, the T queries being the last T
+        entries: runs sinkattn.decode_attention (causal, bottom-right; no bias, mask or other arrays).
       precision: as in sinkattn.dot_product_attention.
       sow_module: an nnx module to sow the attention weights into (MultiHeadAttention's sow_weights).
 
     Returns:
       out (and lse with return_residual=True).
     """
-    if query.ndim != 4 or self.num_heads not in (None, query.shape[2]):
-      raise ValueError(f"query: expected [B,T,N={self.num_heads},H], got shape {query.shape}")
-    sinks = None if self.softmax_offset is None else self.softmax_offset[...]
-    if self.dtype is not None:
-      query, key, value = (jnp.asarray(x, self.dtype) for x in (query, key, value))
-    return layers.attend(
+    return layers.module_call(
+      self,
+      lambda n: self.softmax_offset[...],
       query,
       key,
       value,
-      sinks,
-      softmax_type=self.softmax_type,
-      scale=self.scale,
-      is_causal=self.is_causal or is_causal,
-      causal_alignment=causal_alignment or self.causal_alignment,
-      local_window_size=self.local_window_size,
-      implementation=self.implementation,
-      cache_lengths=cache_lengths,
-      return_residual=return_residual,
-      module=sow_module,
-      bias=bias,
-      mask=mask,
+      bias,
+      mask,
       query_seq_lengths=query_seq_lengths,
       key_value_seq_lengths=key_value_seq_lengths,
       query_segment_ids=query_segment_ids,
       key_value_segment_ids=key_value_segment_ids,
       query_positions=query_positions,
       key_value_positions=key_value_positions,
+      is_causal=is_causal,
+      causal_alignment=causal_alignment,
+      return_residual=return_residual,
+      cache_lengths=cache_lengths,
       precision=precision,
+      sow_module=sow_module,
     )

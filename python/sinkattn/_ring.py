@@ -39,6 +39,7 @@ import numpy as np
 
 from . import primitives
 from ._enums import Causal, Softmax
+from ._inputs import Inputs
 from .partitioning import to_varying as _to_varying
 from .partitioning import vma as _vma
 
@@ -161,21 +162,23 @@ def _sink_logits(cfg, sinks, n):
   return jnp.full((n,), -jnp.inf if cfg.softmax == Softmax.VANILLA else 0.0, jnp.float32)
 
 
-def _ring_forward(cfg, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg):
+def _ring_forward(cfg, x: Inputs):
+  q, k, v = x.q, x.k, x.v
   B, T, N, _ = q.shape
   nc = 2 if cfg.zigzag else 1
   rows, cols = T // nc, k.shape[1] // nc
   Hv = v.shape[3]
   acc = [(jnp.zeros((B, rows, N, Hv), jnp.float32), jnp.full((B, N, rows), -jnp.inf, jnp.float32)) for _ in range(nc)]
   ring = [(i, (i + 1) % cfg.size) for i in range(cfg.size)]
-  kv = (k, v, kv_seg)
+  kv = (k, v, x.kv_seg)
   for t in range(cfg.size):
     nxt = jax.lax.ppermute(kv, cfg.axis_name, ring) if t + 1 < cfg.size else None  # overlaps compute
     kc_all, vc_all, ks_all = kv
     for cq, ck, branches, index, q0, k0 in _blocks(cfg, t, rows, cols, nc):
 
       def compute(key, qc, kc, vc, ql, kl, qs, ks):
-        return primitives.attn_fwd(qc, kc, vc, None, ql, kl, qs, ks, **_block_statics(cfg, key))
+        block = Inputs(qc, kc, vc, q_lens=ql, kv_lens=kl, q_seg=qs, kv_seg=ks)
+        return primitives.attn_fwd(block, **_block_statics(cfg, key))
 
       def empty(*_):
         return (jnp.zeros((B, rows, N, Hv), q.dtype), jnp.full((B, N, rows), -jnp.inf, jnp.float32))
@@ -184,14 +187,14 @@ def _ring_forward(cfg, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg):
         _sl(q, cq, rows, 1),
         _sl(kc_all, ck, cols, 1),
         _sl(vc_all, ck, cols, 1),
-        _lens(q_lens, q0, rows),
-        _lens(kv_lens, k0, cols),
-        _sl(q_seg, cq, rows, 1),
+        _lens(x.q_lens, q0, rows),
+        _lens(x.kv_lens, k0, cols),
+        _sl(x.q_seg, cq, rows, 1),
         _sl(ks_all, ck, cols, 1),
       )
       acc[cq] = _merge(acc[cq], _dispatch(branches, index, compute, empty, ops))
     kv = nxt
-  a = _sink_logits(cfg, sinks, N)[None, :, None]
+  a = _sink_logits(cfg, x.sinks, N)[None, :, None]
   o = jnp.concatenate([o for o, _ in acc], axis=1)
   lse_blocks = jnp.concatenate([l for _, l in acc], axis=2)
   lse = jnp.logaddexp(lse_blocks, a)  # the sink, exactly once
@@ -200,7 +203,8 @@ def _ring_forward(cfg, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg):
 
 
 def _ring_backward(cfg, res, dout, dlse):
-  q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, out, lse = res
+  x, out, lse = res
+  q, k, v = x.q, x.k, x.v
   B, T, N, H = q.shape
   nc = 2 if cfg.zigzag else 1
   rows, cols = T // nc, k.shape[1] // nc
@@ -208,7 +212,7 @@ def _ring_backward(cfg, res, dout, dlse):
   dq = [jnp.zeros((B, rows, N, H), f32) for _ in range(nc)]
   dkv = (jnp.zeros(k.shape, f32), jnp.zeros(v.shape, f32))
   ring = [(i, (i + 1) % cfg.size) for i in range(cfg.size)]
-  kv = (k, v, kv_seg)
+  kv = (k, v, x.kv_seg)
   for t in range(cfg.size):
     nxt = jax.lax.ppermute(kv, cfg.axis_name, ring) if t + 1 < cfg.size else None
     kc_all, vc_all, ks_all = kv
@@ -216,10 +220,9 @@ def _ring_backward(cfg, res, dout, dlse):
     for cq, ck, branches, index, q0, k0 in _blocks(cfg, t, rows, cols, nc):
 
       def compute(key, qc, kc, vc, ql, kl, qs, ks, oc, lc, doc, dlc):
-        dqb, dkb, dvb, _, _ = primitives.attn_bwd(
-          qc, kc, vc, None, ql, kl, qs, ks, None, None, None, None, oc, lc, doc, dlc, **_block_statics(cfg, key)
-        )
-        return dqb, dkb, dvb
+        block = Inputs(qc, kc, vc, q_lens=ql, kv_lens=kl, q_seg=qs, kv_seg=ks)
+        g = primitives.attn_bwd(block, oc, lc, doc, dlc, **_block_statics(cfg, key))
+        return g.dq, g.dk, g.dv
 
       def empty(qc, kc, vc, *_):
         return jnp.zeros_like(qc), jnp.zeros_like(kc), jnp.zeros_like(vc)
@@ -228,9 +231,9 @@ def _ring_backward(cfg, res, dout, dlse):
         _sl(q, cq, rows, 1),
         _sl(kc_all, ck, cols, 1),
         _sl(vc_all, ck, cols, 1),
-        _lens(q_lens, q0, rows),
-        _lens(kv_lens, k0, cols),
-        _sl(q_seg, cq, rows, 1),
+        _lens(x.q_lens, q0, rows),
+        _lens(x.kv_lens, k0, cols),
+        _sl(x.q_seg, cq, rows, 1),
         _sl(ks_all, ck, cols, 1),
         _sl(out, cq, rows, 1),
         _sl(lse, cq, rows, 2),
@@ -248,27 +251,28 @@ def _ring_backward(cfg, res, dout, dlse):
     D = jnp.einsum("btnh,btnh->bnt", dout.astype(f32), out.astype(f32), precision=jax.lax.Precision.HIGHEST)
     if dlse is not None:
       D = D - dlse
-    dsinks = -jnp.sum(jnp.exp(sinks[None, :, None] - lse) * D, axis=(0, 2))
+    dsinks = -jnp.sum(jnp.exp(x.sinks[None, :, None] - lse) * D, axis=(0, 2))
   dq = jnp.concatenate(dq, axis=1).astype(q.dtype)
   return dq, dkv[0].astype(k.dtype), dkv[1].astype(v.dtype), dsinks
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def ring(cfg, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg):
-  out, lse = _ring_forward(cfg, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg)
+def ring(cfg, x: Inputs):
+  """The ring on this device's block of the inputs x (sinks float32 [N] or None, lengths, segment ids; no
+  bias, mask or positions) -> out, or (out, lse [B,N,T/P]) with cfg.return_residual."""
+  out, lse = _ring_forward(cfg, x)
   return (out, lse) if cfg.return_residual else out
 
 
-def _ring_fwd(cfg, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg):
-  out, lse = _ring_forward(cfg, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg)
-  res = (q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, out, lse)
-  return ((out, lse) if cfg.return_residual else out), res
+def _ring_fwd(cfg, x):
+  out, lse = _ring_forward(cfg, x)
+  return ((out, lse) if cfg.return_residual else out), (x, out, lse)
 
 
 def _ring_bwd(cfg, res, ct):
   dout, dlse = ct if cfg.return_residual else (ct, None)
   dq, dk, dv, dsinks = _ring_backward(cfg, res, dout, dlse)
-  return dq, dk, dv, dsinks, None, None, None, None
+  return (Inputs(q=dq, k=dk, v=dv, sinks=dsinks),)  # None for the integer arrays: no cotangent
 
 
 ring.defvjp(_ring_fwd, _ring_bwd)

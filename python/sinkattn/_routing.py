@@ -1,23 +1,20 @@
 """Which implementation runs a call (dot_product_attention and decode_attention alike): the fused kernel,
 the pure-jnp reference, or a choice per platform made when the computation is lowered (the CPU kernel takes
-every input; the CUDA kernels do not take float32, some head dims, nor a bias / mask / positions yet, and on
-GPU such calls run the reference, with one warning per reason)."""
+every input; what the CUDA kernels do not take, the library says (_lib.cuda_supported: float32, some head
+dims, a bias / mask / positions for now), and on GPU such calls run the reference, with one warning per
+reason)."""
 
 from __future__ import annotations
 
 import functools
 import warnings
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import jax
 
 from . import _lib
 
 _warned: set = set()
-
-# The arguments the CUDA kernels do not take yet (the CUDA backend answers SA_ERR_UNSUPPORTED naming the
-# field): on GPU a call with one of them runs the reference.
-CUDA_LACKS = ("bias", "mask", "query_positions")
 
 
 def _warn_once(key, message):
@@ -53,25 +50,23 @@ def likely_on_gpu(x) -> bool:
 def run(
   impl: Optional[str],
   query,
-  args: Sequence,
+  x,
   *,
   op: str,
   fused: Callable,
   reference: Callable,
-  features: Sequence[str] = (),
   cuda_reason: Callable[[], Optional[str]] = lambda: None,
 ):
-  """fused(*args), reference(*args), or the choice of the two per platform, for `impl` (already checked).
+  """fused(x), reference(x), or the choice of the two per platform, for `impl` (already checked); x is the
+  call's inputs (a pytree, `_inputs.Inputs`).
 
-  features: names of the given arguments that the CUDA kernels do not take (from CUDA_LACKS) or that the
-  loaded library may not take (bias / mask / positions); cuda_reason(): why the CUDA kernels do not take
-  this dtype / shape, or None.
+  cuda_reason(): why the CUDA kernels do not take this call (asked of the library), or None.
   """
   if impl == "reference":
-    return reference(*args)
+    return reference(x)
   if impl == "cudnn":
-    _check_cudnn(query, op, features, cuda_reason)
-    return fused(*args)
+    _check_cudnn(query, op, cuda_reason)
+    return fused(x)
   if jax.default_backend() == "gpu" and not _lib.has_cuda():
     if impl == "fused":
       _lib.load()  # a clear error when the library is missing altogether
@@ -84,10 +79,10 @@ def run(
       f"sinkattn: {_lib.LIB_NAME} has no CUDA backend (built without nvcc); on GPU "
       f"{op} falls back to the pure-jnp reference (O(T*S) memory, slower).",
     )
-    return reference(*args)
-  why = _cuda_fallback(features, cuda_reason)
+    return reference(x)
+  why = _cuda_fallback(cuda_reason)
   if why is None:
-    return fused(*args)
+    return fused(x)
   if likely_on_gpu(query):
     _warn_once(
       ("cuda", why),
@@ -95,20 +90,17 @@ def run(
       "slower); on CPU they keep the fused kernel.",
     )
   # Chosen when the computation is lowered, per platform: the CPU kernel takes every dtype and head dim.
-  return jax.lax.platform_dependent(*args, cuda=reference, default=fused)
+  return jax.lax.platform_dependent(x, cuda=reference, default=fused)
 
 
-def _cuda_fallback(features, cuda_reason):
+def _cuda_fallback(cuda_reason):
   """Why a GPU in this process could not run this call on the CUDA kernels, or None."""
   if not gpu_present() or not _lib.has_cuda():
     return None
-  lacks = [f for f in features if f in CUDA_LACKS]
-  if lacks:
-    return f"{lacks[0]}: the CUDA kernels take no {lacks[0].replace('query_', '')} yet"
   return cuda_reason()
 
 
-def _check_cudnn(query, op, features, cuda_reason) -> None:
+def _check_cudnn(query, op, cuda_reason) -> None:
   """implementation='cudnn' (jax.nn's name for its fused GPU kernel): the CUDA kernels, or an error saying
   why they cannot run this call."""
   if not likely_on_gpu(query) or not gpu_present():
@@ -122,7 +114,7 @@ def _check_cudnn(query, op, features, cuda_reason) -> None:
       f"implementation='cudnn': {_lib.LIB_NAME} was built without CUDA: rebuild with nvcc on "
       "PATH, or use implementation=None"
     )
-  why = _cuda_fallback(features, cuda_reason)
+  why = _cuda_fallback(cuda_reason)
   if why is not None:
     raise ValueError(
       f"implementation='cudnn': {why}; use implementation=None (the reference runs such calls on GPU) or 'reference'"

@@ -1,6 +1,7 @@
-"""Transformer Engine's conventions (transformer_engine.jax.flax.DotProductAttention) on sinkattn's terms: its
-mask types, bias types, layouts and sequence descriptors as dot_product_attention arguments, and its
-checkpoint layout for the learnable sink. Written from TE's documented API; TE itself is not needed."""
+"""Transformer Engine's conventions (transformer_engine.jax.flax.DotProductAttention) on sinkattn's terms, for
+`sinkattn.te`: its mask types, bias types, windows, layouts and sequence descriptors as dot_product_attention
+arguments, and its checkpoint layout for the learnable sink. Written from TE's documented API; TE itself is not
+needed."""
 
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Optional, Tuple
@@ -76,15 +77,16 @@ def _given(pair):
 
 def call_arrays(sequence_descriptor, mask, *, attn_mask_type: Optional[str], positions_used: bool) -> dict:
   """dot_product_attention arrays from TE's call arguments: an array descriptor (or `mask`, its older
-  name) is TE's mask, True = masked OUT; a descriptor object gives lengths, segment ids (0 = padding, so
-  never equal across q and kv) and positions (passed where a causal or window mask reads them)."""
+  name) is TE's mask, True = masked OUT (returned inverted, as dot_product_attention's True = attend); a
+  descriptor object gives lengths, segment ids (0 = padding, so never equal across q and kv) and positions
+  (passed where a causal or window mask reads them)."""
   if sequence_descriptor is not None and mask is not None:
     raise ValueError("mask: given together with sequence_descriptor: pass one (mask is TE's older name for it)")
   desc = mask if sequence_descriptor is None else sequence_descriptor
   name = "mask" if sequence_descriptor is None else "sequence_descriptor"
   if desc is None:
     return {}
-  if attn_mask_type is not None and not MASK_TYPES[attn_mask_type][2]:
+  if attn_mask_type in MASK_TYPES and not MASK_TYPES[attn_mask_type][2]:
     raise ValueError(
       f"{name}: given, but attn_mask_type={attn_mask_type!r} takes none (Transformer Engine "
       "ignores it): use a 'padding...' mask type"
@@ -115,8 +117,8 @@ def call_arrays(sequence_descriptor, mask, *, attn_mask_type: Optional[str], pos
 
 
 def module_options(m) -> dict:
-  """dot_product_attention options from a DotProductAttention module's fields (TE's and sinkattn's),
-  refusing TE features that are not implemented and fields that say the same thing twice."""
+  """dot_product_attention options from the fields of a sinkattn.te.DotProductAttention (TE's), refusing the
+  TE features that are not implemented."""
   layout = str(m.qkv_layout).lower()
   if layout in PACKED_LAYOUTS:
     raise NotImplementedError(
@@ -137,21 +139,23 @@ def module_options(m) -> dict:
     )
   if str(m.context_parallel_strategy).upper() not in CP_STRATEGIES:
     raise ValueError(f"context_parallel_strategy: expected one of {CP_STRATEGIES}, got {m.context_parallel_strategy!r}")
-  opts = dict(
-    is_causal=m.is_causal, causal_alignment=m.causal_alignment, local_window_size=m.local_window_size, scale=m.scale
+  if m.attn_mask_type not in MASK_TYPES:
+    raise ValueError(f"attn_mask_type: expected one of {tuple(MASK_TYPES)}, got {m.attn_mask_type!r}")
+  is_causal, alignment, _ = MASK_TYPES[m.attn_mask_type]
+  return dict(
+    is_causal=is_causal, causal_alignment=alignment, local_window_size=window(m.window_size), scale=m.scale_factor
   )
-  if m.attn_mask_type is not None:
-    if m.attn_mask_type not in MASK_TYPES:
-      raise ValueError(f"attn_mask_type: expected one of {tuple(MASK_TYPES)}, got {m.attn_mask_type!r}")
-    if m.is_causal or m.causal_alignment != "top_left":
-      raise ValueError("attn_mask_type: given together with is_causal / causal_alignment: give one of them")
-    opts["is_causal"], opts["causal_alignment"], _ = MASK_TYPES[m.attn_mask_type]
-  for te_name, ours in (("window_size", "local_window_size"), ("scale_factor", "scale")):
-    if getattr(m, te_name) is not None:
-      if opts[ours] is not None:
-        raise ValueError(f"{te_name}: given together with {ours}: give one of them")
-      opts[ours] = tuple(m.window_size) if te_name == "window_size" else m.scale_factor
-  return opts
+
+
+def window(window_size) -> Optional[Tuple[Optional[int], Optional[int]]]:
+  """TE's window_size (left, right), -1 = an unbounded side, as local_window_size (None = unbounded)."""
+  if window_size is None:
+    return None
+  if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+    raise ValueError(f"window_size: expected a pair (left, right) with -1 for an unbounded side, got {window_size!r}")
+  if any(isinstance(w, int) and w < -1 for w in window_size):
+    raise ValueError(f"window_size: each side must be >= 0, or -1 for unbounded, got {tuple(window_size)}")
+  return tuple(None if w == -1 else w for w in window_size)
 
 
 def _rename_axis(box, old, new):
@@ -170,11 +174,12 @@ def from_transformer_engine(params: Any) -> Any:
   """A Transformer Engine parameter tree with sinkattn's layout for the learnable sink.
 
   What maps: each TE DotProductAttention keeps its sink at `<path>/_FusedDotProductAttention_0/softmax_offset`
-  (or `_UnfusedDotProductAttention_0` when TE ran its unfused path); sinkattn.flax.DotProductAttention keeps
-  the same array (shape (1, N, 1, 1), fp32) at `<path>/softmax_offset`. The logical head axis of its
-  LogicallyPartitioned box, 'nvte_head' in TE, becomes 'heads'. Every other entry is returned unchanged (a
-  sinkattn module in place of the TE one at `<path>` then loads the tree); TE's other modules (its
-  MultiHeadAttention's fused qkv projections, LayerNorm, ...) have no sinkattn counterpart and are not mapped.
+  (or `_UnfusedDotProductAttention_0` when TE ran its unfused path); sinkattn.te.DotProductAttention (and
+  sinkattn.flax.DotProductAttention) keep the same array (shape (1, N, 1, 1), fp32) at `<path>/softmax_offset`.
+  The logical head axis of its LogicallyPartitioned box, 'nvte_head' in TE, becomes 'heads'. Every other entry
+  is returned unchanged (a sinkattn module in place of the TE one at `<path>` then loads the tree); TE's other
+  modules (its MultiHeadAttention's fused qkv projections, LayerNorm, ...) have no sinkattn counterpart and are
+  not mapped.
 
   Args:
     params: a nested mapping (dict or FrozenDict) such as `variables` or `variables['params']`.

@@ -16,6 +16,7 @@ import numpy as np
 
 from ._enums import FLOAT_DTYPES as _FLOATS
 from ._enums import SOFTMAX_NAMES, Causal, Softmax
+from ._inputs import Inputs
 
 # None: the fused kernel of the platform; 'xla' (jax.nn's name for its jnp path) = 'reference'; 'cudnn'
 # (jax.nn's name for its fused GPU kernel) = the CUDA kernels, an error where they cannot run.
@@ -23,7 +24,7 @@ IMPLEMENTATIONS = (None, "fused", "reference", "xla", "cudnn")
 _F64 = np.dtype(np.float64)
 
 ArrayLike = Any  # a jax.Array, a NumPy array or a tracer
-Window = Optional[Union[int, Tuple[Optional[int], Optional[int]]]]  # w, (left, right), None / -1 = unbounded
+Window = Optional[Union[int, Tuple[Optional[int], Optional[int]]]]  # w, (left, right); None = unbounded (side)
 
 
 class Options(NamedTuple):
@@ -38,18 +39,11 @@ class Options(NamedTuple):
 
 
 class Checked(NamedTuple):
-  """The checked arguments of one call: static options and the arrays the kernels read (None = absent)."""
+  """The checked arguments of one call: static options and the arrays the kernels read, sinks as [N] float32
+  (float64 sinks stay float64 where the computation may be float64), integer arrays as int32, the mask bool."""
 
   opts: Options
-  sinks: object
-  q_lens: object
-  kv_lens: object
-  q_seg: object
-  kv_seg: object
-  bias: object
-  mask: object
-  q_pos: object
-  kv_pos: object
+  inputs: Inputs
 
 
 def _shape(x):
@@ -86,22 +80,23 @@ def _static_int(name, x):
 
 
 def window(local_window_size):
-  """None -> (-1, -1); w -> (w, w) (-1: unbounded); (left, right) with None or -1 for an unbounded side."""
+  """-> (left, right) in the C API's terms (-1 = unbounded): None -> (-1, -1); w -> (w, w); (left, right) with
+  None for an unbounded side. A negative side is refused: jax.nn reads it as a window shifted off the diagonal
+  (local_window_size=(-1, 3): keys i+1 .. i+3), which sinkattn does not take."""
   if local_window_size is None:
     return -1, -1
   if isinstance(local_window_size, (tuple, list)):
     if len(local_window_size) != 2:
       raise ValueError(f"local_window_size: expected an int or a pair (left, right), got {local_window_size!r}")
-    sides = [-1 if w is None else _static_int("local_window_size", w) for w in local_window_size]
-    if min(sides) < -1:
-      raise ValueError(
-        f"local_window_size: each side must be >= 0 (or -1 / None for unbounded), got {tuple(local_window_size)}"
-      )
-    return sides[0], sides[1]
-  w = _static_int("local_window_size", local_window_size)
-  if w < -1:
-    raise ValueError(f"local_window_size: expected an int >= 0 (or -1 for unbounded) or a pair (left, right), got {w}")
-  return w, w
+    sides = [None if w is None else _static_int("local_window_size", w) for w in local_window_size]
+  else:
+    sides = [_static_int("local_window_size", local_window_size)] * 2
+  if any(w is not None and w < 0 for w in sides):
+    raise ValueError(
+      f"local_window_size: {local_window_size!r} has a negative side, which jax.nn reads as a window shifted off "
+      "the diagonal and sinkattn does not implement: use sides >= 0, and None for an unbounded side"
+    )
+  return tuple(-1 if w is None else w for w in sides)
 
 
 def implementation(impl):
@@ -114,15 +109,13 @@ def implementation(impl):
 
 
 def _check_broadcast(name, x, full):
-  """x must be rank 4 with every dim 1 or the full size of [B,N,T,S] = full (jax.nn's broadcast rule)."""
+  """x must be rank 4 with every dim 1 or the full size of [B,N,T,S] = full (jax.nn's broadcast rule; a lower
+  rank was given its leading size-1 axes by as_rank4)."""
   want = f"[B,N,T,S] = {full}, each dim 1 or that size"
   if not hasattr(x, "shape") or not hasattr(x, "dtype"):
     raise TypeError(f"{name}: expected an array broadcastable to {want}, got {type(x).__name__}")
   if len(x.shape) != 4:
-    raise ValueError(
-      f"{name}: expected rank 4, broadcastable to {want}, got shape {_shape(x)} (rank "
-      f"{len(x.shape)}: add the leading size-1 axes)"
-    )
+    raise ValueError(f"{name}: expected rank 4 or lower, broadcastable to {want}, got shape {_shape(x)}")
   for d, (n, f, letter) in enumerate(zip(x.shape, full, "BNTS")):
     if n not in (1, f):
       raise ValueError(
@@ -223,21 +216,55 @@ def flax_arguments(
         f"{name}: a custom einsum ({fn!r}) replaces a product inside the fused "
         "kernel, which sinkattn cannot do: leave it None"
       )
-  ok = (
-    precision is None
-    or isinstance(precision, (str, jax.lax.Precision))
-    or (isinstance(precision, (tuple, list)) and len(precision) == 2)
-  )
-  if not ok:
-    raise TypeError(f"precision: expected None, a jax.lax.Precision, its name or a pair of them, got {precision!r}")
+  _precision(precision)
+
+
+def _precision(precision):
+  """None, a jax.lax.Precision, a name jax.lax.Precision takes ('default', 'high', 'highest', 'float32', ...) or a
+  pair of them: every path meets the highest (products accumulated in float32, the reference at HIGHEST);
+  anything else, a dot algorithm preset included, is refused rather than read as something it does not say."""
+  if precision is None:
+    return
+  one = lambda p: isinstance(p, (str, jax.lax.Precision))  # noqa: E731
+  pair = isinstance(precision, (tuple, list)) and len(precision) == 2
+  if not (one(precision) or (pair and all(one(p) for p in precision))):
+    raise TypeError(
+      f"precision: expected None, a jax.lax.Precision, its name or a pair of them, got {precision!r} "
+      f"({type(precision).__name__})"
+    )
+  for p in precision if pair else (precision,):
+    if isinstance(p, str):
+      try:
+        jax.lax.Precision(p)
+      except ValueError:
+        names = ", ".join(repr(m.name.lower()) for m in jax.lax.Precision)
+        raise ValueError(f"precision: {p!r} is not a jax.lax.Precision name: use {names} (or a Precision)") from None
+
+
+def as_rank4(query, key, value, bias, mask):
+  """jax.nn's ranks: query / key / value [T,N,H] / [S,K,H] (or the [B,...] of rank 4), bias and mask of rank
+  <= 4, each given the leading size-1 axes it lacks. -> (query, key, value, bias, mask, squeeze) where squeeze
+  says the outputs lose the batch axis again (query was rank 3)."""
+  for name, x in (("query", query), ("key", key), ("value", value)):
+    if hasattr(x, "shape") and hasattr(x, "dtype") and len(x.shape) not in (3, 4):
+      letters = {"query": "T,N,H", "key": "S,K,H", "value": "S,K,Hv"}[name]
+      raise ValueError(f"{name}: expected shape [B,{letters}] (rank 4) or [{letters}] (rank 3), got shape {_shape(x)}")
+
+  def lift(x):  # anything without a shape is left to the checks that name it
+    if x is None or not hasattr(x, "shape") or len(x.shape) >= 4:
+      return x
+    return x.reshape((1,) * (4 - len(x.shape)) + tuple(x.shape))
+
+  squeeze = hasattr(query, "shape") and len(query.shape) == 3
+  return lift(query), lift(key), lift(value), lift(bias), lift(mask), squeeze
 
 
 def arguments(
   query,
   key,
   value,
-  sinks,
   *,
+  sinks,
   softmax_type,
   scale,
   is_causal,
@@ -254,8 +281,8 @@ def arguments(
   key_value_positions=None,
   allow_f64=False,
 ) -> Checked:
-  """allow_f64: accept float64 q/k/v and bias (the reference computes in it; the kernels do not).
-  -> Checked, with integer arrays as int32 and the mask as bool."""
+  """allow_f64: accept float64 q/k/v, bias and sinks (the reference computes in it; the kernels do not).
+  -> Checked: sinks as [N] float32 (float64 kept with allow_f64), integer arrays int32, the mask bool."""
   _check_rank("query", query, 4, "B,T,N,H")
   _check_rank("key", key, 4, "B,S,K,H")
   _check_rank("value", value, 4, "B,S,K,Hv")
@@ -282,29 +309,7 @@ def arguments(
     )
   if H < 1 or value.shape[3] < 1:
     raise ValueError(f"query/value: head dims must be >= 1, got H = {H}, Hv = {value.shape[3]}")
-
-  if softmax_type is None:
-    softmax_type = "vanilla" if sinks is None else "learnable"
-  if not isinstance(softmax_type, str) or softmax_type.lower() not in SOFTMAX_NAMES:
-    raise ValueError(
-      f"softmax_type: expected 'vanilla', 'off_by_one' (or 'off-by-one') or 'learnable', got {softmax_type!r}"
-    )
-  softmax = SOFTMAX_NAMES[softmax_type.lower()]
-  if softmax == Softmax.LEARNABLE:
-    if sinks is None:
-      raise ValueError("sinks: softmax_type='learnable' needs sinks of shape [N] or [1,N,1,1], got None")
-    if not hasattr(sinks, "shape") or not hasattr(sinks, "dtype"):
-      raise TypeError(
-        f"sinks: expected an array of shape [N] = ({N},) or [1,N,1,1] = (1, {N}, 1, 1), got {type(sinks).__name__}"
-      )
-    _check_float("sinks", sinks, _FLOATS + (_F64,))
-    if tuple(sinks.shape) not in ((N,), (1, N, 1, 1)):
-      raise ValueError(f"sinks: expected shape [N] = ({N},) or [1,N,1,1] = (1, {N}, 1, 1), got shape {_shape(sinks)}")
-  elif sinks is not None:
-    raise ValueError(
-      f"sinks: given, but softmax_type={softmax_type!r} has no learnable sink: "
-      "use softmax_type='learnable' (or leave it None)"
-    )
+  softmax, sinks = _sinks(sinks, softmax_type, N, allow_f64)
 
   if not isinstance(is_causal, (bool, np.bool_)):
     raise TypeError(f"is_causal: expected a Python bool, got {type(is_causal).__name__}")
@@ -341,4 +346,35 @@ def arguments(
   if not isinstance(return_residual, (bool, np.bool_)):
     raise TypeError(f"return_residual: expected a Python bool, got {type(return_residual).__name__}")
   opts = Options(int(softmax), int(causal), wl, wr, scale, bool(return_residual))
-  return Checked(opts, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos)
+  x = Inputs(query, key, value, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos)
+  return Checked(opts, x)
+
+
+def _sinks(sinks, softmax_type, N, allow_f64):
+  """-> (the sa_softmax, sinks as [N] float32 or None); float64 sinks stay float64 with allow_f64. The
+  reshape and cast are differentiated by JAX: the gradient returns in the caller's shape and dtype."""
+  if softmax_type is None:
+    softmax_type = "vanilla" if sinks is None else "learnable"
+  if not isinstance(softmax_type, str) or softmax_type.lower() not in SOFTMAX_NAMES:
+    raise ValueError(
+      f"softmax_type: expected 'vanilla', 'off_by_one' (or 'off-by-one') or 'learnable', got {softmax_type!r}"
+    )
+  softmax = SOFTMAX_NAMES[softmax_type.lower()]
+  if softmax != Softmax.LEARNABLE:
+    if sinks is not None:
+      raise ValueError(
+        f"sinks: given, but softmax_type={softmax_type!r} has no learnable sink: "
+        "use softmax_type='learnable' (or leave it None)"
+      )
+    return softmax, None
+  if sinks is None:
+    raise ValueError("sinks: softmax_type='learnable' needs sinks of shape [N] or [1,N,1,1], got None")
+  if not hasattr(sinks, "shape") or not hasattr(sinks, "dtype"):
+    raise TypeError(
+      f"sinks: expected an array of shape [N] = ({N},) or [1,N,1,1] = (1, {N}, 1, 1), got {type(sinks).__name__}"
+    )
+  _check_float("sinks", sinks, _FLOATS + (_F64,))
+  if tuple(sinks.shape) not in ((N,), (1, N, 1, 1)):
+    raise ValueError(f"sinks: expected shape [N] = ({N},) or [1,N,1,1] = (1, {N}, 1, 1), got shape {_shape(sinks)}")
+  dtype = jnp.promote_types(sinks.dtype, jnp.float32) if allow_f64 else jnp.float32
+  return softmax, jnp.asarray(sinks).reshape(N).astype(dtype)

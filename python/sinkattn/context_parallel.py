@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from . import _ring, _validate
 from ._enums import Causal
+from ._inputs import lse_public
 from ._validate import ArrayLike, Window
 from .partitioning import to_varying as _to_varying
 from .partitioning import vma as _vma
@@ -76,8 +77,8 @@ def ring_attention(
   query: ArrayLike,
   key: ArrayLike,
   value: ArrayLike,
-  sinks: Optional[ArrayLike] = None,
   *,
+  sinks: Optional[ArrayLike] = None,
   axis_name: Any,
   layout: str = "contiguous",
   softmax_type: Optional[str] = None,
@@ -113,21 +114,21 @@ def ring_attention(
     key_value_seq_lengths: [B], the GLOBAL lengths (replicated).
     query_segment_ids: [B,T/P], sharded like the sequence.
     key_value_segment_ids: [B,S/P], sharded like the sequence.
-    return_residual: also return lse [B,N,T/P].
+    return_residual: also return lse [B,T/P,N] (jax.nn's residual layout).
 
   Returns:
-    This device's rows of out [B,T/P,N,Hv] (and lse [B,N,T/P] with return_residual=True); differentiable in
+    This device's rows of out [B,T/P,N,Hv] (and lse [B,T/P,N] with return_residual=True); differentiable in
     query, key, value and sinks, and through lse.
 
   Raises:
     ValueError / TypeError: a bad argument, named.
     NotImplementedError: bottom-right alignment with sequence lengths.
   """
-  o, sinks, q_lens, kv_lens, q_seg, kv_seg, *_ = _validate.arguments(
+  o, x = _validate.arguments(
     query,
     key,
     value,
-    sinks,
+    sinks=sinks,
     softmax_type=softmax_type,
     scale=scale,
     is_causal=is_causal,
@@ -150,7 +151,7 @@ def ring_attention(
     )
   shift = 0
   if o.causal == Causal.BOTTOM_RIGHT:
-    if q_lens is not None or kv_lens is not None:
+    if x.q_lens is not None or x.kv_lens is not None:
       raise NotImplementedError(
         "ring_attention: causal_alignment='bottom_right' with sequence lengths "
         "has a per-batch diagonal; use 'top_left' or no lengths"
@@ -168,11 +169,12 @@ def ring_attention(
     o.scale,
     o.return_residual,
   )
-  N = query.shape[2]
-  s32 = None if sinks is None else sinks.reshape(N).astype(jnp.float32)
-  if s32 is not None:  # partial dsinks of each device are summed by the transpose of this cast
-    s32 = _to_varying(s32, _vma(query))
-  return _ring.ring(cfg, query, key, value, s32, q_lens, kv_lens, q_seg, kv_seg)
+  if x.sinks is not None:  # partial dsinks of each device are summed by the transpose of this cast
+    x = x._replace(sinks=_to_varying(x.sinks, _vma(query)))
+  if not o.return_residual:
+    return _ring.ring(cfg, x)
+  out, lse = _ring.ring(cfg, x)
+  return out, lse_public(lse)
 
 
 def _entry(axes):
@@ -184,8 +186,8 @@ def ring_attention_sharded(
   query: ArrayLike,
   key: ArrayLike,
   value: ArrayLike,
-  sinks: Optional[ArrayLike] = None,
   *,
+  sinks: Optional[ArrayLike] = None,
   mesh: jax.sharding.Mesh,
   axis_name: Any,
   batch_axes: Any = None,
@@ -214,7 +216,7 @@ def ring_attention_sharded(
     **options: ring_attention's other keywords (layout, softmax_type, scale, is_causal, ...).
 
   Returns:
-    The global out [B,T,N,Hv] (and lse [B,N,T] with return_residual=True).
+    The global out [B,T,N,Hv] (and lse [B,T,N] with return_residual=True).
 
   Raises:
     ValueError: head axes that do not divide K, or any error of ring_attention.
@@ -226,7 +228,7 @@ def ring_attention_sharded(
       f"head_axes={head_axes!r}: {m} shards do not divide the K = {key.shape[2]} kv heads of key {tuple(key.shape)}"
     )
   seq = P(b, axis_name, h, None)
-  lse_spec = P(b, h, axis_name)
+  lse_spec = P(b, axis_name, h)
   arrays = dict(
     query_seq_lengths=query_seq_lengths,
     key_value_seq_lengths=key_value_seq_lengths,
@@ -243,7 +245,7 @@ def ring_attention_sharded(
   sink_spec = None if sinks is None else P(None, h, None, None) if sinks.ndim == 4 else P(h)
 
   def body(q, k, v, s, extra):
-    return ring_attention(q, k, v, s, axis_name=axis_name, **extra, **options)
+    return ring_attention(q, k, v, sinks=s, axis_name=axis_name, **extra, **options)
 
   out_specs = (seq, lse_spec) if options.get("return_residual", False) else seq
   fn = jax.shard_map(

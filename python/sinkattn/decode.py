@@ -15,17 +15,15 @@ from __future__ import annotations
 from typing import Optional, Tuple, Union
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from . import _routing, _validate, primitives, reference
+from . import _lib, _routing, _validate, primitives, reference
 from ._enums import Causal
+from ._inputs import lse_public
 from ._validate import ArrayLike, Window
 
-MAX_QUERY_TOKENS = 64  # the C library's decode limit (longer queries are prefill: dot_product_attention)
 
-
-def _check(query, k_cache, v_cache, cache_lengths):
+def _check(query, k_cache, v_cache, cache_lengths, fused):
   """Decode-specific checks, naming decode_attention's own arguments (the shared ones follow)."""
   _validate._check_rank("query", query, 4, "B,T,N,H")
   _validate._check_rank("k_cache", k_cache, 4, "B,S,K,H")
@@ -47,9 +45,9 @@ def _check(query, k_cache, v_cache, cache_lengths):
         f"{name}: dtype {np.dtype(x.dtype).name} differs from query's {np.dtype(query.dtype).name}: "
         "query and the caches must share one dtype"
       )
-  if T > MAX_QUERY_TOKENS:
+  if fused and T > _lib.decode_max_query_tokens():
     raise ValueError(
-      f"query: decode takes at most T = {MAX_QUERY_TOKENS} query tokens, got shape "
+      f"query: the decode kernels take at most T = {_lib.decode_max_query_tokens()} query tokens, got shape "
       f"{tuple(query.shape)} (T = {T}); use dot_product_attention for prefill"
     )
   if cache_lengths is None:
@@ -62,22 +60,24 @@ def decode_attention(
   k_cache: ArrayLike,
   v_cache: ArrayLike,
   cache_lengths: ArrayLike,
-  sinks: Optional[ArrayLike] = None,
   *,
+  sinks: Optional[ArrayLike] = None,
   softmax_type: Optional[str] = None,
   local_window_size: Window = None,
   scale: Optional[float] = None,
   return_residual: bool = False,
   implementation: Optional[str] = None,
 ) -> Union[jax.Array, Tuple[jax.Array, jax.Array]]:
-  """Attention of T <= 64 new query tokens over a KV cache, with attention sinks (forward only).
+  """Attention of a few new query tokens (T <= 64, the library's SA_DECODE_MAX_Q_LEN) over a KV cache, with
+  attention sinks (forward only).
 
   Query token i of batch b sits at position cache_lengths[b] - T + i and sees the cache entries up to it
   (causal, bottom-right); a window (left, right) also limits it to entries >= that position - left
   (gpt-oss: (127, 0), a 128-token window). Rows with no valid entry give out 0 and lse = the sink logit.
 
   Args:
-    query: [B,T,N,H], T <= 64; float32, float16 or bfloat16 (float64 with implementation='reference').
+    query: [B,T,N,H], T <= 64 (any T with implementation='reference'); float32, float16 or bfloat16
+      (float64 with implementation='reference').
     k_cache: [B,S,K,H] in query's dtype; K divides N.
     v_cache: [B,S,K,Hv] in query's dtype.
     cache_lengths: [B] int: the valid entries of each cache, the T new tokens included (their keys and
@@ -86,13 +86,13 @@ def decode_attention(
     softmax_type: as in dot_product_attention.
     local_window_size: w or (left, right), as in dot_product_attention.
     scale: as in dot_product_attention.
-    return_residual: also return lse [B,N,T] float32.
+    return_residual: also return lse [B,T,N] float32 (jax.nn's residual layout).
     implementation: None / 'fused' (the split-KV kernel of the platform), 'cudnn' (the CUDA kernel; an
       error where it cannot run), 'reference' / 'xla' (the pure jnp twin of dot_product_attention with
       causal_alignment='bottom_right').
 
   Returns:
-    out [B,T,N,Hv] in query's dtype, or (out, lse [B,N,T] float32) with return_residual=True.
+    out [B,T,N,Hv] in query's dtype, or (out, lse [B,T,N] float32) with return_residual=True.
 
   Raises:
     ValueError / TypeError: an argument with a wrong shape, dtype or value, naming it.
@@ -100,12 +100,12 @@ def decode_attention(
   """
   impl = _validate.implementation(implementation)
   ref = impl == "reference"
-  _check(query, k_cache, v_cache, cache_lengths)
+  _check(query, k_cache, v_cache, cache_lengths, fused=not ref)
   c = _validate.arguments(
     query,
     k_cache,
     v_cache,
-    sinks,
+    sinks=sinks,
     softmax_type=softmax_type,
     scale=scale,
     is_causal=True,
@@ -119,19 +119,13 @@ def decode_attention(
     allow_f64=ref,
   )
   o = c.opts
-  sink_dtype = jnp.promote_types(c.sinks.dtype, jnp.float32) if ref and c.sinks is not None else jnp.float32
-  s = None if c.sinks is None else c.sinks.reshape(query.shape[2]).astype(sink_dtype)
   statics = dict(softmax=o.softmax, window_left=o.window_left, window_right=o.window_right, scale=o.scale)
-
-  def ref_path(q, k, v, s, lens):
-    return reference.attention(q, k, v, s, None, lens, None, None, causal=Causal.BOTTOM_RIGHT, diag_offset=0, **statics)
-
   out, lse = _routing.run(
     impl,
     query,
-    (query, k_cache, v_cache, s, c.kv_lens),
+    c.inputs,
     op="decode_attention",
-    fused=lambda *a: primitives.decode_fwd(*a, **statics),
-    reference=ref_path,
+    fused=lambda x: primitives.decode_fwd(x, **statics),
+    reference=lambda x: reference.attention(x, causal=Causal.BOTTOM_RIGHT, diag_offset=0, **statics),
   )
-  return (out, lse) if o.return_residual else out
+  return (out, lse_public(lse)) if o.return_residual else out

@@ -1,17 +1,14 @@
-"""Flax linen modules around `sinkattn.dot_product_attention`, and Transformer Engine checkpoint converters.
+"""Flax linen modules around `sinkattn.dot_product_attention` (the twins of `sinkattn.nnx`). Every mask is
+jax.nn's and Flax's: True = attend (Transformer Engine's inverted mask lives in `sinkattn.te`).
 
-- `DotProductAttention`: the op as a module, with Transformer Engine's constructor and call
-  (transformer_engine.jax.flax.DotProductAttention: head_dim, num_attention_heads, num_gqa_groups,
-  attn_mask_type, attn_bias_type, window_size, transpose_batch_sequence, scale_factor, softmax_type, ...;
-  `(query, key, value, sequence_descriptor=None, bias=None, *, deterministic, mask)`) plus sinkattn's options.
-  With softmax_type='learnable' it owns `softmax_offset` (1, N, 1, 1) fp32, zeros, logical axes
-  (None, 'heads', None, None).
+- `DotProductAttention(num_heads=None, softmax_type=..., scale, is_causal, causal_alignment, local_window_size,
+  dtype, implementation)`, called `(query, key, value, bias=None, mask=None, *, ...)`: the op as a module, the
+  same constructor and call as sinkattn.nnx.DotProductAttention. With softmax_type='learnable' it owns
+  `softmax_offset` (1, N, 1, 1) fp32, zeros, logical axes (None, 'heads', None, None).
 - `MultiHeadAttention`: flax.linen.MultiHeadDotProductAttention's fields and call (num_heads, dtype,
   param_dtype, qkv_features, out_features, ...; `(inputs_q, inputs_k, inputs_v, *, inputs_kv, mask,
   deterministic, dropout_rng, sow_weights)`), plus GQA (num_kv_heads), head_dim, RoPE, sinks, and a KV cache
   (decode=True) that also takes prefill chunks.
-- `from_transformer_engine` / `to_transformer_engine`: a TE checkpoint's learnable sink in and out.
-- `SequenceDescriptor`: TE's (lengths, segment ids and positions of packed documents).
 """
 
 from __future__ import annotations
@@ -23,16 +20,12 @@ import jax.numpy as jnp
 
 from . import layers
 from ._flax_dpa import DotProductAttention
-from ._te import SequenceDescriptor, from_transformer_engine, to_transformer_engine
 from ._validate import ArrayLike, Window
 from .layers import DECODE_MAX_TOKENS, SOFTMAX_OFFSET_AXES, apply_rope, normalize_softmax_type, projection_dot_general
 
 __all__ = [
   "DotProductAttention",
   "MultiHeadAttention",
-  "SequenceDescriptor",
-  "from_transformer_engine",
-  "to_transformer_engine",
   "apply_rope",
   "normalize_softmax_type",
   "projection_dot_general",
@@ -183,7 +176,7 @@ class MultiHeadAttention(nn.Module):
       key_value_seq_lengths: [B] int.
       query_segment_ids: [B,T] int.
       key_value_segment_ids: [B,S] int.
-      return_residual: also return lse [B,N,T] fp32.
+      return_residual: also return lse [B,T,N] fp32.
 
     Returns:
       [B,T,out_features] (and lse with return_residual=True).
@@ -230,7 +223,7 @@ class MultiHeadAttention(nn.Module):
       q,
       k,
       v,
-      attention_mask=mask,
+      mask=mask,
       query_seq_lengths=query_seq_lengths,
       key_value_seq_lengths=call.pop("key_value_seq_lengths", key_value_seq_lengths),
       query_segment_ids=query_segment_ids,

@@ -26,7 +26,7 @@ from .ops import dot_product_attention
 DECODE_MAX_TOKENS = 16
 
 # The learnable sink: Transformer Engine's name `softmax_offset`, shape (1, N, 1, 1), fp32, zeros, and these
-# logical axes (TE names the head axis 'nvte_head'; sinkattn.flax.from_transformer_engine renames it).
+# logical axes (TE names the head axis 'nvte_head'; sinkattn.te.from_transformer_engine renames it).
 SOFTMAX_OFFSET_AXES = (None, "heads", None, None)
 
 __all__ = [
@@ -263,8 +263,8 @@ def attend(
   **arrays,
 ):
   """The op a DotProductAttention module runs: decode_attention over a cache (cache_lengths given; causal,
-  bottom-right, no other arrays), else dot_product_attention with `arrays` (lengths, segment ids, bias,
-  mask, positions, precision)."""
+  bottom-right, no other arrays), else dot_product_attention with `arrays` (bias, mask, lengths, segment ids,
+  positions, precision)."""
   if cache_lengths is not None:
     given = [n for n, x in arrays.items() if x is not None and n != "precision"]
     if given or module is not None:
@@ -274,7 +274,7 @@ def attend(
       key,
       value,
       cache_lengths,
-      sinks,
+      sinks=sinks,
       softmax_type=softmax_type,
       local_window_size=local_window_size,
       scale=scale,
@@ -285,7 +285,7 @@ def attend(
     query,
     key,
     value,
-    sinks,
+    sinks=sinks,
     softmax_type=softmax_type,
     scale=scale,
     is_causal=is_causal,
@@ -294,6 +294,54 @@ def attend(
     return_residual=return_residual,
     implementation=implementation,
     module=module,
+    **arrays,
+  )
+
+
+def module_call(
+  m,
+  sinks_of,
+  query,
+  key,
+  value,
+  bias,
+  mask,
+  *,
+  is_causal: bool,
+  causal_alignment: Optional[str],
+  return_residual: bool,
+  cache_lengths,
+  precision,
+  sow_module,
+  **arrays,
+):
+  """The call of sinkattn.flax.DotProductAttention and sinkattn.nnx.DotProductAttention, one contract for both:
+  m's fields (num_heads, softmax_type, scale, is_causal, causal_alignment, local_window_size, dtype,
+  implementation) with the call's arguments; sinks_of(N) gives m's softmax_offset (1, N, 1, 1), called with
+  'learnable' only."""
+  if getattr(query, "ndim", None) != 4 or m.num_heads not in (None, query.shape[2]):
+    want = "N" if m.num_heads is None else f"N={m.num_heads}"
+    raise ValueError(f"query: expected shape [B,T,{want},H], got shape {getattr(query, 'shape', type(query))}")
+  sinks = sinks_of(query.shape[2]) if learnable(m.softmax_type) else None
+  if m.dtype is not None:
+    query, key, value = (jnp.asarray(x, m.dtype) for x in (query, key, value))
+  return attend(
+    query,
+    key,
+    value,
+    sinks,
+    softmax_type=normalize_softmax_type(m.softmax_type),
+    scale=m.scale,
+    is_causal=m.is_causal or is_causal,
+    causal_alignment=causal_alignment or m.causal_alignment,
+    local_window_size=m.local_window_size,
+    implementation=m.implementation,
+    cache_lengths=cache_lengths,
+    return_residual=return_residual,
+    module=sow_module,
+    bias=bias,
+    mask=mask,
+    precision=precision,
     **arrays,
   )
 

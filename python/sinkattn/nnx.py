@@ -1,7 +1,10 @@
-"""flax.nnx modules around `sinkattn.dot_product_attention` (the twins of `sinkattn.flax`).
+"""flax.nnx modules around `sinkattn.dot_product_attention` (the twins of `sinkattn.flax`). Every mask is
+jax.nn's and Flax's: True = attend.
 
-- `DotProductAttention(num_heads, softmax_type=...)`: with 'learnable' it owns `softmax_offset`, an
-  nnx.Param (1, N, 1, 1) fp32, zeros init, sharding metadata `out_sharding=(None, 'heads', None, None)`.
+- `DotProductAttention(num_heads=None, softmax_type=..., ...)`, called `(query, key, value, bias=None,
+  mask=None, *, ...)`: the same constructor and call as sinkattn.flax.DotProductAttention. With 'learnable' it
+  owns `softmax_offset`, an nnx.Param (1, N, 1, 1) fp32, zeros init, sharding metadata
+  `out_sharding=(None, 'heads', None, None)`.
 - `MultiHeadAttention(num_heads, in_features, qkv_features, out_features, num_kv_heads, in_kv_features, ...)`:
   flax.nnx.MultiHeadAttention's constructor (in its order) and call, LinearGeneral projections 'query', 'key',
   'value', 'out' (a Flax state loads), the core as 'attention', GQA, RoPE, sinks, a KV cache (`init_cache`).
@@ -254,7 +257,7 @@ class MultiHeadAttention(nnx.Module):
       key_value_seq_lengths: [B] int.
       query_segment_ids: [B,T] int.
       key_value_segment_ids: [B,S] int.
-      return_residual: also return lse [B,N,T] fp32.
+      return_residual: also return lse [B,T,N] fp32.
 
     Returns:
       [B,T,out_features] (and lse with return_residual=True).

@@ -13,6 +13,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from . import _lib, _routing, _validate, partitioning, reference
 from ._enums import dtype_code
+from ._inputs import Inputs, lse_public
 from ._validate import ArrayLike, Window
 
 
@@ -28,20 +29,18 @@ def _statics(o: _validate.Options):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fused(o, q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos):
-  out, lse = partitioning.attn_fwd(
-    q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos, **_statics(o)
-  )
-  return (out, lse) if o.return_residual else out
+def _fused(o, x: Inputs):
+  """-> (out, lse [B,N,T]); lse unused by the caller costs no backward work (a symbolic zero cotangent)."""
+  return partitioning.attn_fwd(x, **_statics(o))
 
 
-def _fused_fwd(o, *primals):
-  # symbolic_zeros: each primal comes with `perturbed`, so a bias that is not differentiated (a constant,
-  # or one computed from undifferentiated values) costs no dbias in the backward.
-  args = [None if p is None else p.value for p in primals]
-  out, lse = partitioning.attn_fwd(*args, **_statics(o))
-  want_dbias = () if args[8] is not None and primals[8].perturbed else None  # a static flag: () or None
-  return ((out, lse) if o.return_residual else out), (args, out, lse, want_dbias)
+def _fused_fwd(o, x):
+  # symbolic_zeros: each array of x comes as a CustomVJPPrimal with `perturbed`, so a bias that is not
+  # differentiated (a constant, or one computed from undifferentiated values) costs no dbias in the backward.
+  want_dbias = x.bias is not None and x.bias.perturbed
+  x = jax.tree.map(lambda p: p.value, x)
+  out, lse = partitioning.attn_fwd(x, **_statics(o))
+  return (out, lse), (x, out, lse, want_dbias)
 
 
 def _typed_like(g, x):
@@ -57,43 +56,42 @@ def _typed_like(g, x):
 
 
 def _fused_bwd(o, res, ct):
-  args, out, lse, want_dbias = res
-  dout, dlse = ct if o.return_residual else (ct, None)
+  x, out, lse, want_dbias = res
+  dout, dlse = ct
   if isinstance(dlse, SymbolicZero):  # lse returned but not used
     dlse = None
   if isinstance(dout, SymbolicZero):
     dout = jnp.zeros(out.shape, out.dtype)
-  dq, dk, dv, dsinks, dbias = partitioning.attn_bwd(
-    *args, out, lse, dout, dlse, **_statics(o), want_dbias=want_dbias is not None
-  )
-  q, k, v, sinks, bias = args[0], args[1], args[2], args[3], args[8]
-  dsinks = dsinks if sinks is not None else None
-  dbias = None if dbias is None else dbias.astype(bias.dtype)
-  dq, dk, dv, dsinks, dbias = (_typed_like(g, x) for g, x in zip((dq, dk, dv, dsinks, dbias), (q, k, v, sinks, bias)))
-  return dq, dk, dv, dsinks, None, None, None, None, dbias, None, None, None
+  g = partitioning.attn_bwd(x, out, lse, dout, dlse, **_statics(o), want_dbias=want_dbias)
+  dsinks = g.dsinks if x.sinks is not None else None
+  dbias = None if g.dbias is None else g.dbias.astype(x.bias.dtype)
+  grads = Inputs(q=g.dq, k=g.dk, v=g.dv, sinks=dsinks, bias=dbias)
+  # None for the integer arrays and the mask: no cotangent
+  return (Inputs(*(None if d is None else _typed_like(d, p) for d, p in zip(grads, x))),)
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd, symbolic_zeros=True)
 
 
-def _cuda_reason(query, key, value):
-  """Why the CUDA kernels cannot take this dtype / shape (float32, a head dim outside 16..256), or None."""
-  (B, T, N, H), (S, K), Hv = query.shape, key.shape[1:3], value.shape[3]
+def _cuda_reason(x: Inputs):
+  """Why the CUDA kernels cannot take this call (its dtype, a head dim, an input they lack: the library says
+  which), or None."""
+  (B, T, N, H), (S, K), Hv = x.q.shape, x.k.shape[1:3], x.v.shape[3]
   try:
-    code = dtype_code(query.dtype)
+    code = dtype_code(x.q.dtype)
   except KeyError:
     return None
-  ok, why = _lib.cuda_supported(code, B, T, S, N, K, H, Hv)
+  ok, why = _lib.cuda_supported(
+    code, B, T, S, N, K, H, Hv, bias=x.bias is not None, mask=x.mask is not None, positions=x.q_pos is not None
+  )
   return None if ok else why
 
 
-def _sow_weights(module, c: _validate.Checked, query, key, sinks):
+def _sow_weights(module, c: _validate.Checked):
   """What Flax's own attention does with `module` (given when the caller asks to sow): store the attention
   probabilities [B,N,T,S] as 'attention_weights' in the module's intermediates (computed by the reference:
   the fused kernels never hold them)."""
-  w = reference.weights(
-    query, key, sinks, c.q_lens, c.kv_lens, c.q_seg, c.kv_seg, c.bias, c.mask, c.q_pos, c.kv_pos, **_statics(c.opts)
-  )
+  w = reference.weights(c.inputs, **_statics(c.opts))
   from flax import nnx  # only a Flax module reaches this point
 
   collection = nnx.Intermediate if isinstance(module, nnx.Module) else "intermediates"
@@ -104,23 +102,23 @@ def dot_product_attention(
   query: ArrayLike,
   key: ArrayLike,
   value: ArrayLike,
-  sinks: Optional[ArrayLike] = None,
-  *,
-  softmax_type: Optional[str] = None,
-  scale: Optional[float] = None,
-  is_causal: bool = False,
-  causal_alignment: str = "top_left",
-  local_window_size: Window = None,
-  query_seq_lengths: Optional[ArrayLike] = None,
-  key_value_seq_lengths: Optional[ArrayLike] = None,
-  query_segment_ids: Optional[ArrayLike] = None,
-  key_value_segment_ids: Optional[ArrayLike] = None,
   bias: Optional[ArrayLike] = None,
   mask: Optional[ArrayLike] = None,
+  *,
+  scale: Optional[float] = None,
+  is_causal: bool = False,
+  query_seq_lengths: Optional[ArrayLike] = None,
+  key_value_seq_lengths: Optional[ArrayLike] = None,
+  local_window_size: Window = None,
+  implementation: Optional[str] = None,
+  return_residual: bool = False,
+  sinks: Optional[ArrayLike] = None,
+  softmax_type: Optional[str] = None,
+  causal_alignment: str = "top_left",
+  query_segment_ids: Optional[ArrayLike] = None,
+  key_value_segment_ids: Optional[ArrayLike] = None,
   query_positions: Optional[ArrayLike] = None,
   key_value_positions: Optional[ArrayLike] = None,
-  return_residual: bool = False,
-  implementation: Optional[str] = None,
   dropout_rng: Optional[ArrayLike] = None,
   dropout_rate: float = 0.0,
   broadcast_dropout: bool = True,
@@ -132,14 +130,27 @@ def dot_product_attention(
   qk_attn_weights_einsum: Any = None,
   attn_weights_value_einsum: Any = None,
 ) -> Union[jax.Array, Tuple[jax.Array, jax.Array]]:
-  """Scaled dot-product attention with attention sinks (layout BTNH, like jax.nn.dot_product_attention).
+  """Scaled dot-product attention with attention sinks: jax.nn.dot_product_attention's arguments, in its order
+  and with its meaning, then sinkattn's as keywords.
 
   For each batch b, query head n and row i:
   lse_i = log(sum_j exp(s_ij) + exp(a_n)), out_i = sum_j exp(s_ij - lse_i) v_j, with
   s_ij = scale * q_i . k_j + bias[b, n, i, j] over the valid keys j, and the sink logit a_n = -inf
   ('vanilla'), 0 ('off_by_one') or sinks[n] ('learnable'; float32, not scaled, not biased). Query head n
-  reads kv head n // (N // K). A row with no valid key (or a -inf bias on every key) gives out 0 and
-  lse = a_n; jax.nn and Flax give such a row the mean of the values instead.
+  reads kv head n // (N // K).
+
+  Replacing jax.nn.dot_product_attention by this function changes no number of a call jax.nn accepts, with
+  these exceptions, each either refused with an error naming the argument or a documented difference:
+  - a row with no valid key (every key masked, or every key past key_value_seq_lengths, or a query row past
+    query_seq_lengths): out 0 and lse = a_n (-inf for 'vanilla'). jax.nn gives such a row the mean of the
+    values its mask hides (0 past query_seq_lengths) and lse -0.7 * float32 max + log(S): a value hidden by a
+    mask never reaches an output here.
+  - lse is float32 (jax.nn rounds it to the input dtype) and differentiable (jax.nn stops its gradient: wrap
+    it in jax.lax.stop_gradient for jax.nn's gradients).
+  - refused: a negative local_window_size side (jax.nn shifts the window off the diagonal; None is an
+    unbounded side here), a traced or zero scale, a bool or integer bias, ranks other than jax.nn documents.
+  Beyond jax.nn: a mask may be numeric (nonzero = attend, as Flax builds masks), value may have its own
+  head dim Hv, lengths may be any integer dtype.
 
   The function also serves as the `attention_fn` of flax.linen.MultiHeadDotProductAttention and
   flax.nnx.MultiHeadAttention: it declares every argument they pass. dropout_rng, broadcast_dropout and
@@ -148,45 +159,50 @@ def dot_product_attention(
   (products of the input dtype accumulated in float32, the softmax in float32); a custom einsum raises.
 
   Args:
-    query: [B,T,N,H], float32, float16 or bfloat16 (float64 with implementation='reference').
-    key: [B,S,K,H] in query's dtype; K divides N.
-    value: [B,S,K,Hv] in query's dtype.
+    query: [B,T,N,H] (or [T,N,H], as jax.nn), float32, float16 or bfloat16 (float64 with
+      implementation='reference').
+    key: [B,S,K,H] (or [S,K,H]) in query's dtype; K divides N.
+    value: [B,S,K,Hv] (or [S,K,Hv]) in query's dtype.
+    bias: added to the scaled logits; broadcastable to [B,N,T,S] (rank 4, each dim 1 or full; a lower rank
+      gets leading size-1 axes, as jax.nn); float32, float16 or bfloat16. Its gradient comes back reduced to
+      its shape and dtype, and is computed only when the bias is differentiated.
+    mask: broadcastable to [B,N,T,S] like bias; bool True = attend, or numeric nonzero = attend (as Flax's
+      make_causal_mask / make_attention_mask build it; NaN counts as nonzero). A masked key is absent: no
+      value of it (NaN and infinities included) reaches the output of a row that sees another key.
+    scale: logit scale (static float); default 1/sqrt(H).
+    is_causal: mask keys after the aligned diagonal (top-left by default, as jax.nn).
+    query_seq_lengths: [B] int: valid query rows (padding at the end; clamped to [0, T]); the others give 0.
+    key_value_seq_lengths: [B] int: valid keys (clamped to [0, S]).
+    local_window_size: w (= (w, w)) or (left, right) around the aligned diagonal: key j is valid for row i
+      when i - left <= j <= i + right (jax.nn's window); None: unbounded (a side None: that side unbounded).
+    implementation: None (the fused kernel of the platform; env SINKATTN_IMPLEMENTATION=reference picks
+      the reference), 'fused', 'reference' or 'xla' (the pure jnp twin, O(T*S) memory: tells a kernel bug
+      from a model bug), 'cudnn' (the CUDA kernels; an error where they cannot run). On GPU, what the CUDA
+      kernels do not take (the library says which: float32 inputs, head dims other than
+      16/32/64/96/128/192/256, and for now a bias, mask or positions) runs the reference, with one warning
+      naming the reason.
+    return_residual: also return lse [B,T,N] float32 (jax.nn's layout; it includes the sink).
     sinks: [N] or [1,N,1,1] (Transformer Engine's softmax_offset shape), any float dtype; the gradient
       comes back in its shape and dtype.
     softmax_type: 'vanilla', 'off_by_one' (alias 'off-by-one') or 'learnable'; None: 'learnable' when
       sinks is given, else 'vanilla'.
-    scale: logit scale (static float); default 1/sqrt(H).
-    is_causal: mask keys after the aligned diagonal.
     causal_alignment: 'top_left' (j <= i) or 'bottom_right' (j <= i + kv_len - q_len: the last query sees
       the last key).
-    local_window_size: w (= (w, w)) or (left, right) around that diagonal; None or -1: unbounded side.
-    query_seq_lengths: [B] int: valid query rows (padding at the end; clamped to [0, T]).
-    key_value_seq_lengths: [B] int: valid keys (clamped to [0, S]).
     query_segment_ids: [B,T] int; with key_value_segment_ids [B,S] int: packed documents, a query sees
       only the keys of its segment.
     key_value_segment_ids: see query_segment_ids.
-    bias: added to the scaled logits; rank 4, broadcastable to [B,N,T,S] (each dim 1 or full); float32,
-      float16 or bfloat16. Its gradient comes back reduced to its shape and dtype, and is computed only
-      when the bias is differentiated.
-    mask: rank 4, broadcastable to [B,N,T,S]; bool True = attend, or numeric nonzero = attend (as Flax's
-      make_causal_mask / make_attention_mask build it; NaN counts as nonzero).
     query_positions: [B,T] int, with key_value_positions [B,S] int (Transformer Engine's segment_pos):
       the causal and window masks compare positions instead of indices (key j valid for row i when
       kv_pos[j] <= q_pos[i], and within [q_pos[i] - left, q_pos[i] + right] with a window). They need
       is_causal or a window, and top-left alignment.
     key_value_positions: see query_positions.
-    return_residual: also return lse [B,N,T] float32 (it includes the sink).
-    implementation: None (the fused kernel of the platform; env SINKATTN_IMPLEMENTATION=reference picks
-      the reference), 'fused', 'reference' or 'xla' (the pure jnp twin, O(T*S) memory: tells a kernel bug
-      from a model bug), 'cudnn' (the CUDA kernels; an error where they cannot run). On GPU, what the CUDA
-      kernels do not take (float32 inputs, head dims other than 16/32/64/96/128/192/256, and for now any
-      bias, mask or positions) runs the reference, with one warning naming the reason.
     dropout_rng: Flax's; used only with dropout (not implemented).
     dropout_rate: Flax's; 0.0, or any rate with deterministic=True.
     broadcast_dropout: Flax's; used only with dropout.
     deterministic: Flax's; True turns dropout off.
     dtype: Flax's computation dtype: query, key and value are cast to it first (None keeps theirs).
-    precision: Flax's; None, a jax.lax.Precision or its name (met by every path).
+    precision: Flax's; None, a jax.lax.Precision, its name or a pair of them (met by every path); anything
+      else raises.
     module: Flax's: the module to sow the attention weights [B,N,T,S] into ('intermediates' /
       nnx.Intermediate, name 'attention_weights'), computed by the reference.
     force_fp32_for_softmax: Flax's; the softmax is always float32.
@@ -194,14 +210,13 @@ def dot_product_attention(
     attn_weights_value_einsum: Flax's; must be None.
 
   Returns:
-    out [B,T,N,Hv] in query's dtype, or (out, lse [B,N,T] float32) with return_residual=True.
-    Differentiable in query, key, value, sinks and bias, and through lse.
+    out [B,T,N,Hv] in query's dtype, or (out, lse [B,T,N] float32) with return_residual=True ([T,N,Hv] and
+    [T,N] for a rank-3 query). Differentiable in query, key, value, sinks and bias, and through lse.
 
   Raises:
     ValueError / TypeError: an argument with a wrong shape, dtype or value (the message names it, the
       shape seen and the one expected), at trace time.
-    NotImplementedError: dropout, a custom einsum, or implementation='fused' with bias / mask / positions
-      in a library built without them.
+    NotImplementedError: dropout, a custom einsum.
     RuntimeError: implementation='fused' / 'cudnn' where that kernel cannot run.
   """
   impl = _validate.implementation(implementation)
@@ -215,14 +230,14 @@ def dot_product_attention(
     attn_weights_value_einsum=attn_weights_value_einsum,
   )
   del dropout_rng  # used only with dropout, refused above
+  query, key, value, bias, mask, squeeze = _validate.as_rank4(query, key, value, bias, mask)
   if dtype is not None:
     query, key, value = (x.astype(dtype) if hasattr(x, "astype") else x for x in (query, key, value))
-  ref = impl == "reference"
   c = _validate.arguments(
     query,
     key,
     value,
-    sinks,
+    sinks=sinks,
     softmax_type=softmax_type,
     scale=scale,
     is_causal=is_causal,
@@ -237,30 +252,21 @@ def dot_product_attention(
     query_positions=query_positions,
     key_value_positions=key_value_positions,
     return_residual=return_residual,
-    allow_f64=ref,
+    allow_f64=impl == "reference",
   )
   o = c.opts
-  # Sinks enter the kernels as float32 [N]; autodiff of this reshape/cast returns the gradient in the
-  # caller's shape and dtype.
-  sink_dtype = jnp.promote_types(c.sinks.dtype, jnp.float32) if ref and c.sinks is not None else jnp.float32
-  s32 = None if c.sinks is None else c.sinks.reshape(query.shape[2]).astype(sink_dtype)
-  args = (query, key, value, s32, c.q_lens, c.kv_lens, c.q_seg, c.kv_seg, c.bias, c.mask, c.q_pos, c.kv_pos)
-
-  def ref_path(*a):
-    out, lse = reference.attention(*a, **_statics(o))
-    return (out, lse) if o.return_residual else out
-
-  features = [n for n, x in (("bias", c.bias), ("mask", c.mask), ("query_positions", c.q_pos)) if x is not None]
-  result = _routing.run(
+  out, lse = _routing.run(
     impl,
     query,
-    args,
+    c.inputs,
     op="dot_product_attention",
-    fused=lambda *a: _fused(o, *a),
-    reference=ref_path,
-    features=features,
-    cuda_reason=lambda: _cuda_reason(query, key, value),
+    fused=lambda x: _fused(o, x),
+    reference=lambda x: reference.attention(x, **_statics(o)),
+    cuda_reason=lambda: _cuda_reason(c.inputs),
   )
   if module is not None:
-    _sow_weights(module, c, query, key, s32)
-  return result
+    _sow_weights(module, c)
+  lse = lse_public(lse)
+  if squeeze:
+    out, lse = out[0], lse[0]
+  return (out, lse) if o.return_residual else out

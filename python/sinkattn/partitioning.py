@@ -47,15 +47,29 @@ from jax.sharding import PartitionSpec as P
 
 from . import primitives
 from ._enums import Softmax
+from ._inputs import GRAD_OF, Grads, Inputs
 
-# Logical dims of every operand / result, in primitive argument order. A bias / mask entry names the array:
-# its dims depend on its shape (`_broadcast_dims`), and dbias has bias's.
-_FWD_IN = ("b t n h", "b s k h", "b s k e", "n", "b", "b", "b t", "b s", "bias", "mask", "b t", "b s")
-_FWD_OUT = ("b t n e", "b n t")
-_BWD_IN = _FWD_IN + ("b t n e", "b n t", "b t n e", "b n t")  # out lse dout dlse
-_BWD_OUT = ("b t n h", "b s k h", "b s k e", "n", "bias")  # dq dk dv dsinks dbias
-_GRAD_OF = (0, 1, 2, 3, 8)  # the forward input each backward result is the gradient of
+# Logical dims of every operand / result. A bias / mask entry names the array: its dims depend on its shape
+# (`_broadcast_dims`), and dbias has bias's.
+_FWD_IN = Inputs(
+  q="b t n h",
+  k="b s k h",
+  v="b s k e",
+  sinks="n",
+  q_lens="b",
+  kv_lens="b",
+  q_seg="b t",
+  kv_seg="b s",
+  bias="bias",
+  mask="mask",
+  q_pos="b t",
+  kv_pos="b s",
+)
+_FWD_OUT = ("b t n e", "b n t")  # out lse
+_BWD_EXTRA = ("b t n e", "b n t", "b t n e", "b n t")  # the backward's inputs after Inputs: out lse dout dlse
+_BWD_OUT = Grads(dq="b t n h", dk="b s k h", dv="b s k e", dsinks="n", dbias="bias")
 _REPLICATED = ("t", "s", "h", "e")
+_NIN = len(Inputs._fields)
 
 
 def _broadcast_dims(name, shape, full):
@@ -64,15 +78,17 @@ def _broadcast_dims(name, shape, full):
   return " ".join(d if n == f else f"{name}_{d}" for d, n, f in zip("bnts", shape, full))
 
 
-def _layout(kind, args, want_dbias):
-  """(dims of each argument, None where absent; dims of each result, None where not returned)."""
-  B, T, N, _ = args[0].shape
-  full = (B, N, T, args[1].shape[1])
+def _layout(kind, x: Inputs, extra, want_dbias):
+  """(dims of each argument: Inputs' fields, then the backward's `extra` (out lse dout dlse), None where absent;
+  dims of each result, None where not returned)."""
+  B, T, N, _ = x.q.shape
+  full = (B, N, T, x.k.shape[1])
   named = lambda d, a: _broadcast_dims(d, a.shape, full) if d in ("bias", "mask") else d  # noqa: E731
-  dims_in = tuple(None if a is None else named(d, a) for d, a in zip(_FWD_IN if kind == "fwd" else _BWD_IN, args))
+  dims = Inputs(*(None if a is None else named(d, a) for d, a in zip(_FWD_IN, x)))
   if kind == "fwd":
-    return dims_in, _FWD_OUT
-  return dims_in, _BWD_OUT[:4] + (dims_in[8] if want_dbias else None,)
+    return tuple(dims), _FWD_OUT
+  extra_dims = tuple(None if a is None else d for d, a in zip(_BWD_EXTRA, extra))
+  return tuple(dims) + extra_dims, tuple(_BWD_OUT._replace(dbias=dims.bias if want_dbias else None))
 
 
 def _axes(entry):
@@ -139,38 +155,50 @@ def _fill(dims, args):
   return [None if d is None else next(it) for d in dims]
 
 
+def _present_outs(outs):
+  return tuple(o for o in outs if o is not None)
+
+
 def _raw(kind, dims_in, statics, *args):
   """The primitive on the present arguments; -> its present results."""
   full = _fill(dims_in, args)
-  outs = primitives.attn_fwd(*full, **dict(statics)) if kind == "fwd" else primitives.attn_bwd(*full, **dict(statics))
-  return tuple(o for o in outs if o is not None)
+  x, extra = Inputs(*full[:_NIN]), full[_NIN:]
+  if kind == "fwd":
+    return _present_outs(primitives.attn_fwd(x, **dict(statics)))
+  return _present_outs(primitives.attn_bwd(x, *extra, **dict(statics)))
 
 
 def _local(kind, dims_in, dims_out, statics, mesh, plan, kv_heads, *args):
   """The call on one shard's block of a `plan` (under partition() or shard_map, axes manual)."""
   batch, qheads, kvheads = plan
   split = bool(qheads) and not kvheads
+  full = _fill(dims_in, args)
+  x = Inputs(*full[:_NIN])
   if split:  # this shard's q heads all read kv head `kvh`: run on that head alone
     shard = 0
     for a in qheads:
       shard = shard * mesh.shape[a] + jax.lax.axis_index(a)
     kvh = shard // (_size(mesh, qheads) // kv_heads)
-    args = (args[0],) + tuple(jax.lax.dynamic_slice_in_dim(x, kvh, 1, 2) for x in args[1:3]) + args[3:]
-  outs = list(_raw(kind, dims_in, statics, *args))
+    x = x._replace(k=jax.lax.dynamic_slice_in_dim(x.k, kvh, 1, 2), v=jax.lax.dynamic_slice_in_dim(x.v, kvh, 1, 2))
+  args = [a for a in tuple(x) + tuple(full[_NIN:]) if a is not None]
+  outs = _raw(kind, dims_in, statics, *args)
   if kind == "fwd":
-    return tuple(outs)
+    return outs
+  g = Grads(*_fill(dims_out, outs))
   if split:  # put dk/dv back at kv head kvh, summed over the group's shards
-    for i in (1, 2):
-      x = outs[i]
-      full = jnp.zeros(x.shape[:2] + (kv_heads,) + x.shape[3:], x.dtype)
-      outs[i] = jax.lax.psum(jax.lax.dynamic_update_slice_in_dim(full, x, kvh, 2), qheads)
+
+    def home(d):
+      whole = jnp.zeros(d.shape[:2] + (kv_heads,) + d.shape[3:], d.dtype)
+      return jax.lax.psum(jax.lax.dynamic_update_slice_in_dim(whole, d, kvh, 2), qheads)
+
+    g = g._replace(dk=home(g.dk), dv=home(g.dv))
   if dict(statics)["softmax"] == Softmax.LEARNABLE and batch:
-    outs[3] = jax.lax.psum(outs[3], batch)
-  if dims_out[4] is not None:  # dbias: summed over the mesh axes of the dims it is broadcast over
-    words = dims_out[4].split()
+    g = g._replace(dsinks=jax.lax.psum(g.dsinks, batch))
+  if g.dbias is not None:  # summed over the mesh axes of the dims it is broadcast over
+    words = Grads(*dims_out).dbias.split()
     axes = (batch if words[0] != "b" else ()) + (qheads if words[1] != "n" else ())
-    outs[4] = jax.lax.psum(outs[4], axes) if axes else outs[4]
-  return tuple(outs)
+    g = g._replace(dbias=jax.lax.psum(g.dbias, axes) if axes else g.dbias)
+  return _present_outs(g)
 
 
 @functools.lru_cache(maxsize=None)
@@ -180,13 +208,18 @@ def _build(kind, dims_in, dims_out, statics):
   def fn(*args):
     return _raw(kind, dims_in, statics, *args)
 
+  def q_and_k(arg_shapes):  # of the present arguments
+    x = Inputs(*_fill(dims_in, arg_shapes)[:_NIN])
+    return x.q, x.k
+
   def partition(mesh, arg_shapes, result_shape):
-    plan = _plan(mesh, arg_shapes[0], arg_shapes[1])
-    lower = functools.partial(_local, kind, dims_in, dims_out, statics, mesh, plan, arg_shapes[1].shape[2])
+    q, k = q_and_k(arg_shapes)
+    plan = _plan(mesh, q, k)
+    lower = functools.partial(_local, kind, dims_in, dims_out, statics, mesh, plan, k.shape[2])
     return mesh, lower, _shardings(mesh, plan, dims_out), _shardings(mesh, plan, dims_in)
 
   def infer(mesh, arg_shapes, result_shape):
-    return _shardings(mesh, _plan(mesh, arg_shapes[0], arg_shapes[1]), dims_out)
+    return _shardings(mesh, _plan(mesh, *q_and_k(arg_shapes)), dims_out)
 
   rule, replicated = _rule(dims_in, dims_out)
   cp = custom_partitioning(fn)
@@ -235,13 +268,13 @@ def _explicit_mesh(x):
   return mesh
 
 
-def _call_explicit(kind, dims_in, dims_out, statics, mesh, args):
+def _call_explicit(kind, dims_in, dims_out, statics, mesh, x: Inputs, args):
   """Under an Explicit mesh the operands' types name their shardings at trace time, so the plan is made
   here and the call runs under shard_map: results typed by the plan (custom_partitioning would type them
   from the unpartitioned call, replicated, and XLA would all-gather them), and no psum inside a
   partitioning callback (jax 0.11 lowers its reducer with a sharding annotation that XLA:CPU rejects:
   'Unsupported reduction computation')."""
-  q, k = jax.typeof(args[0]), jax.typeof(args[1])
+  q, k = jax.typeof(x.q), jax.typeof(x.k)
   plan = _plan(mesh, q, k)
   in_specs = tuple(_spec(d, *plan) for d in _present(dims_in))
   out_specs = tuple(_spec(d, *plan) for d in _present(dims_out))
@@ -263,15 +296,15 @@ def _explicit_fn(kind, dims_in, dims_out, statics, mesh, plan, kv_heads, in_spec
   return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
 
 
-def _call(kind, args, statics):
-  """The partitioned call of primitive `kind` on its full argument list (None = absent); -> its results
-  (None where not returned)."""
-  dims_in, dims_out = _layout(kind, args, dict(statics).get("want_dbias", False))
+def _call(kind, x: Inputs, extra, statics):
+  """The partitioned call of primitive `kind` on its inputs x and, for the backward, extra = (out, lse, dout,
+  dlse) (None = absent); -> its results (None where not returned)."""
+  dims_in, dims_out = _layout(kind, x, extra, dict(statics).get("want_dbias", False))
   statics = tuple(sorted(statics.items()))
-  present = [a for a in args if a is not None]
-  mesh = _explicit_mesh(args[0])
+  present = [a for a in tuple(x) + tuple(extra) if a is not None]
+  mesh = _explicit_mesh(x.q)
   if mesh is not None:
-    return tuple(_fill(dims_out, _call_explicit(kind, dims_in, dims_out, statics, mesh, present)))
+    return tuple(_fill(dims_out, _call_explicit(kind, dims_in, dims_out, statics, mesh, x, present)))
   outs = _build(kind, dims_in, dims_out, statics)(*present)
   # Inside shard_map an FFI call's results are typed as varying over no axis. Type them like their
   # inputs, so that custom_vjp and lax.switch accept them; a gradient of an input that varies over
@@ -280,33 +313,13 @@ def _call(kind, args, statics):
   if axes:
     outs = tuple(to_varying(o, axes) for o in outs)
     if kind == "bwd":
-      owners = [args[i] for i, d in zip(_GRAD_OF, dims_out) if d is not None]
+      owners = [getattr(x, name) for name, d in zip(GRAD_OF, dims_out) if d is not None]
       sums = [axes - vma(x) if x is not None else frozenset() for x in owners]
       outs = tuple(jax.lax.psum(o, tuple(sorted(a, key=str))) if a else o for o, a in zip(outs, sums))
   return tuple(_fill(dims_out, outs))
 
 
-def attn_fwd(
-  q,
-  k,
-  v,
-  sinks,
-  q_lens,
-  kv_lens,
-  q_seg,
-  kv_seg,
-  bias=None,
-  mask=None,
-  q_pos=None,
-  kv_pos=None,
-  *,
-  softmax,
-  causal,
-  window_left,
-  window_right,
-  diag_offset,
-  scale,
-):
+def attn_fwd(x: Inputs, *, softmax, causal, window_left, window_right, diag_offset, scale):
   """primitives.attn_fwd, partitioned over batch and heads: -> (out [B,T,N,Hv], lse [B,N,T] fp32)."""
   statics = dict(
     softmax=softmax,
@@ -316,22 +329,11 @@ def attn_fwd(
     diag_offset=diag_offset,
     scale=scale,
   )
-  return _call("fwd", (q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos), statics)
+  return _call("fwd", x, (), statics)
 
 
 def attn_bwd(
-  q,
-  k,
-  v,
-  sinks,
-  q_lens,
-  kv_lens,
-  q_seg,
-  kv_seg,
-  bias,
-  mask,
-  q_pos,
-  kv_pos,
+  x: Inputs,
   out,
   lse,
   dout,
@@ -344,10 +346,9 @@ def attn_bwd(
   diag_offset,
   scale,
   want_dbias=False,
-  deterministic=True,
-):
-  """primitives.attn_bwd, partitioned over batch and heads: -> (dq, dk, dv, dsinks, dbias or None); dsinks
-  (and dbias over its broadcast dims) summed over the sharded mesh axes."""
+) -> Grads:
+  """primitives.attn_bwd, partitioned over batch and heads: -> Grads (dbias None unless want_dbias); dsinks (and
+  dbias over its broadcast dims) summed over the sharded mesh axes."""
   statics = dict(
     softmax=softmax,
     causal=causal,
@@ -356,7 +357,5 @@ def attn_bwd(
     diag_offset=diag_offset,
     scale=scale,
     want_dbias=bool(want_dbias),
-    deterministic=deterministic,
   )
-  args = (q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos, out, lse, dout, dlse)
-  return _call("bwd", args, statics)
+  return Grads(*_call("bwd", x, (out, lse, dout, dlse), statics))

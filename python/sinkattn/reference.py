@@ -1,4 +1,5 @@
-"""Pure jnp attention with sinks: the twin of the fused kernels, same arguments as primitives.attn_fwd.
+"""Pure jnp attention with sinks: the twin of the fused kernels, same arguments as primitives.attn_fwd (the
+inputs as one `_inputs.Inputs`).
 
 It materialises the [B,N,T,S] scores (O(T*S) memory), accumulates in float32 (float64 for float64 input)
 and is differentiated by JAX autodiff (the bias gradient comes back reduced to bias's shape and dtype).
@@ -8,6 +9,12 @@ against kv_pos[j] when positions are given; bias added to the scaled logits; mas
 with no valid key (or -inf bias on every key) gives out = 0 and lse = the sink logit (-inf for vanilla);
 neither the values nor the gradients are ever NaN for finite inputs (every exp/log sees a finite argument
 or an explicit -inf that masks to 0).
+
+Masked means absent: every mask (lengths, causal, window, segments, positions, the mask array) removes a logit by
+selection (jnp.where), never by adding a large negative number, so a NaN or an infinity in a key (or a bias
+element) that a mask hides cannot reach any output. Keys and values past the lengths are zeroed the same way,
+so padding reaches no product at all. A value row hidden by the other masks still meets its probability 0 in
+P V, as in jax.nn (0 * NaN is NaN there too).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from ._enums import Causal, Softmax
+from ._inputs import Inputs
 
 # On GPU an f32 product defaults to TF32 (~1e-3 error), too coarse for a reference.
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -62,17 +70,7 @@ def _heads5(x, K, G):
 
 
 def _probabilities(
-  q,
-  k,
-  sinks,
-  q_lens,
-  kv_lens,
-  q_seg,
-  kv_seg,
-  bias,
-  mask,
-  q_pos,
-  kv_pos,
+  x: Inputs,
   *,
   softmax,
   causal,
@@ -82,35 +80,35 @@ def _probabilities(
   scale,
 ):
   """-> (p [B,K,G,T,S], lse [B,K,G,T]) in the compute dtype (float32, or float64 for float64 inputs)."""
-  B, T, N, H = q.shape
-  _, S, K, _ = k.shape
+  B, T, N, H = x.q.shape
+  _, S, K, _ = x.k.shape
   G = N // K
-  f32 = jnp.promote_types(q.dtype, jnp.float32).type
-  qf = q.astype(f32).reshape(B, T, K, G, H)
-  kf = k.astype(f32)
-  if kv_lens is not None:  # padding never reaches a result: 0 * NaN in P.V or dS.K would
-    kf = jnp.where(_key_valid(kv_lens, S), kf, 0)
+  f32 = jnp.promote_types(x.q.dtype, jnp.float32).type
+  qf = x.q.astype(f32).reshape(B, T, K, G, H)
+  kf = x.k.astype(f32)
+  if x.kv_lens is not None:  # padding never reaches a result: 0 * NaN in P.V or dS.K would
+    kf = jnp.where(_key_valid(x.kv_lens, S), kf, 0)
   s = jnp.einsum("btkgh,bskh->bkgts", qf, kf, precision=_HIGHEST) * f32(scale)  # [B,K,G,T,S]
-  if bias is not None:
-    s = s + _heads5(bias, K, G).astype(jnp.promote_types(bias.dtype, f32))
+  if x.bias is not None:
+    s = s + _heads5(x.bias, K, G).astype(jnp.promote_types(x.bias.dtype, f32))
   ok = valid(
     B,
     T,
     S,
-    q_lens,
-    kv_lens,
-    q_seg,
-    kv_seg,
-    q_pos,
-    kv_pos,
+    x.q_lens,
+    x.kv_lens,
+    x.q_seg,
+    x.kv_seg,
+    x.q_pos,
+    x.kv_pos,
     causal=causal,
     window_left=window_left,
     window_right=window_right,
     diag_offset=diag_offset,
   )[:, None, None]  # [B,1,1,T,S]
-  if mask is not None:
-    ok = ok & _heads5(mask.astype(bool), K, G)
-  a = sink_logits(N, sinks, softmax).astype(s.dtype).reshape(1, K, G, 1)  # [1,K,G,1]
+  if x.mask is not None:
+    ok = ok & _heads5(x.mask.astype(bool), K, G)
+  a = sink_logits(N, x.sinks, softmax).astype(s.dtype).reshape(1, K, G, 1)  # [1,K,G,1]
   # Running max seeded with the sink (so huge sinks and empty rows stay finite); it cancels exactly in
   # lse and p, so no gradient flows through it.
   # (initial=-inf: with S = 0 every row is empty, and max of a zero-size axis needs a start value.)
@@ -128,32 +126,26 @@ def _key_valid(kv_lens, S):
   return (jnp.arange(S)[None, :] < jnp.clip(kv_lens.astype(jnp.int32), 0, S)[:, None])[:, :, None, None]
 
 
-def attention(q, k, v, sinks, *arrays, **statics):
-  """primitives.attn_fwd's arguments: q, k, v, sinks, q_lens, kv_lens, q_seg, kv_seg, [bias, mask, q_pos, kv_pos]
-  (None = absent) and the keywords softmax, causal, window_left, window_right, diag_offset, scale.
+def attention(x: Inputs, **statics):
+  """primitives.attn_fwd's arguments: the inputs x and the keywords softmax, causal, window_left, window_right,
+  diag_offset, scale.
 
   Returns:
     (out [B,T,N,Hv] in q's dtype, lse [B,N,T] float32, float64 for float64 inputs).
   """
-  B, T, N, _ = q.shape
-  _, S, K, Hv = v.shape
-  p, lse = _probabilities(q, k, sinks, *_padded(arrays), **statics)
-  vf = v.astype(p.dtype)
-  kv_lens = arrays[1]
-  if kv_lens is not None:
-    vf = jnp.where(_key_valid(kv_lens, S), vf, 0)
+  B, T, N, _ = x.q.shape
+  _, S, K, Hv = x.v.shape
+  p, lse = _probabilities(x, **statics)
+  vf = x.v.astype(p.dtype)
+  if x.kv_lens is not None:
+    vf = jnp.where(_key_valid(x.kv_lens, S), vf, 0)
   out = jnp.einsum("bkgts,bske->btkge", p, vf, precision=_HIGHEST).reshape(B, T, N, Hv)
-  return out.astype(q.dtype), lse.reshape(B, N, T)
+  return out.astype(x.q.dtype), lse.reshape(B, N, T)
 
 
-def weights(q, k, sinks, *arrays, **statics):
+def weights(x: Inputs, **statics):
   """The attention probabilities p [B,N,T,S] in q's dtype (each row sums to 1 - the sink's share; 0 where
-  masked), e.g. for a Flax module that sows its attention weights; arguments as attention's, without v."""
-  B, T, N, _ = q.shape
-  p, _ = _probabilities(q, k, sinks, *_padded(arrays), **statics)
-  return p.reshape(B, N, T, k.shape[1]).astype(q.dtype)
-
-
-def _padded(arrays):
-  """The 8 optional arrays of a call (lengths, segment ids, bias, mask, positions), None where not given."""
-  return tuple(arrays) + (None,) * (8 - len(arrays))
+  masked), e.g. for a Flax module that sows its attention weights; arguments as attention's (v unused)."""
+  B, T, N, _ = x.q.shape
+  p, _ = _probabilities(x, **statics)
+  return p.reshape(B, N, T, x.k.shape[1]).astype(x.q.dtype)

@@ -81,7 +81,10 @@ static double sa_cpu_flops(const sa_attn *a) {
 
 /* Every valid problem is supported: any head dims (padded in the tiles), G, dtype, mask and lengths. */
 sa_status sa_cpu_attn_supported(const sa_attn *a) {
-  (void)a;
+  if (a->logits_soft_cap != 0.0f)
+    return sa_error(SA_ERR_UNSUPPORTED,
+                    "logits_soft_cap unsupported by the CPU backend: its kernels do not take it yet "
+                    "(SA_BACKEND_REF does)");
   return SA_OK;
 }
 

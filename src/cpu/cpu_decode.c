@@ -23,6 +23,7 @@ static int64_t sa_cpu_decode_partial_floats(const sa_attn *a, const sa_cpu_plan 
 }
 
 sa_status sa_cpu_decode_supported(const sa_attn *a) {
+  if (a->logits_soft_cap != 0.0f) return sa_cpu_attn_supported(a); /* cpu.decode.fwd runs its kernels */
   if (a->q_segment_ids)
     return sa_error(SA_ERR_UNSUPPORTED,
                     "q_segment_ids/kv_segment_ids unsupported by the CPU decode "
@@ -163,7 +164,7 @@ sa_status sa_cpu_decode_fwd(const sa_attn *a, void *workspace, size_t workspace_
   sa_cpu_plan p;
   sa_status s = sa_cpu_plan_of(a, SA_PLAN_DECODE, &p);
   if (s != SA_OK) return s;
-  if (p.fwd_kernels) { /* bias, mask, positions (or forced): the attention forward, no partials */
+  if (p.fwd_kernels) { /* bias, mask, positions, soft-cap (or forced): the attention forward */
     int threads = 0;
     s = sa_cpu_attn_fwd_plan(a, &p, &threads);
     if (threads) sa_cpu_plan_ran(&p, a, threads);

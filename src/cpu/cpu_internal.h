@@ -17,7 +17,7 @@
 #include "sa_internal.h"
 
 /* Tile sizes, one table (measured on a 2-core AMD EPYC Zen 4, f32, T = S = 2048, H = 128, one thread,
-   per CPU second so that the shared machine's load does not enter; see bench/NOTES.md).
+   per CPU second so that the shared machine's load does not enter).
    SA_CPU_ROWS: query rows (G heads x positions) per forward / dq item, sharing each K/V tile. The K/V
      rows are converted once per item, so more rows mean fewer passes over K/V (each row of K/V sits on
      its own page): 64 -> 128 -> 256 rows gave 68% -> 72% -> 76% of the FMA peak without a mask.

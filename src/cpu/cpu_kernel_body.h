@@ -69,7 +69,7 @@ typedef struct {
    into tmp) as column r of the vector layer's fp32 tile, T_COL_CVT converts it first; the tile layer only
    records the row's address in rows, and STAGE_T packs the recorded rows into the tile layout once, straight
    from the bf16 input (tile_pack_b_t; through the fp32 tile and a scalar scatter per element, the q^T of a
-   forward item was 5% of the tile forward's non-product samples, T = S = 2048, N8 H128, 2026-12-04).
+   forward item is 5% of the tile forward's non-product samples, T = S = 2048, N8 H128).
    PRODUCT's st is that staging or NULL. LOAD_ROW brings one row of a per-tile input (K, V, q, dout) into its row buffer: fp32 for the
    vector layer, the bf16 as it is for the tile layer (cpu_tile_pack.h: same row starts, two per float),
    whose products with st take it as A and those without st as B (cpu_tile.h).
@@ -78,7 +78,7 @@ typedef struct {
    one FMA (EXP_ARG, nmu = -m); otherwise the product applies it and mul is 1. The vector layer's mul is
    always 1 and its EXP_ARG is s + (-m), bitwise s - m. Storing through the tiles' fp32 staging with alpha
    costs a load, a multiply and a store per score: 4-5% of the tile forward's non-product time (T = S =
-   2048, N8 H128, 2 threads, products emulated as no-ops on a Zen 4, 2026-12-04). */
+   2048, N8 H128, 2 threads, products emulated as no-ops on a Zen 4). */
 #ifdef SA_TILE
 #define QSCALE(c)                                           1.0f
 #define PSCALE(c)                                           ((c)->scale2)

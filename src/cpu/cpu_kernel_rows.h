@@ -58,8 +58,8 @@ static void prefetch_rows(const void *base, sa_dtype t, int64_t r0, int64_t n, i
 
 /* How far ahead (positions, or rows in the dq pass) an item asks for its q, dout and out rows while it
    converts them: each row is on its own lines (N * H elements apart), which the hardware prefetchers do not
-   follow; without it the q rows' misses were 6% of the tile forward's non-product samples (T = S = 2048,
-   N8 H128, 2026-12-04). */
+   follow; without it the q rows' misses are 6% of the tile forward's non-product samples (T = S = 2048,
+   N8 H128). */
 #define ROW_AHEAD 8
 
 /* Column col of the transposed tile dst[n x ld] from a converted row. */

@@ -38,7 +38,7 @@ static const sa_cpu_plan_kind sa_cpu_plan_kinds[] = {
        time of the vdpbf16ps item on 2 cores of a Xeon with AMX (gpt-oss N/K 64/8 H 64, B 1 and 8, S 256 to
        32k; docs/performance.md). Then the AVX-512 decode kernels (scores by vdpbf16ps straight from a bf16
        cache, or fp32 FMAs), and the portable C one, which the avx2 and scalar levels get; then the attention
-       forward's kernels, which take what those do not (a bias, a mask, positions). */
+       forward's kernels, which take what those do not (a bias, a mask, positions, a soft-cap). */
     {"cpu.decode.amx", SA_PLAN_DECODE, SA_CPU_AVX512, SA_CPU_TILE_AMX, 0, 0, 0},
     {"cpu.decode.avx512bf16", SA_PLAN_DECODE, SA_CPU_AVX512, 0, 1, 0, 0},
     {"cpu.decode.avx512", SA_PLAN_DECODE, SA_CPU_AVX512, 0, 0, 0, 0},
@@ -56,8 +56,8 @@ static const char *sa_cpu_simd_str(sa_cpu_simd s) {
 /* NULL when kind k can run a, else why not (static text). */
 static const char *sa_cpu_plan_why_not(const sa_cpu_plan_kind *k, const sa_attn *a, const sa_cpu_record *r) {
   if (k->which == SA_PLAN_DECODE && !k->fwd_kernels &&
-      (sa_dims_set(a->bias_dims) || sa_dims_set(a->mask_dims) || a->q_positions))
-    return "the split-KV kernels take no bias, mask or positions (cpu.decode.fwd does)";
+      (sa_dims_set(a->bias_dims) || sa_dims_set(a->mask_dims) || a->q_positions || a->logits_soft_cap != 0.0f))
+    return "the split-KV kernels take no bias, mask, positions or logits_soft_cap (cpu.decode.fwd does)";
   if (k->simd > r->simd_cpu) return "this CPU lacks the instructions (CPUID)";
   if (k->simd > r->simd) return "SINKATTN_SIMD lowers the level below it";
   if (k->bf16_dot) {
@@ -232,7 +232,7 @@ sa_status sa_cpu_plan_make(const sa_attn *a, int which, const sa_cpu_record *r, 
   /* unreachable: the scalar / portable entries are always legal */
   if (!k) return sa_error(SA_ERR_UNSUPPORTED, "CPU backend: no plan for call kind %d", which);
   sa_cpu_plan_fill(k, a, r,
-                   k->fwd_kernels               ? "a bias, a mask or positions: the attention forward's kernels"
+                   k->fwd_kernels ? "a bias, a mask, positions or a soft-cap: the attention forward's kernels"
                    : k->tile == SA_CPU_TILE_AMX ? "bf16 on AMX tiles, which this CPU has and the OS granted"
                    : lost                  ? "fewer keys than the AMX tile kernels win at: the widest vector kernels"
                    : r->simd < r->simd_cpu ? "the widest kernels SINKATTN_SIMD allows"

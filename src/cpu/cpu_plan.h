@@ -61,7 +61,7 @@ typedef struct sa_cpu_plan {
   sa_cpu_simd simd;   /* vector level of the kernels */
   sa_cpu_tile tile;   /* the products under the kernel body */
   int bf16_dot;       /* decode: AVX512-BF16 dot products for Q.K^T */
-  int fwd_kernels;    /* decode: served by the attention forward (bias, mask, positions), at level simd */
+  int fwd_kernels;    /* decode: served by the attention forward (bias, mask, positions, cap), at level simd */
   int64_t rows;       /* query rows per work item: fwd / bwd G * bq; decode R = G * Tq per kv head */
   int64_t bq;         /* fwd / bwd: query positions per forward / dq item */
   int64_t bq_min;     /* fwd / bwd: the smallest bq any mask gives this shape (sizes the dsinks partials) */

@@ -14,7 +14,7 @@
  * row (k steps of 32) or B row. Each of these operands is converted once, not rounded twice.
  *
  * Why vectors: a forward key tile at N8 H128 (256 query rows, 64 keys) packs P as A in 0.9 us this way and
- * in 14.5 us element by element in scalar C (0.056 vs 0.89 ns per element on a Zen 4 core, 2026-12-02),
+ * in 14.5 us element by element in scalar C (0.056 vs 0.89 ns per element on a Zen 4 core),
  * where its two products take about 3.6 us on the tiles at the AMX peak; docs/cpu.md has the others.
  */
 #ifndef SA_CPU_TILE_PACK_H
@@ -108,8 +108,8 @@ static inline void tile_pack_b_t(uint16_t *pb, int64_t kd, int64_t N, int64_t Nt
 /* The same blocks from B in bf16 rows (tile_load_row's; row k at uint16 element 2 k ldb), 32 columns (two
    blocks) at a time: the two rows of a pair-row, one 64-byte load each, interleaved by 16-bit unpacks (within
    128-bit lanes: columns 8L .. 8L + 3 and 8L + 4 .. 8L + 7 of lane L), then the lanes put in column order.
-   A 16-column block at a time (two 32-byte loads, widened, shifted and merged) was 7% of the tile forward's
-   work besides the products (T = S = 2048, N8 H128, 2026-12-04). */
+   A 16-column block at a time (two 32-byte loads, widened, shifted and merged) costs 7% of the tile forward's
+   work besides the products (T = S = 2048, N8 H128). */
 static inline void tile_pack_b_bf16(uint16_t *pb, int64_t kd, int64_t N, const float *B, int64_t ldb) {
   const int64_t ks = tile_round(kd, SA_TILE_K) / SA_TILE_K, nbs = tile_round(N, 2 * SA_TILE_N) / SA_TILE_N;
   const __m512i first = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0),

@@ -32,7 +32,7 @@ typedef __m512 vf;
   _mm512_mask_blend_ps(_mm512_cmp_ps_mask((lo), (j), _CMP_LE_OQ) & _mm512_cmp_ps_mask((j), (hi), _CMP_LT_OQ), \
                        _mm512_set1_ps(-INFINITY), (x))
 /* 16 floats to bf16 at p, rounded as sa_f32_to_bf16 (nearest even, NaN quieted): the output rows' stores,
-   element by element 5% of the tile forward's non-product samples (T = S = 2048, N8 H128, 2026-12-04). */
+   element by element 5% of the tile forward's non-product samples (T = S = 2048, N8 H128). */
 static inline void sa_store_bf16_avx512(void *p, __m512 x) {
   const __m512i u = _mm512_castps_si512(x), one = _mm512_set1_epi32(1);
   __m512i r =

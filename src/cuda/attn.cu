@@ -106,6 +106,11 @@ static sa_cuda_params sa_cuda_params_of(const sa_attn *a) {
   p.wl = a->window_left;
   p.wr = a->window_right;
   p.diag_offset = a->diag_offset;
+  if (a->q_positions) { /* causal and window compare the positions (sa_cuda_feat), not the indices */
+    p.causal = 0;
+    p.wl = p.wr = -1;
+    p.diag_offset = 0;
+  }
   return p;
 }
 
@@ -136,8 +141,9 @@ extern "C" sa_status sa_cuda_attn_fwd(const sa_attn *a, void *stream) {
   sa_cuda_plan_note(SA_PLAN_FWD, plan);
   if (a->batch == 0 || a->q_len == 0) return SA_OK; /* nothing to write */
   const sa_cuda_params p = sa_cuda_params_of(a);
+  const sa_cuda_feat f = sa_cuda_feat_make(a);
   const cudaStream_t st = (cudaStream_t)stream;
-  const cudaError_t e = plan.family == SA_CUDA_FWD_HOPPER ? sa_hop_fwd_launch(plan, p, st)
+  const cudaError_t e = plan.family == SA_CUDA_FWD_HOPPER ? sa_hop_fwd_launch(plan, p, &f, st)
                                                           : sa_cuda_fwd_launch(p, a->dtype == SA_BF16, plan.hd, st);
   return sa_cuda_status(e, "forward launch");
 }
@@ -146,10 +152,9 @@ extern "C" sa_status sa_cuda_attn_fwd(const sa_attn *a, void *stream) {
    fp32 (read by the Hopper kernels; reserved always: 4 bytes a row against the 2 Hv bytes each of dout and out
    that the preprocess reads), each 256-byte aligned (sa_cuda_bwd_common_ws); then the one pass's regions when
    its plan runs: dq_acc [B, N, T, H] fp32, the ticket and the semaphores, and at H64 with a head split the fp32
-   partial dK, dV (B4 T4096 N16 H128 adds 128 MiB to the common 2 MiB; gpt-oss adds 32 MiB at hs 8). The same
-   for both values of `deterministic`: the one pass orders its adds, the other kernels use no atomics. */
-extern "C" size_t sa_cuda_attn_bwd_workspace_size(const sa_attn *a, int deterministic) {
-  (void)deterministic;
+   partial dK, dV (B4 T4096 N16 H128 adds 128 MiB to the common 2 MiB; gpt-oss adds 32 MiB at hs 8). Every plan
+   is bitwise reproducible: the one pass orders its adds, the other kernels use no atomics. */
+extern "C" size_t sa_cuda_attn_bwd_workspace_size(const sa_attn *a) {
   sa_cuda_plan plan;
   const sa_cuda_device *dev = sa_cuda_available() ? sa_cuda_device_current() : nullptr;
   if (!dev) return sa_cuda_bwd_common_ws(a);
@@ -175,7 +180,7 @@ static cudaError_t sa_cuda_onepass_or_twopass(const sa_attn *a, sa_cuda_plan *pl
       *plan = two[i];
       snprintf(plan->note, sizeof plan->note, "the cooperative launch of %s was refused (%s): two passes", refused,
                cudaGetErrorName(e));
-      return sa_hop_twopass_launch(*plan, p, st);
+      return sa_hop_twopass_launch(*plan, p, nullptr, st);
     }
   return e;
 }
@@ -193,7 +198,7 @@ extern "C" sa_status sa_cuda_attn_bwd(const sa_attn *a, const sa_attn_grad *g, v
     return sa_error(SA_ERR_INVALID,
                     "workspace_size %zu too small: this call needs %zu bytes "
                     "(sa_attn_bwd_workspace_size)",
-                    workspace_size, sa_cuda_attn_bwd_workspace_size(a, g->deterministic));
+                    workspace_size, sa_cuda_attn_bwd_workspace_size(a));
   if ((uintptr_t)workspace % 16 != 0)
     return sa_error(SA_ERR_INVALID, "workspace is not 16-byte aligned: the CUDA backward needs 16-byte alignment");
   sa_cuda_plan plan;
@@ -210,19 +215,38 @@ extern "C" sa_status sa_cuda_attn_bwd(const sa_attn *a, const sa_attn_grad *g, v
   p.dsink_part = (float *)((char *)workspace + sa_cuda_round256(rows * sizeof(float)));
   p.nqb = (a->q_len + SA_PRE_ROWS - 1) / SA_PRE_ROWS;
   const size_t parts = (size_t)a->batch * (size_t)a->q_heads * (size_t)p.nqb;
+  const cudaStream_t st = (cudaStream_t)stream;
+  const size_t dbias_bytes = g->dbias ? (size_t)sa_dims_count(a->bias_dims) * sizeof(float) : 0;
+  /* dbias: zeroed here, then every pair's dS added in a fixed order (the feature plans' dQ; zeros where no pair
+     reads an element, and with no rows at all) */
+  if (dbias_bytes && cudaMemsetAsync(g->dbias, 0, dbias_bytes, st) != cudaSuccess)
+    return sa_cuda_status(cudaGetLastError(), "dbias memset");
   if (rows == 0 && a->batch * a->kv_len == 0 && !g->dsinks) { /* nothing to write */
     sa_cuda_plan_note(SA_PLAN_BWD, plan);
     return SA_OK;
   }
   const int bf16 = a->dtype == SA_BF16;
-  const cudaStream_t st = (cudaStream_t)stream;
   if (plan.family != SA_CUDA_BWD_PORTABLE) /* the preprocess writes lse2 only for the Hopper kernels */
     p.lse2 = (float *)((char *)p.dsink_part + sa_cuda_round256(parts * sizeof(float)));
   cudaError_t e = sa_cuda_bwd_pre_launch(p, bf16, st);
   if (e == cudaSuccess) {
     if (plan.family == SA_CUDA_BWD_ONEPASS) e = sa_cuda_onepass_or_twopass(a, &plan, p, (char *)workspace, st);
-    else if (plan.family == SA_CUDA_BWD_TWOPASS) e = sa_hop_twopass_launch(plan, p, st);
-    else e = sa_cuda_bwd_dkdv_dq_launch(p, bf16, plan.hd, st);
+    else if (plan.family == SA_CUDA_BWD_TWOPASS) {
+      sa_cuda_feat f = sa_cuda_feat_make(a);
+      if (plan.feat && plan.cls_cb) { /* the class table of 64 x 64 blocks, after the common regions */
+        const int64_t nrb = (a->q_len + 63) / 64, nkb = (a->kv_len + 63) / 64;
+        f.cls = (uint8_t *)workspace + plan.off_cls;
+        f.cls_t = nkb;
+        f.cls_n = plan.cls_cn > 1 ? nrb * nkb : 0;
+        f.cls_b = plan.cls_cb > 1 ? plan.cls_cn * nrb * nkb : 0;
+      }
+      if (g->dbias) {
+        const sa_bcast bs = sa_bcast_of(a->bias_dims);
+        f.dbias_out = g->dbias;
+        f.dbias_b = bs.b, f.dbias_n = bs.n, f.dbias_t = bs.t, f.dbias_s = (int)bs.s;
+      }
+      e = sa_hop_twopass_launch(plan, p, &f, st);
+    } else e = sa_cuda_bwd_dkdv_dq_launch(p, bf16, plan.hd, st);
   }
   if (e == cudaSuccess) e = sa_cuda_bwd_dsink_launch(p, st);
   sa_cuda_plan_note(SA_PLAN_BWD, plan);

@@ -45,7 +45,7 @@ static inline size_t sa_cuda_round256(size_t x) { return (x + 255) & ~(size_t)25
  * HD is the padded head dim max(H, Hv) rounded up to 32, 64, 128 or 256 (16 runs as 32, 96 as 128 and
  * 192 as 256 with zero-filled columns: 4 instantiations per kernel instead of 6 keeps the CUDA compile under
  * a few minutes on 2 cores). Forward: NW warps x 16 * MI rows, BN keys per tile. Measured on the H200
- * (bench/results/h200-cuda-v2-variants.json, bf16, learnable sinks; TFLOP/s of the 3 candidates
+ * (docs/performance.md, "Tile tables"; bf16, learnable sinks; TFLOP/s of the 3 candidates
  * 4x32/BN64, 4x32/BN32, 8x16/BN64):
  *  fwd HD 128: 4 warps x 32 rows, BN 64 (FlashAttention-2's sm80 shape): 231 / 216 / 188 at B4 T4096 N16;
  *      2 m-tiles per warp read each K/V fragment once for two mma, and ~104 KB smem gives 2 CTAs per SM.
@@ -57,7 +57,7 @@ static inline size_t sa_cuda_round256(size_t x) { return (x + 255) & ~(size_t)25
  *      accumulators per thread already; 2 m-tiles would spill).
  *  dq (deterministic backward for dq): 16 rows per warp: dQ + S + dP accumulators = 128 floats at HD 128.
  *      A separate pass beat one pass with dQ added into an fp32 workspace (142 vs 135 TFLOP/s f+b with
- *      float atomics, 118 with per-tile ordered adds, B4 T4096 H128; commit b39f7a3 has that kernel).
+ *      float atomics, 118 with per-tile ordered adds, B4 T4096 H128).
  *  dkdv: 4 warps x 16 keys, query tiles of BQ rows; HD 256 is split into two column halves (DSPLIT)
  *      so each CTA accumulates 16 x 128 of dK and of dV (128 floats) instead of 256 (spills).
  */

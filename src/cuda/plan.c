@@ -10,16 +10,38 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "feat.h"
 #include "hopper/mask.h"
 #include "hopper/tiles.h"
 #include "sa_internal.h"
 #include "sa_plan.h"
 
-const char *const sa_cuda_plan_names[] = {
-    "cuda.fwd.portable",      "hopper.fwd.persistent",  "hopper.fwd.onetile",       "hopper.fwd.persistent.narrow",
-    "cuda.bwd.portable",      "hopper.bwd.twopass.wg2", "hopper.bwd.twopass.kv3",   "hopper.bwd.twopass.dq3",
-    "hopper.bwd.twopass.wg3", "hopper.bwd.onepass",     "hopper.bwd.onepass.plain", "hopper.bwd.onepass.narrow",
-    "cuda.decode.pipe",       "cuda.decode.register",   "cuda.decode.mma",          NULL};
+const char *const sa_cuda_plan_names[] = {"cuda.fwd.portable",
+                                          "hopper.fwd.persistent",
+                                          "hopper.fwd.onetile",
+                                          "hopper.fwd.persistent.narrow",
+                                          "cuda.bwd.portable",
+                                          "hopper.bwd.twopass.wg2",
+                                          "hopper.bwd.twopass.kv3",
+                                          "hopper.bwd.twopass.dq3",
+                                          "hopper.bwd.twopass.wg3",
+                                          "hopper.bwd.onepass",
+                                          "hopper.bwd.onepass.plain",
+                                          "hopper.bwd.onepass.narrow",
+                                          "cuda.decode.pipe",
+                                          "cuda.decode.register",
+                                          "cuda.decode.mma",
+                                          "hopper.fwd.features",
+                                          "hopper.bwd.twopass.features",
+                                          NULL};
+
+/* The feature plans (hopper.fwd.features, hopper.bwd.twopass.features: feat.h's inputs) are the default for a call
+   with a bias, a mask array, positions or a soft-cap only once their kernels have passed bench/gpu_verify.sh
+   PART=features on an H200: until then 0, and such a call runs them only when a plan is forced (sa_plan_force,
+   SINKATTN_PLAN); without one the CUDA backend refuses it by name (sa_cuda_feature_check) and Python runs the
+   reference. Setting this to 1 (with the inputs taken off python/sinkattn/_routing.py's CUDA_LACKS) makes them the
+   default. */
+#define SA_CUDA_FEATURE_PLANS_DEFAULT 0
 
 int sa_cuda_padded_dim(int64_t h) { return h <= 32 ? 32 : h <= 64 ? 64 : h <= 128 ? 128 : 256; }
 
@@ -41,6 +63,7 @@ typedef struct {
   const sa_attn *a;
   const sa_cuda_device *dev;
   int which, bf16, hd, lens, segs, mask, sms;
+  const char *feat; /* the call's first input only the feature plans take, or NULL */
   int64_t B, T, S, N, K, G, H, Hv;
   char hop_why[160]; /* "" when the Hopper kernels may take the call (the family's own rules aside) */
 } sa_pctx;
@@ -80,6 +103,15 @@ static void sa_hop_scope(sa_pctx *c) {
   snprintf(c->hop_why, sizeof c->hop_why, "%s", w ? w : "");
 }
 
+/* The first input of the call that only the feature kernels take, by its field's name; NULL without one. */
+static const char *sa_feature_of(const sa_attn *a) {
+  return sa_dims_set(a->bias_dims)    ? "bias"
+         : sa_dims_set(a->mask_dims)  ? "mask"
+         : a->q_positions             ? "q_positions / kv_positions"
+         : a->logits_soft_cap != 0.0f ? "logits_soft_cap"
+                                      : NULL;
+}
+
 static void sa_pctx_make(sa_pctx *c, const sa_attn *a, int which, const sa_cuda_device *dev) {
   memset(c, 0, sizeof *c);
   c->a = a;
@@ -91,8 +123,12 @@ static void sa_pctx_make(sa_pctx *c, const sa_attn *a, int which, const sa_cuda_
   c->hd = sa_cuda_padded_dim(c->H > c->Hv ? c->H : c->Hv);
   c->lens = a->q_lens || a->kv_lens;
   c->segs = a->q_segment_ids || a->kv_segment_ids;
-  c->mask = sa_hop_mask_kind_of((int)a->causal, a->window_left, a->window_right, c->lens, c->segs);
+  /* with positions, causal and window compare the positions (the feature kernels), not the indices */
+  const int pos = a->q_positions != NULL;
+  c->mask = sa_hop_mask_kind_of(pos ? 0 : (int)a->causal, pos ? -1 : a->window_left, pos ? -1 : a->window_right,
+                                c->lens, c->segs);
   c->sms = dev->ctx_sms > 0 ? dev->ctx_sms : dev->sms;
+  c->feat = sa_feature_of(a);
   sa_hop_scope(c);
 }
 
@@ -108,15 +144,17 @@ static void sa_fwd_portable(const sa_pctx *c, sa_cuda_plan *p) {
   p->reason = "mma.sync kernels (sm_80+): every shape, mask and 16-bit dtype";
 }
 
-/* The Hopper forward's schedule (persistent: 1 the SMs' grid, 2 the narrow test grid; 0 one work tile a CTA). */
-static const char *sa_fwd_hopper(const sa_pctx *c, sa_cuda_plan *p, int persistent) {
+/* The Hopper forward's schedule (persistent: 1 the SMs' grid, 2 the narrow test grid; 0 one work tile a CTA), of
+   the plain kernels or (feat) the feature kernels, whose tile is SA_HOP_FWD_FEAT_BM rows at both head dims. */
+static const char *sa_fwd_hopper_sched(const sa_pctx *c, sa_cuda_plan *p, int persistent, int feat) {
   static const char *const names[3] = {"hopper.fwd.onetile", "hopper.fwd.persistent", "hopper.fwd.persistent.narrow"};
   sa_plan_init(p, c, names[persistent], SA_CUDA_FWD_HOPPER);
   if (c->hop_why[0]) return c->hop_why;
-  const int HD = (int)c->H, MASK = c->mask, BM = SA_HOP_FWD_BM(HD), BN = SA_HOP_FWD_BN;
-  if (SA_HOP_FWD_SMEM(HD, MASK) > c->dev->smem_optin) return "its shared memory exceeds the device's opt-in limit";
+  const int HD = (int)c->H, MASK = c->mask, BM = feat ? SA_HOP_FWD_FEAT_BM : SA_HOP_FWD_BM(HD), BN = SA_HOP_FWD_BN;
+  if ((feat ? SA_HOP_FWD_FEAT_SMEM(HD) : SA_HOP_FWD_SMEM(HD, MASK)) > c->dev->smem_optin)
+    return "its shared memory exceeds the device's opt-in limit";
   const int T = (int)c->T, S = (int)c->S;
-  p->bm = BM, p->bn = BN, p->qslots = SA_HOP_FWD_QSLOTS, p->wg = SA_HOP_FWD_NC(HD);
+  p->bm = BM, p->bn = BN, p->qslots = SA_HOP_FWD_QSLOTS, p->wg = BM / SA_HOP_WG_ROWS;
   p->n_mb = (T + BM - 1) / BM;
   const long long total = (long long)(c->B * c->N) * p->n_mb;
   if (total >= (1LL << 30)) return "B N ceil(T / rows) work tiles >= 2^30";
@@ -151,6 +189,10 @@ static const char *sa_fwd_hopper(const sa_pctx *c, sa_cuda_plan *p, int persiste
                         : "persistent: every work tile costs the same, the prologue hides under the previous tile";
   }
   return NULL;
+}
+
+static const char *sa_fwd_hopper(const sa_pctx *c, sa_cuda_plan *p, int persistent) {
+  return sa_fwd_hopper_sched(c, p, persistent, 0);
 }
 
 /* Persistent by default without a mask, for causal pairs, and while a work tile sees <= 8 key tiles. */
@@ -265,6 +307,115 @@ static const char *sa_bwd_onepass(const sa_pctx *c, sa_cuda_plan *p, int variant
   return NULL;
 }
 
+/* ---- the feature plans ----------------------------------------------------------------------------------- */
+
+/* What the Hopper feature kernels take beyond the plain scope (hopper/fwd_feat.cuh, bwd_feat.cuh, feat_class.cu):
+   position-mask kinds 0-3 (no segment ids), kv_len <= 65536 (the class list of a work tile in its Q slot), a mask
+   of one row per query and key ([B or 1, N or 1, T, S]: the pre-pass classifies 64-row blocks), and 16-byte aligned
+   bias, mask and positions (pair loads). */
+static const char *sa_feat_hop_scope(const sa_pctx *c) {
+  const sa_attn *a = c->a;
+  if (c->hop_why[0]) return c->hop_why;
+  if (c->segs) return "the Hopper feature kernels take no segment ids";
+  if (c->S > SA_HOP_FEAT_MAX_KV_LEN) return "the Hopper feature kernels take kv_len <= 65536";
+  if (a->mask && (a->mask_dims[2] != c->T || a->mask_dims[3] != c->S))
+    return "the Hopper feature kernels take a mask of [B or 1, N or 1, q_len, kv_len]";
+  if ((a->bias && !sa_aligned16(a->bias)) || (a->mask && !sa_aligned16(a->mask)) ||
+      (a->q_positions && (!sa_aligned16(a->q_positions) || !sa_aligned16(a->kv_positions))))
+    return "bias, mask or positions not 16-byte aligned";
+  return NULL;
+}
+
+/* The class table's extents (feat.h): the batch's when the mask or the positions vary with it, the heads' when the
+   mask does; 0 without a mask or positions. */
+static void sa_feat_classes(const sa_pctx *c, sa_cuda_plan *p) {
+  const sa_attn *a = c->a;
+  if (!a->mask && !a->q_positions) return;
+  p->cls_cb = (a->mask && a->mask_dims[0] > 1) || a->q_positions ? c->B : 1;
+  p->cls_cn = a->mask && a->mask_dims[1] > 1 ? c->N : 1;
+}
+
+/* hopper.fwd.features: the plain forward's schedule for the call's kind, one work tile a CTA (heaviest first) when
+   the classes make the work of a work tile depend on the data, and the batch fastest when a bias or mask is shared
+   by the batch. */
+static const char *sa_fwd_hopper_feat(const sa_pctx *c, sa_cuda_plan *p) {
+  const sa_attn *a = c->a;
+  const int lists = a->mask || a->q_positions;
+  const char *why = sa_feat_hop_scope(c);
+  const char *sched = why ? NULL : sa_fwd_hopper_sched(c, p, lists ? 0 : sa_fwd_persist_default(c), 1);
+  if (why) sa_plan_init(p, c, "hopper.fwd.features", SA_CUDA_FWD_HOPPER);
+  p->name = "hopper.fwd.features";
+  p->feat = 1;
+  if (why || sched) return why ? why : sched;
+  sa_feat_classes(c, p);
+  p->b_fast = c->B > 1 && ((a->bias && a->bias_dims[0] == 1) || (a->mask && a->mask_dims[0] == 1));
+  p->reason = lists ? "sm_90a forward with bias / mask / positions / soft-cap; tiles classed by a pre-pass, empty ones "
+                      "skipped, full ones untested"
+                    : "sm_90a forward with bias / soft-cap";
+  return NULL;
+}
+
+/* hopper.bwd.twopass.features: the two passes with 2 consumer warpgroups each, the class table in the workspace
+   after the common regions, dbias from the dQ kernel (one launch per contributor of a bias shared by the batch or
+   the heads). A bias shared by the query rows ([., ., 1, S]) would need a sum across dQ's CTAs: not taken. */
+static const char *sa_bwd_twopass_feat(const sa_pctx *c, sa_cuda_plan *p) {
+  const sa_attn *a = c->a;
+  const char *why = sa_feat_hop_scope(c);
+  if (!why && a->bias && a->bias_dims[2] == 1 && c->T > 1)
+    why = "the Hopper feature kernels take no bias shared by the query rows (its dbias sums across CTAs)";
+  const char *sched = why ? NULL : sa_bwd_twopass(c, p, 2, 2);
+  if (why) sa_plan_init(p, c, "hopper.bwd.twopass.features", SA_CUDA_BWD_TWOPASS);
+  p->name = "hopper.bwd.twopass.features";
+  p->feat = 1;
+  if (why || sched) return why ? why : sched;
+  sa_feat_classes(c, p);
+  if (p->cls_cb) {
+    p->off_cls = p->ws;
+    p->ws += sa_r256((size_t)(p->cls_cb * p->cls_cn * sa_cdiv(c->T, 64) * sa_cdiv(c->S, 64)));
+  }
+  p->reason = "sm_90a dK/dV then dQ with bias / mask / positions / soft-cap, dbias in a fixed order";
+  return NULL;
+}
+
+sa_cuda_feat sa_cuda_feat_make(const sa_attn *a) {
+  sa_cuda_feat f;
+  memset(&f, 0, sizeof f);
+  if (sa_dims_set(a->bias_dims)) {
+    const sa_bcast bs = sa_bcast_of(a->bias_dims);
+    f.bias = a->bias;
+    f.bias_dtype = (int)a->bias_dtype;
+    f.bias_b = bs.b, f.bias_n = bs.n, f.bias_t = bs.t, f.bias_s = (int)bs.s;
+  }
+  if (sa_dims_set(a->mask_dims)) {
+    const sa_bcast ms = sa_bcast_of(a->mask_dims);
+    f.mask = a->mask;
+    f.mask_b = ms.b, f.mask_n = ms.n, f.mask_t = ms.t, f.mask_s = (int)ms.s;
+  }
+  f.q_pos = a->q_positions;
+  f.kv_pos = a->kv_positions;
+  f.pos_causal = a->causal != SA_CAUSAL_NONE;
+  f.pos_wl = a->window_left, f.pos_wr = a->window_right, f.pos_diag = a->diag_offset;
+  f.scale = sa_scale_of(a);
+  if (a->logits_soft_cap > 0.0f) {
+    f.cap = a->logits_soft_cap;
+    f.cap_inv = 1.0f / f.cap;
+    f.cap_l2 = f.cap * 1.4426950408889634f;
+    f.cap_l2_inv = 1.0f / f.cap_l2;
+  }
+  return f;
+}
+
+sa_status sa_cuda_feature_check(const sa_attn *a, int listing) {
+  const char *what = sa_feature_of(a);
+  if (!what || listing || SA_CUDA_FEATURE_PLANS_DEFAULT) return SA_OK;
+  if (sa_plan_forced(SA_PLAN_FWD) || sa_plan_forced(SA_PLAN_BWD)) return SA_OK; /* the pick names what is wrong */
+  return sa_error(SA_ERR_UNSUPPORTED,
+                  "%s unsupported by the CUDA backend by default: the kernels that take it (plans hopper.fwd.features, "
+                  "hopper.bwd.twopass.features) have not run on a GPU yet; force one (sa_plan_force or "
+                  "SINKATTN_PLAN) to use them (SA_BACKEND_CPU and SA_BACKEND_REF take it, on host memory)",
+                  what);
+}
+
 /* ---- decode --------------------------------------------------------------------------------------------- */
 
 static int sa_dec_pipe_shape(const sa_pctx *c) {
@@ -311,7 +462,7 @@ static void sa_dec_schedule(const sa_pctx *c, sa_cuda_plan *p) {
 /* The mma kernel's schedule (decode/mma.cu): rows in groups of 16 (its M), and one wave of equal CTAs where the
    (batch, kv head, row group) blocks are fewer than the resident slots (2 an SM from its shared memory): splits =
    slots / blocks rounded down. A second wave costs more than the imbalance it removes: two waves of half-size
-   CTAs took 3-6 us more per call at B1 S32k and B8 S4k on the H200 (bench/NOTES.md, 2026-12-04), each wave
+   CTAs take 3-6 us more per call at B1 S32k and B8 S4k on the H200 (docs/performance.md, "Decode"), each wave
    paying the CTA ramp (lengths, q, the first tile's latency) and a tail. Chunks hold >= 256 keys: every warp gets
    >= 2 tiles, so its pipeline fills. More blocks than slots: one split, the blocks in waves. */
 static void sa_dec_mma_schedule(const sa_pctx *c, sa_cuda_plan *p) {
@@ -376,42 +527,51 @@ static void sa_collect(const sa_attn *a, int which, const sa_cuda_device *dev, s
   sa_pctx_make(&c, a, which, dev);
   sa_cuda_plan p;
   const char *why;
+  /* a call with an input only the feature kernels take: the plain plans are not legal (nf says why) */
+  const char *nf =
+      c.feat ? "its kernels take no bias, mask array, positions or soft-cap (the *.features plans do)" : NULL;
+  const char *nofeat = "the call has no bias, mask array, positions or soft-cap (a plain plan takes it)";
   if (which == SA_PLAN_FWD) {
     sa_cuda_plan port;
     sa_fwd_portable(&c, &port);
     const int dflt = c.hop_why[0] ? 0 : sa_fwd_persist_default(&c);
     if (c.hop_why[0]) snprintf(port.note, sizeof port.note, "not Hopper: %.96s", c.hop_why);
     why = sa_fwd_hopper(&c, &p, dflt);
-    sa_offer(l, &p, why);
+    sa_offer(l, &p, why ? why : nf);
     why = sa_fwd_hopper(&c, &p, !dflt);
-    sa_offer(l, &p, why);
-    sa_offer(l, &port, NULL);
+    sa_offer(l, &p, why ? why : nf);
+    sa_offer(l, &port, nf);
     why = sa_fwd_hopper(&c, &p, 2);
-    sa_offer(l, &p, why);
+    sa_offer(l, &p, why ? why : nf);
+    why = sa_fwd_hopper_feat(&c, &p);
+    sa_offer(l, &p, c.feat ? why : nofeat);
   } else if (which == SA_PLAN_BWD) {
     sa_cuda_plan port;
     sa_bwd_portable(&c, &port);
     const char *hw = sa_bwd_hop_scope(&c);
     if (hw) snprintf(port.note, sizeof port.note, "not Hopper: %.96s", hw);
     why = sa_bwd_onepass(&c, &p, 0, ws_avail);
-    sa_offer(l, &p, why);
+    sa_offer(l, &p, why ? why : nf);
     why = sa_bwd_twopass(&c, &p, 0, 0);
-    sa_offer(l, &p, why);
+    sa_offer(l, &p, why ? why : nf);
     static const int ncs[4][2] = {{2, 2}, {3, 2}, {2, 3}, {3, 3}};
     for (int i = 0; i < 4; ++i) {
       why = sa_bwd_twopass(&c, &p, ncs[i][0], ncs[i][1]);
-      sa_offer(l, &p, why);
+      sa_offer(l, &p, why ? why : nf);
     }
-    if (port.ws <= ws_avail) sa_offer(l, &port, NULL);
+    if (port.ws <= ws_avail) sa_offer(l, &port, nf);
     else sa_offer(l, &port, "the workspace given is smaller than the backward needs");
     why = sa_bwd_onepass(&c, &p, 1, ws_avail);
-    sa_offer(l, &p, why);
+    sa_offer(l, &p, why ? why : nf);
     why = sa_bwd_onepass(&c, &p, 2, ws_avail);
-    sa_offer(l, &p, why);
+    sa_offer(l, &p, why ? why : nf);
+    why = sa_bwd_twopass_feat(&c, &p);
+    if (!why && p.ws > ws_avail) why = "the workspace given is smaller than the backward needs";
+    sa_offer(l, &p, c.feat ? why : nofeat);
   } else if (which == SA_PLAN_DECODE) {
     for (int kind = 0; kind < 3; kind++) {
       why = sa_dec_plan(&c, &p, kind);
-      sa_offer(l, &p, why);
+      sa_offer(l, &p, why ? why : nf);
     }
   }
 }
@@ -438,6 +598,12 @@ sa_status sa_cuda_plan_pick(const sa_attn *a, int which, const sa_cuda_device *d
   const char *dw = sa_device_why(dev, buf, sizeof buf);
   if (dw) return sa_error(SA_ERR_UNSUPPORTED, "%s", dw);
   sa_plist l = {.out = out, .max = 1, .forced = forced && *forced ? forced : NULL};
+  const char *feat = sa_feature_of(a);
+  if (feat && !l.forced && !SA_CUDA_FEATURE_PLANS_DEFAULT && which != SA_PLAN_DECODE)
+    return sa_error(SA_ERR_UNSUPPORTED,
+                    "%s unsupported by the CUDA backend by default: its plan (hopper.%s.features) has not run on a "
+                    "GPU yet; force it (sa_plan_force or SINKATTN_PLAN) to use it",
+                    feat, which == SA_PLAN_FWD ? "fwd" : "bwd.twopass");
   sa_collect(a, which, dev, ws_avail, &l);
   if (l.n > 0) return SA_OK;
   if (l.forced)
@@ -454,6 +620,9 @@ size_t sa_cuda_plan_describe(const sa_cuda_plan *p, char *buf, size_t n) {
   if (p->family == SA_CUDA_DECODE_MMA) k += snprintf(buf + k, n > (size_t)k ? n - k : 0, " pdl=%d", p->dec_pdl);
   k += snprintf(buf + k, n > (size_t)k ? n - k : 0, " grid=%d,%d,%d persistent=%d cooperative=%d split=%d ws=%zu",
                 p->grid[0], p->grid[1], p->grid[2], p->persistent, p->cooperative, p->split, p->ws);
+  if (p->feat)
+    k += snprintf(buf + k, n > (size_t)k ? n - k : 0, " feat=1 b_fast=%d classes=%lldx%lld", p->b_fast,
+                  (long long)p->cls_cb, (long long)p->cls_cn);
   k += snprintf(buf + k, n > (size_t)k ? n - k : 0, " reason=%s%s%s", p->reason ? p->reason : "",
                 p->note[0] ? "; " : "", p->note);
   return (size_t)k;

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "feat.h"
 #include "sinkattn.h"
 
 #ifdef __cplusplus
@@ -50,7 +51,7 @@ typedef struct sa_cuda_plan {
   int grid_dq[3];  /* two-pass and portable backward: the dQ kernel's grid */
   int persistent;  /* CTAs loop over work tiles / items */
   int cooperative; /* launched cooperatively: every CTA co-resident or the launch is refused */
-  /* Hopper forward work order (hopper/fwd_parts.cuh, sa_hop_work_tile) */
+  /* Hopper forward work order (hopper/fwd_tile.cuh, sa_hop_work_tile) */
   int BH, n_mb, total, hg, nph;
   int kb_slowest; /* two-pass dK/dV grid with the key block slowest */
   /* one pass */
@@ -61,7 +62,12 @@ typedef struct sa_cuda_plan {
   int64_t rows, rowgroups, chunk, splits;
   int dec_pdl; /* the combine is a programmatic dependent launch (sm_90) */
   int sms;     /* the SMs the schedule was sized for (the context's) */
-  size_t ws;   /* workspace bytes the call needs */
+  /* the feature kernels (feat.h: bias, mask array, positions, soft-cap) */
+  int feat;               /* 1: this plan's kernels are the feature instantiations */
+  int b_fast;             /* Hopper forward: work tiles of one (head, m-block) in consecutive batches */
+  int64_t cls_cb, cls_cn; /* the class table's batch and head extents (feat.h), 0 without classes */
+  size_t off_cls;         /* the backward's class table in the workspace */
+  size_t ws;              /* workspace bytes the call needs */
   const char *reason;
   char note[112]; /* what the call adds to the reason (why not Hopper; a refused cooperative launch) */
 } sa_cuda_plan;
@@ -83,6 +89,16 @@ sa_status sa_cuda_plan_pick(const sa_attn *a, int which, const sa_cuda_device *d
 
 /* "NAME hd=.. tile=..x.. grid=.. persistent=.. split=.. ws=.. reason=..." into buf; returns the length. */
 size_t sa_cuda_plan_describe(const sa_cuda_plan *p, char *buf, size_t n);
+
+/* The inputs only the feature plans take (bias, mask array, positions, soft-cap): SA_OK without them; with them
+   SA_OK while listing plans (listing 1) or when a forward or backward plan is forced, else SA_ERR_UNSUPPORTED
+   naming the first one (the feature plans are reachable only through sa_plan_force / SINKATTN_PLAN until
+   SA_CUDA_FEATURE_PLANS_DEFAULT in plan.c says they have been verified on a GPU). */
+sa_status sa_cuda_feature_check(const sa_attn *a, int listing);
+
+/* The feature kernels' view of a call (feat.h): bias and mask with their broadcast strides, positions, soft-cap;
+   the class table and dbias are the backward launch's to fill in. */
+sa_cuda_feat sa_cuda_feat_make(const sa_attn *a);
 
 /* Every CUDA plan name (static strings), for sa_plan_force's check; NULL-terminated. */
 extern const char *const sa_cuda_plan_names[];

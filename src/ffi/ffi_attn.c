@@ -11,8 +11,8 @@
  * bias is f32, f16 or bf16 and mask PRED, both rank 4 with each dim 1 or the full B, N, T, S (their own
  * dims are bias_dims / mask_dims); positions int32 [B,T], [B,S]; dbias f32 with bias's dims, zero-size
  * when has_dbias is false. The workspace result exists on CUDA only; Python sizes it at trace time
- * (sa_jax_bwd_workspace_size). Version 2 of this layout (sa_jax_attn_abi_version, which the Python package
- * checks when it loads the library).
+ * (sa_jax_bwd_workspace_size). Version 3 of this layout and of the attribute set (sa_jax_attn_abi_version,
+ * which the Python package checks when it loads the library).
  *
  * vmap: Python uses ffi_call(vmap_method="expand_dims"), so every buffer may carry the same number of
  * extra leading dims, each of the full vmapped size or 1 (an unbatched input). When every batched input
@@ -72,7 +72,8 @@ enum {
   V_COUNT
 };
 
-#define SA_FFI_ABI_VERSION 2
+/* Version 3: the backward takes no `deterministic` attribute (every backend's backward is reproducible). */
+#define SA_FFI_ABI_VERSION 3
 
 typedef struct {
   const char *target;
@@ -80,50 +81,74 @@ typedef struct {
   sa_attn a; /* options and the cell's dims; pointers are set per cell */
   sa_ffi_grid g;
   sa_ffi_view v[V_COUNT]; /* present = 0 for absent optional buffers */
-  int has_dlse, deterministic, has_bias, has_mask, has_pos, has_dbias;
+  int has_dlse, has_bias, has_mask, has_pos, has_dbias;
 } sa_ffi_call;
 
 /* ---- decoding ------------------------------------------------------------------------------ */
 
+/* The attributes, by name; the table below lists them in this order. */
+enum {
+  AT_CAUSAL,
+  AT_DIAG_OFFSET,
+  AT_HAS_DLSE,
+  AT_HAS_KV_LENS,
+  AT_HAS_Q_LENS,
+  AT_HAS_SEGMENTS,
+  AT_SCALE,
+  AT_SOFTMAX,
+  AT_WINDOW_LEFT,
+  AT_WINDOW_RIGHT,
+  AT_HAS_BIAS,
+  AT_HAS_MASK,
+  AT_HAS_POSITIONS,
+  AT_HAS_DBIAS,
+  AT_COUNT
+};
+
 static XLA_FFI_Error *sa_ffi_decode_attrs(XLA_FFI_CallFrame *f, sa_ffi_call *c, int *has_ql, int *has_kl,
                                           int *has_seg) {
-  sa_ffi_attr at[] = {
-      {"causal", SA_ATTR_INT, 1, 0, 0, 0},          {"deterministic", SA_ATTR_BOOL, c->bwd, 0, 0, 0},
-      {"diag_offset", SA_ATTR_INT, 1, 0, 0, 0},     {"has_dlse", SA_ATTR_BOOL, c->bwd, 0, 0, 0},
-      {"has_kv_lens", SA_ATTR_BOOL, 1, 0, 0, 0},    {"has_q_lens", SA_ATTR_BOOL, 1, 0, 0, 0},
-      {"has_segments", SA_ATTR_BOOL, 1, 0, 0, 0},   {"scale", SA_ATTR_FLOAT, 1, 0, 0, 0},
-      {"softmax", SA_ATTR_INT, 1, 0, 0, 0},         {"window_left", SA_ATTR_INT, 1, 0, 0, 0},
-      {"window_right", SA_ATTR_INT, 1, 0, 0, 0},    {"has_bias", SA_ATTR_BOOL, 1, 0, 0, 0},
-      {"has_mask", SA_ATTR_BOOL, 1, 0, 0, 0},       {"has_positions", SA_ATTR_BOOL, 1, 0, 0, 0},
-      {"has_dbias", SA_ATTR_BOOL, c->bwd, 0, 0, 0},
+  sa_ffi_attr at[AT_COUNT] = {
+      [AT_CAUSAL] = {"causal", SA_ATTR_INT, 1, 0, 0, 0},
+      [AT_DIAG_OFFSET] = {"diag_offset", SA_ATTR_INT, 1, 0, 0, 0},
+      [AT_HAS_DLSE] = {"has_dlse", SA_ATTR_BOOL, c->bwd, 0, 0, 0},
+      [AT_HAS_KV_LENS] = {"has_kv_lens", SA_ATTR_BOOL, 1, 0, 0, 0},
+      [AT_HAS_Q_LENS] = {"has_q_lens", SA_ATTR_BOOL, 1, 0, 0, 0},
+      [AT_HAS_SEGMENTS] = {"has_segments", SA_ATTR_BOOL, 1, 0, 0, 0},
+      [AT_SCALE] = {"scale", SA_ATTR_FLOAT, 1, 0, 0, 0},
+      [AT_SOFTMAX] = {"softmax", SA_ATTR_INT, 1, 0, 0, 0},
+      [AT_WINDOW_LEFT] = {"window_left", SA_ATTR_INT, 1, 0, 0, 0},
+      [AT_WINDOW_RIGHT] = {"window_right", SA_ATTR_INT, 1, 0, 0, 0},
+      [AT_HAS_BIAS] = {"has_bias", SA_ATTR_BOOL, 1, 0, 0, 0},
+      [AT_HAS_MASK] = {"has_mask", SA_ATTR_BOOL, 1, 0, 0, 0},
+      [AT_HAS_POSITIONS] = {"has_positions", SA_ATTR_BOOL, 1, 0, 0, 0},
+      [AT_HAS_DBIAS] = {"has_dbias", SA_ATTR_BOOL, c->bwd, 0, 0, 0},
   };
-  enum { A_BIAS = 11, A_MASK, A_POS, A_DBIAS };
-  XLA_FFI_Error *e = sa_ffi_attrs_decode(f, c->target, at, (int)(sizeof at / sizeof at[0]));
+  XLA_FFI_Error *e = sa_ffi_attrs_decode(f, c->target, at, AT_COUNT);
   if (e) return e;
-  c->has_bias = (int)at[A_BIAS].i;
-  c->has_mask = (int)at[A_MASK].i;
-  c->has_pos = (int)at[A_POS].i;
-  c->has_dbias = (int)at[A_DBIAS].i;
+  c->has_bias = (int)at[AT_HAS_BIAS].i;
+  c->has_mask = (int)at[AT_HAS_MASK].i;
+  c->has_pos = (int)at[AT_HAS_POSITIONS].i;
+  c->has_dbias = (int)at[AT_HAS_DBIAS].i;
   if (c->has_dbias && !c->has_bias)
     return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT,
                         "%s: has_dbias is true but has_bias is false: "
                         "dbias is the gradient of a bias",
                         c->target);
   /* Enum values outside int range would wrap when cast: reject them here, sa_attn_check does the rest. */
-  if (at[0].i < 0 || at[0].i > 2 || at[8].i < 0 || at[8].i > 2)
+  const int64_t softmax = at[AT_SOFTMAX].i, causal = at[AT_CAUSAL].i;
+  if (causal < 0 || causal > 2 || softmax < 0 || softmax > 2)
     return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: softmax %lld / causal %lld invalid: use 0, 1 or 2",
-                        c->target, (long long)at[8].i, (long long)at[0].i);
-  c->a.causal = (sa_causal)at[0].i;
-  c->deterministic = (int)at[1].i;
-  c->a.diag_offset = at[2].i;
-  c->has_dlse = (int)at[3].i;
-  *has_kl = (int)at[4].i;
-  *has_ql = (int)at[5].i;
-  *has_seg = (int)at[6].i;
-  c->a.scale = (float)at[7].f;
-  c->a.softmax = (sa_softmax)at[8].i;
-  c->a.window_left = at[9].i;
-  c->a.window_right = at[10].i;
+                        c->target, (long long)softmax, (long long)causal);
+  c->a.causal = (sa_causal)causal;
+  c->a.diag_offset = at[AT_DIAG_OFFSET].i;
+  c->has_dlse = (int)at[AT_HAS_DLSE].i;
+  *has_kl = (int)at[AT_HAS_KV_LENS].i;
+  *has_ql = (int)at[AT_HAS_Q_LENS].i;
+  *has_seg = (int)at[AT_HAS_SEGMENTS].i;
+  c->a.scale = (float)at[AT_SCALE].f;
+  c->a.softmax = (sa_softmax)softmax;
+  c->a.window_left = at[AT_WINDOW_LEFT].i;
+  c->a.window_right = at[AT_WINDOW_RIGHT].i;
   return NULL;
 }
 
@@ -328,7 +353,6 @@ static void sa_ffi_bind(const sa_ffi_call *c, int64_t cell, sa_attn *a, sa_attn_
   gr->dv = sa_ffi_ptr(c, V_DV, cell);
   gr->dsinks = (float *)sa_ffi_ptr(c, V_DSINKS, cell);
   gr->dbias = (float *)sa_ffi_ptr(c, V_DBIAS, cell);
-  gr->deterministic = c->deterministic;
 }
 
 /* The grid folds into the batch when every batched buffer spans it fully and the shared ones (sinks) do
@@ -448,19 +472,28 @@ SA_FFI_EXPORT size_t sa_jax_bwd_workspace_size(int dtype, int64_t batch, int64_t
   return sa_attn_bwd_workspace_size(&a, (sa_backend)backend);
 }
 
-/* Whether the CUDA backend takes a problem of this dtype and these sizes (shape-only: data pointers are
-   NULL, which every alignment check accepts). Writes the reason into why[why_len] when it does not, so
-   Python can fall back to the reference and say why. 1 = supported. */
+/* Whether the CUDA backend takes a problem of this dtype, these sizes and these optional inputs (shape-only:
+   data pointers are NULL, which every alignment check accepts; a bias or mask stands as one of shape
+   [1,1,1,1]). The inputs the CUDA kernels do not take are asked first and need no device, so Python learns
+   them from the library (sa_check_cuda_inputs) on any machine. Writes the reason into why[why_len] when the
+   answer is no, so Python can fall back to the reference and say why. 1 = supported. */
 SA_FFI_EXPORT int sa_jax_cuda_supported(int dtype, int64_t batch, int64_t q_len, int64_t kv_len, int64_t q_heads,
-                                        int64_t kv_heads, int64_t head_dim, int64_t v_head_dim, char *why,
-                                        size_t why_len) {
+                                        int64_t kv_heads, int64_t head_dim, int64_t v_head_dim, int has_bias,
+                                        int has_mask, int has_positions, char *why, size_t why_len) {
+  static const int32_t marker[1] = {0};
   sa_attn a;
   sa_ffi_attn_of_shape(&a, dtype, batch, q_len, kv_len, q_heads, kv_heads, head_dim, v_head_dim);
-  int ok = sa_has_cuda() && sa_cuda_attn_supported(&a) == SA_OK;
-  if (!ok && why && why_len) snprintf(why, why_len, "%s", sa_has_cuda() ? sa_last_error() : "built without CUDA");
+  for (int d = 0; d < 4; d++) {
+    a.bias_dims[d] = has_bias ? 1 : 0;
+    a.mask_dims[d] = has_mask ? 1 : 0;
+  }
+  if (has_positions) a.q_positions = a.kv_positions = marker;
+  sa_clear_error();
+  int ok = sa_check_cuda_inputs(&a) == SA_OK && sa_has_cuda() && sa_cuda_attn_supported(&a) == SA_OK;
+  if (!ok && why && why_len) snprintf(why, why_len, "%s", *sa_last_error() ? sa_last_error() : "built without CUDA");
   return ok;
 }
 
-/* The buffer layout of the attention handlers (see the top of this file): 2 takes bias, mask and positions
-   and returns dbias. */
+/* The buffer layout and attribute set of the attention handlers (see the top of this file): 2 takes bias, mask
+   and positions and returns dbias; 3 drops the backward's `deterministic` attribute. */
 SA_FFI_EXPORT int sa_jax_attn_abi_version(void) { return SA_FFI_ABI_VERSION; }

@@ -13,26 +13,28 @@
 #include "sa_ffi.h"
 
 enum { D_Q, D_K, D_V, D_SINKS, D_LENS, D_OUT, D_LSE, D_WS, D_COUNT };
+enum { DA_SCALE, DA_SOFTMAX, DA_WINDOW_LEFT, DA_WINDOW_RIGHT, DA_COUNT }; /* the attributes, by name */
 
 static XLA_FFI_Error *sa_ffi_decode_call(XLA_FFI_CallFrame *f, const char *target, int cuda) {
   if (sa_ffi_metadata(f, 0)) return NULL;
   if (f->stage != XLA_FFI_ExecutionStage_EXECUTE)
     return sa_ffi_error(f, XLA_FFI_Error_Code_UNIMPLEMENTED, "%s: only the execute stage is implemented", target);
-  sa_ffi_attr at[] = {
-      {"scale", SA_ATTR_FLOAT, 1, 0, 0, 0},
-      {"softmax", SA_ATTR_INT, 1, 0, 0, 0},
-      {"window_left", SA_ATTR_INT, 1, 0, 0, 0},
-      {"window_right", SA_ATTR_INT, 1, 0, 0, 0},
+  sa_ffi_attr at[DA_COUNT] = {
+      [DA_SCALE] = {"scale", SA_ATTR_FLOAT, 1, 0, 0, 0},
+      [DA_SOFTMAX] = {"softmax", SA_ATTR_INT, 1, 0, 0, 0},
+      [DA_WINDOW_LEFT] = {"window_left", SA_ATTR_INT, 1, 0, 0, 0},
+      [DA_WINDOW_RIGHT] = {"window_right", SA_ATTR_INT, 1, 0, 0, 0},
   };
-  XLA_FFI_Error *e = sa_ffi_attrs_decode(f, target, at, (int)(sizeof at / sizeof at[0]));
+  XLA_FFI_Error *e = sa_ffi_attrs_decode(f, target, at, DA_COUNT);
   if (e) return e;
-  if (at[1].i < 0 || at[1].i > 2)
+  const int64_t softmax = at[DA_SOFTMAX].i;
+  if (softmax < 0 || softmax > 2)
     return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: softmax %lld invalid: use 0, 1 or 2", target,
-                        (long long)at[1].i);
-  if (f->args.size != 5 || f->rets.size != 2 + cuda)
+                        (long long)softmax);
+  if (f->args.size != D_OUT || f->rets.size != 2 + cuda)
     return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                        "%s: got %lld inputs and %lld results: expected 5 and %d", target, (long long)f->args.size,
-                        (long long)f->rets.size, 2 + cuda);
+                        "%s: got %lld inputs and %lld results: expected %d and %d", target, (long long)f->args.size,
+                        (long long)f->rets.size, D_OUT, 2 + cuda);
 
   sa_ffi_grid g;
   sa_ffi_view v[D_COUNT];
@@ -45,30 +47,30 @@ static XLA_FFI_Error *sa_ffi_decode_call(XLA_FFI_CallFrame *f, const char *targe
                         (long long)r0->rank);
   int64_t qd[4], kd[4], vd[4];
   const int64_t any4[4] = {-1, -1, -1, -1};
-  if ((e = sa_ffi_view_make(f, target, &g, sa_ffi_buffer(f, 0, 0), "query", XLA_FFI_DataType_INVALID, 4, any4, qd,
+  if ((e = sa_ffi_view_make(f, target, &g, sa_ffi_buffer(f, 0, D_Q), "query", XLA_FFI_DataType_INVALID, 4, any4, qd,
                             &v[D_Q])))
     return e;
   XLA_FFI_DataType dt = v[D_Q].buf->dtype;
   const int64_t B = qd[0], T = qd[1], N = qd[2], H = qd[3];
   const int64_t kw[4] = {B, -1, -1, H};
-  if ((e = sa_ffi_view_make(f, target, &g, sa_ffi_buffer(f, 0, 1), "k_cache", dt, 4, kw, kd, &v[D_K]))) return e;
+  if ((e = sa_ffi_view_make(f, target, &g, sa_ffi_buffer(f, 0, D_K), "k_cache", dt, 4, kw, kd, &v[D_K]))) return e;
   const int64_t S = kd[1], K = kd[2];
   const int64_t vw[4] = {B, S, K, -1};
-  if ((e = sa_ffi_view_make(f, target, &g, sa_ffi_buffer(f, 0, 2), "v_cache", dt, 4, vw, vd, &v[D_V]))) return e;
+  if ((e = sa_ffi_view_make(f, target, &g, sa_ffi_buffer(f, 0, D_V), "v_cache", dt, 4, vw, vd, &v[D_V]))) return e;
   const int64_t Hv = vd[3];
   const int64_t nw[1] = {N}, bw[1] = {B}, ow[4] = {B, T, N, Hv}, lw[3] = {B, N, T};
-  if (at[1].i == SA_SOFTMAX_LEARNABLE && (e = sa_ffi_view_make(f, target, &g, sa_ffi_buffer(f, 0, 3), "sinks",
+  if (softmax == SA_SOFTMAX_LEARNABLE && (e = sa_ffi_view_make(f, target, &g, sa_ffi_buffer(f, 0, D_SINKS), "sinks",
                                                                XLA_FFI_DataType_F32, 1, nw, NULL, &v[D_SINKS])))
     return e;
-  if ((e = sa_ffi_view_make(f, target, &g, sa_ffi_buffer(f, 0, 4), "cache_lengths", XLA_FFI_DataType_S32, 1, bw, NULL,
-                            &v[D_LENS])) ||
+  if ((e = sa_ffi_view_make(f, target, &g, sa_ffi_buffer(f, 0, D_LENS), "cache_lengths", XLA_FFI_DataType_S32, 1, bw,
+                            NULL, &v[D_LENS])) ||
       (e = sa_ffi_view_make(f, target, &g, r0, "out", dt, 4, ow, NULL, &v[D_OUT])) ||
-      (e = sa_ffi_view_make(f, target, &g, sa_ffi_buffer(f, 1, 1), "lse", XLA_FFI_DataType_F32, 3, lw, NULL,
+      (e = sa_ffi_view_make(f, target, &g, sa_ffi_buffer(f, 1, D_LSE - D_OUT), "lse", XLA_FFI_DataType_F32, 3, lw, NULL,
                             &v[D_LSE])))
     return e;
   const int64_t anyw[1] = {-1};
-  if (cuda && (e = sa_ffi_view_make(f, target, &g, sa_ffi_buffer(f, 1, 2), "workspace", XLA_FFI_DataType_U8, 1, anyw,
-                                    NULL, &v[D_WS])))
+  if (cuda && (e = sa_ffi_view_make(f, target, &g, sa_ffi_buffer(f, 1, D_WS - D_OUT), "workspace", XLA_FFI_DataType_U8,
+                                    1, anyw, NULL, &v[D_WS])))
     return e;
 
   sa_attn a;
@@ -82,10 +84,10 @@ static XLA_FFI_Error *sa_ffi_decode_call(XLA_FFI_CallFrame *f, const char *targe
   a.kv_heads = K;
   a.head_dim = H;
   a.v_head_dim = Hv;
-  a.scale = (float)at[0].f;
-  a.softmax = (sa_softmax)at[1].i;
-  a.window_left = at[2].i;
-  a.window_right = at[3].i;
+  a.scale = (float)at[DA_SCALE].f;
+  a.softmax = (sa_softmax)softmax;
+  a.window_left = at[DA_WINDOW_LEFT].i;
+  a.window_right = at[DA_WINDOW_RIGHT].i;
   a.causal = SA_CAUSAL_BOTTOM_RIGHT;
   a.q = v[D_Q].buf->data;
   a.k = v[D_K].buf->data;
@@ -130,3 +132,6 @@ SA_FFI_EXPORT size_t sa_jax_decode_workspace_size(int dtype, int64_t batch, int6
   size_t n = sa_attn_decode_workspace_size(&a, (sa_backend)backend);
   return n > 0 ? n : 1;
 }
+
+/* The longest query the decode handlers take (SA_DECODE_MAX_Q_LEN of sinkattn.h), for Python's checks. */
+SA_FFI_EXPORT int sa_jax_decode_max_q_len(void) { return SA_DECODE_MAX_Q_LEN; }

@@ -2,7 +2,7 @@
  * ffi_version.c — the XLA FFI API version the handlers declare, and the proof that they may.
  *
  * XLA accepts a handler whose declared API version has the framework's major and a minor from 1 up to
- * the framework's own (measured 2026-12-02 with one library declaring 0.0 .. 0.6 on jaxlib 0.7.0, 0.8.0,
+ * the framework's own (measured with one library declaring 0.0 .. 0.6 on jaxlib 0.7.0, 0.8.0,
  * 0.9.0, 0.10.2, 0.11.2 and 0.12.0.1, which implement FFI API 0.1, 0.1, 0.2, 0.3, 0.4 and 0.5: each took
  * 0.1 .. its own minor and refused 0.0 and anything newer). So the handlers declare 0.1, the oldest
  * version holding everything they use, and one build runs on every jaxlib from 0.7 on, whichever header

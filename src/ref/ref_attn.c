@@ -29,9 +29,23 @@ static double sa_ref_sink(const sa_attn *a, const double *sinks, int64_t n) {
    multiply by the same number (1/sqrt(H) is not exact in float: 1/sqrt(80) differs by 3e-8 relative). */
 static double sa_ref_scale(const sa_attn *a) { return (double)sa_scale_of(a); }
 
-/* Scores of query row i (batch b, head n) against every key: s[j] = scale * q_i . k_j + bias[b,n,i,j]
-   where (i, j) is valid, -inf where it is not (exp(-inf) = 0 drops those keys from every sum below; a
-   bias of -inf drops its key the same way). */
+/* The soft-cap of one logit: cap * tanh(l / cap), or l itself when the cap is off (0). */
+static double sa_ref_cap(const sa_attn *a, double l) {
+  double cap = (double)a->logits_soft_cap;
+  return cap > 0.0 ? cap * tanh(l / cap) : l;
+}
+
+/* d s / d l of the soft-cap at the capped logit s = cap * tanh(l / cap): 1 - tanh^2 = 1 - (s / cap)^2
+   (1 when the cap is off). */
+static double sa_ref_cap_grad(const sa_attn *a, double s) {
+  double cap = (double)a->logits_soft_cap;
+  return cap > 0.0 ? 1.0 - (s / cap) * (s / cap) : 1.0;
+}
+
+/* Scores of query row i (batch b, head n) against every key: s[j] = cap(scale * q_i . k_j + bias[b,n,i,j])
+   where (i, j) is valid, -inf where it is not, whatever q, k and bias hold there (exp(-inf) = 0 drops
+   those keys from every sum below). Without a soft-cap a bias of -inf drops its key the same way; under
+   one it gives the logit -cap. */
 static void sa_ref_scores(const sa_attn *a, const double *q, const double *k, const double *bias, int64_t b, int64_t n,
                           int64_t i, double *s) {
   int64_t S = a->kv_len, H = a->head_dim, kh = n / (a->q_heads / a->kv_heads);
@@ -44,8 +58,9 @@ static void sa_ref_scores(const sa_attn *a, const double *q, const double *k, co
     const double *qi = q + SA_Q(a, b, i, n), *kj = k + SA_K(a, b, j, kh);
     double dot = 0.0;
     for (int64_t d = 0; d < H; d++) dot += qi[d] * kj[d];
-    s[j] = scale * dot;
-    if (bias) s[j] += bias[sa_bcast_at(bs, b, n, i, j)];
+    double l = scale * dot;
+    if (bias) l += bias[sa_bcast_at(bs, b, n, i, j)];
+    s[j] = sa_ref_cap(a, l);
   }
 }
 
@@ -131,7 +146,8 @@ sa_status sa_ref_bwd64(const sa_attn *a, const double *q, const double *k, const
         for (int64_t d = 0; d < Hv; d++) D += doi[d] * oi[d];
 
         /* pass 2: probabilities from the saved lse, then ds = p (dp - D) into dq, dk, dv, and into the
-           bias element the score read (ds is the gradient of the score itself). */
+           bias element the score read. ds is the gradient of the capped score s; the logit l's (which
+           dq, dk and dbias differentiate) is ds * ds/dl, the soft-cap's 1 - tanh^2. */
         sa_ref_scores(a, q, k, bias, b, n, i, s);
         for (int64_t j = 0; j < S; j++) {
           if (s[j] == -INFINITY) continue;
@@ -140,7 +156,7 @@ sa_status sa_ref_bwd64(const sa_attn *a, const double *q, const double *k, const
           double *dkj = dk + SA_K(a, b, j, n / G), *dvj = dv + SA_V(a, b, j, n / G);
           double dp = 0.0;
           for (int64_t d = 0; d < Hv; d++) dp += doi[d] * vj[d];
-          double ds = p * (dp - D);
+          double ds = p * (dp - D) * sa_ref_cap_grad(a, s[j]);
           for (int64_t d = 0; d < H; d++) dqi[d] += scale * ds * kj[d];
           for (int64_t d = 0; d < H; d++) dkj[d] += scale * ds * qi[d];
           for (int64_t d = 0; d < Hv; d++) dvj[d] += p * doi[d];

@@ -4,7 +4,8 @@
  * and round once at the end. Exposed so tests can take central finite differences in fp64, where a
  * step of 1e-6 gives ~1e-9 relative accuracy instead of the ~1e-3 that float32 inputs would allow.
  *
- * Only the shape, mask (lengths, segments, positions, mask array), scale and softmax fields of *a are read;
+ * Only the shape, mask (lengths, segments, positions, mask array), scale, softmax and logits_soft_cap fields
+ * of *a are read;
  * the tensors come as double arrays (a->q, a->bias, a->out, ... are ignored). `sinks` is [N] double and
  * read for SA_SOFTMAX_LEARNABLE only (may be NULL otherwise); `bias` is [a->bias_dims] double, NULL for
  * none (then a->bias_dims must be all 0, as the struct's own bias would be).

@@ -4,9 +4,8 @@
  * workspace bytes and launches, and (q_len <= 64) decode's; the kernel arguments that fix a schedule are
  * decoded (mirrors below: the kernels' parameter blocks, whose layout the SASS comparison keeps fixed).
  *   plan_record CASES            print the record (tests/plan/golden.txt is made so)
- *   plan_record --check GOLDEN [--changed FILE]   replay GOLDEN's cases and compare line by line; exit 1 on a
- *                                difference (FILE: the cases that must differ)
- * Without SA_RECORD_PLAN the file builds against a tree without sa_plan.h (the base commit's).
+ *   plan_record --check GOLDEN   replay GOLDEN's cases and compare line by line (the plan lines aside); exit 1
+ *                                on a difference
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -17,10 +16,9 @@
 #include <vector>
 
 #include "cuda_mock.h"
-#include "sinkattn.h"
-#ifdef SA_RECORD_PLAN
+#include "feat.h"
 #include "sa_plan.h"
-#endif
+#include "sinkattn.h"
 
 namespace {
 
@@ -67,11 +65,36 @@ struct m_hop_params {
   const int32_t *q_seg, *kv_seg;
   int BH, n_mb, total, hg, nph;
 };
-struct m_sched {
+/* the feature kernels' blocks: the plain block, then feat.h's sa_cuda_feat and their own fields */
+struct m_hop_fwd_feat_params {
+  m_hop_params base;
+  sa_cuda_feat f;
+  int B, b_fast, lists;
+};
+struct m_twopass_params {
+  void *dq, *dk, *dv;
+  const float *lse2, *D;
+  int T, S, N, KH;
+  float scale, scale_l2;
+  m_hop_mask mask;
+  m_hop_shape shape;
+  int kb_slowest;
+  const int32_t *q_seg, *kv_seg;
+};
+struct m_twopass_feat_params {
+  m_twopass_params base;
+  sa_cuda_feat f;
+  int b0, n0;
+};
+struct m_feat_class_args {
+  int64_t B, T, S, N, Hv, cb, cn;
+  uint8_t *out;
+};
+struct m_onepass128_sched {
   int *sync;
   int nkb, G, n_all, d, total;
 };
-struct m_sched3 {
+struct m_onepass64_sched {
   int *sync;
   float *part;
   int nkb, Gc, hs, n_all, d;
@@ -84,20 +107,30 @@ void decode(const char *k, void **args, char *buf, size_t n) {
   if (has(k, "sa_hop_fwd_kernel")) {
     const m_hop_params &h = *(const m_hop_params *)args[4];
     snprintf(buf, n, "BH=%d n_mb=%d total=%d hg=%d nph=%d", h.BH, h.n_mb, h.total, h.hg, h.nph);
-  } else if (has(k, "bwd_persist3") || has(k, "bwd_onepass3")) {
-    const m_sched3 &s = *(const m_sched3 *)args[8];
-    snprintf(buf, n, "nkb=%d Gc=%d hs=%d n_all=%d d=%d", s.nkb, s.Gc, s.hs, s.n_all, s.d);
-    if (has(k, "bwd_persist3")) snprintf(buf + strlen(buf), n - strlen(buf), " items=%d", *(const int *)args[9]);
-  } else if (has(k, "bwd_onepass")) {
-    const m_sched &s = *(const m_sched *)args[8];
+    if (has(k, ", 1>")) { /* the feature kernel */
+      const m_hop_fwd_feat_params &f = *(const m_hop_fwd_feat_params *)args[4];
+      snprintf(buf + strlen(buf), n - strlen(buf), " b_fast=%d lists=%d cap=%g", f.b_fast, f.lists, (double)f.f.cap);
+    }
+  } else if (has(k, "sa_hop_twopass_dq_kernel") && has(k, ", 2, 1>")) {
+    const m_twopass_feat_params &f = *(const m_twopass_feat_params *)args[5];
+    snprintf(buf, n, "b0=%d n0=%d dbias=%d classes=%d", f.b0, f.n0, f.f.dbias_out != nullptr, f.f.cls != nullptr);
+  } else if (has(k, "sa_feat_class_kernel")) {
+    const m_feat_class_args &c = *(const m_feat_class_args *)args[1];
+    snprintf(buf, n, "cb=%lld cn=%lld lists=%d", (long long)c.cb, (long long)c.cn, c.out != nullptr);
+  } else if (has(k, "sa_hop_onepass64_kernel")) {
+    const m_onepass64_sched &s = *(const m_onepass64_sched *)args[8];
+    snprintf(buf, n, "nkb=%d Gc=%d hs=%d n_all=%d d=%d items=%d", s.nkb, s.Gc, s.hs, s.n_all, s.d,
+             *(const int *)args[9]);
+  } else if (has(k, "sa_hop_onepass128_kernel")) {
+    const m_onepass128_sched &s = *(const m_onepass128_sched *)args[8];
     snprintf(buf, n, "nkb=%d G=%d n_all=%d d=%d items=%d", s.nkb, s.G, s.n_all, s.d, s.total);
   } else if (has(k, "sa_decode")) {
     const m_decode_params &d = *(const m_decode_params *)args[0];
     snprintf(buf, n, "rows=%lld rowgroups=%lld chunk=%lld splits=%lld lanes=%d", (long long)d.rows,
              (long long)d.rowgroups, (long long)d.chunk, (long long)d.splits, d.lanes);
-  } else if (has(k, "dkdv_sum")) {
+  } else if (has(k, "sa_hop_dkdv_sum_kernel")) {
     snprintf(buf, n, "n=%zu hs=%d", *(const size_t *)args[3], *(const int *)args[4]);
-  } else if (has(k, "dq_convert")) {
+  } else if (has(k, "sa_hop_dq_convert_kernel")) {
     snprintf(buf, n, "rows=%d", *(const int *)args[6]);
   }
 }
@@ -114,7 +147,8 @@ int parse_enum(const char *s, const char *const *names, int n) {
   exit(2);
 }
 
-/* "name | dtype B T S N K H Hv softmax causal wl wr diag lens segs" */
+/* "name | dtype B T S N K H Hv softmax causal wl wr diag lens segs [bias=DIMS/DTYPE] [mask=DIMS] [pos=1] [cap=X]"
+   (DIMS as test_cuda's: "1NTS" is [1, N, T, S]); a case with one of the last four runs the feature plans. */
 bool parse_case(const std::string &line, tcase *c) {
   const size_t bar = line.find(" | ");
   if (bar == std::string::npos) return false;
@@ -143,41 +177,58 @@ bool parse_case(const std::string &line, tcase *c) {
   a.sinks = a.softmax == SA_SOFTMAX_LEARNABLE ? (const float *)dev(6) : nullptr;
   if (lens) a.q_lens = (const int32_t *)dev(7), a.kv_lens = (const int32_t *)dev(8);
   if (segs) a.q_segment_ids = (const int32_t *)dev(9), a.kv_segment_ids = (const int32_t *)dev(10);
+  const long long full[4] = {B, N, T, S};
+  for (size_t at = line.find(' ', bar + 3); at != std::string::npos; at = line.find(' ', at + 1)) {
+    char dims[8] = "", dtype[8] = "f32";
+    if (sscanf(line.c_str() + at + 1, "bias=%4s/%7s", dims, dtype) >= 1 && strlen(dims) == 4) {
+      for (int d = 0; d < 4; ++d) a.bias_dims[d] = dims[d] == '1' ? 1 : full[d];
+      a.bias_dtype = (sa_dtype)parse_enum(dtype, dts, 3);
+      a.bias = dev(11);
+    } else if (sscanf(line.c_str() + at + 1, "mask=%4s", dims) == 1 && strlen(dims) == 4) {
+      for (int d = 0; d < 4; ++d) a.mask_dims[d] = dims[d] == '1' ? 1 : full[d];
+      a.mask = (const uint8_t *)dev(12);
+    } else if (!strncmp(line.c_str() + at + 1, "pos=1", 5)) {
+      a.q_positions = (const int32_t *)dev(13), a.kv_positions = (const int32_t *)dev(14);
+    } else {
+      sscanf(line.c_str() + at + 1, "cap=%f", &a.logits_soft_cap);
+    }
+  }
   return true;
 }
+
+/* The case takes the feature plans (override-only: run_case forces them). */
+bool feature_case(const sa_attn &a) { return a.bias || a.mask || a.q_positions || a.logits_soft_cap != 0.0f; }
 
 void run_case(const tcase &c, FILE *out) {
   static const char *const st[] = {"SA_OK", "SA_ERR_INVALID", "SA_ERR_UNSUPPORTED", "SA_ERR_NO_MEMORY",
                                    "SA_ERR_DEVICE"};
   fprintf(out, "case %s\n", c.line.c_str());
   void *stream = (void *)(uintptr_t)0x5000;
+  const bool feat = feature_case(c.a);
+  if (feat)
+    sa_plan_force(SA_PLAN_FWD, "hopper.fwd.features"), sa_plan_force(SA_PLAN_BWD, "hopper.bwd.twopass.features");
   fprintf(out, " fwd\n");
   sa_status s = sa_attn_fwd(&c.a, SA_BACKEND_CUDA, stream);
   if (s != SA_OK) fprintf(out, "  status %s\n", st[s]);
-#ifdef SA_RECORD_PLAN
   else fprintf(out, "  plan %s\n", sa_plan_last(SA_PLAN_FWD));
-#endif
   sa_attn_grad g;
   memset(&g, 0, sizeof g);
   g.dout = (void *)(uintptr_t)0x200000000000ull, g.dq = (void *)(uintptr_t)0x210000000000ull;
   g.dk = (void *)(uintptr_t)0x220000000000ull, g.dv = (void *)(uintptr_t)0x230000000000ull;
   g.dsinks = c.a.softmax == SA_SOFTMAX_LEARNABLE ? (float *)(uintptr_t)0x240000000000ull : nullptr;
-  g.deterministic = 1;
+  g.dbias = c.a.bias ? (float *)(uintptr_t)0x250000000000ull : nullptr;
   const size_t ws = sa_attn_bwd_workspace_size(&c.a, SA_BACKEND_CUDA);
   fprintf(out, " bwd ws=%zu\n", ws);
   s = sa_attn_bwd(&c.a, &g, (void *)(uintptr_t)0x300000000000ull, ws, SA_BACKEND_CUDA, stream);
   if (s != SA_OK) fprintf(out, "  status %s\n", st[s]);
-#ifdef SA_RECORD_PLAN
   else fprintf(out, "  plan %s\n", sa_plan_last(SA_PLAN_BWD));
-#endif
+  if (feat) sa_plan_force(SA_PLAN_FWD, nullptr), sa_plan_force(SA_PLAN_BWD, nullptr);
   if (c.a.q_len <= 64) {
     const size_t dws = sa_attn_decode_workspace_size(&c.a, SA_BACKEND_CUDA);
     fprintf(out, " decode ws=%zu\n", dws);
     s = sa_attn_decode_fwd(&c.a, (void *)(uintptr_t)0x400000000000ull, dws, SA_BACKEND_CUDA, stream);
     if (s != SA_OK) fprintf(out, "  status %s\n", st[s]);
-#ifdef SA_RECORD_PLAN
     else fprintf(out, "  plan %s\n", sa_plan_last(SA_PLAN_DECODE));
-#endif
   }
 }
 
@@ -212,21 +263,10 @@ int main(int argc, char **argv) {
     }
     return 0;
   }
-  if ((argc == 3 || argc == 5) && !strcmp(argv[1], "--check")) {
-    /* --changed FILE: the cases (the text after "case ", one a line) whose launches differ from the record on
-       purpose; each must differ, every other case must match. */
-    std::vector<std::string> changed;
-    if (argc == 5 && !strcmp(argv[3], "--changed"))
-      for (const std::string &l : read_lines(argv[4]))
-        if (!l.empty() && l[0] != '#') changed.push_back(l);
-    /* The golden record's lines of each case against this build's, the plan lines aside. A record in the
-       base commit's format (no cooperative launches: 8667763's) has two expected differences: a kernel renamed
-       on purpose (the forward lost its Q-slot template argument: one value is left) and the one passes'
-       cooperative launch (a plain launch there). */
+  if (argc == 3 && !strcmp(argv[1], "--check")) {
+    /* The golden record's lines of each case against this build's, the plan lines aside: they describe the
+       plan (tests/test_plan.c checks the choices); the launches are what this record pins. */
     const std::vector<std::string> golden = read_lines(argv[2]);
-    bool base_format = true;
-    for (const std::string &l : golden)
-      if (l.find("launch.coop ") != std::string::npos || l.rfind("  plan ", 0) == 0) base_format = false;
     int cases = 0, bad = 0;
     for (size_t i = 0; i < golden.size(); ++i) {
       if (golden[i].rfind("case ", 0) != 0) continue;
@@ -246,29 +286,10 @@ int main(int argc, char **argv) {
         std::string l(buf);
         while (!l.empty() && l.back() == '\n') l.pop_back();
         if (l.rfind("  plan ", 0) == 0 || l.rfind("case ", 0) == 0) continue;
-        size_t k;
-        if (base_format && (k = l.find("launch.coop ")) != std::string::npos) l.replace(k, 12, "launch ");
         got.push_back(l);
       }
       fclose(f);
-      for (std::string &l : want) {
-        size_t k = base_format ? l.find("sa_hop_fwd_kernel<") : std::string::npos;
-        if (k != std::string::npos) {
-          const size_t e = l.find('>', k);
-          const size_t comma = l.rfind(',', e);
-          if (l.substr(comma, e - comma) == ", 2") l.erase(comma, e - comma);
-        }
-      }
       ++cases;
-      bool expect_change = false;
-      for (const std::string &c : changed) expect_change |= golden[i].substr(5) == c;
-      if (expect_change) {
-        if (got == want) {
-          ++bad;
-          printf("FAIL %s: listed as changed, but its launches equal the record's\n", golden[i].c_str());
-        }
-        continue;
-      }
       if (got != want) {
         ++bad;
         printf("FAIL %s\n", golden[i].c_str());
@@ -281,6 +302,6 @@ int main(int argc, char **argv) {
     printf("plan_record --check: %d cases, %d passed, %d failed\n", cases, cases - bad, bad);
     return bad ? 1 : 0;
   }
-  fprintf(stderr, "usage: plan_record CASES | plan_record --check GOLDEN [--changed CASES_FILE]\n");
+  fprintf(stderr, "usage: plan_record CASES | plan_record --check GOLDEN\n");
   return 2;
 }

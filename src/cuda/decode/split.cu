@@ -31,7 +31,7 @@ __device__ __forceinline__ void sa_dec_row(const void *base, int64_t off, int64_
 }
 
 template <typename T, bool CONTIG>
-__global__ void __launch_bounds__(SA_DEC_WARPS * 32) sa_decode_split_kernel(const sa_decode_params dp) {
+__global__ void __launch_bounds__(SA_DEC_WARPS * 32) sa_decode_register_kernel(const sa_decode_params dp) {
   constexpr int NE = CONTIG ? 16 / (int)sizeof(T) : SA_DEC_MAXD / 32;
   constexpr int RB = SA_DEC_RB;
   __shared__ float sm_acc[SA_DEC_WARPS][RB][SA_DEC_MAXD];
@@ -248,6 +248,13 @@ extern "C" sa_status sa_cuda_decode_supported(const sa_attn *a) {
                     (long long)a->head_dim, (long long)a->v_head_dim);
   if (a->q_segment_ids)
     return sa_error(SA_ERR_UNSUPPORTED, "q_segment_ids/kv_segment_ids unsupported by CUDA decode: use sa_attn_fwd");
+  const char *feat = sa_dims_set(a->bias_dims)    ? "bias"
+                     : sa_dims_set(a->mask_dims)  ? "mask"
+                     : a->q_positions             ? "q_positions / kv_positions"
+                     : a->logits_soft_cap != 0.0f ? "logits_soft_cap"
+                                                  : NULL;
+  if (feat) /* the split-KV kernels take none of these (a forced forward plan lets them past sa_check_cuda_inputs) */
+    return sa_error(SA_ERR_UNSUPPORTED, "%s unsupported by the CUDA backend's decode: use sa_attn_fwd", feat);
   const int64_t rg = (a->q_heads / a->kv_heads * a->q_len + SA_DEC_RB - 1) / SA_DEC_RB;
   if (a->batch > 65535 || a->kv_heads * rg > 65535 || a->kv_len >= ((int64_t)1 << 31))
     return sa_error(SA_ERR_UNSUPPORTED,
@@ -279,8 +286,8 @@ static cudaError_t sa_dec_launch(const sa_decode_params &dp, bool contig, const 
   cudaError_t e = cudaSuccess;
   if (plan.family == SA_CUDA_DECODE_MMA) e = sa_decode_mma_launch(dp, dtype, st);
   else if (plan.family == SA_CUDA_DECODE_PIPE) e = sa_decode_pipe_launch(dp, dtype, st);
-  else if (contig) sa_decode_split_kernel<T, true><<<g1, block, 0, st>>>(dp);
-  else sa_decode_split_kernel<T, false><<<g1, block, 0, st>>>(dp);
+  else if (contig) sa_decode_register_kernel<T, true><<<g1, block, 0, st>>>(dp);
+  else sa_decode_register_kernel<T, false><<<g1, block, 0, st>>>(dp);
   if (e != cudaSuccess) return e;
   /* the combine; with dec_pdl it is launched while the split kernel runs and waits for it in the kernel
      (programmatic dependent launch: its launch latency hides behind the split kernel's tail) */

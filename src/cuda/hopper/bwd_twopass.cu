@@ -4,23 +4,24 @@
  * products from registers; no atomics. Between the portable preprocess and sink reduction. docs/hopper.md,
  * "two-pass backward".
  */
-#include "hopper/bwd_parts.cuh"
+#include "feat_class.h"
+#include "hopper/bwd_feat.cuh"
+#include "hopper/bwd_gemm.cuh"
 #include "launch.h"
 
 namespace {
 
-/* from the tile table (hopper/ptx.cuh), where the reasons are */
-constexpr int KB = sa_hop_tiles::BWD_KB;     /* keys per dK/dV CTA at H128 (dkdv_tile below: 192 at H64) */
-constexpr int QB = sa_hop_tiles::BWD_QB;     /* query rows per streamed tile of dK/dV: N of S^T / dP^T */
-constexpr int QM = sa_hop_tiles::BWD_QM;     /* query rows per dQ CTA at H128 (dq_tile below: 192 at H64) */
-constexpr int KT = sa_hop_tiles::BWD_KT;     /* keys per streamed tile of dQ */
-constexpr int STAGES = sa_hop_tiles::STAGES; /* ring depth (Q, dO tiles of dK/dV; K, V tiles of dQ): 130 KiB at H 128 */
-/* consumer warpgroups and threads per CTA: dkdv_tile / dq_tile below (2 + producer at H128, 3 + producer at H64) */
+/* from the tile table (hopper/tiles.h), where the reasons are */
+constexpr int QB = SA_HOP_BWD_QB;     /* query rows per streamed tile of dK/dV: N of S^T / dP^T */
+constexpr int KT = SA_HOP_BWD_KT;     /* keys per streamed tile of dQ */
+constexpr int STAGES = SA_HOP_STAGES; /* ring depth (Q, dO tiles of dK/dV; K, V tiles of dQ): 130 KiB at H 128 */
+/* consumer warpgroups and threads per CTA: sa_hop_dkdv_tile / sa_hop_dq_tile below (2 + producer at H128, 3 +
+   producer at H64) */
 /* Registers per consumer thread at H 128 (dK/dV): dK 64 + dV 64 + S^T 32 + dP^T 32 = 192 live accumulators,
    plus 32 for the bf16 fragments of P^T and dS^T: a 128-row query tile (S^T, dP^T 64 each) would not fit 240. */
 
 /* What the dK/dV and dQ kernels take besides their tensor maps (outputs [B, L, heads, H] bf16). */
-struct sa_hop_bwd_params {
+struct sa_hop_twopass_params {
   __nv_bfloat16 *dq, *dk, *dv;
   const float *lse2, *D; /* [B, N, T], workspace written by sa_bwd_pre_kernel */
   int T, S, N, KH;
@@ -31,7 +32,62 @@ struct sa_hop_bwd_params {
   const int32_t *q_seg, *kv_seg; /* [B, T], [B, S] (MASK 4: segment ids; the streamed side's by TMA) */
 };
 
-/* dK/dV's warpgroups (the tile table of hopper/ptx.cuh points here). H128: 2 consumer warpgroups of 64 keys (KB
+/* The feature kernels' block (FEAT 1, hopper/bwd_feat.cuh): b0 / n0 offset the dQ grid's batch and head, so that
+   each launch of a dbias broadcast over the batch or the heads holds one contributor per element (the launches
+   add into dbias in order: sa_hop_twopass_launch). */
+struct sa_hop_twopass_feat_params : sa_hop_twopass_params {
+  sa_cuda_feat f;
+  int b0, n0;
+};
+template <int FEAT>
+struct sa_hop_twopass_params_of {
+  using type = sa_hop_twopass_params;
+};
+template <>
+struct sa_hop_twopass_params_of<1> {
+  using type = sa_hop_twopass_feat_params;
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* What the dQ kernel reads of the features whatever its block (the plain block has none: 0, false). */
+__device__ __forceinline__ int feat_b0(const sa_hop_twopass_params &) { return 0; }
+__device__ __forceinline__ int feat_b0(const sa_hop_twopass_feat_params &p) { return p.b0; }
+__device__ __forceinline__ int feat_n0(const sa_hop_twopass_params &) { return 0; }
+__device__ __forceinline__ int feat_n0(const sa_hop_twopass_feat_params &p) { return p.n0; }
+__device__ __forceinline__ bool feat_classes(const sa_hop_twopass_params &) { return false; }
+__device__ __forceinline__ bool feat_classes(const sa_hop_twopass_feat_params &p) { return p.f.cls != nullptr; }
+
+/* dS of this thread's pairs of a 64-key tile (rows r0 + 8 h at dbias offsets rows[h], keys kc0 + 8 j + (e & 1) of
+   ds[4 j + e]) added into dbias_out, which attn.cu zeroed: each element has one writer a launch and the launches run
+   in order, so the sum's order is fixed. Rows past q_len add nothing (their dS is 0 x NaN where dO or out is
+   padding). A bias broadcast along the keys takes each row's sum (the quad's, in a fixed order). */
+__device__ __forceinline__ void feat_dbias_tile(const sa_cuda_feat &f, const float (&ds)[32], const int64_t (&rows)[2],
+                                                int kc0, int r0, int ql, int t) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const bool live = r0 + 8 * h < ql;
+    if (f.dbias_s) {
+      if (live)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          float2 *d = reinterpret_cast<float2 *>(f.dbias_out + rows[h] + kc0 + 8 * j);
+          float2 v = *d;
+          v.x += ds[4 * j + 2 * h], v.y += ds[4 * j + 2 * h + 1];
+          *d = v;
+        }
+    } else {
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sum += ds[4 * j + 2 * h] + ds[4 * j + 2 * h + 1];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (live && t == 0) f.dbias_out[rows[h]] += sum;
+    }
+  }
+}
+#endif /* sm_90a */
+
+/* dK/dV's warpgroups (the tile table of hopper/tiles.h points here). H128: 2 consumer warpgroups of 64 keys (KB
    128), 240 registers each. H64: 3 (KB 192), 160 registers each (128 x 24 + 384 x 160 = 64512; the consumer
    needs R152 at H64): at k = 64 a warpgroup's four m64n64 products per tile are 512 tensor clocks against its
    4096 exp2 (256 MUFU clocks) plus the dS arithmetic, and with two warpgroups waiting on the same tile both are
@@ -40,7 +96,7 @@ struct sa_hop_bwd_params {
    it also loads each Q / dO tile once for 192 keys instead of 128. S is a multiple of 128, not of 192: the last
    CTA of a head may hold 64 or 128 keys (n_wg warpgroups; the others leave at once). */
 template <int HD, int NCK>
-struct dkdv_tile {
+struct sa_hop_dkdv_tile {
   static constexpr int NC = NCK, KB = 64 * NC, THREADS = 128 * (NC + 1), REGS = NC == 3 ? 160 : 240;
   static_assert(128 * 24 + 128 * NC * REGS <= 65536, "register file: producer 24 + consumers");
   /* per stage: the Q and dO tiles, lse2 and D (QB fp32 each) and, MASK 4, the tile's query segment ids (QB int32;
@@ -52,7 +108,7 @@ struct dkdv_tile {
    against the same exp2s, each K / V tile loaded once for 192 rows); T is a multiple of 128, so the last CTA of a
    head may hold 64 or 128 rows. */
 template <int HD, int NCQ>
-struct dq_tile {
+struct sa_hop_dq_tile {
   static constexpr int NC = NCQ, QM = 64 * NC, THREADS = 128 * (NC + 1), REGS = NC == 3 ? 160 : 240;
   static_assert(128 * 24 + 128 * NC * REGS <= 65536, "register file: producer 24 + consumers");
   /* per stage: the K and V tiles and, MASK 4, the tile's key segment ids (KT int32; reserved for every kind) */
@@ -62,24 +118,26 @@ struct dq_tile {
 static_assert(QB == 64 && KT == 64, "gemm_rs and pack_frag read 64-row tiles");
 /* lse2 / D boxes: inner extent a multiple of 16 bytes and <= 256 elements; shared destinations 128-byte aligned
    (the region follows K, V and the Q / dO ring from a 1024-byte boundary, boxes QB * 4 = 256 B apart). */
-static_assert(QB * 4 % 128 == 0 && QB <= 256 && (KB * 64 * 2) % 128 == 0 && (QB * 64 * 2) % 128 == 0,
+static_assert(QB * 4 % 128 == 0 && QB <= 256 && (SA_HOP_WG_ROWS * 64 * 2) % 128 == 0 && (QB * 64 * 2) % 128 == 0,
               "lse2 / D box destinations must be 128-byte aligned");
-static_assert(128 % KB == 0 && 128 % QB == 0 && 128 % QM == 0 && 128 % KT == 0,
-              "sa_hop_in_scope admits T and S that are multiples of 128");
+static_assert(128 % SA_HOP_WG_ROWS == 0 && 128 % QB == 0 && 128 % KT == 0,
+              "the Hopper scope (sa_hop_scope) admits T and S that are multiples of 128");
 
 /* the device helpers (wgmma m64n64, the lse2 / D box, gemm_ss / gemm_rs, pack_frag, anchor_exp2, zero,
-   store_rows) are in hopper_bwd_parts.cuh */
+   store_rows) are in hopper/bwd_gemm.cuh */
 
 /* ---- 2. dK, dV -------------------------------------------------------------------------------------- */
 
-template <int HD, int MASK, int NCK>
-__global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
-    sa_hop_bwd_dkdv(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
-                    const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
-                    const __grid_constant__ CUtensorMap tml, const __grid_constant__ CUtensorMap tmd,
-                    const __grid_constant__ CUtensorMap tmqid, const sa_hop_bwd_params p) {
+/* FEAT 1: the feature kernel (hopper/bwd_feat.cuh: bias, mask array, positions, soft-cap; kinds 0-3). */
+template <int HD, int MASK, int NCK, int FEAT = 0>
+__global__ void __launch_bounds__(sa_hop_dkdv_tile<HD, NCK>::THREADS, 1)
+    sa_hop_twopass_dkdv_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
+                               const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
+                               const __grid_constant__ CUtensorMap tml, const __grid_constant__ CUtensorMap tmd,
+                               const __grid_constant__ CUtensorMap tmqid,
+                               const typename sa_hop_twopass_params_of<FEAT>::type p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using TL = dkdv_tile<HD, NCK>;
+  using TL = sa_hop_dkdv_tile<HD, NCK>;
   constexpr int CB = HD / 64, NC = TL::NC, KB = TL::KB;
   constexpr uint32_t KV_BYTES = KB * HD * 2, QT_BYTES = QB * HD * 2, LD_BYTES = (MASK == 4 ? 3 : 2) * QB * 4;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -144,9 +202,13 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
         tma_load(sk + c * KB * 128, &tmk, b0, c * 64, kvh, k0, b);
         tma_load(sv + c * KB * 128, &tmv, b0, c * 64, kvh, k0, b);
       }
+      int xs = 0; /* FEAT: the ring position of the loaded tiles (a tile whose every block is empty is not) */
       for (int it = 0; it < n_tiles; ++it) {
-        const int s = it % STAGES, n = kvh * G + it / per_head, i0 = (qb0 + it % per_head) * QB;
-        mbar_wait(bar_empty(s), ((it / STAGES) & 1) ^ 1);
+        const int s = (FEAT ? xs : it) % STAGES, n = kvh * G + it / per_head, i0 = (qb0 + it % per_head) * QB;
+        if constexpr (FEAT)
+          if (feat_tile_empty(p.f, b, n, i0 / 64, k0 / 64, n_wg, false)) continue;
+        mbar_wait(bar_empty(s), (((FEAT ? xs : it) / STAGES) & 1) ^ 1);
+        if constexpr (FEAT) ++xs;
         mbar_arrive_tx(bar_full(s), 2 * QT_BYTES + LD_BYTES);
         for (int c = 0; c < CB; ++c) {
           tma_load(sq + s * QT_BYTES + c * QB * 128, &tmq, bar_full(s), c * 64, n, i0, b);
@@ -198,19 +260,46 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
     kid0 = p.kv_seg[(size_t)b * p.S + kr];
     kid1 = p.kv_seg[(size_t)b * p.S + kr + 8];
   }
+  /* FEAT: the query positions that see this thread's keys kr, kr + 8 (sa_feat_pos_qbounds) */
+  int2 fq[2] = {make_int2(1, 0), make_int2(1, 0)};
+  if constexpr (FEAT)
+    if (p.f.q_pos)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        sa_feat_pos_qbounds(&p.f, p.f.kv_pos[(int64_t)b * p.S + kr + 8 * h], &fq[h].x, &fq[h].y);
   if (n_tiles > 0) mbar_wait(b0, 0);
 
+  int xs = 0; /* FEAT: as the producer's */
   for (int it = 0; it < n_tiles; ++it) {
-    const int s = it % STAGES, i0 = (qb0 + it % per_head) * QB;
+    const int s = (FEAT ? xs : it) % STAGES, i0 = (qb0 + it % per_head) * QB;
+    /* FEAT: the class of this warpgroup's block of the tile; the bias / mask / query positions of its element
+       (query i0 + 2 t, key kr): element (j, e) is 8 j + (e & 1) queries, 8 (e >> 1) keys further (32-bit steps) */
+    int fcls = SA_FEAT_FULL;
+    const uint8_t *fbp = nullptr, *fmp = nullptr;
+    const int32_t *fqp = nullptr;
+    if constexpr (FEAT) {
+      const int n = kvh * G + it / per_head;
+      if (feat_tile_empty(p.f, b, n, i0 / 64, k0 / 64, n_wg, false)) continue;
+      fcls = feat_cls(p.f, b, n, i0 / 64, kw0 / 64);
+      const int64_t q = i0 + 2 * t;
+      if (p.f.bias)
+        fbp =
+            (const uint8_t *)p.f.bias + (b * p.f.bias_b + n * p.f.bias_n + q * p.f.bias_t + (int64_t)kr * p.f.bias_s) *
+                                            (p.f.bias_dtype == SA_F32 ? 4 : 2);
+      if (p.f.mask) fmp = p.f.mask + b * p.f.mask_b + n * p.f.mask_n + q * p.f.mask_t + (int64_t)kr * p.f.mask_s;
+      if (p.f.q_pos) fqp = p.f.q_pos + (int64_t)b * T + q;
+    }
     const uint32_t sq_s = sq + s * QT_BYTES, sdo_s = sdo + s * QT_BYTES;
-    mbar_wait(bar_full(s), (it / STAGES) & 1);
+    mbar_wait(bar_full(s), ((FEAT ? xs : it) / STAGES) & 1);
+    if constexpr (FEAT) ++xs;
     if (MASK >= 3 && i0 + QB > ql) { /* the block holding q_len (CTA-uniform): rows past it may be NaN padding */
       const int r = ql - i0, tid = threadIdx.x - 128;
       zero_tile_rows(sq_s, QB, r, CB, tid, 128 * n_wg);
       zero_tile_rows(sdo_s, QB, r, CB, tid, 128 * n_wg);
       named_bar_sync(1, 128 * n_wg);
     }
-    if (MASK && (i0 + QB <= w_beg || i0 >= w_end)) { /* no row of the tile sees this warpgroup's keys */
+    if ((MASK && (i0 + QB <= w_beg || i0 >= w_end)) || (FEAT && fcls == SA_FEAT_EMPTY)) { /* no row of the
+                                                                    tile sees this warpgroup's keys */
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_empty(s));
       continue;
@@ -244,7 +333,22 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
       if (MASK == 4) qi = *reinterpret_cast<const int2 *>(qid + 8 * j + 2 * t);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float x = ex2(fmaf(st[4 * j + e], sl2, -((e & 1) ? l2.y : l2.x)));
+        float x;
+        if constexpr (FEAT) { /* the logit of bias and soft-cap, the mask array's and the positions' select */
+          const int dq = 8 * j + (e & 1), dk = 8 * (e >> 1);
+          const float bias = fbp ? sa_feat_ld1(fbp, p.f.bias_dtype, (int64_t)dq * p.f.bias_t + dk * p.f.bias_s) : 0.f;
+          x = ex2(sa_feat_logit2(&p.f, st[4 * j + e], bias) - ((e & 1) ? l2.y : l2.x));
+          if (fcls == SA_FEAT_PARTIAL) {
+            bool ok = !fmp || __ldg(fmp + (int64_t)dq * p.f.mask_t + dk * p.f.mask_s) != 0;
+            if (fqp) {
+              const int32_t qp = __ldg(fqp + dq);
+              ok = ok && qp >= fq[e >> 1].x && qp <= fq[e >> 1].y;
+            }
+            if (!ok) x = 0.f;
+          }
+        } else {
+          x = ex2(fmaf(st[4 * j + e], sl2, -((e & 1) ? l2.y : l2.x)));
+        }
         const int c = 8 * (e >> 1) - 8 * j - (e & 1); /* key kr + 8 (e >> 1), query i0 + 8j + 2t + (e & 1) */
         const int xh = (e >> 1) ? xh1 : xh0, xl = (e >> 1) ? xl1 : xl0;
         if (masked && (xh > -c || (MASK >= 2 && xl < -c))) x = 0.f;
@@ -259,7 +363,7 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
     for (int j = 0; j < 8; ++j) {
       float2 dd = *reinterpret_cast<const float2 *>(Dq + 8 * j + 2 * t);
       /* D of a row past q_len may be NaN (padding dO / out), and P = 0 times NaN is NaN: 0 in registers. Not by
-         a store into the stage: a plain store there races (compute-sanitizer racecheck, ) with
+         a store into the stage: a plain store there races (compute-sanitizer racecheck reports it) with
          the reads of lanes 1..31 in the stage's previous tile, which only lane 0's empty arrive releases. */
       if (MASK >= 3 && i0 + 8 * j + 2 * t + 1 >= ql) {
         if (i0 + 8 * j + 2 * t >= ql) dd.x = 0.f;
@@ -267,6 +371,12 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
       }
 #pragma unroll
       for (int e = 0; e < 4; ++e) dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? dd.y : dd.x));
+      if constexpr (FEAT) /* the soft-cap's 1 - tanh^2, from P and lse2 (sa_feat_cap_grad) */
+        if (p.f.cap > 0.f) {
+          const float2 l2 = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dpt[4 * j + e] *= sa_feat_cap_grad(&p.f, st[4 * j + e], (e & 1) ? l2.y : l2.x);
+        }
     }
     pack_frag(pf, st);
     pack_frag(df, dpt);
@@ -295,7 +405,7 @@ __global__ void __launch_bounds__(dkdv_tile<HD, NCK>::THREADS, 1)
 #endif /* sm_90a */
 }
 
-#include "hopper/bwd_twopass_dq.cuh" /* 3. dQ (sa_hop_bwd_dq) */
+#include "hopper/bwd_twopass_dq.cuh" /* 3. dQ (sa_hop_twopass_dq_kernel) */
 
 /* ---- host ------------------------------------------------------------------------------------------- */
 
@@ -305,47 +415,81 @@ enum { M_Q_QB, M_DO_QB, M_K_KB, M_V_KB, M_Q_QM, M_DO_QM, M_K_KT, M_V_KT, M_LSE2,
 
 /* The dK/dV kernel with NCK consumer warpgroups (ceil(S / KB) key blocks a head). */
 template <int HD, int MASK, int NCK>
-cudaError_t sa_hop_dkdv_launch(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B,
-                               cudaStream_t st) {
-  using TL = dkdv_tile<HD, NCK>;
-  cudaError_t e =
-      cudaFuncSetAttribute(sa_hop_bwd_dkdv<HD, MASK, NCK>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM);
+cudaError_t sa_hop_twopass_dkdv_launch(const CUtensorMap (&m)[M_COUNT], const sa_hop_twopass_params &hp, int64_t B,
+                                       cudaStream_t st) {
+  using TL = sa_hop_dkdv_tile<HD, NCK>;
+  cudaError_t e = cudaFuncSetAttribute(sa_hop_twopass_dkdv_kernel<HD, MASK, NCK>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM);
   if (e != cudaSuccess) return e;
   const unsigned nkb = (unsigned)((hp.S + TL::KB - 1) / TL::KB);
   const dim3 gk = hp.kb_slowest ? dim3((unsigned)hp.KH, (unsigned)B, nkb) : dim3(nkb, (unsigned)hp.KH, (unsigned)B);
-  sa_hop_bwd_dkdv<HD, MASK, NCK>
+  sa_hop_twopass_dkdv_kernel<HD, MASK, NCK>
       <<<gk, TL::THREADS, TL::SMEM, st>>>(m[M_Q_QB], m[M_DO_QB], m[M_K_KB], m[M_V_KB], m[M_LSE2], m[M_D], m[M_QID], hp);
   return cudaGetLastError();
 }
 
 template <int HD, int MASK, int NCK, int NCQ>
-cudaError_t sa_hop_bwd_run_nc(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B,
-                              cudaStream_t st) {
-  using TQ = dq_tile<HD, NCQ>;
-  cudaError_t e =
-      cudaFuncSetAttribute(sa_hop_bwd_dq<HD, MASK, NCQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, TQ::SMEM);
-  if (e != cudaSuccess || (e = sa_hop_dkdv_launch<HD, MASK, NCK>(m, hp, B, st)) != cudaSuccess) return e;
+cudaError_t sa_hop_twopass_run_nc(const CUtensorMap (&m)[M_COUNT], const sa_hop_twopass_params &hp, int64_t B,
+                                  cudaStream_t st) {
+  using TQ = sa_hop_dq_tile<HD, NCQ>;
+  cudaError_t e = cudaFuncSetAttribute(sa_hop_twopass_dq_kernel<HD, MASK, NCQ>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, TQ::SMEM);
+  if (e != cudaSuccess || (e = sa_hop_twopass_dkdv_launch<HD, MASK, NCK>(m, hp, B, st)) != cudaSuccess) return e;
   dim3 gq((unsigned)((hp.T + TQ::QM - 1) / TQ::QM), (unsigned)hp.N, (unsigned)B);
-  sa_hop_bwd_dq<HD, MASK, NCQ>
+  sa_hop_twopass_dq_kernel<HD, MASK, NCQ>
       <<<gq, TQ::THREADS, TQ::SMEM, st>>>(m[M_Q_QM], m[M_DO_QM], m[M_K_KT], m[M_V_KT], m[M_KID], hp);
   return cudaGetLastError();
 }
 
 template <int HD, int MASK>
-cudaError_t sa_hop_bwd_run(const CUtensorMap (&m)[M_COUNT], const sa_hop_bwd_params &hp, int64_t B, int nck, int ncq,
-                           cudaStream_t st) {
+cudaError_t sa_hop_twopass_run(const CUtensorMap (&m)[M_COUNT], const sa_hop_twopass_params &hp, int64_t B, int nck,
+                               int ncq, cudaStream_t st) {
   if constexpr (HD == 64 && MASK < 3) { /* lengths and segment ids: 2 (at 3 their kernels spill) */
     if (nck == 3)
-      return ncq == 3 ? sa_hop_bwd_run_nc<HD, MASK, 3, 3>(m, hp, B, st)
-                      : sa_hop_bwd_run_nc<HD, MASK, 3, 2>(m, hp, B, st);
-    if (ncq == 3) return sa_hop_bwd_run_nc<HD, MASK, 2, 3>(m, hp, B, st);
+      return ncq == 3 ? sa_hop_twopass_run_nc<HD, MASK, 3, 3>(m, hp, B, st)
+                      : sa_hop_twopass_run_nc<HD, MASK, 3, 2>(m, hp, B, st);
+    if (ncq == 3) return sa_hop_twopass_run_nc<HD, MASK, 2, 3>(m, hp, B, st);
   }
-  return sa_hop_bwd_run_nc<HD, MASK, 2, 2>(m, hp, B, st);
+  return sa_hop_twopass_run_nc<HD, MASK, 2, 2>(m, hp, B, st);
+}
+
+/* The feature kernels (plan hopper.bwd.twopass.features, 2 consumer warpgroups each): dK/dV once, then dQ once, or
+   with a dbias that a batch / head broadcast shares, once per contributor (b0, n0) in order, each adding into the
+   zeroed dbias (the dQ grid then spans the other batches / heads only). */
+template <int HD, int MASK>
+cudaError_t sa_hop_twopass_feat_run(const CUtensorMap (&m)[M_COUNT], const sa_hop_twopass_feat_params &hp, int64_t B,
+                                    cudaStream_t st) {
+  using TK = sa_hop_dkdv_tile<HD, 2>;
+  using TQ = sa_hop_dq_tile<HD, 2>;
+  cudaError_t e = cudaFuncSetAttribute(sa_hop_twopass_dkdv_kernel<HD, MASK, 2, 1>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, TK::SMEM);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(sa_hop_twopass_dq_kernel<HD, MASK, 2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             TQ::SMEM);
+  if (e != cudaSuccess) return e;
+  const unsigned nkb = (unsigned)((hp.S + TK::KB - 1) / TK::KB);
+  const dim3 gk = hp.kb_slowest ? dim3((unsigned)hp.KH, (unsigned)B, nkb) : dim3(nkb, (unsigned)hp.KH, (unsigned)B);
+  sa_hop_twopass_dkdv_kernel<HD, MASK, 2, 1>
+      <<<gk, TK::THREADS, TK::SMEM, st>>>(m[M_Q_QB], m[M_DO_QB], m[M_K_KB], m[M_V_KB], m[M_LSE2], m[M_D], m[M_QID], hp);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  const sa_cuda_feat &f = hp.f;
+  const bool per_b = f.dbias_out && f.bias_b == 0 && B > 1, per_n = f.dbias_out && f.bias_n == 0 && hp.N > 1;
+  const dim3 gq((unsigned)((hp.T + TQ::QM - 1) / TQ::QM), per_n ? 1u : (unsigned)hp.N, per_b ? 1u : (unsigned)B);
+  sa_hop_twopass_feat_params c = hp;
+  for (int b0 = 0; b0 < (per_b ? B : 1); ++b0)
+    for (int n0 = 0; n0 < (per_n ? hp.N : 1); ++n0) {
+      c.b0 = b0, c.n0 = n0;
+      sa_hop_twopass_dq_kernel<HD, MASK, 2, 1>
+          <<<gq, TQ::THREADS, TQ::SMEM, st>>>(m[M_Q_QM], m[M_DO_QM], m[M_K_KT], m[M_V_KT], m[M_KID], c);
+      if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
+  return cudaSuccess;
 }
 
 } /* namespace */
 
-cudaError_t sa_hop_twopass_launch(const sa_cuda_plan &plan, const sa_cuda_params &p, cudaStream_t st) {
+cudaError_t sa_hop_twopass_launch(const sa_cuda_plan &plan, const sa_cuda_params &p, const sa_cuda_feat *f,
+                                  cudaStream_t st) {
   static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
   if (!enc) return cudaErrorNotSupported;
   const int kind = plan.mask, kbk = 64 * plan.wg, qmk = 64 * plan.wg_dq;
@@ -364,7 +508,7 @@ cudaError_t sa_hop_twopass_launch(const sa_cuda_plan &plan, const sa_cuda_params
   const bool ids_ok = kind != 4 || (sa_hop_map_ids(enc, &m[M_QID], p.q_seg, p.B, p.T, QB) &&
                                     sa_hop_map_ids(enc, &m[M_KID], p.kv_seg, p.B, p.S, KT));
   if (!ok || !ids_ok) return cudaErrorInvalidValue;
-  sa_hop_bwd_params hp;
+  sa_hop_twopass_params hp;
   hp.dq = (__nv_bfloat16 *)p.dq;
   hp.dk = (__nv_bfloat16 *)p.dk;
   hp.dv = (__nv_bfloat16 *)p.dv;
@@ -381,17 +525,39 @@ cudaError_t sa_hop_twopass_launch(const sa_cuda_plan &plan, const sa_cuda_params
   hp.q_seg = p.q_seg;
   hp.kv_seg = p.kv_seg;
   hp.kb_slowest = plan.kb_slowest;
+  if (plan.feat) { /* the class table into the workspace (feat_class.cu), then the feature kernels */
+    if (!f) return cudaErrorInvalidValue;
+    sa_hop_twopass_feat_params fp;
+    static_cast<sa_hop_twopass_params &>(fp) = hp;
+    fp.f = *f;
+    fp.b0 = fp.n0 = 0;
+    if (f->cls) {
+      const sa_feat_class_args ca = {p.B, p.T, p.S, p.N, p.Hv, plan.cls_cb, plan.cls_cn, nullptr};
+      const cudaError_t e = sa_feat_class_launch(*f, ca, 0, st);
+      if (e != cudaSuccess) return e;
+    }
+    switch (kind + 4 * (p.H == 128)) {
+      case 0: return sa_hop_twopass_feat_run<64, 0>(m, fp, p.B, st);
+      case 1: return sa_hop_twopass_feat_run<64, 1>(m, fp, p.B, st);
+      case 2: return sa_hop_twopass_feat_run<64, 2>(m, fp, p.B, st);
+      case 3: return sa_hop_twopass_feat_run<64, 3>(m, fp, p.B, st);
+      case 4: return sa_hop_twopass_feat_run<128, 0>(m, fp, p.B, st);
+      case 5: return sa_hop_twopass_feat_run<128, 1>(m, fp, p.B, st);
+      case 6: return sa_hop_twopass_feat_run<128, 2>(m, fp, p.B, st);
+      default: return sa_hop_twopass_feat_run<128, 3>(m, fp, p.B, st);
+    }
+  }
   const int nck = plan.wg, ncq = plan.wg_dq;
   switch (kind + 5 * (p.H == 128)) {
-    case 0: return sa_hop_bwd_run<64, 0>(m, hp, p.B, nck, ncq, st);
-    case 1: return sa_hop_bwd_run<64, 1>(m, hp, p.B, nck, ncq, st);
-    case 2: return sa_hop_bwd_run<64, 2>(m, hp, p.B, nck, ncq, st);
-    case 3: return sa_hop_bwd_run<64, 3>(m, hp, p.B, nck, ncq, st);
-    case 4: return sa_hop_bwd_run<64, 4>(m, hp, p.B, nck, ncq, st);
-    case 5: return sa_hop_bwd_run<128, 0>(m, hp, p.B, nck, ncq, st);
-    case 6: return sa_hop_bwd_run<128, 1>(m, hp, p.B, nck, ncq, st);
-    case 7: return sa_hop_bwd_run<128, 2>(m, hp, p.B, nck, ncq, st);
-    case 8: return sa_hop_bwd_run<128, 3>(m, hp, p.B, nck, ncq, st);
-    default: return sa_hop_bwd_run<128, 4>(m, hp, p.B, nck, ncq, st);
+    case 0: return sa_hop_twopass_run<64, 0>(m, hp, p.B, nck, ncq, st);
+    case 1: return sa_hop_twopass_run<64, 1>(m, hp, p.B, nck, ncq, st);
+    case 2: return sa_hop_twopass_run<64, 2>(m, hp, p.B, nck, ncq, st);
+    case 3: return sa_hop_twopass_run<64, 3>(m, hp, p.B, nck, ncq, st);
+    case 4: return sa_hop_twopass_run<64, 4>(m, hp, p.B, nck, ncq, st);
+    case 5: return sa_hop_twopass_run<128, 0>(m, hp, p.B, nck, ncq, st);
+    case 6: return sa_hop_twopass_run<128, 1>(m, hp, p.B, nck, ncq, st);
+    case 7: return sa_hop_twopass_run<128, 2>(m, hp, p.B, nck, ncq, st);
+    case 8: return sa_hop_twopass_run<128, 3>(m, hp, p.B, nck, ncq, st);
+    default: return sa_hop_twopass_run<128, 4>(m, hp, p.B, nck, ncq, st);
   }
 }

@@ -1,18 +1,20 @@
 /*
  * hopper/bwd_twopass_dq.cuh — the dQ kernel of the two-pass backward; included by hopper/bwd_twopass.cu only.
  */
-#ifndef SA_HOPPER_BWD_DQ_CUH
-#define SA_HOPPER_BWD_DQ_CUH
+#ifndef SA_HOPPER_BWD_TWOPASS_DQ_CUH
+#define SA_HOPPER_BWD_TWOPASS_DQ_CUH
 
 /* ---- 3. dQ ------------------------------------------------------------------------------------------ */
 
-template <int HD, int MASK, int NCQ>
-__global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
-    sa_hop_bwd_dq(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
-                  const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
-                  const __grid_constant__ CUtensorMap tmkid, const sa_hop_bwd_params p) {
+/* FEAT 1: the feature kernel (hopper/bwd_feat.cuh), which also writes dbias. */
+template <int HD, int MASK, int NCQ, int FEAT = 0>
+__global__ void __launch_bounds__(sa_hop_dq_tile<HD, NCQ>::THREADS, 1)
+    sa_hop_twopass_dq_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
+                             const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
+                             const __grid_constant__ CUtensorMap tmkid,
+                             const typename sa_hop_twopass_params_of<FEAT>::type p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using TL = dq_tile<HD, NCQ>;
+  using TL = sa_hop_dq_tile<HD, NCQ>;
   constexpr int CB = HD / 64, NC = TL::NC, QM = TL::QM;
   constexpr uint32_t Q_BYTES = QM * HD * 2, KT_BYTES = KT * HD * 2;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -26,8 +28,8 @@ __global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
   auto bar_empty = [&](int s) { return b0 + 8 * (1 + STAGES + s); };
 
   /* Causal: the query blocks with the most key tiles are launched first. */
-  const int mb = MASK ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
-  const int n = blockIdx.y, b = blockIdx.z, kvh = n / (p.N / p.KH), m0 = mb * QM, T = p.T;
+  const int mb = MASK || feat_classes(p) ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  const int n = blockIdx.y + feat_n0(p), b = blockIdx.z + feat_b0(p), kvh = n / (p.N / p.KH), m0 = mb * QM, T = p.T;
   /* Lengths (MASK 3): the batch's own mask; keys past kv_len in the tile that holds kv_len are zeroed in shared
      memory (K and V: padding may be NaN), rows past q_len get dq = 0. */
   sa_hop_mask mk = p.mask;
@@ -70,9 +72,13 @@ __global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
         tma_load(sq + c * QM * 128, &tmq, b0, c * 64, n, m0, b);
         tma_load(sdo + c * QM * 128, &tmdo, b0, c * 64, n, m0, b);
       }
+      int xs = 0; /* FEAT: the ring position of the loaded tiles (a tile whose every block is empty is not) */
       for (int it = 0; it < n_tiles; ++it) {
-        const int s = it % STAGES;
-        mbar_wait(bar_empty(s), ((it / STAGES) & 1) ^ 1);
+        const int s = (FEAT ? xs : it) % STAGES;
+        if constexpr (FEAT)
+          if (feat_tile_empty(p.f, b, n, m0 / 64, t0 + it, n_wg, true)) continue;
+        mbar_wait(bar_empty(s), (((FEAT ? xs : it) / STAGES) & 1) ^ 1);
+        if constexpr (FEAT) ++xs;
         mbar_arrive_tx(bar_full(s), 2 * KT_BYTES + (MASK == 4 ? KT * 4 : 0));
         for (int c = 0; c < CB; ++c) {
           tma_load(sk + s * KT_BYTES + c * KT * 128, &tmk, bar_full(s), c * 64, kvh, (t0 + it) * KT, b);
@@ -128,19 +134,43 @@ __global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
     qid0 = p.q_seg[(size_t)b * T + r0];
     qid1 = p.q_seg[(size_t)b * T + r0 + 8];
   }
+  /* FEAT: this thread's rows as the feature steps read them: their bias, mask and dbias rows (element offsets), the
+     key bounds of their positions, the batch's key positions */
+  int64_t fb[2] = {0, 0}, fm[2] = {0, 0}, fd[2] = {0, 0};
+  int2 fp[2] = {make_int2(1, 0), make_int2(1, 0)};
+  const int32_t *kpos = nullptr;
+  if constexpr (FEAT) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = r0 + 8 * h;
+      fb[h] = b * p.f.bias_b + n * p.f.bias_n + row * p.f.bias_t;
+      fm[h] = b * p.f.mask_b + n * p.f.mask_n + row * p.f.mask_t;
+      fd[h] = b * p.f.dbias_b + n * p.f.dbias_n + row * p.f.dbias_t;
+      if (p.f.q_pos) sa_feat_pos_bounds(&p.f, p.f.q_pos[(int64_t)b * T + row], &fp[h].x, &fp[h].y);
+    }
+    if (p.f.kv_pos) kpos = p.f.kv_pos + (int64_t)b * p.S;
+  }
   if (n_tiles > 0) mbar_wait(b0, 0);
 
+  int xs = 0; /* FEAT: as the producer's */
   for (int it = 0; it < n_tiles; ++it) {
-    const int s = it % STAGES, key0 = (t0 + it) * KT;
+    const int s = (FEAT ? xs : it) % STAGES, key0 = (t0 + it) * KT;
+    int fcls = SA_FEAT_FULL; /* FEAT: the class of this warpgroup's block of the tile */
+    if constexpr (FEAT) {
+      if (feat_tile_empty(p.f, b, n, m0 / 64, t0 + it, n_wg, true)) continue;
+      fcls = feat_cls(p.f, b, n, wg_row0 / 64, t0 + it);
+    }
     const uint32_t sk_s = sk + s * KT_BYTES, sv_s = sv + s * KT_BYTES;
-    mbar_wait(bar_full(s), (it / STAGES) & 1);
+    mbar_wait(bar_full(s), ((FEAT ? xs : it) / STAGES) & 1);
+    if constexpr (FEAT) ++xs;
     if (MASK >= 3 && key0 + KT > kl) { /* the tile holding kv_len (CTA-uniform): keys past it may be NaN padding */
       const int tid = threadIdx.x - 128;
       zero_tile_rows(sk_s, KT, kl - key0, CB, tid, 128 * n_wg);
       zero_tile_rows(sv_s, KT, kl - key0, CB, tid, 128 * n_wg);
       named_bar_sync(1, 128 * n_wg);
     }
-    if (MASK && (it < w_a || it >= w_e)) { /* no key of the tile is seen by this warpgroup's rows */
+    if ((MASK && (it < w_a || it >= w_e)) || (FEAT && fcls == SA_FEAT_EMPTY)) { /* no key of the tile is seen
+                                                                                by this warpgroup's rows */
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_empty(s));
       continue;
@@ -167,9 +197,31 @@ __global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
     for (int j = 0; j < 8; ++j) {
       int2 ki = make_int2(0, 0);
       if (MASK == 4) ki = *reinterpret_cast<const int2 *>(kid + 8 * j + 2 * t);
+      float2 fbias[2];            /* FEAT: the bias of the pair's two keys, per row */
+      uint32_t fok[2] = {3u, 3u}; /* FEAT: which of them the mask array and the positions let in, per row */
+      if constexpr (FEAT) {
+        const int kc = key0 + 8 * j + 2 * t;
+        int2 kv = make_int2(0, 0);
+        if (fcls == SA_FEAT_PARTIAL && kpos) kv = __ldg(reinterpret_cast<const int2 *>(kpos + kc));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          fbias[h] = sa_feat_bias2(p.f, fb[h], kc);
+          if (fcls == SA_FEAT_PARTIAL) {
+            fok[h] = sa_feat_mask2_aligned(p.f, fm[h], kc);
+            if (kpos) fok[h] &= sa_feat_pos2(kv, fp[h].x, fp[h].y);
+          }
+        }
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float x = ex2(fmaf(sa[4 * j + e], sl2, -lr[e >> 1]));
+        float x;
+        if constexpr (FEAT) {
+          const float2 bv = fbias[e >> 1];
+          x = ex2(sa_feat_logit2(&p.f, sa[4 * j + e], (e & 1) ? bv.y : bv.x) - lr[e >> 1]);
+          if (!((fok[e >> 1] >> (e & 1)) & 1u)) x = 0.f;
+        } else {
+          x = ex2(fmaf(sa[4 * j + e], sl2, -lr[e >> 1]));
+        }
         const int c = 8 * j + (e & 1) - 8 * (e >> 1); /* key key0 + 8j + 2t + (e & 1), row r0 + 8 (e >> 1) */
         const int xh = (e >> 1) ? xh1 : xh0;
         if (masked && (xh > -c || (MASK >= 2 && xl < -c))) x = 0.f;
@@ -184,6 +236,14 @@ __global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dpa[4 * j + e] = sa[4 * j + e] * (dpa[4 * j + e] - Dr[e >> 1]);
+    if constexpr (FEAT) { /* the soft-cap's factor, then dS (of the logit) into dbias */
+      if (p.f.cap > 0.f)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dpa[4 * j + e] *= sa_feat_cap_grad(&p.f, sa[4 * j + e], lr[e >> 1]);
+      if (p.f.dbias_out) feat_dbias_tile(p.f, dpa, fd, key0 + 2 * t, r0, ql, t);
+    }
     pack_frag(df, dpa);
     pin(dq);
     pin(df);
@@ -207,4 +267,4 @@ __global__ void __launch_bounds__(dq_tile<HD, NCQ>::THREADS, 1)
 #endif /* sm_90a */
 }
 
-#endif /* SA_HOPPER_BWD_DQ_CUH */
+#endif /* SA_HOPPER_BWD_TWOPASS_DQ_CUH */

@@ -4,18 +4,21 @@
  * wgmma with the online softmax in registers; persistent CTAs walk work tiles in the plan's order. Protocol,
  * work orders and masks: docs/hopper.md, "forward".
  */
-#include "hopper/fwd_parts.cuh"
+#include "feat_class.h"
+#include "hopper/fwd_feat.cuh"
+#include "hopper/fwd_tile.cuh"
 #include "launch.h"
 
 namespace {
 
-template <int HD, int MASK>
-__global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
+/* FEAT 1: the feature kernel (hopper/fwd_feat.cuh: bias, mask array, positions, soft-cap; kinds 0-3). */
+template <int HD, int MASK, int FEAT>
+__global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK, FEAT>::THREADS, 1)
     sa_hop_fwd_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
                       const __grid_constant__ CUtensorMap tmv, const __grid_constant__ CUtensorMap tmids,
-                      const sa_hop_params p) {
+                      const typename sa_hop_fwd_params_of<FEAT>::type p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using TL = sa_hop_fwd_tile<HD, MASK>;
+  using TL = sa_hop_fwd_tile<HD, MASK, FEAT>;
   constexpr int NC = TL::NC, BM = TL::BM, BN = TL::BN, QBOX = TL::QBOX, ST = TL::ST, QS = TL::QS;
   constexpr int CB = HD / 64; /* 128-byte column blocks per row */
   constexpr uint32_t KV_BYTES = BN * HD * 2;
@@ -27,22 +30,28 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
   /* work tile jq's Q: slot jq % QS, the (jq / QS)-th use of that slot */
   const uint32_t sk = sq + QS * TL::Q_BYTES, sv = sk + ST * KV_BYTES, b0 = smem_u32(bar);
   const uint32_t sids = sv + ST * KV_BYTES; /* MASK 4: stage s's 128 key ids at sids + s IDS_BYTES */
+  /* FEAT: Q slot q's class list at slist + q LIST_BYTES, its range words (t0, n_tiles) at srange + 8 q */
+  const uint32_t slist = sids + ST * TL::IDS_BYTES, srange = slist + QS * TL::LIST_BYTES;
 
   /* A work tile's geometry, the same in the producer and every consumer warp: (b, head, m-block), the warpgroups
      with rows, the batch's lengths and mask, the key tiles t0 .. t0 + n_tiles - 1. */
-  struct work {
+  struct sa_hop_fwd_work {
     int b, n, m0, n_wg, ql, kl, t0, n_tiles;
     sa_hop_mask mk;
   };
   auto work_of = [&](int tile) {
-    work w;
+    sa_hop_fwd_work w;
     int bh, mb;
-    sa_hop_work_tile(p, MASK != 0, tile, &bh, &mb);
+    bool masked = MASK != 0;
+    if constexpr (FEAT) masked = masked || p.lists;
+    sa_hop_work_tile(p, masked, tile, &bh, &mb);
     if (mb < 0) { /* the pair order's padding: no rows, no key tiles (a plain Q-full arrive, nothing stored) */
       w.b = 0, w.n = 0, w.m0 = 0, w.n_wg = 0, w.ql = 0, w.kl = 0, w.t0 = 0, w.n_tiles = 0, w.mk = p.mask;
       return w;
     }
     w.b = bh / p.N, w.n = bh - w.b * p.N, w.m0 = mb * BM;
+    if constexpr (FEAT)
+      if (p.b_fast) w.n = bh / p.B, w.b = bh - w.n * p.B;
     /* Warpgroups with rows: T - m0 is a positive multiple of 64 (T % 128 == 0), so a warpgroup's 64 rows are
        all below T or all at or past it; at BM 192 the last m-block of a head has 1, 2 or 3 (T / 128 % 3 = 2,
        1, 0). */
@@ -58,7 +67,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
     }
     /* Key tiles: those holding a key some real row of the tile sees; the rest are fully masked and skipped.
        n_tiles = 0 (no row sees a key, e.g. a negative diag_offset): out 0, lse = sink. Without a mask
-       ceil(S / BN) (BN 176: the last holds 16..176 keys). */
+       S / BN (S is a multiple of 128 in the Hopper scope, BN is 128). */
     w.t0 = 0, w.n_tiles = (p.S + BN - 1) / BN;
     if (MASK) {
       const int rows = w.ql - w.m0 < BM ? w.ql - w.m0 : BM; /* <= 64 n_wg (ql <= T) */
@@ -99,21 +108,26 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
        a fresh barrier returns at once for j = 0), then Q and the key tiles, K before V (the
        consumers need K_j one step before V_j), at ring position x, which runs on across work tiles (up to ST
        key tiles ahead of the consumers' releases; the expect_tx bytes of a stage do not depend on ST). Q: only
-       the boxes of warpgroups with rows (no box is ever past T). A 176-key box past S: TMA fills the rows past
-       S with zeros and counts them in complete_tx, so expect_tx is the whole box. A work tile without key
-       tiles: a plain arrive. */
+       the boxes of warpgroups with rows (no box is ever past T); no K / V box is past S (BN divides S), so
+       expect_tx is the whole box. A work tile without key tiles: a plain arrive. */
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(TL::PREGS) : "memory");
     /* Thread 0 issues everything; at MASK 4 its whole warp walks the work tiles with it, for work_of's
        warp-collective narrowing (the other lanes only that). */
-    if (threadIdx.x < (MASK == 4 ? 32 : 1)) {
+    if (threadIdx.x < (MASK == 4 || FEAT ? 32 : 1)) {
       const bool issuer = threadIdx.x == 0;
       uint32_t x = 0, jq = 0;
       for (int tile = blockIdx.x;; tile += gridDim.x, ++jq) {
         if (tile >= p.total) break;
         /* every consumer warp is past its last S of work tile jq - QS, the slot's previous use */
         const uint32_t qs = jq % QS, qf = bar_qf(b0, qs), sqj = sq + qs * TL::Q_BYTES;
-        if (issuer) mbar_wait(bar_qe(b0, qs), ((jq / QS) & 1) ^ 1);
-        const work w = work_of(tile);
+        if (issuer || FEAT) mbar_wait(bar_qe(b0, qs), ((jq / QS) & 1) ^ 1);
+        sa_hop_fwd_work w = work_of(tile);
+        if constexpr (FEAT) /* the class lists into the slot, the key tiles narrowed (hopper/fwd_feat.cuh) */
+          if (p.lists) {
+            feat_fwd_lists<HD>(p, w.b, w.n, w.m0, w.n_wg, slist + qs * TL::LIST_BYTES, srange + 8 * qs, &w.t0,
+                               &w.n_tiles, (int)threadIdx.x);
+            __syncwarp();
+          }
         if (!issuer) continue;
         if (w.n_tiles == 0) {
           mbar_arrive(qf);
@@ -157,7 +171,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
   const uint32_t anchor_w = __shfl_sync(0xffffffffu, smem_u32(&anchor[4 * cw + warp]), 0);
   const uint64_t dq0 = gmma_desc(sq + cw * 64 * 128, 16, 1024), dk0 = gmma_desc(sk, 16, 1024); /* Q: slot 0 */
   const uint64_t dv0 = dk0 + ST * KV_DESC + ((uint64_t)(BN * 128 / 16 - 16 / 16) << 16);
-  const float sl2 = p.scale_l2;
+  const float sl2 = FEAT ? 1.f : p.scale_l2; /* FEAT: the scores reach the softmax in base 2 (fwd_feat.cuh) */
 
   /* Accumulator layout of m64nN (per warp 16 rows): d[4j + e]: row lane/4 + 8 * (e >> 1),
      column 8j + 2 * (lane % 4) + (e & 1). */
@@ -167,11 +181,11 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
   for (uint32_t jq = 0;; ++jq) {
     /* The work tile is the producer's walk, blockIdx.x + jq gridDim.x (no slot to read): known before Q full,
        so the sink's global load (and MASK 3's lengths) is issued before the wait and lands under it. Read after
-       the wait it cost 2.7% of the H128 forward's stall samples at T1024 (ncu, ), its use right
+       the wait it costs 2.7% of the H128 forward's stall samples at T1024 (ncu on the H200), its use right
        behind it at every work tile's start. */
     const int tile = blockIdx.x + (int)jq * (int)gridDim.x; /* < total + gridDim.x <= 2^31 (sa_hop_run) */
     if (tile >= p.total) break;
-    const work w = work_of(tile);
+    const sa_hop_fwd_work w = work_of(tile);
     const float sink = p.softmax == 2 ? p.sinks[w.n] : p.softmax == 1 ? 0.f : -INFINITY;
     /* MASK 4: the ids of this thread's rows (r0 and r0 + 8 below; a warpgroup without rows reads none) */
     int qid0 = 0, qid1 = 0;
@@ -182,7 +196,14 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
     }
     const uint64_t dq = dq0 + (jq % QS) * (TL::Q_BYTES / 16); /* this work tile's Q slot */
     mbar_wait(bar_qf(b0, jq % QS), (jq / QS) & 1);
-    const int n_tiles = w.n_tiles, t0 = w.t0, ql = w.ql, kl = w.kl;
+    int t0 = w.t0, n_tiles = w.n_tiles;
+    if constexpr (FEAT) /* the producer's narrowing of the key tiles (hopper/fwd_feat.cuh) */
+      if (p.lists)
+        asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];"
+                     : "=r"(t0), "=r"(n_tiles)
+                     : "r"(srange + 8 * (jq % QS))
+                     : "memory");
+    const int ql = w.ql, kl = w.kl;
     const int wg_row0 = w.m0 + 64 * cw;            /* first row of this warpgroup; < T iff cw < n_wg */
     const int r0 = wg_row0 + 16 * warp + lane / 4; /* this thread's rows: r0 and r0 + 8 */
     const float sink_l2 = sink * SA_LOG2E;
@@ -194,22 +215,45 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
     for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
     /* A tile of keys [k, k + BN) is visible to every row of the warpgroup iff its smallest key - row, k -
        wg_row0 - 63, is >= dlo and its largest, k + BN - 1 - wg_row0, is <= dhi (and, with lengths, it ends by
-       kv_len and the warpgroup's rows by q_len): then no per-element test. Without a mask only a 176-key tile
-       past S tests (the last one), against kl = S. */
+       kv_len and the warpgroup's rows by q_len): then no per-element test. Without a mask no tile tests (BN
+       divides S). */
     const int dlo = w.mk.dlo, dhi = w.mk.dhi;
     int dhi0 = dhi, dhi1 = dhi, unused;
     if (MASK >= 3) {
       sa_hop_row_bounds(w.mk, ql, kl, r0, &unused, &dhi0);
       sa_hop_row_bounds(w.mk, ql, kl, r0 + 8, &unused, &dhi1);
     }
+    /* FEAT: this thread's rows as the feature steps read them, the batch's key positions */
+    sa_hop_feat_rows frows = {};
+    const int32_t *kpos = nullptr;
+    if constexpr (FEAT) {
+      frows = feat_rows(p, w.b, w.n, r0);
+      if (p.f.kv_pos) kpos = p.f.kv_pos + (size_t)w.b * p.S;
+    }
     /* The tile of keys [k, k + BN) in K stage s. MASK 4: its ids are read here, so the K stage is released after
-       (release_k), not as soon as S has landed. */
+       (release_k), not as soon as S has landed. FEAT: first the scores of the bias and the soft-cap (in base 2),
+       then the selects of every mask, the class's last (the list in the Q slot: read before the Q-empty arrive). */
     auto mask_tile = [&](int k, uint32_t s) {
+      if constexpr (FEAT) {
+        if (p.f.bias || p.f.cap > 0.f) feat_fwd_scores(sacc, p.f, frows, k + 2 * t);
+        else
+#pragma unroll
+          for (int i = 0; i < BN / 2; ++i) sacc[i] *= p.scale_l2;
+      }
       if constexpr (MASK != 0) {
         if (k - wg_row0 - 63 < dlo || k + BN - 1 - wg_row0 > dhi || (MASK >= 3 && (k + BN > kl || wg_row0 + 64 > ql)))
           mask_range<MASK>(sacc, k + 2 * t - r0 - dhi0, k + 2 * t - r0 - dhi1, k + 2 * t - r0 - dlo);
       }
       if constexpr (MASK == 4) mask_segments(sacc, sids + s * TL::IDS_BYTES, qid0, qid1, t);
+      if constexpr (FEAT)
+        if (p.lists) {
+          uint32_t c;
+          asm volatile("ld.shared.u8 %0, [%1];"
+                       : "=r"(c)
+                       : "r"(slist + (jq % QS) * TL::LIST_BYTES + k / BN)
+                       : "memory");
+          feat_fwd_select(sacc, (int)((c >> (2 * cw)) & 3u), p.f, frows, kpos, k + 2 * t);
+        }
     };
     /* K stage s read: by the wgmma of S (landed) and, MASK 4, by every lane's id loads (__syncwarp: an mbarrier
        arrive releases only the arriving thread's own accesses). Called before the mask but at MASK 4 (after it
@@ -243,12 +287,15 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
       const int tw = rows > 0 ? sa_hop_key_tiles(w.mk, wg_row0, rows, BN, &nw) : 0;
       a = nw > 0 ? tw - t0 : 0;
       e = nw > 0 ? a + nw : 0;
-      if (MASK == 4) { /* the work tile's range was narrowed to the rows' documents: intersect */
+      if (MASK == 4 || FEAT) { /* the work tile's range was narrowed to the rows' documents / classes: intersect */
         a = a > 0 ? a : 0;
         e = e < n_tiles ? e : n_tiles;
         if (e <= a) a = e = 0;
       }
     }
+    if constexpr (FEAT) /* and to the tiles where this warpgroup's slab is not empty (hopper/fwd_feat.cuh) */
+      if (p.lists && e > a)
+        feat_fwd_slab(slist + (jq % QS) * TL::LIST_BYTES, (p.S + BN - 1) / BN, t0, cw, &a, &e, lane);
     auto release = [&](int from, int to) {
       for (int it = from; it < to; ++it) {
         const uint32_t x = x0 + it;
@@ -265,20 +312,21 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
        instructions a tile): at once without an S (a >= e), else after the loop, when the warp's last S of the
        work tile has landed (and been through its softmax); the next work tile's Q then lands under this one's
        last P V and epilogue. */
+    if (FEAT) __syncwarp(); /* every lane read the slot's class list: the arrive releases only lane 0's reads */
     if (a >= e && lane == 0) mbar_arrive(bar_qe(b0, jq % QS));
     release(0, a);
 
     if (a < e) {
       /* The ring position as (stage, parity) = (x % ST, (x / ST) & 1), carried through the loop and
-       advanced by one per key tile instead of derived from x = x0 + it in each (the port's form cost ~8
-       integer instructions a tile). Invariant: (sp, pp) is the position of x0 + it - 1 at the top of iteration
+       advanced by one per key tile instead of derived from x = x0 + it in each (which costs ~8 integer
+       instructions a tile). Invariant: (sp, pp) is the position of x0 + it - 1 at the top of iteration
        it (the tile whose V is pending), of x0 + a after tile a and of x0 + e - 1 after the loop, i.e. exactly
        the values release() and the producer derive from x. The advance: the stage steps and wraps ST - 1 -> 0,
        the parity flips as it wraps; at ST 2 (sp is 0 or 1) in the toggle form, which the general one costs 1 / 5
        more loop instructions at H64 / H128 (ptxas does not know sp < 2); ST 4 pays that 1 (every H64 kind).
        The key-tile loop in SASS (nvcc 13.0, sm_90a), instructions at H64 / H128 without a mask, H128 causal:
-       400 / 718 / 570, old kernel (f08c8da, one tile a CTA) 452 / 782 / 620, the persistent port 478 / 806 /
-       642; HGMMA and MUFU.EX2 the same. */
+       400 / 718 / 570, against 478 / 806 / 642 with the position derived from x in every tile; HGMMA and MUFU.EX2
+       the same. */
       uint32_t sp = (x0 + a) % ST, pp = ((x0 + a) / ST) & 1;
       { /* Tile a: S_a alone, then its softmax (O is still 0: nothing to rescale). */
         mbar_wait(bar_kf<ST>(b0, sp), pp);
@@ -331,6 +379,7 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
         pack_p(pf, sacc);
         sp = s, pp = ps;
       }
+      if (FEAT) __syncwarp();                          /* as above: the lanes' reads of the class list */
       if (lane == 0) mbar_arrive(bar_qe(b0, jq % QS)); /* the warp's last S (tile e - 1) has landed: Q is dead */
 
       { /* The last P V (of tile e - 1; with lengths the work tile's last key tile is zeroed past kv_len first). */
@@ -385,10 +434,10 @@ __global__ void __launch_bounds__(sa_hop_fwd_tile<HD, MASK>::THREADS, 1)
 /* ---- host ------------------------------------------------------------------------------------------- */
 
 /* The maps take the configuration's boxes (Q: QBOX rows, K / V: BN rows). */
-template <int HD, int MASK>
-cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_params &p, const sa_hop_params &hp,
-                       int grid, cudaStream_t st) {
-  using TL = sa_hop_fwd_tile<HD, MASK>;
+template <int HD, int MASK, int FEAT = 0>
+cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_params &p,
+                       const typename sa_hop_fwd_params_of<FEAT>::type &hp, int grid, cudaStream_t st) {
+  using TL = sa_hop_fwd_tile<HD, MASK, FEAT>;
   CUtensorMap mq, mk, mv, mids;
   if (!sa_hop_map(enc, &mq, p.q, p.B, p.T, p.N, p.H, TL::QBOX) ||
       !sa_hop_map(enc, &mk, p.k, p.B, p.S, p.K, p.H, TL::BN) || !sa_hop_map(enc, &mv, p.v, p.B, p.S, p.K, p.Hv, TL::BN))
@@ -396,18 +445,48 @@ cudaError_t sa_hop_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_para
   mids = mq; /* without segment ids the kernel never reads its ids map: any valid map will do */
   if (MASK == 4 && !sa_hop_map_ids(enc, &mids, p.kv_seg, p.B, p.S, 128)) return cudaErrorInvalidValue;
   cudaError_t e =
-      cudaFuncSetAttribute(sa_hop_fwd_kernel<HD, MASK>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM);
+      cudaFuncSetAttribute(sa_hop_fwd_kernel<HD, MASK, FEAT>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM);
   if (e != cudaSuccess) return e;
-  sa_hop_fwd_kernel<HD, MASK><<<(unsigned)grid, TL::THREADS, TL::SMEM, st>>>(mq, mk, mv, mids, hp);
+  sa_hop_fwd_kernel<HD, MASK, FEAT><<<(unsigned)grid, TL::THREADS, TL::SMEM, st>>>(mq, mk, mv, mids, hp);
   return cudaGetLastError();
+}
+
+/* The feature kernel (plan hopper.fwd.features): the class pre-pass writes the work tiles' lists into out
+   (feat_class.cu) when there is a mask array or positions, then the kernel of the call's position-mask kind. */
+cudaError_t sa_hop_fwd_feat_run(PFN_cuTensorMapEncodeTiled_v12000 enc, const sa_cuda_plan &plan,
+                                const sa_cuda_params &p, const sa_hop_fwd_params &hp, const sa_cuda_feat &f,
+                                cudaStream_t st) {
+  sa_hop_fwd_feat_params fp;
+  static_cast<sa_hop_fwd_params &>(fp) = hp;
+  fp.f = f;
+  fp.B = (int)p.B;
+  fp.b_fast = plan.b_fast;
+  fp.lists = f.mask != nullptr || f.q_pos != nullptr;
+  if (fp.lists) {
+    const sa_feat_class_args ca = {p.B, p.T, p.S, p.N, p.Hv, plan.cls_cb, plan.cls_cn, (uint8_t *)p.out};
+    const cudaError_t e = sa_feat_class_launch(f, ca, 1, st);
+    if (e != cudaSuccess) return e;
+  }
+  const int g = plan.grid[0];
+  switch (plan.mask + 4 * (plan.hd == 128)) {
+    case 0: return sa_hop_run<64, 0, 1>(enc, p, fp, g, st);
+    case 1: return sa_hop_run<64, 1, 1>(enc, p, fp, g, st);
+    case 2: return sa_hop_run<64, 2, 1>(enc, p, fp, g, st);
+    case 3: return sa_hop_run<64, 3, 1>(enc, p, fp, g, st);
+    case 4: return sa_hop_run<128, 0, 1>(enc, p, fp, g, st);
+    case 5: return sa_hop_run<128, 1, 1>(enc, p, fp, g, st);
+    case 6: return sa_hop_run<128, 2, 1>(enc, p, fp, g, st);
+    default: return sa_hop_run<128, 3, 1>(enc, p, fp, g, st);
+  }
 }
 
 } /* namespace */
 
-cudaError_t sa_hop_fwd_launch(const sa_cuda_plan &plan, const sa_cuda_params &p, cudaStream_t st) {
+cudaError_t sa_hop_fwd_launch(const sa_cuda_plan &plan, const sa_cuda_params &p, const sa_cuda_feat *f,
+                              cudaStream_t st) {
   static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
   if (!enc) return cudaErrorNotSupported;
-  sa_hop_params hp;
+  sa_hop_fwd_params hp;
   hp.out = (__nv_bfloat16 *)p.out;
   hp.lse = p.lse;
   hp.sinks = p.sinks;
@@ -422,6 +501,7 @@ cudaError_t sa_hop_fwd_launch(const sa_cuda_plan &plan, const sa_cuda_params &p,
   hp.q_seg = p.q_seg;
   hp.kv_seg = p.kv_seg;
   hp.BH = plan.BH, hp.n_mb = plan.n_mb, hp.total = plan.total, hp.hg = plan.hg, hp.nph = plan.nph;
+  if (plan.feat) return f ? sa_hop_fwd_feat_run(enc, plan, p, hp, *f, st) : cudaErrorInvalidValue;
   const int g = plan.grid[0];
   switch (plan.mask + 5 * (plan.hd == 128)) {
     case 0: return sa_hop_run<64, 0>(enc, p, hp, g, st);

@@ -24,7 +24,7 @@
    +-(2^30 + 256) (|x| < 2^30, so clamping keeps every answer and x - dlo, x - dhi fit an int). A kernel
    forms x0 - dhi and x0 - dlo once per tile (x0: its first element's x) and tests each element against an
    immediate: one compare per bound, as cheap as a causal-only test; kernels are compiled per mask kind
-   (sa_hop_mask_kind) so a causal mask pays no lower-bound compare.
+   (sa_hop_mask_kind_of) so a causal mask pays no lower-bound compare.
    Lengths (kind 3): batch b is the problem T = q_len[b], S = kv_len[b] (clamped to the buffers' T, S, as
    sa_dev_q_len / sa_dev_kv_len do): its mask is sa_hop_mask_make of those, built by each CTA from `shape`, and
    each thread folds the length bounds into per-row bounds: a query row i sees keys j < kv_len only, i.e.

@@ -1,25 +1,27 @@
 /*
  * hopper/onepass128.cu — the sm_90a one-pass backward at H128 (plans hopper.bwd.onepass, .plain, .narrow): dK,
- * dV and dQ in one persistent kernel, dQ added into an fp32 workspace in a fixed order (NAT), then dq_convert.
+ * dV and dQ in one persistent kernel, dQ added into an fp32 workspace in a fixed order (NAT), then
+ * sa_hop_dq_convert_kernel.
  * Barrier table, ordering and progress argument: docs/hopper.md, "one-pass backward".
  */
 #include <algorithm>
 
-#include "hopper/onepass_parts.cuh"
+#include "hopper/onepass_dq.cuh"
 #include "launch.h"
 
 namespace {
 
-/* from the tile table (hopper/ptx.cuh), where the reasons are; as in hopper/bwd_twopass.cu */
-constexpr int KB = sa_hop_tiles::BWD_KB;     /* keys per CTA: 2 consumer warpgroups x 64 (the wgmma M) */
-constexpr int QB = sa_hop_tiles::BWD_QB;     /* query rows per streamed tile: N of S^T / dP^T, M of dQ */
-constexpr int STAGES = sa_hop_tiles::STAGES; /* Q / dO ring depth */
-constexpr int NC = sa_hop_tiles::NC;         /* consumer warpgroups */
-constexpr int THREADS = 128 * (NC + 1);      /* = sa_hop_tiles::THREADS */
+/* from the tile table (hopper/tiles.h), where the reasons are */
+constexpr int HD = 128;               /* the head dim of this kernel (onepass64.cu has H64's) */
+constexpr int KB = SA_HOP_OP_KB(HD);  /* keys per CTA: 2 consumer warpgroups x 64 (the wgmma M) */
+constexpr int QB = SA_HOP_BWD_QB;     /* query rows per streamed tile: N of S^T / dP^T, M of dQ */
+constexpr int STAGES = SA_HOP_STAGES; /* Q / dO ring depth */
+constexpr int NC = SA_HOP_OP_NC(HD);  /* consumer warpgroups */
+constexpr int THREADS = 128 * (NC + 1);
 static_assert(KB == 2 * QB, "nat_rank (causal): key block kb starts at query tile 2 kb");
 
 /* How the CTAs of a launch find their work and their turn. */
-struct Sched {
+struct sa_hop_onepass128_sched {
   int *sync; /* [0]: CTA ticket counter; then one semaphore per (b, head, 64-query tile); zeroed per call */
   int nkb;   /* key blocks per kv head: S / KB */
   int G;     /* query heads per kv head */
@@ -32,41 +34,16 @@ struct Sched {
 
 constexpr uint32_t DS_BYTES = KB * QB * 2; /* one dS^T tile [128 keys][64 queries] bf16 */
 /* K, V; the Q / dO ring; 2 dS^T tiles; 2 dQ staging slots [H / 32 boxes][64 rows][32 fp32]; per stage lse2, D. */
-template <int HD>
 constexpr int op_smem() {
   return 1024 + 2 * KB * HD * 2 + STAGES * 2 * QB * HD * 2 + 2 * DS_BYTES + 2 * QB * HD * 4 + STAGES * 2 * QB * 4;
 }
 /* 231424 B at H128; the static part (13 barriers, 8 anchors, the ticket: 140 B) is padded to 1 KiB by smem_raw's
    1024-byte alignment: 232448 B in all, exactly the opt-in limit (sharedMemPerBlockOptin on the H200). */
-static_assert(op_smem<128>() + 1024 <= 227 * 1024, "over the sm_90 limit");
+static_assert(op_smem() + 1024 <= 227 * 1024, "over the sm_90 limit");
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-/* NAT rank of key block kb's visit to tile (g, q): how many key blocks visit it at an earlier step of their walk
-   (ties cannot occur). Causal: the visitors are key blocks 0..m, m = min(nkb - 1, q / 2), and key block j reaches
-   (g, q) at step g (PT - 2j) + q - 2j: descending j, rank m - kb. Non-causal: key block j starts at tile j d
-   (distinct offsets below n_all = G PT when n_all >= nkb, which the host ensures), so tile t = g PT + q comes at
-   step t - j d for j <= m = min(nkb - 1, t / d), else t - j d + n_all: the order m, m - 1, .., 0, nkb - 1, .., m + 1,
-   rank (m - kb) mod nkb. Equal to counting the earlier visits (15.1 M visits checked on the host, T, S <= 4096).
-   dq_acc is not zeroed: every (b, head, 64-query tile) has exactly one rank-0 visit, which stores the whole tile
-   before any add to it. The grid is one CTA per (b, kv head, key block kb < nkb), nkb = S / 128 >= 1 (S > 0 in
-   sa_hop_in_scope); a CTA's walk visits n_tiles distinct tiles of heads kvh G + g, g < G (all N heads over the kv
-   heads). Causal top-left: key block j visits (g, q) iff q >= 2 j; key block 0 visits every tile, so the visitors
-   of (g, q) are 0..m (T > S: all nkb from q = 2 nkb - 2 on; T < S: key blocks with 2 kb >= T / 64 have no tile
-   and no writer, but 2 m <= q < T / 64), ranks m - kb: a bijection onto 0..m, rank 0 is key block m. Non-causal: every
-   key block visits all n_all tiles, (m - kb) mod nkb is a bijection of kb onto 0..nkb-1, rank 0 is key block m.
-   The semaphores start at 0 and rank r waits for r: rank 0 goes first, and the next rank's acquire sees its store
-   complete (bulk_wait0 + fence.proxy.async.global before the release, as for an add). H / 32 boxes {32, 64} cover
-   the 64 x H tile, none clipped (64 | T). Results as with a zeroed buffer (+0 + x == x), except x == -0 (+0 +
-   -0 == +0; a rank-0 -0 now stays -0 unless a later partial is +0 or nonzero). */
-template <bool CAUSAL>
-__host__ __device__ __forceinline__ int nat_rank(int kb, int g, int q, int nkb, int PT, int d) {
-  const int x = CAUSAL ? q * QB / KB : (g * PT + q) / d, m = x < nkb - 1 ? x : nkb - 1;
-  return m >= kb ? m - kb : m + nkb - kb; /* causal: always m >= kb */
-}
-
 /* dQ half [64 q x NQ] = dS [64 q x 128 keys] K[128 keys x this warpgroup's NQ columns]; 16 keys = 2048 B a step. */
-template <int HD>
 __device__ __forceinline__ void gemm_dq(float (&dq)[HD / 4], uint32_t sds_x, uint32_t sk, int cw) {
   const int col0 = cw * HD / 2;
   const uint32_t kcol = sk + (col0 / 64) * KB * 128 + (col0 % 64) * 2;
@@ -75,33 +52,14 @@ __device__ __forceinline__ void gemm_dq(float (&dq)[HD / 4], uint32_t sds_x, uin
     wgmma_ss_tt(dq, gmma_desc(sds_x + kk * 2048, QB * 128, 1024), gmma_desc(kcol + kk * 2048, KB * 128, 1024), kk > 0);
 }
 
-/* This thread's dQ accumulators into staging slot `dst`: 32-column box c holds [64 rows][32 fp32] = 128-byte rows,
-   16-byte unit u of row r at u ^ (r % 8) (TMA's 128-byte swizzle). A warp's float2 store covers 8 rows x 32 B:
-   the 8 row phases spread them over all 32 banks, 2 wavefronts (the minimum for 256 B). */
-template <int HD>
-__device__ __forceinline__ void stage_dq(const float (&dq)[HD / 4], uint32_t dst, int cw, int warp, int lane) {
-  const int t = lane % 4;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = 16 * warp + lane / 4 + 8 * h;
-#pragma unroll
-    for (int j = 0; j < HD / 16; ++j) {
-      const int c = cw * (HD / 64) + j / 4, u = 2 * (j % 4) + (t >> 1);
-      const uint32_t a = dst + c * QB * 128 + r * 128 + ((u ^ (r & 7)) << 4) + 8 * (t & 1);
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(a), "f"(dq[4 * j + 2 * h]), "f"(dq[4 * j + 2 * h + 1])
-                   : "memory");
-    }
-  }
-}
-
 /* An item's geometry (what a CTA of the non-persistent kernel derived from its ticket), the same in the producer,
    the writer and every consumer warp. Key block fastest in the ticket order: a head's key blocks start together. */
-struct Item {
+struct sa_hop_onepass128_item {
   int kb, kvh, b, qb0, per_head, n_tiles, rot;
 };
 template <bool CAUSAL>
-__device__ __forceinline__ Item item_of(int vid, const Sched &sc, int KH, int PT) {
-  Item im;
+__device__ __forceinline__ sa_hop_onepass128_item item_of(int vid, const sa_hop_onepass128_sched &sc, int KH, int PT) {
+  sa_hop_onepass128_item im;
   const int h = vid / sc.nkb; /* b KH + kvh: two divisions (the producer has 24 registers) */
   im.kb = vid - h * sc.nkb;
   im.b = h / KH;
@@ -116,8 +74,7 @@ __device__ __forceinline__ Item item_of(int vid, const Sched &sc, int KH, int PT
 
 /* dQ(k) of the item (both operands a tile old or older) into staging slot k & 1 for the writer; last: the item's
    last dQ product, K's last read (kv_empty: the next item's K / V may land). */
-template <int HD>
-__device__ __forceinline__ void dq_tile(float (&dq)[HD / 4], uint32_t k, bool last, uint32_t sds, uint32_t sk,
+__device__ __forceinline__ void dq_step(float (&dq)[HD / 4], uint32_t k, bool last, uint32_t sds, uint32_t sk,
                                         uint32_t sdq, uint32_t ds_empty, uint32_t dq_empty, uint32_t dq_full,
                                         uint32_t kv_empty, int cw, int warp, int lane) {
   constexpr uint32_t DQ_BYTES = QB * HD * 4;
@@ -125,7 +82,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[HD / 4], uint32_t k, bool la
   zero(dq); /* dead between tiles: not carried through S^T / dP^T */
   pin(dq);
   wgmma_fence();
-  gemm_dq<HD>(dq, sds + kx * DS_BYTES, sk, cw);
+  gemm_dq(dq, sds + kx * DS_BYTES, sk, cw);
   wgmma_commit();
   wgmma_wait0();
   pin(dq);
@@ -134,7 +91,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[HD / 4], uint32_t k, bool la
     if (last) mbar_arrive(kv_empty);
   }
   mbar_wait(dq_empty + 8 * kx, ((k >> 1) & 1) ^ 1); /* the writer's store / add of dQ(k - 2) has read the slot */
-  stage_dq<HD>(dq, sdq + kx * DQ_BYTES, cw, warp, lane);
+  stage_dq(dq, sdq + kx * DQ_BYTES, cw * (HD / 64), warp, lane);
   fence_async_shared(); /* generic stores -> the TMA store / reduce's reads */
   __syncwarp();
   if (lane == 0) mbar_arrive(dq_full + 8 * kx);
@@ -142,7 +99,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[HD / 4], uint32_t k, bool la
 
 #endif /* sm_90a */
 
-/* PERSISTENT (an earlier standalone version): grid min(SMs, items) CTAs (at least nkb: the deadlock argument in the header), each
+/* PERSISTENT: grid min(SMs, items) CTAs (at least nkb: the deadlock argument in the header), each
    taking item tickets from the counter until one is past the last item. Barriers initialised once; every parity
    from a running counter: j the CTA's items (the end marker included), x its query tiles over all items, jk its
    items with tiles (causal T < S has items without). STAGES = 2: tile x's ring stage, dS^T buffer and staging slot
@@ -179,12 +136,13 @@ __device__ __forceinline__ void dq_tile(float (&dq)[HD / 4], uint32_t k, bool la
    dP^T, softmax, dV, dK; a zero dS^T slice (each dQ half reads all 128 keys); every arrive as usual (4.4% of the
    tensor work at T1024).
    tml / tmd: lse2, D [B N, T] fp32 (box 64); tma: dq_acc {H, T, B N} fp32 (box {32, 64, 1}, 128-byte swizzle). */
-template <int HD, bool CAUSAL>
+template <bool CAUSAL>
 __global__ void __launch_bounds__(THREADS, 1)
-    bwd_onepass(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
-                const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
-                const __grid_constant__ CUtensorMap tml, const __grid_constant__ CUtensorMap tmd,
-                const __grid_constant__ CUtensorMap tma, const BwdParams p, const Sched sc) {
+    sa_hop_onepass128_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
+                             const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
+                             const __grid_constant__ CUtensorMap tml, const __grid_constant__ CUtensorMap tmd,
+                             const __grid_constant__ CUtensorMap tma, const sa_hop_onepass_params p,
+                             const sa_hop_onepass128_sched sc) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(STAGES == 2, "tile x's ring stage, dS^T buffer and staging slot are one index, x & 1");
   constexpr int CB = HD / 64;
@@ -242,7 +200,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           mbar_arrive(item_full);
         }
         if (vid >= sc.total) break;
-        const Item im = item_of<CAUSAL>(vid, sc, p.KH, PT);
+        const sa_hop_onepass128_item im = item_of<CAUSAL>(vid, sc, p.KH, PT);
         const int nb = im.kvh * sc.G, rb = im.b * p.N + nb; /* the kv head's first head; its lse2 / D row */
         auto load_kv = [&]() {
           mbar_wait(kv_empty, (jk & 1) ^ 1); /* both warpgroups are past item jk - 1's last dQ product */
@@ -258,7 +216,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         /* The first two tiles' slots free under the previous item's last tiles, K / V only after its last dQ:
            ring first (tile 2 waits for tile 0's release, which needs K / V: issued by then). */
         const int n0 = min(im.n_tiles, STAGES);
-        Walk w(im.rot, im.qb0, PT, sc.G);
+        sa_hop_walk w(im.rot, im.qb0, PT, sc.G);
         for (int it = 0; it < im.n_tiles; ++it, ++x, w.next()) {
           if (it == n0) load_kv();
           const uint32_t s = x & 1;
@@ -291,14 +249,14 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int vid = *(volatile int *)&item_slot;
         mbar_arrive(item_empty);
         if (vid >= sc.total) break;
-        const Item im = item_of<CAUSAL>(vid, sc, p.KH, PT);
-        Walk w(im.rot, im.qb0, PT, sc.G);
+        const sa_hop_onepass128_item im = item_of<CAUSAL>(vid, sc, p.KH, PT);
+        sa_hop_walk w(im.rot, im.qb0, PT, sc.G);
         const int bn0 = im.b * p.N + im.kvh * sc.G; /* row (b N + n) of head g: bn0 + g */
         for (int kk = 0; kk < im.n_tiles; ++kk, ++x, w.next()) {
           const uint32_t xb = x & 1;
           int *sem = sc.sync + 1 + (size_t)(bn0 + w.g) * PT + w.q;
           mbar_wait(dq_full0 + 8 * xb, (x >> 1) & 1);
-          const int rank = nat_rank<CAUSAL>(im.kb, w.g, w.q, sc.nkb, PT, sc.d);
+          const int rank = nat_rank<KB, CAUSAL>(im.kb, w.g, w.q, sc.nkb, PT, sc.d);
           while (ld_acquire(sem) != rank) {}
           fence_async_global(); /* the store / reduce (async proxy) after the acquire that saw the earlier adds */
           if (kk == im.n_tiles - 1) mbar_arrive(wr_done0 + 8 * (j & 1)); /* no wait left in this item */
@@ -333,7 +291,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int vid = __shfl_sync(0xffffffffu, slot, 0);
     if (lane == 0) mbar_arrive(item_empty);
     if (vid >= sc.total) break;
-    const Item im = item_of<CAUSAL>(vid, sc, p.KH, PT);
+    const sa_hop_onepass128_item im = item_of<CAUSAL>(vid, sc, p.KH, PT);
     const int k0 = im.kb * KB, qb0 = im.qb0, per_head = im.per_head, n_tiles = im.n_tiles;
     const int kw0 = k0 + 64 * cw, kr = kw0 + 16 * warp + lane / 4; /* this thread's keys: kr, kr + 8 */
     zero(dk);
@@ -354,7 +312,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
           for (int i = 0; i < 16; ++i) df[i] = 0u; /* bf16 +0: both dQ halves read all 128 keys */
         }
-        /* ---- dS^T(x) to shared memory (01a's swizzled store), for both warpgroups' dQ halves ---- */
+        /* ---- dS^T(x) to shared memory (a 128-byte swizzled store), for both warpgroups' dQ halves ---- */
         const uint32_t sds_x = sds + xb * DS_BYTES;
         mbar_wait(ds_empty0 + 8 * xb, xp ^ 1); /* both halves of dQ(x - 2) have read this buffer */
         store_ds_rows(sds_x, df, kr - k0, t);
@@ -373,13 +331,12 @@ __global__ void __launch_bounds__(THREADS, 1)
            arrive (mbarrier.arrive releases only the arriving thread's accesses). */
         __syncwarp();
         if (lane == 0) mbar_arrive(empty0 + 8 * xb);
-        if (it > 0)
-          dq_tile<HD>(dq, x - 1, false, sds, sk, sdq, ds_empty0, dq_empty0, dq_full0, kv_empty, cw, warp, lane);
+        if (it > 0) dq_step(dq, x - 1, false, sds, sk, sdq, ds_empty0, dq_empty0, dq_full0, kv_empty, cw, warp, lane);
       }
       /* dQ of the item's last tile: K's last read; the next item's K / V may land from here on */
       const uint32_t k = x0 + n_tiles - 1;
       mbar_wait(ds_full0 + 8 * (k & 1), (k >> 1) & 1);
-      dq_tile<HD>(dq, k, true, sds, sk, sdq, ds_empty0, dq_empty0, dq_full0, kv_empty, cw, warp, lane);
+      dq_step(dq, k, true, sds, sk, sdq, ds_empty0, dq_empty0, dq_full0, kv_empty, cw, warp, lane);
       x0 += n_tiles;
       ++jk;
     }
@@ -393,12 +350,13 @@ __global__ void __launch_bounds__(THREADS, 1)
 
 /* dq [B, T, N, H] bf16 = scale * dq_acc [B, N, T, H]: 8 elements per thread (two float4 in, one 16-byte store),
    consecutive threads along H then N, so the stores are contiguous. Rows (b, i, n) in 32 bits (B T N < 2^31). */
-__global__ void dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N, int HD, float scale, int rows) {
+__global__ void sa_hop_dq_convert_kernel(const float *acc, __nv_bfloat16 *dq, int T, int N, int H, float scale,
+                                         int rows) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  const int per_row = HD / 8;
+  const int per_row = H / 8;
   for (int x = blockIdx.x * blockDim.x + threadIdx.x; x < rows * per_row; x += gridDim.x * blockDim.x) {
     const int row = x / per_row, h = (x % per_row) * 8, n = row % N, i = (row / N) % T, b = row / (N * T);
-    const float4 *src = reinterpret_cast<const float4 *>(acc + (((size_t)b * N + n) * T + i) * HD + h);
+    const float4 *src = reinterpret_cast<const float4 *>(acc + (((size_t)b * N + n) * T + i) * H + h);
     const float4 a = src[0], c = src[1];
     uint4 o;
     o.x = pack_bf16(a.x * scale, a.y * scale);
@@ -413,26 +371,29 @@ __global__ void dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N, in
 /* ---- host ------------------------------------------------------------------------------------------- */
 
 template <bool CAUSAL>
-cudaError_t sa_hop1_run(const CUtensorMap (&m)[7], const BwdParams &bp, const Sched &sc, const sa_cuda_plan &plan,
-                        int64_t B, cudaStream_t st) {
-  constexpr int smem = op_smem<128>();
-  cudaError_t e = cudaFuncSetAttribute(bwd_onepass<128, CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+cudaError_t sa_hop_onepass128_run(const CUtensorMap (&m)[7], const sa_hop_onepass_params &bp,
+                                  const sa_hop_onepass128_sched &sc, const sa_cuda_plan &plan, int64_t B,
+                                  cudaStream_t st) {
+  constexpr int smem = op_smem();
+  cudaError_t e =
+      cudaFuncSetAttribute(sa_hop_onepass128_kernel<CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   e = cudaMemsetAsync(sc.sync, 0, plan.sync_bytes, st); /* the ticket, the semaphores (not dq_acc) */
   if (e != cudaSuccess) return e;
-  e = sa_hop_launch_items(bwd_onepass<128, CAUSAL>, plan, THREADS, smem, st, m[0], m[1], m[2], m[3], m[4], m[5], m[6],
-                          bp, sc);
+  e = sa_hop_launch_items(sa_hop_onepass128_kernel<CAUSAL>, plan, THREADS, smem, st, m[0], m[1], m[2], m[3], m[4], m[5],
+                          m[6], bp, sc);
   if (e != cudaSuccess) return e;
-  const int rows = (int)(B * bp.T * bp.N); /* < 2^27 in scope: rows * 16 fits dq_convert's int */
-  return sa_hop1_dq_convert(bp.dq_acc, bp.dq, bp.T, bp.N, 128, bp.scale, rows, plan.sms, st);
+  const int rows = (int)(B * bp.T * bp.N); /* < 2^27 in scope: rows * 16 fits sa_hop_dq_convert_kernel's int */
+  return sa_hop_onepass_dq_convert(bp.dq_acc, bp.dq, bp.T, bp.N, 128, bp.scale, rows, plan.sms, st);
 }
 
 } /* namespace */
 
-bool sa_hop1_prepare(const sa_cuda_params &p, float *acc, int kv_rows, CUtensorMap (&m)[7], BwdParams *bp) {
+bool sa_hop_onepass_prepare(const sa_cuda_params &p, float *acc, int kv_rows, CUtensorMap (&m)[7],
+                            sa_hop_onepass_params *bp) {
   static const PFN_cuTensorMapEncodeTiled_v12000 enc = sa_hop_encode_fn(); /* thread-safe static init */
   if (!enc) return false;
-  /* As an earlier version: Q / dO 64-row boxes, K / V kv_rows-row boxes (past S: TMA's zero fill, counted in the transaction
+  /* Q / dO 64-row boxes, K / V kv_rows-row boxes (past S: TMA's zero fill, counted in the transaction
      bytes), lse2 / D as {T, B N} fp32 boxes of 64 (no swizzle), and dq_acc as the reduce target {H, T, B N} fp32,
      box {32, 64, 1}: 128 B inner (the 128-byte swizzle's limit), row stride 4 H. TMA wants 16-byte aligned bases
      and strides: T % 128 == 0, H in {64, 128}. */
@@ -461,9 +422,10 @@ bool sa_hop1_prepare(const sa_cuda_params &p, float *acc, int kv_rows, CUtensorM
   return true;
 }
 
-cudaError_t sa_hop1_dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N, int HD, float scale, int rows,
-                               int sms, cudaStream_t st) {
-  dq_convert<<<std::min((rows * (HD / 8) + 255) / 256, sms * 16), 256, 0, st>>>(acc, dq, T, N, HD, scale, rows);
+cudaError_t sa_hop_onepass_dq_convert(const float *acc, __nv_bfloat16 *dq, int T, int N, int H, float scale, int rows,
+                                      int sms, cudaStream_t st) {
+  sa_hop_dq_convert_kernel<<<std::min((rows * (H / 8) + 255) / 256, sms * 16), 256, 0, st>>>(acc, dq, T, N, H, scale,
+                                                                                             rows);
   return cudaGetLastError();
 }
 
@@ -472,8 +434,9 @@ cudaError_t sa_hop_onepass_launch(const sa_cuda_plan &plan, const sa_cuda_params
   float *acc = (float *)ws;
   int *sync = (int *)((char *)ws + plan.off_sync);
   CUtensorMap m[7];
-  BwdParams bp;
-  if (!sa_hop1_prepare(p, acc, KB, m, &bp)) return cudaErrorInvalidValue;
-  const Sched sc = {sync, plan.nkb, (int)p.G, plan.n_all, plan.d, plan.items};
-  return p.causal ? sa_hop1_run<true>(m, bp, sc, plan, p.B, st) : sa_hop1_run<false>(m, bp, sc, plan, p.B, st);
+  sa_hop_onepass_params bp;
+  if (!sa_hop_onepass_prepare(p, acc, KB, m, &bp)) return cudaErrorInvalidValue;
+  const sa_hop_onepass128_sched sc = {sync, plan.nkb, (int)p.G, plan.n_all, plan.d, plan.items};
+  return p.causal ? sa_hop_onepass128_run<true>(m, bp, sc, plan, p.B, st)
+                  : sa_hop_onepass128_run<false>(m, bp, sc, plan, p.B, st);
 }

@@ -1,7 +1,7 @@
 /*
  * hopper/onepass64.cu — the sm_90a one-pass backward at H64 (plans hopper.bwd.onepass, .plain, .narrow): 3
  * consumer warpgroups, 192-key items, dQ by one owner warpgroup a tile, the final dq written by the producer's
- * idle warps; a head split with dkdv_sum on short grids. docs/hopper.md, "one-pass backward".
+ * idle warps; a head split with sa_hop_dkdv_sum_kernel on short grids. docs/hopper.md, "one-pass backward".
  */
 #include "hopper/onepass64.cuh"
 #include "launch.h"
@@ -9,14 +9,14 @@
 namespace {
 
 /* A persistent CTA's item (the default kernel's per-CTA values), the same in the producer, writer and consumers. */
-struct Item3 {
+struct sa_hop_onepass64_item {
   int kb, hh, kvh, b, n_wg, qb0, per_head, n_tiles, rot, hd0;
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-/* %laneid, re-read where it is tested: as a value kept from the warp's start it was one register too many in
-   the consumers (spilled). */
+/* %laneid, re-read where it is tested: as a value kept from the warp's start it is one register too many in
+   the consumers (they spill). */
 __device__ __forceinline__ int lane_id() {
   int l;
   asm volatile("mov.u32 %0, %%laneid;" : "=r"(l));
@@ -25,15 +25,16 @@ __device__ __forceinline__ int lane_id() {
 
 /* The producer's decode of ticket vid (runtime divisions: done once, by the producer warp) ... */
 template <bool CAUSAL>
-__device__ __forceinline__ Item3 item3_of(int vid, const Sched3 &sc, const BwdParams &p, int PT) {
-  Item3 it;
+__device__ __forceinline__ sa_hop_onepass64_item item64_of(int vid, const sa_hop_onepass64_sched &sc,
+                                                           const sa_hop_onepass_params &p, int PT) {
+  sa_hop_onepass64_item it;
   const int g = vid / sc.nkb, h = g / sc.hs; /* group (b KH + kvh) hs + hh; b KH + kvh */
   it.kb = vid - g * sc.nkb;
   it.hh = g - h * sc.hs;
   it.b = h / p.KH;
   it.kvh = h - it.b * p.KH;
-  it.n_wg = min(NC3, (p.S - it.kb * KB3) / 64);
-  it.qb0 = CAUSAL ? it.kb * KB3 / QB : 0;
+  it.n_wg = min(NC64, (p.S - it.kb * KB64) / 64);
+  it.qb0 = CAUSAL ? it.kb * KB64 / QB : 0;
   it.per_head = max(0, PT - it.qb0);
   it.n_tiles = CAUSAL ? sc.Gc * it.per_head : sc.n_all;
   it.rot = (!CAUSAL && it.n_tiles > 0) ? it.kb * sc.d % it.n_tiles : 0;
@@ -45,16 +46,17 @@ __device__ __forceinline__ Item3 item3_of(int vid, const Sched3 &sc, const BwdPa
    division). The consumers and the writer read it there: no division in their item loops (one of the changes that
    took the non-causal consumers from 16-72 B of spills to none; the consumers' comment has the others). */
 constexpr int SLOT = 8;
-__device__ __forceinline__ void item3_put(volatile int *slot, const Item3 &it, int vid) {
+__device__ __forceinline__ void item64_put(volatile int *slot, const sa_hop_onepass64_item &it, int vid) {
   slot[0] = vid, slot[1] = it.kb, slot[2] = it.b, slot[3] = it.kvh, slot[4] = it.hh, slot[5] = it.n_tiles;
   slot[6] = it.rot, slot[7] = it.hd0;
 }
 template <bool CAUSAL>
-__device__ __forceinline__ Item3 item3_get(const int (&f)[SLOT], const BwdParams &p, int PT) {
-  Item3 it;
+__device__ __forceinline__ sa_hop_onepass64_item item64_get(const int (&f)[SLOT], const sa_hop_onepass_params &p,
+                                                            int PT) {
+  sa_hop_onepass64_item it;
   it.kb = f[1], it.b = f[2], it.kvh = f[3], it.hh = f[4], it.n_tiles = f[5], it.rot = f[6], it.hd0 = f[7];
-  it.n_wg = min(NC3, (p.S - it.kb * KB3) / 64);
-  it.qb0 = CAUSAL ? it.kb * KB3 / QB : 0;
+  it.n_wg = min(NC64, (p.S - it.kb * KB64) / 64);
+  it.qb0 = CAUSAL ? it.kb * KB64 / QB : 0;
   it.per_head = max(0, PT - it.qb0);
   return it;
 }
@@ -62,24 +64,25 @@ __device__ __forceinline__ Item3 item3_get(const int (&f)[SLOT], const BwdParams
 #endif /* sm_90a */
 
 template <bool CAUSAL>
-__global__ void __launch_bounds__(THREADS3, 1)
-    bwd_persist3(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
-                 const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
-                 const __grid_constant__ CUtensorMap tml, const __grid_constant__ CUtensorMap tmd,
-                 const __grid_constant__ CUtensorMap tma, const BwdParams p, const Sched3 sc, const int total) {
+__global__ void __launch_bounds__(THREADS64, 1)
+    sa_hop_onepass64_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
+                            const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
+                            const __grid_constant__ CUtensorMap tml, const __grid_constant__ CUtensorMap tmd,
+                            const __grid_constant__ CUtensorMap tma, const sa_hop_onepass_params p,
+                            const sa_hop_onepass64_sched sc, const int total) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int HD = 64;
-  constexpr uint32_t KV_BYTES = KB3 * HD * 2, QT_BYTES = QB * HD * 2, LD_BYTES = 2 * QB * 4, DQ_BYTES = QB * HD * 4;
+  constexpr uint32_t KV_BYTES = KB64 * HD * 2, QT_BYTES = QB * HD * 2, LD_BYTES = 2 * QB * 4, DQ_BYTES = QB * HD * 4;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bar[24]; /* the header's table, in its order */
-  __shared__ float anchor[4 * NC3];
+  __shared__ float anchor[4 * NC64];
   __shared__ int item_slot[SLOT];       /* the item, written by the producer before item_full, read after it */
   __shared__ int cv_row[2], cv_head[2]; /* converter slot v & 1: dq row b T + q 64 and head of its tile */
-  __shared__ int wstate[4 * NC3][5];    /* per consumer warp: what it carries over items (lane 0 only) */
+  __shared__ int wstate[4 * NC64][5];   /* per consumer warp: what it carries over items (lane 0 only) */
 
   const uint32_t raw = smem_u32(smem_raw), sk = (raw + 1023u) & ~1023u, sv = sk + KV_BYTES;
   const uint32_t sq = sv + KV_BYTES, sdo = sq + STAGES * QT_BYTES, sds = sdo + STAGES * QT_BYTES;
-  const uint32_t sdq = sds + NDS * DS3_BYTES, sld = sdq + 2 * DQ_BYTES, scv = sld + STAGES * LD_BYTES;
+  const uint32_t sdq = sds + NDS * DS64_BYTES, sld = sdq + 2 * DQ_BYTES, scv = sld + STAGES * LD_BYTES;
   const float *ld_f = reinterpret_cast<const float *>(smem_raw + (sld - raw)); /* per stage: lse2[QB], D[QB] */
   const uint32_t b0 = smem_u32(bar);
   const uint32_t item_full = b0, item_empty = b0 + 8, kv_full = b0 + 16, kv_empty = b0 + 24;
@@ -95,21 +98,21 @@ __global__ void __launch_bounds__(THREADS3, 1)
 
   if (threadIdx.x == 0) {
     mbar_init(item_full, 1);
-    mbar_init(item_empty, 4 * NC3 + 1); /* the consumer warps and the writer */
+    mbar_init(item_empty, 4 * NC64 + 1); /* the consumer warps and the writer */
     mbar_init(kv_full, 1);
-    mbar_init(kv_empty, 4 * NC3);
+    mbar_init(kv_empty, 4 * NC64);
     for (int x = 0; x < NDS; ++x) {
-      mbar_init(ds_full(x), 4 * NC3); /* every warpgroup stores its slice (a zero one without keys) */
-      mbar_init(ds_empty(x), 4);      /* the owner's 4 warps, after its dQ product */
+      mbar_init(ds_full(x), 4 * NC64); /* every warpgroup stores its slice (a zero one without keys) */
+      mbar_init(ds_empty(x), 4);       /* the owner's 4 warps, after its dQ product */
     }
     for (int x = 0; x < 2; ++x) {
       mbar_init(bar_full(x), 1);
-      mbar_init(bar_empty(x), 4 * NC3); /* one arrive per consumer warp, idle warpgroups too */
-      mbar_init(dq_full(x), 128);       /* every owner thread (racecheck: hopper/onepass64.cu) */
-      mbar_init(dq_empty(x), 1);        /* the writer */
-      mbar_init(cv_full(x), 1);         /* the writer's load (or the end marker) */
-      mbar_init(cv_empty(x), 64);       /* every converter thread, after its shared reads */
-      mbar_init(wr_done(x), 1);         /* the writer */
+      mbar_init(bar_empty(x), 4 * NC64); /* one arrive per consumer warp, idle warpgroups too */
+      mbar_init(dq_full(x), 128);        /* every owner thread (racecheck: hopper/onepass64.cu) */
+      mbar_init(dq_empty(x), 1);         /* the writer */
+      mbar_init(cv_full(x), 1);          /* the writer's load (or the end marker) */
+      mbar_init(cv_empty(x), 64);        /* every converter thread, after its shared reads */
+      mbar_init(wr_done(x), 1);          /* the writer */
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -119,7 +122,7 @@ __global__ void __launch_bounds__(THREADS3, 1)
 
   if (wg == 0) {
     /* 128 x 32 + 384 x 160 = 65536 = 512 x 128, the CTA's registers at launch: the pool setmaxnreg.inc draws on */
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS3P) : "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PREGS64) : "memory");
     if (threadIdx.x < 32) {
       /* The TMA producer: publishes the items, loads their tiles, takes the tickets; the whole warp walks (item
          values warp-uniform), lane 0 issues. */
@@ -130,9 +133,9 @@ __global__ void __launch_bounds__(THREADS3, 1)
       int vid = __shfl_sync(0xffffffffu, tk, 0);
       for (uint32_t j = 0;; ++j) {
         mbar_wait(item_empty, (j & 1) ^ 1); /* every reader has read item j - 1 (j = 0: a fresh barrier) */
-        const Item3 im = item3_of<CAUSAL>(vid, sc, p, PT); /* garbage past the end: not used there */
+        const sa_hop_onepass64_item im = item64_of<CAUSAL>(vid, sc, p, PT); /* garbage past the end: not used there */
         if (lead) {
-          item3_put(item_slot, im, vid);
+          item64_put(item_slot, im, vid);
           mbar_arrive(item_full);
         }
         if (vid >= total) break;
@@ -141,14 +144,14 @@ __global__ void __launch_bounds__(THREADS3, 1)
           ++jk;
           if (lead) {
             mbar_arrive_tx(kv_full, 2 * KV_BYTES);
-            tma_load(sk, &tmk, kv_full, 0, im.kvh, im.kb * KB3, im.b);
-            tma_load(sv, &tmv, kv_full, 0, im.kvh, im.kb * KB3, im.b);
+            tma_load(sk, &tmk, kv_full, 0, im.kvh, im.kb * KB64, im.b);
+            tma_load(sv, &tmv, kv_full, 0, im.kvh, im.kb * KB64, im.b);
           }
         };
         /* The first two tiles' slots free under the previous item's last tiles, K / V only after its last dQ:
            ring first (tile 2 waits for tile 0's release, which needs K / V: issued by then). */
         const int n0 = min(im.n_tiles, STAGES);
-        Walk w(im.rot, im.n_tiles > 0 ? im.qb0 : 0, PT, sc.Gc); /* no tiles: PT - qb0 may be <= 0 */
+        sa_hop_walk w(im.rot, im.n_tiles > 0 ? im.qb0 : 0, PT, sc.Gc); /* no tiles: PT - qb0 may be <= 0 */
         for (int it = 0; it < im.n_tiles; ++it, ++x, w.next()) {
           if (it == n0) load_kv();
           const uint32_t s = x & 1;
@@ -179,21 +182,21 @@ __global__ void __launch_bounds__(THREADS3, 1)
         for (int i = 0; i < SLOT; ++i) f[i] = ((volatile int *)item_slot)[i];
         mbar_arrive(item_empty);
         if (f[0] >= total) break;
-        const Item3 im = item3_get<CAUSAL>(f, p, PT);
-        Walk w(im.rot, im.n_tiles > 0 ? im.qb0 : 0, PT, sc.Gc); /* no tiles: PT - qb0 may be <= 0 */
-        const int bn0 = im.b * p.N + im.hd0;                    /* row (b N + n) of the item's head g: bn0 + g */
+        const sa_hop_onepass64_item im = item64_get<CAUSAL>(f, p, PT);
+        sa_hop_walk w(im.rot, im.n_tiles > 0 ? im.qb0 : 0, PT, sc.Gc); /* no tiles: PT - qb0 may be <= 0 */
+        const int bn0 = im.b * p.N + im.hd0;                           /* row (b N + n) of the item's head g: bn0 + g */
         for (int kk = 0; kk < im.n_tiles; ++kk, ++x, w.next()) {
           const uint32_t xb = x & 1;
           int *sem = sc.sync + 1 + (size_t)(bn0 + w.g) * PT + w.q;
           mbar_wait(dq_full(xb), (x >> 1) & 1);
-          const int rank = nat_rank3<CAUSAL>(im.kb, w.g, w.q, sc.nkb, PT, sc.d);
+          const int rank = nat_rank<KB64, CAUSAL>(im.kb, w.g, w.q, sc.nkb, PT, sc.d);
           while (ld_acquire(sem) != rank) {}
           fence_async_global(); /* the store / reduce (async proxy) after the acquire that saw the earlier adds */
           if (kk == im.n_tiles - 1) mbar_arrive(wr_done(j & 1)); /* no wait on other CTAs left in this item */
           const uint32_t src = sdq + xb * DQ_BYTES;
-          /* rank 0 stores (dq_acc is not zeroed; coverage: above nat_rank3), later ranks add */
+          /* rank 0 stores (dq_acc is not zeroed; coverage: nat_rank), later ranks add */
           write_dq_tile<HD>(&tma, src, rank, w.q * QB, bn0 + w.g, dq_empty(xb), sem);
-          if (nat_last3<CAUSAL>(im.kb, w.g, w.q, sc.nkb, PT, sc.d)) { /* final: back to shared for the converter */
+          if (nat_last64<CAUSAL>(im.kb, w.g, w.q, sc.nkb, PT, sc.d)) { /* final: back to shared for the converter */
             const uint32_t cb = nv & 1;
             mbar_wait(cv_empty(cb), ((nv >> 1) & 1) ^ 1);
             *(volatile int *)&cv_row[cb] = im.b * T + w.q * QB;
@@ -229,7 +232,7 @@ __global__ void __launch_bounds__(THREADS3, 1)
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS3) : "memory");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS64) : "memory");
   /* Warp-uniform through a shuffle: the owner's and the skip branches hold wgmma sections. */
   const int cw = __shfl_sync(0xffffffffu, wg - 1, 0), warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int t = lane % 4;
@@ -252,8 +255,8 @@ __global__ void __launch_bounds__(THREADS3, 1)
     for (int i = 0; i < SLOT; ++i) f[i] = __shfl_sync(0xffffffffu, l0 ? ((volatile int *)item_slot)[i] : 0, 0);
     if (l0) mbar_arrive(item_empty);
     if (f[0] >= total) break;
-    const Item3 im = item3_get<CAUSAL>(f, p, PT);
-    const int k0 = im.kb * KB3, qb0 = im.qb0, per_head = im.per_head, n_tiles = im.n_tiles, n_wg = im.n_wg;
+    const sa_hop_onepass64_item im = item64_get<CAUSAL>(f, p, PT);
+    const int k0 = im.kb * KB64, qb0 = im.qb0, per_head = im.per_head, n_tiles = im.n_tiles, n_wg = im.n_wg;
     const int kw0 = k0 + 64 * cw, kr = k0 + rloc; /* this thread's keys: kr, kr + 8 */
     /* A head's last block of 64 or 128 keys leaves this warpgroup none: it runs the item as if every tile were
        causally skipped (every wait and arrive, the counts are 12; a zero dS^T slice in rows the owner's dQ does
@@ -279,13 +282,13 @@ __global__ void __launch_bounds__(THREADS3, 1)
           uint32_t pf[16], df[16];
           mbar_wait(bar_full(s), (x >> 1) & 1);
           if (!skip) {
-            onepass_tile<HD, CAUSAL>(st, dpt, pf, df, sk_wg, sv_wg, KB3, sq_s, sdo_s, ld_f + s * 2 * QB, sl2, i0, kw0,
+            onepass_tile<HD, CAUSAL>(st, dpt, pf, df, sk_wg, sv_wg, KB64, sq_s, sdo_s, ld_f + s * 2 * QB, sl2, i0, kw0,
                                      kr, t, &anchor[4 * cw + warp], lane_id());
           } else {
 #pragma unroll
             for (int i = 0; i < 16; ++i) df[i] = 0u; /* bf16 +0: the owner's dQ reads all 64 n_wg keys */
           }
-          const uint32_t xd = x % NDS, sds_x = sds + xd * DS3_BYTES;
+          const uint32_t xd = x % NDS, sds_x = sds + xd * DS64_BYTES;
           mbar_wait(ds_empty(xd), ((x / NDS) & 1) ^ 1); /* dQ(x - 3) has read this buffer */
           store_ds_rows(sds_x, df, rloc, t);            /* rows 0 .. 191 */
           fence_async_shared();                         /* generic stores -> the owner's wgmma reads */
@@ -301,13 +304,13 @@ __global__ void __launch_bounds__(THREADS3, 1)
         const int m = it - 1; /* ---- dQ(x - 1), the item's tile m: every warpgroup's dS^T(x - 1) is a tile old */
         if (it > 0 && (n_wg == 3 ? m % 3 : n_wg == 2 ? m & 1 : 0) == cw) {
           const uint32_t k = x - 1, xk = k % NDS;
-          const uint32_t sds_k = sds + xk * DS3_BYTES;
+          const uint32_t sds_k = sds + xk * DS64_BYTES;
           float dq[32];
           mbar_wait(ds_full(xk), (k / NDS) & 1);
           dq_product_nwg(dq, sds_k, sk, n_wg);
           if (lane_id() == 0) mbar_arrive(ds_empty(xk));
           mbar_wait(dq_empty(k & 1), ((k >> 1) & 1) ^ 1); /* the writer's store of dQ(k - 2) has read the slot */
-          stage_dq64(dq, sdq + (k & 1) * DQ_BYTES, warp, lane_id());
+          stage_dq(dq, sdq + (k & 1) * DQ_BYTES, 0, warp, lane_id());
           fence_async_shared();        /* generic stores -> the TMA's reads */
           mbar_arrive(dq_full(k & 1)); /* each thread its own stores */
         }
@@ -323,7 +326,7 @@ __global__ void __launch_bounds__(THREADS3, 1)
     if (sc.hs == 1) {
       store_rows<HD>(p.dk + base, dk, rs, ks, t, p.scale); /* zeros where no query sees the keys */
       store_rows<HD>(p.dv + base, dv, rs, ks, t, 1.f);
-    } else { /* partial sums of this item's G / hs heads, unscaled; dkdv_sum adds them in hh order */
+    } else { /* partial sums of this item's G / hs heads, unscaled; sa_hop_dkdv_sum_kernel adds them in hh order */
       store_rows_f32(sc.part + hh * sc.slice + base, dk, rs, ks, t);
       store_rows_f32(sc.part + (sc.hs + hh) * sc.slice + base, dv, rs, ks, t);
     }
@@ -332,7 +335,8 @@ __global__ void __launch_bounds__(THREADS3, 1)
 }
 
 /* dk = scale sum_hh part[hh], dv = sum_hh part[hs + hh] in bf16, hh ascending: the head split's fixed order. */
-__global__ void dkdv_sum(const float *part, __nv_bfloat16 *dk, __nv_bfloat16 *dv, size_t n, int hs, float scale) {
+__global__ void sa_hop_dkdv_sum_kernel(const float *part, __nv_bfloat16 *dk, __nv_bfloat16 *dv, size_t n, int hs,
+                                       float scale) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   for (size_t i = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) * 4; i < n; i += (size_t)gridDim.x * blockDim.x * 4) {
     float4 a = *reinterpret_cast<const float4 *>(part + i), c = *reinterpret_cast<const float4 *>(part + hs * n + i);
@@ -356,30 +360,32 @@ __global__ void dkdv_sum(const float *part, __nv_bfloat16 *dk, __nv_bfloat16 *dv
 } /* namespace */
 
 cudaError_t sa_hop_onepass64_launch(const sa_cuda_plan &plan, const sa_cuda_params &p, void *ws, cudaStream_t st) {
-  constexpr int smem = op_smem3();
+  constexpr int smem = op64_smem();
   const int hs = plan.split;
   float *acc = (float *)ws;
   int *sync = (int *)((char *)ws + plan.off_sync);
   float *part = (float *)((char *)ws + plan.off_part);
   CUtensorMap m[7];
-  BwdParams bp;
-  if (!sa_hop1_prepare(p, acc, KB3, m, &bp)) return cudaErrorInvalidValue; /* K / V as 192-row boxes */
-  const Sched3 sc = {sync,   hs > 1 ? part : nullptr,        plan.nkb, (int)(p.G / hs), hs, plan.n_all,
-                     plan.d, (size_t)(p.B * p.S * p.K * p.H)};
-  cudaError_t e = p.causal
-                      ? cudaFuncSetAttribute(bwd_persist3<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)
-                      : cudaFuncSetAttribute(bwd_persist3<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  sa_hop_onepass_params bp;
+  if (!sa_hop_onepass_prepare(p, acc, KB64, m, &bp)) return cudaErrorInvalidValue; /* K / V as 192-row boxes */
+  const sa_hop_onepass64_sched sc = {sync,   hs > 1 ? part : nullptr,        plan.nkb, (int)(p.G / hs), hs, plan.n_all,
+                                     plan.d, (size_t)(p.B * p.S * p.K * p.H)};
+  cudaError_t e =
+      p.causal
+          ? cudaFuncSetAttribute(sa_hop_onepass64_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)
+          : cudaFuncSetAttribute(sa_hop_onepass64_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   if ((e = cudaMemsetAsync(sc.sync, 0, plan.sync_bytes, st)) != cudaSuccess) return e; /* not dq_acc */
-  e = p.causal ? sa_hop_launch_items(bwd_persist3<true>, plan, THREADS3, smem, st, m[0], m[1], m[2], m[3], m[4], m[5],
-                                     m[6], bp, sc, plan.items)
-               : sa_hop_launch_items(bwd_persist3<false>, plan, THREADS3, smem, st, m[0], m[1], m[2], m[3], m[4], m[5],
-                                     m[6], bp, sc, plan.items);
+  e = p.causal ? sa_hop_launch_items(sa_hop_onepass64_kernel<true>, plan, THREADS64, smem, st, m[0], m[1], m[2], m[3],
+                                     m[4], m[5], m[6], bp, sc, plan.items)
+               : sa_hop_launch_items(sa_hop_onepass64_kernel<false>, plan, THREADS64, smem, st, m[0], m[1], m[2], m[3],
+                                     m[4], m[5], m[6], bp, sc, plan.items);
   if (e != cudaSuccess) return e;
   if (hs > 1) { /* every element of every partial was written by its item: no memset */
     const size_t blocks = (sc.slice / 4 + 255) / 256, cap = (size_t)plan.sms * 8;
-    dkdv_sum<<<(unsigned)(blocks < cap ? blocks : cap), 256, 0, st>>>(sc.part, bp.dk, bp.dv, sc.slice, hs, bp.scale);
+    sa_hop_dkdv_sum_kernel<<<(unsigned)(blocks < cap ? blocks : cap), 256, 0, st>>>(sc.part, bp.dk, bp.dv, sc.slice, hs,
+                                                                                    bp.scale);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
-  return cudaSuccess; /* dq: written by the kernel's converter warps (nat_last3), no dq_convert */
+  return cudaSuccess; /* dq: written by the kernel's converter warps (nat_last64), no sa_hop_dq_convert_kernel */
 }

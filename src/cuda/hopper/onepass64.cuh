@@ -2,13 +2,14 @@
  * hopper/onepass64.cuh — the H64 one pass's constants and device helpers: 192-key blocks of 3 warpgroups, NAT's rank
  * and last-visit rule, the owner warpgroup's dQ product and staging, the converter's row loop.
  */
-#ifndef SA_HOPPER_BWD3_CUH
-#define SA_HOPPER_BWD3_CUH
+#ifndef SA_HOPPER_ONEPASS64_CUH
+#define SA_HOPPER_ONEPASS64_CUH
 
-#include "hopper/onepass_parts.cuh"
+#include "hopper/onepass_dq.cuh"
 
-/* How the CTAs of a launch find their work and their turn (hopper/onepass128.cu's Sched plus the head split). */
-struct Sched3 {
+/* How the CTAs of a launch find their work and their turn (hopper/onepass128.cu's sa_hop_onepass128_sched plus the
+   head split). */
+struct sa_hop_onepass64_sched {
   int *sync;    /* [0]: CTA ticket counter; then one semaphore per (b, head, 64-query tile); zeroed per call */
   float *part;  /* hs > 1: partial dK (hs slices), then dV (hs slices), fp32 [B, S, KH, 64] each */
   int nkb;      /* key blocks per kv head: ceil(S / 192) */
@@ -21,34 +22,34 @@ struct Sched3 {
 
 namespace {
 
-/* from the tile table (hopper/ptx.cuh), where the reasons are */
-constexpr int QB = sa_hop_tiles::BWD_QB;     /* query rows per streamed tile: N of S^T / dP^T, M of dQ */
-constexpr int STAGES = sa_hop_tiles::STAGES; /* Q / dO ring depth */
-constexpr int NC3 = sa_hop_tiles::BWD1_NC64; /* consumer warpgroups */
-constexpr int KB3 = 64 * NC3;                /* keys per CTA */
-constexpr int THREADS3 = 128 * (NC3 + 1);
-constexpr int REGS3P = 32; /* producer warpgroup: the dq converter spills at 24 (LDL/STL 13-48) */
-constexpr int REGS3 = 160; /* consumers: (65536 - 128 x 32) / 384 */
-constexpr int NDS = 3;     /* dS^T buffers: tile k in buffer k % 3 */
-static_assert(128 * REGS3P + 128 * NC3 * REGS3 <= 65536, "register file: producer + consumers");
-constexpr uint32_t DS3_BYTES = KB3 * QB * 2; /* one dS^T tile [192 keys][64 queries] bf16: 24 KiB */
+/* from the tile table (hopper/tiles.h), where the reasons are */
+constexpr int QB = SA_HOP_BWD_QB;      /* query rows per streamed tile: N of S^T / dP^T, M of dQ */
+constexpr int STAGES = SA_HOP_STAGES;  /* Q / dO ring depth */
+constexpr int NC64 = SA_HOP_OP_NC(64); /* consumer warpgroups */
+constexpr int KB64 = SA_HOP_OP_KB(64); /* keys per CTA: 64 NC64 */
+constexpr int THREADS64 = 128 * (NC64 + 1);
+constexpr int PREGS64 = 32; /* producer warpgroup: the dq converter spills at 24 (LDL/STL 13-48) */
+constexpr int REGS64 = 160; /* consumers: (65536 - 128 x 32) / 384 */
+constexpr int NDS = 3;      /* dS^T buffers: tile k in buffer k % 3 */
+static_assert(128 * PREGS64 + 128 * NC64 * REGS64 <= 65536, "register file: producer + consumers");
+constexpr uint32_t DS64_BYTES = KB64 * QB * 2; /* one dS^T tile [192 keys][64 queries] bf16: 24 KiB */
 
 /* K, V; the Q / dO ring; 3 dS^T tiles; 2 dQ staging slots [2 boxes][64 rows][32 fp32]; per stage lse2, D; 2
    converter slots as the staging slots: 223232 B, + 1 KiB for the static part's alignment padding. */
-constexpr int op_smem3() {
-  return 1024 + 2 * KB3 * 64 * 2 + STAGES * 2 * QB * 64 * 2 + NDS * DS3_BYTES + 2 * QB * 64 * 4 + STAGES * 2 * QB * 4 +
-         2 * QB * 64 * 4;
+constexpr int op64_smem() {
+  return 1024 + 2 * KB64 * 64 * 2 + STAGES * 2 * QB * 64 * 2 + NDS * DS64_BYTES + 2 * QB * 64 * 4 +
+         STAGES * 2 * QB * 4 + 2 * QB * 64 * 4;
 }
 static_assert(STAGES * 2 * QB * 4 % 1024 == 0, "the converter slots (128-byte swizzle) 1024-aligned after lse2 / D");
-static_assert(op_smem3() + 1024 <= 227 * 1024, "over the sm_90 limit");
+static_assert(op64_smem() + 1024 <= 227 * 1024, "over the sm_90 limit");
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-/* 05's nat_rank with 192-key blocks: causal key block j sees query tile q iff q >= 3 j (q 64 + 63 >= 192 j), and
-   reaches tile (g, q) at step g (PT - 3j) + q - 3j, earlier for larger j: rank m - kb, m = min(nkb - 1, q / 3).
-   dq_acc is not zeroed: each (b, head, 64-query tile) has exactly one rank-0 visit, which stores the tile before
-   any add (hopper/onepass128.cu's nat_rank has the ordering argument). The grid is one CTA per (b, kv head, head split
-   hh < hs, key block kb < nkb), nkb = ceil(S / 192) >= 1 (S > 0 in sa_hop_in_scope); CTA hh walks n_tiles
+/* NAT (nat_rank of hopper/onepass_dq.cuh) with 192-key blocks: causal key block j sees query tile q iff q >= 3 j
+   (q 64 + 63 >= 192 j), and reaches tile (g, q) at step g (PT - 3j) + q - 3j, earlier for larger j: rank m - kb,
+   m = min(nkb - 1, q / 3). dq_acc is not zeroed: each (b, head, 64-query tile) has exactly one rank-0 visit, which
+   stores the tile before any add (nat_rank's comment has the ordering argument). The grid is one CTA per (b, kv
+   head, head split hh < hs, key block kb < nkb), nkb = ceil(S / 192) >= 1 (S > 0 in sa_hop_scope); CTA hh walks n_tiles
    distinct tiles of heads kvh G + hh Gc + g, g < Gc = G / hs (hs | G): each head's tiles are visited by the nkb
    CTAs of one hh only, and the semaphores are per query head. Causal top-left: key block j visits (g, q) iff
    q >= 3 j (its first query block k0 / 64); key block 0 visits every tile, the visitors of (g, q) are 0..m
@@ -56,18 +57,14 @@ static_assert(op_smem3() + 1024 <= 227 * 1024, "over the sm_90 limit");
    3 m <= q < T / 64), ranks m - kb: a bijection onto 0..m. Non-causal: every key block visits all n_all tiles,
    (m - kb) mod nkb is a bijection onto 0..nkb-1. Either way rank 0 is key block m, whatever its n_wg (a last CTA
    of 64 or 128 keys visits the same tiles). 2 boxes {32, 64} cover the 64 x 64 tile, none clipped (64 | T). */
-template <bool CAUSAL>
-__host__ __device__ __forceinline__ int nat_rank3(int kb, int g, int q, int nkb, int PT, int d) {
-  const int x = CAUSAL ? q * QB / KB3 : (g * PT + q) / d, m = x < nkb - 1 ? x : nkb - 1;
-  return m >= kb ? m - kb : m + nkb - kb;
-}
 
 /* Whether key block kb's visit to (g, q) is the tile's last (rank V - 1 of its V visitors), after which the tile
    is final: causal V = m + 1 and rank m - kb, so key block 0 (the last visitor of every tile); non-causal V = nkb.
-   By the bijections above, exactly one visit per tile, so the converter covers dq whole (no dq_convert). */
+   By the bijections above, exactly one visit per tile, so the converter covers dq whole (no
+   sa_hop_dq_convert_kernel). */
 template <bool CAUSAL>
-__device__ __forceinline__ bool nat_last3(int kb, int g, int q, int nkb, int PT, int d) {
-  return CAUSAL ? kb == 0 : nat_rank3<false>(kb, g, q, nkb, PT, d) == nkb - 1;
+__device__ __forceinline__ bool nat_last64(int kb, int g, int q, int nkb, int PT, int d) {
+  return CAUSAL ? kb == 0 : nat_rank<KB64, false>(kb, g, q, nkb, PT, d) == nkb - 1;
 }
 
 /* dQ [64 q x 64] = dS [64 q x 16 NKS keys] K [16 NKS keys x 64]: A = dS^T buffer read MN-major (rows are keys),
@@ -80,7 +77,7 @@ __device__ __forceinline__ void dq_product(float (&dq)[32], uint32_t sds_x, uint
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < NKS; ++kk)
-    wgmma_ss_tt(dq, gmma_desc(sds_x + kk * 2048, QB * 128, 1024), gmma_desc(sk + kk * 2048, KB3 * 128, 1024), kk > 0);
+    wgmma_ss_tt(dq, gmma_desc(sds_x + kk * 2048, QB * 128, 1024), gmma_desc(sk + kk * 2048, KB64 * 128, 1024), kk > 0);
   wgmma_commit();
   wgmma_wait0();
   pin(dq);
@@ -91,24 +88,6 @@ __device__ __forceinline__ void dq_product_nwg(float (&dq)[32], uint32_t sds_x, 
   if (n_wg == 3) dq_product<12>(dq, sds_x, sk);
   else if (n_wg == 2) dq_product<8>(dq, sds_x, sk);
   else dq_product<4>(dq, sds_x, sk);
-}
-
-/* The owner's whole dQ tile [64 rows][64 fp32] into staging slot dst: box c = columns [32 c, 32 c + 32) as
-   [64 rows][128 B], 16-byte unit u of row r at u ^ (r % 8) (05's stage_dq for warpgroup 0 at H128: 2 wavefronts
-   per float2 warp store). */
-__device__ __forceinline__ void stage_dq64(const float (&dq)[32], uint32_t dst, int warp, int lane) {
-  const int t = lane % 4;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = 16 * warp + lane / 4 + 8 * h;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int c = j / 4, u = 2 * (j % 4) + (t >> 1);
-      const uint32_t a = dst + c * QB * 128 + r * 128 + ((u ^ (r & 7)) << 4) + 8 * (t & 1);
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(a), "f"(dq[4 * j + 2 * h]), "f"(dq[4 * j + 2 * h + 1])
-                   : "memory");
-    }
-  }
 }
 
 /* The converter warps' share of a finished dq_acc tile: rows r0 + 8 i (i < 8) of a converter slot (fp32, the
@@ -151,4 +130,4 @@ __device__ __forceinline__ void store_rows_f32(float *base, const float (&acc)[3
 
 } /* namespace */
 
-#endif /* SA_HOPPER_BWD3_CUH */
+#endif /* SA_HOPPER_ONEPASS64_CUH */

@@ -17,13 +17,6 @@
 #include "hopper/mask.h"
 #include "hopper/tiles.h"
 
-/* The tile numbers the backward kernels name (their reasons: hopper/tiles.h). */
-struct sa_hop_tiles {
-  static constexpr int NC = 2, THREADS = 128 * (NC + 1), STAGES = SA_HOP_STAGES;
-  static constexpr int BWD_KB = SA_HOP_OP_KB(128), BWD_QB = SA_HOP_BWD_QB, BWD_QM = 128, BWD_KT = SA_HOP_BWD_KT;
-  static constexpr int BWD1_NC64 = SA_HOP_OP_NC(64);
-};
-
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return sa_smem_addr(p); }
@@ -75,7 +68,7 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, u
    into dst (128-byte aligned), completing on bar; no swizzle: the box lands as laid out in global memory. A
    tensor copy rather than a raw bulk copy (cp.async.bulk) of the same 256 B: racecheck takes the raw copy's
    shared write for the issuing thread's and reports it against the consumers' loads despite the mbarrier
-   (an earlier standalone version). */
+   (45056 hazards over the two-pass backward; the tensor copy: none). */
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
@@ -181,7 +174,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 /* Row r0 + 8 h of this thread's m64nHD accumulator (d[4j + 2h], d[4j + 2h + 1]: columns 8j + 2t, +1, t = lane % 4),
    scaled, as bf16 at row[0 .. HD): in 16-byte stores. Stored as they lie, each thread writes 4 bytes of every
    8-column group, a warp's store 16 bytes of each of 8 rows: half of every 32-byte sector, twice the sectors of the
-   data (ncu over the H200 forward at T1024, ), and HD / 8 stores a row. A 4 x 4 transpose of 4-byte
+   data (ncu over the H200 forward at T1024), and HD / 8 stores a row. A 4 x 4 transpose of 4-byte
    words inside the quad (two butterfly stages, 4 shuffles per 4 words) gives thread t the 8 contiguous columns of
    group 4k + t: HD / 32 16-byte stores a row, a quad's 64 bytes contiguous. All 32 lanes must call it (shuffles);
    row 16-byte aligned (the Hopper scope's aligned tensors, a row pitch of N H 2 bytes). zero: store zeros (a row

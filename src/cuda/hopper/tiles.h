@@ -40,18 +40,28 @@
 #define SA_HOP_FWD_L2_SECTION_BYTES (16.0 * 1024 * 1024)
 /* Persistent test schedule (hopper.fwd.persistent.narrow): 3 CTAs, so every CTA crosses many work tiles. */
 #define SA_HOP_FWD_NARROW_GRID 3
+/* The feature kernels (hopper.fwd.features, hopper.bwd.twopass.features): a work tile's class list (a byte a key
+   tile, hopper/fwd_feat.cuh) lives in its Q slot, 512 B at most: kv_len <= 65536 (a 1 KiB pair of lists beside the
+   H128 forward's 193 KiB). The forward's feature steps (bias loads, soft-cap, selects) need registers that 3
+   consumer warpgroups of 160 do not have (740-990 B of spills at H64): 2 warpgroups at both head dims. */
+#define SA_HOP_FEAT_MAX_KV_LEN 65536
+#define SA_HOP_FWD_FEAT_NC     2
+#define SA_HOP_FWD_FEAT_BM     (SA_HOP_WG_ROWS * SA_HOP_FWD_FEAT_NC)
+#define SA_HOP_FWD_FEAT_SMEM(hd)                                                                         \
+  (1024 + SA_HOP_FWD_QSLOTS * SA_HOP_FWD_FEAT_BM * (hd)*2 + SA_HOP_STAGES * 2 * SA_HOP_FWD_BN * (hd)*2 + \
+   SA_HOP_FWD_QSLOTS * (SA_HOP_FEAT_MAX_KV_LEN / SA_HOP_FWD_BN + 16))
 
 /* ---- two-pass backward ----
    dK/dV: K, V of 64 NC keys loaded once, Q / dO streamed in 64-row tiles (dK 64 + dV 64 + S^T 32 + dP^T 32 = 192
    live accumulators at H128, R216 of 240); dQ: Q, dO of 64 NC rows once, K / V streamed in 64-key tiles.
    NC 3 at H64 (no lengths, no segment ids: their kernels spill at 160 registers) for grids of at least 4 CTAs
-   an SM (f+b +5-15% with 2700-3100 CTAs; gpt-oss's 176 CTAs of 192 keys lost 297 -> 272). */
+   an SM (f+b +5-15% with 2700-3100 CTAs; gpt-oss's 176 CTAs of 192 keys: 272 against 297 TFLOP/s with 2). */
 #define SA_HOP_BWD_QB               64
 #define SA_HOP_BWD_KT               64
 #define SA_HOP_BWD_NC_MAX(hd, mask) ((hd) == 64 && (mask) < 3 ? 3 : 2)
 #define SA_HOP_BWD_NC3_CTAS_PER_SM  4
 /* Under a falling mask the dK/dV grid puts the key block slowest (heaviest CTAs first) while it is under 8 CTAs
-   an SM (gpt-oss 211 -> 276 TFLOP/s; with 2048 CTAs the fast order kept L2 locality: 382 vs 363). */
+   an SM (gpt-oss 276 against 211 TFLOP/s; with 2048 CTAs the fast order keeps L2 locality: 382 vs 363). */
 #define SA_HOP_BWD_KB_SLOWEST_CTAS_PER_SM 8
 #define SA_HOP_BWD_DKDV_SMEM(hd, nc)                                                        \
   (1024 + 2 * SA_HOP_WG_ROWS * (nc) * (hd)*2 + SA_HOP_STAGES * 2 * SA_HOP_BWD_QB * (hd)*2 + \
@@ -75,7 +85,7 @@
   (1024 + 2 * SA_HOP_OP_KB(hd) * (hd)*2 + SA_HOP_STAGES * 2 * SA_HOP_BWD_QB * (hd)*2 +        \
    ((hd) == 64 ? 3 : 2) * SA_HOP_OP_KB(hd) * SA_HOP_BWD_QB * 2 + 2 * SA_HOP_BWD_QB * (hd)*4 + \
    SA_HOP_STAGES * 2 * SA_HOP_BWD_QB * 4 + ((hd) == 64 ? 2 * SA_HOP_BWD_QB * (hd)*4 : 0))
-/* B N T below 2^27: dq_convert's int index (rows x H / 8 < 2^31). */
+/* B N T below 2^27: sa_hop_dq_convert_kernel's int index (rows x H / 8 < 2^31). */
 #define SA_HOP_OP_MAX_ROWS (1LL << 27)
 
 #endif /* SA_HOPPER_TILES_H */

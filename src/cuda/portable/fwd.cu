@@ -6,7 +6,7 @@
 #include "launch.h"
 
 template <typename T, int HD, class C>
-__global__ void __launch_bounds__(C::NW * 32) sa_fwd_kernel(const sa_cuda_params p) {
+__global__ void __launch_bounds__(C::NW * 32) sa_portable_fwd_kernel(const sa_cuda_params p) {
   constexpr int MI = C::MI, BN = C::BN, NTH = C::NW * 32, BM = C::NW * 16 * MI, LD = HD + 8;
   constexpr int NT = BN / 8, DT = HD / 8;
   extern __shared__ __align__(16) uint16_t smem[];
@@ -195,10 +195,11 @@ template <typename T, int HD, class C>
 static cudaError_t sa_fwd_run(const sa_cuda_params &p, cudaStream_t st) {
   constexpr int BM = C::NW * 16 * C::MI;
   size_t smem = (size_t)(BM + 4 * C::BN) * (HD + 8) * sizeof(uint16_t);
-  cudaError_t e = cudaFuncSetAttribute(sa_fwd_kernel<T, HD, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  cudaError_t e =
+      cudaFuncSetAttribute(sa_portable_fwd_kernel<T, HD, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return e;
   dim3 grid((unsigned)((p.T * p.G + BM - 1) / BM), (unsigned)p.K, (unsigned)p.B);
-  sa_fwd_kernel<T, HD, C><<<grid, C::NW * 32, smem, st>>>(p);
+  sa_portable_fwd_kernel<T, HD, C><<<grid, C::NW * 32, smem, st>>>(p);
   return cudaGetLastError();
 }
 
