@@ -121,10 +121,12 @@ static void sa_cpu_plan_shape(const sa_attn *a, sa_cpu_plan *p) {
   /* Decode chunk = 16 * clamp(R, 32, 256) keys: at R = 8 rows (gpt-oss G = 8, one token) 512 keys, so the
      partials (R * (Hv + 1) floats per chunk) are ~1.6% of the cache bytes the chunk reads (bf16, H = Hv),
      and a 4k cache still gives 8 chunks per kv head to spread over threads. Larger R grows the chunk so
-     the partials stay under ~6% of the traffic. */
+     the partials stay under ~6% of the traffic. The tile item takes 4 times that: it stages Q^T, configures the
+     tiles and unpermutes o once per item, and at 2048 keys (gpt-oss, bf16 S 32k, 2 threads, Xeon with AMX) ran B8
+     in 0.94-0.95x the time of 512 (1024 keys: 0.95-0.96x). */
   p->rows = G * a->q_len;
   int64_t r = p->rows < 32 ? 32 : p->rows > 256 ? 256 : p->rows;
-  p->keys = 16 * r;
+  p->keys = (p->tile != SA_CPU_TILE_NONE ? 64 : 16) * r;
   /* At least 8 work items (batch x chunks) while chunks stay >= 256 keys (shape only, like the rule above):
      many rows (T = 64 tokens x G = 4: a 4096-key chunk) made a B = 1, 4k cache one item, one thread's work,
      and decode took 6.7 ms against 3.4 for sa_attn_fwd on 2 cores (N/K 8/2, H 64, f32). Splitting whatever
