@@ -309,10 +309,10 @@ static void fwd_item_tile(const sa_cpu_ctx *c, int64_t item, float *ws) {
             _mm512_mask_storeu_ps(x, lm, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(lm, x), sv, bias));
           }
       }
-      if (cls == 1) /* each head's rows of the strip */
+      if (cls == 1) /* each head's rows of the strip, over the keys it computed */
         for (int64_t g = r0 / np; g < G && g * np < r0 + mr; g++) {
           const int64_t p0 = SA_MAX(0, r0 - g * np), p1 = SA_MIN(np, r0 + mr - g * np);
-          mask_rows(a, b, B.s + (g * np + p0 - r0) * BK, p1 - p0, BK, nk, rg + p0, i0 + p0, j0);
+          mask_rows(a, b, B.s + (g * np + p0 - r0) * BK, p1 - p0, BK, kn, rg + p0, i0 + p0, j0);
         }
       float corr[TF_STRIP];
       tf_softmax_strip(B.s, B.p, BK, mr, k0, k1, kn, mul, B.m + r0, B.l + r0, corr);
