@@ -144,8 +144,10 @@ static void sa_cpu_plan_shape(const sa_attn *a, sa_cpu_plan *p) {
    which tiny problems do not recover. Measured on 2 cores of a Xeon with AMX, bf16, CPU time, tile / vector
    (docs/performance.md): forward T = S = 16 1.5x (H 64) and 2.2x (H 16), T = S = 8 2.1-2.3x, T = 1 S = 16 0.92x;
    T = S = 32 0.54x (H 64, 128) and 0.84x (H 16); forward+backward T = S = 16 1.16x, T = S = 32 0.38-0.94x. So
-   fewer than 32 keys take the vector kernels. The tile decode wins from one row (N = K) and 256 keys on
-   (0.55-0.82x at S 256 .. 32k), and takes what its legality rule allows. */
+   fewer than 32 keys take the vector kernels. Head dims off the 32-element k step cost the tiles padding but
+   still win (forward+backward T = S = 256: H 8 0.65x, 16 0.56x, 48 0.29x, 80 0.27x). The tile decode wins from one
+   row (N = K) and 64 keys on (0.56-0.74x at S 64 .. 1024, 0.64-0.82x at S 32k), and takes what its legality rule
+   allows. */
 #define SA_CPU_TILE_MIN_KEYS 32
 static int sa_cpu_tile_wins(const sa_cpu_plan_kind *k, const sa_attn *a) {
   return k->which == SA_PLAN_DECODE || a->kv_len >= SA_CPU_TILE_MIN_KEYS;
