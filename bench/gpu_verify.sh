@@ -36,6 +36,16 @@
 #           mask causal in content against is_causal, a bias [1,N,T,S] / [B,N,T,S] against none, at B4 T4096 N32
 #           H64 / H128 and gpt-oss's shape: CUDA events, A/A, rotated inputs). Last, a verdict line per feature plan
 #           (verified when its test_cuda runs passed and the sanitizers are clean) and the timing targets' lines.
+#   PART=perf33  the timing decisions, in one call (about 7 of its 10 minutes): a Release and a sanitizer build side
+#           by side; then concurrently the override-only variants against the fp64 reference (test_cuda's hopper and
+#           prod tables' one-pass cases under the one pass that always waits, hopper.bwd.onepass.wait / .narrow.wait;
+#           test_decode, every decode plan, cuda.decode.mma.half / .x2 / .x4 included) and compute-sanitizer
+#           synccheck and racecheck over the waiting one passes; then ALONE, in order of value: the waiting one pass against the
+#           default on the grid rows whose default is the one pass (bench/plan_bench.py), the decode split counts at
+#           B8 S4k and its neighbours (bench/kernel_bench.py --decode-plans), the gpt-oss forward at 2k-32k against
+#           cuDNN 9.27's published figures (kernel_bench.py --grid h200_gptoss, cuDNN beside it where the wheel is
+#           in .whl/), every Hopper plan on the rows below cuDNN (information). Last, bench/plan_decide.py's decision
+#           table: what flips which default, and the line of src/cuda/plan.c that does it.
 #   PART="1 decode cpu"  several parts in one call, in that order, one summary (a list of the names above).
 #   PART=all  1 and 2, in one call (longer than one call's 10 minutes on the H200).
 #
@@ -49,6 +59,7 @@
 # GREEN_SMS ("64 32 16 8"), PROGRESS_SHAPES, BENCH_ARGS, SEGMENTS_ARGS, CPU_BENCH (1: the cpu part runs cpu_bench.py),
 # SAN_FEAT_STRIDE / RACE_FEAT_STRIDE (the features table under memcheck / racecheck: 2 / 3), BUDGET (560).
 # The feature kernels' call: PART=features SINKATTN_COMMIT=<commit> bench/gpu_verify.sh (about 7 of its 10 minutes).
+# The timing decisions' call: PART=perf33 SINKATTN_COMMIT=<commit> bench/gpu_verify.sh (about 7 of its 10 minutes).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 PART=${PART:-1}
@@ -99,6 +110,7 @@ key() {
   case $1 in
     test_cuda*|prod_check) grep -h -E "(test_cuda|prod_check): [0-9]+ passed" "$log" | tail -n 1 ;;
     feature_bench) grep -h -E "^feature_bench: (every|SOME)" "$log" | tail -n 1 ;;
+    wait_bench|plans_*) grep -h -E "^plan_bench: " "$log" | tail -n 1 ;;
     san_*) grep -h -E "(ERROR|RACECHECK) SUMMARY" "$STAGE/$1.san.log" 2>/dev/null | tail -n 1
            grep -h -E "test_cuda: [0-9]+ passed|[0-9]+ passed" "$log" | tail -n 1 | cut -c1-100 ;;
     test_decode) grep -h -E "[0-9]+ passed, [0-9]+ failed" "$log" | tail -n 1 ;;
@@ -263,6 +275,50 @@ if has features; then
   done > "$STAGE/verdicts.txt"
 fi
 
+# ---- PART=perf33: the timing decisions (the one pass's wait, the decode split count, gpt-oss against cuDNN 9.27) ----
+if has perf33; then
+  bg_step build_release 240 bash -c 'build "$@"' build build-gpu Release 8 --target sinkattn sinkattn_jax test_cuda \
+    test_decode
+  bg_step build_sanitizer 240 bash -c 'build "$@"' build build-gpusan RelWithDebInfo 8 --target test_cuda
+  wait_steps
+  export SINKATTN_LIBRARY=$PWD/build-gpu/libsinkattn_jax.so SINKATTN_C_LIBRARY=$PWD/build-gpu/libsinkattn.so
+  # the variants against the fp64 reference, concurrently (untimed): ".wait" selects both waiting one passes
+  bg_step test_cuda_wait_hopper 200 build-gpu/test_cuda --table=hopper --plan=.wait
+  # the prod table's one-pass cases in two processes (their fp64 references take ~30-60 s each on one core)
+  bg_step test_cuda_wait_prod_h64 200 build-gpu/test_cuda --table=prod --plan=.wait --case=causal
+  bg_step test_cuda_wait_prod_h128 200 build-gpu/test_cuda --table=prod --plan=.wait --case=H128
+  bg_step test_decode 150 build-gpu/test_decode
+  san_step san_synccheck_wait synccheck --table=hopper --plan=.wait
+  san_step san_racecheck_wait racecheck --table=hopper --plan=.wait --stride="${RACE_HOPPER_STRIDE:-3}"
+  wait_steps
+  if ls .whl/*.whl > /dev/null 2>&1; then  # cudnn-frontend (kernel_bench's cuDNN contender), carried as a wheel
+    run_step wheels 60 bash -c "\"$PY\" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl && echo \"wheels: \$(ls .whl)\""
+    export PYTHONPATH=/tmp/site:$PYTHONPATH
+  fi
+  # each timing step alone, in order of value (the budget cuts the last first)
+  run_step wait_bench 150 "$PY" bench/plan_bench.py --dir bwd --rows 0,1,2,3,4,5,6,7,8,9,10,11,12 \
+    --plans 'onepass\.wait$' --label "the one pass that always waits" --out "$STAGE/wait_bench.json"
+  run_step decode_variants 80 "$PY" bench/kernel_bench.py --no-grid --no-jax --no-cudnn --rounds 7 \
+    --decode-shapes 8:4096,8:16384,1:32768,1:16384,64:4096 --decode-plans '^cuda\.decode\.mma' \
+    --out "$STAGE/decode_variants.json"
+  run_step gptoss_anchors 150 "$PY" bench/kernel_bench.py --grid h200_gptoss --no-jax --no-decode --no-fb \
+    --out "$STAGE/gptoss_anchors.json"
+  run_step plans_fwd 70 "$PY" bench/plan_bench.py --dir fwd --rows 1,13 --shapes 1:32768:64:8:64:c:w127_0 \
+    --plans '^hopper\.fwd\.(persistent|onetile)$' --label "forward plans on the rows below cuDNN" \
+    --out "$STAGE/plans_fwd.json"
+  run_step plans_bwd 90 "$PY" bench/plan_bench.py --dir bwd --rows 4,5,10,11 \
+    --plans '^hopper\.bwd\.(onepass|twopass\.[a-z0-9]+)$' --label "backward plans on the T16384 rows" \
+    --out "$STAGE/plans_bwd.json"
+  wait_gates=test_cuda_wait_hopper,test_cuda_wait_prod_h64,test_cuda_wait_prod_h128,san_synccheck_wait,san_racecheck_wait
+  "$PY" bench/plan_decide.py --wait "$STAGE/wait_bench.json" --decode "$STAGE/decode_variants.json" \
+    --anchors "$STAGE/gptoss_anchors.json" --plans "$STAGE/plans_fwd.json" "$STAGE/plans_bwd.json" --stage "$STAGE" \
+    --gate "$wait_gates,wait_bench" \
+    --decode-gate test_decode,decode_variants \
+    --out "$STAGE/decision.txt" > "$STAGE/plan_decide.log" 2>&1
+fi
+# ---- end of PART=perf33 ----
+
 if has cpu; then
   [ -x build-gpu/amx_check ] || run_step build_cpu 240 bash -c 'build "$@"' build build-gpu Release 16 \
     --target sinkattn amx_check sinkattn_cpubench
@@ -300,10 +356,13 @@ fi
   [ -f "$STAGE/feature_bench.log" ] && grep -h -E "^feature_bench: " "$STAGE/feature_bench.log" | cut -c1-170
   [ "$SINKATTN_COMMIT" = unknown ] && echo "WARNING: SINKATTN_COMMIT unset: results are stamped 'unknown'"
   echo "status: $([ $fail = 0 ] && echo 'every step passed' || echo 'SOME STEPS FAILED (rc != 0)')"
+  [ -f "$STAGE/decision.txt" ] && cut -c1-300 "$STAGE/decision.txt"  # the timing decisions (PART=perf33), last
+  [ -f "$STAGE/plan_decide.log" ] && [ ! -f "$STAGE/decision.txt" ] && tail -n 20 "$STAGE/plan_decide.log"
 } > "$STAGE/summary.txt"
 cp "$STAGE/summary.txt" "$OUT/summary.txt"
 for f in machine.txt prod_check.json kernel_bench.json decode.json segments.json progress.jsonl ring.json cpu_bench.json \
-  cpu_ab.json feature_bench.json verdicts.txt; do
+  cpu_ab.json feature_bench.json verdicts.txt wait_bench.json decode_variants.json gptoss_anchors.json plans_fwd.json \
+  plans_bwd.json; do
   [ -f "$STAGE/$f" ] && cp "$STAGE/$f" "$OUT/"
 done
 tar -C "$(dirname "$STAGE")" -czf "$OUT/gpu_verify-$TAG.tgz" "gpu_verify-$TAG"

@@ -56,6 +56,10 @@ GRIDS = {
                      (1, 16384, 16, 16, 128, False, None), (4, 4096, 32, 32, 64, True, None),
                      (16, 1024, 32, 32, 64, True, None), (1, 4096, 64, 8, 64, True, None),
                      (1, 4096, 64, 8, 64, True, (127, 0))],
+    # gpt-oss (B1, N64 / K8, H64): causal prefill at 2k, 8k, 32k tokens and the window-128 layer at 32k, the rows of
+    # cuDNN 9.27's published H200 figures (bench/kernel_bench.py's ANCHORS)
+    "h200_gptoss": [(1, 2048, 64, 8, 64, True, None), (1, 8192, 64, 8, 64, True, None),
+                    (1, 32768, 64, 8, 64, True, None), (1, 32768, 64, 8, 64, True, (127, 0))],
     # the H64 rows of h200 (an A/B of an H64-only kernel change)
     "h200_h64": [(16, 1024, 32, 32, 64, False, None), (16, 1024, 32, 32, 64, True, None),
                  (4, 4096, 32, 32, 64, False, None), (4, 4096, 32, 32, 64, True, None),
@@ -116,13 +120,15 @@ def contenders(platform, softmax_type):
 
 
 def flops(B, T, N, H, causal, window):
-  i, j = np.arange(T)[:, None], np.arange(T)[None, :]
-  ok = np.ones((T, T), bool)
+  """4 B N H times the (query, key) pairs a mask keeps, T = S: row i keeps keys lo_i..hi_i (O(T), so 32k rows
+  need no T x T mask)."""
+  i = np.arange(T, dtype=np.int64)
+  lo, hi = np.zeros(T, np.int64), np.full(T, T - 1, np.int64)
   if causal:
-    ok &= j <= i
+    hi = np.minimum(hi, i)
   if window is not None:
-    ok &= (j >= i - window[0]) & (j <= i + window[1])
-  return 2.0 * B * N * float(ok.sum()) * (H + H)
+    lo, hi = np.maximum(lo, i - window[0]), np.minimum(hi, i + window[1])
+  return 2.0 * B * N * float(np.maximum(hi - lo + 1, 0).sum()) * (H + H)
 
 
 def _git_commit():

@@ -15,11 +15,14 @@ included); TFLOP/s as jax_bench.flops counts them (fwd 4 B N pairs H, f+b 3.5x; 
 prints the tables). Outputs checked at every shape on set 0: ours against cudnn_sink (everything), and ours and
 cudnn_sink against the fp64 reference (bench/attn_ref.py) on kv head 0 and its G query heads. Then decode
 (sa_attn_decode_fwd, gpt-oss heads N64/8 H64, one token, learnable sinks, every legal plan), B = 1, 8, 64 and
-S = 4k .. 128k, against the device-to-device copy bandwidth measured in the same run.
+S = 4k .. 128k, against the device-to-device copy bandwidth measured in the same run (--decode-plans: only the
+plans matching a regex, the default always). --grid h200_gptoss: the gpt-oss layers at 2k-32k tokens, beside
+cuDNN 9.27's published H200 figures for them (ANCHORS).
 
 Budget (H200): ~2 min for the grid at kernel level (rounds 5, batches of ~10 ms, cuDNN's graphs built per row),
 ~20 s for decode, then the JAX rows (compiles of ~1-3 s each) while --budget (225 s) lasts.
-    python3 bench/kernel_bench.py [--rows 0,12] [--rounds 5] [--no-jax] [--no-cudnn] [--no-decode] [--out F.json]
+    python3 bench/kernel_bench.py [--grid h200] [--rows 0,12] [--rounds 5] [--no-jax] [--no-cudnn] [--no-decode]
+                                  [--decode-shapes 8:4096] [--decode-plans REGEX] [--out F.json]
     python3 bench/kernel_bench.py --dry-run     # the plan of work (rows, sets, contenders), no GPU
 """
 
@@ -27,6 +30,7 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import sys
 import time
 
@@ -37,6 +41,16 @@ import sa_capi  # noqa: E402
 sys.path.insert(0, os.path.join(sa_capi.ROOT, "python"))
 DECODE = [(B, S) for B in (1, 8, 64) for S in (4096, 16384, 32768, 131072)]
 DECODE_HEADS = (64, 8, 64)  # N, K, H: gpt-oss
+# cuDNN 9.27's published inference benchmark on the H200, gpt-oss heads (N64 / K8, d64, with sinks), one sequence:
+# causal prefill in TFLOP/s (our flops() counts the causal pairs, T (T + 1) / 2 per head) and the window-128
+# layer's forward in ms. Rows of bench/jax_bench.py's GRIDS["h200_gptoss"].
+ANCHORS = {
+  (1, 2048, 64, 8, 64, True, None): ("TFLOP/s", 348.0),
+  (1, 8192, 64, 8, 64, True, None): ("TFLOP/s", 457.0),
+  (1, 32768, 64, 8, 64, True, None): ("TFLOP/s", 483.0),
+  (1, 32768, 64, 8, 64, True, (127, 0)): ("ms", 0.517),
+}
+ANCHOR_SOURCE = "cuDNN 9.27 inference benchmark, H200 (published)"
 
 
 def set_bytes(shape):
@@ -44,6 +58,22 @@ def set_bytes(shape):
   B, T, N, K, H = shape[:5]
   q, kv, lse = 2 * B * T * N * H, 2 * B * T * K * H, 4 * B * N * T
   return 2 * q + 2 * kv + 2 * (2 * q + 2 * kv + lse)
+
+
+def attn_of(lib, s, causal, window):
+  """The sa_attn and sa_attn_grad structs of one rotation set (make_sets)."""
+  a = sa_capi.make_attn(
+    lib,
+    s["q"],
+    s["k"],
+    s["v"],
+    s["out"],
+    s["lse"],
+    sinks=s["sink"],
+    causal=1 if causal else 0,
+    window=tuple(window) if window else (-1, -1),
+  )
+  return a, sa_capi.make_grad(s["dO"], s["dq"], s["dk"], s["dv"], s["ds"])
 
 
 class Ours:
@@ -54,19 +84,9 @@ class Ours:
     self.stream = torch.cuda.current_stream().cuda_stream
     self.a, self.g = [], []
     for s in sets:
-      a = sa_capi.make_attn(
-        lib,
-        s["q"],
-        s["k"],
-        s["v"],
-        s["out"],
-        s["lse"],
-        sinks=s["sink"],
-        causal=1 if causal else 0,
-        window=tuple(window) if window else (-1, -1),
-      )
+      a, g = attn_of(lib, s, causal, window)
       self.a.append(a)
-      self.g.append(sa_capi.make_grad(s["dO"], s["dq"], s["dk"], s["dv"], s["ds"]))
+      self.g.append(g)
     self.pa = [ctypes.byref(a) for a in self.a]
     self.pg = [ctypes.byref(g) for g in self.g]
     self.wsn = lib.lib.sa_attn_bwd_workspace_size(self.pa[0], self.cuda)
@@ -188,7 +208,7 @@ def bench_row(torch, lib, timer, shape, a):
       cd = None
   torch.cuda.synchronize()
   row["check"] = check(torch, sets[0], shape, cd is not None)
-  for mode, mult in (("fwd", 1.0), ("fb", 3.5)):
+  for mode, mult in (("fwd", 1.0), ("fb", 3.5)) if a.fb else (("fwd", 1.0),):
     cons = []
     for inst in ("", "#2"):
       cons.append(gpu_timing.Contender("ours" + inst, getattr(ours, mode), R))
@@ -247,6 +267,8 @@ def bench_decode(torch, lib, timer, a, copy_bps):
       at = sa_capi.make_attn(lib, s["q"], s["k"], s["v"], s["out"], s["lse"], sinks=sink, causal=2, kv_lens=lens)
       calls.append((at, ctypes.byref(at)))
     plans = lib.plans(calls[0][0], sa_capi.PLAN_DECODE, cuda)
+    if a.decode_plans:  # the default and the plans the regex names
+      plans = plans[:1] + [p for p in plans[1:] if re.search(a.decode_plans, p)]
     wsn = 16
     for p in plans:  # the largest workspace of any plan (a forced plan sizes its own)
       lib.force(sa_capi.PLAN_DECODE, p)
@@ -320,6 +342,25 @@ def bench_decode(torch, lib, timer, a, copy_bps):
   return rows
 
 
+def anchor_of(row):
+  """Our forward against ANCHORS' figure for the row's shape (> 1: ours faster), or None."""
+  key = (
+    row["B"],
+    row["T"],
+    row["N"],
+    row["K"],
+    row["H"],
+    row["causal"],
+    tuple(row["window"]) if row["window"] else None,
+  )
+  if key not in ANCHORS:
+    return None
+  unit, value = ANCHORS[key]
+  ours = row["fwd"]["ours"]
+  mine = ours["tflops"] if unit == "TFLOP/s" else ours["median"]
+  return dict(unit=unit, anchor=value, ours=mine, ours_over_anchor=mine / value if unit == "TFLOP/s" else value / mine)
+
+
 def fmt_ratio(r):
   return "%.3f [%.3f,%.3f]" % (r["median"], r["min"], r["max"]) if r else "-"
 
@@ -358,7 +399,7 @@ def table(rows, decode, copy_bps):
       " w%s" % (tuple(r["window"]),) if r["window"] else "",
     )
     ok = all(c["ok"] for c in r["check"].values())
-    for mode in ("fwd", "fb"):
+    for mode in [m for m in ("fwd", "fb") if m in r]:
       m, j = r[mode], r.get("jax_" + mode, {})
       print(
         "%-34s %-4s %9.4f %6.0f %9s %22s %22s %22s %9s %9s  %s"
@@ -374,6 +415,28 @@ def table(rows, decode, copy_bps):
           "%.4f" % j["jax_ours"]["median"] if j else "-",
           "%.4f" % j["jax_cudnn_vanilla"]["median"] if j else "-",
           "ok" if ok else "FAILED " + ",".join(k for k, c in r["check"].items() if not c["ok"]),
+        )
+      )
+  anchored = [r for r in rows if r.get("anchor")]
+  if anchored:
+    print("\nforward against %s (speed ours / theirs: > 1 ours faster; cuDNN here: the installed one)" % ANCHOR_SOURCE)
+    for r in anchored:
+      x, cd = r["anchor"], r["fwd"].get("cudnn_sink")
+      print(
+        "anchor B%d T%d N%d/%d H%d%s: ours %.4f ms %.0f TFLOP/s; anchor %g %s; ours / anchor %.3f; cuDNN here %s"
+        % (
+          r["B"],
+          r["T"],
+          r["N"],
+          r["K"],
+          r["H"],
+          " window %s" % (tuple(r["window"]),) if r["window"] else " causal",
+          r["fwd"]["ours"]["median"],
+          r["fwd"]["ours"]["tflops"],
+          x["anchor"],
+          x["unit"],
+          x["ours_over_anchor"],
+          "%.4f ms %.0f TFLOP/s" % (cd["median"], cd["tflops"]) if cd else "-",
         )
       )
   if decode:
@@ -399,14 +462,19 @@ def table(rows, decode, copy_bps):
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument(
+    "--grid", dest="grid_name", default="h200", help="a grid of bench/jax_bench.py's GRIDS (h200_gptoss: ANCHORS' rows)"
+  )
   ap.add_argument("--rows", default="", help="comma-separated indices into the grid (default: all)")
   ap.add_argument("--rounds", type=int, default=5)
   ap.add_argument("--target-ms", type=float, default=10.0, help="length of one timed batch")
   ap.add_argument("--no-jax", dest="jax", action="store_false")
   ap.add_argument("--no-cudnn", dest="cudnn", action="store_false")
   ap.add_argument("--no-decode", dest="decode", action="store_false")
+  ap.add_argument("--no-fb", dest="fb", action="store_false", help="time the forward only")
   ap.add_argument("--no-grid", dest="grid", action="store_false")
   ap.add_argument("--decode-shapes", default="", help="B:S,... of the decode rows (default: B 1, 8, 64 x S 4k..128k)")
+  ap.add_argument("--decode-plans", default="", help="regex: time only the decode plans it matches (and the default)")
   ap.add_argument("--lib", default=None)
   ap.add_argument("--seed", type=int, default=7)
   ap.add_argument("--out", default=None, help="result JSON (default $OUT/kernel_bench.json or bench/results/)")
@@ -423,7 +491,9 @@ def main(argv=None):
     ap.error("--rounds %d: at least 5 (each figure is a median of >= 5 rounds)" % a.rounds)
   from jax_bench import GRIDS
 
-  grid = GRIDS["h200"]
+  if a.grid_name not in GRIDS:
+    ap.error("--grid %r: one of %s" % (a.grid_name, ", ".join(sorted(GRIDS))))
+  grid = GRIDS[a.grid_name]
   idx = [int(x) for x in a.rows.split(",") if x.strip()] or list(range(len(grid)))
   if a.dry_run:
     for i in idx if a.grid else []:
@@ -467,6 +537,7 @@ def main(argv=None):
   timer = gpu_timing.Timer(torch)
   meta = dict(
     sa_capi.stamp(lib),
+    grid=a.grid_name,
     rounds=a.rounds,
     target_ms=a.target_ms,
     gated=timer.sleep is not None,
@@ -486,17 +557,18 @@ def main(argv=None):
   # Kernel level first, then decode, then JAX end to end, so that a run cut by --budget loses the least of it.
   for i in idx if a.grid else []:
     rows.append(bench_row(torch, lib, timer, grid[i], a))
+    rows[-1]["anchor"] = anchor_of(rows[-1])
     save()
     r = rows[-1]
     print(
-      "row %2d done (%.0f s): fwd ours %.4f ms, f+b %.4f ms, cudnn/ours fwd %s f+b %s"
+      "row %2d done (%.0f s): fwd ours %.4f ms, f+b %s ms, cudnn/ours fwd %s f+b %s"
       % (
         i,
         time.time() - t_start,
         r["fwd"]["ours"]["median"],
-        r["fb"]["ours"]["median"],
+        "%.4f" % r["fb"]["ours"]["median"] if "fb" in r else "-",
         fmt_ratio(r["fwd"].get("cudnn_over_ours")),
-        fmt_ratio(r["fb"].get("cudnn_over_ours")),
+        fmt_ratio(r.get("fb", {}).get("cudnn_over_ours")),
       ),
       flush=True,
     )
@@ -531,7 +603,7 @@ def digest(rows, decode):
     )
   ]
   for mode in ("fwd", "fb"):
-    x = [r[mode]["cudnn_over_ours"]["median"] for r in rows if "cudnn_over_ours" in r[mode]]
+    x = [r[mode]["cudnn_over_ours"]["median"] for r in rows if "cudnn_over_ours" in r.get(mode, {})]
     if x:
       parts.append(
         "%s cudnn/ours %.3f..%.3f (%d of %d rows >= 1)" % (mode, min(x), max(x), sum(v >= 1 for v in x), len(x))

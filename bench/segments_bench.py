@@ -97,8 +97,8 @@ class Layer:
 
   def check(self, which, ref):
     """Set 0's outputs of the last call of `which` against the reference slice (kv head 0, its G heads)."""
-    s, G = self.sets[0], N_HEADS // KV_HEADS
-    o = attn_ref.ops_for(s["q"])
+    s = self.sets[0]
+    G, o = s["q"].shape[2] // s["k"].shape[2], attn_ref.ops_for(s["q"])
     if which == sa_capi.PLAN_FWD:
       e = dict(
         out=prod_check.errors(s["out"][:, :, :G], ref["out"], o),

@@ -112,7 +112,7 @@ static int fz_row_nonempty(const sa_attn *a, int64_t b, int64_t n, int64_t i) {
   for (int64_t j = 0; j < a->kv_len; j++) {
     int v = t_valid_written(a, b, n, i, j);
     FZ_REQUIRE(v == sa_attn_valid(a, b, n, i, j));
-    any |= v && fz_bias(a, b, n, i, j) != -INFINITY;
+    any |= v && (a->logits_soft_cap > 0.0f || fz_bias(a, b, n, i, j) != -INFINITY); /* the cap makes -inf -cap */
   }
   return any;
 }
@@ -262,6 +262,12 @@ static void fz_run(fz_in *in) {
   int sc = fz_pick(in, 8);
   a->scale = scales[sc];
   int poison = (flags & 8) != 0, big_scale = sc == 4;
+  if (flags & 16384) { /* a soft-cap, valid or not (read only then: the corpus's other inputs keep their meaning) */
+    static const float caps[] = {1.5f, 30.0f, 0.5f, 1e-30f, 3e38f, 5.0f, -1.0f, NAN, INFINITY, -INFINITY, -0.0f};
+    a->logits_soft_cap = caps[fz_pick(in, 11)];
+  }
+  const float cap = a->logits_soft_cap;
+  const int cap_bad = cap != 0.0f && !(cap > 0.0f && isfinite(cap));
 
   c.nq = a->batch * a->q_len * a->q_heads * a->head_dim;
   c.nk = a->batch * a->kv_len * a->kv_heads * a->head_dim;
@@ -330,6 +336,7 @@ static void fz_run(fz_in *in) {
 
   sa_status chk = sa_attn_check(a, be);
   FZ_REQUIRE((chk == SA_OK) == (sa_last_error()[0] == '\0'));
+  FZ_REQUIRE(!cap_bad || chk == SA_ERR_INVALID); /* a cap <= 0 (but 0), NaN or inf is refused */
   (void)sa_attn_bwd_workspace_size(a, be);
   sa_status st = sa_attn_fwd(a, be, NULL);
   FZ_REQUIRE(st == chk);

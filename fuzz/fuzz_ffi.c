@@ -1,11 +1,12 @@
 /*
  * fuzz_ffi.c — libFuzzer target for the XLA FFI handlers' decoding (src/ffi/): the four handlers
  * (fwd/bwd x cpu/CUDA) get call frames that start as a well-formed call (the buffer layout of
- * src/ffi/ffi_attn.c, version 2 with bias / mask / positions / dbias present or as placeholders; 0-2
- * vmap dims) and then take up to 8 mutations picked by the input: wrong argument
+ * src/ffi/ffi_attn.c, version 4 with bias / mask / positions / dbias present or as placeholders, a soft-cap or
+ * none; 0-2 vmap dims) and then take up to 8 mutations picked by the input: wrong argument
  * or result counts, non-buffer argument types, dtypes, ranks and dims; attribute names (unknown, empty,
  * prefixes, not NUL-terminated), types (array, string, dictionary), scalar dtypes and values (enums out
- * of range, huge offsets, NaN scale); the metadata handshake and other execution stages.
+ * of range, huge offsets, NaN scale or soft-cap, a cap that float32 cannot hold); the metadata handshake and
+ * other execution stages.
  *
  * XLA is replaced by a fake XLA_FFI_Api holding the few functions the handlers call (Error_Create,
  * Error_Destroy, Stream_Get: names every jaxlib header shares). Buffers are always consistent with their
@@ -191,6 +192,7 @@ enum {
   FA_HAS_MASK,
   FA_HAS_POSITIONS,
   FA_HAS_DBIAS,
+  FA_LOGITS_SOFT_CAP,
   FF_NATTR
 };
 static const char *const ff_attr_names[FF_NATTR] = {[FA_CAUSAL] = "causal",
@@ -206,7 +208,8 @@ static const char *const ff_attr_names[FF_NATTR] = {[FA_CAUSAL] = "causal",
                                                     [FA_HAS_BIAS] = "has_bias",
                                                     [FA_HAS_MASK] = "has_mask",
                                                     [FA_HAS_POSITIONS] = "has_positions",
-                                                    [FA_HAS_DBIAS] = "has_dbias"};
+                                                    [FA_HAS_DBIAS] = "has_dbias",
+                                                    [FA_LOGITS_SOFT_CAP] = "logits_soft_cap"};
 
 static void ff_set_attr(ff_attr *at, const char *name, XLA_FFI_DataType dt, int64_t value) {
   memset(at, 0, sizeof *at);
@@ -267,15 +270,22 @@ static void ff_build(ff_in *in, ff_frame *fr, int bwd, int cuda) {
   vals[FA_HAS_MASK] = has_mask;
   vals[FA_HAS_POSITIONS] = has_pos;
   vals[FA_HAS_DBIAS] = has_dbias;
+  vals[FA_LOGITS_SOFT_CAP] = 0;
   fr->nattrs = 0;
   for (int x = 0; x < FF_NATTR; x++) {
     if (!bwd && (x == FA_HAS_DLSE || x == FA_HAS_DBIAS)) continue; /* backward only */
     ff_attr *at = &fr->attrs[fr->nattrs++];
     const int is_bool =
         x == FA_HAS_DLSE || x == FA_HAS_KV_LENS || x == FA_HAS_Q_LENS || x == FA_HAS_SEGMENTS || x >= FA_HAS_BIAS;
-    XLA_FFI_DataType t = x == FA_SCALE ? XLA_FFI_DataType_F64 : is_bool ? XLA_FFI_DataType_PRED : XLA_FFI_DataType_S64;
+    const int is_float = x == FA_SCALE || x == FA_LOGITS_SOFT_CAP;
+    XLA_FFI_DataType t = is_float ? XLA_FFI_DataType_F64 : is_bool ? XLA_FFI_DataType_PRED : XLA_FFI_DataType_S64;
     ff_set_attr(at, ff_attr_names[x], t, vals[x]);
     if (x == FA_SCALE) at->fvalue = ff_pick(in, 2) ? 0.0 : 0.25;
+    if (x == FA_LOGITS_SOFT_CAP) { /* none, a cap that bites, one that does not, as f64 or f32 (np.float32) */
+      static const double caps[] = {0.0, 0.0, 0.5, 5.0, 1e30};
+      at->fvalue = caps[ff_pick(in, 5)];
+      if (ff_pick(in, 2)) at->dtype = XLA_FFI_DataType_F32;
+    }
   }
 }
 
@@ -332,9 +342,10 @@ static void ff_mutate(ff_in *in, ff_frame *fr) {
       break;   /* duplicate */
     default: { /* a value outside the accepted range */
       static const int64_t odd[] = {-1, 3, 7, -7, INT64_MAX, INT64_MIN, (int64_t)1 << 40, 0x100000002ll, 2};
+      static const double fodd[] = {NAN, INFINITY, -INFINITY, 1e39, -1e39, 1e-50, -1e-50, -2.0, 0.0, 1e-40};
       if (at) {
         at->value = odd[ff_pick(in, 9)];
-        at->fvalue = ff_pick(in, 2) ? NAN : (ff_pick(in, 2) ? INFINITY : 1e39);
+        at->fvalue = fodd[ff_pick(in, 10)];
       }
     }
   }

@@ -70,7 +70,7 @@
  *     Backends accumulate in fp32 (the reference in fp64). The running max starts at the sink logit, so
  *     huge sinks (|a| = 100) and empty rows stay finite.
  *
- * EDGES (tested in tests/test_edges.c and fuzz/fuzz_attn.c)
+ * EDGES (tested in tests/test_edges.c, tests/sa_test_absent.h and fuzz/fuzz_attn.c)
  *     Sizes        B, T or S may be 0 (NULL buffers then allowed; nothing is written); T = S = 1 is
  *                  an ordinary problem. A row with no valid key (i >= q_len[b], kv_len[b] = 0, S = 0,
  *                  or every key masked) gives out 0 and lse a_n bitwise, and adds nothing to dq/dk/dv/dbias.
@@ -82,10 +82,16 @@
  *     NaN/inf data NaN or inf in q, k, v propagate (never a crash, never an error status). Positions
  *                  outside the lengths (padding: i >= q_lens[b], j >= kv_lens[b]) never reach any
  *                  result, whatever they hold (bias elements that only such positions read included).
- *                  Inside the lengths a non-finite element (of q, k, v or bias) reaches at least the
- *                  rows that read it and may reach every row of its (batch, kv head): causal, window,
- *                  segment, position and mask-array masks are not guaranteed to isolate it (0 * NaN in a
- *                  tile).
+ *                  Masks select, never add: a pair that any mask hides (lengths, causal, window,
+ *                  segments, positions, the mask array) has the score -inf whatever q, k and bias hold
+ *                  (under a soft-cap too: the cap first, then the masks). On REF and CPU a NaN or inf in
+ *                  a key hidden from a row therefore reaches neither that row's out and lse nor its dq,
+ *                  and a key that no row sees changes no result (dk, dv, dsinks, dbias included). A
+ *                  non-finite value row hidden from a row may still reach that row's out and gradients
+ *                  (p = 0 times NaN, as jax.nn's probs @ v), never lse, dv, the dk of a key that no row
+ *                  sees or the dbias of a hidden pair. A non-finite q, or a key or bias element that a
+ *                  row does see, reaches at least that row and may reach every row of its (batch, kv
+ *                  head).
  *     Backends     A size or option one backend lacks is SA_ERR_UNSUPPORTED naming the field (e.g.
  *                  CUDA head_dim 72; bias, mask, positions and logits_soft_cap, which REF and CPU take and
  *                  the CUDA kernels do not yet); SA_BACKEND_CUDA in a build without CUDA, or on a machine without a CUDA

@@ -59,13 +59,16 @@ def sink_logits(N, softmax, sinks):
   return np.full(N, -np.inf if softmax == 0 else 0.0)
 
 
-def _scores(q, k, scale, valid, bias=None):
-  """s [B,N,T,S] fp64 (+ bias, broadcast) with -inf where invalid; G query heads per kv head. valid: [B,N|1,T,S]."""
+def _scores(q, k, scale, valid, bias=None, cap=0.0):
+  """s [B,N,T,S] fp64 (+ bias, broadcast; soft-capped to cap * tanh(s / cap) when cap) with -inf where invalid;
+  G query heads per kv head. valid: [B,N|1,T,S]."""
   N, K = q.shape[2], k.shape[2]
   kk = np.repeat(np.asarray(k, np.float64), N // K, axis=2)
   s = np.einsum("btnh,bsnh->bnts", np.asarray(q, np.float64), kk) * scale
   if bias is not None:
     s = s + np.asarray(bias, np.float64)
+  if cap:
+    s = cap * np.tanh(s / cap)
   return np.where(valid, s, -np.inf)
 
 
@@ -96,13 +99,15 @@ def forward(
   attn_mask=None,
   q_pos=None,
   kv_pos=None,
+  logits_soft_cap=0.0,
 ):
-  """-> (out [B,T,N,Hv], lse [B,N,T]) in fp64. bias / attn_mask: broadcastable to [B,N,T,S]."""
+  """-> (out [B,T,N,Hv], lse [B,N,T]) in fp64. bias / attn_mask: broadcastable to [B,N,T,S]; logits_soft_cap: the
+  cap (0 = none), the sink not capped."""
   B, T, N, H = q.shape
   S, K = k.shape[1], k.shape[2]
   scale = 1.0 / np.sqrt(H) if scale is None else scale
   valid = _valid(B, T, S, N, q_lens, kv_lens, q_seg, kv_seg, causal, window, diag_offset, q_pos, kv_pos, attn_mask)
-  s = _scores(q, k, scale, valid, bias)
+  s = _scores(q, k, scale, valid, bias, logits_soft_cap)
   a = np.broadcast_to(sink_logits(N, softmax, sinks)[None, :, None, None], (B, N, T, 1))
   with np.errstate(divide="ignore", invalid="ignore"):
     both = np.concatenate([s, a], axis=-1)
@@ -136,9 +141,11 @@ def backward(
   attn_mask=None,
   q_pos=None,
   kv_pos=None,
+  logits_soft_cap=0.0,
 ):
   """-> (dq, dk, dv, dsinks[, dbias]) in fp64, from the formulas of sinkattn.h (dsinks zeros unless learnable;
-  dbias, in bias's shape, the sum of ds over the axes the bias is broadcast over, only when bias is given)."""
+  dbias, in bias's shape, the sum of ds over the axes the bias is broadcast over, only when bias is given; under a
+  soft-cap the gradient of the logit is ds times 1 - tanh^2)."""
   B, T, N, H = q.shape
   S, K = k.shape[1], k.shape[2]
   G = N // K
@@ -157,10 +164,11 @@ def backward(
     attn_mask=attn_mask,
     q_pos=q_pos,
     kv_pos=kv_pos,
+    logits_soft_cap=logits_soft_cap,
   )
   out, lse = forward(q, k, v, sinks, **kw)
   valid = _valid(B, T, S, N, q_lens, kv_lens, q_seg, kv_seg, causal, window, diag_offset, q_pos, kv_pos, attn_mask)
-  s = _scores(q, k, scale, valid, bias)
+  s = _scores(q, k, scale, valid, bias, logits_soft_cap)
   with np.errstate(invalid="ignore"):
     p = np.where(valid & np.isfinite(s), np.exp(s - np.where(np.isfinite(lse), lse, 0.0)[..., None]), 0.0)
   do = np.asarray(dout, np.float64)
@@ -171,6 +179,8 @@ def backward(
   kr, vr = np.repeat(kk, G, axis=2), np.repeat(vv, G, axis=2)
   dp = np.einsum("btnd,bsnd->bnts", do, vr)
   ds = p * (dp - D[..., None])
+  if logits_soft_cap:  # d s / d l = 1 - tanh(l / cap)^2 = 1 - (s / cap)^2 (0 where masked: p is 0 there)
+    ds = ds * (1.0 - np.where(valid, s / logits_soft_cap, 0.0) ** 2)
   dq = scale * np.einsum("bnts,bsnh->btnh", ds, kr)
   dk = (scale * np.einsum("bnts,btnh->bsnh", ds, qq)).reshape(B, S, K, G, H).sum(3)
   dv = np.einsum("bnts,btnd->bsnd", p, do).reshape(B, S, K, G, -1).sum(3)

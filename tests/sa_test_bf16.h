@@ -5,10 +5,11 @@
  * else (the products with q, k, v, dout themselves, exact in bf16; the softmax, lse, D, dsinks, dbias) stays
  * fp32. Rounding to nearest even moves each factor by at most u = 2^-8 of itself, so each result element moves
  * by at most u times the sum of its terms' magnitudes, computed here in fp64 from the reference's lse:
- *   out[i, d] += u sum_j w_ij |v_jd|,                w_ij = exp(scale q_i.k_j + bias_ij - lse_i)
+ *   out[i, d] += u sum_j w_ij |v_jd|,                w_ij = exp(l_ij - lse_i), l_ij = scale q_i.k_j + bias_ij
  *   dv[j, d]  += u sum_(n, i) w_ij |dout_id|
  *   dq[i, d]  += u |scale| sum_j |ds_ij| |k_jd|,     ds_ij = w_ij (dout_i.v_j - D_i)
  *   dk[j, d]  += u |scale| sum_(n, i) |ds_ij| |q_id|
+ * (under a soft-cap, l_ij is cap tanh(l_ij / cap) and ds_ij carries its derivative 1 - tanh^2)
  * plus 2^-126 per term (bf16 denormals, which TDPBF16PS reads as zero). These are bounds, not fits: a dropped
  * key, a wrong scale or a missing sink term still exceeds them (test_cpu_tile breaks the tile code on purpose).
  * Included by sa_test_case.h, after its problem (t_prob) and validity (t_key_counts).
@@ -68,7 +69,8 @@ static void t_bf16_extra_make(const t_prob *p, const t_case *c, int grads, t_bf1
           const int64_t ko = ((b * c->S + j) * c->K + h / G) * c->H, vo = ((b * c->S + j) * c->K + h / G) * c->Hv;
           double dot = 0.0;
           for (int64_t d = 0; d < c->H; d++) dot += (double)sa_load(p->q, c->dt, qo + d) * sa_load(p->k, c->dt, ko + d);
-          const double w = exp(sc * dot + sa_bias_at(a, b, h, i, j) - lse);
+          const double l = sc * dot + sa_bias_at(a, b, h, i, j), cap = a->logits_soft_cap;
+          const double t = cap > 0.0 ? tanh(l / cap) : 0.0, w = exp((cap > 0.0 ? cap * t : l) - lse);
           if (!grads) {
             for (int64_t d = 0; d < c->Hv; d++) e->o[oo + d] += (u * w + den) * fabs(sa_load(p->v, c->dt, vo + d));
             continue;
@@ -78,7 +80,7 @@ static void t_bf16_extra_make(const t_prob *p, const t_case *c, int grads, t_bf1
             dp += (double)sa_load(p->dout, c->dt, oo + d) * sa_load(p->v, c->dt, vo + d);
             e->v[vo + d] += (u * w + den) * fabs(sa_load(p->dout, c->dt, oo + d));
           }
-          const double ds = fabs(w * (dp - D)), f = fabs(sc) * (u * ds + den);
+          const double ds = fabs(w * (dp - D) * (cap > 0.0 ? 1.0 - t * t : 1.0)), f = fabs(sc) * (u * ds + den);
           for (int64_t d = 0; d < c->H; d++) {
             e->q[qo + d] += f * fabs(sa_load(p->k, c->dt, ko + d));
             e->k[ko + d] += f * fabs(sa_load(p->q, c->dt, qo + d));

@@ -31,8 +31,9 @@ typedef struct {
   int bias;    /* T_BCAST(...) or 0 */
   sa_dtype bias_dt;
   int bias_kind, no_dbias;
-  int mask; /* T_BCAST(...) or 0; ~25% of the pairs false and one row false everywhere */
-  int pos;  /* T_POS_* */
+  int mask;  /* T_BCAST(...) or 0; ~25% of the pairs false and one row false everywhere */
+  int pos;   /* T_POS_* */
+  float cap; /* logits_soft_cap (0: none) */
 } t_case;
 
 static void t_bcast_name(int form, char *buf) {
@@ -55,12 +56,12 @@ static void t_case_name(const t_case *c, char *buf, size_t n) {
   if (c->mask) t_bcast_name(c->mask, mask);
   snprintf(buf, n,
            "%s%s%s B%lld T%lld S%lld N%lld K%lld H%lld Hv%lld %s%s causal=%s win=(%lld,%lld) diag=%lld "
-           "lens=%s segs=%s pos=%s bias=%s mask=%s dlse=%d scale=%g",
+           "lens=%s segs=%s pos=%s bias=%s mask=%s dlse=%d scale=%g cap=%g",
            c->name ? c->name : "", c->name ? ": " : "", t_dtype_name(c->dt), (long long)c->B, (long long)c->T,
            (long long)c->S, (long long)c->N, (long long)c->K, (long long)c->H, (long long)c->Hv, sm[c->sm],
            c->sm == SA_SOFTMAX_LEARNABLE ? (c->sinks == T_SINK_BIG ? "(+-50)" : "(U10)") : "", ca[c->causal],
            (long long)c->wl, (long long)c->wr, (long long)c->diag, le[c->lens], se[c->segs], po[c->pos], bias, mask,
-           c->dlse, (double)c->scale);
+           c->dlse, (double)c->scale, (double)c->cap);
 }
 
 /* Inputs and outputs of one problem; the sa_attn points into these. */
@@ -144,6 +145,7 @@ static void t_prob_make(t_prob *p, const t_case *c, t_rng *r, int idx) {
   a->window_right = c->wr;
   a->diag_offset = c->diag;
   a->scale = c->scale;
+  a->logits_soft_cap = c->cap;
   size_t es = sa_dtype_size(c->dt);
   p->nq = c->B * c->T * c->N * c->H;
   p->nk = c->B * c->S * c->K * c->H;
@@ -236,10 +238,11 @@ static void t_prob_free(t_prob *p) {
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
 }
 
-/* Does the key j count for row (b, n, i): valid, and not dropped by a -inf bias? */
+/* Does the key j count for row (b, n, i): valid, and not dropped by a -inf bias (which a soft-cap makes the
+   finite logit -cap)? */
 static int t_key_counts(const sa_attn *a, int64_t b, int64_t n, int64_t i, int64_t j) {
   if (!sa_attn_valid(a, b, n, i, j)) return 0;
-  return sa_bias_at(a, b, n, i, j) != -INFINITY;
+  return a->logits_soft_cap > 0.0f || sa_bias_at(a, b, n, i, j) != -INFINITY;
 }
 
 static int t_row_has_key(const sa_attn *a, int64_t b, int64_t n, int64_t i) {
@@ -384,7 +387,8 @@ static double t_key_mass(const t_prob *p, const t_case *c, int64_t b, int64_t n,
     for (int64_t d = 0; d < c->H; d++)
       dot += (double)sa_load(p->q, c->dt, ((b * c->T + i) * c->N + n) * c->H + d) *
              sa_load(p->k, c->dt, ((b * c->S + j) * c->K + n / (c->N / c->K)) * c->H + d);
-    mass += exp(sc * dot + sa_bias_at(a, b, n, i, j) - lse);
+    const double l = sc * dot + sa_bias_at(a, b, n, i, j), cap = a->logits_soft_cap;
+    mass += exp((cap > 0.0 ? cap * tanh(l / cap) : l) - lse);
   }
   return mass;
 }

@@ -1,7 +1,7 @@
 /*
  * sa_test_decode.h — the decode cases of the C tests (test_decode.c, and amx_check.c's tile decode checks):
  * a case's shape and options (dcase), random problems made from it (sinks from U(-10, 10) and +-50 on heads
- * 0 and 1, cache lengths 0, 1, S and random, q lengths, bias, mask, positions), and the comparison with the
+ * 0 and 1, cache lengths 0, 1, S and random, q lengths, bias, mask, positions, soft-cap), and the comparison with the
  * fp64 reference at the dtype's tolerance.
  */
 #ifndef SA_TEST_DECODE_H
@@ -28,6 +28,7 @@ typedef struct {
   sa_causal causal;
   int bias, mask; /* T_BCAST forms or 0 */
   int pos;        /* positions: queries at S - Tq + i, keys at j (causal then top-left) */
+  float cap;      /* logits_soft_cap (0: none) */
 } dcase;
 
 #define D_ALL .wl = -1, .wr = -1
@@ -58,6 +59,7 @@ static inline void make_attn(const dcase *c, sa_attn *a, float *sinks, int32_t *
   a->causal = c->causal;
   a->window_left = c->wl;
   a->window_right = c->wr;
+  a->logits_soft_cap = c->cap;
   for (int64_t b = 0; b < c->B; b++) {
     int64_t x = t_int(&d_rng, 0, c->S);
     if (c->lens == 1) x = b == 0 ? 0 : b == 1 ? 1 : b == 2 ? c->S : x;

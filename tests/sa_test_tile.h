@@ -55,6 +55,15 @@ static const t_case tt_cases[] = {
      .bias = T_BCAST(0, 0, 0, 0)},
     {"key tiles: window 300, G 4", TT_BF, 1, 70, 1100, 8, 2, 64, 64, TT_LEARN, .causal = SA_CAUSAL_BOTTOM_RIGHT,
      .wl = 300, .wr = 0},
+    /* the soft-cap: with a bias the products apply the scale through alpha; without one too (score_mul 1) */
+    {"soft-cap 2, bias, causal TL, sinks +-50", TT_BF, 2, 70, 90, 4, 2, 64, 64, TT_LEARN, .sinks = T_SINK_BIG,
+     .causal = SA_CAUSAL_TOP_LEFT, T_UNBOUNDED, .bias = T_BCAST(0, 1, 0, 0), .cap = 2.0f},
+    {"soft-cap 1.5, mask, positions, key tiles", TT_BF, 1, 60, 600, 8, 2, 64, 64, TT_LEARN, .pos = T_POS_RANDOM,
+     .causal = SA_CAUSAL_TOP_LEFT, .wl = 100, .wr = 0, .mask = T_BCAST(0, 1, 0, 0), .dlse = 1, .cap = 1.5f},
+    {"soft-cap 30, window, edge lengths, G 4", TT_BF, 2, 40, 300, 8, 2, 32, 32, TT_LEARN, .lens = T_LENS_EDGE,
+     .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = 50, .wr = 0, .cap = 30.0f},
+    {"soft-cap 0.7, vanilla, segments", TT_BF, 1, 130, 130, 4, 4, 128, 64, .sm = SA_SOFTMAX_VANILLA,
+     .segs = T_SEGS_PACKED, T_UNBOUNDED, .cap = 0.7f},
 };
 #define TT_NCASES ((int)(sizeof tt_cases / sizeof tt_cases[0]))
 

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "sa_test.h"
+#include "sa_test_absent.h"
 #include "sa_test_case.h"
 #include "sa_test_fd.h"
 #include "sa_test_invalid.h"
@@ -208,8 +209,49 @@ static int t_bias_cases(t_case *cs, int n, int max) {
   return n;
 }
 
+/* The logits soft-cap (caps 0.5 to 30 against scores of standard deviation ~2, so that the tanh is far from
+   linear in most cases) with every mask kind of t_masks, the softmax types with sinks U(-10, 10) and +-50,
+   f32 / f16 / bf16, GQA, bias (with -inf elements, which the cap makes -cap), a mask array, positions, segments,
+   empty rows (edge lengths) and decode shapes (a few queries, a long cache). */
+static int t_cap_cases(t_case *cs, int n, int max) {
+  static const float caps[] = {0.5f, 1.5f, 3.0f, 5.0f, 30.0f};
+  for (int f = 0; f < 40 && n < max; f++) {
+    const int decode = f % 8 == 5;
+    t_case c = {.dt = (sa_dtype)(f % 3),
+                .sm = (sa_softmax)((f + 2) % 3),
+                .B = 2,
+                .T = decode ? 1 + f % 3 : (f % 2 ? 37 : 70),
+                .S = decode ? 300 : (f % 2 ? 70 : 45),
+                .N = f % 4 == 1 ? 8 : 4,
+                .K = f % 4 == 1 ? 1 : 2,
+                .H = f % 3 == 1 ? 64 : 32,
+                .Hv = f % 5 == 2 ? 48 : 32,
+                .sinks = f % 3 == 0 ? T_SINK_BIG : T_SINK_U10,
+                .dlse = f % 2,
+                .cap = caps[f % 5],
+                .bias = f % 4 == 2   ? T_BCAST(0, 0, 0, 0)
+                        : f % 4 == 3 ? T_BCAST(1, 0, 1, 0)
+                                     : 0,
+                .bias_dt = (sa_dtype)((f / 4) % 3),
+                .bias_kind = f % 8 == 2 ? T_BIAS_NEGINF : T_BIAS_UNIFORM,
+                .mask = f % 6 == 4 ? T_BCAST(0, 1, 0, 0) : 0,
+                .pos = f % 10 == 7   ? T_POS_RANDOM
+                       : f % 10 == 9 ? T_POS_SEGMENT
+                                     : T_POS_NONE};
+    t_apply_mask(&c, &t_masks[(f * 3) % T_NMASK]);
+    if (decode) {
+      c.causal = c.pos ? SA_CAUSAL_TOP_LEFT : SA_CAUSAL_BOTTOM_RIGHT;
+      c.lens = T_LENS_RANDOM;
+    }
+    if (f % 10 == 3) c.lens = T_LENS_EDGE;
+    if (c.pos == T_POS_SEGMENT && !c.segs) c.segs = T_SEGS_PACKED;
+    cs[n++] = c;
+  }
+  return n;
+}
+
 /* Fills cases[] and returns the count: ~54 shape cases, 3 x 3 x masks, ~250 random ones, the hand-written
-   rows, ~80 bias / mask / positions ones. */
+   rows, ~80 bias / mask / positions ones, 40 soft-capped ones. */
 static int t_build_cases(t_case *cs, int max) {
   int n = 0;
   t_rng r = {2024};
@@ -290,8 +332,8 @@ static int t_build_cases(t_case *cs, int max) {
   }
   /* 4. the hand-written rows */
   for (size_t e = 0; e < sizeof t_edges / sizeof t_edges[0] && n < max; e++) cs[n++] = t_edges[e];
-  /* 5. bias, mask, positions */
-  return t_bias_cases(cs, n, max);
+  /* 5. bias, mask, positions; 6. the soft-cap */
+  return t_cap_cases(cs, t_bias_cases(cs, n, max), max);
 }
 
 /* ---- determinism: thread counts must not change a single bit ---------------------------------- */
@@ -425,8 +467,8 @@ int main(void) {
   t_fd_group();
   double t1 = t_now();
 
-  static t_case cs[600];
-  int n = t_build_cases(cs, 600);
+  static t_case cs[700];
+  int n = t_build_cases(cs, 700);
   t_stats st[3] = {{0}};
   for (int i = 0; i < n; i++) t_run_case(&cs[i], i, &st[cs[i].dt]);
   for (int d = 0; d < 3; d++)
@@ -441,8 +483,12 @@ int main(void) {
   t_determinism_group(cs, n);
   double t3 = t_now();
   t_invalid_group();
-  printf("time: finite differences %.1f s, table %.1f s, determinism %.1f s, total %.1f s (cpu simd %s, %d threads)\n",
-         t1 - t0, t2 - t1, t3 - t2, t_now() - t0, sa_cpu_simd_name(), sa_cpu_get_num_threads());
+  double t4 = t_now();
+  t_absent_group();
+  printf(
+      "time: finite differences %.1f s, table %.1f s, determinism %.1f s, masked means absent %.1f s, total %.1f s "
+      "(cpu simd %s, %d threads)\n",
+      t1 - t0, t2 - t1, t3 - t2, t_now() - t4, t_now() - t0, sa_cpu_simd_name(), sa_cpu_get_num_threads());
   printf("%d passed, %d failed\n", t_passed, t_failed);
   return t_failed ? 1 : 0;
 }

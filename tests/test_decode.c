@@ -66,10 +66,11 @@ static void run_case(const dcase *c) {
   char what[320];
   snprintf(what, sizeof what,
            "%s%s%s B%lld Tq%lld S%lld N%lld K%lld H%lld Hv%lld softmax%d win(%lld,%lld) lens%d ql%d "
-           "causal%d bias%d mask%d pos%d",
+           "causal%d bias%d mask%d pos%d cap%g",
            c->name ? c->name : "", c->name ? ": " : "", t_dtype_name(c->dtype), (long long)c->B, (long long)c->Tq,
            (long long)c->S, (long long)c->N, (long long)c->K, (long long)c->H, (long long)c->Hv, (int)c->softmax,
-           (long long)c->wl, (long long)c->wr, c->lens, c->q_lens, (int)c->causal, c->bias, c->mask, c->pos);
+           (long long)c->wl, (long long)c->wr, c->lens, c->q_lens, (int)c->causal, c->bias, c->mask, c->pos,
+           (double)c->cap);
 
   a.out = out_ref;
   a.lse = lse_ref;
@@ -90,6 +91,9 @@ static void run_case(const dcase *c) {
   if (s == SA_OK && plan)
     ok &= strncmp(sa_plan_last(SA_PLAN_DECODE), plan, strlen(plan)) == 0 &&
           sa_plan_last(SA_PLAN_DECODE)[strlen(plan)] == ' ';
+  /* a soft-cap is served by the attention forward's kernels (the split-KV ones refuse it) */
+  if (s == SA_OK && c->cap > 0.0f && !plan && c->B > 0)
+    ok &= strncmp(sa_plan_last(SA_PLAN_DECODE), "cpu.decode.fwd ", 15) == 0;
   if (!ok)
     printf("  cpu %s: status %s (%s), worst error / tol %.3g\n", sa_plan_last(SA_PLAN_DECODE), sa_status_name(s),
            sa_last_error(), worst);
@@ -102,7 +106,7 @@ static void run_case(const dcase *c) {
   sa_plan_force(SA_PLAN_DECODE, NULL); /* a CPU plan forced for this thread would fail the CUDA calls below */
 
 #ifdef SINKATTN_WITH_CUDA
-  if (sa_cuda_available() && cuda_pass && (c->bias || c->mask || c->pos)) {
+  if (sa_cuda_available() && cuda_pass && (c->bias || c->mask || c->pos || c->cap > 0.0f)) {
     s = sa_attn_decode_fwd(&a, NULL, 0, SA_BACKEND_CUDA, NULL);
     char w2[1024];
     snprintf(w2, sizeof w2, "cuda %s: SA_ERR_UNSUPPORTED naming it, got %s (%s)", what, sa_status_name(s),
@@ -386,6 +390,9 @@ int main(void) {
          .softmax = SA_SOFTMAX_LEARNABLE, D_ALL, .lens = 1, .causal = D_BR},
         {.name = "gpt-oss window", .dtype = SA_F32, .B = 1, .Tq = 1, .S = 2000, .N = 64, .K = 8, .H = 64, .Hv = 64,
          .softmax = SA_SOFTMAX_LEARNABLE, .wl = 127, .wr = 0, .causal = D_BR},
+        /* 32 splits of 1024 keys: the mma decode's split-count plans (.half 16, .x2 64, .x4 128) all legal */
+        {.name = "gpt-oss S 32k", .dtype = SA_BF16, .B = 1, .Tq = 1, .S = 32768, .N = 64, .K = 8, .H = 64, .Hv = 64,
+         .softmax = SA_SOFTMAX_LEARNABLE, D_ALL, .lens = 1, .causal = D_BR},
         /* R = 1 with 6 kv heads (4 lanes each: groups of 4 and 2), and R = 2 with 8 heads (one group of 8) */
         {.name = "R 1, 6 kv heads", .dtype = SA_BF16, .B = 2, .Tq = 1, .S = 900, .N = 6, .K = 6, .H = 64, .Hv = 64,
          .softmax = SA_SOFTMAX_OFF_BY_ONE, D_ALL, .lens = 2, .causal = D_BR},
@@ -411,6 +418,14 @@ int main(void) {
         {.name = "positions, window, mask", .dtype = SA_F16, .B = 2, .Tq = 5, .S = 900, .N = 4, .K = 2, .H = 64,
          .Hv = 32, .softmax = SA_SOFTMAX_LEARNABLE, .wl = 300, .wr = 0, .causal = SA_CAUSAL_TOP_LEFT,
          .mask = T_BCAST(1, 0, 0, 0), .pos = 1},
+        /* the soft-cap (cpu.decode.fwd), sinks U(-10, 10) and +-50 */
+        {.name = "soft-cap 3, gpt-oss window", .dtype = SA_BF16, .B = 2, .Tq = 1, .S = 3000, .N = 64, .K = 8, .H = 64,
+         .Hv = 64, .softmax = SA_SOFTMAX_LEARNABLE, .wl = 127, .wr = 0, .lens = 1, .causal = D_BR, .cap = 3.0f},
+        {.name = "soft-cap 0.5, R 16", .dtype = SA_F32, .B = 2, .Tq = 4, .S = 700, .N = 8, .K = 2, .H = 64, .Hv = 32,
+         .softmax = SA_SOFTMAX_OFF_BY_ONE, D_ALL, .lens = 2, .q_lens = 1, .causal = D_BR, .cap = 0.5f},
+        {.name = "soft-cap 20, bias, f16", .dtype = SA_F16, .B = 3, .Tq = 2, .S = 900, .N = 4, .K = 1, .H = 32,
+         .Hv = 32, .softmax = SA_SOFTMAX_LEARNABLE, .wl = 300, .wr = 0, .lens = 1, .causal = D_BR,
+         .bias = T_BCAST(1, 0, 1, 0), .cap = 20.0f},
     };
     // clang-format on
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) run_case(&rows[i]);

@@ -6,7 +6,9 @@
  *   into others, never through padding); zero-size problems with NULL buffers; the CUDA backend's
  *   answer for a head dim it lacks; threads calling fwd and bwd at once (bitwise equal to serial runs);
  *   bitwise-identical results across repeated runs and CPU thread counts (with bias and mask too);
- *   rows that a mask or a -inf bias empties (out 0, lse the sink logit, no gradient), NaN in a bias.
+ *   rows that a mask or a -inf bias empties (out 0, lse the sink logit, no gradient), NaN in a bias;
+ *   the soft-cap in closed form, a -inf bias under it (the logit -cap: the key counts), caps of 1e-30 and
+ *   3e38.
  * SINKATTN_TEST_QUICK=1 (the sanitizer run) cuts the concurrency and determinism repetitions by 4x.
  */
 #include <pthread.h>
@@ -186,6 +188,85 @@ static void e_test_single(sa_backend be) {
           E_CHECK(fabs(c.out[E_O(&c, b, 0, n) + d] - p * c.v[b * 4 + d]) < 1e-5, "%s sm %d out", e_be_name(be), sm);
       }
     E_CHECK(e_bwd(&c, be) == SA_OK, "%s bwd T=S=1: %s", e_be_name(be), sa_last_error());
+    e_free(&c);
+  }
+}
+
+/* The soft-cap: S = 3 keys in closed form, s_j = cap tanh((scale q.k_j + bias_j) / cap), with bias[1] = -inf, which
+   the cap makes the logit -cap (the key still counts: out and lse include it, its gradients are 0). A cap of 3e38
+   gives the uncapped call within rounding; a cap of 1e-30 makes every logit +-1e-30, the softmax uniform, and
+   dq, dk, dbias 0 (1 - tanh^2 underflows to 0 at l / cap ~ 1e30), while dv and dsinks stay finite. */
+static void e_test_soft_cap(sa_backend be) {
+  for (int sm = 0; sm < 3; sm++) {
+    e_case c;
+    e_make(&c, 2, 1, 3, 2, 1, 8, 4, (sa_softmax)sm, 81 + sm);
+    e_add_bias_mask(&c, T_BCAST(1, 1, 1, 0), 0, 91 + sm); /* bias [1, 1, 1, S] */
+    c.bias[1] = -INFINITY;
+    const float cap = 1.25f;
+    c.a.logits_soft_cap = cap;
+    E_CHECK(e_fwd(&c, be) == SA_OK && e_bwd(&c, be) == SA_OK, "%s sm %d: %s", e_be_name(be), sm, sa_last_error());
+    for (int64_t b = 0; b < 2; b++)
+      for (int64_t n = 0; n < 2; n++) {
+        double sj[3], den = sm == 0 ? 0.0 : exp(sm == 1 ? 0.0 : (double)c.sinks[n]), o[4] = {0};
+        for (int j = 0; j < 3; j++) {
+          double dot = 0;
+          for (int d = 0; d < 8; d++) dot += (double)c.q[(b * 2 + n) * 8 + d] * c.k[(b * 3 + j) * 8 + d];
+          sj[j] = cap * tanh((dot / sqrt(8.0) + c.bias[j]) / cap);
+          den += exp(sj[j]);
+        }
+        for (int j = 0; j < 3; j++)
+          for (int d = 0; d < 4; d++) o[d] += exp(sj[j]) / den * c.v[(b * 3 + j) * 4 + d];
+        E_CHECK(sj[1] == -cap, "bias -inf under the cap: logit %g, want -cap", sj[1]);
+        E_CHECK(fabs(c.lse[E_L(&c, b, n, 0)] - log(den)) < 1e-5 * (1 + fabs(log(den))), "%s sm %d cap: lse %g want %g",
+                e_be_name(be), sm, c.lse[E_L(&c, b, n, 0)], log(den));
+        for (int d = 0; d < 4; d++)
+          E_CHECK(fabs(c.out[E_O(&c, b, 0, n) + d] - o[d]) < 1e-5, "%s sm %d cap: out %g want %g", e_be_name(be), sm,
+                  c.out[E_O(&c, b, 0, n) + d], o[d]);
+      }
+    E_CHECK(c.dbias[1] == 0.0f && isfinite(c.dbias[0]) && isfinite(c.dbias[2]),
+            "%s sm %d cap: dbias %g %g %g (want finite, 0, finite)", e_be_name(be), sm, c.dbias[0], c.dbias[1],
+            c.dbias[2]);
+    E_CHECK(e_all_finite(c.dq, c.nq) && e_all_finite(c.dk, c.nk) && e_all_finite(c.dv, c.nv),
+            "%s sm %d cap: non-finite gradients", e_be_name(be), sm);
+
+    /* cap 3e38 against no cap (bias finite: with bias -inf the uncapped key drops out) */
+    c.bias[1] = 0.5f;
+    c.a.logits_soft_cap = 0.0f;
+    E_CHECK(e_fwd(&c, be) == SA_OK && e_bwd(&c, be) == SA_OK, "%s sm %d: %s", e_be_name(be), sm, sa_last_error());
+    float *out = e_copy(c.out, c.no), *lse = e_copy(c.lse, c.rows), *dq = e_copy(c.dq, c.nq);
+    c.a.logits_soft_cap = 3e38f;
+    E_CHECK(e_fwd(&c, be) == SA_OK && e_bwd(&c, be) == SA_OK, "%s sm %d: %s", e_be_name(be), sm, sa_last_error());
+    for (int64_t x = 0; x < c.no; x++)
+      E_CHECK(fabsf(c.out[x] - out[x]) <= 1e-6f, "%s sm %d cap 3e38: out %g, uncapped %g", e_be_name(be), sm, c.out[x],
+              out[x]);
+    for (int64_t x = 0; x < c.rows; x++)
+      E_CHECK(fabsf(c.lse[x] - lse[x]) <= 1e-6f * (1 + fabsf(lse[x])), "%s sm %d cap 3e38: lse %g, uncapped %g",
+              e_be_name(be), sm, c.lse[x], lse[x]);
+    for (int64_t x = 0; x < c.nq; x++)
+      E_CHECK(fabsf(c.dq[x] - dq[x]) <= 1e-5f, "%s sm %d cap 3e38: dq %g, uncapped %g", e_be_name(be), sm, c.dq[x],
+              dq[x]);
+
+    /* cap 1e-30: a uniform softmax over the 3 keys beside the sink */
+    c.a.logits_soft_cap = 1e-30f;
+    E_CHECK(e_fwd(&c, be) == SA_OK && e_bwd(&c, be) == SA_OK, "%s sm %d: %s", e_be_name(be), sm, sa_last_error());
+    for (int64_t b = 0; b < 2; b++)
+      for (int64_t n = 0; n < 2; n++) {
+        const double den = 3.0 + (sm == 0 ? 0.0 : exp(sm == 1 ? 0.0 : (double)c.sinks[n]));
+        for (int d = 0; d < 4; d++) {
+          const double want = (c.v[(b * 3) * 4 + d] + c.v[(b * 3 + 1) * 4 + d] + c.v[(b * 3 + 2) * 4 + d]) / den;
+          E_CHECK(fabs(c.out[E_O(&c, b, 0, n) + d] - want) < 1e-5, "%s sm %d cap 1e-30: out %g want %g", e_be_name(be),
+                  sm, c.out[E_O(&c, b, 0, n) + d], want);
+        }
+      }
+    int zero = 1;
+    for (int64_t x = 0; x < c.nq; x++) zero &= c.dq[x] == 0.0f;
+    for (int64_t x = 0; x < c.nk; x++) zero &= c.dk[x] == 0.0f;
+    for (int64_t x = 0; x < c.nb; x++) zero &= c.dbias[x] == 0.0f;
+    E_CHECK(zero && e_all_finite(c.dv, c.nv) && (sm != SA_SOFTMAX_LEARNABLE || e_all_finite(c.dsinks, 2)),
+            "%s sm %d cap 1e-30: dq, dk, dbias must be 0, dv and dsinks finite", e_be_name(be), sm);
+    free(out);
+    free(lse);
+    free(dq);
     e_free(&c);
   }
 }
@@ -567,6 +648,7 @@ int main(void) {
     e_test_sinks(e_backends[b]);
     e_test_poison(e_backends[b]);
     e_test_killed_rows(e_backends[b]);
+    e_test_soft_cap(e_backends[b]);
   }
   e_test_cuda_unsupported();
   e_test_threads();

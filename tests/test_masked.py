@@ -3,9 +3,8 @@ window, segment ids, positions) cannot reach an output that jax.nn computes as f
 (a hidden key's NaN never reaches the softmax) but multiplies each value row by its probability, so a NaN or an
 infinity in a hidden VALUE row is NaN in jax.nn's every output of that head (0 * NaN): where jax.nn is finite,
 sinkattn must be finite and equal, and with learnable sinks (which jax.nn lacks) the poisoned call must equal the
-clean one there. The jnp twin selects, so it passes everywhere; the fused CPU kernels start a score tile from an
-additive -inf where a mask array or the positions forbid a pair and accumulate the product onto it, so a hidden
-key's NaN or +inf still reaches the row (the C fix is the kernels' own, in src/cpu): the xfail marks name it."""
+clean one there. The jnp twin and the fused CPU kernels both select (the kernels' kill tile, src/cpu/cpu_mask.h;
+tests/sa_test_absent.h checks them on every CPU plan)."""
 
 import jax
 import jax.numpy as jnp
@@ -56,21 +55,13 @@ def _kinds():
 
 
 KINDS = _kinds()
-# The fused CPU kernels select for lengths, causal, window and segments; a mask array and positions reach their
-# score tiles as an added -inf (fill_* of src/cpu/cpu_mask.h), so a hidden key's NaN or +inf still makes NaN.
-# Strict: the marks go when the kernels select.
-ADDS = ("mask", "positions")
-CPU_FIX = "the CPU kernels add -inf to the scores for a mask array and positions instead of selecting (src/cpu)"
 
 
-def _cases(kinds, adds=()):
-  """(kind, impl) for the jnp twin and the fused kernel of each kind; the fused ones of `adds` need the C fix:
-  they xfail (strict)."""
+def _cases(kinds):
+  """(kind, impl) for the jnp twin and the fused kernel of each kind."""
   out = []
   for kind in kinds:
     fused = [pytest.mark.skipif(not _lib.available(), reason="libsinkattn_jax.so is not built")]
-    if kind in adds:
-      fused.append(pytest.mark.xfail(strict=True, reason=CPU_FIX))
     out += [
       pytest.param(kind, "reference", id=f"{kind}-reference"),
       pytest.param(kind, "fused", marks=fused, id=f"{kind}-fused"),
@@ -100,7 +91,7 @@ def _compare(got, want, what):
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf], ids=["nan", "+inf", "-inf"])
-@pytest.mark.parametrize("kind,impl", _cases(KINDS, ADDS))
+@pytest.mark.parametrize("kind,impl", _cases(KINDS))
 def test_hidden_keys_are_absent(kind, impl, value):
   """A poisoned key that no row sees: every output jax.nn computes as finite is finite and equal (vanilla);
   with learnable sinks the poisoned call equals the clean one there."""

@@ -9,7 +9,9 @@
  *      one pass illegal);
  *   4. the REF / CPU plan names, and sa_plan_last after a REF call;
  *   5. decode: the mma plan is the default on the gpt-oss shapes, its schedule one wave of equal CTAs, 16-row
- *      groups, the combine a programmatic dependent launch on sm_90 only; its shape and dtype rules.
+ *      groups, the combine a programmatic dependent launch on sm_90 only; its shape and dtype rules;
+ *   6. the override-only timing variants: the one pass that always waits (the default's schedule and workspace,
+ *      op_wait set) and the mma decode's split counts (half, x2, x4 of the default's, refused where equal to it).
  * The launches themselves are tests/plan/plan_record.cpp's (test_plan_launch, against tests/plan/golden.txt).
  */
 #include <stdint.h>
@@ -126,6 +128,58 @@ static void check_decode_mma(void) {
           strstr(sa_last_error(), "H == Hv"));
 }
 
+/* The variants that bench/gpu_verify.sh PART=perf33 times against the defaults. */
+static void check_variants(void) {
+  /* the one pass that waits: the default one pass's schedule, grid and workspace, the WAIT kernels */
+  sa_attn a = shape(16, 1024, 1024, 32, 32, 64, SA_CAUSAL_TOP_LEFT);
+  sa_cuda_plan d, w, nw;
+  char desc[384];
+  int ok = sa_cuda_plan_pick(&a, SA_PLAN_BWD, &h200, NULL, (size_t)-1, &d) == SA_OK &&
+           !strcmp(d.name, "hopper.bwd.onepass") &&
+           sa_cuda_plan_pick(&a, SA_PLAN_BWD, &h200, "hopper.bwd.onepass.wait", (size_t)-1, &w) == SA_OK &&
+           w.family == SA_CUDA_BWD_ONEPASS && w.op_wait == 1 && w.cooperative == 1 && w.grid[0] == d.grid[0] &&
+           w.ws == d.ws && w.items == d.items && w.split == d.split &&
+           sa_cuda_plan_pick(&a, SA_PLAN_BWD, &h200, "hopper.bwd.onepass.narrow.wait", (size_t)-1, &nw) == SA_OK &&
+           nw.op_wait == 1 && nw.grid[0] == nw.nkb;
+  sa_cuda_plan_describe(&w, desc, sizeof desc);
+  ok = ok && strstr(desc, " wait=1") != NULL;
+  if (!ok)
+    t_report("hopper.bwd.onepass.wait: op_wait %d / %d, grid %d / %d, '%s'", d.op_wait, w.op_wait, d.grid[0], w.grid[0],
+             desc);
+  t_count(ok);
+  a.window_left = 127, a.window_right = 0; /* the one pass's scope: the waiting one too */
+  t_count(sa_cuda_plan_pick(&a, SA_PLAN_BWD, &h200, "hopper.bwd.onepass.wait", (size_t)-1, &w) == SA_ERR_UNSUPPORTED &&
+          strstr(sa_last_error(), "hopper.bwd.onepass.wait") && strstr(sa_last_error(), "window"));
+  /* decode: 50 / 200 / 400% of the default's splits at gpt-oss B8 S4k (4 splits of 1024 keys) */
+  static const struct {
+    const char *name;
+    int64_t B, splits, chunk;
+  } dec[] = {{"cuda.decode.mma.half", 8, 2, 2048},
+             {"cuda.decode.mma.x2", 8, 8, 512},
+             {"cuda.decode.mma.x4", 8, 16, 256},
+             {"cuda.decode.mma.x2", 64, 2, 2048},
+             {"cuda.decode.mma.x4", 64, 4, 1024}};
+  for (size_t i = 0; i < sizeof dec / sizeof dec[0]; i++) {
+    const sa_attn g = shape(dec[i].B, 1, 4096, 64, 8, 64, SA_CAUSAL_BOTTOM_RIGHT);
+    sa_cuda_plan p;
+    ok = sa_cuda_plan_pick(&g, SA_PLAN_DECODE, &h200, dec[i].name, (size_t)-1, &p) == SA_OK &&
+         p.family == SA_CUDA_DECODE_MMA && p.splits == dec[i].splits && p.chunk == dec[i].chunk &&
+         p.grid[0] == p.splits && p.dec_pdl == 1;
+    if (!ok)
+      t_report("%s B%lld: splits %lld chunk %lld", dec[i].name, (long long)dec[i].B, (long long)p.splits,
+               (long long)p.chunk);
+    t_count(ok);
+  }
+  /* B64 S4k has one split by default: half of it is the same count, not a plan of its own */
+  const sa_attn g = shape(64, 1, 4096, 64, 8, 64, SA_CAUSAL_BOTTOM_RIGHT);
+  sa_cuda_plan p;
+  t_count(sa_cuda_plan_pick(&g, SA_PLAN_DECODE, &h200, "cuda.decode.mma.half", (size_t)-1, &p) == SA_ERR_UNSUPPORTED &&
+          strstr(sa_last_error(), "split count of cuda.decode.mma"));
+  sa_cuda_plan list[16];
+  const int n = sa_cuda_plans(&g, SA_PLAN_DECODE, &h200, (size_t)-1, list, 16);
+  t_count(n == 5 && !strcmp(list[0].name, "cuda.decode.mma"));
+}
+
 /* Every case of the golden record's shapes: the list, the picks, the workspace. */
 static void check_cases(const char *path) {
   FILE *f = fopen(path, "r");
@@ -192,6 +246,7 @@ int main(int argc, char **argv) {
   check_old_device();
   check_force();
   check_decode_mma();
+  check_variants();
   check_cases(argc > 1 ? argv[1] : "tests/plan/cases.txt");
   sa_plan_force(SA_PLAN_FWD, NULL), sa_plan_force(SA_PLAN_BWD, NULL), sa_plan_force(SA_PLAN_DECODE, NULL);
   printf("test_plan: %d passed, %d failed\n", t_passed, t_failed);

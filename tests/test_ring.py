@@ -1,5 +1,6 @@
 """Context parallelism (ring attention with sinks) on 8 virtual CPU devices, against the single-device fused
-dot_product_attention: out, lse and every gradient (q, k, v, sinks, with a loss that also uses lse).
+dot_product_attention: out, lse and every gradient (q, k, v, sinks, with a loss that also uses lse), with a
+logits soft-cap too (each block caps its own logits; the merge is unchanged).
 
 The device checks run in one subprocess (XLA's device count is fixed when jax starts, and other test
 modules may have started it with one device); this module then asserts on its JSON report, one test
@@ -58,6 +59,18 @@ CASES = {
   "zigzag_vanilla_p8": (8, "zigzag", 1, 32, 32, 2, 1, dict(is_causal=True, softmax_type="vanilla")),
   "mesh2d_batch": (4, "contiguous", 2, 32, 32, 4, 2, dict(is_causal=True, mesh2d="batch")),
   "mesh2d_heads": (4, "zigzag", 1, 32, 32, 4, 2, dict(is_causal=True, mesh2d="heads")),
+  "contig_causal_softcap": (4, "contiguous", 2, 32, 32, 4, 2, dict(is_causal=True, logits_soft_cap=1.5)),
+  "zigzag_window_lengths_softcap": (
+    4,
+    "zigzag",
+    2,
+    32,
+    32,
+    4,
+    2,
+    dict(is_causal=True, local_window_size=(9, 0), key_value_seq_lengths=[29, 13], logits_soft_cap=2.0),
+  ),
+  "contig_full_softcap_p8": (8, "contiguous", 1, 32, 32, 4, 1, dict(logits_soft_cap=1.0)),
 }
 
 
@@ -123,6 +136,9 @@ def _worker():
 
     argnums = (0, 1, 2, 3) if learnable else (0, 1, 2)
     (_, (o1, l1)), g1 = jax.value_and_grad(single, argnums, has_aux=True)(q, k, v, sinks)
+    if "logits_soft_cap" in opts:  # the same call without the cap, to show that the cap bites
+      uncapped = {kk: vv for kk, vv in opts.items() if kk != "logits_soft_cap"}
+      o0 = sinkattn.dot_product_attention(q, k, v, sinks=sinks, **uncapped)
     (_, (o2, l2)), g2 = jax.jit(jax.value_and_grad(ring, argnums, has_aux=True))(q, k, v, sinks)
     same_inf = bool(jnp.all(jnp.isfinite(l1) == jnp.isfinite(l2)))
     err = lambda a, b: float(jnp.max(jnp.abs(jnp.where(jnp.isfinite(a), a - b, 0.0))))
@@ -133,6 +149,7 @@ def _worker():
       same_inf=same_inf,
       grads={n: (err(a, b) / max(scale(a), 1.0)) for n, a, b in zip("qkvs", g1, g2)},
       dsinks_scale=scale(g1[3]) if learnable else None,
+      cap_effect=err(o0, o2) if "logits_soft_cap" in opts else None,
     )
 
   # The compiled program moves K/V with collective-permute only: no all-gather / all-to-all.
@@ -168,6 +185,8 @@ def test_ring_matches_single_device(report, name):
     assert e < TOL, (g, r)
   if r["dsinks_scale"] is not None:  # the sink gradient is really exercised, not ~0
     assert r["dsinks_scale"] > 1e-3, r
+  if r["cap_effect"] is not None:  # the ring is far from the uncapped result: the cap reached every block
+    assert r["cap_effect"] > 1e-2, r
 
 
 def test_ring_moves_kv_with_collective_permute_only(report):

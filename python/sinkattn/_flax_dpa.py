@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from . import layers
-from ._validate import ArrayLike, Window
+from ._validate import ArrayLike, Window, soft_cap
 from .layers import SOFTMAX_OFFSET_AXES, normalize_softmax_type
 
 
@@ -36,6 +36,8 @@ class DotProductAttention(nn.Module):
     local_window_size: as in sinkattn.dot_product_attention (gpt-oss: is_causal=True, (127, 0)).
     dtype: cast query, key and value to it first (None keeps theirs).
     implementation: as in sinkattn.dot_product_attention.
+    logits_soft_cap: as in sinkattn.dot_product_attention (cap * tanh(l / cap) on every logit, not the sink's);
+      None: no cap.
   """
 
   num_heads: Optional[int] = None
@@ -46,6 +48,7 @@ class DotProductAttention(nn.Module):
   local_window_size: Window = None
   dtype: Any = None
   implementation: Optional[str] = None
+  logits_soft_cap: Optional[float] = None
 
   @nn.compact
   def __call__(
@@ -94,7 +97,8 @@ class DotProductAttention(nn.Module):
     Returns:
       out (and lse with return_residual=True).
     """
-    normalize_softmax_type(self.softmax_type)  # a bad name fails at init, as nnx's constructor does
+    normalize_softmax_type(self.softmax_type)  # a bad name or cap fails at init, as nnx's constructor does
+    soft_cap(self.logits_soft_cap)
     init = nn.with_logical_partitioning(nn.initializers.zeros_init(), SOFTMAX_OFFSET_AXES)
     return layers.module_call(
       self,

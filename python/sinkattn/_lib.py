@@ -27,9 +27,10 @@ BWD_TARGET = "sinkattn_bwd"  # "cpu": results dq dk dv dsinks
 BWD_TARGET_CUDA = "sinkattn_bwd_cuda"  # "CUDA": results dq dk dv dsinks workspace
 DECODE_TARGET = "sinkattn_decode"  # "cpu": results out lse (decode.py)
 DECODE_TARGET_CUDA = "sinkattn_decode_cuda"  # "CUDA": results out lse workspace
-# The attention handlers' buffers and attributes (sa_jax_attn_abi_version in src/ffi/ffi_attn.c): 12 forward
-# inputs (bias, mask and positions included), dbias among the backward's results, no `deterministic` attribute.
-ATTN_ABI = 3
+# The attention and decode handlers' buffers and attributes (sa_jax_attn_abi_version in src/ffi/ffi_attn.c): 12
+# forward inputs (bias, mask and positions included), dbias among the backward's results, no `deterministic`
+# attribute, `logits_soft_cap` in every handler.
+ATTN_ABI = 4
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_DIR = os.path.dirname(os.path.dirname(_PKG_DIR))
@@ -105,15 +106,17 @@ def candidates() -> list[str]:
 
 
 def _declare(lib):
-  i64, c_int = ctypes.c_int64, ctypes.c_int
+  i64, c_int, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_float
   lib.sa_has_cuda.restype = c_int
   lib.sa_has_cuda.argtypes = []
   lib.sa_jax_bwd_workspace_size.restype = ctypes.c_size_t
-  lib.sa_jax_bwd_workspace_size.argtypes = [c_int] + [i64] * 7 + [c_int, c_int, i64, i64, i64, c_int, c_int, c_int]
+  lib.sa_jax_bwd_workspace_size.argtypes = [c_int] + [i64] * 7 + [c_int, c_int, i64, i64, i64, c_int, c_int, f32, c_int]
   lib.sa_jax_ffi_api_version.restype = c_int
   lib.sa_jax_ffi_api_version.argtypes = []
   lib.sa_jax_cuda_supported.restype = c_int
-  lib.sa_jax_cuda_supported.argtypes = [c_int] + [i64] * 7 + [c_int] * 3 + [ctypes.c_char_p, ctypes.c_size_t]
+  lib.sa_jax_cuda_supported.argtypes = (
+    [c_int] + [i64] * 7 + [c_int] * 3 + [f32, c_int, ctypes.c_char_p, ctypes.c_size_t]
+  )
   lib.sa_jax_decode_workspace_size.restype = ctypes.c_size_t
   lib.sa_jax_decode_workspace_size.argtypes = [c_int] + [i64] * 7 + [c_int]
   lib.sa_jax_decode_max_q_len.restype = c_int
@@ -179,14 +182,16 @@ def has_cuda() -> bool:
   return available() and bool(load().sa_has_cuda())
 
 
-def cuda_supported(dtype_code, B, T, S, N, K, H, Hv, *, bias=False, mask=False, positions=False):
-  """(ok, reason): whether the CUDA kernels take this dtype, these sizes and these optional inputs, as the
-  library answers (sa_jax_cuda_supported); the inputs they lack are named on any machine, the rest needs a
-  GPU."""
+def cuda_supported(
+  dtype_code, B, T, S, N, K, H, Hv, *, bias=False, mask=False, positions=False, logits_soft_cap=0.0, decode=False
+):
+  """(ok, reason): whether the CUDA kernels take this dtype, these sizes, these optional inputs and this soft-cap
+  (0.0 = none), as the library answers (sa_jax_cuda_supported): the attention kernels, or with decode=True the
+  decode kernels (causal bottom-right over cache lengths). The inputs they lack are named on any machine, the rest
+  needs a GPU."""
   why = ctypes.create_string_buffer(512)
-  ok = bool(
-    load().sa_jax_cuda_supported(dtype_code, B, T, S, N, K, H, Hv, int(bias), int(mask), int(positions), why, len(why))
-  )
+  flags = (int(bias), int(mask), int(positions), float(logits_soft_cap), int(decode))
+  ok = bool(load().sa_jax_cuda_supported(dtype_code, B, T, S, N, K, H, Hv, *flags, why, len(why)))
   return ok, why.value.decode()
 
 
@@ -211,6 +216,7 @@ def bwd_workspace_size(
   diag_offset,
   has_lengths,
   has_segments,
+  logits_soft_cap,
   backend,
 ):
   return int(
@@ -230,6 +236,7 @@ def bwd_workspace_size(
       diag_offset,
       int(has_lengths),
       int(has_segments),
+      float(logits_soft_cap),
       backend,
     )
   )

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import layers
-from ._validate import ArrayLike, Window
+from ._validate import ArrayLike, Window, soft_cap
 from .layers import SOFTMAX_OFFSET_AXES, normalize_softmax_type
 
 
@@ -49,6 +49,8 @@ class DotProductAttention(nnx.Module):
     local_window_size: as in sinkattn.dot_product_attention.
     dtype: cast q, k, v to it first (None keeps theirs).
     implementation: as in sinkattn.dot_product_attention.
+    logits_soft_cap: as in sinkattn.dot_product_attention (cap * tanh(l / cap) on every logit, not the sink's);
+      None: no cap.
   """
 
   def __init__(
@@ -61,11 +63,14 @@ class DotProductAttention(nnx.Module):
     local_window_size: Window = None,
     dtype: Any = None,
     implementation: Optional[str] = None,
+    logits_soft_cap: Optional[float] = None,
   ):
+    soft_cap(logits_soft_cap)  # a bad cap fails here, as linen's at init
     self.num_heads = num_heads
     self.softmax_type = normalize_softmax_type(softmax_type)
     self.scale, self.is_causal, self.causal_alignment = scale, is_causal, causal_alignment
     self.local_window_size, self.dtype, self.implementation = local_window_size, dtype, implementation
+    self.logits_soft_cap = logits_soft_cap
     if self.softmax_type == "learnable":
       if num_heads is None:
         raise ValueError(

@@ -7,6 +7,9 @@ VANILLA softmax, so no block sees the sink; the partial (out, lse) pairs are mer
 sink enters exactly once, at the end:  lse = logaddexp(lse, a_n),  out *= exp(lse_blocks - lse).
 (Transformer Engine's context-parallel paths reject sinks; an earlier one silently dropped them.)
 
+A soft-cap acts on each (query, key) logit alone, so every block caps its own logits (the same static cap) and
+the merge is unchanged; the backward's blocks apply the cap's derivative with the global lse.
+
 Positions reach the kernel as a static `diag_offset` per block and per-block lengths. Which blocks a
 device meets at ring step t depends on its axis index r, a traced value, so for every step the
 schedule is computed for all r at trace time: each block pair is classified 'empty' (skipped: causal
@@ -59,6 +62,7 @@ class Ring(NamedTuple):
   shift: int  # added to every block's diag_offset (S - T for bottom-right alignment)
   scale: float
   return_residual: bool
+  logits_soft_cap: float = 0.0  # capped per pair in every block: a block's partial needs nothing else
 
 
 def _chunk_ids(cfg, r):
@@ -95,9 +99,16 @@ def schedule(cfg, t, cq, ck, rows, cols):
 
 def _block_statics(cfg, key):
   kind, d = key
+  cap = cfg.logits_soft_cap
   if kind == "full":
     return dict(
-      softmax=Softmax.VANILLA, causal=Causal.NONE, window_left=-1, window_right=-1, diag_offset=0, scale=cfg.scale
+      softmax=Softmax.VANILLA,
+      causal=Causal.NONE,
+      window_left=-1,
+      window_right=-1,
+      diag_offset=0,
+      scale=cfg.scale,
+      logits_soft_cap=cap,
     )
   return dict(
     softmax=Softmax.VANILLA,
@@ -106,6 +117,7 @@ def _block_statics(cfg, key):
     window_right=cfg.window_right,
     diag_offset=d,
     scale=cfg.scale,
+    logits_soft_cap=cap,
   )
 
 

@@ -1,8 +1,8 @@
 """Which implementation runs a call (dot_product_attention and decode_attention alike): the fused kernel,
 the pure-jnp reference, or a choice per platform made when the computation is lowered (the CPU kernel takes
 every input; what the CUDA kernels do not take, the library says (_lib.cuda_supported: float32, some head
-dims, a bias / mask / positions for now), and on GPU such calls run the reference, with one warning per
-reason)."""
+dims, a bias / mask / positions / soft-cap for now), and on GPU such calls run the reference, with one warning
+per reason)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Callable, Optional
 import jax
 
 from . import _lib
+from ._enums import dtype_code
 
 _warned: set = set()
 
@@ -45,6 +46,33 @@ def likely_on_gpu(x) -> bool:
   if d is not None:
     return (d if isinstance(d, str) else d.platform) in ("gpu", "cuda")
   return jax.default_backend() == "gpu"
+
+
+def cuda_reason(x, *, logits_soft_cap: float = 0.0, decode: bool = False) -> Optional[str]:
+  """Why the CUDA kernels cannot take the call on inputs x (an `_inputs.Inputs`) with this soft-cap (0.0 = none):
+  its dtype, a head dim, an input or option they lack, as the library says (sa_jax_cuda_supported); or None.
+  decode: the question is about the decode kernels (decode_attention), else the attention kernels."""
+  (B, T, N, H), (S, K), Hv = x.q.shape, x.k.shape[1:3], x.v.shape[3]
+  try:
+    code = dtype_code(x.q.dtype)
+  except KeyError:
+    return None
+  ok, why = _lib.cuda_supported(
+    code,
+    B,
+    T,
+    S,
+    N,
+    K,
+    H,
+    Hv,
+    bias=x.bias is not None,
+    mask=x.mask is not None,
+    positions=x.q_pos is not None,
+    logits_soft_cap=logits_soft_cap,
+    decode=decode,
+  )
+  return None if ok else why
 
 
 def run(

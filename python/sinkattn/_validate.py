@@ -36,6 +36,7 @@ class Options(NamedTuple):
   window_right: int
   scale: float
   return_residual: bool
+  logits_soft_cap: float = 0.0  # the C API's: 0.0 = no cap
 
 
 class Checked(NamedTuple):
@@ -97,6 +98,34 @@ def window(local_window_size):
       "the diagonal and sinkattn does not implement: use sides >= 0, and None for an unbounded side"
     )
   return tuple(-1 if w is None else w for w in sides)
+
+
+def soft_cap(logits_soft_cap) -> float:
+  """The cap of logits = cap * tanh(l / cap), l = scale * q.k + bias, as the kernels take it: a float32 value
+  (returned as a Python float) > 0 and finite, or 0.0 for None (no cap). A static attribute of the kernels, like
+  scale: a traced value is refused, and each new cap compiles anew."""
+  x = logits_soft_cap
+  if x is None:
+    return 0.0
+  if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
+    seen = f"a traced value ({type(x).__name__})" if isinstance(x, jax.core.Tracer) else f"{type(x).__name__} {x!r}"
+    raise TypeError(
+      f"logits_soft_cap: expected a Python float (static) or None, got {seen}: the cap is a static "
+      "attribute of the kernels, like scale"
+    )
+  cap = float(x)
+  if not (math.isfinite(cap) and cap > 0.0):
+    hint = " (None, not 0, means no cap)" if cap == 0.0 else ""
+    raise ValueError(f"logits_soft_cap: expected a float > 0 and finite, or None for no cap{hint}, got {cap!r}")
+  with np.errstate(over="ignore"):  # a cap beyond float32's range becomes inf, refused below
+    cap32 = float(np.float32(cap))
+  if not (math.isfinite(cap32) and cap32 > 0.0):
+    f32 = np.finfo(np.float32)
+    raise ValueError(
+      f"logits_soft_cap: {cap!r} is {cap32!r} in float32, the kernels' precision: expected a float in "
+      f"[{float(f32.smallest_subnormal)!r}, {float(f32.max)!r}], or None for no cap"
+    )
+  return cap32
 
 
 def implementation(impl):
@@ -279,10 +308,12 @@ def arguments(
   mask=None,
   query_positions=None,
   key_value_positions=None,
+  logits_soft_cap=None,
   allow_f64=False,
 ) -> Checked:
   """allow_f64: accept float64 q/k/v, bias and sinks (the reference computes in it; the kernels do not).
-  -> Checked: sinks as [N] float32 (float64 kept with allow_f64), integer arrays int32, the mask bool."""
+  -> Checked: sinks as [N] float32 (float64 kept with allow_f64), integer arrays int32, the mask bool, the
+  soft-cap as the float32 value the kernels take (0.0 = none)."""
   _check_rank("query", query, 4, "B,T,N,H")
   _check_rank("key", key, 4, "B,S,K,H")
   _check_rank("value", value, 4, "B,S,K,Hv")
@@ -345,7 +376,8 @@ def arguments(
   q_pos, kv_pos = _positions(query_positions, key_value_positions, B, T, S, causal, wl, wr)
   if not isinstance(return_residual, (bool, np.bool_)):
     raise TypeError(f"return_residual: expected a Python bool, got {type(return_residual).__name__}")
-  opts = Options(int(softmax), int(causal), wl, wr, scale, bool(return_residual))
+  cap = soft_cap(logits_soft_cap)
+  opts = Options(int(softmax), int(causal), wl, wr, scale, bool(return_residual), cap)
   x = Inputs(query, key, value, sinks, q_lens, kv_lens, q_seg, kv_seg, bias, mask, q_pos, kv_pos)
   return Checked(opts, x)
 

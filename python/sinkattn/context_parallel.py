@@ -91,6 +91,7 @@ def ring_attention(
   query_segment_ids: Optional[ArrayLike] = None,
   key_value_segment_ids: Optional[ArrayLike] = None,
   return_residual: bool = False,
+  logits_soft_cap: Optional[float] = None,
 ) -> Union[jax.Array, Tuple[jax.Array, jax.Array]]:
   """dot_product_attention over a sequence sharded on mesh axis `axis_name`; call it inside shard_map.
 
@@ -115,6 +116,8 @@ def ring_attention(
     query_segment_ids: [B,T/P], sharded like the sequence.
     key_value_segment_ids: [B,S/P], sharded like the sequence.
     return_residual: also return lse [B,T/P,N] (jax.nn's residual layout).
+    logits_soft_cap: as in sinkattn.dot_product_attention: every block caps its own logits the same way, so the
+      merge of the blocks' partial results is the one of uncapped attention.
 
   Returns:
     This device's rows of out [B,T/P,N,Hv] (and lse [B,T/P,N] with return_residual=True); differentiable in
@@ -139,6 +142,7 @@ def ring_attention(
     query_segment_ids=query_segment_ids,
     key_value_segment_ids=key_value_segment_ids,
     return_residual=return_residual,
+    logits_soft_cap=logits_soft_cap,
   )
   if layout not in ("contiguous", "zigzag"):
     raise ValueError(f"layout: expected 'contiguous' or 'zigzag', got {layout!r}")
@@ -168,6 +172,7 @@ def ring_attention(
     shift,
     o.scale,
     o.return_residual,
+    o.logits_soft_cap,
   )
   if x.sinks is not None:  # partial dsinks of each device are summed by the transpose of this cast
     x = x._replace(sinks=_to_varying(x.sinks, _vma(query)))
@@ -213,7 +218,7 @@ def ring_attention_sharded(
     key_value_seq_lengths: [B], global.
     query_segment_ids: [B,T], global.
     key_value_segment_ids: [B,S], global.
-    **options: ring_attention's other keywords (layout, softmax_type, scale, is_causal, ...).
+    **options: ring_attention's other keywords (layout, softmax_type, scale, is_causal, logits_soft_cap, ...).
 
   Returns:
     The global out [B,T,N,Hv] (and lse [B,T,N] with return_residual=True).

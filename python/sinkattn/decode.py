@@ -67,6 +67,7 @@ def decode_attention(
   scale: Optional[float] = None,
   return_residual: bool = False,
   implementation: Optional[str] = None,
+  logits_soft_cap: Optional[float] = None,
 ) -> Union[jax.Array, Tuple[jax.Array, jax.Array]]:
   """Attention of a few new query tokens (T <= 64, the library's SA_DECODE_MAX_Q_LEN) over a KV cache, with
   attention sinks (forward only).
@@ -89,7 +90,10 @@ def decode_attention(
     return_residual: also return lse [B,T,N] float32 (jax.nn's residual layout).
     implementation: None / 'fused' (the split-KV kernel of the platform), 'cudnn' (the CUDA kernel; an
       error where it cannot run), 'reference' / 'xla' (the pure jnp twin of dot_product_attention with
-      causal_alignment='bottom_right').
+      causal_alignment='bottom_right'). On GPU, a call the CUDA decode kernel does not take (the library says
+      which: for now one with logits_soft_cap) runs the reference, with one warning naming the reason.
+    logits_soft_cap: as in dot_product_attention: each logit becomes cap * tanh(l / cap), the sink's not
+      (on CPU such a call runs the attention forward kernels: the same result, no split).
 
   Returns:
     out [B,T,N,Hv] in query's dtype, or (out, lse [B,T,N] float32) with return_residual=True.
@@ -116,10 +120,17 @@ def decode_attention(
     query_segment_ids=None,
     key_value_segment_ids=None,
     return_residual=return_residual,
+    logits_soft_cap=logits_soft_cap,
     allow_f64=ref,
   )
   o = c.opts
-  statics = dict(softmax=o.softmax, window_left=o.window_left, window_right=o.window_right, scale=o.scale)
+  statics = dict(
+    softmax=o.softmax,
+    window_left=o.window_left,
+    window_right=o.window_right,
+    scale=o.scale,
+    logits_soft_cap=o.logits_soft_cap,
+  )
   out, lse = _routing.run(
     impl,
     query,
@@ -127,5 +138,6 @@ def decode_attention(
     op="decode_attention",
     fused=lambda x: primitives.decode_fwd(x, **statics),
     reference=lambda x: reference.attention(x, causal=Causal.BOTTOM_RIGHT, diag_offset=0, **statics),
+    cuda_reason=lambda: _routing.cuda_reason(c.inputs, logits_soft_cap=o.logits_soft_cap, decode=True),
   )
   return (out, lse_public(lse)) if o.return_residual else out

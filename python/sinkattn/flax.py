@@ -2,8 +2,8 @@
 jax.nn's and Flax's: True = attend (Transformer Engine's inverted mask lives in `sinkattn.te`).
 
 - `DotProductAttention(num_heads=None, softmax_type=..., scale, is_causal, causal_alignment, local_window_size,
-  dtype, implementation)`, called `(query, key, value, bias=None, mask=None, *, ...)`: the op as a module, the
-  same constructor and call as sinkattn.nnx.DotProductAttention. With softmax_type='learnable' it owns
+  dtype, implementation, logits_soft_cap)`, called `(query, key, value, bias=None, mask=None, *, ...)`: the op as a
+  module, the same constructor and call as sinkattn.nnx.DotProductAttention. With softmax_type='learnable' it owns
   `softmax_offset` (1, N, 1, 1) fp32, zeros, logical axes (None, 'heads', None, None).
 - `MultiHeadAttention`: flax.linen.MultiHeadDotProductAttention's fields and call (num_heads, dtype,
   param_dtype, qkv_features, out_features, ...; `(inputs_q, inputs_k, inputs_v, *, inputs_kv, mask,
@@ -83,6 +83,7 @@ class MultiHeadAttention(nn.Module):
     use_rope: rotary embedding on q and k (positions default to 0..T-1, or to the cache index onwards).
     rope_base: its frequency base.
     implementation: as in sinkattn.dot_product_attention.
+    logits_soft_cap: as in DotProductAttention.
   """
 
   num_heads: int
@@ -119,6 +120,7 @@ class MultiHeadAttention(nn.Module):
   use_rope: bool = False
   rope_base: float = 10000.0
   implementation: Optional[str] = None
+  logits_soft_cap: Optional[float] = None
 
   def _dense(self, features, axis, axes, name, out=False):
     kernel_init = (self.out_kernel_init or self.kernel_init) if out else self.kernel_init
@@ -217,6 +219,7 @@ class MultiHeadAttention(nn.Module):
       local_window_size=self.local_window_size,
       dtype=self.dtype,
       implementation=self.implementation,
+      logits_soft_cap=self.logits_soft_cap,
       name="attention",
     )
     res = attn(

@@ -260,11 +260,12 @@ def attend(
   cache_lengths=None,
   return_residual: bool = False,
   module: Any = None,
+  logits_soft_cap: Optional[float] = None,
   **arrays,
 ):
   """The op a DotProductAttention module runs: decode_attention over a cache (cache_lengths given; causal,
   bottom-right, no other arrays), else dot_product_attention with `arrays` (bias, mask, lengths, segment ids,
-  positions, precision)."""
+  positions, precision); both with the soft-cap."""
   if cache_lengths is not None:
     given = [n for n, x in arrays.items() if x is not None and n != "precision"]
     if given or module is not None:
@@ -280,6 +281,7 @@ def attend(
       scale=scale,
       return_residual=return_residual,
       implementation=implementation,
+      logits_soft_cap=logits_soft_cap,
     )
   return dot_product_attention(
     query,
@@ -294,6 +296,7 @@ def attend(
     return_residual=return_residual,
     implementation=implementation,
     module=module,
+    logits_soft_cap=logits_soft_cap,
     **arrays,
   )
 
@@ -317,8 +320,8 @@ def module_call(
 ):
   """The call of sinkattn.flax.DotProductAttention and sinkattn.nnx.DotProductAttention, one contract for both:
   m's fields (num_heads, softmax_type, scale, is_causal, causal_alignment, local_window_size, dtype,
-  implementation) with the call's arguments; sinks_of(N) gives m's softmax_offset (1, N, 1, 1), called with
-  'learnable' only."""
+  implementation, logits_soft_cap) with the call's arguments; sinks_of(N) gives m's softmax_offset (1, N, 1, 1),
+  called with 'learnable' only."""
   if getattr(query, "ndim", None) != 4 or m.num_heads not in (None, query.shape[2]):
     want = "N" if m.num_heads is None else f"N={m.num_heads}"
     raise ValueError(f"query: expected shape [B,T,{want},H], got shape {getattr(query, 'shape', type(query))}")
@@ -336,6 +339,7 @@ def module_call(
     causal_alignment=causal_alignment or m.causal_alignment,
     local_window_size=m.local_window_size,
     implementation=m.implementation,
+    logits_soft_cap=m.logits_soft_cap,
     cache_lengths=cache_lengths,
     return_residual=return_residual,
     module=sow_module,

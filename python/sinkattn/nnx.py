@@ -88,6 +88,7 @@ class MultiHeadAttention(nnx.Module):
     use_rope: rotary embedding on q and k.
     rope_base: its frequency base.
     implementation: as in sinkattn.dot_product_attention.
+    logits_soft_cap: as in DotProductAttention.
   """
 
   def __init__(
@@ -137,6 +138,7 @@ class MultiHeadAttention(nnx.Module):
     use_rope: bool = False,
     rope_base: float = 10000.0,
     implementation: Optional[str] = None,
+    logits_soft_cap: Optional[float] = None,
   ):
     del broadcast_dropout, keep_rngs  # used only with dropout, refused at the call
     layers.flax_only_arguments(attention_fn)
@@ -195,6 +197,7 @@ class MultiHeadAttention(nnx.Module):
       local_window_size=local_window_size,
       dtype=dtype,
       implementation=implementation,
+      logits_soft_cap=logits_soft_cap,
     )
     self.precision = precision
     self.cached_key = self.cached_value = self.cache_index = data_slot(None)  # set by init_cache

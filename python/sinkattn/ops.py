@@ -11,8 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
-from . import _lib, _routing, _validate, partitioning, reference
-from ._enums import dtype_code
+from . import _routing, _validate, partitioning, reference
 from ._inputs import Inputs, lse_public
 from ._validate import ArrayLike, Window
 
@@ -25,6 +24,7 @@ def _statics(o: _validate.Options):
     window_right=o.window_right,
     diag_offset=0,
     scale=o.scale,
+    logits_soft_cap=o.logits_soft_cap,
   )
 
 
@@ -73,20 +73,6 @@ def _fused_bwd(o, res, ct):
 _fused.defvjp(_fused_fwd, _fused_bwd, symbolic_zeros=True)
 
 
-def _cuda_reason(x: Inputs):
-  """Why the CUDA kernels cannot take this call (its dtype, a head dim, an input they lack: the library says
-  which), or None."""
-  (B, T, N, H), (S, K), Hv = x.q.shape, x.k.shape[1:3], x.v.shape[3]
-  try:
-    code = dtype_code(x.q.dtype)
-  except KeyError:
-    return None
-  ok, why = _lib.cuda_supported(
-    code, B, T, S, N, K, H, Hv, bias=x.bias is not None, mask=x.mask is not None, positions=x.q_pos is not None
-  )
-  return None if ok else why
-
-
 def _sow_weights(module, c: _validate.Checked):
   """What Flax's own attention does with `module` (given when the caller asks to sow): store the attention
   probabilities [B,N,T,S] as 'attention_weights' in the module's intermediates (computed by the reference:
@@ -119,6 +105,7 @@ def dot_product_attention(
   key_value_segment_ids: Optional[ArrayLike] = None,
   query_positions: Optional[ArrayLike] = None,
   key_value_positions: Optional[ArrayLike] = None,
+  logits_soft_cap: Optional[float] = None,
   dropout_rng: Optional[ArrayLike] = None,
   dropout_rate: float = 0.0,
   broadcast_dropout: bool = True,
@@ -135,9 +122,9 @@ def dot_product_attention(
 
   For each batch b, query head n and row i:
   lse_i = log(sum_j exp(s_ij) + exp(a_n)), out_i = sum_j exp(s_ij - lse_i) v_j, with
-  s_ij = scale * q_i . k_j + bias[b, n, i, j] over the valid keys j, and the sink logit a_n = -inf
-  ('vanilla'), 0 ('off_by_one') or sinks[n] ('learnable'; float32, not scaled, not biased). Query head n
-  reads kv head n // (N // K).
+  s_ij = scale * q_i . k_j + bias[b, n, i, j] over the valid keys j (soft-capped to
+  cap * tanh(s_ij / cap) with logits_soft_cap), and the sink logit a_n = -inf ('vanilla'), 0 ('off_by_one') or
+  sinks[n] ('learnable'; float32, not scaled, not biased, not capped). Query head n reads kv head n // (N // K).
 
   Replacing jax.nn.dot_product_attention by this function changes no number of a call jax.nn accepts, with
   these exceptions, each either refused with an error naming the argument or a documented difference:
@@ -179,8 +166,8 @@ def dot_product_attention(
       the reference), 'fused', 'reference' or 'xla' (the pure jnp twin, O(T*S) memory: tells a kernel bug
       from a model bug), 'cudnn' (the CUDA kernels; an error where they cannot run). On GPU, what the CUDA
       kernels do not take (the library says which: float32 inputs, head dims other than
-      16/32/64/96/128/192/256, and for now a bias, mask or positions) runs the reference, with one warning
-      naming the reason.
+      16/32/64/96/128/192/256, and for now a bias, mask, positions or logits_soft_cap) runs the reference, with
+      one warning naming the reason.
     return_residual: also return lse [B,T,N] float32 (jax.nn's layout; it includes the sink).
     sinks: [N] or [1,N,1,1] (Transformer Engine's softmax_offset shape), any float dtype; the gradient
       comes back in its shape and dtype.
@@ -196,6 +183,10 @@ def dot_product_attention(
       kv_pos[j] <= q_pos[i], and within [q_pos[i] - left, q_pos[i] + right] with a window). They need
       is_causal or a window, and top-left alignment.
     key_value_positions: see query_positions.
+    logits_soft_cap: Gemma's logit soft-capping (tokamax's definition): each logit l = scale * q.k + bias becomes
+      cap * tanh(l / cap), bounded by cap, before any mask; the sink logit is not capped, and every gradient
+      (query, key, value, sinks, bias, through lse too) flows through it. A static Python float > 0 and finite
+      (as float32, the kernels' precision; each new value compiles anew), or None (no cap).
     dropout_rng: Flax's; used only with dropout (not implemented).
     dropout_rate: Flax's; 0.0, or any rate with deterministic=True.
     broadcast_dropout: Flax's; used only with dropout.
@@ -251,6 +242,7 @@ def dot_product_attention(
     mask=mask,
     query_positions=query_positions,
     key_value_positions=key_value_positions,
+    logits_soft_cap=logits_soft_cap,
     return_residual=return_residual,
     allow_f64=impl == "reference",
   )
@@ -262,7 +254,7 @@ def dot_product_attention(
     op="dot_product_attention",
     fused=lambda x: _fused(o, x),
     reference=lambda x: reference.attention(x, **_statics(o)),
-    cuda_reason=lambda: _cuda_reason(c.inputs),
+    cuda_reason=lambda: _routing.cuda_reason(c.inputs, logits_soft_cap=o.logits_soft_cap),
   )
   if module is not None:
     _sow_weights(module, c)

@@ -319,7 +319,7 @@ def _call(kind, x: Inputs, extra, statics):
   return tuple(_fill(dims_out, outs))
 
 
-def attn_fwd(x: Inputs, *, softmax, causal, window_left, window_right, diag_offset, scale):
+def attn_fwd(x: Inputs, *, softmax, causal, window_left, window_right, diag_offset, scale, logits_soft_cap):
   """primitives.attn_fwd, partitioned over batch and heads: -> (out [B,T,N,Hv], lse [B,N,T] fp32)."""
   statics = dict(
     softmax=softmax,
@@ -328,6 +328,7 @@ def attn_fwd(x: Inputs, *, softmax, causal, window_left, window_right, diag_offs
     window_right=window_right,
     diag_offset=diag_offset,
     scale=scale,
+    logits_soft_cap=logits_soft_cap,
   )
   return _call("fwd", x, (), statics)
 
@@ -345,6 +346,7 @@ def attn_bwd(
   window_right,
   diag_offset,
   scale,
+  logits_soft_cap,
   want_dbias=False,
 ) -> Grads:
   """primitives.attn_bwd, partitioned over batch and heads: -> Grads (dbias None unless want_dbias); dsinks (and
@@ -356,6 +358,7 @@ def attn_bwd(
     window_right=window_right,
     diag_offset=diag_offset,
     scale=scale,
+    logits_soft_cap=logits_soft_cap,
     want_dbias=bool(want_dbias),
   )
   return Grads(*_call("bwd", x, (out, lse, dout, dlse), statics))

@@ -3,7 +3,8 @@
 Layouts (the C API's): the inputs as `_inputs.Inputs` (q [B,T,N,H], k [B,S,K,H], v [B,S,K,Hv], sinks fp32 [N] or
 None, q_lens / kv_lens int32 [B], q_seg [B,T], kv_seg [B,S] int32, bias [B|1,N|1,T|1,S|1] (f32, f16 or bf16), mask
 bool with bias's rule, q_pos [B,T] / kv_pos [B,S] int32), out [B,T,N,Hv], lse fp32 [B,N,T] (the public API turns
-it into jax.nn's [B,T,N]: `_inputs.lse_public`). Integer options are the C enums of `_enums` (softmax, causal). No
+it into jax.nn's [B,T,N]: `_inputs.lse_public`). Integer options are the C enums of `_enums` (softmax, causal);
+logits_soft_cap is the C API's float (0.0 = no cap), sent as a float32 attribute like scale. No
 argument checking happens here beyond what the C handler does (it rejects inconsistent buffers with
 INVALID_ARGUMENT): `sinkattn.dot_product_attention` validates user input first.
 
@@ -57,6 +58,7 @@ def _attrs(statics, x: Inputs):
     window_right=int(statics["window_right"]),
     diag_offset=int(statics["diag_offset"]),
     scale=np.float32(statics["scale"]),
+    logits_soft_cap=np.float32(statics["logits_soft_cap"]),
     has_q_lens=x.q_lens is not None,
     has_kv_lens=x.kv_lens is not None,
     has_segments=x.q_seg is not None,
@@ -103,6 +105,7 @@ def attn_fwd(
   window_right: int,
   diag_offset: int,
   scale: float,
+  logits_soft_cap: float = 0.0,
 ):
   """-> (out [B,T,N,Hv] in q's dtype, lse [B,N,T] float32)."""
   _lib.load()
@@ -114,6 +117,7 @@ def attn_fwd(
     window_right=window_right,
     diag_offset=diag_offset,
     scale=scale,
+    logits_soft_cap=logits_soft_cap,
   )
   results = (
     jax.ShapeDtypeStruct((B, T, N, x.v.shape[-1]), x.q.dtype),
@@ -135,6 +139,7 @@ def attn_bwd(
   window_right: int,
   diag_offset: int,
   scale: float,
+  logits_soft_cap: float = 0.0,
   want_dbias: bool = False,
 ) -> Grads:
   """-> Grads: dq/dk/dv like q/k/v, dsinks [N] float32 (zeros unless learnable), dbias float32 in bias's shape
@@ -155,6 +160,7 @@ def attn_bwd(
     window_right=window_right,
     diag_offset=diag_offset,
     scale=scale,
+    logits_soft_cap=logits_soft_cap,
   )
   args = _buffers(x, softmax)
   args += [out, lse, dout.astype(out.dtype), _placeholder(jnp.float32) if dlse is None else dlse.astype(jnp.float32)]
@@ -186,6 +192,7 @@ def attn_bwd(
       diag_offset,
       x.q_lens is not None or x.kv_lens is not None,
       x.q_seg is not None,
+      logits_soft_cap,
       Backend.CUDA,
     )
     return _ffi(_lib.BWD_TARGET_CUDA, tuple(grads) + (jax.ShapeDtypeStruct((ws,), jnp.uint8),), a, attrs)[: len(grads)]
@@ -196,10 +203,12 @@ def attn_bwd(
   )
 
 
-def decode_fwd(x: Inputs, *, softmax: int, window_left: int, window_right: int, scale: float):
+def decode_fwd(
+  x: Inputs, *, softmax: int, window_left: int, window_right: int, scale: float, logits_soft_cap: float = 0.0
+):
   """The split-KV decode kernel: x.q [B,T,N,H] (T <= the library's decode limit) against caches x.k [B,S,K,H],
-  x.v [B,S,K,Hv] valid up to x.kv_lens [B] int32, causal bottom-right, sinks x.sinks; the handler takes no other
-  input. -> (out [B,T,N,Hv], lse [B,N,T] float32)."""
+  x.v [B,S,K,Hv] valid up to x.kv_lens [B] int32, causal bottom-right, sinks x.sinks, a soft-cap (0.0 = none);
+  the handler takes no other input. -> (out [B,T,N,Hv], lse [B,N,T] float32)."""
   others = [f for f in ("q_lens", "q_seg", "kv_seg", "bias", "mask", "q_pos", "kv_pos") if getattr(x, f) is not None]
   if others or x.kv_lens is None:
     raise ValueError(f"decode_fwd: takes q, k, v, sinks and kv_lens only, got {others or ['kv_lens None']}")
@@ -208,7 +217,11 @@ def decode_fwd(x: Inputs, *, softmax: int, window_left: int, window_right: int, 
   _, S, K, Hv = x.v.shape
   results = (jax.ShapeDtypeStruct((B, T, N, Hv), x.q.dtype), jax.ShapeDtypeStruct((B, N, T), jnp.float32))
   attrs = dict(
-    softmax=int(softmax), window_left=int(window_left), window_right=int(window_right), scale=np.float32(scale)
+    softmax=int(softmax),
+    window_left=int(window_left),
+    window_right=int(window_right),
+    scale=np.float32(scale),
+    logits_soft_cap=np.float32(logits_soft_cap),
   )
   sinks = _placeholder(jnp.float32) if x.sinks is None else x.sinks.astype(jnp.float32)
   args = (x.q, x.k, x.v, sinks, x.kv_lens.astype(jnp.int32))

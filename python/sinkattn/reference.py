@@ -5,7 +5,9 @@ It materialises the [B,N,T,S] scores (O(T*S) memory), accumulates in float32 (fl
 and is differentiated by JAX autodiff (the bias gradient comes back reduced to bias's shape and dtype).
 Semantics match the C library exactly: lengths clamped to [0,T] / [0,S]; causal and window masks around the
 aligned diagonal i' = i (+ kv_len - q_len when bottom-right) + diag_offset, or around q_pos[i] + diag_offset
-against kv_pos[j] when positions are given; bias added to the scaled logits; mask nonzero = attend; a row
+against kv_pos[j] when positions are given; bias added to the scaled logits; with a soft-cap the logit
+l = scale * q.k + bias becomes cap * tanh(l / cap) before any mask (the sink logit is not capped, and every
+gradient flows through the cap by autodiff); mask nonzero = attend; a row
 with no valid key (or -inf bias on every key) gives out = 0 and lse = the sink logit (-inf for vanilla);
 neither the values nor the gradients are ever NaN for finite inputs (every exp/log sees a finite argument
 or an explicit -inf that masks to 0).
@@ -78,6 +80,7 @@ def _probabilities(
   window_right,
   diag_offset,
   scale,
+  logits_soft_cap=0.0,
 ):
   """-> (p [B,K,G,T,S], lse [B,K,G,T]) in the compute dtype (float32, or float64 for float64 inputs)."""
   B, T, N, H = x.q.shape
@@ -91,6 +94,8 @@ def _probabilities(
   s = jnp.einsum("btkgh,bskh->bkgts", qf, kf, precision=_HIGHEST) * f32(scale)  # [B,K,G,T,S]
   if x.bias is not None:
     s = s + _heads5(x.bias, K, G).astype(jnp.promote_types(x.bias.dtype, f32))
+  if logits_soft_cap:  # before the masks, which select among the capped logits
+    s = f32(logits_soft_cap) * jnp.tanh(s / f32(logits_soft_cap))
   ok = valid(
     B,
     T,
@@ -128,7 +133,7 @@ def _key_valid(kv_lens, S):
 
 def attention(x: Inputs, **statics):
   """primitives.attn_fwd's arguments: the inputs x and the keywords softmax, causal, window_left, window_right,
-  diag_offset, scale.
+  diag_offset, scale and logits_soft_cap (0.0 = none).
 
   Returns:
     (out [B,T,N,Hv] in q's dtype, lse [B,N,T] float32, float64 for float64 inputs).

@@ -62,7 +62,8 @@ class DotProductAttention(nn.Module):
     context_checkpoint_name: the jax.ad_checkpoint name of the output (as TE names it).
     softmax_type: 'vanilla' (or None), 'off_by_one' (or 'off-by-one') or 'learnable'; only 'learnable'
       creates the parameter `softmax_offset`.
-    score_mod: TE's; must be None.
+    score_mod: TE's; must be None. (TE's JAX module has no soft-cap field, so this class has none either: a
+      Gemma-style cap is sinkattn.flax.DotProductAttention's logits_soft_cap.)
     score_mod_bprop: TE's; must be None.
     implementation: sinkattn's, as in sinkattn.dot_product_attention.
   """

@@ -8,6 +8,7 @@
  * D [B,N,T] and the dsinks partials [N,B,T/bq] fp32, from the caller's workspace when it is large
  * enough, else allocated per call. Bias, mask and dbias are read and summed in place, tile by tile.
  */
+#include <float.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,6 +36,27 @@ const char *sa_cpu_simd_name(void) {
 
 static int64_t sa_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+/* Whether some element of k inside the lengths (keys j < kv_len[b]) is a NaN or an inf: the exponent field
+   all ones, tested on the bits (a loop the compiler vectorises). One read of K per backward call: at T = S =
+   2048, K = 8, H = 64 about 1/4000 of the backward's multiply-adds. */
+static int sa_cpu_keys_nonfinite(const sa_attn *a) {
+  const int64_t row = a->kv_heads * a->head_dim;
+  if (!a->k) return 0; /* an empty k may be NULL */
+  for (int64_t b = 0; b < a->batch; b++) {
+    const int64_t n = sa_kv_len_of(a, b) * row, off = b * a->kv_len * row;
+    unsigned bad = 0;
+    if (a->dtype == SA_F32) {
+      const uint32_t *x = (const uint32_t *)a->k + off;
+      for (int64_t i = 0; i < n; i++) bad |= (x[i] & 0x7f800000u) == 0x7f800000u;
+    } else {
+      const uint16_t *x = (const uint16_t *)a->k + off, e = a->dtype == SA_F16 ? 0x7c00u : 0x7f80u;
+      for (int64_t i = 0; i < n; i++) bad |= (x[i] & e) == e;
+    }
+    if (bad) return 1;
+  }
+  return 0;
+}
+
 void sa_cpu_ctx_init(sa_cpu_ctx *c, const sa_attn *a, const sa_attn_grad *g, int tile) {
   memset(c, 0, sizeof *c);
   c->a = a;
@@ -52,7 +74,12 @@ void sa_cpu_ctx_init(sa_cpu_ctx *c, const sa_attn *a, const sa_attn_grad *g, int
   c->scale2 = c->scale * SA_LOG2E;
   c->bias_st = sa_bcast_of(a->bias_dims);
   c->mask_st = sa_bcast_of(a->mask_dims);
-  c->fill = a->bias || a->mask;
+  c->fill = a->bias != NULL;
+  c->kill = a->mask != NULL;
+  /* cap * log2(e) past FLT_MAX (caps above 2.3e38) is held at FLT_MAX: the scores it caps differently are
+     beyond fp32 in base 2 anyway */
+  const double cap2 = (double)a->logits_soft_cap * (double)SA_LOG2E;
+  c->cap2 = cap2 > (double)FLT_MAX ? FLT_MAX : (float)cap2;
   c->dbias_pass = -1;
   if (g && g->dbias) {
     /* dbias is summed in the pass whose items already hold every pair of an element: the dk/dv pass holds
@@ -81,10 +108,7 @@ static double sa_cpu_flops(const sa_attn *a) {
 
 /* Every valid problem is supported: any head dims (padded in the tiles), G, dtype, mask and lengths. */
 sa_status sa_cpu_attn_supported(const sa_attn *a) {
-  if (a->logits_soft_cap != 0.0f)
-    return sa_error(SA_ERR_UNSUPPORTED,
-                    "logits_soft_cap unsupported by the CPU backend: its kernels do not take it yet "
-                    "(SA_BACKEND_REF does)");
+  (void)a;
   return SA_OK;
 }
 
@@ -155,6 +179,7 @@ sa_status sa_cpu_attn_bwd(const sa_attn *a, const sa_attn_grad *g, void *workspa
   if (s != SA_OK) return s;
   sa_cpu_ctx c;
   sa_cpu_ctx_init(&c, a, g, p.tile != SA_CPU_TILE_NONE);
+  c.k_bad = sa_cpu_keys_nonfinite(a);
   size_t part_off, need = sa_cpu_bwd_bytes(a, &p, &part_off);
   int own = workspace == NULL || workspace_size < need || ((uintptr_t)workspace & 3) != 0; /* floats */
   char *buf = own ? aligned_alloc(64, need) : (char *)workspace;

@@ -23,7 +23,6 @@ static int64_t sa_cpu_decode_partial_floats(const sa_attn *a, const sa_cpu_plan 
 }
 
 sa_status sa_cpu_decode_supported(const sa_attn *a) {
-  if (a->logits_soft_cap != 0.0f) return sa_cpu_attn_supported(a); /* cpu.decode.fwd runs its kernels */
   if (a->q_segment_ids)
     return sa_error(SA_ERR_UNSUPPORTED,
                     "q_segment_ids/kv_segment_ids unsupported by the CPU decode "

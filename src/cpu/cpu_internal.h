@@ -69,7 +69,10 @@ typedef struct sa_cpu_ctx {
   float *dbuf;                  /* [B,N,T] D_i = dout_i . out_i - dlse_i (backward) */
   float *dsink_part;            /* [N, B, nqb] per-block dsinks partials (backward, LEARNABLE) */
   sa_bcast bias_st, mask_st;    /* element strides of bias (and dbias) and mask, 0 on their size-1 axes */
-  int fill;                     /* every score tile starts from an additive tile (bias, mask; see cpu_mask.h) */
+  int fill;                     /* every score tile starts from the additive bias tile (cpu_mask.h) */
+  int kill;                     /* every score tile gets a kill tile from the mask array (cpu_mask.h) */
+  float cap2;                   /* logits_soft_cap * log2(e), the cap in the base-2 scores; 0 = none */
+  int k_bad;                    /* backward: some key inside the lengths holds a NaN or an inf (dq_item) */
   int dbias_pass;               /* the backward pass that sums dbias (an sa_cpu_pass), -1 without dbias */
   int span_b, span_k, span_blk; /* that pass's items span every batch / kv head / block (see sa_cpu_grid) */
   int64_t nkt;                  /* the tile kernels' key tiles of SA_CPU_TILE_BK keys (cpu_tile_fwd.h) */

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include "cpu_internal.h"
+#include "cpu_math_avx2.h"
 
 #define VW 8
 typedef __m256 vf;
@@ -35,23 +36,12 @@ static inline float v_radd(vf x) {
 }
 #define V_RADD(x) v_radd(x)
 
-/* 2^x, same construction and error as the AVX-512 layer (see cpu_kernel_avx512.c). */
-static inline vf v_exp2(vf x) {
-  x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);
-  x = _mm256_min_ps(_mm256_set1_ps(127.0f), x);
-  vf n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  vf f = _mm256_sub_ps(x, n);
-  vf p = _mm256_set1_ps(1.5403530393381606e-4f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-2f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-#define V_EXP2(x) v_exp2(x)
+#define V_EXP2(x) sa_exp2_avx2(x)
+#define V_TANH(x) sa_tanh_avx2(x)
+/* x where k != -inf, else -inf; p * x where p != 0, else 0 (cpu_vec_avx512.h) */
+#define V_KEEP(x, k) \
+  _mm256_blendv_ps((x), _mm256_set1_ps(-INFINITY), _mm256_cmp_ps((k), _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ))
+#define V_MUL_NZ(p, x) _mm256_and_ps(_mm256_cmp_ps((p), _mm256_setzero_ps(), _CMP_NEQ_UQ), _mm256_mul_ps((p), (x)))
 
 #define SA_K(name) sa_cpu_##name##_avx2
 #define SA_K_TABLE sa_cpu_kernels_avx2

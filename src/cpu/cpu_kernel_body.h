@@ -1,7 +1,8 @@
 /*
  * cpu_kernel_body.h — the CPU attention kernels, written once against the vector layer that the including
  * file defines (VW floats per vf; V_ZERO/V_SET1/V_LOAD/V_STORE/V_FMA/V_ADD/V_SUB/V_MUL/V_MAX/V_RADD/
- * V_EXP2/V_LOAD_F16/V_LOAD_BF16/V_MASK_RANGE; micro-kernel shape MK_R x MK_C; SA_K_TABLE, SA_K_NAME).
+ * V_EXP2/V_TANH/V_LOAD_F16/V_LOAD_BF16/V_MASK_RANGE/V_KEEP/V_MUL_NZ; micro-kernel shape MK_R x MK_C;
+ * SA_K_TABLE, SA_K_NAME).
  * Everything here is static: each including file is one SIMD level and exports only its kernel table.
  *
  * Scores are kept in base 2: q is multiplied by scale * log2(e) when it is converted, so every
@@ -57,6 +58,8 @@ static int64_t pad_to(int64_t x) { return (x + SA_CPU_PAD - 1) / SA_CPU_PAD * SA
 typedef struct {
   float *tmp, *tmp2, *q, *qt, *kt, *kr, *v, *vt, *d, *dt, *s, *dp, *acc, *acc2, *r1, *r2, *cm, *cl, *mlo, *mhi;
   float *row, *db;           /* rows of the additive tile (cpu_mask.h); dbias row sums of the dq pass */
+  float *kl, *krow;          /* the kill tile and its rows (cpu_mask.h: mask array, positions) */
+  float *cf;                 /* the dk/dv pass's soft-cap factors 1 - t^2 (its scores become p in place) */
   float *ta, *tb, *tc;       /* the tile layer's staging (cpu_tile.h): A panel, B blocks (bf16), C tiles */
   float *sq, *sd, *sk, *sv;  /* its per-item staging of q^T, dout^T (FWD, BWD_DQ) or k^T, v^T (BWD_DKDV) */
   const uint16_t **ra, **rb; /* and the input rows they are packed from (q, dout; k, v) */
@@ -114,14 +117,17 @@ static size_t carve(const sa_cpu_ctx *c, sa_cpu_pass pass, float *ws, sa_bufs *B
   } while (0)
   const int64_t M = c->G * c->bq, Mp = pad_to(M), H = c->a->head_dim, Hv = c->a->v_head_dim;
   const int64_t hp = c->hp, hvp = c->hvp, BK = BODY_BK, BK2 = BODY_BK2, Q2 = BODY_BQ2;
+  const int kil = c->kill || c->a->q_positions;
   memset(B, 0, sizeof *B);
   TAKE(B->tmp, SA_MAX(hp, hvp));
   TAKE(B->row, VW * SA_MAX(BK, BK2));
+  if (kil) TAKE(B->krow, VW * SA_MAX(BK, BK2));
   if (pass == SA_CPU_FWD) {
     TAKE(B->qt, H * Mp);
     TAKE(B->kr, BK * hp);
     TAKE(B->v, BK * hvp);
     TAKE(B->s, BK * Mp);
+    if (kil) TAKE(B->kl, BK * Mp);
     TAKE(B->acc, M * hvp);
     TAKE(B->r1, Mp);
     TAKE(B->r2, Mp);
@@ -136,6 +142,7 @@ static size_t carve(const sa_cpu_ctx *c, sa_cpu_pass pass, float *ws, sa_bufs *B
     TAKE(B->kr, BK * hp);
     TAKE(B->v, BK * hvp);
     TAKE(B->s, BK * Mp);
+    if (kil) TAKE(B->kl, BK * Mp);
     TAKE(B->dp, BK * Mp);
     TAKE(B->acc, M * hp);
     TAKE(B->r1, Mp);
@@ -149,6 +156,8 @@ static size_t carve(const sa_cpu_ctx *c, sa_cpu_pass pass, float *ws, sa_bufs *B
     TAKE(B->q, Q2 * hp);
     TAKE(B->d, Q2 * hvp);
     TAKE(B->s, Q2 * BK2);
+    if (kil) TAKE(B->kl, Q2 * BK2);
+    if (c->cap2 > 0.0f) TAKE(B->cf, Q2 * BK2);
     TAKE(B->dp, Q2 * BK2);
     TAKE(B->acc, BK2 * hp);
     TAKE(B->acc2, BK2 * hvp);
@@ -190,9 +199,12 @@ static size_t scratch(const sa_cpu_ctx *c, sa_cpu_pass pass) {
 }
 
 /* The factor the exponent applies to a score product (EXP_ARG): the tile layer's scale when the product
-   accumulates no bias tile and the scale is positive (the maxima of raw and scaled scores then agree),
-   else 1. The product's alpha is PSCALE / score_mul. */
-static float score_mul(const sa_cpu_ctx *c, int add) { return add || !(PSCALE(c) > 0.0f) ? 1.0f : PSCALE(c); }
+   accumulates no bias tile, the scores are not soft-capped (the cap reads scaled scores) and the scale is
+   positive (the maxima of raw and scaled scores then agree), else 1. The product's alpha is PSCALE /
+   score_mul. */
+static float score_mul(const sa_cpu_ctx *c, int add) {
+  return add || c->cap2 > 0.0f || !(PSCALE(c) > 0.0f) ? 1.0f : PSCALE(c);
+}
 
 static void scale_row(float *o, int64_t n, float f) {
   vf fv = V_SET1(f);
@@ -223,7 +235,6 @@ static void ranges(const sa_attn *a, int64_t ql, int64_t kl, int64_t i0, int64_t
 #define PREFETCH_NEXT(base, t, r0, n, stride, off, len) prefetch_rows(base, t, r0, n, stride, off, len)
 #endif
 
-#ifndef SA_TILE /* the vector kernels' forward and dq items; the tile kernels pack K and V (cpu_tile_*.h) */
 /* The K and V rows of a tile as the products read them: row jj at k + jj * kld and v + jj * vld (floats; the
    tile layer's rows hold bf16, two per float). */
 typedef struct {
@@ -249,7 +260,6 @@ static kv_rows load_kv_rows(const sa_cpu_ctx *c, const sa_bufs *B, int64_t b, in
   const kv_rows kv = {B->kr, B->v, c->hp, c->hvp};
   return kv;
 }
-#endif
 
 /* ---- forward --------------------------------------------------------------------------------- */
 
@@ -322,11 +332,15 @@ static void fwd_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
 
   for (int64_t j0 = jlo; j0 < jhi; j0 += BK) {
     const int64_t nk = SA_MIN(BK, jhi - j0);
-    const int cls = tile_class(a, b, rg, i0, np, j0, nk), pos = a->q_positions && cls == 1, add = c->fill || pos;
-    if (cls == 0 || (add && !fill_cols(c, b, kh, B.s, B.row, nk, Mp, M, np, i0, j0, pos))) continue;
+    const int cls = tile_class(a, b, rg, i0, np, j0, nk), pos = a->q_positions && cls == 1, add = c->fill;
+    float *kill = c->kill || pos ? B.kl : NULL;
+    if (cls == 0 ||
+        ((add || kill) && !fill_cols(c, b, kh, add ? B.s : NULL, B.row, kill, B.krow, nk, Mp, M, np, i0, j0, pos)))
+      continue;
     const float mul = score_mul(c, add);
     const kv_rows kv = load_kv_rows(c, &B, b, kh, j0, nk, jhi);
     PRODUCT(B, B.sq, nk, Mp, H, kv.k, kv.kld, 1, B.qt, Mp, B.s, Mp, add, PSCALE(c) / mul); /* S^T = (bias^T +) k q^T */
+    finish_scores(c, B.s, kill, nk * Mp);
     if (cls == 1) mask_cols(a, b, B.s, nk, Mp, M, np, rg, i0, j0, B.mlo, B.mhi);
     softmax_cols(B.s, nk, Mp, M, mul, B.r1, B.r2, B.acc, hvp, B.cm, B.cl);
     PRODUCT(B, NULL, M, hvp, nk, B.s, 1, Mp, kv.v, kv.vld, B.acc, hvp, 1, 1.0f); /* o += P v, P through S^T */
@@ -362,6 +376,8 @@ static void fwd_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
 /* lse in base 2 for recomputing p = 2^(s - lse2). An empty vanilla row has lse = -inf and only masked
    scores: reference 0 gives p = 2^-inf = 0 there instead of NaN. */
 static float lse_base2(float lse) { return lse == -INFINITY ? 0.0f : lse * SA_LOG2E; }
+
+#include "cpu_kernel_keys.h" /* after sa_bufs, kv_rows and LOAD_ROW, which it uses */
 
 #ifndef SA_TILE /* the tile kernels' dq item is cpu_tile_bwd.h's */
 static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
@@ -421,24 +437,43 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
 
   for (int64_t j0 = jlo; j0 < jhi; j0 += BK) {
     const int64_t nk = SA_MIN(BK, jhi - j0);
-    const int cls = tile_class(a, b, rg, i0, np, j0, nk), pos = a->q_positions && cls == 1, add = c->fill || pos;
-    if (cls == 0 || (add && !fill_cols(c, b, kh, B.s, B.row, nk, Mp, M, np, i0, j0, pos))) continue;
+    const int cls = tile_class(a, b, rg, i0, np, j0, nk), pos = a->q_positions && cls == 1, add = c->fill;
+    float *kill = c->kill || pos ? B.kl : NULL;
+    if (cls == 0 ||
+        ((add || kill) && !fill_cols(c, b, kh, add ? B.s : NULL, B.row, kill, B.krow, nk, Mp, M, np, i0, j0, pos)))
+      continue;
     const float mul = score_mul(c, add);
     const vf mulv = V_SET1(mul);
     (void)mulv;
-    const kv_rows kv = load_kv_rows(c, &B, b, kh, j0, nk, jhi);
+    kv_rows kv = load_kv_rows(c, &B, b, kh, j0, nk, jhi);
     PRODUCT(B, B.sq, nk, Mp, H, kv.k, kv.kld, 1, B.qt, Mp, B.s, Mp, add, PSCALE(c) / mul); /* S^T = (bias^T +) k q^T */
+    finish_scores(c, B.s, kill, nk * Mp);
     if (cls == 1) mask_cols(a, b, B.s, nk, Mp, M, np, rg, i0, j0, B.mlo, B.mhi);
     PRODUCT(B, B.sd, nk, Mp, Hv, kv.v, kv.vld, 1, B.dt, Mp, B.dp, Mp, 0, 1.0f); /* dP^T = v dout^T */
-    for (int64_t jj = 0; jj < nk; jj++) { /* p = 2^(mul s - lse2); ds = p (dp - D), per column */
-      float *s = B.s + jj * Mp, *dp = B.dp + jj * Mp;
-      for (int64_t e = 0; e < Mp; e += VW) {
-        vf p = V_EXP2(EXP_ARG(V_LOAD(s + e), mulv, V_LOAD(B.r1 + e)));
-        V_STORE(dp + e, V_MUL(p, V_SUB(V_LOAD(dp + e), V_LOAD(B.r2 + e))));
+    /* p = 2^(mul s - lse2); ds = p (dp - D) per column, times 1 - t^2 under a soft-cap; 0 where p is (a
+       masked pair: whatever a NaN or inf value made of its dp) */
+    if (c->cap2 > 0.0f) {
+      const vf icap = V_SET1(1.0f / c->cap2);
+      for (int64_t jj = 0; jj < nk; jj++) {
+        float *s = B.s + jj * Mp, *dp = B.dp + jj * Mp;
+        for (int64_t e = 0; e < Mp; e += VW) {
+          const vf sv = V_LOAD(s + e), p = V_EXP2(EXP_ARG(sv, mulv, V_LOAD(B.r1 + e)));
+          V_STORE(dp + e, V_MUL_NZ(p, V_MUL(V_SUB(V_LOAD(dp + e), V_LOAD(B.r2 + e)), cap_grad(sv, icap))));
+        }
+      }
+    } else {
+      for (int64_t jj = 0; jj < nk; jj++) {
+        float *s = B.s + jj * Mp, *dp = B.dp + jj * Mp;
+        for (int64_t e = 0; e < Mp; e += VW) {
+          vf p = V_EXP2(EXP_ARG(V_LOAD(s + e), mulv, V_LOAD(B.r1 + e)));
+          V_STORE(dp + e, V_MUL_NZ(p, V_SUB(V_LOAD(dp + e), V_LOAD(B.r2 + e))));
+        }
       }
     }
     if (dbias) dbias_cols(B.dp, nk, Mp, B.db);
+    const int64_t nbad = c->k_bad ? bad_keys_out(c, &B, &kv, b, kh, j0, nk) : 0;
     PRODUCT(B, NULL, M, hp, nk, B.dp, 1, Mp, kv.k, kv.kld, B.acc, hp, 1, 1.0f); /* dq += dS k */
+    if (nbad) bad_keys_in(c, &B, b, kh, j0, nk, M, Mp);
   }
   for (int64_t r = 0; r < M; r++) {
     int64_t g = r / np, p = r % np, n = kh * G + g;
@@ -457,6 +492,9 @@ static size_t tile_own_scratch(const sa_cpu_ctx *c, sa_cpu_pass pass) {
   (void)mask_cols;
   (void)fill_cols;
   (void)dbias_cols;
+  (void)load_kv_rows; /* and the body's K / V row loading with its keys with a NaN or an inf (cpu_kernel_keys.h) */
+  (void)bad_keys_out;
+  (void)bad_keys_in;
   return pass == SA_CPU_FWD_PACK  ? tf_pack_scratch(c)
          : pass == SA_CPU_DQ_PACK ? tb_pack_scratch(c)
          : pass == SA_CPU_FWD     ? tf_carve(c, NULL, &F)
@@ -512,11 +550,12 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   for (int64_t i0 = ib; i0 < ie; i0 += Q2) {
     const int64_t np = SA_MIN(Q2, ie - i0);
     for (int64_t p = 0; p < np; p++) rg[p] = sa_key_range(a, ql, kl, i0 + p);
-    const int cls = tile_class(a, b, rg, i0, np, j0, nk), pos = a->q_positions && cls == 1, add = c->fill || pos;
+    const int cls = tile_class(a, b, rg, i0, np, j0, nk), pos = a->q_positions && cls == 1, add = c->fill;
+    float *kill = c->kill || pos ? B.kl : NULL;
     if (cls == 0) continue;
     for (int64_t g = 0; g < G; g++) {
       const int64_t n = kh * G + g;
-      if (add && !fill_rows(c, b, n, B.s, np, BK, nk, i0, j0, pos)) continue;
+      if ((add || kill) && !fill_rows(c, b, n, add ? B.s : NULL, kill, np, BK, nk, i0, j0, pos)) continue;
       for (int64_t p = 0; p < np; p++) {
         int64_t i = i0 + p, lrow = (b * N + n) * T + i;
         LOAD_ROW(B.q + p * hp, a->q, dt, ((b * T + i) * N + n) * H, H, hp, QSCALE(c));
@@ -535,7 +574,12 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
       const vf mulv = V_SET1(mul);
       (void)mulv;
       PRODUCT(B, B.sk, np, BK, H, B.q, hp, 1, B.kt, BK, B.s, BK, add, PSCALE(c) / mul); /* S = (bias +) q k^T */
+      finish_scores(c, B.s, kill, np * BK);
       if (cls == 1) mask_rows(a, b, B.s, np, BK, nk, rg, i0, j0);
+      if (B.cf) { /* the soft-cap's 1 - t^2 while the capped scores are still there */
+        const vf icap = V_SET1(1.0f / c->cap2);
+        for (int64_t e = 0; e < np * BK; e += VW) V_STORE(B.cf + e, cap_grad(V_LOAD(B.s + e), icap));
+      }
       for (int64_t p = 0; p < np; p++) { /* p = 2^(mul s - lse2) */
         float *s = B.s + p * BK;
         vf nl2 = V_SET1(-B.r1[p]);
@@ -543,10 +587,14 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
       }
       PRODUCT(B, NULL, nk, hvp, np, B.s, 1, BK, B.d, hvp, B.acc2, hvp, 1, 1.0f); /* dv += P^T dout */
       PRODUCT(B, B.sv, np, BK, Hv, B.d, hvp, 1, B.vt, BK, B.dp, BK, 0, 1.0f);    /* dP = dout v^T */
-      for (int64_t p = 0; p < np; p++) {
+      for (int64_t p = 0; p < np; p++) { /* ds = p (dp - D) (1 - t^2 under a soft-cap), 0 where p is */
         float *s = B.s + p * BK, *dp = B.dp + p * BK;
         vf Dv = V_SET1(B.r2[p]);
-        for (int64_t e = 0; e < BK; e += VW) V_STORE(dp + e, V_MUL(V_LOAD(s + e), V_SUB(V_LOAD(dp + e), Dv)));
+        if (B.cf)
+          for (int64_t e = 0; e < BK; e += VW)
+            V_STORE(dp + e, V_MUL_NZ(V_LOAD(s + e), V_MUL(V_SUB(V_LOAD(dp + e), Dv), V_LOAD(B.cf + p * BK + e))));
+        else
+          for (int64_t e = 0; e < BK; e += VW) V_STORE(dp + e, V_MUL_NZ(V_LOAD(s + e), V_SUB(V_LOAD(dp + e), Dv)));
       }
       if (dbias) dbias_rows(c, b, n, B.dp, np, BK, nk, i0, j0);
       PRODUCT(B, NULL, nk, hp, np, B.dp, 1, BK, B.q, hp, B.acc, hp, 1, 1.0f); /* dk += dS^T (QSCALE q) */

@@ -23,6 +23,9 @@ typedef float vf;
 #define V_LOAD_F16(p)              sa_f16_to_f32(*(const uint16_t *)(p))
 #define V_LOAD_BF16(p)             sa_bf16_to_f32(*(const uint16_t *)(p))
 #define V_EXP2(x)                  exp2f(x)
+#define V_TANH(x)                  tanhf(x)
+#define V_KEEP(x, k)               ((k) == -INFINITY ? -INFINITY : (x))
+#define V_MUL_NZ(p, x)             ((p) != 0.0f ? (p) * (x) : 0.0f)
 #define V_MASK_RANGE(x, j, lo, hi) ((lo) <= (j) && (j) < (hi) ? (x) : -INFINITY)
 #define MK_R                       4
 #define MK_C                       4

@@ -4,14 +4,19 @@
  * (sa_key_range, sa_segment_ok, sa_positions_ok, the mask array); this file applies it to tiles:
  *   tile_class   whether a tile can be skipped, needs the per-element mask, or is wholly valid (lengths,
  *                causal, window, segments and positions, from per-tile ranges and min / max);
- *   fill_*       the additive tile a score tile starts from when there is a bias or a mask array (and, in
- *                partial tiles, positions): bias * log2(e) where the pair is allowed, -inf where the mask
- *                or the positions forbid it. The product then accumulates onto it, so the bias costs one
- *                pass over the tile, not a second pass after the product. A tile the fill finds wholly
- *                forbidden is skipped;
+ *   fill_*       the tiles a score tile needs beside its product: with a bias the additive tile it starts
+ *                from, bias * log2(e) (the product accumulates onto it, so the bias costs one pass over the
+ *                tile, not a second pass after the product); with a mask array (and, in partial tiles,
+ *                positions) the kill tile, -inf where they forbid the pair and 0 where they allow it. A tile
+ *                the fill finds wholly forbidden is skipped;
+ *   finish_scores  the hook between a score product and the softmax: the soft-cap, then the kill tile;
  *   mask_*       lengths, causal / window on indices and segments, applied after the product;
  *   dbias_*      ds added to the dbias elements the tile's pairs read.
- * Scores are in base 2 here (cpu_kernel_body.h), so a bias enters as bias * log2(e).
+ * Every mask selects: a forbidden pair's score becomes -inf whatever the product gave, so a NaN or an inf in a
+ * masked key (0 * NaN, inf - inf in the product) never reaches a valid row. An additive -inf (the mask in the
+ * tile the product starts from) would: -inf + NaN is NaN.
+ * Scores are in base 2 here (cpu_kernel_body.h), so a bias enters as bias * log2(e) and the cap as
+ * cap * log2(e): cap * tanh(l / cap) in natural units is log2(e) cap tanh(l log2(e) / (log2(e) cap)).
  */
 
 /* ---- which tiles ----------------------------------------------------------------------------- */
@@ -84,25 +89,24 @@ static void prefetch_ahead(const void *base, size_t es, int64_t off, int64_t ahe
   for (int64_t x = 0; x < n * (int64_t)es; x += 64) __builtin_prefetch(p + x, 0, 3);
 }
 
-/* Keys [j0, j0 + nk) of row (b, n, i) of the additive tile into row[0, nk): bias * log2(e), or 0, and -inf
-   where the mask (or, with pos, the positions) forbid the pair. Returns 1 when some pair is allowed. The
-   row `rows_ahead` rows further (dk/dv pass) or 2 key tiles further (else) is prefetched. */
-static int fill_row(const sa_cpu_ctx *c, int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float *row, int pos,
-                    int64_t rows_ahead) {
+/* Keys [j0, j0 + nk) of row (b, n, i): row[0, nk) = bias * log2(e) (row NULL: no bias), kill[0, nk) = -inf
+   where the mask (or, with pos, the positions) forbid the pair, else 0 (kill NULL: neither applies).
+   Returns 1 when some pair is allowed. The row `rows_ahead` rows further (dk/dv pass) or 2 key tiles
+   further (else) is prefetched. */
+static int fill_row(const sa_cpu_ctx *c, int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float *row,
+                    float *kill, int pos, int64_t rows_ahead) {
   const sa_attn *a = c->a;
   const sa_bcast bs = c->bias_st, ms = c->mask_st;
-  if (!a->bias) {
-    memset(row, 0, (size_t)nk * sizeof *row);
-  } else if (bs.s) {
+  if (row && bs.s) {
     const int64_t off = sa_bcast_at(bs, b, n, i, j0);
     cvt(row, a->bias, a->bias_dtype, off, nk, nk, SA_LOG2E);
     prefetch_ahead(a->bias, sa_dtype_size(a->bias_dtype), off, rows_ahead ? rows_ahead * bs.t : 2 * BODY_BK, nk,
                    sa_dims_count(a->bias_dims));
-  } else { /* one bias for every key of the row */
+  } else if (row) { /* one bias for every key of the row */
     float x = sa_load(a->bias, a->bias_dtype, sa_bcast_at(bs, b, n, i, 0)) * SA_LOG2E;
     for (int64_t jj = 0; jj < nk; jj++) row[jj] = x;
   }
-  if (!a->mask && !pos) return 1;
+  if (!kill) return 1;
   const uint8_t *m = a->mask ? a->mask + sa_bcast_at(ms, b, n, i, j0) : NULL;
   if (m && ms.s)
     prefetch_ahead(a->mask, 1, m - a->mask, rows_ahead ? rows_ahead * ms.t : 2 * BODY_BK, nk,
@@ -112,43 +116,75 @@ static int fill_row(const sa_cpu_ctx *c, int64_t b, int64_t n, int64_t i, int64_
   int any = 0;
   for (int64_t jj = 0; jj < nk; jj++) {
     int ok = (!m || m[jj * ms.s]) && (!pos || sa_positions_ok(a, qp, kp[jj]));
-    if (!ok) row[jj] = -INFINITY;
+    kill[jj] = ok ? 0.0f : -INFINITY;
     any |= ok;
   }
   return any;
 }
 
-/* The additive S^T tile [nk x Mp] (keys j0.. x the G * np rows of kv head kh; column r is head
-   kh * G + r / np at position i0 + r % np), 0 in the padding columns. VW columns at a time are built as
-   rows of keys (blk [VW x BODY_BK], along which bias and mask are contiguous), then written across:
-   each store of the transpose then lands in the line the previous one did. Written one column at a time,
-   down the tile's 64 lines, the same transpose cost 26% of the forward with a full bias (perf, f32,
-   T = S = 2048, N = 8, H = 128). 0: no pair allowed. */
-static int fill_cols(const sa_cpu_ctx *c, int64_t b, int64_t kh, float *s, float *blk, int64_t nk, int64_t Mp,
-                     int64_t M, int64_t np, int64_t i0, int64_t j0, int pos) {
+/* Rows [0, nk) x columns [r0, r0 + VW) of the S^T tile dst [nk x Mp] from the VW rows of keys in blk
+   [VW x BODY_BK] (nc of them real, the rest 0). */
+static void fill_across(float *dst, const float *blk, int64_t nk, int64_t Mp, int64_t r0, int64_t nc) {
+  for (int64_t jj = 0; jj < nk; jj++) {
+    float *d = dst + jj * Mp + r0;
+    for (int64_t x = 0; x < nc; x++) d[x] = blk[x * BODY_BK + jj];
+    for (int64_t x = nc; x < VW; x++) d[x] = 0.0f;
+  }
+}
+
+/* The bias tile s and the kill tile kill, S^T [nk x Mp] each (keys j0.. x the G * np rows of kv head kh;
+   column r is head kh * G + r / np at position i0 + r % np), 0 in the padding columns; s or kill NULL: not
+   wanted. VW columns at a time are built as rows of keys (blk, kblk [VW x BODY_BK], along which bias and mask
+   are contiguous), then written across: each store of the transpose then lands in the line the previous one
+   did. Written one column at a time, down the tile's 64 lines, the same transpose cost 26% of the forward
+   with a full bias (perf, f32, T = S = 2048, N = 8, H = 128). 0: no pair allowed. */
+static int fill_cols(const sa_cpu_ctx *c, int64_t b, int64_t kh, float *s, float *blk, float *kill, float *kblk,
+                     int64_t nk, int64_t Mp, int64_t M, int64_t np, int64_t i0, int64_t j0, int pos) {
   int any = 0;
   for (int64_t r0 = 0; r0 < Mp; r0 += VW) {
     const int64_t nc = SA_MAX(0, SA_MIN(VW, M - r0));
     for (int64_t x = 0; x < nc; x++)
-      any |= fill_row(c, b, kh * c->G + (r0 + x) / np, i0 + (r0 + x) % np, j0, nk, blk + x * BODY_BK, pos, 0);
-    for (int64_t jj = 0; jj < nk; jj++) {
-      float *dst = s + jj * Mp + r0;
-      for (int64_t x = 0; x < nc; x++) dst[x] = blk[x * BODY_BK + jj];
-      for (int64_t x = nc; x < VW; x++) dst[x] = 0.0f;
-    }
+      any |= fill_row(c, b, kh * c->G + (r0 + x) / np, i0 + (r0 + x) % np, j0, nk, s ? blk + x * BODY_BK : NULL,
+                      kill ? kblk + x * BODY_BK : NULL, pos, 0);
+    if (s) fill_across(s, blk, nk, Mp, r0, nc);
+    if (kill) fill_across(kill, kblk, nk, Mp, r0, nc);
   }
   return any;
 }
 
-/* The additive S tile [np x bk] of head n (positions i0.. x keys j0..), 0 past nk. 0: no pair allowed. */
-static int fill_rows(const sa_cpu_ctx *c, int64_t b, int64_t n, float *s, int64_t np, int64_t bk, int64_t nk,
-                     int64_t i0, int64_t j0, int pos) {
+/* The bias tile s and the kill tile kill, S [np x bk] each, of head n (positions i0.. x keys j0..), 0 past
+   nk; s or kill NULL: not wanted. 0: no pair allowed. */
+static int fill_rows(const sa_cpu_ctx *c, int64_t b, int64_t n, float *s, float *kill, int64_t np, int64_t bk,
+                     int64_t nk, int64_t i0, int64_t j0, int pos) {
   int any = 0;
   for (int64_t p = 0; p < np; p++) {
-    any |= fill_row(c, b, n, i0 + p, j0, nk, s + p * bk, pos, 2 * BODY_BQ2);
-    memset(s + p * bk + nk, 0, (size_t)(bk - nk) * sizeof *s);
+    float *sr = s ? s + p * bk : NULL, *kr = kill ? kill + p * bk : NULL;
+    any |= fill_row(c, b, n, i0 + p, j0, nk, sr, kr, pos, 2 * BODY_BQ2);
+    if (sr) memset(sr + nk, 0, (size_t)(bk - nk) * sizeof *s);
+    if (kr) memset(kr + nk, 0, (size_t)(bk - nk) * sizeof *kill);
   }
   return any;
+}
+
+/* ---- the scores of a tile: soft-cap, then the kill tile ------------------------------------------ */
+
+/* The n scores at s (base 2, scaled: score_mul 1) as the softmax takes them: capped, s = cap2 tanh(s / cap2)
+   (c->cap2 = cap * log2(e) > 0), then -inf where kill is -inf (kill NULL: no kill tile). Capping first makes
+   a masked pair -inf, not -cap. With neither, nothing is done: the uncapped kernels pay one test per tile. */
+static void finish_scores(const sa_cpu_ctx *c, float *s, const float *kill, int64_t n) {
+  if (c->cap2 > 0.0f) {
+    const vf cv = V_SET1(c->cap2), iv = V_SET1(1.0f / c->cap2);
+    for (int64_t e = 0; e < n; e += VW) V_STORE(s + e, V_MUL(cv, V_TANH(V_MUL(V_LOAD(s + e), iv))));
+  }
+  if (kill)
+    for (int64_t e = 0; e < n; e += VW) V_STORE(s + e, V_KEEP(V_LOAD(s + e), V_LOAD(kill + e)));
+}
+
+/* ds/dl of the soft-cap, 1 - t^2 with t = s / cap2 the tanh, from a capped score s; -inf where s is (a masked
+   pair: its ds is taken as 0 by V_MUL_NZ, never multiplied out). */
+static inline vf cap_grad(vf s, vf inv_cap2) {
+  const vf t = V_MUL(s, inv_cap2);
+  return V_SUB(V_SET1(1.0f), V_MUL(t, t));
 }
 
 /* ---- lengths, causal / window on indices, segments ------------------------------------------- */

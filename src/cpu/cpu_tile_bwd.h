@@ -23,7 +23,7 @@
    (sa_cpu_tile_vb_elems, sa_cpu_tile_kt_elems). */
 typedef struct {
   uint16_t *q, *d, *kt, *vt, *kp, *ds, *kr;
-  float *s, *dp, *dq, *nl2, *D, *db, *row, *add;
+  float *s, *dp, *dq, *nl2, *D, *db, *row, *add, *kl;
   const uint16_t **krow;
 } tb_bufs;
 
@@ -50,7 +50,8 @@ static size_t tb_carve(const sa_cpu_ctx *c, float *ws, tb_bufs *B) {
   TB_TAKE(B->D, float *, Mr);
   TB_TAKE(B->db, float *, Mr);
   TB_TAKE(B->row, float *, 2 * c->hvp);
-  TB_TAKE(B->add, float *, c->fill || a->q_positions ? Mr * BK : 0);
+  TB_TAKE(B->add, float *, c->fill ? Mr *BK : 0);
+  TB_TAKE(B->kl, float *, c->kill || a->q_positions ? Mr * BK : 0);
   TB_TAKE(B->kr, uint16_t *, BK * h32 / 2);
   TB_TAKE(B->krow, const uint16_t **, BK *(int64_t)(sizeof(void *) / sizeof(float)));
 #undef TB_TAKE
@@ -68,12 +69,37 @@ static void tb_pack(const sa_cpu_ctx *c, int64_t b, int64_t kh, int64_t j0, int6
   for (int64_t jj = 0; jj < nk; jj++) krow[jj] = (const uint16_t *)a->v + (row0 + jj * Kh) * Hv;
   tile_pack_b_t(vt, Hv, nk, nk, krow);
   const uint16_t *k0 = (const uint16_t *)a->k + row0 * H;
-  if (H % SA_TILE_N == 0 && (Kh * H) % 2 == 0 && ((uintptr_t)k0 & 3) == 0) {
+  if (!c->k_bad && H % SA_TILE_N == 0 && (Kh * H) % 2 == 0 && ((uintptr_t)k0 & 3) == 0) {
     tile_pack_b_bf16(kp, nk, c->hp, (const float *)(const void *)k0, Kh * H / 2);
   } else {
     const int64_t h32 = tile_round(H, SA_TILE_K); /* tile_load_row zero-pads a row to 32 elements */
-    for (int64_t jj = 0; jj < nk; jj++) tile_load_row((float *)(void *)(kr + jj * h32), a->k, (row0 + jj * Kh) * H, H);
+    for (int64_t jj = 0; jj < nk; jj++) {
+      tile_load_row((float *)(void *)(kr + jj * h32), a->k, (row0 + jj * Kh) * H, H);
+      /* a key with a NaN or an inf leaves dq += dS K (its 0 ds for a hidden pair would make NaN): tb_bad_keys_in
+         adds it back for the pairs whose ds is not 0 (cpu_kernel_keys.h says why) */
+      if (c->k_bad && key_row_bad(a, row0 + jj * Kh)) memset(kr + jj * h32, 0, (size_t)h32 * sizeof(uint16_t));
+    }
     tile_pack_b_bf16(kp, nk, c->hp, (const float *)(void *)kr, h32 / 2);
+  }
+}
+
+/* dq rows r < mr of a strip (dq rows hp floats apart) += ds k for its keys [k0, kn) that hold a NaN or an inf
+   (zeroed in K's key pairs by tb_pack), for the pairs whose ds (the bf16 the product takes, in the dS rows ld
+   elements apart) is not 0. */
+static void tb_bad_keys_in(const sa_cpu_ctx *c, int64_t b, int64_t kh, int64_t j0, int64_t k0, int64_t kn,
+                           const uint16_t *ds, int64_t ld, int64_t mr, float *dq) {
+  const sa_attn *a = c->a;
+  const int64_t H = a->head_dim, row0 = (b * a->kv_len + j0) * a->kv_heads + kh;
+  for (int64_t jj = k0; jj < kn; jj++) {
+    const int64_t row = row0 + jj * a->kv_heads;
+    if (!key_row_bad(a, row)) continue;
+    for (int64_t r = 0; r < mr; r++) {
+      const uint32_t u = (uint32_t)ds[r * ld + jj] << 16;
+      float x;
+      memcpy(&x, &u, 4);
+      if (x != 0.0f)
+        for (int64_t e = 0; e < H; e++) dq[r * c->hp + e] += x * sa_load(a->k, a->dtype, row * H + e);
+    }
   }
 }
 
@@ -96,20 +122,29 @@ static void tb_pack_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
           c->kpair + item * sa_cpu_tile_kt_elems(a), krow, kr);
 }
 
-/* Rows r < mr of a strip: p = 2^(mul s + nl2_r) over keys [k0, kn) (0 past kn, up to k1), dS = p (dp - D_r)
-   written as bf16 into the dS rows (ld elements apart); with db, each row's fp32 sum of dS added to db[r]. */
+/* Rows r < mr of a strip: p = 2^(mul s + nl2_r) over keys [k0, kn) (0 past kn, up to k1), dS = p (dp - D_r),
+   times the soft-cap's 1 - t^2 from the capped score under a cap (icap = 1 / cap2, else 0), and 0 where p is 0 (a
+   masked pair: whatever a NaN or an inf value made of its dp); written as bf16 into the dS rows (ld elements
+   apart); with db, each row's fp32 sum of dS added to db[r]. */
 static inline void tb_ds_strip(const float *s, const float *dp, uint16_t *ds, int64_t ld, int64_t mr, int64_t k0,
-                               int64_t k1, int64_t kn, float mul, const float *nl2, const float *D, float *db) {
-  const __m512 ninf = _mm512_set1_ps(-INFINITY), mulv = _mm512_set1_ps(mul);
+                               int64_t k1, int64_t kn, float mul, float icap, const float *nl2, const float *D,
+                               float *db) {
+  const __m512 ninf = _mm512_set1_ps(-INFINITY), mulv = _mm512_set1_ps(mul), ic = _mm512_set1_ps(icap);
   for (int64_t r = 0; r < mr; r++) {
     const __m512 nl = _mm512_set1_ps(nl2[r]), dv = _mm512_set1_ps(D[r]);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t k = k0; k < k1; k += 2 * SA_TILE_N) {
       const __mmask16 m0 = tf_lanes(kn - k), m1 = tf_lanes(kn - k - SA_TILE_N);
-      const __m512 p0 = tf_exp2(_mm512_fmadd_ps(_mm512_mask_loadu_ps(ninf, m0, s + r * ld + k), mulv, nl));
-      const __m512 p1 = tf_exp2(_mm512_fmadd_ps(_mm512_mask_loadu_ps(ninf, m1, s + r * ld + k + SA_TILE_N), mulv, nl));
-      const __m512 d0 = _mm512_mul_ps(p0, _mm512_sub_ps(_mm512_maskz_loadu_ps(m0, dp + r * ld + k), dv));
-      const __m512 d1 = _mm512_mul_ps(p1, _mm512_sub_ps(_mm512_maskz_loadu_ps(m1, dp + r * ld + k + SA_TILE_N), dv));
+      const __m512 s0 = _mm512_mask_loadu_ps(ninf, m0, s + r * ld + k);
+      const __m512 s1 = _mm512_mask_loadu_ps(ninf, m1, s + r * ld + k + SA_TILE_N);
+      const __m512 p0 = tf_exp2(_mm512_fmadd_ps(s0, mulv, nl)), p1 = tf_exp2(_mm512_fmadd_ps(s1, mulv, nl));
+      __m512 x0 = _mm512_sub_ps(_mm512_maskz_loadu_ps(m0, dp + r * ld + k), dv);
+      __m512 x1 = _mm512_sub_ps(_mm512_maskz_loadu_ps(m1, dp + r * ld + k + SA_TILE_N), dv);
+      if (icap > 0.0f) {
+        x0 = _mm512_mul_ps(x0, cap_grad(s0, ic));
+        x1 = _mm512_mul_ps(x1, cap_grad(s1, ic));
+      }
+      const __m512 d0 = V_MUL_NZ(p0, x0), d1 = V_MUL_NZ(p1, x1);
       sum = _mm512_add_ps(sum, _mm512_add_ps(d0, d1));
       _mm512_storeu_si512(ds + r * ld + k, (__m512i)_mm512_cvtne2ps_pbh(d1, d0));
     }
@@ -170,11 +205,14 @@ static void dq_item_tile(const sa_cpu_ctx *c, int64_t item, float *ws) {
 
   for (int64_t j0 = jlo / BK * BK; j0 < jhi; j0 += BK) {
     const int64_t nk = SA_MIN(BK, jhi - j0), kr = tile_round(nk, SA_TILE_K);
-    const int cls = tile_class(a, b, rg, i0, np, j0, nk), pos = a->q_positions && cls == 1, add = c->fill || pos;
+    const int cls = tile_class(a, b, rg, i0, np, j0, nk), pos = a->q_positions && cls == 1, add = c->fill;
+    float *kill = c->kill || pos ? B.kl : NULL; /* the kill tile: mask array, positions (cpu_mask.h) */
     if (cls == 0) continue;
-    if (add) {
+    if (add || kill) {
       int any = 0;
-      for (int64_t g = 0; g < G; g++) any |= fill_rows(c, b, kh * G + g, B.add + g * np * BK, np, BK, nk, i0, j0, pos);
+      for (int64_t g = 0; g < G; g++)
+        any |= fill_rows(c, b, kh * G + g, add ? B.add + g * np * BK : NULL, kill ? kill + g * np * BK : NULL, np, BK,
+                         nk, i0, j0, pos);
       if (!any) continue;
     }
     const uint16_t *kt = B.kt, *vt = B.vt, *kp = B.kp;
@@ -187,7 +225,7 @@ static void dq_item_tile(const sa_cpu_ctx *c, int64_t item, float *ws) {
     } else {
       tb_pack(c, b, kh, j0, nkp, B.kt, B.vt, B.kp, B.krow, B.kr);
     }
-    const int pre = add || !(c->scale2 > 0.0f);
+    const int pre = add || c->cap2 > 0.0f || !(c->scale2 > 0.0f);
     const float mul = pre ? 1.0f : c->scale2;
     for (int64_t r0 = 0; r0 < M; r0 += TF_STRIP) {
       const int64_t mr = SA_MIN(TF_STRIP, M - r0);
@@ -215,14 +253,17 @@ static void dq_item_tile(const sa_cpu_ctx *c, int64_t item, float *ws) {
             _mm512_mask_storeu_ps(x, lm, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(lm, x), sv, bias));
           }
       }
+      tf_finish(c, B.s, kill ? kill + r0 * BK : NULL, BK, mr, k0, kn);
       if (cls == 1) /* each head's rows of the strip, over the keys it computed */
         for (int64_t g = r0 / np; g < G && g * np < r0 + mr; g++) {
           const int64_t p0 = SA_MAX(0, r0 - g * np), p1 = SA_MIN(np, r0 + mr - g * np);
           mask_rows(a, b, B.s + (g * np + p0 - r0) * BK, p1 - p0, BK, kn, rg + p0, i0 + p0, j0);
         }
-      tb_ds_strip(B.s, B.dp, B.ds, BK, mr, k0, k1, kn, mul, B.nl2 + r0, B.D + r0, dbias ? B.db + r0 : NULL);
+      tb_ds_strip(B.s, B.dp, B.ds, BK, mr, k0, k1, kn, mul, c->cap2 > 0.0f ? 1.0f / c->cap2 : 0.0f, B.nl2 + r0,
+                  B.D + r0, dbias ? B.db + r0 : NULL);
       for (int64_t r = mr; r < mt * SA_TILE_M; r++) memset(B.ds + r * BK + k0, 0, (size_t)(k1 - k0) * sizeof(uint16_t));
       tf_pv(B.ds, BK * (int64_t)sizeof(uint16_t), mt, kp, ksk, k0 / SA_TILE_K, k1 / SA_TILE_K, B.dq + r0 * hp, hp, hp);
+      if (c->k_bad) tb_bad_keys_in(c, b, kh, j0, k0, kn, B.ds, BK, mr, B.dq + r0 * hp);
     }
   }
   for (int64_t r = 0; r < M; r++) {

@@ -1,7 +1,7 @@
 /*
  * cpu_tile_fwd.h — the forward item of the tile kernels (cpu.fwd.amx, cpu.fwd.amx.emulated), included by
- * cpu_kernel_body.h under SA_TILE after its helpers (ranges, tile_class, fill_rows, mask_rows, put): the same item
- * as the body's fwd_item (b, kv head, query block of G heads x bq positions; online softmax seeded by the sink,
+ * cpu_kernel_body.h under SA_TILE after its helpers (ranges, tile_class, fill_rows, finish_scores, mask_rows,
+ * put): the same item as the body's fwd_item (b, kv head, query block of G heads x bq positions; online softmax seeded by the sink,
  * the sink added once at the end), with its scores kept as S (query rows x keys) instead of S^T, in strips of 32
  * query rows:
  *   per key tile (SA_CPU_TILE_BK keys): K^T and V packed once into VNNI B blocks (tile_pack_b_t, tile_pack_b_bf16);
@@ -47,7 +47,7 @@ static inline __m512 tf_exp2(__m512 x) {
    where V cannot be read in place), the key rows' addresses [BK] and each strip's key window [Mr / 32][2]. */
 typedef struct {
   uint16_t *q, *kt, *vb, *p, *vr;
-  float *s, *add, *o, *m, *l;
+  float *s, *add, *kl, *o, *m, *l;
   const uint16_t **krow;
   int64_t *win;
 } tf_bufs;
@@ -65,7 +65,8 @@ static size_t tf_carve(const sa_cpu_ctx *c, float *ws, tf_bufs *B) {
   TF_TAKE(B->kt, uint16_t *, tile_b_elems(c->a->head_dim, BK) / 2);
   TF_TAKE(B->vb, uint16_t *, tile_b_elems(BK, hvp) / 2);
   TF_TAKE(B->s, float *, 2 * TF_STRIP * BK);
-  TF_TAKE(B->add, float *, c->fill || c->a->q_positions ? Mr * BK : 0);
+  TF_TAKE(B->add, float *, c->fill ? Mr *BK : 0);
+  TF_TAKE(B->kl, float *, c->kill || c->a->q_positions ? Mr * BK : 0);
   TF_TAKE(B->p, uint16_t *, TF_STRIP * BK / 2);
   TF_TAKE(B->o, float *, Mr *hvp);
   TF_TAKE(B->m, float *, Mr);
@@ -160,6 +161,15 @@ static void tf_pv(const uint16_t *pa, int64_t pstride, int mt, const uint16_t *v
     if (mt > 1) TILE_STORED(2, c1, cs);
     if (mt > 1 && nt > 1) TILE_STORED(3, c1 + SA_TILE_N, cs);
   }
+}
+
+/* cpu_mask.h's finish_scores (the soft-cap, then the kill tile) on a strip's rows r < mr over the keys they
+   computed, [k0, kn) rounded up to 16 (rows ld floats apart; kill: the strip's rows of the kill tile, or NULL). */
+static inline void tf_finish(const sa_cpu_ctx *c, float *s, const float *kill, int64_t ld, int64_t mr, int64_t k0,
+                             int64_t kn) {
+  if (!(c->cap2 > 0.0f) && !kill) return;
+  const int64_t n = tile_round(kn - k0, SA_TILE_N);
+  for (int64_t r = 0; r < mr; r++) finish_scores(c, s + r * ld + k0, kill ? kill + r * ld + k0 : NULL, n);
 }
 
 /* Lanes [0, n) of 16 as a mask, from a signed count (n <= 0: none). */
@@ -285,11 +295,14 @@ static void fwd_item_tile(const sa_cpu_ctx *c, int64_t item, float *ws) {
   /* key tiles at multiples of BK (the packed tiles'), the first one cut by the masks where jlo is inside it */
   for (int64_t j0 = jlo / BK * BK; j0 < jhi; j0 += BK) {
     const int64_t nk = SA_MIN(BK, jhi - j0), kr = tile_round(nk, SA_TILE_K);
-    const int cls = tile_class(a, b, rg, i0, np, j0, nk), pos = a->q_positions && cls == 1, add = c->fill || pos;
+    const int cls = tile_class(a, b, rg, i0, np, j0, nk), pos = a->q_positions && cls == 1, add = c->fill;
+    float *kill = c->kill || pos ? B.kl : NULL; /* the kill tile: mask array, positions (cpu_mask.h) */
     if (cls == 0) continue;
-    if (add) {
+    if (add || kill) {
       int any = 0;
-      for (int64_t g = 0; g < G; g++) any |= fill_rows(c, b, kh * G + g, B.add + g * np * BK, np, BK, nk, i0, j0, pos);
+      for (int64_t g = 0; g < G; g++)
+        any |= fill_rows(c, b, kh * G + g, add ? B.add + g * np * BK : NULL, kill ? kill + g * np * BK : NULL, np, BK,
+                         nk, i0, j0, pos);
       if (!any) continue;
     }
     /* this tile's K^T and V as B blocks: packed once per call (cpu_attn.c), else here */
@@ -302,9 +315,9 @@ static void fwd_item_tile(const sa_cpu_ctx *c, int64_t item, float *ws) {
     } else {
       tf_pack(c, b, kh, j0, nkp, B.kt, B.vb, B.krow, B.vr);
     }
-    /* the scale goes into the exponent (mul) unless an additive tile or a scale <= 0 (which would turn a masked
-       -inf into +inf) needs it on the scores first */
-    const int pre = add || !(c->scale2 > 0.0f);
+    /* the scale goes into the exponent (mul) unless an additive tile, a soft-cap (which reads scaled scores) or a
+       scale <= 0 (which would turn a masked -inf into +inf) needs it on the scores first */
+    const int pre = add || c->cap2 > 0.0f || !(c->scale2 > 0.0f);
     const float mul = pre ? 1.0f : c->scale2;
     /* the keys each strip's rows can see, in 32-key steps ([0, 0): none) */
     const int64_t ns = (M + TF_STRIP - 1) / TF_STRIP;
@@ -360,6 +373,7 @@ static void fwd_item_tile(const sa_cpu_ctx *c, int64_t item, float *ws) {
             _mm512_mask_storeu_ps(x, lm, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(lm, x), sv, bias));
           }
       }
+      tf_finish(c, sc, kill ? kill + r0 * BK : NULL, BK, mr, k0, kn);
       if (cls == 1) /* each head's rows of the strip, over the keys it computed */
         for (int64_t g = r0 / np; g < G && g * np < r0 + mr; g++) {
           const int64_t p0 = SA_MAX(0, r0 - g * np), p1 = SA_MIN(np, r0 + mr - g * np);

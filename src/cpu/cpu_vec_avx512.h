@@ -11,6 +11,7 @@
 
 #include "cpu_exp2_avx512.h"
 #include "cpu_internal.h"
+#include "cpu_tanh_avx512.h"
 
 #define VW 16
 typedef __m512 vf;
@@ -47,5 +48,11 @@ static inline void sa_store_bf16_avx512(void *p, __m512 x) {
 #define MK_C               4
 
 #define V_EXP2(x) sa_exp2_avx512(x)
+#define V_TANH(x) sa_tanh_avx512(x)
+/* x where k != -inf, else -inf (a kill tile's select, cpu_mask.h); NaN k keeps x. */
+#define V_KEEP(x, k) \
+  _mm512_mask_blend_ps(_mm512_cmp_ps_mask((k), _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ), _mm512_set1_ps(-INFINITY), (x))
+/* p * x where p != 0, else 0 (a masked pair's ds is 0 whatever dp holds); NaN p gives NaN. */
+#define V_MUL_NZ(p, x) _mm512_maskz_mul_ps(_mm512_cmp_ps_mask((p), _mm512_setzero_ps(), _CMP_NEQ_UQ), (p), (x))
 
 #endif /* SA_CPU_VEC_AVX512_H */

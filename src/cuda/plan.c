@@ -33,6 +33,11 @@ const char *const sa_cuda_plan_names[] = {"cuda.fwd.portable",
                                           "cuda.decode.mma",
                                           "hopper.fwd.features",
                                           "hopper.bwd.twopass.features",
+                                          "hopper.bwd.onepass.wait",
+                                          "hopper.bwd.onepass.narrow.wait",
+                                          "cuda.decode.mma.half",
+                                          "cuda.decode.mma.x2",
+                                          "cuda.decode.mma.x4",
                                           NULL};
 
 /* The feature plans (hopper.fwd.features, hopper.bwd.twopass.features: feat.h's inputs) are the default for a call
@@ -56,6 +61,19 @@ static int sa_gcd_i(int a, int b) {
   }
   return a;
 }
+
+/* ---- defaults that a timing run decides (bench/gpu_verify.sh PART=perf33, bench/plan_decide.py) ----------- */
+
+/* The one-pass backward's producer takes its next ticket without waiting on wr_done when the ticket counter is
+   already past the item's head (hopper/onepass128.cu's RULE), leaving phases of that barrier unobserved, which
+   compute-sanitizer synccheck reports. 1: every one-pass plan runs the WAIT instantiations, which always wait;
+   0: only the plans hopper.bwd.onepass.wait and .narrow.wait do. */
+#define SA_HOP_OP_WAIT_DEFAULT 0
+/* The mma decode's split count where its one-wave rule gives chunks of at most SA_DEC_MMA_SHORT_CHUNK keys, in
+   percent of that rule's (100: the rule itself); cuda.decode.mma.half, .x2 and .x4 run 50, 200 and 400 on every
+   shape. */
+#define SA_DEC_MMA_SHORT_SPLITS_PCT 100
+#define SA_DEC_MMA_SHORT_CHUNK      1024
 
 /* ---- what every plan of a call shares ---------------------------------------------------------------- */
 
@@ -266,6 +284,7 @@ static const char *sa_bwd_twopass(const sa_pctx *c, sa_cuda_plan *p, int nck, in
 static const char *sa_bwd_onepass(const sa_pctx *c, sa_cuda_plan *p, int variant, size_t ws_avail) {
   static const char *const names[3] = {"hopper.bwd.onepass", "hopper.bwd.onepass.plain", "hopper.bwd.onepass.narrow"};
   sa_plan_init(p, c, names[variant], SA_CUDA_BWD_ONEPASS);
+  p->op_wait = SA_HOP_OP_WAIT_DEFAULT;
   const sa_attn *a = c->a;
   const char *why = sa_bwd_hop_scope(c);
   if (why) return why;
@@ -464,8 +483,9 @@ static void sa_dec_schedule(const sa_pctx *c, sa_cuda_plan *p) {
    slots / blocks rounded down. A second wave costs more than the imbalance it removes: two waves of half-size
    CTAs take 3-6 us more per call at B1 S32k and B8 S4k on the H200 (docs/performance.md, "Decode"), each wave
    paying the CTA ramp (lengths, q, the first tile's latency) and a tail. Chunks hold >= 256 keys: every warp gets
-   >= 2 tiles, so its pipeline fills. More blocks than slots: one split, the blocks in waves. */
-static void sa_dec_mma_schedule(const sa_pctx *c, sa_cuda_plan *p) {
+   >= 2 tiles, so its pipeline fills. More blocks than slots: one split, the blocks in waves. pct: the split count
+   in percent of that rule's (0: SA_DEC_MMA_SHORT_SPLITS_PCT where the rule's chunks are short, else the rule). */
+static void sa_dec_mma_schedule(const sa_pctx *c, sa_cuda_plan *p, int pct) {
   const int per_sm = c->dev->smem_per_sm > 0 ? c->dev->smem_per_sm : 233472;
   int occ = per_sm / (SA_DEC_MMA_SMEM(c->hd <= 64 ? 64 : 128) + 1024);
   occ = occ < 1 ? 1 : occ > 2 ? 2 : occ;
@@ -474,6 +494,8 @@ static void sa_dec_mma_schedule(const sa_pctx *c, sa_cuda_plan *p) {
   p->rowgroups = (p->rows + 15) / 16;
   const int64_t blocks = c->B * c->K * p->rowgroups;
   sa_dec_split(c, p, blocks > 0 && blocks < slots ? slots / blocks : 1, 256);
+  if (!pct && p->chunk <= SA_DEC_MMA_SHORT_CHUNK) pct = SA_DEC_MMA_SHORT_SPLITS_PCT;
+  if (pct && pct != 100) sa_dec_split(c, p, p->splits * pct / 100, 256);
   /* sm_90: the combine is a programmatic dependent launch (-1.0..1.2 us a call on the H200's short rows) */
   p->dec_pdl = c->dev->cc_major >= 9;
 }
@@ -483,7 +505,7 @@ static const char *sa_dec_plan(const sa_pctx *c, sa_cuda_plan *p, int kind) {
   static const char *const names[3] = {"cuda.decode.mma", "cuda.decode.pipe", "cuda.decode.register"};
   static const sa_cuda_family fams[3] = {SA_CUDA_DECODE_MMA, SA_CUDA_DECODE_PIPE, SA_CUDA_DECODE_REGISTER};
   sa_plan_init(p, c, names[kind], fams[kind]);
-  if (kind == 0) sa_dec_mma_schedule(c, p);
+  if (kind == 0) sa_dec_mma_schedule(c, p, 0);
   else sa_dec_schedule(c, p);
   p->reason = kind == 0   ? "split-KV, scores and P V on mma.sync, a cp.async pipeline per warp"
               : kind == 1 ? "split-KV, K / V through a 4-stage cp.async pipeline in shared memory"
@@ -520,6 +542,47 @@ static void sa_offer(sa_plist *l, const sa_cuda_plan *p, const char *why) {
     if (!strcmp(l->out[i].name, p->name)) return; /* offered twice (a default and its variant) */
   if (l->out && l->n < l->max) l->out[l->n] = *p;
   l->n++;
+}
+
+/* ---- override-only variants, timed against the defaults (bench/gpu_verify.sh PART=perf33) ----------------- */
+
+/* hopper.bwd.onepass.wait / .narrow.wait: the one pass's schedules with the WAIT instantiations (op_wait). */
+static const char *sa_bwd_onepass_wait(const sa_pctx *c, sa_cuda_plan *p, int narrow, size_t ws_avail) {
+  const char *why = sa_bwd_onepass(c, p, narrow ? 2 : 0, ws_avail);
+  p->name = narrow ? "hopper.bwd.onepass.narrow.wait" : "hopper.bwd.onepass.wait";
+  p->op_wait = 1;
+  if (!why)
+    p->reason = narrow ? "test schedule: the one pass on nkb CTAs, the producer waiting for every item's writer"
+                       : "the one pass whose producer waits for every item's writer before its next ticket";
+  return why;
+}
+
+/* cuda.decode.mma.half / .x2 / .x4: the mma decode with 50 / 200 / 400 percent of its one-wave rule's splits (two
+   and four waves of smaller CTAs, or half a wave of larger ones); not legal where that is the default's count. */
+static const char *sa_dec_mma_variant(const sa_pctx *c, sa_cuda_plan *p, int v) {
+  static const char *const names[3] = {"cuda.decode.mma.half", "cuda.decode.mma.x2", "cuda.decode.mma.x4"};
+  static const int pct[3] = {50, 200, 400};
+  const char *why = sa_dec_plan(c, p, 0);
+  const int64_t dflt = p->splits;
+  p->name = names[v];
+  if (why) return why;
+  sa_dec_mma_schedule(c, p, pct[v]);
+  if (p->splits == dflt) return "it gives this shape the split count of cuda.decode.mma";
+  p->reason = "split-KV on mma.sync, a split count other than the default's (a timing variant)";
+  return NULL;
+}
+
+static void sa_collect_variants(const sa_pctx *c, size_t ws_avail, sa_plist *l, const char *nf) {
+  sa_cuda_plan p;
+  const char *why;
+  for (int i = 0; i < 2 && c->which == SA_PLAN_BWD; ++i) {
+    why = sa_bwd_onepass_wait(c, &p, i, ws_avail);
+    sa_offer(l, &p, why ? why : nf);
+  }
+  for (int i = 0; i < 3 && c->which == SA_PLAN_DECODE; ++i) {
+    why = sa_dec_mma_variant(c, &p, i);
+    sa_offer(l, &p, why ? why : nf);
+  }
 }
 
 static void sa_collect(const sa_attn *a, int which, const sa_cuda_device *dev, size_t ws_avail, sa_plist *l) {
@@ -574,6 +637,7 @@ static void sa_collect(const sa_attn *a, int which, const sa_cuda_device *dev, s
       sa_offer(l, &p, why ? why : nf);
     }
   }
+  sa_collect_variants(&c, ws_avail, l, nf);
 }
 
 static const char *sa_device_why(const sa_cuda_device *dev, char *buf, size_t n) {
@@ -618,6 +682,10 @@ size_t sa_cuda_plan_describe(const sa_cuda_plan *p, char *buf, size_t n) {
   if (p->wg) k += snprintf(buf + k, n > (size_t)k ? n - k : 0, " wg=%d", p->wg);
   if (p->wg_dq) k += snprintf(buf + k, n > (size_t)k ? n - k : 0, " wg_dq=%d", p->wg_dq);
   if (p->family == SA_CUDA_DECODE_MMA) k += snprintf(buf + k, n > (size_t)k ? n - k : 0, " pdl=%d", p->dec_pdl);
+  if (p->splits)
+    k += snprintf(buf + k, n > (size_t)k ? n - k : 0, " splits=%lld chunk=%lld", (long long)p->splits,
+                  (long long)p->chunk);
+  if (p->op_wait) k += snprintf(buf + k, n > (size_t)k ? n - k : 0, " wait=1");
   k += snprintf(buf + k, n > (size_t)k ? n - k : 0, " grid=%d,%d,%d persistent=%d cooperative=%d split=%d ws=%zu",
                 p->grid[0], p->grid[1], p->grid[2], p->persistent, p->cooperative, p->split, p->ws);
   if (p->feat)

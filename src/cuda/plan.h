@@ -56,6 +56,7 @@ typedef struct sa_cuda_plan {
   int kb_slowest; /* two-pass dK/dV grid with the key block slowest */
   /* one pass */
   int nkb, items, split, n_all, d;
+  int op_wait; /* the producer waits on wr_done for every item (the WAIT instantiations: hopper.bwd.onepass.wait) */
   size_t sync_bytes;         /* ticket + semaphores, zeroed per call */
   size_t off_sync, off_part; /* the one pass's regions after the common ones: dq_acc at 0, then these */
   /* decode */

@@ -11,8 +11,10 @@
  * bias is f32, f16 or bf16 and mask PRED, both rank 4 with each dim 1 or the full B, N, T, S (their own
  * dims are bias_dims / mask_dims); positions int32 [B,T], [B,S]; dbias f32 with bias's dims, zero-size
  * when has_dbias is false. The workspace result exists on CUDA only; Python sizes it at trace time
- * (sa_jax_bwd_workspace_size). Version 3 of this layout and of the attribute set (sa_jax_attn_abi_version,
- * which the Python package checks when it loads the library).
+ * (sa_jax_bwd_workspace_size). The attributes: causal, diag_offset, has_* flags, logits_soft_cap (float, 0 = no
+ * cap), scale, softmax, window_left, window_right. Version 4 of this layout and of the attribute set, the decode
+ * handler's (ffi_decode.c) included (sa_jax_attn_abi_version, which the Python package checks when it loads the
+ * library).
  *
  * vmap: Python uses ffi_call(vmap_method="expand_dims"), so every buffer may carry the same number of
  * extra leading dims, each of the full vmapped size or 1 (an unbatched input). When every batched input
@@ -72,8 +74,8 @@ enum {
   V_COUNT
 };
 
-/* Version 3: the backward takes no `deterministic` attribute (every backend's backward is reproducible). */
-#define SA_FFI_ABI_VERSION 3
+/* Version 4: every handler takes `logits_soft_cap` (3 dropped the backward's `deterministic` attribute). */
+#define SA_FFI_ABI_VERSION 4
 
 typedef struct {
   const char *target;
@@ -102,6 +104,7 @@ enum {
   AT_HAS_MASK,
   AT_HAS_POSITIONS,
   AT_HAS_DBIAS,
+  AT_LOGITS_SOFT_CAP,
   AT_COUNT
 };
 
@@ -122,6 +125,7 @@ static XLA_FFI_Error *sa_ffi_decode_attrs(XLA_FFI_CallFrame *f, sa_ffi_call *c, 
       [AT_HAS_MASK] = {"has_mask", SA_ATTR_BOOL, 1, 0, 0, 0},
       [AT_HAS_POSITIONS] = {"has_positions", SA_ATTR_BOOL, 1, 0, 0, 0},
       [AT_HAS_DBIAS] = {"has_dbias", SA_ATTR_BOOL, c->bwd, 0, 0, 0},
+      [AT_LOGITS_SOFT_CAP] = {"logits_soft_cap", SA_ATTR_FLOAT, 1, 0, 0, 0},
   };
   XLA_FFI_Error *e = sa_ffi_attrs_decode(f, c->target, at, AT_COUNT);
   if (e) return e;
@@ -149,7 +153,7 @@ static XLA_FFI_Error *sa_ffi_decode_attrs(XLA_FFI_CallFrame *f, sa_ffi_call *c, 
   c->a.softmax = (sa_softmax)softmax;
   c->a.window_left = at[AT_WINDOW_LEFT].i;
   c->a.window_right = at[AT_WINDOW_RIGHT].i;
-  return NULL;
+  return sa_ffi_soft_cap(f, c->target, at[AT_LOGITS_SOFT_CAP].f, &c->a.logits_soft_cap);
 }
 
 #define SA_F32T XLA_FFI_DataType_F32
@@ -448,7 +452,8 @@ SA_FFI_EXPORT XLA_FFI_Error *sa_jax_attn_bwd_cuda(XLA_FFI_CallFrame *f) {
 SA_FFI_EXPORT size_t sa_jax_bwd_workspace_size(int dtype, int64_t batch, int64_t q_len, int64_t kv_len, int64_t q_heads,
                                                int64_t kv_heads, int64_t head_dim, int64_t v_head_dim, int softmax,
                                                int causal, int64_t window_left, int64_t window_right,
-                                               int64_t diag_offset, int has_lengths, int has_segments, int backend) {
+                                               int64_t diag_offset, int has_lengths, int has_segments,
+                                               float logits_soft_cap, int backend) {
   /* Non-NULL markers (size queries never read data), 16-byte aligned as XLA's buffers are: the CUDA plans
      refuse the Hopper kernels for segment ids that are not, and the query must pick the launch's plan. */
   static _Alignas(16) const int32_t present[4] = {0};
@@ -460,6 +465,7 @@ SA_FFI_EXPORT size_t sa_jax_bwd_workspace_size(int dtype, int64_t batch, int64_t
   a.window_left = window_left;
   a.window_right = window_right;
   a.diag_offset = diag_offset;
+  a.logits_soft_cap = logits_soft_cap;
   if (softmax == SA_SOFTMAX_LEARNABLE) a.sinks = sink;
   if (has_lengths) {
     a.q_lens = present;
@@ -472,14 +478,17 @@ SA_FFI_EXPORT size_t sa_jax_bwd_workspace_size(int dtype, int64_t batch, int64_t
   return sa_attn_bwd_workspace_size(&a, (sa_backend)backend);
 }
 
-/* Whether the CUDA backend takes a problem of this dtype, these sizes and these optional inputs (shape-only:
-   data pointers are NULL, which every alignment check accepts; a bias or mask stands as one of shape
-   [1,1,1,1]). The inputs the CUDA kernels do not take are asked first and need no device, so Python learns
-   them from the library (sa_check_cuda_inputs) on any machine. Writes the reason into why[why_len] when the
-   answer is no, so Python can fall back to the reference and say why. 1 = supported. */
+/* Whether the CUDA backend takes a problem of this dtype, these sizes, these optional inputs and this soft-cap
+   (shape-only: data pointers are NULL, which every alignment check accepts; a bias or mask stands as one of
+   shape [1,1,1,1]): the attention kernels (sa_attn_fwd / sa_attn_bwd), or with decode != 0 the decode kernels
+   (sa_attn_decode_fwd: causal bottom-right over cache lengths). The inputs the CUDA kernels do not take are
+   asked first and need no device, so Python learns them from the library (sa_check_cuda_inputs) on any
+   machine. Writes the reason into why[why_len] when the answer is no, so Python can fall back to the reference
+   and say why. 1 = supported. */
 SA_FFI_EXPORT int sa_jax_cuda_supported(int dtype, int64_t batch, int64_t q_len, int64_t kv_len, int64_t q_heads,
                                         int64_t kv_heads, int64_t head_dim, int64_t v_head_dim, int has_bias,
-                                        int has_mask, int has_positions, char *why, size_t why_len) {
+                                        int has_mask, int has_positions, float logits_soft_cap, int decode, char *why,
+                                        size_t why_len) {
   static const int32_t marker[1] = {0};
   sa_attn a;
   sa_ffi_attn_of_shape(&a, dtype, batch, q_len, kv_len, q_heads, kv_heads, head_dim, v_head_dim);
@@ -488,12 +497,19 @@ SA_FFI_EXPORT int sa_jax_cuda_supported(int dtype, int64_t batch, int64_t q_len,
     a.mask_dims[d] = has_mask ? 1 : 0;
   }
   if (has_positions) a.q_positions = a.kv_positions = marker;
+  a.logits_soft_cap = logits_soft_cap;
+  if (decode) {
+    a.causal = SA_CAUSAL_BOTTOM_RIGHT;
+    a.kv_lens = marker;
+  }
   sa_clear_error();
-  int ok = sa_check_cuda_inputs(&a) == SA_OK && sa_has_cuda() && sa_cuda_attn_supported(&a) == SA_OK;
+  int ok = sa_check_cuda_inputs(&a) == SA_OK && sa_has_cuda() &&
+           (decode ? sa_cuda_decode_supported(&a) : sa_cuda_attn_supported(&a)) == SA_OK;
   if (!ok && why && why_len) snprintf(why, why_len, "%s", *sa_last_error() ? sa_last_error() : "built without CUDA");
   return ok;
 }
 
-/* The buffer layout and attribute set of the attention handlers (see the top of this file): 2 takes bias, mask
-   and positions and returns dbias; 3 drops the backward's `deterministic` attribute. */
+/* The buffer layout and attribute set of the attention and decode handlers (see the top of this file): 2 takes
+   bias, mask and positions and returns dbias; 3 drops the backward's `deterministic` attribute; 4 adds
+   `logits_soft_cap` to every handler. */
 SA_FFI_EXPORT int sa_jax_attn_abi_version(void) { return SA_FFI_ABI_VERSION; }

@@ -3,7 +3,7 @@
  *   args   q [B,T,N,H]  k_cache [B,S,K,H]  v_cache [B,S,K,Hv]  sinks [N] f32  cache_lengths [B] s32
  *   rets   out [B,T,N,Hv]  lse [B,N,T] f32  [workspace u8 (CUDA only; Python sizes it through
  *          sa_jax_decode_workspace_size at trace time)]
- *   attrs  scale (float), softmax (int), window_left, window_right (int)
+ *   attrs  logits_soft_cap (float, 0 = no cap), scale (float), softmax (int), window_left, window_right (int)
  * sinks is a placeholder that is never read unless softmax is LEARNABLE. The mask is always causal
  * bottom-right with per-batch cache lengths: query row i sits at position cache_len - T + i.
  * Python calls these with vmap_method="sequential", so buffers never carry vmap dims here.
@@ -13,7 +13,7 @@
 #include "sa_ffi.h"
 
 enum { D_Q, D_K, D_V, D_SINKS, D_LENS, D_OUT, D_LSE, D_WS, D_COUNT };
-enum { DA_SCALE, DA_SOFTMAX, DA_WINDOW_LEFT, DA_WINDOW_RIGHT, DA_COUNT }; /* the attributes, by name */
+enum { DA_SCALE, DA_SOFTMAX, DA_WINDOW_LEFT, DA_WINDOW_RIGHT, DA_LOGITS_SOFT_CAP, DA_COUNT }; /* the attributes */
 
 static XLA_FFI_Error *sa_ffi_decode_call(XLA_FFI_CallFrame *f, const char *target, int cuda) {
   if (sa_ffi_metadata(f, 0)) return NULL;
@@ -24,6 +24,7 @@ static XLA_FFI_Error *sa_ffi_decode_call(XLA_FFI_CallFrame *f, const char *targe
       [DA_SOFTMAX] = {"softmax", SA_ATTR_INT, 1, 0, 0, 0},
       [DA_WINDOW_LEFT] = {"window_left", SA_ATTR_INT, 1, 0, 0, 0},
       [DA_WINDOW_RIGHT] = {"window_right", SA_ATTR_INT, 1, 0, 0, 0},
+      [DA_LOGITS_SOFT_CAP] = {"logits_soft_cap", SA_ATTR_FLOAT, 1, 0, 0, 0},
   };
   XLA_FFI_Error *e = sa_ffi_attrs_decode(f, target, at, DA_COUNT);
   if (e) return e;
@@ -88,6 +89,7 @@ static XLA_FFI_Error *sa_ffi_decode_call(XLA_FFI_CallFrame *f, const char *targe
   a.softmax = (sa_softmax)softmax;
   a.window_left = at[DA_WINDOW_LEFT].i;
   a.window_right = at[DA_WINDOW_RIGHT].i;
+  if ((e = sa_ffi_soft_cap(f, target, at[DA_LOGITS_SOFT_CAP].f, &a.logits_soft_cap))) return e;
   a.causal = SA_CAUSAL_BOTTOM_RIGHT;
   a.q = v[D_Q].buf->data;
   a.k = v[D_K].buf->data;

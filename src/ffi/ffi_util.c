@@ -2,6 +2,8 @@
  * ffi_util.c — call-frame decoding for the XLA FFI handlers: errors, attributes by name with type checks,
  * and buffers seen through the vmap grid (see sa_ffi.h).
  */
+#include <float.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -96,6 +98,15 @@ XLA_FFI_Error *sa_ffi_attrs_decode(const XLA_FFI_CallFrame *f, const char *targe
   for (int k = 0; k < n; k++)
     if (want[k].required && !want[k].found)
       return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "%s: missing attribute %s", target, want[k].name);
+  return NULL;
+}
+
+XLA_FFI_Error *sa_ffi_soft_cap(const XLA_FFI_CallFrame *f, const char *target, double v, float *out) {
+  if ((isfinite(v) && fabs(v) > FLT_MAX) || (v != 0.0 && (float)v == 0.0f))
+    return sa_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                        "%s: logits_soft_cap %g is outside float32's range: use a cap in [%g, %g], or 0 for none",
+                        target, v, (double)FLT_TRUE_MIN, (double)FLT_MAX);
+  *out = (float)v;
   return NULL;
 }
 

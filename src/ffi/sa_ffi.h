@@ -54,6 +54,11 @@ enum { SA_ATTR_INT = 0, SA_ATTR_BOOL = 1, SA_ATTR_FLOAT = 2 };
    attributes are errors naming the attribute. */
 XLA_FFI_Error *sa_ffi_attrs_decode(const XLA_FFI_CallFrame *f, const char *target, sa_ffi_attr *want, int n);
 
+/* The logits_soft_cap attribute v (decoded as a double) into the sa_attn field *out (0 = no cap). A value that
+   float32 cannot hold (beyond its range, or nonzero but rounding to 0, which would read as no cap) is an error
+   naming it; the contract's rule (0, or > 0 and finite) is sa_attn_check's. */
+XLA_FFI_Error *sa_ffi_soft_cap(const XLA_FFI_CallFrame *f, const char *target, double v, float *out);
+
 /* ---- buffers ------------------------------------------------------------------------------- */
 
 /* One buffer seen as [lead..., base...]: lead dims are either the grid's full size or 1 (broadcast). */

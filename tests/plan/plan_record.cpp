@@ -137,6 +137,7 @@ void decode(const char *k, void **args, char *buf, size_t n) {
 
 struct tcase {
   std::string name, line;
+  std::string force; /* a plan the case forces (force=NAME: the override-only variants), or empty */
   sa_attn a;
 };
 
@@ -147,8 +148,9 @@ int parse_enum(const char *s, const char *const *names, int n) {
   exit(2);
 }
 
-/* "name | dtype B T S N K H Hv softmax causal wl wr diag lens segs [bias=DIMS/DTYPE] [mask=DIMS] [pos=1] [cap=X]"
-   (DIMS as test_cuda's: "1NTS" is [1, N, T, S]); a case with one of the last four runs the feature plans. */
+/* "name | dtype B T S N K H Hv softmax causal wl wr diag lens segs [bias=DIMS/DTYPE] [mask=DIMS] [pos=1] [cap=X]
+   [force=PLAN]" (DIMS as test_cuda's: "1NTS" is [1, N, T, S]); a case with one of bias .. cap runs the feature plans,
+   one with force= runs that plan in its direction (the others their defaults). */
 bool parse_case(const std::string &line, tcase *c) {
   const size_t bar = line.find(" | ");
   if (bar == std::string::npos) return false;
@@ -187,6 +189,9 @@ bool parse_case(const std::string &line, tcase *c) {
     } else if (sscanf(line.c_str() + at + 1, "mask=%4s", dims) == 1 && strlen(dims) == 4) {
       for (int d = 0; d < 4; ++d) a.mask_dims[d] = dims[d] == '1' ? 1 : full[d];
       a.mask = (const uint8_t *)dev(12);
+    } else if (!strncmp(line.c_str() + at + 1, "force=", 6)) {
+      const size_t end = line.find(' ', at + 1);
+      c->force = line.substr(at + 7, end == std::string::npos ? std::string::npos : end - at - 7);
     } else if (!strncmp(line.c_str() + at + 1, "pos=1", 5)) {
       a.q_positions = (const int32_t *)dev(13), a.kv_positions = (const int32_t *)dev(14);
     } else {
@@ -207,6 +212,11 @@ void run_case(const tcase &c, FILE *out) {
   const bool feat = feature_case(c.a);
   if (feat)
     sa_plan_force(SA_PLAN_FWD, "hopper.fwd.features"), sa_plan_force(SA_PLAN_BWD, "hopper.bwd.twopass.features");
+  const int fk = c.force.empty()                                 ? -1
+                 : c.force.find(".decode.") != std::string::npos ? SA_PLAN_DECODE
+                 : c.force.find(".bwd.") != std::string::npos    ? SA_PLAN_BWD
+                                                                 : SA_PLAN_FWD;
+  if (fk >= 0) sa_plan_force(fk, c.force.c_str());
   fprintf(out, " fwd\n");
   sa_status s = sa_attn_fwd(&c.a, SA_BACKEND_CUDA, stream);
   if (s != SA_OK) fprintf(out, "  status %s\n", st[s]);
@@ -223,6 +233,7 @@ void run_case(const tcase &c, FILE *out) {
   if (s != SA_OK) fprintf(out, "  status %s\n", st[s]);
   else fprintf(out, "  plan %s\n", sa_plan_last(SA_PLAN_BWD));
   if (feat) sa_plan_force(SA_PLAN_FWD, nullptr), sa_plan_force(SA_PLAN_BWD, nullptr);
+  if (fk >= 0 && fk != SA_PLAN_DECODE) sa_plan_force(fk, nullptr);
   if (c.a.q_len <= 64) {
     const size_t dws = sa_attn_decode_workspace_size(&c.a, SA_BACKEND_CUDA);
     fprintf(out, " decode ws=%zu\n", dws);
@@ -230,6 +241,7 @@ void run_case(const tcase &c, FILE *out) {
     if (s != SA_OK) fprintf(out, "  status %s\n", st[s]);
     else fprintf(out, "  plan %s\n", sa_plan_last(SA_PLAN_DECODE));
   }
+  if (fk == SA_PLAN_DECODE) sa_plan_force(fk, nullptr);
 }
 
 std::vector<std::string> read_lines(const char *path) {

@@ -135,8 +135,12 @@ __device__ __forceinline__ void dq_step(float (&dq)[HD / 4], uint32_t k, bool la
    Causal diagonal skip (as hopper/onepass64.cu): in query tile 2 kb warpgroup 1's keys are above every row: no S^T,
    dP^T, softmax, dV, dK; a zero dS^T slice (each dQ half reads all 128 keys); every arrive as usual (4.4% of the
    tensor work at T1024).
-   tml / tmd: lse2, D [B N, T] fp32 (box 64); tma: dq_acc {H, T, B N} fp32 (box {32, 64, 1}, 128-byte swizzle). */
-template <bool CAUSAL>
+   tml / tmd: lse2, D [B N, T] fp32 (box 64); tma: dq_acc {H, T, B N} fp32 (box {32, 64, 1}, 128-byte swizzle).
+   WAIT (plans hopper.bwd.onepass.wait, .narrow.wait): the producer always takes the RULE's second branch, waiting on
+   wr_done for every item whatever the counter says, so every phase of wr_done is observed (the skip leaves phases
+   unobserved, which compute-sanitizer synccheck reports: docs/hopper.md); the argument's invariant holds a fortiori
+   and wr_done's phases alternate strictly. */
+template <bool CAUSAL, bool WAIT>
 __global__ void __launch_bounds__(THREADS, 1)
     sa_hop_onepass128_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
                              const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
@@ -235,10 +239,14 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         if (im.n_tiles > 0 && im.n_tiles <= STAGES) load_kv();
         /* The next ticket (the RULE): at once when the counter is past this item's head, else once the writer's last
-           semaphore wait of this item passed. */
-        int past = 0;
-        if (lead) past = ld_relaxed(sc.sync) >= vid - im.kb + sc.nkb;
-        if (!__shfl_sync(0xffffffffu, past, 0)) mbar_wait(wr_done0 + 8 * (j & 1), (j >> 1) & 1);
+           semaphore wait of this item passed; WAIT: always once it passed. */
+        if constexpr (WAIT) {
+          mbar_wait(wr_done0 + 8 * (j & 1), (j >> 1) & 1);
+        } else {
+          int past = 0;
+          if (lead) past = ld_relaxed(sc.sync) >= vid - im.kb + sc.nkb;
+          if (!__shfl_sync(0xffffffffu, past, 0)) mbar_wait(wr_done0 + 8 * (j & 1), (j >> 1) & 1);
+        }
         if (lead) tk = atomicAdd(sc.sync, 1);
         vid = __shfl_sync(0xffffffffu, tk, 0);
       }
@@ -370,18 +378,18 @@ __global__ void sa_hop_dq_convert_kernel(const float *acc, __nv_bfloat16 *dq, in
 
 /* ---- host ------------------------------------------------------------------------------------------- */
 
-template <bool CAUSAL>
+template <bool CAUSAL, bool WAIT>
 cudaError_t sa_hop_onepass128_run(const CUtensorMap (&m)[7], const sa_hop_onepass_params &bp,
                                   const sa_hop_onepass128_sched &sc, const sa_cuda_plan &plan, int64_t B,
                                   cudaStream_t st) {
   constexpr int smem = op_smem();
   cudaError_t e =
-      cudaFuncSetAttribute(sa_hop_onepass128_kernel<CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      cudaFuncSetAttribute(sa_hop_onepass128_kernel<CAUSAL, WAIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   e = cudaMemsetAsync(sc.sync, 0, plan.sync_bytes, st); /* the ticket, the semaphores (not dq_acc) */
   if (e != cudaSuccess) return e;
-  e = sa_hop_launch_items(sa_hop_onepass128_kernel<CAUSAL>, plan, THREADS, smem, st, m[0], m[1], m[2], m[3], m[4], m[5],
-                          m[6], bp, sc);
+  e = sa_hop_launch_items(sa_hop_onepass128_kernel<CAUSAL, WAIT>, plan, THREADS, smem, st, m[0], m[1], m[2], m[3], m[4],
+                          m[5], m[6], bp, sc);
   if (e != cudaSuccess) return e;
   const int rows = (int)(B * bp.T * bp.N); /* < 2^27 in scope: rows * 16 fits sa_hop_dq_convert_kernel's int */
   return sa_hop_onepass_dq_convert(bp.dq_acc, bp.dq, bp.T, bp.N, 128, bp.scale, rows, plan.sms, st);
@@ -437,6 +445,9 @@ cudaError_t sa_hop_onepass_launch(const sa_cuda_plan &plan, const sa_cuda_params
   sa_hop_onepass_params bp;
   if (!sa_hop_onepass_prepare(p, acc, KB, m, &bp)) return cudaErrorInvalidValue;
   const sa_hop_onepass128_sched sc = {sync, plan.nkb, (int)p.G, plan.n_all, plan.d, plan.items};
-  return p.causal ? sa_hop_onepass128_run<true>(m, bp, sc, plan, p.B, st)
-                  : sa_hop_onepass128_run<false>(m, bp, sc, plan, p.B, st);
+  if (plan.op_wait)
+    return p.causal ? sa_hop_onepass128_run<true, true>(m, bp, sc, plan, p.B, st)
+                    : sa_hop_onepass128_run<false, true>(m, bp, sc, plan, p.B, st);
+  return p.causal ? sa_hop_onepass128_run<true, false>(m, bp, sc, plan, p.B, st)
+                  : sa_hop_onepass128_run<false, false>(m, bp, sc, plan, p.B, st);
 }

@@ -63,7 +63,9 @@ __device__ __forceinline__ sa_hop_onepass64_item item64_get(const int (&f)[SLOT]
 
 #endif /* sm_90a */
 
-template <bool CAUSAL>
+/* WAIT: the producer waits on wr_done for every item, the counter's value aside (onepass128.cu's WAIT: plans
+   hopper.bwd.onepass.wait, .narrow.wait). */
+template <bool CAUSAL, bool WAIT>
 __global__ void __launch_bounds__(THREADS64, 1)
     sa_hop_onepass64_kernel(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
                             const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
@@ -167,10 +169,14 @@ __global__ void __launch_bounds__(THREADS64, 1)
         }
         if (im.n_tiles > 0 && im.n_tiles <= STAGES) load_kv();
         /* The next ticket (the header's RULE): at once when the counter is past this item's group, else once the
-           writer's last semaphore wait of this item passed. */
-        int past = 0;
-        if (lead) past = ld_relaxed(sc.sync) >= vid - im.kb + sc.nkb;
-        if (!__shfl_sync(0xffffffffu, past, 0)) mbar_wait(wr_done(j & 1), (j >> 1) & 1);
+           writer's last semaphore wait of this item passed; WAIT: always once it passed. */
+        if constexpr (WAIT) {
+          mbar_wait(wr_done(j & 1), (j >> 1) & 1);
+        } else {
+          int past = 0;
+          if (lead) past = ld_relaxed(sc.sync) >= vid - im.kb + sc.nkb;
+          if (!__shfl_sync(0xffffffffu, past, 0)) mbar_wait(wr_done(j & 1), (j >> 1) & 1);
+        }
         if (lead) tk = atomicAdd(sc.sync, 1);
         vid = __shfl_sync(0xffffffffu, tk, 0);
       }
@@ -357,10 +363,21 @@ __global__ void sa_hop_dkdv_sum_kernel(const float *part, __nv_bfloat16 *dk, __n
 #endif /* sm_90a */
 }
 
+template <bool CAUSAL, bool WAIT>
+cudaError_t sa_hop_onepass64_run(const CUtensorMap (&m)[7], const sa_hop_onepass_params &bp,
+                                 const sa_hop_onepass64_sched &sc, const sa_cuda_plan &plan, cudaStream_t st) {
+  constexpr int smem = op64_smem();
+  cudaError_t e =
+      cudaFuncSetAttribute(sa_hop_onepass64_kernel<CAUSAL, WAIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  if ((e = cudaMemsetAsync(sc.sync, 0, plan.sync_bytes, st)) != cudaSuccess) return e; /* not dq_acc */
+  return sa_hop_launch_items(sa_hop_onepass64_kernel<CAUSAL, WAIT>, plan, THREADS64, smem, st, m[0], m[1], m[2], m[3],
+                             m[4], m[5], m[6], bp, sc, plan.items);
+}
+
 } /* namespace */
 
 cudaError_t sa_hop_onepass64_launch(const sa_cuda_plan &plan, const sa_cuda_params &p, void *ws, cudaStream_t st) {
-  constexpr int smem = op64_smem();
   const int hs = plan.split;
   float *acc = (float *)ws;
   int *sync = (int *)((char *)ws + plan.off_sync);
@@ -370,16 +387,10 @@ cudaError_t sa_hop_onepass64_launch(const sa_cuda_plan &plan, const sa_cuda_para
   if (!sa_hop_onepass_prepare(p, acc, KB64, m, &bp)) return cudaErrorInvalidValue; /* K / V as 192-row boxes */
   const sa_hop_onepass64_sched sc = {sync,   hs > 1 ? part : nullptr,        plan.nkb, (int)(p.G / hs), hs, plan.n_all,
                                      plan.d, (size_t)(p.B * p.S * p.K * p.H)};
-  cudaError_t e =
-      p.causal
-          ? cudaFuncSetAttribute(sa_hop_onepass64_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)
-          : cudaFuncSetAttribute(sa_hop_onepass64_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return e;
-  if ((e = cudaMemsetAsync(sc.sync, 0, plan.sync_bytes, st)) != cudaSuccess) return e; /* not dq_acc */
-  e = p.causal ? sa_hop_launch_items(sa_hop_onepass64_kernel<true>, plan, THREADS64, smem, st, m[0], m[1], m[2], m[3],
-                                     m[4], m[5], m[6], bp, sc, plan.items)
-               : sa_hop_launch_items(sa_hop_onepass64_kernel<false>, plan, THREADS64, smem, st, m[0], m[1], m[2], m[3],
-                                     m[4], m[5], m[6], bp, sc, plan.items);
+  cudaError_t e = plan.op_wait ? (p.causal ? sa_hop_onepass64_run<true, true>(m, bp, sc, plan, st)
+                                           : sa_hop_onepass64_run<false, true>(m, bp, sc, plan, st))
+                               : (p.causal ? sa_hop_onepass64_run<true, false>(m, bp, sc, plan, st)
+                                           : sa_hop_onepass64_run<false, false>(m, bp, sc, plan, st));
   if (e != cudaSuccess) return e;
   if (hs > 1) { /* every element of every partial was written by its item: no memset */
     const size_t blocks = (sc.slice / 4 + 255) / 256, cap = (size_t)plan.sms * 8;
