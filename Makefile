@@ -106,8 +106,9 @@ demo: build
 demo-c: build
 	$(BUILD)/sinkattn_demo
 
-# The CPU's FMA / AMX / read-bandwidth peaks beside the kernels' figures, PyTorch's SDPA as a contender when
-# torch is importable (bench/cpu_bench.py); OUT=file.json says where the results go.
+# One table: the default plans, the AMX tile and vector plans forced and PyTorch's SDPA (when torch is importable)
+# side by side, the CPU's FMA / AMX / read-bandwidth peaks of the same run above it (bench/cpu_bench.py); the JSON
+# (OUT=file.json, else bench/results/cpu-<date>.json) names the commit, the CPU, the compiler and the versions.
 bench-cpu: build
 	$(VPY) bench/cpu_bench.py --lib $(BUILD)/libsinkattn_cpubench.so $(if $(OUT),--out $(OUT))
 

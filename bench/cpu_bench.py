@@ -1,19 +1,23 @@
 """CPU benchmark that names the limit (`make bench-cpu`). Larger than 400 lines: the peaks, the contenders
-(ours, AMX forced, PyTorch), the checks and the report of one run read best together.
+(the default plans, the tile and vector plans forced, PyTorch), the checks and the report of one run read best
+together.
 
 Measures this machine's limits in the same run (fp32 FMA peak, AMX bf16 tile peak when the CPU and OS have
 it, memory read bandwidth; before and after the grid), then times sinkattn's CPU backend (learnable sinks)
-for bf16 and f32: forward, forward+backward and decode, and PyTorch's CPU scaled_dot_product_attention on the
-same values when torch is importable. PyTorch has no sinks: it is timed vanilla, in its own [B, N, T, H]
-layout, with the same threads. Contenders alternate within each round (the order rotating); the figures
-are medians over rounds, each round the median of a few calls; ratios are taken round by round.
+for bf16 and f32: forward, forward+backward and decode, under the default plans (what a user gets), the AMX tile
+plans forced (bf16, where the CPU and OS have AMX) and the vector plans of the CPU's level forced, and PyTorch's
+CPU scaled_dot_product_attention on the same values when torch is importable. PyTorch has no sinks: it is timed
+vanilla, in its own [B, N, T, H] layout, with the same threads. Contenders alternate within each round (the
+order rotating); the figures are medians over rounds, each round the median of a few calls; ratios are taken
+round by round. A forced plan that is the default is timed once.
 
     python bench/cpu_bench.py [--out results.json] [--lib build/libsinkattn_cpubench.so] [--threads N]
-                              [--rounds 5] [--quick] [--no-torch] [--only fwd|fwd+bwd|decode] [--amx]
+                              [--rounds 5] [--quick] [--no-torch] [--only fwd|fwd+bwd|decode]
 
 FLOPs: forward 4 B N T S H (x 0.5 causal), forward+backward 3.5 x that; decode bytes: the K and V caches.
-Before timing, each shape's output is checked against the fp64 reference on a cropped copy (T, S <= 256;
-decode B = 1, S = 4096). Results (JSON) are stamped with the commit, the CPU model and the versions.
+Before timing, each contender's output is checked against the fp64 reference on a cropped copy of the shape
+(T, S <= 256; decode B = 1, S = 4096). Results (JSON) are stamped with the commit, the CPU model, the compiler
+and the versions of Python, numpy, torch and jax.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import glob
+import importlib.metadata
 import json
 import os
 import platform
@@ -186,33 +191,55 @@ class TorchSdpa:
     return statistics.median(ts)
 
 
-AMX_PLANS = ("cpu.fwd.amx", "cpu.bwd.amx", "cpu.decode.amx")  # the tile kernels (docs/cpu.md), forced by --amx
+AMX_PLANS = ("cpu.fwd.amx", "cpu.bwd.amx", "cpu.decode.amx")  # the tile kernels (docs/cpu.md)
+
+
+def vector_plans(build, dt):
+  """The vector plans of the library's SIMD level (forward, backward, decode) for dtype dt."""
+  simd = build["simd"]
+  if simd != "avx512":
+    dec = "cpu.decode.portable"
+  else:
+    dec = "cpu.decode.avx512bf16" if dt == BF16 and build["avx512_bf16"] else "cpu.decode.avx512"
+  return (f"cpu.fwd.{simd}", f"cpu.bwd.{simd}", dec)
+
+
+def forced(lib, force, fn):
+  """fn() with plans force (forward, backward, decode names; None: the defaults) forced for this thread."""
+  if force is None:
+    return fn()
+  for which, name in enumerate(force):
+    lib.sa_plan_force(which, name.encode())
+  try:
+    return fn()
+  finally:
+    for which in range(len(force)):
+      lib.sa_plan_force(which, None)
 
 
 def sinkattn_time(lib, c, kind, calls, threads, force=None):
   """(median wall seconds, median CPU seconds / threads, the plan's description) of calls calls; force: (fwd plan,
   bwd plan, decode plan) names forced for this thread's calls (sa_plan_force, kinds 0, 1, 2), None for the default
   plans."""
-  if force is not None:
-    for which, name in enumerate(force):
-      lib.sa_plan_force(which, name.encode())
-    try:
-      return sinkattn_time(lib, c, kind, calls, threads)
-    finally:
-      for which in range(len(force)):
-        lib.sa_plan_force(which, None)
   st, plan, cpu = ctypes.c_int(0), ctypes.create_string_buffer(256), ctypes.c_double(0)
-  t = lib.sab_time(ctypes.byref(c.prob), kind, calls, threads, ctypes.byref(st), plan, ctypes.byref(cpu))
+  t = forced(
+    lib,
+    force,
+    lambda: lib.sab_time(ctypes.byref(c.prob), kind, calls, threads, ctypes.byref(st), plan, ctypes.byref(cpu)),
+  )
   if t < 0:
     raise RuntimeError(f"sinkattn {KIND_NAMES[kind]} failed with status {st.value}")
   return t, cpu.value, plan.value.decode()
 
 
-def check(lib, dt, B, T, S, N, K, H, causal, kind, rng):
-  """sinkattn's output against the fp64 reference on a cropped copy of the shape."""
+def check(lib, dt, B, T, S, N, K, H, causal, kind, rng, force=None):
+  """sinkattn's output under plans force (None: the defaults) against the fp64 reference on a cropped copy of the
+  shape: max |err| / max |ref|, -1 when the call fails."""
   c = Case(dt, B, T, S, N, K, H, causal, rng, grads=False)
   ref = np.zeros_like(c.out)
-  return lib.sab_check(ctypes.byref(c.prob), DECODE if kind == DECODE else FWD, ref.ctypes.data)
+  return forced(
+    lib, force, lambda: lib.sab_check(ctypes.byref(c.prob), DECODE if kind == DECODE else FWD, ref.ctypes.data)
+  )
 
 
 def machine_stamp(lib, threads, torch):
@@ -247,8 +274,19 @@ def machine_stamp(lib, threads, torch):
     "python": platform.python_version(),
     "numpy": np.__version__,
     "torch": torch.__version__ if torch else None,
+    "torch_cpu_capability": torch.backends.cpu.get_cpu_capability() if torch else None,
+    "jax": package_version("jax"),
+    "jaxlib": package_version("jaxlib"),
     "loadavg_start": os.getloadavg(),
   }
+
+
+def package_version(name):
+  """The installed distribution's version without importing it (None when absent)."""
+  try:
+    return importlib.metadata.version(name)
+  except importlib.metadata.PackageNotFoundError:
+    return None
 
 
 def measure_peaks(lib, threads, read_bytes):
@@ -286,44 +324,66 @@ def row_name(dt, B, T, S, N, K, H, causal):
   return f"{d} B{B} T{T} N{N}/{K} H{H}{' causal' if causal else ''}"
 
 
-def time_kind(lib, c, kind, args, torch):
+def contenders_of(lib, build, c, kind, threads):
+  """({name: (forced plans or None, the plan that runs)}, {name: why it is not timed}) of sinkattn for case c: the
+  default, then the AMX tile and the vector plans forced where they can run and are not the default."""
+  out, why = {"default": (None, sinkattn_time(lib, c, kind, 1, threads)[2])}, {}
+  for name, force in (("tile", AMX_PLANS if c.dt == BF16 else None), ("vector", vector_plans(build, c.dt))):
+    if force is None:
+      why[name] = "the tile plans take bf16 only"
+      continue
+    try:
+      plan = sinkattn_time(lib, c, kind, 1, threads, force)[2]
+    except RuntimeError as e:
+      why[name] = f"refused here: {e}"
+      continue
+    if plan.split()[0] == out["default"][1].split()[0]:
+      why[name] = "the default"
+    else:
+      out[name] = (force, plan)
+  return out, why
+
+
+def time_kind(lib, build, c, kind, args, torch):
   """One row: the contenders of a kind on case c, interleaved rounds (the order rotating), medians."""
-  t_est, _, plan = sinkattn_time(lib, c, kind, 1, args.threads)
+  ours, why = contenders_of(lib, build, c, kind, args.threads)
+  t_est = sinkattn_time(lib, c, kind, 1, args.threads)[0]
   calls = max(1, min(20, int(0.3 / max(t_est, 1e-6))))
-  cpu_rounds = []
+  cpu_rounds = {n: [] for n in ours}
 
-  def ours(n):
-    t, cpu, _ = sinkattn_time(lib, c, kind, n, args.threads)
-    cpu_rounds.append(cpu)
-    return t
-
-  contenders = {"sinkattn": ours}
-  amx_plan = []
-  if args.amx and c.dt == BF16:  # the tile kernels beside the default plan
-
-    def ours_amx(n):
-      t, _, p = sinkattn_time(lib, c, kind, n, args.threads, AMX_PLANS)
-      amx_plan[:] = [p]
+  def timer(n):
+    def run(calls_):
+      t, cpu, _ = sinkattn_time(lib, c, kind, calls_, args.threads, ours[n][0])
+      cpu_rounds[n].append(cpu)
       return t
 
-    contenders["sinkattn_amx"] = ours_amx
+    return run
+
+  contenders = {n: timer(n) for n in ours}
   read_bytes = max(cache_bytes(c), 256 * 2.0**20)
   if kind == DECODE:  # the read bandwidth beside each round's decode: a ratio that the machine's load moves less
     contenders["read"] = lambda n: read_bytes / (1e9 * lib.sab_read_bw(args.threads, read_bytes, 3, None))
+  peak_rounds = []
+  amx = c.dt == BF16 and lib.sab_amx_peak(args.threads, 1, 0) > 0  # -1: no AMX, or a build without the peak
+  if kind != DECODE:  # likewise the AMX (bf16) or FMA (f32) peak beside each round's attention
+
+    def peak(_calls):
+      peak_rounds.append(lib.sab_amx_peak(args.threads, 1, 0) if amx else lib.sab_fma_peak(args.threads, 1, None))
+      return 0.0
+
+    contenders["peak"] = peak
   sdpa = TorchSdpa(torch, c, kind, args.threads) if torch is not None else None
   if sdpa is not None:
-    contenders["torch_sdpa"] = sdpa.time
+    contenders["torch"] = sdpa.time
   names = list(contenders)
   times = {n: [] for n in names}
   for r in range(args.rounds):
     for i in range(len(names)):
       n = names[(i + r) % len(names)]
       times[n].append(contenders[n](calls))
-  row = {"calls_per_round": calls, "plan": plan}
-  if amx_plan:
-    row["plan_amx"] = amx_plan[0]
+  row = {"calls_per_round": calls, "plans": {n: ours[n][1] for n in ours}, "not_timed": why}
   for n in names:
-    if n == "read":
+    if n in ("read", "peak"):
       continue
     med = statistics.median(times[n])
     row[n] = {
@@ -332,25 +392,26 @@ def time_kind(lib, c, kind, args, torch):
       "ms_rounds": [1e3 * t for t in times[n]],
       "gflops": flops(c, kind) / med / 1e9,
     }
+    if n in cpu_rounds:
+      cpu_med = statistics.median(cpu_rounds[n])
+      row[n].update(ms_cpu_time=1e3 * cpu_med, gflops_cpu_time=flops(c, kind) / cpu_med / 1e9)
+    if peak_rounds:
+      row[n]["of_peak_same_round"] = statistics.median(
+        [flops(c, kind) / t / 1e9 / g for t, g in zip(times[n], peak_rounds)]
+      )
     if kind == DECODE:
       row[n]["gbps"] = cache_bytes(c) / med / 1e9
       row[n]["of_read_same_round"] = statistics.median(
         [t / s * cache_bytes(c) / read_bytes for t, s in zip(times["read"], times[n])]
       )
-  cpu_med = statistics.median(cpu_rounds)
-  row["sinkattn"]["ms_cpu_time"] = 1e3 * cpu_med
-  row["sinkattn"]["gflops_cpu_time"] = flops(c, kind) / cpu_med / 1e9
+    if sdpa is not None and n != "torch":  # > 1: sinkattn faster, round by round
+      row[n]["torch_over"] = statistics.median([t / s for t, s in zip(times["torch"], times[n])])
   if kind == DECODE:
-    row["sinkattn"]["gbps_cpu_time"] = cache_bytes(c) / cpu_med / 1e9
     row["read_gbps_rounds"] = [read_bytes / t / 1e9 for t in times["read"]]
-    row["of_read_same_round"] = statistics.median(
-      [t / s * cache_bytes(c) / read_bytes for t, s in zip(times["read"], times["sinkattn"])]
-    )
+  else:
+    row["peak_rounds"] = {"kind": "amx_bf16" if amx else "fma_fp32", "gflops": peak_rounds}
   if sdpa is not None:
-    row["torch_sdpa"]["gqa"] = sdpa.gqa_mode
-    row["torch_over_sinkattn"] = statistics.median([t / s for t, s in zip(times["torch_sdpa"], times["sinkattn"])])
-    if "sinkattn_amx" in times:
-      row["torch_over_amx"] = statistics.median([t / s for t, s in zip(times["torch_sdpa"], times["sinkattn_amx"])])
+    row["torch"]["gqa"] = sdpa.gqa_mode
   return row
 
 
@@ -366,9 +427,6 @@ def main():
     "--only", choices=list(KIND_NAMES.values()), action="append", help="time only these kinds (repeatable; default all)"
   )
   ap.add_argument("--read-mib", type=int, default=512, help="size of the read-bandwidth buffer")
-  ap.add_argument(
-    "--amx", action="store_true", help="bf16 forward / forward+backward / decode also under the AMX tile plans"
-  )
   args = ap.parse_args()
   if args.threads < 1 or args.rounds < 1:
     sys.exit(f"cpu_bench: --threads {args.threads} and --rounds {args.rounds} must be >= 1")
@@ -390,11 +448,9 @@ def main():
   print(
     f"cpu_bench: {res['cpu']}, {args.threads} threads, SIMD {b['simd']}, AVX512-BF16 {b['avx512_bf16']}, "
     f"AMX-BF16 {b['amx_bf16']} (tile state {b['amx_os']}), commit {res['git_commit']}"
-    f"{' (dirty)' if res['git_dirty'] else ''}, {b['compiler']}, torch {res['torch'] or 'not importable'}"
+    f"{' (dirty)' if res['git_dirty'] else ''}, {b['compiler']}, torch {res['torch'] or 'not importable'}, "
+    f"jax {res['jax'] or 'not installed'}, load average {res['loadavg_start'][0]:.1f}"
   )
-  if args.amx and not (b["amx_bf16"] and b["amx_os"]):
-    print("cpu_bench: --amx: this CPU or OS cannot run the AMX plans; timing the default plans only")
-    args.amx = False
   read_bytes = args.read_mib * 2.0**20
   p0 = measure_peaks(lib, args.threads, read_bytes)
   rng = np.random.default_rng(0)
@@ -404,18 +460,21 @@ def main():
     if not kinds:
       continue
     name = row_name(dt, B, T, S, N, K, H, causal)
-    if T == 1:
-      err = check(lib, dt, 1, 1, 4096, N, K, H, causal, DECODE, rng)
-    else:
-      err = check(lib, dt, B, min(T, 256), min(S, 256), N, K, H, causal, FWD, rng)
-    tol = 2e-2 if dt == BF16 else 1e-4
-    if not (0 <= err <= tol):
-      sys.exit(
-        f"cpu_bench: {name}: sinkattn disagrees with the fp64 reference (rel. error {err:.3g} > {tol}); not timing"
-      )
     c = Case(dt, B, T, S, N, K, H, causal, rng, grads=FWDBWD in kinds)
+    errs = {}
+    for n, (force, _) in contenders_of(lib, b, c, kinds[0], args.threads)[0].items():
+      if T == 1:
+        errs[n] = check(lib, dt, 1, 1, 4096, N, K, H, causal, DECODE, rng, force)
+      else:
+        errs[n] = check(lib, dt, B, min(T, 256), min(S, 256), N, K, H, causal, FWD, rng, force)
+    tol = 2e-2 if dt == BF16 else 1e-4
+    bad = {n: e for n, e in errs.items() if not (0 <= e <= tol)}
+    if bad:
+      sys.exit(
+        f"cpu_bench: {name}: disagrees with the fp64 reference (max |err| / max |ref| {bad} > {tol}); not timing"
+      )
     for kind in kinds:
-      row = time_kind(lib, c, kind, args, torch)
+      row = time_kind(lib, b, c, kind, args, torch)
       row.update(
         name=name,
         kind=KIND_NAMES[kind],
@@ -427,13 +486,12 @@ def main():
         K=K,
         H=H,
         causal=causal,
-        check_rel_err=err,
+        check_rel_err=errs,
       )
       rows.append(row)
       print(
-        f"  {name:28s} {KIND_NAMES[kind]:8s} sinkattn {row['sinkattn']['ms']:9.3f} ms"
-        + (f"  amx {row['sinkattn_amx']['ms']:9.3f} ms" if "sinkattn_amx" in row else "")
-        + (f"  torch {row['torch_sdpa']['ms']:9.3f} ms" if "torch_sdpa" in row else ""),
+        f"  {name:28s} {KIND_NAMES[kind]:8s} "
+        + "  ".join(f"{n} {row[n]['ms']:9.3f} ms" for n in ("default", "tile", "vector", "torch") if n in row),
         flush=True,
       )
   p1 = measure_peaks(lib, args.threads, read_bytes)
@@ -455,50 +513,48 @@ def main():
 
 
 def report(res):
+  """One table: per row the default plan's figure and its share of the peak, the tile and vector plans forced, and
+  PyTorch, each as ms with its speed-up over PyTorch (x, > 1: faster); the peaks of the same run above it."""
   pk = res["peaks"]
-  amx = (
-    f"{pk['amx_gflops']:.0f} GFLOP/s ({pk['amx_gflops_with_loads']:.0f} with tile loads)"
-    if pk["amx_gflops"] > 0
-    else "none (no AMX-BF16, or the OS did not grant the tile state)"
-  )
+  amx_peak = pk["amx_gflops"] if pk["amx_gflops"] > 0 else None
   print(
-    f"\npeaks on {res['threads']} threads (the larger of before / after the grid): fp32 FMA "
-    f"{pk['fma_gflops']:.0f} GFLOP/s ({pk['fma_gflops_cpu_time']:.0f} per CPU second); AMX bf16 {amx}; "
-    f"memory read {pk['read_gbps']:.1f} GB/s ({pk['read_gbps_cpu_time']:.1f} per CPU second)"
-  )
-  print(
-    "sinkattn: learnable sinks; torch: PyTorch CPU scaled_dot_product_attention, vanilla (no sinks); medians "
-    f"of {res['rounds']} interleaved rounds; decode %read: of the read bandwidth measured in each round beside it; "
-    "'cpu' columns: by CPU time, against the per-CPU-second peaks"
-  )
-  hdr = (
-    f"{'shape':28s} {'kind':7s} {'ours ms':>9s} {'GFLOP/s':>7s} {'%FMA':>5s} {'%AMX':>5s} {'GB/s':>5s} "
-    f"{'%read':>5s} {'cpu%FMA':>7s} {'cpu%read':>8s} | {'torch ms':>9s} {'GFLOP/s':>7s} {'torch/ours':>10s}"
-  )
-  print(hdr)
-  for r in res["rows"]:
-    s = r["sinkattn"]
-    amx = f"{100 * s['gflops'] / pk['amx_gflops']:5.1f}" if pk["amx_gflops"] > 0 else "    -"
-    bw = f"{s['gbps']:5.1f} {100 * r['of_read_same_round']:5.0f}" if "gbps" in s else f"{'-':>5s} {'-':>5s}"
-    cbw = f"{100 * s['gbps_cpu_time'] / pk['read_gbps_cpu_time']:8.0f}" if "gbps" in s else f"{'-':>8s}"
-    line = (
-      f"{r['name']:28s} {r['kind']:7s} {s['ms']:9.3f} {s['gflops']:7.1f} "
-      f"{100 * s['gflops'] / pk['fma_gflops']:5.1f} {amx} {bw} "
-      f"{100 * s['gflops_cpu_time'] / pk['fma_gflops_cpu_time']:7.1f} {cbw} | "
+    f"\npeaks on {res['threads']} threads (the larger of before / after the grid): fp32 FMA {pk['fma_gflops']:.0f} "
+    f"GFLOP/s; AMX bf16 "
+    + (
+      f"{pk['amx_gflops']:.0f} GFLOP/s ({pk['amx_gflops_with_loads']:.0f} with tile loads)"
+      if amx_peak
+      else "none (no AMX-BF16, or the OS did not grant the tile state)"
     )
-    if "torch_sdpa" in r:
-      t = r["torch_sdpa"]
-      line += f"{t['ms']:9.3f} {t['gflops']:7.1f} {r['torch_over_sinkattn']:10.2f}"
-    else:
-      line += f"{'-':>9s} {'-':>7s} {'-':>10s}"
-    print(line)
-    if "sinkattn_amx" in r:
-      x = r["sinkattn_amx"]
-      amx = f"{100 * x['gflops'] / pk['amx_gflops']:5.1f}" if pk["amx_gflops"] > 0 else "    -"
-      vs = f"  torch/amx {r['torch_over_amx']:.2f}" if "torch_over_amx" in r else ""
-      bw = f" {x['gbps']:5.1f} {100 * x['of_read_same_round']:5.0f}" if "gbps" in x else ""
-      name = "  under " + {"fwd": AMX_PLANS[0], "fwd+bwd": "/".join(AMX_PLANS[:2]), "decode": AMX_PLANS[2]}[r["kind"]]
-      print(f"{name:28s} {r['kind']:7s} {x['ms']:9.3f} {x['gflops']:7.1f} {'':5s} {amx}{bw}{vs}")
+    + f"; memory read {pk['read_gbps']:.1f} GB/s. Load average {res['loadavg_start'][0]:.1f} at the start, "
+    f"{res['loadavg_end'][0]:.1f} at the end."
+  )
+  print(
+    "sinkattn: learnable sinks; torch: PyTorch CPU scaled_dot_product_attention, vanilla (no sinks); medians of "
+    f"{res['rounds']} interleaved rounds. default: the plan a call gets; tile / vector: the AMX tile / vector "
+    "plans forced ('=': the default); %peak: of the AMX peak (bf16) or the FMA peak (f32) measured beside it in "
+    "each round (decode: of the read bandwidth); x: PyTorch's time over ours."
+  )
+  print(
+    f"{'shape':29s} {'kind':7s} {'default plan':22s} {'ms':>8s} {'GFLOP/s':>8s} {'GB/s':>5s} {'%peak':>5s} "
+    f"{'x':>5s} | {'tile ms':>8s} {'x':>5s} | {'vector ms':>9s} {'x':>5s} | {'torch ms':>8s}"
+  )
+
+  def cell(r, n, width):
+    if n not in r:
+      return f"{'=' if r['not_timed'].get(n) == 'the default' else '-':>{width}s} {'':5s}"
+    x = f"{r[n]['torch_over']:5.2f}" if "torch_over" in r[n] else f"{'-':>5s}"
+    return f"{r[n]['ms']:{width}.2f} {x}"
+
+  for r in res["rows"]:
+    d = r["default"]
+    dec = r["kind"] == "decode"
+    share = 100 * (d["of_read_same_round"] if dec else d["of_peak_same_round"])
+    print(
+      f"{r['name']:29s} {r['kind']:7s} {r['plans']['default'].split()[0]:22s} {d['ms']:8.2f} "
+      f"{'-' if dec else format(d['gflops'], '.0f'):>8s} {format(d['gbps'], '.1f') if dec else '-':>5s} "
+      f"{share:5.1f} {format(d['torch_over'], '.2f') if 'torch_over' in d else '-':>5s} | {cell(r, 'tile', 8)} | "
+      f"{cell(r, 'vector', 9)} | {format(r['torch']['ms'], '.2f') if 'torch' in r else '-':>8s}"
+    )
 
 
 if __name__ == "__main__":

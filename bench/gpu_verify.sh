@@ -24,7 +24,7 @@
 #           instrumented), the decode rows of bench/kernel_bench.py (every plan, against the copy bandwidth of the same
 #           run), and ncu over the mma kernel at B1 S32k and B8 S4k.
 #   PART=cpu  the host CPU alone: tests/amx_check.c --bench (the AMX tile kernels, attention and decode, where the
-#           host has AMX) and bench/cpu_bench.py on 2 host cores (--amx: the tile plans beside the defaults); with
+#           host has AMX) and bench/cpu_bench.py on 2 host cores (the default, tile and vector plans and PyTorch); with
 #           AB_BASE=DIR (a source tree of another commit, e.g. `git archive C | tar -x -C DIR`, carried untracked)
 #           also bench/cpu_ab.py: DIR's library against this one's, A/B/A, under the plans AB_PLANS (amx).
 #   PART=features  the feature kernels (bias, mask array, positions, soft-cap), in one call: the verified plans
@@ -121,7 +121,7 @@ key() {
     pytest*|ctest) grep -h -E "[0-9]+ (passed|failed)|tests passed|tests failed" "$log" | tail -n 1 | cut -c1-160 ;;
     progress) cat "$STAGE/progress.digest" 2>/dev/null ;;
     amx_check*) grep -h -E "^(SKIP|bench: fwd|bench: decode B|[0-9]+ passed)" "$log" | cut -c1-110 | tr '\n' ' ' ;;
-    cpu_bench) grep -h -E "^peaks on|under cpu" "$log" | cut -c1-120 | tr '\n' ' ' ;;
+    cpu_bench) grep -h -E "^peaks on|^bf16 " "$log" | cut -c1-120 | tr '\n' ' ' ;;
     cpu_ab) grep -h -E " / base: " "$log" | sed 's/ *base .* head / head /' | cut -c1-100 | tr '\n' ' ' ;;
     *) grep -h -E "^(kernel_bench|segments_bench|ring|build|wheels):" "$log" | tail -n 1 ;;
   esac
@@ -197,7 +197,7 @@ if has 2; then
   run_step amx_check 90 bash -c 'build-gpu/amx_check --bench; rc=$?; [ $rc = 77 ] && exit 0; exit $rc'
   # bench-cpu on 2 of the host's cores (the size of the CI machines the CPU targets are set for), AMX forced
   # beside the default plans and PyTorch's SDPA: the peaks and the kernels' figures in one run.
-  run_step cpu_bench 150 "$PY" bench/cpu_bench.py --lib build-gpu/libsinkattn_cpubench.so --quick --amx --threads 2 \
+  run_step cpu_bench 150 "$PY" bench/cpu_bench.py --lib build-gpu/libsinkattn_cpubench.so --quick --threads 2 \
     --rounds 3 --out "$STAGE/cpu_bench.json"
   run_step progress 180 bash bench/gpu_progress.sh "$STAGE/progress.jsonl" "$STAGE/progress.digest"
   if [ "$NGPU" -ge 2 ]; then
@@ -347,7 +347,7 @@ if has cpu; then
   run_step amx_check_2t 150 bash -c 'SINKATTN_NUM_THREADS=2 build-gpu/amx_check --bench; rc=$?; [ $rc = 77 ] && exit 0
     exit $rc'
   [ "${CPU_BENCH:-1}" = 1 ] && run_step cpu_bench 200 "$PY" bench/cpu_bench.py --lib build-gpu/libsinkattn_cpubench.so \
-    --quick --amx --threads 2 --rounds 3 --out "$STAGE/cpu_bench.json"
+    --quick --threads 2 --rounds 3 --out "$STAGE/cpu_bench.json"
   if [ -n "${AB_BASE:-}" ]; then # the same rows under the tile plans, a base tree's library beside this one's
     run_step build_ab_base 200 bash -c 'cmake -S "$1" -B "$1/build" -DCMAKE_BUILD_TYPE=Release -DSINKATTN_CUDA=OFF \
       -DSINKATTN_FFI=OFF >/dev/null && cmake --build "$1/build" -j 16 --target sinkattn_cpubench' _ "$AB_BASE"

@@ -98,9 +98,9 @@ typedef struct {
    sum scale with the magnitude of its terms, not of the one result (a gradient that cancels to exactly
    0 in fp64 comes out ~1e-8 in fp32), and heads are scaled apart because a +50 sink makes one head's
    values e^-50 times another's. Returns the number of bad elements and reports the first; *worst gets
-   the largest error / bound seen. */
-static inline int64_t t_compare(const char *what, const char *tag, const void *got, const void *ref, sa_dtype t,
-                                int64_t n, t_layout lay, double acc, double *worst) {
+   the largest error / bound seen. extra (NULL: none): a further bound per element (sa_test_bf16.h). */
+static inline int64_t t_compare_x(const char *what, const char *tag, const void *got, const void *ref, sa_dtype t,
+                                  int64_t n, t_layout lay, double acc, const double *extra, double *worst) {
   double amax[T_MAX_HEADS] = {0};
   for (int64_t i = 0; i < n; i++) {
     int64_t h = (i / lay.inner) % lay.heads;
@@ -113,7 +113,8 @@ static inline int64_t t_compare(const char *what, const char *tag, const void *g
   for (int64_t i = 0; i < n; i++) {
     double g = sa_load(got, t, i), r = sa_load(ref, t, i);
     if (g == r) continue; /* covers -inf == -inf */
-    double bound = u2 * fabs(r) + acc * amax[(i / lay.inner) % lay.heads] + floor_, err = fabs(g - r);
+    double bound = u2 * fabs(r) + acc * amax[(i / lay.inner) % lay.heads] + floor_ + (extra ? extra[i] : 0.0);
+    double err = fabs(g - r);
     if (!(err <= bound)) {
       if (!bad)
         t_report("%s: %s[%lld] = %.9g, reference %.9g (|err| %.3g > bound %.3g)", tag, what, (long long)i, g, r, err,
@@ -124,6 +125,11 @@ static inline int64_t t_compare(const char *what, const char *tag, const void *g
     }
   }
   return bad;
+}
+
+static inline int64_t t_compare(const char *what, const char *tag, const void *got, const void *ref, sa_dtype t,
+                                int64_t n, t_layout lay, double acc, double *worst) {
+  return t_compare_x(what, tag, got, ref, t, n, lay, acc, NULL, worst);
 }
 
 /* ---- bias and mask shapes ------------------------------------------------------------------ */

@@ -6,6 +6,7 @@
 #ifndef SA_TEST_CASE_H
 #define SA_TEST_CASE_H
 
+#include "sa_plan.h"
 #include "sa_test.h"
 
 enum { T_SINK_U10, T_SINK_BIG }; /* U(-10,10) | +50 / -50 / U(-10,10) */
@@ -250,12 +251,20 @@ static int t_row_has_key(const sa_attn *a, int64_t b, int64_t n, int64_t i) {
   return 0;
 }
 
+/* Plans forced on the CPU backend's forward and backward calls of t_fwd / t_bwd (NULL: whatever the caller
+   forced, else the defaults); the reference's calls never see them. */
+static const char *t_cpu_plan[2];
+
 static sa_status t_fwd(t_prob *p, sa_backend be, void *out, float *lse) {
   t_poison(out, p->a.dtype, p->no);
   t_poison(lse, SA_F32, p->nl);
   p->a.out = out;
   p->a.lse = lse;
-  return sa_attn_fwd(&p->a, be, NULL);
+  const int force = be == SA_BACKEND_CPU && t_cpu_plan[0];
+  if (force) sa_plan_force(SA_PLAN_FWD, t_cpu_plan[0]);
+  sa_status s = sa_attn_fwd(&p->a, be, NULL);
+  if (force) sa_plan_force(SA_PLAN_FWD, NULL);
+  return s;
 }
 
 /* The backward of both backends gets the reference's out and lse: it must use them as given. */
@@ -275,9 +284,12 @@ static sa_status t_bwd(t_prob *p, const t_case *c, sa_backend be, void *dq, void
   g.dv = dv;
   g.dsinks = c->no_dsinks ? NULL : ds;
   g.dbias = c->bias && !c->no_dbias ? db : NULL;
+  const int force = be == SA_BACKEND_CPU && t_cpu_plan[1];
+  if (force) sa_plan_force(SA_PLAN_BWD, t_cpu_plan[1]);
   size_t ws = sa_attn_bwd_workspace_size(&p->a, be);
   void *w = ws ? malloc(ws) : NULL;
   sa_status s = sa_attn_bwd(&p->a, &g, w, ws, be, NULL);
+  if (force) sa_plan_force(SA_PLAN_BWD, NULL);
   free(w);
   return s;
 }
@@ -416,6 +428,8 @@ static int64_t t_check_dbias(const t_prob *p, const t_case *c, const char *tag, 
                    worst);
 }
 
+#include "sa_test_bf16.h"
+
 /* inline: test_cpu_tile.c and amx_check.c include this file for its inputs and checks, not the driver */
 static inline int t_run_case(const t_case *c, int idx, t_stats *st) {
   char name[400], tag[440];
@@ -433,8 +447,11 @@ static inline int t_run_case(const t_case *c, int idx, t_stats *st) {
     t_report("%s: cpu fwd %s: %s", tag, sa_status_name(s), sa_last_error());
     bad++;
   } else {
-    bad += t_compare("out", tag, p.out_c, p.out_r, c->dt, p.no, (t_layout){c->Hv, c->N, NULL}, T_ACC_OUT,
-                     &st->worst[T_W_OUT]);
+    t_bf16_extra ex = {0};
+    if (t_plan_rounds_p(SA_PLAN_FWD)) t_bf16_extra_make(&p, c, 0, &ex);
+    bad += t_compare_x("out", tag, p.out_c, p.out_r, c->dt, p.no, (t_layout){c->Hv, c->N, NULL}, T_ACC_OUT, ex.o,
+                       &st->worst[T_W_OUT]);
+    t_bf16_extra_free(&ex);
     /* lse = m + log(l) with l >= 1: its error is absolute, ~eps * max(|m|, 1), hence the floor of 1 */
     double ones[T_MAX_HEADS];
     for (int h = 0; h < T_MAX_HEADS; h++) ones[h] = 1.0;
@@ -455,12 +472,15 @@ static inline int t_run_case(const t_case *c, int idx, t_stats *st) {
     } else {
       double fq[T_MAX_HEADS], fk[T_MAX_HEADS], fv[T_MAX_HEADS], fb;
       t_grad_floors(&p, c, fq, fk, fv, &fb);
-      bad +=
-          t_compare("dq", tag, p.dq_c, p.dq_r, c->dt, p.nq, (t_layout){c->H, c->N, fq}, T_ACC_GRAD, &st->worst[T_W_DQ]);
-      bad +=
-          t_compare("dk", tag, p.dk_c, p.dk_r, c->dt, p.nk, (t_layout){c->H, c->K, fk}, T_ACC_GRAD, &st->worst[T_W_DK]);
-      bad +=
-          t_compare("dv", tag, p.dv_c, p.dv_r, c->dt, p.nv, (t_layout){c->Hv, c->K, fv}, T_ACC_DV, &st->worst[T_W_DV]);
+      t_bf16_extra ex = {0};
+      if (t_plan_rounds_p(SA_PLAN_BWD)) t_bf16_extra_make(&p, c, 1, &ex);
+      bad += t_compare_x("dq", tag, p.dq_c, p.dq_r, c->dt, p.nq, (t_layout){c->H, c->N, fq}, T_ACC_GRAD, ex.q,
+                         &st->worst[T_W_DQ]);
+      bad += t_compare_x("dk", tag, p.dk_c, p.dk_r, c->dt, p.nk, (t_layout){c->H, c->K, fk}, T_ACC_GRAD, ex.k,
+                         &st->worst[T_W_DK]);
+      bad += t_compare_x("dv", tag, p.dv_c, p.dv_r, c->dt, p.nv, (t_layout){c->Hv, c->K, fv}, T_ACC_DV, ex.v,
+                         &st->worst[T_W_DV]);
+      t_bf16_extra_free(&ex);
       if (!c->no_dsinks) bad += t_check_dsinks(&p, c, tag, &st->worst[T_W_DSINKS]);
       if (c->bias && !c->no_dbias) bad += t_check_dbias(&p, c, tag, fb, &st->worst[T_W_DBIAS]);
       int64_t nan = t_count_nan(p.dq_c, c->dt, p.nq) + t_count_nan(p.dk_c, c->dt, p.nk) +

@@ -1,8 +1,7 @@
 """The GPU benchmarks' and checks' harness where there is no GPU: bench/sa_capi.py's structs against the C
 compiler's layout of include/sinkattn.h, bench/prod_check.py's --cpu mode on the REF and CPU backends (and that it
 fails on a wrong reference), bench/kernel_bench.py's argument handling and dry run; of the CPU benchmarks,
-bench/cpu_ab.py's arguments and bench/tile_proxy.sh's edits; and bench/jax_bench.py (`make bench`) on its tiny
-grid."""
+bench/cpu_ab.py's arguments; and bench/jax_bench.py (`make bench`) on its tiny grid."""
 
 import ctypes
 import os
@@ -116,23 +115,6 @@ def test_cpu_ab_arguments(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["cpu_ab.py", *argv])
     with pytest.raises(SystemExit, match="at least twice|three plan names"):
       cpu_ab.main()
-
-
-def test_tile_proxy_still_patches_the_tile_emulation(tmp_path):
-  """bench/tile_proxy.sh's edits of src/cpu/cpu_tile_isa.h still find their text (a change there fails here, not
-  at the next measurement); TILE_PROXY_NO_BUILD=1 stops it before the build."""
-  dst = tmp_path / "proxy"
-  env = dict(os.environ, TILE_PROXY_NO_BUILD="1")
-  r = subprocess.run(
-    ["bash", os.path.join(ROOT, "bench", "tile_proxy.sh"), ROOT, str(dst)],
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=120,
-  )
-  assert r.returncode == 0, r.stderr
-  text = (dst / "src" / "cpu" / "cpu_tile_isa.h").read_text()
-  assert "((void)sa_tile_emu_dpbf16ps)" in text and 'tls_model("initial-exec")' in text
 
 
 def test_jax_bench_tiny_grid(tmp_path):

@@ -1,10 +1,11 @@
 /*
  * test_cpu_plan.c — the CPU backend's dispatch (src/cpu/cpu_plan.h): the record built from CPUID-like
  * features, SINKATTN_SIMD (which may only lower the level) and SINKATTN_NUM_THREADS, which plans are legal and which is the
- * default, the errors of forced plans (unknown: SA_ERR_INVALID; not legal here, the AMX tile path on a CPU
- * without it: SA_ERR_UNSUPPORTED naming the plan and why; the emulated tile plans legal on any AVX-512 + AVX512-BF16 CPU
- * for bf16, never a default; the tile decode's own limits: head_dim a multiple of 32, no bias, mask or
- * positions), the record read once per process, and every
+ * default (on a record with AMX and one without: the AMX tile plans are the bf16 default with AMX at the shapes
+ * they win, the vector plans elsewhere), the errors of forced plans (unknown: SA_ERR_INVALID; not legal here,
+ * the AMX tile path on a CPU without it: SA_ERR_UNSUPPORTED naming the plan and why; the emulated tile plans
+ * legal on any AVX-512 + AVX512-BF16 CPU for bf16, never a default; the tile decode's own limits: head_dim a
+ * multiple of 32, no bias, mask or positions), the record read once per process, and every
  * plan legal on this machine forced in turn (sa_plan_force) on small problems against the fp64 reference,
  * sa_plan_last naming it, and every CPU plan name forced on every kind of call and dtype: it runs or the
  * error names it.
@@ -98,7 +99,8 @@ static void test_record(void) {
 }
 
 /* The tile decode (cpu.decode.amx, cpu.decode.amx.emulated): bf16 caches with head_dim a multiple of 32, no
-   bias, mask or positions; never a default, listed after the other decode plans; each refusal names why. */
+   bias, mask or positions; cpu.decode.amx the bf16 default with AMX (listed first), the emulation never a
+   default (listed last); each refusal names why. */
 static void test_decode_tile_plans(const sa_cpu_record *r512, const sa_cpu_record *r2, const sa_cpu_record *rlow) {
   sa_attn bf = problem(SA_BF16);
   bf.q_len = 1;
@@ -146,12 +148,23 @@ static void test_decode_tile_plans(const sa_cpu_record *r512, const sa_cpu_recor
   sa_status s = sa_cpu_plan_make(&bf, SA_PLAN_DECODE, &r, "cpu.decode.amx", &p);
   check(s == SA_OK ? p.tile == SA_CPU_TILE_AMX : s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "-mamx-tile"),
         "AMX CPU and OS: cpu.decode.amx legal, or refused naming the compiler's missing -mamx-tile");
-  check(plan_is(&bf, SA_PLAN_DECODE, &r, NULL, "cpu.decode.avx512bf16"),
-        "AMX CPU: the decode default stays avx512bf16");
+  check(plan_is(&bf, SA_PLAN_DECODE, &r, NULL, s == SA_OK ? "cpu.decode.amx" : "cpu.decode.avx512bf16"),
+        "AMX CPU: the bf16 decode default is cpu.decode.amx (avx512bf16 where the tile kernels are not built)");
   n = sa_cpu_plan_list(&bf, SA_PLAN_DECODE, &r, names, 8);
-  check(s == SA_OK ? n == 6 && !strcmp(names[4], "cpu.decode.amx") && !strcmp(names[5], "cpu.decode.amx.emulated")
+  check(s == SA_OK ? n == 6 && !strcmp(names[0], "cpu.decode.amx") && !strcmp(names[1], "cpu.decode.avx512bf16") &&
+                         !strcmp(names[5], "cpu.decode.amx.emulated")
                    : n == 5,
-        "AMX CPU: cpu.decode.amx listed after the other decode plans, before its emulation");
+        "AMX CPU: cpu.decode.amx listed first, its emulation last");
+  check(plan_is(&f16, SA_PLAN_DECODE, &r, NULL, "cpu.decode.avx512") &&
+            plan_is(&f32, SA_PLAN_DECODE, &r, NULL, "cpu.decode.avx512"),
+        "AMX CPU: f16 and f32 caches keep the vector decode");
+  sa_attn biased64 = biased;
+  biased64.kv_len = 64;
+  check(plan_is(&biased64, SA_PLAN_DECODE, &r, NULL, "cpu.decode.fwd") &&
+            sa_cpu_plan_make(&biased64, SA_PLAN_DECODE, &r, NULL, &p) == SA_OK &&
+            p.tile == (s == SA_OK ? SA_CPU_TILE_AMX : SA_CPU_TILE_NONE) &&
+            sa_cpu_plan_make(&biased, SA_PLAN_DECODE, &r, NULL, &p) == SA_OK && p.tile == SA_CPU_TILE_NONE,
+        "AMX CPU: a bf16 decode with a bias runs the forward's default kernels (AMX tiles from 32 keys on)");
   check(sa_cpu_plan_make(&h40, SA_PLAN_DECODE, &r, NULL, &p) == SA_OK && !strcmp(p.name, "cpu.decode.avx512bf16") &&
             sa_cpu_plan_list(&h40, SA_PLAN_DECODE, &r, names, 8) == 4,
         "head_dim 40 on an AMX CPU: the tile decode plans not listed");
@@ -186,7 +199,7 @@ static void test_plans(void) {
   check(fails(&f32, SA_PLAN_DECODE, &r512, "cpu.decode.avx512bf16", SA_ERR_UNSUPPORTED, "bf16", NULL),
         "vdpbf16ps decode forced on an f32 cache: SA_ERR_UNSUPPORTED");
 
-  /* the tile path: never a default, and each missing piece named */
+  /* the tile path: each missing piece named; the default where AMX is there */
   sa_cpu_features f = f_avx512;
   sa_cpu_record r;
   sa_cpu_record_make(&f, NULL, NULL, 2, &r);
@@ -208,7 +221,41 @@ static void test_plans(void) {
     check(s == SA_OK ? p.tile == SA_CPU_TILE_AMX : s == SA_ERR_UNSUPPORTED && strstr(sa_last_error(), "-mamx-tile"),
           "AMX CPU and OS: cpu.fwd.amx legal, or refused naming the compiler's missing -mamx-tile");
   }
-  check(plan_is(&bf, SA_PLAN_FWD, &r, NULL, "cpu.fwd.avx512"), "AMX CPU: the default stays avx512");
+  { /* the defaults with AMX: bf16 on the tiles from SA_CPU_TILE_MIN_KEYS (32) keys on, the rest vectors */
+    sa_cpu_plan p;
+    const int built = sa_cpu_plan_make(&bf, SA_PLAN_FWD, &r, "cpu.fwd.amx", &p) == SA_OK;
+    sa_attn big = bf, big16 = f16, big32 = f32;
+    big.kv_len = big16.kv_len = big32.kv_len = 32;
+    check(plan_is(&big, SA_PLAN_FWD, &r, NULL, built ? "cpu.fwd.amx" : "cpu.fwd.avx512") &&
+              plan_is(&big, SA_PLAN_BWD, &r, NULL, built ? "cpu.bwd.amx" : "cpu.bwd.avx512"),
+          "AMX CPU: bf16 with 32 keys defaults to cpu.fwd.amx / cpu.bwd.amx (avx512 where they are not built)");
+    check(!built || (sa_cpu_plan_make(&big, SA_PLAN_FWD, &r, NULL, &p) == SA_OK && p.tile == SA_CPU_TILE_AMX &&
+                     strstr(p.reason, "AMX tiles")),
+          "AMX CPU: the tile default's reason names the AMX tiles");
+    check(sa_cpu_plan_make(&bf, SA_PLAN_FWD, &r, NULL, &p) == SA_OK && !strcmp(p.name, "cpu.fwd.avx512") &&
+              (!built || strstr(p.reason, "fewer keys")) && plan_is(&bf, SA_PLAN_BWD, &r, NULL, "cpu.bwd.avx512"),
+          "AMX CPU: bf16 with 8 keys stays on the vector plans, the reason naming the tile threshold");
+    check(plan_is(&big16, SA_PLAN_FWD, &r, NULL, "cpu.fwd.avx512") &&
+              plan_is(&big32, SA_PLAN_BWD, &r, NULL, "cpu.bwd.avx512"),
+          "AMX CPU: f16 and f32 stay on the vector plans");
+    const char *nm[8];
+    int nn = sa_cpu_plan_list(&big, SA_PLAN_FWD, &r, nm, 8);
+    check(built ? nn == 5 && !strcmp(nm[0], "cpu.fwd.amx") && !strcmp(nm[1], "cpu.fwd.avx512") &&
+                      !strcmp(nm[4], "cpu.fwd.amx.emulated")
+                : nn == 4 && !strcmp(nm[0], "cpu.fwd.avx512"),
+          "AMX CPU, bf16: amx (the default), avx512, avx2, scalar, amx.emulated");
+    nn = sa_cpu_plan_list(&bf, SA_PLAN_FWD, &r, nm, 8);
+    check(built ? nn == 5 && !strcmp(nm[0], "cpu.fwd.avx512") && !strcmp(nm[1], "cpu.fwd.amx") : nn == 4,
+          "AMX CPU, bf16 below the threshold: the default avx512 listed first, amx after it");
+    sa_cpu_record rl;
+    sa_cpu_record_make(&f, "avx2", NULL, 2, &rl);
+    check(plan_is(&big, SA_PLAN_FWD, &rl, NULL, "cpu.fwd.avx2") &&
+              plan_is(&big, SA_PLAN_DECODE, &rl, NULL, "cpu.decode.portable"),
+          "AMX CPU under SINKATTN_SIMD=avx2: the avx2 / portable defaults (the tile kernels are AVX-512)");
+    check(plan_is(&big, SA_PLAN_FWD, &r512, NULL, "cpu.fwd.avx512") &&
+              plan_is(&big, SA_PLAN_BWD, &r512, NULL, "cpu.bwd.avx512"),
+          "the same bf16 call without AMX: the avx512 defaults");
+  }
 
   /* the emulated tile plans: legal on any AVX-512 + AVX512-BF16 CPU for bf16, never a default, listed last */
   check(plan_is(&bf, SA_PLAN_FWD, &r512, "cpu.fwd.amx.emulated", "cpu.fwd.amx.emulated") &&

@@ -24,15 +24,14 @@
    SA_CPU_ROWS_DIAG: the same with a causal / window / segment mask, where a taller block wastes more on
      its diagonal tiles: causal 64 and 128 rows 72%, 256 rows 60%; gpt-oss's 128-key window (T = 4096,
      N/K = 64/8, H = 64) fwd 59% at 64 rows, 55% at 128.
-   SA_CPU_TILE_ROWS_CAUSAL: the rows of the tile kernels' items under a plain causal mask (cpu_plan.c): their
-     work besides the tile products (emulated as no-ops, Zen 4, 2 threads) at 128 rows against 64:
-     T = S = 2048 N8 H128 causal forward 0.88, forward+backward 0.92; T = S = 4096 N64/8 H64 causal 0.91, 0.96
-     (A/A 0.99-1.00; 256 rows beside 128: about the same); the 127-key window unchanged.
+   SA_CPU_TILE_ROWS_CAUSAL: the rows of the tile kernels' forward and dq items under a plain causal mask
+     (cpu_plan.c), whose 32-row strips each multiply only the keys they see: 64, 128 and 256 rows tie within 2%
+     (bf16 forward, T = S = 2048 N8 H128 causal and T = S = 4096 N64/8 H64 causal, 2 threads, Xeon with AMX).
    SA_CPU_BK: keys per tile in the forward and dq passes (rows of S^T).
-   SA_CPU_TILE_BK: the same for the tile kernels (cpu_tile.h), whose P V C blocks are loaded and stored
-     through the tiles once per key tile: 256 keys give them 8 k steps a load instead of 2. Their work
-     besides the products (those emulated as no-ops, Zen 4, 2 threads, T = S = 2048 N8 H128 bf16):
-     64 keys 1.00, 128 keys 0.93, 256 keys 0.89; 128 rows with 128 keys 0.96, 64 rows with 256 keys 1.05.
+   SA_CPU_TILE_BK: keys per tile of the tile kernels' forward and dq items (cpu_tile_fwd.h, cpu_tile_bwd.h) and
+     of their packed K and V: each strip's o / dq goes through the C tiles once per key tile, and its S (32 rows
+     x the tile's keys, fp32) should stay in L1. CPU time against 256 keys (bf16, 2 threads, Xeon with AMX):
+     128 keys forward 1.07x (N8 H128) and 1.11x (N64/8 H64 causal), forward+backward 1.05x; 512 keys 1.00-1.06x.
    SA_CPU_BK2, SA_CPU_BQ2: keys per dk/dv item and query positions per tile in that pass. 64 and 128 keys
      tie at T = 2048 (causal or not); with gpt-oss's 128-key window 64 wastes less on the window's edges
      (fwd+bwd 35% -> 40% of peak at T = 4096, N/K = 64/8, H = 64).
@@ -76,9 +75,27 @@ typedef struct sa_cpu_ctx {
   int k_bad;                    /* backward: some key inside the lengths holds a NaN or an inf (dq_item) */
   int dbias_pass;               /* the backward pass that sums dbias (an sa_cpu_pass), -1 without dbias */
   int span_b, span_k, span_blk; /* that pass's items span every batch / kv head / block (see sa_cpu_grid) */
+  int64_t nkt;                  /* the tile kernels' key tiles of SA_CPU_TILE_BK keys (cpu_tile_fwd.h) */
+  uint16_t *kpack, *vpack;      /* K^T, and V (forward) or V^T (dq pass), packed once per call [B][K][nkt] */
+  uint16_t *kpair;              /* K's key pairs for the dq pass's dS K, likewise (NULL: each item packs) */
 } sa_cpu_ctx;
 
-typedef enum { SA_CPU_FWD = 0, SA_CPU_BWD_DQ = 1, SA_CPU_BWD_DKDV = 2 } sa_cpu_pass;
+/* SA_CPU_FWD_PACK, SA_CPU_DQ_PACK: the tile kernels' packing of their B operands once per call, one item per (b,
+   kv head, key tile), before the forward's / the dq pass's items when a kv head has several query blocks
+   (cpu_attn.c; cpu_tile_fwd.h, cpu_tile_bwd.h). */
+typedef enum {
+  SA_CPU_FWD = 0,
+  SA_CPU_BWD_DQ = 1,
+  SA_CPU_BWD_DKDV = 2,
+  SA_CPU_FWD_PACK = 3,
+  SA_CPU_DQ_PACK = 4
+} sa_cpu_pass;
+
+/* bf16 elements of one packed key tile of the tile kernels, VNNI blocks of 512 (cpu_tile_pack.h's layouts, dims
+   rounded to 32): K-sized (K^T [16-key groups][32-dim k steps], K's key pairs [16-column groups][32-key k steps])
+   and V-sized (V's key pairs, V^T). */
+static inline int64_t sa_cpu_tile_kt_elems(const sa_attn *a) { return (a->head_dim + 31) / 32 * 32 * SA_CPU_TILE_BK; }
+static inline int64_t sa_cpu_tile_vb_elems(const sa_attn *a) { return (a->v_head_dim + 31) / 32 * 32 * SA_CPU_TILE_BK; }
 
 /* The context of a call (g NULL for a forward); tests read its dbias item grid too. */
 void sa_cpu_ctx_init(sa_cpu_ctx *c, const sa_attn *a, const sa_attn_grad *g, int tile);
@@ -93,7 +110,10 @@ typedef struct {
 } sa_cpu_grid;
 
 static inline sa_cpu_grid sa_cpu_grid_of(const sa_cpu_ctx *c, sa_cpu_pass pass) {
-  const int64_t nblk = pass == SA_CPU_BWD_DKDV ? c->nkb : c->nqb, span = (int)pass == c->dbias_pass;
+  const int64_t nblk = pass == SA_CPU_BWD_DKDV                             ? c->nkb
+                       : pass == SA_CPU_FWD_PACK || pass == SA_CPU_DQ_PACK ? c->nkt
+                                                                           : c->nqb;
+  const int64_t span = (int)pass == c->dbias_pass;
   sa_cpu_grid g;
   g.gb = span && c->span_b && c->a->batch > 0 ? c->a->batch : 1;
   g.gk = span && c->span_k ? c->a->kv_heads : 1;

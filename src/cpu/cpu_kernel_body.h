@@ -25,7 +25,9 @@
  * their transpose as A, read through the strides. A per-tile scalar transpose cost 6-12% of the forward.
  * The products go through PRODUCT: cpu_gemm.h's fp32 FMAs, or with SA_TILE defined (the AMX kernels,
  * cpu_kernel_amx.c and its emulated twin cpu_kernel_amxemu.c) cpu_tile.h's bf16 tile products; everything
- * else is the same code at both. The rows' conversions and prefetches are cpu_kernel_rows.h's.
+ * else is the same code at both, except that the tile kernels' forward and dq items are their own (scores as
+ * S in 32-row strips, cpu_tile_fwd.h, cpu_tile_bwd.h). The rows' conversions and prefetches are
+ * cpu_kernel_rows.h's.
  */
 #include <math.h>
 #include <string.h>
@@ -169,27 +171,30 @@ static size_t carve(const sa_cpu_ctx *c, sa_cpu_pass pass, float *ws, sa_bufs *B
     TAKE(B->ta, (tile_a_elems(kmax) + 1) / 2);
     TAKE(B->tb, (tile_b_elems(kmax, nmax) + 1) / 2);
     TAKE(B->tc, SA_TILE_C_FLOATS);
-    const int64_t nrows = pass == SA_CPU_BWD_DKDV ? BK2 : Mp, pf = (int64_t)(sizeof(void *) / sizeof(float));
+    const int64_t pf = (int64_t)(sizeof(void *) / sizeof(float));
     float *ra, *rb;
-    TAKE(ra, nrows * pf);
-    TAKE(rb, nrows * pf);
+    TAKE(ra, BK2 * pf);
+    TAKE(rb, BK2 * pf);
     B->ra = (const uint16_t **)(void *)ra;
     B->rb = (const uint16_t **)(void *)rb;
-    if (pass == SA_CPU_BWD_DKDV) {
-      TAKE(B->sk, (tile_b_elems(H, BK2) + 1) / 2);
-      TAKE(B->sv, (tile_b_elems(Hv, BK2) + 1) / 2);
-    } else {
-      TAKE(B->sq, (tile_b_elems(H, Mp) + 1) / 2);
-      if (pass == SA_CPU_BWD_DQ) TAKE(B->sd, (tile_b_elems(Hv, Mp) + 1) / 2);
-    }
+    TAKE(B->sk, (tile_b_elems(H, BK2) + 1) / 2); /* the dk/dv items' (the forward and dq items are cpu_tile_*.h's) */
+    TAKE(B->sv, (tile_b_elems(Hv, BK2) + 1) / 2);
   }
 #endif
 #undef TAKE
   return off;
 }
 
+#ifdef SA_TILE
+static size_t tile_own_scratch(const sa_cpu_ctx *c, sa_cpu_pass pass);
+#endif
+
 static size_t scratch(const sa_cpu_ctx *c, sa_cpu_pass pass) {
   sa_bufs B;
+#ifdef SA_TILE
+  /* the tile kernels' own forward and dq items and their packing passes (cpu_tile_fwd.h, cpu_tile_bwd.h) */
+  if (pass != SA_CPU_BWD_DKDV) return tile_own_scratch(c, pass);
+#endif
   return carve(c, pass, NULL, &B);
 }
 
@@ -220,6 +225,16 @@ static void ranges(const sa_attn *a, int64_t ql, int64_t kl, int64_t i0, int64_t
   }
 }
 
+/* The next tile's q / dout rows asked into L1 in the dk/dv pass while this one computes: the vector kernels read
+   64 rows a tile. The tile kernels' 128- and 256-row tiles would ask for up to 2048 lines at once,
+   more than L1 holds, and ran their forward+backward in 0.93-0.95x the time without them (B1 T = S = 2048 N8
+   H128 bf16, 2 threads, Xeon with AMX; into L2 instead: 1.00x). */
+#ifdef SA_TILE
+#define PREFETCH_NEXT(base, t, r0, n, stride, off, len) ((void)(base), (void)(r0), (void)(n), (void)(off))
+#else
+#define PREFETCH_NEXT(base, t, r0, n, stride, off, len) prefetch_rows(base, t, r0, n, stride, off, len)
+#endif
+
 /* The K and V rows of a tile as the products read them: row jj at k + jj * kld and v + jj * vld (floats; the
    tile layer's rows hold bf16, two per float). */
 typedef struct {
@@ -227,18 +242,9 @@ typedef struct {
   int64_t kld, vld;
 } kv_rows;
 
-/* K and V rows [j0, j0 + nk) of kv head kh, and a prefetch of the next tile's rows. The vector layer
-   converts both into its row buffers (LOAD_ROW). The tile layer reads them where they lie instead of copying
-   them (tile_load_row, zero-padded) where the products allow it: V where it is the B operand (v_b: the
-   forward's P V, packed once per tile) when its rows are whole 16-column blocks; K, the A operand of S^T
-   (loaded once per 32 columns of S^T, so once per 32 query rows), when the item has at most 64 rows (Mp), its
-   rows are whole 32-element k steps, and the 16-row groups the tiles load (nk rounded to 16) stay inside the
-   array; either 4-byte aligned. Measured on the work besides the tile products (emulated as no-ops, 2
-   threads, Zen 4): T = S = 4096 N64/8 H64 causal forward (64-row items) 0.94x with both in place, 0.97x
-   with V only; T = S = 2048 N8 H128 (256 rows) 1.03-1.06x with K in place, its A tiles then gathered from rows
-   4 KiB apart, once per 32 of the 256 rows, and 1.01x with V only. */
+/* K and V rows [j0, j0 + nk) of kv head kh converted into the row buffers, and a prefetch of the next tile's. */
 static kv_rows load_kv_rows(const sa_cpu_ctx *c, const sa_bufs *B, int64_t b, int64_t kh, int64_t j0, int64_t nk,
-                            int64_t jhi, int64_t Mp, int v_b) {
+                            int64_t jhi) {
   const sa_attn *a = c->a;
   const int64_t S = a->kv_len, Kh = a->kv_heads, H = a->head_dim, Hv = a->v_head_dim;
   if (j0 + BODY_BK < jhi) {
@@ -246,32 +252,18 @@ static kv_rows load_kv_rows(const sa_cpu_ctx *c, const sa_bufs *B, int64_t b, in
     prefetch_rows(a->k, a->dtype, b * S + j0 + BODY_BK, nn, Kh * H, kh * H, H);
     prefetch_rows(a->v, a->dtype, b * S + j0 + BODY_BK, nn, Kh * Hv, kh * Hv, Hv);
   }
-  kv_rows kv = {B->kr, B->v, c->hp, c->hvp};
-#ifdef SA_TILE
-  const int64_t row0 = (b * S + j0) * Kh + kh;
-  const uint16_t *k0 = (const uint16_t *)a->k + row0 * H, *v0 = (const uint16_t *)a->v + row0 * Hv;
-  if (Mp <= 64 && H % 32 == 0 && (Kh * H) % 2 == 0 && ((uintptr_t)k0 & 3) == 0 &&
-      b * S + j0 + tile_round(nk, SA_TILE_M) <= a->batch * S) {
-    kv.k = (const float *)(const void *)k0;
-    kv.kld = Kh * H / 2;
-  }
-  if (v_b && Hv % 16 == 0 && (Kh * Hv) % 2 == 0 && ((uintptr_t)v0 & 3) == 0) {
-    kv.v = (const float *)(const void *)v0;
-    kv.vld = Kh * Hv / 2;
-  }
-#else
-  (void)Mp;
-  (void)v_b;
-#endif
   for (int64_t jj = 0; jj < nk; jj++) {
     int64_t row = (b * S + j0 + jj) * Kh + kh;
-    if (kv.k == B->kr) LOAD_ROW(B->kr + jj * c->hp, a->k, a->dtype, row * H, H, c->hp, 1.0f);
-    if (kv.v == B->v) LOAD_ROW(B->v + jj * c->hvp, a->v, a->dtype, row * Hv, Hv, c->hvp, 1.0f);
+    LOAD_ROW(B->kr + jj * c->hp, a->k, a->dtype, row * H, H, c->hp, 1.0f);
+    LOAD_ROW(B->v + jj * c->hvp, a->v, a->dtype, row * Hv, Hv, c->hvp, 1.0f);
   }
+  const kv_rows kv = {B->kr, B->v, c->hp, c->hvp};
   return kv;
 }
 
 /* ---- forward --------------------------------------------------------------------------------- */
+
+#ifndef SA_TILE /* the tile kernels' forward item is cpu_tile_fwd.h's */
 
 /* One online-softmax step on S^T [nk x Mp] (base 2 once multiplied by mul, score_mul; column c = query
    row c, c < M): s becomes p = 2^(mul s - m_new); l and the output rows o are rescaled by 2^(m_old - m_new). While a running max is
@@ -346,7 +338,7 @@ static void fwd_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
         ((add || kill) && !fill_cols(c, b, kh, add ? B.s : NULL, B.row, kill, B.krow, nk, Mp, M, np, i0, j0, pos)))
       continue;
     const float mul = score_mul(c, add);
-    const kv_rows kv = load_kv_rows(c, &B, b, kh, j0, nk, jhi, Mp, 1);
+    const kv_rows kv = load_kv_rows(c, &B, b, kh, j0, nk, jhi);
     PRODUCT(B, B.sq, nk, Mp, H, kv.k, kv.kld, 1, B.qt, Mp, B.s, Mp, add, PSCALE(c) / mul); /* S^T = (bias^T +) k q^T */
     finish_scores(c, B.s, kill, nk * Mp);
     if (cls == 1) mask_cols(a, b, B.s, nk, Mp, M, np, rg, i0, j0, B.mlo, B.mhi);
@@ -374,6 +366,10 @@ static void fwd_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
     if (a->lse) a->lse[(b * N + n) * T + i] = lse;
   }
 }
+#else
+#include "cpu_tile_fwd.h"
+#define fwd_item fwd_item_tile
+#endif
 
 /* ---- backward: D, dsinks partials and dq ----------------------------------------------------- */
 
@@ -383,6 +379,7 @@ static float lse_base2(float lse) { return lse == -INFINITY ? 0.0f : lse * SA_LO
 
 #include "cpu_kernel_keys.h" /* after sa_bufs, kv_rows and LOAD_ROW, which it uses */
 
+#ifndef SA_TILE /* the tile kernels' dq item is cpu_tile_bwd.h's */
 static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
   const sa_attn *a = c->a;
   const sa_attn_grad *gr = c->g;
@@ -448,7 +445,7 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
     const float mul = score_mul(c, add);
     const vf mulv = V_SET1(mul);
     (void)mulv;
-    kv_rows kv = load_kv_rows(c, &B, b, kh, j0, nk, jhi, Mp, 0);
+    kv_rows kv = load_kv_rows(c, &B, b, kh, j0, nk, jhi);
     PRODUCT(B, B.sq, nk, Mp, H, kv.k, kv.kld, 1, B.qt, Mp, B.s, Mp, add, PSCALE(c) / mul); /* S^T = (bias^T +) k q^T */
     finish_scores(c, B.s, kill, nk * Mp);
     if (cls == 1) mask_cols(a, b, B.s, nk, Mp, M, np, rg, i0, j0, B.mlo, B.mhi);
@@ -484,6 +481,26 @@ static void dq_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
     if (dbias) gr->dbias[sa_bcast_at(c->bias_st, b, n, i0 + p, 0)] += B.db[r];
   }
 }
+#else
+#include "cpu_tile_bwd.h"
+#define dq_item dq_item_tile
+static size_t tile_own_scratch(const sa_cpu_ctx *c, sa_cpu_pass pass) {
+  tf_bufs F;
+  tb_bufs Q;
+  /* cpu_mask.h's column forms serve the body's S^T items, which these kernels replace (their S is query rows x
+     keys): named here so that the compiler does not warn about them */
+  (void)mask_cols;
+  (void)fill_cols;
+  (void)dbias_cols;
+  (void)load_kv_rows; /* and the body's K / V row loading with its keys with a NaN or an inf (cpu_kernel_keys.h) */
+  (void)bad_keys_out;
+  (void)bad_keys_in;
+  return pass == SA_CPU_FWD_PACK  ? tf_pack_scratch(c)
+         : pass == SA_CPU_DQ_PACK ? tb_pack_scratch(c)
+         : pass == SA_CPU_FWD     ? tf_carve(c, NULL, &F)
+                                  : tb_carve(c, NULL, &Q);
+}
+#endif
 
 /* ---- backward: dk, dv ------------------------------------------------------------------------ */
 
@@ -549,8 +566,8 @@ static void dkdv_item(const sa_cpu_ctx *c, int64_t item, float *ws) {
       { /* the rows of the next (head, tile) step */
         int64_t ng = g + 1 < G ? n + 1 : kh * G, ni = g + 1 < G ? i0 : i0 + Q2, nn = SA_MIN(Q2, ie - ni);
         if (nn > 0) {
-          prefetch_rows(a->q, dt, b * T + ni, nn, N * H, ng * H, H);
-          prefetch_rows(gr->dout, dt, b * T + ni, nn, N * Hv, ng * Hv, Hv);
+          PREFETCH_NEXT(a->q, dt, b * T + ni, nn, N * H, ng * H, H);
+          PREFETCH_NEXT(gr->dout, dt, b * T + ni, nn, N * Hv, ng * Hv, Hv);
         }
       }
       const float mul = score_mul(c, add);
@@ -600,6 +617,10 @@ static void run(const sa_cpu_ctx *c, sa_cpu_pass pass, int64_t item, float *ws) 
     switch (pass) {
       case SA_CPU_FWD: fwd_item(c, sub, ws); break;
       case SA_CPU_BWD_DQ: dq_item(c, sub, ws); break;
+#ifdef SA_TILE
+      case SA_CPU_FWD_PACK: tf_pack_item(c, sub, ws); break;
+      case SA_CPU_DQ_PACK: tb_pack_item(c, sub, ws); break;
+#endif
       default: dkdv_item(c, sub, ws); break;
     }
   }

@@ -8,7 +8,8 @@
 #include "cpu_internal.h"
 #include "cpu_plan.h"
 
-/* Preference order within a kind: the default is the first legal entry that is not override-only. */
+/* Preference order within a kind: the default is the first legal entry that is not override-only and, for
+   the AMX tile entries, whose shape they win (sa_cpu_tile_wins). */
 typedef struct {
   const char *name;
   int which;
@@ -16,32 +17,34 @@ typedef struct {
   sa_cpu_tile tile;
   int bf16_dot;
   int override_only; /* reached only through a forced plan */
-  int fwd_kernels;   /* decode: the attention forward's kernels at the default level */
+  int fwd_kernels;   /* decode: the attention forward's kernels, those of the forward's default plan */
 } sa_cpu_plan_kind;
 
 static const sa_cpu_plan_kind sa_cpu_plan_kinds[] = {
+    /* bf16 on AMX tiles first: on 2 cores of a Xeon with AMX they take 0.25-0.35x the AVX-512 plan's time at
+       T = S = 128..2048 (forward and forward+backward, H 16 to 256, docs/performance.md); the vector plans
+       take the shapes below sa_cpu_tile_wins's threshold. */
+    {"cpu.fwd.amx", SA_PLAN_FWD, SA_CPU_AVX512, SA_CPU_TILE_AMX, 0, 0, 0},
     {"cpu.fwd.avx512", SA_PLAN_FWD, SA_CPU_AVX512, 0, 0, 0, 0},
     {"cpu.fwd.avx2", SA_PLAN_FWD, SA_CPU_AVX2, 0, 0, 0, 0},
     {"cpu.fwd.scalar", SA_PLAN_FWD, SA_CPU_SCALAR, 0, 0, 0, 0},
-    {"cpu.fwd.amx", SA_PLAN_FWD, SA_CPU_AVX512, SA_CPU_TILE_AMX, 0, 1, 0},
     {"cpu.fwd.amx.emulated", SA_PLAN_FWD, SA_CPU_AVX512, SA_CPU_TILE_EMULATED, 0, 1, 0},
+    {"cpu.bwd.amx", SA_PLAN_BWD, SA_CPU_AVX512, SA_CPU_TILE_AMX, 0, 0, 0},
     {"cpu.bwd.avx512", SA_PLAN_BWD, SA_CPU_AVX512, 0, 0, 0, 0},
     {"cpu.bwd.avx2", SA_PLAN_BWD, SA_CPU_AVX2, 0, 0, 0, 0},
     {"cpu.bwd.scalar", SA_PLAN_BWD, SA_CPU_SCALAR, 0, 0, 0, 0},
-    {"cpu.bwd.amx", SA_PLAN_BWD, SA_CPU_AVX512, SA_CPU_TILE_AMX, 0, 1, 0},
     {"cpu.bwd.amx.emulated", SA_PLAN_BWD, SA_CPU_AVX512, SA_CPU_TILE_EMULATED, 0, 1, 0},
-    /* The split-KV decode kernels: AVX-512 (scores by vdpbf16ps straight from a bf16 cache, or fp32 FMAs),
-       and the portable C one, which the avx2 and scalar levels get; then the attention forward's kernels,
-       which take what those do not (a bias, a mask, positions, a soft-cap). */
+    /* The split-KV item with Q.K^T and P.V on AMX tiles (bf16, head_dim a multiple of 32): 0.55-0.82x the
+       time of the vdpbf16ps item on 2 cores of a Xeon with AMX (gpt-oss N/K 64/8 H 64, B 1 and 8, S 256 to
+       32k; docs/performance.md). Then the AVX-512 decode kernels (scores by vdpbf16ps straight from a bf16
+       cache, or fp32 FMAs), and the portable C one, which the avx2 and scalar levels get; then the attention
+       forward's kernels, which take what those do not (a bias, a mask, positions, a soft-cap). */
+    {"cpu.decode.amx", SA_PLAN_DECODE, SA_CPU_AVX512, SA_CPU_TILE_AMX, 0, 0, 0},
     {"cpu.decode.avx512bf16", SA_PLAN_DECODE, SA_CPU_AVX512, 0, 1, 0, 0},
     {"cpu.decode.avx512", SA_PLAN_DECODE, SA_CPU_AVX512, 0, 0, 0, 0},
     {"cpu.decode.portable", SA_PLAN_DECODE, SA_CPU_SCALAR, 0, 0, 0, 0},
     {"cpu.decode.fwd", SA_PLAN_DECODE, SA_CPU_SCALAR, 0, 0, 0, 1},
-    /* The split-KV item with Q.K^T and P.V on AMX tiles (bf16, head_dim a multiple of 32), override-only: on 2
-       Sapphire Rapids cores it reads 0.34-0.37 of the read bandwidth against the AVX-512 item's 0.33
-       (docs/performance.md), too little a gain to change the default; and the same code over emulated
-       instructions (tests). */
-    {"cpu.decode.amx", SA_PLAN_DECODE, SA_CPU_AVX512, SA_CPU_TILE_AMX, 0, 1, 0},
+    /* the tile code over emulated instructions: a test vehicle, never a default */
     {"cpu.decode.amx.emulated", SA_PLAN_DECODE, SA_CPU_AVX512, SA_CPU_TILE_EMULATED, 0, 1, 0},
 };
 #define SA_CPU_NPLANS ((int)(sizeof sa_cpu_plan_kinds / sizeof sa_cpu_plan_kinds[0]))
@@ -118,10 +121,12 @@ static void sa_cpu_plan_shape(const sa_attn *a, sa_cpu_plan *p) {
   /* Decode chunk = 16 * clamp(R, 32, 256) keys: at R = 8 rows (gpt-oss G = 8, one token) 512 keys, so the
      partials (R * (Hv + 1) floats per chunk) are ~1.6% of the cache bytes the chunk reads (bf16, H = Hv),
      and a 4k cache still gives 8 chunks per kv head to spread over threads. Larger R grows the chunk so
-     the partials stay under ~6% of the traffic. */
+     the partials stay under ~6% of the traffic. The tile item takes 4 times that: it stages Q^T, configures the
+     tiles and unpermutes o once per item, and at 2048 keys (gpt-oss, bf16 S 32k, 2 threads, Xeon with AMX) ran B8
+     in 0.94-0.95x the time of 512 (1024 keys: 0.95-0.96x). */
   p->rows = G * a->q_len;
   int64_t r = p->rows < 32 ? 32 : p->rows > 256 ? 256 : p->rows;
-  p->keys = 16 * r;
+  p->keys = (p->tile != SA_CPU_TILE_NONE ? 64 : 16) * r;
   /* At least 8 work items (batch x chunks) while chunks stay >= 256 keys (shape only, like the rule above):
      many rows (T = 64 tokens x G = 4: a 4096-key chunk) made a B = 1, 4k cache one item, one thread's work,
      and decode took 6.7 ms against 3.4 for sa_attn_fwd on 2 cores (N/K 8/2, H 64, f32). Splitting whatever
@@ -134,13 +139,50 @@ static void sa_cpu_plan_shape(const sa_attn *a, sa_cpu_plan *p) {
   p->splits = a->kv_len > 0 ? (a->kv_len + p->keys - 1) / p->keys : 1;
 }
 
+/* Whether an AMX tile plan that can run a is also the default for it: the tile kernels pay a tile
+   configuration per worker, operands padded to 16 rows and 32-element k steps and their staging per item,
+   which tiny problems do not recover. Measured on 2 cores of a Xeon with AMX, bf16, CPU time, tile / vector
+   (docs/performance.md): forward T = S = 16 1.5x (H 64) and 2.2x (H 16), T = S = 8 2.1-2.3x, T = 1 S = 16 0.92x;
+   T = S = 32 0.54x (H 64, 128) and 0.84x (H 16); forward+backward T = S = 16 1.16x, T = S = 32 0.38-0.94x. So
+   fewer than 32 keys take the vector kernels. Head dims off the 32-element k step cost the tiles padding but
+   still win (forward+backward T = S = 256: H 8 0.65x, 16 0.56x, 48 0.29x, 80 0.27x). The tile decode wins from one
+   row (N = K) and 64 keys on (0.56-0.74x at S 64 .. 1024, 0.64-0.82x at S 32k), and takes what its legality rule
+   allows. */
+#define SA_CPU_TILE_MIN_KEYS 32
+static int sa_cpu_tile_wins(const sa_cpu_plan_kind *k, const sa_attn *a) {
+  return k->which == SA_PLAN_DECODE || a->kv_len >= SA_CPU_TILE_MIN_KEYS;
+}
+
+/* The default kind of a call (NULL: none, which the always-legal scalar entries rule out); *tile_lost: an AMX
+   tile kind could run the call but loses at its shape. */
+static const sa_cpu_plan_kind *sa_cpu_plan_default(const sa_attn *a, int which, const sa_cpu_record *r,
+                                                   int *tile_lost) {
+  *tile_lost = 0;
+  for (int i = 0; i < SA_CPU_NPLANS; i++) {
+    const sa_cpu_plan_kind *k = &sa_cpu_plan_kinds[i];
+    if (k->which != which || k->override_only || sa_cpu_plan_why_not(k, a, r)) continue;
+    if (k->tile == SA_CPU_TILE_AMX && !sa_cpu_tile_wins(k, a)) {
+      *tile_lost = 1;
+      continue;
+    }
+    return k;
+  }
+  return NULL;
+}
+
 static void sa_cpu_plan_fill(const sa_cpu_plan_kind *k, const sa_attn *a, const sa_cpu_record *r, const char *reason,
                              sa_cpu_plan *p) {
   memset(p, 0, sizeof *p);
   p->name = k->name;
   p->which = k->which;
-  p->simd = k->fwd_kernels ? r->simd : k->simd;
+  p->simd = k->simd;
   p->tile = k->tile;
+  if (k->fwd_kernels) { /* the kernels of the forward's default plan: the AMX tiles too where that wins */
+    int lost;
+    const sa_cpu_plan_kind *f = sa_cpu_plan_default(a, SA_PLAN_FWD, r, &lost);
+    p->simd = f ? f->simd : r->simd;
+    p->tile = f ? f->tile : SA_CPU_TILE_NONE;
+  }
   p->bf16_dot = k->bf16_dot;
   p->fwd_kernels = k->fwd_kernels;
   p->reason = reason;
@@ -189,27 +231,30 @@ sa_status sa_cpu_plan_make(const sa_attn *a, int which, const sa_cpu_record *r, 
     sa_cpu_plan_fill(k, a, r, reason, p);
     return SA_OK;
   }
-  for (int i = 0; i < SA_CPU_NPLANS; i++) {
-    const sa_cpu_plan_kind *k = &sa_cpu_plan_kinds[i];
-    if (k->which != which || k->override_only || sa_cpu_plan_why_not(k, a, r)) continue;
-    sa_cpu_plan_fill(k, a, r,
-                     k->fwd_kernels ? "a bias, a mask, positions or a soft-cap: the attention forward's kernels"
-                     : r->simd < r->simd_cpu ? "the widest kernels SINKATTN_SIMD allows"
-                                             : "the widest kernels this CPU has",
-                     p);
-    return SA_OK;
-  }
+  int lost;
+  const sa_cpu_plan_kind *k = sa_cpu_plan_default(a, which, r, &lost);
   /* unreachable: the scalar / portable entries are always legal */
-  return sa_error(SA_ERR_UNSUPPORTED, "CPU backend: no plan for call kind %d", which);
+  if (!k) return sa_error(SA_ERR_UNSUPPORTED, "CPU backend: no plan for call kind %d", which);
+  sa_cpu_plan_fill(k, a, r,
+                   k->fwd_kernels ? "a bias, a mask, positions or a soft-cap: the attention forward's kernels"
+                   : k->tile == SA_CPU_TILE_AMX ? "bf16 on AMX tiles, which this CPU has and the OS granted"
+                   : lost                  ? "fewer keys than the AMX tile kernels win at: the widest vector kernels"
+                   : r->simd < r->simd_cpu ? "the widest kernels SINKATTN_SIMD allows"
+                                           : "the widest kernels this CPU has",
+                   p);
+  return SA_OK;
 }
 
 int sa_cpu_plan_list(const sa_attn *a, int which, const sa_cpu_record *r, const char **names, int max) {
-  int n = 0;
+  int n = 0, lost;
   if (r->env_bad || r->threads_bad) return 0;
+  const sa_cpu_plan_kind *d = sa_cpu_plan_default(a, which, r, &lost);
+  if (d && n < max) names[n] = d->name;
+  n += d != NULL;
   for (int pass = 0; pass < 2; pass++)
     for (int i = 0; i < SA_CPU_NPLANS; i++) {
       const sa_cpu_plan_kind *k = &sa_cpu_plan_kinds[i];
-      if (k->which != which || k->override_only != pass || sa_cpu_plan_why_not(k, a, r)) continue;
+      if (k == d || k->which != which || k->override_only != pass || sa_cpu_plan_why_not(k, a, r)) continue;
       if (n < max) names[n] = k->name;
       n++;
     }

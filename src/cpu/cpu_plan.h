@@ -4,12 +4,13 @@
  * The CPU record (CPUID, the OS's permission for the AMX tile state, SINKATTN_SIMD, SINKATTN_NUM_THREADS)
  * is read once per process (sa_cpu_record_get). The plan of a call is a pure function of the problem, the record and an
  * optional forced plan name (sa_cpu_plan_make): the workspace queries and the launches call the same
- * function, so they cannot disagree. The library's plan API (sa_plan.h) lists, forces and reports them. Plan names are backend.kind.variant: cpu.fwd.avx512, cpu.bwd.avx2,
- * cpu.fwd.scalar, cpu.decode.avx512bf16, cpu.decode.portable, cpu.decode.fwd; cpu.fwd.amx / cpu.bwd.amx are
- * the tile path (docs/cpu.md), never a default: only a forced plan reaches them, on an AMX CPU only;
- * cpu.fwd.amx.emulated / cpu.bwd.amx.emulated run the same tile code over emulated instructions, a test
- * vehicle on any AVX-512 + AVX512-BF16 CPU, never a default either; cpu.decode.amx and
- * cpu.decode.amx.emulated are the same pair for the split-KV decode item.
+ * function, so they cannot disagree. The library's plan API (sa_plan.h) lists, forces and reports them. Plan
+ * names are backend.kind.variant: cpu.fwd.avx512, cpu.bwd.avx2, cpu.fwd.scalar, cpu.decode.avx512bf16,
+ * cpu.decode.portable, cpu.decode.fwd; cpu.fwd.amx / cpu.bwd.amx / cpu.decode.amx are the AMX tile path
+ * (docs/cpu.md), the bf16 default where CPUID reports AMX-TILE + AMX-BF16 and AVX512-BF16, the OS granted the
+ * tile state and the shape is one the tiles win (cpu_plan.c states the threshold; the vector plans take the
+ * rest and stay forceable); cpu.fwd.amx.emulated / cpu.bwd.amx.emulated / cpu.decode.amx.emulated run the same
+ * tile code over emulated instructions, a test vehicle on any AVX-512 + AVX512-BF16 CPU, never a default.
  */
 #ifndef SA_CPU_PLAN_H
 #define SA_CPU_PLAN_H
@@ -74,7 +75,7 @@ typedef struct sa_cpu_plan {
 void sa_cpu_plan_rows(const sa_attn *a, int tile, int64_t *bq, int64_t *bq_min);
 
 /* The plan for problem a of kind which. forced NULL or "": the default, the first legal plan of the
-   kind that is not override-only. Else that plan: SA_ERR_INVALID (message naming it and the known
+   kind that is not override-only (an AMX tile plan only at a shape it wins). Else that plan: SA_ERR_INVALID (message naming it and the known
    names) when an unknown cpu.* name, SA_ERR_UNSUPPORTED (naming it and why) when it cannot run this call
    or is another backend's; never a silent fallback. SA_ERR_INVALID too when SINKATTN_SIMD holds an
    unknown value. */

@@ -4,12 +4,12 @@
  * instructions are cpu_tile_isa.h's: the real ones (cpu_kernel_amx.c) or their emulation
  * (cpu_kernel_amxemu.c), the same code above them; the operand layouts are cpu_tile_pack.h's.
  *
- * The body's nine products are of two kinds here (PRODUCT in cpu_kernel_body.h picks by whether B is
- * staged): A = the bf16 rows of a per-tile input (K, V in the forward and dq items, q, dout in the dk/dv
- * items; exact) times a B that the item reuses, staged once per item (q^T, dout^T, k^T, v^T: tile_pack_b),
- * or A = P / dS (fp32, rounded to bf16 as GPU flash-attention kernels do), read transposed from the body's
- * S^T / S, times B = the bf16 rows of a per-tile input. Products accumulate in fp32; alpha (the softmax
- * scale in base 2 for the products with q) is applied in fp32 by AVX-512 when the tiles are stored.
+ * The tile kernels' forward and dq items are their own (cpu_tile_fwd.h, cpu_tile_bwd.h); the body's dk/dv item
+ * multiplies through this layer, its four products of two kinds (PRODUCT in cpu_kernel_body.h picks by whether
+ * B is staged): A = the bf16 rows of q or dout (exact) times k^T or v^T, staged once per item (tile_pack_b_t),
+ * or A = P / dS (fp32, rounded to bf16 as GPU flash-attention kernels do), read transposed from the body's S,
+ * times B = the bf16 rows of q or dout. Products accumulate in fp32; alpha (the softmax scale in base 2 for the
+ * products with q) is applied in fp32 by AVX-512 when the tiles are stored.
  *
  * Palette 1, all eight tiles 16 rows x 64 bytes, configured once per worker thread (tile_begin) and released
  * when it ends (tile_end). Tiles 0-3: C, 2 x 2 blocks of 16 x 16 fp32; 4, 5: A, 16 rows x 32 bf16 each;

@@ -5,7 +5,13 @@
  *                       TILERELEASE), for a translation unit compiled with -mamx-tile -mamx-bf16;
  *   SA_TILE_EMULATED    plain C that does what the Intel SDM's pseudocode of each instruction does, on eight
  *                       per-thread tile registers of 16 rows x 64 bytes, so that the tile layer's packing,
- *                       VNNI layout and tile shapes run and are tested on CPUs without AMX.
+ *                       VNNI layout and tile shapes run and are tested on CPUs without AMX;
+ *   SA_TILE_PROXY       (with SA_TILE_EMULATED; CMake's SINKATTN_TILE_PROXY, bench/tile_proxy.sh) the emulation
+ *                       keeps the data movement and drops the products: TDPBF16PS does nothing, TILELOADD and
+ *                       TILESTORED move each 64-byte row with one vector load and store, and the tile state is
+ *                       reached through an initial-exec thread-local pointer (the dynamic TLS lookups of a
+ *                       dlopen'd library were 13% of the emulation's samples). Its tile plans then time what
+ *                       the tile path does besides its products on a CPU without AMX; their results are wrong.
  * Tile numbers are constants (the instructions encode them). The configuration is the 64-byte LDTILECFG
  * block: palette, start row, then colsb[16] (bytes per row) and rows[16] of each tile.
  */
@@ -48,13 +54,24 @@ static inline void sa_tile_sttilecfg(sa_tile_cfg *cfg) { __asm__ volatile("sttil
 #else
 
 /* The tile state of this thread, as the OS keeps it per thread for the real registers. */
-static _Thread_local struct {
+typedef struct {
   sa_tile_cfg cfg;
-  uint8_t t[8][16][64];
-} sa_tile_emu;
+  uint8_t t[8][16][64] __attribute__((aligned(64)));
+} sa_tile_emu_state;
+#ifdef SA_TILE_PROXY
+#include <immintrin.h>
+#include <stdlib.h>
+static __thread __attribute__((tls_model("initial-exec"))) sa_tile_emu_state *sa_tile_emu_p;
+#define sa_tile_emu (*sa_tile_emu_p)
+#else
+static _Thread_local sa_tile_emu_state sa_tile_emu;
+#endif
 
 /* LDTILECFG: takes the configuration and zeroes every tile. */
 static void sa_tile_emu_loadconfig(const void *cfg) {
+#ifdef SA_TILE_PROXY
+  if (!sa_tile_emu_p) sa_tile_emu_p = (sa_tile_emu_state *)aligned_alloc(64, sizeof(sa_tile_emu_state));
+#endif
   memcpy(&sa_tile_emu.cfg, cfg, sizeof sa_tile_emu.cfg);
   memset(sa_tile_emu.t, 0, sizeof sa_tile_emu.t);
 }
@@ -63,8 +80,14 @@ static void sa_tile_emu_loadconfig(const void *cfg) {
    rows[t] are zeroed. */
 static void sa_tile_emu_loadd(int t, const void *p, int64_t stride) {
   const int rows = sa_tile_emu.cfg.rows[t], colsb = sa_tile_emu.cfg.colsb[t];
+#ifdef SA_TILE_PROXY
+  (void)colsb;
+  for (int r = 0; r < rows; r++)
+    _mm512_store_si512(sa_tile_emu.t[t][r], _mm512_loadu_si512((const char *)p + r * stride));
+#else
   memset(sa_tile_emu.t[t], 0, sizeof sa_tile_emu.t[t]);
   for (int r = 0; r < rows; r++) memcpy(sa_tile_emu.t[t][r], (const char *)p + r * stride, (size_t)colsb);
+#endif
 }
 
 static void sa_tile_emu_zero(int t) { memset(sa_tile_emu.t[t], 0, sizeof sa_tile_emu.t[t]); }
@@ -72,14 +95,24 @@ static void sa_tile_emu_zero(int t) { memset(sa_tile_emu.t[t], 0, sizeof sa_tile
 /* TILESTORED: rows[t] rows of colsb[t] bytes. */
 static void sa_tile_emu_stored(int t, void *p, int64_t stride) {
   const int rows = sa_tile_emu.cfg.rows[t], colsb = sa_tile_emu.cfg.colsb[t];
+#ifdef SA_TILE_PROXY
+  (void)colsb;
+  for (int r = 0; r < rows; r++) _mm512_storeu_si512((char *)p + r * stride, _mm512_load_si512(sa_tile_emu.t[t][r]));
+#else
   for (int r = 0; r < rows; r++) memcpy((char *)p + r * stride, sa_tile_emu.t[t][r], (size_t)colsb);
+#endif
 }
 
 /* STTILECFG: the configuration this thread holds (all zero after TILERELEASE). */
 static void sa_tile_emu_storeconfig(sa_tile_cfg *cfg) { memcpy(cfg, &sa_tile_emu.cfg, sizeof *cfg); }
 
 /* TILERELEASE: the tile state returns to its initial one (configuration and data zero). */
-static void sa_tile_emu_release(void) { memset(&sa_tile_emu, 0, sizeof sa_tile_emu); }
+static void sa_tile_emu_release(void) {
+#ifdef SA_TILE_PROXY
+  if (!sa_tile_emu_p) return;
+#endif
+  memset(&sa_tile_emu, 0, sizeof sa_tile_emu);
+}
 
 /* A bf16 operand element as fp32, denormals read as zero (the instruction's DAZ). */
 static float sa_tile_emu_bf16(const uint8_t *row, int idx) {
@@ -130,11 +163,15 @@ static void sa_tile_emu_dpbf16ps(int c, int a, int b) {
   for (int m = rows; m < 16; m++) memset(sa_tile_emu.t[c][m], 0, 64);
 }
 
-#define TILE_LOADCONFIG(cfg)      sa_tile_emu_loadconfig(cfg)
-#define TILE_STORECONFIG(cfg)     sa_tile_emu_storeconfig(cfg)
-#define TILE_LOADD(t, p, stride)  sa_tile_emu_loadd(t, p, stride)
-#define TILE_ZERO(t)              sa_tile_emu_zero(t)
-#define TILE_DPBF16PS(c, a, b)    sa_tile_emu_dpbf16ps(c, a, b)
+#define TILE_LOADCONFIG(cfg)     sa_tile_emu_loadconfig(cfg)
+#define TILE_STORECONFIG(cfg)    sa_tile_emu_storeconfig(cfg)
+#define TILE_LOADD(t, p, stride) sa_tile_emu_loadd(t, p, stride)
+#define TILE_ZERO(t)             sa_tile_emu_zero(t)
+#ifdef SA_TILE_PROXY
+#define TILE_DPBF16PS(c, a, b) ((void)sa_tile_emu_dpbf16ps)
+#else
+#define TILE_DPBF16PS(c, a, b) sa_tile_emu_dpbf16ps(c, a, b)
+#endif
 #define TILE_STORED(t, p, stride) sa_tile_emu_stored(t, p, stride)
 #define TILE_RELEASE()            sa_tile_emu_release()
 
