@@ -164,12 +164,18 @@ static void tf_pv(const uint16_t *pa, int64_t pstride, int mt, const uint16_t *v
 }
 
 /* cpu_mask.h's finish_scores (the soft-cap, then the kill tile) on a strip's rows r < mr over the keys they
-   computed, [k0, kn) rounded up to 16 (rows ld floats apart; kill: the strip's rows of the kill tile, or NULL). */
-static inline void tf_finish(const sa_cpu_ctx *c, float *s, const float *kill, int64_t ld, int64_t mr, int64_t k0,
-                             int64_t kn) {
-  if (!(c->cap2 > 0.0f) && !kill) return;
+   computed, [k0, kn) rounded up to 16 (rows ld floats apart; kill: the strip's rows of the kill tile, or NULL).
+   Out of line, behind the inline test: inlined into the strip loops, its tanh made the plain forward 4-8% slower
+   (bf16, 2 threads on the Xeon with AMX; docs/performance.md). */
+static __attribute__((noinline)) void tf_finish_rows(const sa_cpu_ctx *c, float *s, const float *kill, int64_t ld,
+                                                     int64_t mr, int64_t k0, int64_t kn) {
   const int64_t n = tile_round(kn - k0, SA_TILE_N);
   for (int64_t r = 0; r < mr; r++) finish_scores(c, s + r * ld + k0, kill ? kill + r * ld + k0 : NULL, n);
+}
+
+static inline void tf_finish(const sa_cpu_ctx *c, float *s, const float *kill, int64_t ld, int64_t mr, int64_t k0,
+                             int64_t kn) {
+  if (c->cap2 > 0.0f || kill) tf_finish_rows(c, s, kill, ld, mr, k0, kn);
 }
 
 /* Lanes [0, n) of 16 as a mask, from a signed count (n <= 0: none). */
