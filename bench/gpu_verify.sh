@@ -34,7 +34,9 @@
 #           other's runs): test_cuda's features and features-prod tables (every case on each plan of the set, forced,
 #           against the fp64 reference: out, lse, dq, dk, dv, dsinks, dbias, three bitwise-equal backward runs) and
 #           compute-sanitizer memcheck over the features table; racecheck over it per plan; test_cuda_feat and the plan
-#           record. Then ALONE bench/feature_bench.py, both plan sets in the same rounds (a mask causal in content
+#           record; the JAX op's feature calls on the default routing (tests/test_gpu_kernels.py -k feature_calls:
+#           the feature plans ran, no fallback, out / lse / every gradient against fp64). Then ALONE
+#           bench/feature_bench.py, both plan sets in the same rounds (a mask causal in content
 #           against is_causal, a bias [1,N,T,S] / [B,N,T,S] against none, at B4 T4096 N32 H64 / H128 and gpt-oss's
 #           shape: CUDA events, A/A, rotated inputs; the verified set again alone if the joint run faulted). Last, a
 #           verdict line per plan (verified when its runs passed, its process did not fault and its sanitizers are
@@ -270,6 +272,9 @@ if has features; then
       --plan="${FEAT_SET[$set]}"
   done
   bg_step feat_host 60 bash -c 'build-gpu/test_cuda_feat && build-gpu/plan_record --check tests/plan/golden.txt'
+  # the JAX op's default routing of such calls to the verified feature plans, against the fp64 reference
+  bg_step pytest_features 240 "$PY" -m pytest tests/test_gpu_kernels.py -k feature_calls -q -p no:cacheprovider -rs \
+    --timeout=200
   FEAT_PLANS="hopper.fwd.features hopper.bwd.twopass.features hopper.fwd.features.tma hopper.bwd.twopass.features.tma"
   for plan in $FEAT_PLANS; do
     san_step "san_racecheck_$plan" racecheck --table=features --plan="$plan\$" --stride="${RACE_FEAT_STRIDE:-3}"

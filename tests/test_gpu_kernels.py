@@ -3,8 +3,10 @@ kernels' scope), H 64 and 128, causal and not, GQA up to 8, windows (gpt-oss's (
 U(-10, 10) with heads 0 and 1 at +50 and -50; forward (out, lse) and the gradients of q, k, v and sinks against the
 fp64 NumPy reference. On a compute capability 9.0 device each call must have run a Hopper plan (the plan's name,
 the first word of the library's last-plan description, starts with "hopper."), read through sinkattn.last_plan;
-without it the plan is not asserted. The other suites stay at T <= 24 in bf16 (f32 runs the jnp path on a GPU),
-so these are the only pytest cases of the Hopper kernels."""
+without it the plan is not asserted. Then calls with a bias, a mask array, positions or a soft-cap in the feature
+plans' scope, routed by default (no fallback warning; hopper.fwd.features / hopper.bwd.twopass.features on CC 9.0),
+against the same reference. The other suites stay at T <= 24 in bf16 (f32 runs the jnp path on a GPU), so these are
+the only pytest cases of the Hopper kernels."""
 
 import jax
 import jax.numpy as jnp
@@ -70,4 +72,64 @@ def test_hopper_forward_and_gradients(case):
   assert_close(bnt(lse), lse_r, LSE_TOL[BF16], "lse")
   g_r = numpy_ref.backward(f64(q), f64(k), f64(v), f64(sinks), f64(dout), **rk)
   for name, got, want in zip(("dq", "dk", "dv", "dsinks"), (dq, dk, dv, ds), g_r):
+    assert_close(got, want, GRAD_TOL[BF16], name)
+
+
+# (id, B, T, N, K, H, what): calls with a bias, a mask array, positions or a soft-cap, in the verified feature
+# plans' scope (bf16, H 64 / 128, T and S multiples of 128)
+FEATURES = [
+  ("bias_1nts_h64", 1, 256, 4, 2, 64, "bias"),
+  ("mask_b1ts_causal_content_h128", 2, 256, 4, 4, 128, "mask"),
+  ("positions_causal_gqa4_h64", 1, 384, 8, 2, 64, "positions"),
+  ("soft_cap_causal_h128", 1, 256, 4, 2, 128, "cap"),
+]
+
+
+@pytest.mark.parametrize("case", FEATURES, ids=[c[0] for c in FEATURES])
+def test_feature_calls_run_the_feature_kernels(case):
+  """A call with a bias, a mask array, positions or a soft-cap runs the CUDA feature kernels by the default routing:
+  no fallback warning, the plans hopper.fwd.features / hopper.bwd.twopass.features on a CC 9.0 device, and out,
+  lse, dq, dk, dv, dsinks (and dbias) against the fp64 NumPy reference."""
+  import warnings
+
+  _, B, T, N, K, H, what = case
+  rng = np.random.default_rng(7)
+  with jax.default_device(jax.devices("gpu")[0]):
+    q, k, v, sinks = make_inputs(200 + FEATURES.index(case), B=B, T=T, S=T, N=N, K=K, H=H, dtype=jnp.bfloat16)
+    sinks = sinks.at[0].set(50.0).at[1].set(-50.0)
+    dout = jnp.asarray(rng.standard_normal((B, T, N, H)), jnp.bfloat16)
+    kw, rk, bias = {}, dict(softmax=2), None
+    if what == "bias":
+      bias = jnp.asarray(rng.uniform(-3, 3, (1, N, T, T)), jnp.bfloat16)
+    elif what == "mask":
+      m = np.tril(np.ones((T, T), bool))[None, None] & (rng.uniform(size=(B, 1, T, T)) < 0.9)
+      m[:, :, 5, :] = False  # a row with no valid key
+      kw["mask"], rk["attn_mask"] = jnp.asarray(m), m
+    elif what == "positions":
+      pos = np.tile(np.arange(T, dtype=np.int32) * 2, (B, 1))
+      kw.update(is_causal=True, query_positions=jnp.asarray(pos), key_value_positions=jnp.asarray(pos))
+      rk.update(causal=1, q_pos=pos, kv_pos=pos)
+    else:
+      kw.update(is_causal=True, logits_soft_cap=20.0)
+      rk.update(causal=1, logits_soft_cap=20.0)
+
+    def f(q, k, v, s, b):
+      return sinkattn.dot_product_attention(q, k, v, b, sinks=s, return_residual=True, **kw)
+
+    with warnings.catch_warnings():
+      warnings.simplefilter("error", RuntimeWarning)  # a fallback to the reference warns
+      (out, lse), vjp = jax.vjp(f, q, k, v, sinks, bias)
+      jax.block_until_ready(out)
+      fwd_plan = _plan_ran("fwd")
+      grads = vjp((dout, jnp.zeros_like(lse)))
+      jax.block_until_ready(grads[0])
+      bwd_plan = _plan_ran("bwd")
+  if getattr(jax.devices("gpu")[0], "compute_capability", None) == "9.0" and fwd_plan is not None:
+    assert (fwd_plan, bwd_plan) == ("hopper.fwd.features", "hopper.bwd.twopass.features"), (fwd_plan, bwd_plan)
+  rk["bias"] = None if bias is None else f64(bias)
+  out_r, lse_r = numpy_ref.forward(f64(q), f64(k), f64(v), f64(sinks), **rk)
+  assert_close(out, out_r, OUT_TOL[BF16], "out")
+  assert_close(bnt(lse), lse_r, LSE_TOL[BF16], "lse")
+  g_r = numpy_ref.backward(f64(q), f64(k), f64(v), f64(sinks), f64(dout), **rk)
+  for name, got, want in zip(("dq", "dk", "dv", "dsinks", "dbias"), grads, g_r):
     assert_close(got, want, GRAD_TOL[BF16], name)
