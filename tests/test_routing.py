@@ -143,7 +143,10 @@ def _on_a_gpu(monkeypatch, answer=None, ws=0):
 
 
 def _cuda_calls(fn, *args):
-  """The sinkattn custom calls in fn's program lowered for CUDA (jax.export: no GPU needed)."""
+  """The sinkattn custom calls in fn's program lowered for CUDA (jax.export: no GPU needed). The tests change the
+  library's answer within the process, and jax reuses the traces of the custom_vjp's rules (the routing made when
+  they were traced) across calls: the caches go first."""
+  jax.clear_caches()
   targets = (_lib.FWD_TARGET, _lib.BWD_TARGET_CUDA, _lib.DECODE_TARGET_CUDA)
   checks = [jax.export.DisabledSafetyCheck.custom_call(t) for t in targets]
   text = jax.export.export(jax.jit(fn), platforms=("cuda",), disabled_checks=checks)(*args).mlir_module()

@@ -178,13 +178,11 @@ def attn_bwd(
     # XLA allocates the kernel's scratch as one more result, sized here at trace time (graph-safe): by the query
     # that describes the call in full when it has a bias, a mask, positions or a soft-cap (the feature plans' class
     # table lives in the workspace), else by its sizes. A call the kernels refuse gets the handler's error.
-    ok, _, ws = (False, "", 0)
+    ok, ws = False, 0
     if _routing.has_features(x, logits_soft_cap):
       ok, _, ws = _routing.cuda_call(x, **statics)
-    ws = (
-      ws
-      if ok
-      else _lib.bwd_workspace_size(
+    if not ok:
+      ws = _lib.bwd_workspace_size(
         dtype_code(x.q.dtype),
         B,
         T,
@@ -203,7 +201,6 @@ def attn_bwd(
         logits_soft_cap,
         Backend.CUDA,
       )
-    )
     return _ffi(_lib.BWD_TARGET_CUDA, tuple(grads) + (jax.ShapeDtypeStruct((ws,), jnp.uint8),), a, attrs)[: len(grads)]
 
   res = Grads(*_on_platform(args, lambda *a: _ffi(_lib.BWD_TARGET, tuple(grads), a, attrs), cuda))
