@@ -80,6 +80,7 @@ def test_hopper_forward_and_gradients(case):
 FEATURES = [
   ("bias_1nts_h64", 1, 256, 4, 2, 64, "bias"),
   ("mask_b1ts_causal_content_h128", 2, 256, 4, 4, 128, "mask"),
+  ("mask_b11s_key_padding_h64", 2, 256, 4, 2, 64, "padding"),
   ("positions_causal_gqa4_h64", 1, 384, 8, 2, 64, "positions"),
   ("soft_cap_causal_h128", 1, 256, 4, 2, 128, "cap"),
 ]
@@ -104,6 +105,9 @@ def test_feature_calls_run_the_feature_kernels(case):
     elif what == "mask":
       m = np.tril(np.ones((T, T), bool))[None, None] & (rng.uniform(size=(B, 1, T, T)) < 0.9)
       m[:, :, 5, :] = False  # a row with no valid key
+      kw["mask"], rk["attn_mask"] = jnp.asarray(m), m
+    elif what == "padding":  # [B, 1, 1, S]: broadcast to [B, 1, T, S] for the kernels (primitives.py)
+      m = (np.arange(T) < np.array([[T], [T - 77]]))[:, None, None, :]
       kw["mask"], rk["attn_mask"] = jnp.asarray(m), m
     elif what == "positions":
       pos = np.tile(np.arange(T, dtype=np.int32) * 2, (B, 1))

@@ -215,3 +215,26 @@ def test_a_gpu_runs_soft_capped_calls_on_the_reference_while_the_library_refuses
     call(q, logits_soft_cap=5.0, implementation="cudnn")
   _on_a_gpu(monkeypatch, answer=lambda **flags: (True, ""))
   assert len(_cuda_calls(lambda q: call(q, logits_soft_cap=5.0), q)) == 1
+
+
+@pytest.mark.skipif(not _lib.available(), reason="libsinkattn_jax.so is not built")
+def test_a_mask_broadcast_along_the_queries_reaches_the_cuda_kernels_broadcast(monkeypatch):
+  """The CUDA feature kernels take masks of [B or 1, N or 1, T, S]: a key-padding mask [B, 1, 1, S] is asked of the
+  library in that form and broadcast to it in the CUDA lowering only, forward and backward; the CPU kernels keep the
+  mask as given, and the numbers do not change."""
+  from conftest import make_inputs
+
+  q, k, v, s = make_inputs(42, B=2, T=4, S=8, N=4, K=2, H=64, dtype=jnp.bfloat16)
+  pad = jnp.asarray([[True] * 8, [True] * 5 + [False] * 3])[:, None, None, :]
+
+  def loss(q):
+    return sinkattn.dot_product_attention(q, k, v, mask=pad, sinks=s).astype(jnp.float32).sum()
+
+  want = jax.grad(loss)(q)
+  asked = _on_a_gpu(monkeypatch, answer=lambda **flags: (True, ""), ws=64)
+  calls = _cuda_calls(jax.grad(loss), q)
+  assert asked and all(tuple(a["mask_dims"]) == (2, 1, 4, 8) for a in asked), asked
+  assert len(calls) == 2 and all("tensor<2x1x4x8xi1>" in c for c in calls), calls
+  assert not any("tensor<2x1x1x8xi1>" in c for c in calls), calls
+  jax.clear_caches()
+  np.testing.assert_array_equal(np.asarray(jax.grad(loss)(q)), np.asarray(want))  # this CPU: the mask as given

@@ -54,6 +54,12 @@ def has_features(x, logits_soft_cap: float = 0.0) -> bool:
   return x.bias is not None or x.mask is not None or x.q_pos is not None or bool(logits_soft_cap)
 
 
+def cuda_mask_shape(x):
+  """The shape of x.mask as the CUDA kernels take it, [B or 1, N or 1, T, S]: a mask broadcast along the queries or
+  the keys is broadcast there before the call (primitives.py), one byte a (query, key) pair."""
+  return (*x.mask.shape[:2], x.q.shape[1], x.k.shape[1])
+
+
 def cuda_call(x, *, softmax, causal, window_left, window_right, diag_offset, logits_soft_cap=0.0, **_):
   """(ok, reason, bwd_workspace) of the CUDA kernels for the attention call on inputs x (an `_inputs.Inputs`, its
   shapes as the kernel sees them) described in full, as the library answers (sa_jax_cuda_supported_call)."""
@@ -76,7 +82,7 @@ def cuda_call(x, *, softmax, causal, window_left, window_right, diag_offset, log
     has_segments=x.q_seg is not None,
     bias_dims=None if x.bias is None else x.bias.shape,
     bias_dtype_code=0 if x.bias is None else dtype_code(x.bias.dtype),
-    mask_dims=None if x.mask is None else x.mask.shape,
+    mask_dims=None if x.mask is None else cuda_mask_shape(x),
     positions=x.q_pos is not None,
     logits_soft_cap=logits_soft_cap,
   )

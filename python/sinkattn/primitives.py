@@ -96,6 +96,15 @@ def _buffers(x: Inputs, softmax):
   )
 
 
+def _cuda_buffers(x: Inputs, args):
+  """The CUDA kernels' buffers from the call's (args, _buffers' list): the mask broadcast along the queries and the
+  keys to _routing.cuda_mask_shape, which is the form they take (the CPU kernels take every broadcast form)."""
+  if x.mask is None or x.mask.shape == _routing.cuda_mask_shape(x):
+    return list(args)
+  i = Inputs._fields.index("mask")
+  return [jnp.broadcast_to(a, _routing.cuda_mask_shape(x)) if j == i else a for j, a in enumerate(args)]
+
+
 def attn_fwd(
   x: Inputs,
   *,
@@ -123,7 +132,14 @@ def attn_fwd(
     jax.ShapeDtypeStruct((B, T, N, x.v.shape[-1]), x.q.dtype),
     jax.ShapeDtypeStruct((B, N, T), jnp.float32),
   )
-  return _ffi(_lib.FWD_TARGET, results, _buffers(x, softmax), _attrs(statics, x))
+  args, attrs = _buffers(x, softmax), _attrs(statics, x)
+  if x.mask is None or x.mask.shape == _routing.cuda_mask_shape(x):
+    return _ffi(_lib.FWD_TARGET, results, args, attrs)
+  return _on_platform(
+    args,
+    lambda *a: _ffi(_lib.FWD_TARGET, results, a, attrs),
+    lambda *a: _ffi(_lib.FWD_TARGET, results, _cuda_buffers(x, a), attrs),
+  )
 
 
 def attn_bwd(
@@ -201,7 +217,8 @@ def attn_bwd(
         logits_soft_cap,
         Backend.CUDA,
       )
-    return _ffi(_lib.BWD_TARGET_CUDA, tuple(grads) + (jax.ShapeDtypeStruct((ws,), jnp.uint8),), a, attrs)[: len(grads)]
+    ws_result = jax.ShapeDtypeStruct((ws,), jnp.uint8)
+    return _ffi(_lib.BWD_TARGET_CUDA, tuple(grads) + (ws_result,), _cuda_buffers(x, a), attrs)[: len(grads)]
 
   res = Grads(*_on_platform(args, lambda *a: _ffi(_lib.BWD_TARGET, tuple(grads), a, attrs), cuda))
   return res._replace(
