@@ -2,7 +2,8 @@
  * plan.c — the CUDA backend's plans (plan.h): which kernels a call runs, on which grid, with how much
  * workspace, and why. Pure C over the problem and a device record, so the CPU tests run it on a mocked H200
  * (tests/test_plan.c) and the launch code (attn.cu) only follows what it says. docs/hopper.md, "plans";
- * the schedules and their measurements in docs/hopper.md.
+ * the schedules and their measurements in docs/hopper.md. The feature plans (bias, mask array, positions,
+ * soft-cap) are plan_feat.c's; what both files share, plan_ctx.h.
  */
 #include "plan.h"
 
@@ -12,6 +13,7 @@
 
 #include "feat.h"
 #include "hopper/mask.h"
+#include "plan_ctx.h"
 #include "hopper/tiles.h"
 #include "sa_internal.h"
 #include "sa_plan.h"
@@ -59,9 +61,9 @@ static int sa_plan_unverified(const char *name) {
 
 int sa_cuda_padded_dim(int64_t h) { return h <= 32 ? 32 : h <= 64 ? 64 : h <= 128 ? 128 : 256; }
 
-static size_t sa_r256(size_t x) { return (x + 255) & ~(size_t)255; }
-static int64_t sa_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-static int sa_aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
+size_t sa_r256(size_t x) { return (x + 255) & ~(size_t)255; }
+int64_t sa_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int sa_aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
 static int sa_gcd_i(int a, int b) {
   while (b) {
     const int r = a % b;
@@ -86,16 +88,7 @@ static int sa_gcd_i(int a, int b) {
 
 /* ---- what every plan of a call shares ---------------------------------------------------------------- */
 
-typedef struct {
-  const sa_attn *a;
-  const sa_cuda_device *dev;
-  int which, bf16, hd, lens, segs, mask, sms;
-  const char *feat; /* the call's first input only the feature plans take, or NULL */
-  int64_t B, T, S, N, K, G, H, Hv;
-  char hop_why[160]; /* "" when the Hopper kernels may take the call (the family's own rules aside) */
-} sa_pctx;
-
-static void sa_plan_init(sa_cuda_plan *p, const sa_pctx *c, const char *name, sa_cuda_family f) {
+void sa_plan_init(sa_cuda_plan *p, const sa_pctx *c, const char *name, sa_cuda_family f) {
   memset(p, 0, sizeof *p);
   p->name = name;
   p->family = f;
@@ -131,7 +124,7 @@ static void sa_hop_scope(sa_pctx *c) {
 }
 
 /* The first input of the call that only the feature kernels take, by its field's name; NULL without one. */
-static const char *sa_feature_of(const sa_attn *a) {
+const char *sa_feature_of(const sa_attn *a) {
   return sa_dims_set(a->bias_dims)    ? "bias"
          : sa_dims_set(a->mask_dims)  ? "mask"
          : a->q_positions             ? "q_positions / kv_positions"
@@ -139,7 +132,7 @@ static const char *sa_feature_of(const sa_attn *a) {
                                       : NULL;
 }
 
-static void sa_pctx_make(sa_pctx *c, const sa_attn *a, int which, const sa_cuda_device *dev) {
+void sa_pctx_make(sa_pctx *c, const sa_attn *a, int which, const sa_cuda_device *dev) {
   memset(c, 0, sizeof *c);
   c->a = a;
   c->dev = dev;
@@ -173,7 +166,7 @@ static void sa_fwd_portable(const sa_pctx *c, sa_cuda_plan *p) {
 
 /* The Hopper forward's schedule (persistent: 1 the SMs' grid, 2 the narrow test grid; 0 one work tile a CTA), of
    the plain kernels or (feat) the feature kernels, whose tile is SA_HOP_FWD_FEAT_BM rows at both head dims. */
-static const char *sa_fwd_hopper_sched(const sa_pctx *c, sa_cuda_plan *p, int persistent, int feat) {
+const char *sa_fwd_hopper_sched(const sa_pctx *c, sa_cuda_plan *p, int persistent, int feat) {
   static const char *const names[3] = {"hopper.fwd.onetile", "hopper.fwd.persistent", "hopper.fwd.persistent.narrow"};
   sa_plan_init(p, c, names[persistent], SA_CUDA_FWD_HOPPER);
   if (c->hop_why[0]) return c->hop_why;
@@ -223,7 +216,7 @@ static const char *sa_fwd_hopper(const sa_pctx *c, sa_cuda_plan *p, int persiste
 }
 
 /* Persistent by default without a mask, for causal pairs, and while a work tile sees <= 8 key tiles. */
-static int sa_fwd_persist_default(const sa_pctx *c) {
+int sa_fwd_persist_default(const sa_pctx *c) {
   const int HD = (int)c->H, BN = SA_HOP_FWD_BN, keyt = (int)((c->S + BN - 1) / BN);
   const sa_hop_mask mk =
       sa_hop_mask_make(c->T, c->S, (int)c->a->causal, c->a->window_left, c->a->window_right, c->a->diag_offset);
@@ -259,7 +252,7 @@ static const char *sa_bwd_hop_scope(const sa_pctx *c) {
 }
 
 /* The two-pass dK/dV and dQ kernels with nck / ncq consumer warpgroups (0: the default for this grid). */
-static const char *sa_bwd_twopass(const sa_pctx *c, sa_cuda_plan *p, int nck, int ncq) {
+const char *sa_bwd_twopass(const sa_pctx *c, sa_cuda_plan *p, int nck, int ncq) {
   static const char *const names[2][2] = {{"hopper.bwd.twopass.wg2", "hopper.bwd.twopass.dq3"},
                                           {"hopper.bwd.twopass.kv3", "hopper.bwd.twopass.wg3"}};
   const char *why = sa_bwd_hop_scope(c);
@@ -333,195 +326,6 @@ static const char *sa_bwd_onepass(const sa_pctx *c, sa_cuda_plan *p, int variant
                                "(not guaranteed on a shared GPU: docs/hopper.md)"
                              : "test schedule: the one pass on nkb CTAs, many items each";
   return NULL;
-}
-
-/* ---- the feature plans ----------------------------------------------------------------------------------- */
-
-/* What the Hopper feature kernels take beyond the plain scope (hopper/fwd_feat.cuh, bwd_feat.cuh, feat_class.cu):
-   position-mask kinds 0-3 (no segment ids), kv_len <= 65536 (the class list of a work tile in its Q slot), a mask
-   of one row per query and key ([B or 1, N or 1, T, S]: the pre-pass classifies 64-row blocks), and 16-byte aligned
-   bias, mask and positions (pair loads). */
-static const char *sa_feat_hop_scope(const sa_pctx *c) {
-  const sa_attn *a = c->a;
-  if (c->hop_why[0]) return c->hop_why;
-  if (c->segs) return "the Hopper feature kernels take no segment ids";
-  if (c->S > SA_HOP_FEAT_MAX_KV_LEN) return "the Hopper feature kernels take kv_len <= 65536";
-  if (a->mask && (a->mask_dims[2] != c->T || a->mask_dims[3] != c->S))
-    return "the Hopper feature kernels take a mask of [B or 1, N or 1, q_len, kv_len]";
-  if ((a->bias && !sa_aligned16(a->bias)) || (a->mask && !sa_aligned16(a->mask)) ||
-      (a->q_positions && (!sa_aligned16(a->q_positions) || !sa_aligned16(a->kv_positions))))
-    return "bias, mask or positions not 16-byte aligned";
-  return NULL;
-}
-
-/* The class table's extents (feat.h): the batch's when the mask or the positions vary with it, the heads' when the
-   mask does; 0 without a mask or positions. */
-static void sa_feat_classes(const sa_pctx *c, sa_cuda_plan *p) {
-  const sa_attn *a = c->a;
-  if (!a->mask && !a->q_positions) return;
-  p->cls_cb = (a->mask && a->mask_dims[0] > 1) || a->q_positions ? c->B : 1;
-  p->cls_cn = a->mask && a->mask_dims[1] > 1 ? c->N : 1;
-}
-
-/* hopper.fwd.features: the plain forward's schedule for the call's kind, one work tile a CTA (heaviest first) when
-   the classes make the work of a work tile depend on the data, and the batch fastest when a bias or mask is shared
-   by the batch. */
-static const char *sa_fwd_hopper_feat(const sa_pctx *c, sa_cuda_plan *p) {
-  const sa_attn *a = c->a;
-  const int lists = a->mask || a->q_positions;
-  const char *why = sa_feat_hop_scope(c);
-  const char *sched = why ? NULL : sa_fwd_hopper_sched(c, p, lists ? 0 : sa_fwd_persist_default(c), 1);
-  if (why) sa_plan_init(p, c, "hopper.fwd.features", SA_CUDA_FWD_HOPPER);
-  p->name = "hopper.fwd.features";
-  p->feat = 1;
-  if (why || sched) return why ? why : sched;
-  sa_feat_classes(c, p);
-  p->b_fast = c->B > 1 && ((a->bias && a->bias_dims[0] == 1) || (a->mask && a->mask_dims[0] == 1));
-  p->reason = lists ? "sm_90a forward with bias / mask / positions / soft-cap; tiles classed by a pre-pass, empty ones "
-                      "skipped, full ones untested"
-                    : "sm_90a forward with bias / soft-cap";
-  return NULL;
-}
-
-/* The TMA feature plans' map of a bias: its dims {S, T, heads, batches}, so a bias of [B or 1, N or 1, T, S]. */
-static const char *sa_feat_tma_bias_why(const sa_pctx *c) {
-  const sa_attn *a = c->a;
-  return a->bias && (a->bias_dims[2] != c->T || a->bias_dims[3] != c->S)
-             ? "the TMA feature kernels take a bias of [B or 1, N or 1, q_len, kv_len]"
-             : NULL;
-}
-
-/* hopper.fwd.features.tma: hopper.fwd.features with each key tile's bias (or, without a bias, the mask of its partial
-   tiles) landed by TMA into a feature stage beside K (hopper/fwd_feat.cuh, FEAT 2), one Q slot. The map needs a bias
-   of [B or 1, N or 1, T, S]; an f32 bias tile (64 KiB) fits the stage at H64 only. */
-static const char *sa_fwd_hopper_feat_tma(const sa_pctx *c, sa_cuda_plan *p) {
-  const sa_attn *a = c->a;
-  const char *why = sa_fwd_hopper_feat(c, p);
-  p->name = "hopper.fwd.features.tma";
-  if (why || (why = sa_feat_tma_bias_why(c))) return why;
-  if (a->bias && a->bias_dtype == SA_F32 && SA_HOP_FWD_TMA_FS(c->H) < SA_HOP_FWD_FEAT_BM * SA_HOP_FWD_BN * 4)
-    return "an f32 bias tile does not fit the feature stage at head_dim 128";
-  if (SA_HOP_FWD_TMA_SMEM(c->H) > c->dev->smem_optin) return "its shared memory exceeds the device's opt-in limit";
-  p->feat = 2;
-  p->qslots = SA_HOP_FWD_TMA_QSLOTS;
-  p->reason =
-      "sm_90a forward with bias / mask / positions / soft-cap; the bias (or a partial tile's mask) by TMA "
-      "beside K";
-  return NULL;
-}
-
-/* hopper.bwd.twopass.features: the two passes with 2 consumer warpgroups each, the class table in the workspace
-   after the common regions, dbias from the dQ kernel (one launch per contributor of a bias shared by the batch or
-   the heads). A bias shared by the query rows ([., ., 1, S]) would need a sum across dQ's CTAs: not taken. */
-static const char *sa_bwd_twopass_feat(const sa_pctx *c, sa_cuda_plan *p) {
-  const sa_attn *a = c->a;
-  const char *why = sa_feat_hop_scope(c);
-  if (!why && a->bias && a->bias_dims[2] == 1 && c->T > 1)
-    why = "the Hopper feature kernels take no bias shared by the query rows (its dbias sums across CTAs)";
-  const char *sched = why ? NULL : sa_bwd_twopass(c, p, 2, 2);
-  if (why) sa_plan_init(p, c, "hopper.bwd.twopass.features", SA_CUDA_BWD_TWOPASS);
-  p->name = "hopper.bwd.twopass.features";
-  p->feat = 1;
-  if (why || sched) return why ? why : sched;
-  sa_feat_classes(c, p);
-  if (p->cls_cb) {
-    p->off_cls = p->ws;
-    p->ws += sa_r256((size_t)(p->cls_cb * p->cls_cn * sa_cdiv(c->T, 64) * sa_cdiv(c->S, 64)));
-  }
-  p->reason = "sm_90a dK/dV then dQ with bias / mask / positions / soft-cap, dbias in a fixed order";
-  return NULL;
-}
-
-/* hopper.bwd.twopass.features.tma: hopper.bwd.twopass.features with each CTA's slice of the class table in shared
-   memory (an empty tile costs a shared load, no global one) and each streamed tile's bias landed by TMA beside it
-   (hopper/bwd_feat.cuh, FEAT 2). The map needs a bias of [B or 1, N or 1, T, S]; the dK/dV slice, G heads x T / 64
-   query blocks, at most SA_HOP_BWD_TMA_CLS bytes. */
-static const char *sa_bwd_twopass_feat_tma(const sa_pctx *c, sa_cuda_plan *p) {
-  const char *why = sa_bwd_twopass_feat(c, p);
-  p->name = "hopper.bwd.twopass.features.tma";
-  if (why || (why = sa_feat_tma_bias_why(c))) return why;
-  if (p->cls_cb && c->G * (c->T / 64) > SA_HOP_BWD_TMA_CLS)
-    return "the class slice of a key block (G x q_len / 64 bytes) exceeds its shared memory";
-  if (SA_HOP_BWD_DKDV_TMA_SMEM(c->H) > c->dev->smem_optin || SA_HOP_BWD_DQ_TMA_SMEM(c->H) > c->dev->smem_optin)
-    return "its shared memory exceeds the device's opt-in limit";
-  p->feat = 2;
-  p->reason =
-      "sm_90a dK/dV then dQ with bias / mask / positions / soft-cap, classes in shared memory, the bias by "
-      "TMA, dbias in a fixed order";
-  return NULL;
-}
-
-sa_cuda_feat sa_cuda_feat_make(const sa_attn *a) {
-  sa_cuda_feat f;
-  memset(&f, 0, sizeof f);
-  if (sa_dims_set(a->bias_dims)) {
-    const sa_bcast bs = sa_bcast_of(a->bias_dims);
-    f.bias = a->bias;
-    f.bias_dtype = (int)a->bias_dtype;
-    f.bias_b = bs.b, f.bias_n = bs.n, f.bias_t = bs.t, f.bias_s = (int)bs.s;
-  }
-  if (sa_dims_set(a->mask_dims)) {
-    const sa_bcast ms = sa_bcast_of(a->mask_dims);
-    f.mask = a->mask;
-    f.mask_b = ms.b, f.mask_n = ms.n, f.mask_t = ms.t, f.mask_s = (int)ms.s;
-  }
-  f.q_pos = a->q_positions;
-  f.kv_pos = a->kv_positions;
-  f.pos_causal = a->causal != SA_CAUSAL_NONE;
-  f.pos_wl = a->window_left, f.pos_wr = a->window_right, f.pos_diag = a->diag_offset;
-  f.scale = sa_scale_of(a);
-  if (a->logits_soft_cap > 0.0f) {
-    f.cap = a->logits_soft_cap;
-    f.cap_inv = 1.0f / f.cap;
-    f.cap_l2 = f.cap * 1.4426950408889634f;
-    f.cap_l2_inv = 1.0f / f.cap_l2;
-  }
-  return f;
-}
-
-/* Why the verified feature plans cannot take a call with feature inputs on `dev` (both directions: a caller asking
-   once, as Python does, runs the backward with the forward's plan family); NULL when they can. The reason goes into
-   buf, prefixed by the plan that refuses. */
-static const char *sa_feature_why(const sa_attn *a, const sa_cuda_device *dev, char *buf, size_t n) {
-  for (int which = SA_PLAN_FWD; which <= SA_PLAN_BWD; ++which) {
-    sa_pctx c;
-    sa_pctx_make(&c, a, which, dev);
-    sa_cuda_plan p;
-    const char *why = which == SA_PLAN_FWD ? sa_fwd_hopper_feat(&c, &p) : sa_bwd_twopass_feat(&c, &p);
-    if (why) {
-      snprintf(buf, n, "plan %s: %s", p.name, why);
-      return buf;
-    }
-  }
-  return NULL;
-}
-
-/* Any sm_90a device with the H100 / H200 shared memory: what the device-free check assumes (the device's own rules
-   are sa_cuda_feature_device's). */
-static const sa_cuda_device sa_feat_any_sm90a = {9, 0, 132, 132, 232448, 233472, 1, 0, "an sm_90a device"};
-
-static sa_status sa_feature_refuse(const char *what, const char *why) {
-  return sa_error(SA_ERR_UNSUPPORTED,
-                  "%s unsupported by the CUDA backend for this call (%s); SA_BACKEND_CPU and SA_BACKEND_REF take it, "
-                  "on host memory",
-                  what, why);
-}
-
-sa_status sa_cuda_feature_check(const sa_attn *a, int listing) {
-  const char *what = sa_feature_of(a);
-  if (!what || listing) return SA_OK;
-  if (sa_plan_forced(SA_PLAN_FWD) || sa_plan_forced(SA_PLAN_BWD)) return SA_OK; /* the pick names what is wrong */
-  char buf[224];
-  const char *why = sa_feature_why(a, &sa_feat_any_sm90a, buf, sizeof buf);
-  return why ? sa_feature_refuse(what, why) : SA_OK;
-}
-
-sa_status sa_cuda_feature_device(const sa_attn *a, const sa_cuda_device *dev) {
-  const char *what = sa_feature_of(a);
-  if (!what || sa_plan_forced(SA_PLAN_FWD) || sa_plan_forced(SA_PLAN_BWD)) return SA_OK;
-  char buf[224];
-  const char *why = sa_feature_why(a, dev, buf, sizeof buf);
-  return why ? sa_feature_refuse(what, why) : SA_OK;
 }
 
 /* ---- decode --------------------------------------------------------------------------------------------- */
