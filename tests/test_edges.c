@@ -1,6 +1,7 @@
 /*
  * test_edges.c — the edge behaviour documented in include/sinkattn.h ("EDGES"), on REF and CPU, plus
- * concurrency and determinism of the CPU backend:
+ * concurrency and determinism of the CPU backend (larger than 600 lines: one short test per documented edge, kept
+ * beside the header section it checks):
  *   T or S of 1; rows and whole batches without a valid key; lengths below 0 or beyond T / S;
  *   sinks of +-1e4, +-inf and NaN; NaN / inf in q, k, v (propagate into the rows that read them, never
  *   into others, never through padding); zero-size problems with NULL buffers; the CUDA backend's

@@ -2,7 +2,9 @@
  * hopper/bwd_twopass.cu — the sm_90a two-pass backward (plans hopper.bwd.twopass.*): dK/dV (K, V of a key block
  * once, Q / dO / lse2 / D streamed), then dQ (Q, dO once, K / V streamed); wgmma SS for S and dP, RS for the
  * products from registers; no atomics. Between the portable preprocess and sink reduction. docs/hopper.md,
- * "two-pass backward".
+ * "two-pass backward". Larger than 600 lines: the dK/dV kernel, the launches of both passes and their template
+ * instantiations share one parameter struct and tile layout in this unit (the dQ kernel's body is
+ * bwd_twopass_dq.cuh).
  */
 #include "feat_class.h"
 #include "hopper/bwd_feat.cuh"
