@@ -166,6 +166,17 @@ static int fill_rows(const sa_cpu_ctx *c, int64_t b, int64_t n, float *s, float 
   return any;
 }
 
+/* fill_rows for the G heads of a key head's group, kh G .. kh G + G - 1, as the tile kernels stack them: head g's
+   rows np bk floats after head g - 1's (add: the bias tiles wanted; kill NULL: no kill tile). 0: no pair allowed. */
+static inline int fill_group(const sa_cpu_ctx *c, int64_t b, int64_t kh, int64_t G, int add, float *bias, float *kill,
+                      int64_t np, int64_t bk, int64_t nk, int64_t i0, int64_t j0, int pos) {
+  int any = 0;
+  for (int64_t g = 0; g < G; g++)
+    any |= fill_rows(c, b, kh * G + g, add ? bias + g * np * bk : NULL, kill ? kill + g * np * bk : NULL, np, bk, nk,
+                     i0, j0, pos);
+  return any;
+}
+
 /* ---- the scores of a tile: soft-cap, then the kill tile ------------------------------------------ */
 
 /* The n scores at s (base 2, scaled: score_mul 1) as the softmax takes them: capped, s = cap2 tanh(s / cap2)

@@ -208,13 +208,7 @@ static void dq_item_tile(const sa_cpu_ctx *c, int64_t item, float *ws) {
     const int cls = tile_class(a, b, rg, i0, np, j0, nk), pos = a->q_positions && cls == 1, add = c->fill;
     float *kill = c->kill || pos ? B.kl : NULL; /* the kill tile: mask array, positions (cpu_mask.h) */
     if (cls == 0) continue;
-    if (add || kill) {
-      int any = 0;
-      for (int64_t g = 0; g < G; g++)
-        any |= fill_rows(c, b, kh * G + g, add ? B.add + g * np * BK : NULL, kill ? kill + g * np * BK : NULL, np, BK,
-                         nk, i0, j0, pos);
-      if (!any) continue;
-    }
+    if ((add || kill) && !fill_group(c, b, kh, G, add, B.add, kill, np, BK, nk, i0, j0, pos)) continue;
     const uint16_t *kt = B.kt, *vt = B.vt, *kp = B.kp;
     const int64_t nkp = SA_MIN(BK, kl - j0), ksk = tile_round(nkp, SA_TILE_K) / SA_TILE_K;
     if (c->kpack) {
