@@ -169,7 +169,7 @@ static int fill_rows(const sa_cpu_ctx *c, int64_t b, int64_t n, float *s, float 
 /* fill_rows for the G heads of a key head's group, kh G .. kh G + G - 1, as the tile kernels stack them: head g's
    rows np bk floats after head g - 1's (add: the bias tiles wanted; kill NULL: no kill tile). 0: no pair allowed. */
 static inline int fill_group(const sa_cpu_ctx *c, int64_t b, int64_t kh, int64_t G, int add, float *bias, float *kill,
-                      int64_t np, int64_t bk, int64_t nk, int64_t i0, int64_t j0, int pos) {
+                             int64_t np, int64_t bk, int64_t nk, int64_t i0, int64_t j0, int pos) {
   int any = 0;
   for (int64_t g = 0; g < G; g++)
     any |= fill_rows(c, b, kh * G + g, add ? bias + g * np * bk : NULL, kill ? kill + g * np * bk : NULL, np, bk, nk,
