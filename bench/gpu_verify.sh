@@ -51,6 +51,10 @@
 #           cuDNN 9.27's published figures (kernel_bench.py --grid h200_gptoss, cuDNN beside it where the wheel is
 #           in .whl/), every Hopper plan on the rows below cuDNN (information). Last, bench/plan_decide.py's decision
 #           table: what flips which default, and the line of src/cuda/plan.c that does it.
+#   PART=f32  the float32 instantiations of the portable kernels (plans cuda.fwd.portable.f32 / cuda.bwd.portable.f32,
+#           override-only until this part passes), in one short call: test_cuda's float32 cases (every legal plan
+#           against the fp64 reference: out, lse, dq, dk, dv, dsinks, three bitwise-equal backward runs; the error
+#           of each printed), compute-sanitizer memcheck, racecheck and initcheck over them.
 #   PART="1 decode cpu"  several parts in one call, in that order, one summary (a list of the names above).
 #   PART=all  1 and 2, in one call (longer than one call's 10 minutes on the H200).
 #
@@ -344,6 +348,19 @@ if has perf33; then
     --out "$STAGE/decision.txt" > "$STAGE/plan_decide.log" 2>&1
 fi
 # ---- end of PART=perf33 ----
+
+# ---- PART=f32: the float32 instantiations of the portable kernels (cuda.fwd.portable.f32, cuda.bwd.portable.f32) ----
+if has f32; then
+  bg_step build_release 240 bash -c 'build "$@"' build build-gpu Release 8 --target sinkattn sinkattn_jax test_cuda
+  bg_step build_sanitizer 240 bash -c 'build "$@"' build build-gpusan RelWithDebInfo 8 --target test_cuda
+  wait_steps
+  # test_cuda's float32 cases (names "f32 ..."): every legal plan, which for float32 are the f32 plans alone
+  bg_step test_cuda_f32 240 build-gpu/test_cuda --table=general --case="f32 "
+  for tool in memcheck racecheck initcheck; do
+    san_step "san_${tool}_f32" "$tool" --table=general --case="f32 "
+  done
+  wait_steps
+fi
 
 if has cpu; then
   [ -x build-gpu/amx_check ] || run_step build_cpu 240 bash -c 'build "$@"' build build-gpu Release 16 \

@@ -232,6 +232,9 @@ sa_status sa_check_memory_kind(const sa_attn *a, sa_backend be);
 sa_status sa_check_cuda_inputs(const sa_attn *a);               /* SA_ERR_UNSUPPORTED: bias, mask, positions, soft-cap
                                                      the feature plans do not take (sa_cuda_feature_check) */
 sa_status sa_cuda_feature_check(const sa_attn *a, int listing); /* src/cuda/plan.c (plan.h) */
+/* float32 attention calls (not decode) on CUDA: SA_OK while listing plans or when a forward or backward plan is
+   forced; else SA_ERR_UNSUPPORTED, since their only plans (cuda.*.portable.f32) are override-only. src/cuda/plan.c */
+sa_status sa_cuda_dtype_check(const sa_attn *a, int listing);
 
 /* ---- backends -------------------------------------------------------------------------------- */
 /* Each backend says what it supports (SA_OK, or SA_ERR_UNSUPPORTED with the message set) and is only

@@ -255,7 +255,8 @@ static sa_status sa_check_for(const sa_attn *a, sa_backend be) {
   switch (be) {
     case SA_BACKEND_CPU: s = sa_cpu_attn_supported(a); break;
     case SA_BACKEND_CUDA:
-      if ((s = sa_check_cuda_present()) == SA_OK && (s = sa_check_cuda_inputs(a)) == SA_OK)
+      if ((s = sa_check_cuda_present()) == SA_OK && (s = sa_check_cuda_inputs(a)) == SA_OK &&
+          (s = sa_cuda_dtype_check(a, 0)) == SA_OK)
         s = sa_cuda_attn_supported(a);
       break;
     default: break;

@@ -53,10 +53,6 @@ extern "C" sa_status sa_cuda_attn_supported(const sa_attn *a) {
     return sa_error(SA_ERR_UNSUPPORTED,
                     "v_head_dim %lld unsupported by CUDA backend: use 16, 32, 64, 96, 128, 192 or 256",
                     (long long)a->v_head_dim);
-  if (a->dtype == SA_F32)
-    return sa_error(SA_ERR_UNSUPPORTED,
-                    "dtype SA_F32 unsupported by CUDA backend: use SA_F16 or SA_BF16 "
-                    "(the tensor cores run 16-bit inputs; the Python layer falls back for f32)");
   /* lengths and key indices are 32-bit in the kernels; grid y, z are (kv head, batch) */
   if (a->q_len >= (1 << 30) || a->kv_len >= (1 << 30))
     return sa_error(SA_ERR_UNSUPPORTED, "q_len %lld / kv_len %lld unsupported by CUDA backend: must be < 2^30",
@@ -144,7 +140,7 @@ extern "C" sa_status sa_cuda_attn_fwd(const sa_attn *a, void *stream) {
   const sa_cuda_feat f = sa_cuda_feat_make(a);
   const cudaStream_t st = (cudaStream_t)stream;
   const cudaError_t e = plan.family == SA_CUDA_FWD_HOPPER ? sa_hop_fwd_launch(plan, p, &f, st)
-                                                          : sa_cuda_fwd_launch(p, a->dtype == SA_BF16, plan.hd, st);
+                                                          : sa_cuda_fwd_launch(p, (int)a->dtype, plan.hd, st);
   return sa_cuda_status(e, "forward launch");
 }
 
@@ -228,10 +224,10 @@ extern "C" sa_status sa_cuda_attn_bwd(const sa_attn *a, const sa_attn_grad *g, v
     sa_cuda_plan_note(SA_PLAN_BWD, plan);
     return SA_OK;
   }
-  const int bf16 = a->dtype == SA_BF16;
+  const int dt = (int)a->dtype;
   if (plan.family != SA_CUDA_BWD_PORTABLE) /* the preprocess writes lse2 only for the Hopper kernels */
     p.lse2 = (float *)((char *)p.dsink_part + sa_cuda_round256(parts * sizeof(float)));
-  cudaError_t e = sa_cuda_bwd_pre_launch(p, bf16, st);
+  cudaError_t e = sa_cuda_bwd_pre_launch(p, dt, st);
   if (e == cudaSuccess) {
     if (plan.family == SA_CUDA_BWD_ONEPASS) e = sa_cuda_onepass_or_twopass(a, &plan, p, (char *)workspace, st);
     else if (plan.family == SA_CUDA_BWD_TWOPASS) {
@@ -249,7 +245,7 @@ extern "C" sa_status sa_cuda_attn_bwd(const sa_attn *a, const sa_attn_grad *g, v
         f.dbias_b = bs.b, f.dbias_n = bs.n, f.dbias_t = bs.t, f.dbias_s = (int)bs.s;
       }
       e = sa_hop_twopass_launch(plan, p, &f, st);
-    } else e = sa_cuda_bwd_dkdv_dq_launch(p, bf16, plan.hd, st);
+    } else e = sa_cuda_bwd_dkdv_dq_launch(p, dt, plan.hd, st);
   }
   if (e == cudaSuccess) e = sa_cuda_bwd_dsink_launch(p, st);
   sa_cuda_plan_note(SA_PLAN_BWD, plan);

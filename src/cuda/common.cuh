@@ -201,6 +201,31 @@ struct sa_mma<__half> {
   }
 };
 
+/* float32 inputs on the mma.sync kernels (plans cuda.fwd.portable.f32, cuda.bwd.portable.f32): q, k, v and dout
+   are rounded to bf16 on their way into shared memory (sa_load_rows / sa_load_packed from a float source), the
+   products run on the bf16 tensor cores with fp32 accumulation, and out, dq, dk, dv are written as fp32: the
+   error of bf16 inputs (docs/hopper.md, "Float32 inputs"), at O(T) memory. */
+struct sa_f32in {};
+template <>
+struct sa_mma<sa_f32in> : sa_mma<__nv_bfloat16> {
+  static __device__ __forceinline__ float load(const void *p, int64_t i) {
+    return reinterpret_cast<const float *>(p)[i];
+  }
+  static __device__ __forceinline__ void store2(void *p, int64_t i, float x, float y) {
+    *reinterpret_cast<float2 *>(reinterpret_cast<float *>(p) + i) = make_float2(x, y);
+  }
+};
+
+/* The element of a kernel's global tensors: 16-bit for bf16 / f16, float for sa_f32in. */
+template <typename T>
+struct sa_elem {
+  using type = uint16_t;
+};
+template <>
+struct sa_elem<sa_f32in> {
+  using type = float;
+};
+
 /* ---- tile loads ------------------------------------------------------------------------------------
  * A tile is `rows` rows of HD 16-bit values in shared memory, row stride HD + 8: the 16-byte pad puts
  * the 8 rows one ldmatrix reads in 8 different bank groups (a stride of HD * 2 bytes = a multiple of
@@ -242,6 +267,51 @@ __device__ __forceinline__ void sa_load_packed(uint16_t *s, const uint16_t *base
     const bool ok = P < nrows && i < ql && colok;
     const uint16_t *src = ok ? base + ((int64_t)i * N + gg) * ncols + col : base;
     sa_cp_async16(s + r * (HD + 8) + col, src, ok ? 16 : 0);
+  }
+}
+
+/* Eight floats at src (16-byte aligned) as eight bf16 into shared memory at dst (16 bytes; zeros when !ok): the
+   float form of one cp.async chunk. A plain load and store, so the caller's cp.async wait and barrier order it
+   as they order the chunks of the 16-bit tiles. */
+__device__ __forceinline__ void sa_f32_chunk(uint16_t *dst, const float *src, bool ok) {
+  uint4 w = make_uint4(0u, 0u, 0u, 0u);
+  if (ok) {
+    const float4 a = __ldg(reinterpret_cast<const float4 *>(src)), b = __ldg(reinterpret_cast<const float4 *>(src) + 1);
+    w.x = sa_mma<__nv_bfloat16>::pack(a.x, a.y);
+    w.y = sa_mma<__nv_bfloat16>::pack(a.z, a.w);
+    w.z = sa_mma<__nv_bfloat16>::pack(b.x, b.y);
+    w.w = sa_mma<__nv_bfloat16>::pack(b.z, b.w);
+  }
+  *reinterpret_cast<uint4 *>(dst) = w;
+}
+
+/* sa_load_rows from float rows (sa_f32in): the same chunks, each rounded to bf16 on the way. */
+template <int HD, int NTH = SA_NT>
+__device__ __forceinline__ void sa_load_rows(uint16_t *s, const float *g, int64_t row0, int rows, int64_t nvalid,
+                                             int64_t row_stride, int64_t ncols) {
+  constexpr int CH = HD / 8, RSTEP = NTH / CH;
+  static_assert(NTH % CH == 0, "thread count a multiple of the chunks per row");
+  const int r0 = threadIdx.x / CH, col = (threadIdx.x % CH) * 8;
+  const float *src = g + (row0 + r0) * row_stride + col;
+  const int64_t step = RSTEP * row_stride;
+  const int valid = (int)(nvalid - row0 < rows ? (nvalid - row0 > 0 ? nvalid - row0 : 0) : rows);
+  const bool colok = col < ncols;
+#pragma unroll 1
+  for (int r = r0; r < rows; r += RSTEP, src += step) sa_f32_chunk(s + r * (HD + 8) + col, src, r < valid && colok);
+}
+
+/* sa_load_packed from float rows (sa_f32in). */
+template <int HD, int NTH = SA_NT>
+__device__ __forceinline__ void sa_load_packed(uint16_t *s, const float *base, int64_t P0, int rows, int64_t G,
+                                               int64_t N, int64_t ncols, int64_t nrows, int64_t ql) {
+  constexpr int CH = HD / 8, RSTEP = NTH / CH;
+  const int r0 = threadIdx.x / CH, col = (threadIdx.x % CH) * 8;
+  const bool colok = col < ncols;
+#pragma unroll 1
+  for (int r = r0; r < rows; r += RSTEP) {
+    const unsigned P = (unsigned)(P0 + r), i = P / (unsigned)G, gg = P - i * (unsigned)G;
+    const bool ok = P < nrows && i < ql && colok;
+    sa_f32_chunk(s + r * (HD + 8) + col, ok ? base + ((int64_t)i * N + gg) * ncols + col : base, ok);
   }
 }
 

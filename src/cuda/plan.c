@@ -42,6 +42,8 @@ const char *const sa_cuda_plan_names[] = {"cuda.fwd.portable",
                                           "cuda.decode.mma.half",
                                           "cuda.decode.mma.x2",
                                           "cuda.decode.mma.x4",
+                                          "cuda.fwd.portable.f32",
+                                          "cuda.bwd.portable.f32",
                                           NULL};
 
 /* Plans whose kernels have not yet passed bench/gpu_verify.sh on an H200: listed (sa_plan_list, so test_cuda runs
@@ -49,9 +51,25 @@ const char *const sa_cuda_plan_names[] = {"cuda.fwd.portable",
    hopper.fwd.features and hopper.bwd.twopass.features passed PART=features (every case of test_cuda's features
    tables on every plan against the fp64 reference, memcheck and racecheck clean: the h200-features-* results in
    bench/results/) and are the default for the calls they take. The one-pass backward's WAIT instantiations (the
-   .wait variants, bench/gpu_verify.sh PART=perf33) have not run either. */
-static const char *const sa_unverified[] = {"hopper.fwd.features.tma", "hopper.bwd.twopass.features.tma",
-                                            "hopper.bwd.onepass.wait", "hopper.bwd.onepass.narrow.wait", NULL};
+   .wait variants, bench/gpu_verify.sh PART=perf33) have not run either, nor the float32 instantiations of the
+   portable kernels (cuda.*.portable.f32, PART=f32). */
+static const char *const sa_unverified[] = {"hopper.fwd.features.tma",
+                                            "hopper.bwd.twopass.features.tma",
+                                            "hopper.bwd.onepass.wait",
+                                            "hopper.bwd.onepass.narrow.wait",
+                                            "cuda.fwd.portable.f32",
+                                            "cuda.bwd.portable.f32",
+                                            NULL};
+
+/* float32 attention has only the cuda.*.portable.f32 plans, unverified: refused unless a plan is forced (its pick
+   says what is wrong) or the plans are being listed. Decode takes float32 on its own kernels. */
+sa_status sa_cuda_dtype_check(const sa_attn *a, int listing) {
+  if (a->dtype != SA_F32 || listing || sa_plan_forced(SA_PLAN_FWD) || sa_plan_forced(SA_PLAN_BWD)) return SA_OK;
+  return sa_error(SA_ERR_UNSUPPORTED,
+                  "dtype SA_F32 unsupported by CUDA backend: use SA_F16 or SA_BF16 (the float32 plans "
+                  "cuda.fwd.portable.f32 / cuda.bwd.portable.f32 have not run on a GPU and run only when forced; "
+                  "the Python layer falls back for f32)");
+}
 
 static int sa_plan_unverified(const char *name) {
   for (int i = 0; sa_unverified[i]; ++i)
@@ -242,6 +260,15 @@ static void sa_bwd_portable(const sa_pctx *c, sa_cuda_plan *p) {
   p->grid_dq[0] = (int)sa_cdiv(c->T * c->G, 64), p->grid_dq[1] = (int)c->K, p->grid_dq[2] = (int)c->B;
   p->ws = sa_cuda_bwd_common_ws(c->a);
   p->reason = "mma.sync dK/dV and dQ kernels (sm_80+): every shape and mask, no atomics";
+}
+
+/* cuda.fwd.portable.f32 / cuda.bwd.portable.f32: the portable plan of the call's direction on float32 inputs, rounded
+   to bf16 into shared memory (common.cuh, sa_f32in): the same tiles and grid. */
+static void sa_portable_f32(const sa_pctx *c, sa_cuda_plan *p) {
+  if (c->which == SA_PLAN_FWD) sa_fwd_portable(c, p);
+  else sa_bwd_portable(c, p);
+  p->name = c->which == SA_PLAN_FWD ? "cuda.fwd.portable.f32" : "cuda.bwd.portable.f32";
+  p->reason = "mma.sync kernels (sm_80+) on float32 inputs rounded to bf16, fp32 outputs: every shape and mask";
 }
 
 static const char *sa_bwd_hop_scope(const sa_pctx *c) {
@@ -488,6 +515,10 @@ static void sa_collect(const sa_attn *a, int which, const sa_cuda_device *dev, s
   const char *nf =
       c.feat ? "its kernels take no bias, mask array, positions or soft-cap (the *.features plans do)" : NULL;
   const char *nofeat = "the call has no bias, mask array, positions or soft-cap (a plain plan takes it)";
+  /* float32 runs the portable kernels' sa_f32in instantiations (common.cuh) alone */
+  const int is32 = a->dtype == SA_F32;
+  const char *f32 = is32 ? "its kernels take bf16 / f16 (float32: the cuda.*.portable.f32 plans)" : NULL;
+  const char *not32 = is32 ? NULL : "the call is not float32 (cuda.*.portable takes it)";
   if (which == SA_PLAN_FWD) {
     sa_cuda_plan port;
     sa_fwd_portable(&c, &port);
@@ -497,13 +528,15 @@ static void sa_collect(const sa_attn *a, int which, const sa_cuda_device *dev, s
     sa_offer(l, &p, why ? why : nf);
     why = sa_fwd_hopper(&c, &p, !dflt);
     sa_offer(l, &p, why ? why : nf);
-    sa_offer(l, &port, nf);
+    sa_offer(l, &port, nf ? nf : f32);
     why = sa_fwd_hopper(&c, &p, 2);
     sa_offer(l, &p, why ? why : nf);
     why = sa_fwd_hopper_feat(&c, &p);
     sa_offer(l, &p, c.feat ? why : nofeat);
     why = sa_fwd_hopper_feat_tma(&c, &p);
     sa_offer(l, &p, c.feat ? why : nofeat);
+    sa_portable_f32(&c, &port);
+    sa_offer(l, &port, nf ? nf : not32);
   } else if (which == SA_PLAN_BWD) {
     sa_cuda_plan port;
     sa_bwd_portable(&c, &port);
@@ -518,8 +551,9 @@ static void sa_collect(const sa_attn *a, int which, const sa_cuda_device *dev, s
       why = sa_bwd_twopass(&c, &p, ncs[i][0], ncs[i][1]);
       sa_offer(l, &p, why ? why : nf);
     }
-    if (port.ws <= ws_avail) sa_offer(l, &port, nf);
-    else sa_offer(l, &port, "the workspace given is smaller than the backward needs");
+    const char *small = port.ws <= ws_avail ? NULL : "the workspace given is smaller than the backward needs";
+    if (port.ws <= ws_avail) sa_offer(l, &port, nf ? nf : f32);
+    else sa_offer(l, &port, small);
     why = sa_bwd_onepass(&c, &p, 1, ws_avail);
     sa_offer(l, &p, why ? why : nf);
     why = sa_bwd_onepass(&c, &p, 2, ws_avail);
@@ -530,6 +564,8 @@ static void sa_collect(const sa_attn *a, int which, const sa_cuda_device *dev, s
     why = sa_bwd_twopass_feat_tma(&c, &p);
     if (!why && p.ws > ws_avail) why = "the workspace given is smaller than the backward needs";
     sa_offer(l, &p, c.feat ? why : nofeat);
+    sa_portable_f32(&c, &port);
+    sa_offer(l, &port, nf ? nf : not32 ? not32 : small);
   } else if (which == SA_PLAN_DECODE) {
     for (int kind = 0; kind < 3; kind++) {
       why = sa_dec_plan(&c, &p, kind);

@@ -502,7 +502,7 @@ SA_FFI_EXPORT int sa_jax_cuda_supported(int dtype, int64_t batch, int64_t q_len,
                feat);
     return 0;
   }
-  int ok = sa_check_cuda_inputs(&a) == SA_OK;
+  int ok = sa_check_cuda_inputs(&a) == SA_OK && (decode || sa_cuda_dtype_check(&a, 0) == SA_OK);
   ok = ok && sa_has_cuda() && (decode ? sa_cuda_decode_supported(&a) : sa_cuda_attn_supported(&a)) == SA_OK;
   if (!ok && why && why_len) snprintf(why, why_len, "%s", *sa_last_error() ? sa_last_error() : "built without CUDA");
   return ok;

@@ -37,8 +37,8 @@ SA_FFI_EXPORT int sa_jax_cuda_supported_call(int dtype, int64_t batch, int64_t q
   if (has_positions) a.q_positions = a.kv_positions = sa_ffi_present;
   a.logits_soft_cap = logits_soft_cap;
   sa_clear_error();
-  const int ok = sa_check_dims(&a) == SA_OK && sa_check_cuda_inputs(&a) == SA_OK && sa_has_cuda() &&
-                 sa_cuda_attn_supported(&a) == SA_OK;
+  const int ok = sa_check_dims(&a) == SA_OK && sa_check_cuda_inputs(&a) == SA_OK &&
+                 sa_cuda_dtype_check(&a, 0) == SA_OK && sa_has_cuda() && sa_cuda_attn_supported(&a) == SA_OK;
   if (!ok && why && why_len) snprintf(why, why_len, "%s", *sa_last_error() ? sa_last_error() : "built without CUDA");
   if (bwd_workspace) *bwd_workspace = ok ? sa_attn_bwd_workspace_size(&a, SA_BACKEND_CUDA) : 0;
   return ok;

@@ -3,6 +3,8 @@
  * and dQ without atomics, and the fixed-order sink reduction. The preprocess and the reduction run for every
  * backward plan; dK/dV and dQ for cuda.bwd.portable. docs/hopper.md.
  */
+#include <type_traits>
+
 #include "launch.h"
 
 /* ---- 1. preprocess -------------------------------------------------------------------------------- */
@@ -131,8 +133,9 @@ __global__ void __launch_bounds__(SA_NT) sa_portable_dkdv_kernel(const sa_cuda_p
   const int64_t k0 = kblk * BN, nrows = p.T * p.G;
   const int64_t ql = sa_dev_q_len(p, b), kl = sa_dev_kv_len(p, b);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tq = lane % 4;
-  const uint16_t *qb = (const uint16_t *)p.q + (b * p.T * p.N + kvh * p.G) * p.H;
-  const uint16_t *ob = (const uint16_t *)p.dout + (b * p.T * p.N + kvh * p.G) * p.Hv;
+  using E = typename sa_elem<T>::type;
+  const E *qb = (const E *)p.q + (b * p.T * p.N + kvh * p.G) * p.H;
+  const E *ob = (const E *)p.dout + (b * p.T * p.N + kvh * p.G) * p.Hv;
 
   /* Queries that can see a key of [k0, k0 + BN): hi(i) > k0 and lo(i) < k0 + BN, with lo and hi the
      unclamped bounds of sa_dev_key_range (a superset is harmless: the per-element mask is exact). */
@@ -183,8 +186,8 @@ __global__ void __launch_bounds__(SA_NT) sa_portable_dkdv_kernel(const sa_cuda_p
     }
   };
 
-  sa_load_rows<HD>(sK, (const uint16_t *)p.k + (b * p.S * p.K + kvh) * p.H, k0, BN, kl, p.K * p.H, p.H);
-  sa_load_rows<HD>(sV, (const uint16_t *)p.v + (b * p.S * p.K + kvh) * p.Hv, k0, BN, kl, p.K * p.Hv, p.Hv);
+  sa_load_rows<HD>(sK, (const E *)p.k + (b * p.S * p.K + kvh) * p.H, k0, BN, kl, p.K * p.H, p.H);
+  sa_load_rows<HD>(sV, (const E *)p.v + (b * p.S * p.K + kvh) * p.Hv, k0, BN, kl, p.K * p.Hv, p.Hv);
   if (qt0 < qt1) load_tile(qt0, 0);
   sa_cp_async_commit();
 
@@ -265,8 +268,8 @@ __global__ void __launch_bounds__(SA_NT) sa_portable_dkdv_kernel(const sa_cuda_p
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     if (jk[h] >= p.S) continue;
-    T *dkr = (T *)p.dk + ((b * p.S + jk[h]) * p.K + kvh) * p.H;
-    T *dvr = (T *)p.dv + ((b * p.S + jk[h]) * p.K + kvh) * p.Hv;
+    E *dkr = (E *)p.dk + ((b * p.S + jk[h]) * p.K + kvh) * p.H;
+    E *dvr = (E *)p.dv + ((b * p.S + jk[h]) * p.K + kvh) * p.Hv;
 #pragma unroll
     for (int d = 0; d < AT; d++) {
       const int col = (int)dcol0 + d * 8 + 2 * tq;
@@ -293,8 +296,9 @@ __global__ void __launch_bounds__(SA_NT) sa_portable_dq_kernel(const sa_cuda_par
   int64_t lo_max, hi_min;
   sa_dev_tile_span(p, ql, kl, P0, P1, BN, &t0, &t1, &lo_max, &hi_min);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tq = lane % 4;
-  const uint16_t *kb = (const uint16_t *)p.k + (b * p.S * p.K + kvh) * p.H;
-  const uint16_t *vb = (const uint16_t *)p.v + (b * p.S * p.K + kvh) * p.Hv;
+  using E = typename sa_elem<T>::type;
+  const E *kb = (const E *)p.k + (b * p.S * p.K + kvh) * p.H;
+  const E *vb = (const E *)p.v + (b * p.S * p.K + kvh) * p.Hv;
 
   int lo[2], hi[2], qseg[2];
   float lse2[2], Dr[2];
@@ -315,9 +319,8 @@ __global__ void __launch_bounds__(SA_NT) sa_portable_dq_kernel(const sa_cuda_par
   for (int d = 0; d < DT; d++) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
 
   if (t0 < t1) {
-    sa_load_packed<HD>(sQ, (const uint16_t *)p.q + (b * p.T * p.N + kvh * p.G) * p.H, P0, BM, p.G, p.N, p.H, nrows, ql);
-    sa_load_packed<HD>(sO, (const uint16_t *)p.dout + (b * p.T * p.N + kvh * p.G) * p.Hv, P0, BM, p.G, p.N, p.Hv, nrows,
-                       ql);
+    sa_load_packed<HD>(sQ, (const E *)p.q + (b * p.T * p.N + kvh * p.G) * p.H, P0, BM, p.G, p.N, p.H, nrows, ql);
+    sa_load_packed<HD>(sO, (const E *)p.dout + (b * p.T * p.N + kvh * p.G) * p.Hv, P0, BM, p.G, p.N, p.Hv, nrows, ql);
     sa_load_rows<HD>(sK, kb, (int64_t)t0 * BN, BN, kl, p.K * p.H, p.H);
     sa_load_rows<HD>(sV, vb, (int64_t)t0 * BN, BN, kl, p.K * p.Hv, p.Hv);
     sa_cp_async_commit();
@@ -392,7 +395,7 @@ __global__ void __launch_bounds__(SA_NT) sa_portable_dq_kernel(const sa_cuda_par
     int64_t P = P0 + warp * 16 + gr + 8 * h;
     if (P >= nrows) continue;
     int64_t i = P / p.G, n = kvh * p.G + (P - i * p.G);
-    T *o = (T *)p.dq + ((b * p.T + i) * p.N + n) * p.H;
+    E *o = (E *)p.dq + ((b * p.T + i) * p.N + n) * p.H;
 #pragma unroll
     for (int d = 0; d < DT; d++) {
       const int col = d * 8 + 2 * tq;
@@ -423,12 +426,16 @@ template <typename T>
 static cudaError_t sa_bwd_pre_run(const sa_cuda_params &p, cudaStream_t st) {
   if (p.B > 0 && p.T > 0) {
     dim3 g((unsigned)((p.T + SA_PRE_ROWS - 1) / SA_PRE_ROWS), (unsigned)p.N, (unsigned)p.B);
-    const bool vec = ((uintptr_t)p.dout | (uintptr_t)p.out) % 16 == 0 && p.Hv % 8 == 0;
-    if (vec && p.Hv == 32) sa_bwd_pre_vec_kernel<T, 4><<<g, SA_NT, 0, st>>>(p);
-    else if (vec && p.Hv == 64) sa_bwd_pre_vec_kernel<T, 8><<<g, SA_NT, 0, st>>>(p);
-    else if (vec && p.Hv == 128) sa_bwd_pre_vec_kernel<T, 16><<<g, SA_NT, 0, st>>>(p);
-    else if (vec && p.Hv == 256) sa_bwd_pre_vec_kernel<T, 32><<<g, SA_NT, 0, st>>>(p);
-    else sa_bwd_pre_kernel<T><<<g, SA_NT, 0, st>>>(p);
+    if constexpr (std::is_same<T, sa_f32in>::value) { /* the vector form reads 16-bit pairs */
+      sa_bwd_pre_kernel<T><<<g, SA_NT, 0, st>>>(p);
+    } else {
+      const bool vec = ((uintptr_t)p.dout | (uintptr_t)p.out) % 16 == 0 && p.Hv % 8 == 0;
+      if (vec && p.Hv == 32) sa_bwd_pre_vec_kernel<T, 4><<<g, SA_NT, 0, st>>>(p);
+      else if (vec && p.Hv == 64) sa_bwd_pre_vec_kernel<T, 8><<<g, SA_NT, 0, st>>>(p);
+      else if (vec && p.Hv == 128) sa_bwd_pre_vec_kernel<T, 16><<<g, SA_NT, 0, st>>>(p);
+      else if (vec && p.Hv == 256) sa_bwd_pre_vec_kernel<T, 32><<<g, SA_NT, 0, st>>>(p);
+      else sa_bwd_pre_kernel<T><<<g, SA_NT, 0, st>>>(p);
+    }
     return cudaGetLastError();
   }
   return cudaSuccess;
@@ -467,12 +474,16 @@ static cudaError_t sa_bwd_dim(const sa_cuda_params &p, int hd, cudaStream_t st) 
   }
 }
 
-cudaError_t sa_cuda_bwd_pre_launch(const sa_cuda_params &p, int bf16, cudaStream_t st) {
-  return bf16 ? sa_bwd_pre_run<__nv_bfloat16>(p, st) : sa_bwd_pre_run<__half>(p, st);
+cudaError_t sa_cuda_bwd_pre_launch(const sa_cuda_params &p, int dtype, cudaStream_t st) {
+  return dtype == SA_BF16  ? sa_bwd_pre_run<__nv_bfloat16>(p, st)
+         : dtype == SA_F16 ? sa_bwd_pre_run<__half>(p, st)
+                           : sa_bwd_pre_run<sa_f32in>(p, st);
 }
 
-cudaError_t sa_cuda_bwd_dkdv_dq_launch(const sa_cuda_params &p, int bf16, int hd, cudaStream_t st) {
-  return bf16 ? sa_bwd_dim<__nv_bfloat16>(p, hd, st) : sa_bwd_dim<__half>(p, hd, st);
+cudaError_t sa_cuda_bwd_dkdv_dq_launch(const sa_cuda_params &p, int dtype, int hd, cudaStream_t st) {
+  return dtype == SA_BF16  ? sa_bwd_dim<__nv_bfloat16>(p, hd, st)
+         : dtype == SA_F16 ? sa_bwd_dim<__half>(p, hd, st)
+                           : sa_bwd_dim<sa_f32in>(p, hd, st);
 }
 
 cudaError_t sa_cuda_bwd_dsink_launch(const sa_cuda_params &p, cudaStream_t st) {

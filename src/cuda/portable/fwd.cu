@@ -22,9 +22,10 @@ __global__ void __launch_bounds__(C::NW * 32) sa_portable_fwd_kernel(const sa_cu
   sa_dev_tile_span(p, ql, kl, P0, P1, BN, &t0, &t1, &lo_max, &hi_min);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tq = lane % 4;
-  const uint16_t *qb = (const uint16_t *)p.q + (b * p.T * p.N + kvh * p.G) * p.H;
-  const uint16_t *kb = (const uint16_t *)p.k + (b * p.S * p.K + kvh) * p.H;
-  const uint16_t *vb = (const uint16_t *)p.v + (b * p.S * p.K + kvh) * p.Hv;
+  using E = typename sa_elem<T>::type;
+  const E *qb = (const E *)p.q + (b * p.T * p.N + kvh * p.G) * p.H;
+  const E *kb = (const E *)p.k + (b * p.S * p.K + kvh) * p.H;
+  const E *vb = (const E *)p.v + (b * p.S * p.K + kvh) * p.Hv;
 
   /* this thread's rows: (mi, h) -> row warp*16*MI + mi*16 + gr + 8h of the block */
   int lo[MI][2], hi[MI][2]; /* T, S < 2^30 (sa_cuda_attn_supported) */
@@ -181,7 +182,7 @@ __global__ void __launch_bounds__(C::NW * 32) sa_portable_fwd_kernel(const sa_cu
         f = w / ltot;
         lse = (sink_max ? a : mm * SA_LN2) + logf(ltot);
       }
-      T *o = (T *)p.out + ((b * p.T + i) * p.N + n) * p.Hv;
+      E *o = (E *)p.out + ((b * p.T + i) * p.N + n) * p.Hv;
 #pragma unroll
       for (int d = 0; d < DT; d++) {
         int col = d * 8 + 2 * tq;
@@ -213,6 +214,8 @@ static cudaError_t sa_fwd_dim(const sa_cuda_params &p, int hd, cudaStream_t st) 
   }
 }
 
-cudaError_t sa_cuda_fwd_launch(const sa_cuda_params &p, int bf16, int hd, cudaStream_t st) {
-  return bf16 ? sa_fwd_dim<__nv_bfloat16>(p, hd, st) : sa_fwd_dim<__half>(p, hd, st);
+cudaError_t sa_cuda_fwd_launch(const sa_cuda_params &p, int dtype, int hd, cudaStream_t st) {
+  return dtype == SA_BF16  ? sa_fwd_dim<__nv_bfloat16>(p, hd, st)
+         : dtype == SA_F16 ? sa_fwd_dim<__half>(p, hd, st)
+                           : sa_fwd_dim<sa_f32in>(p, hd, st);
 }
