@@ -238,3 +238,31 @@ def test_a_mask_broadcast_along_the_queries_reaches_the_cuda_kernels_broadcast(m
   assert not any("tensor<2x1x1x8xi1>" in c for c in calls), calls
   jax.clear_caches()
   np.testing.assert_array_equal(np.asarray(jax.grad(loss)(q)), np.asarray(want))  # this CPU: the mask as given
+
+
+@pytest.mark.skipif(not _lib.available(), reason="libsinkattn_jax.so is not built")
+def test_a_gpu_runs_float32_on_the_kernels_only_at_default_precision(monkeypatch):
+  """The CUDA kernels multiply float32 inputs rounded to bf16 (docs/hopper.md, "Float32 inputs"): even where the
+  library takes a float32 call (a mocked answer), it lowers to them only with precision=DEFAULT; with None, HIGH or
+  HIGHEST it runs the reference on a GPU, with one warning naming the precision, and implementation='cudnn' refuses
+  it. 16-bit calls do not depend on the precision; the CPU keeps the fused kernel for every precision."""
+  from conftest import make_inputs
+
+  q, k, v, s = make_inputs(42, B=2, T=4, S=8, N=4, K=2, H=64, dtype=jnp.float32)
+
+  def loss(q, precision):
+    return sinkattn.dot_product_attention(q, k, v, sinks=s, is_causal=True, precision=precision).sum()
+
+  _on_a_gpu(monkeypatch, answer=lambda **flags: (True, ""))
+  with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    for p in (None, jax.lax.Precision.HIGH, "highest", (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGHEST)):
+      assert _cuda_calls(jax.grad(lambda q, p=p: loss(q, p)), q) == [], p
+      with pytest.raises(ValueError, match="precision"):
+        sinkattn.dot_product_attention(q, k, v, sinks=s, precision=p, implementation="cudnn")
+  named = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+  assert len(named) == 1 and "precision" in named[0] and "float32" in named[0], named
+  for p in (jax.lax.Precision.DEFAULT, "bfloat16", ("default", "default")):
+    assert len(_cuda_calls(jax.grad(lambda q, p=p: loss(q, p)), q)) == 2, p
+  qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
+  assert len(_cuda_calls(lambda q: sinkattn.dot_product_attention(q, kb, vb, sinks=s), qb)) == 1

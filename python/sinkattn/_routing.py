@@ -11,6 +11,7 @@ import warnings
 from typing import Callable, Optional
 
 import jax
+import jax.numpy as jnp
 
 from . import _lib
 from ._enums import dtype_code
@@ -89,13 +90,31 @@ def cuda_call(x, *, softmax, causal, window_left, window_right, diag_offset, log
 
 
 def cuda_reason(
-  x, *, statics: Optional[dict] = None, logits_soft_cap: float = 0.0, decode: bool = False
+  x,
+  *,
+  statics: Optional[dict] = None,
+  logits_soft_cap: float = 0.0,
+  decode: bool = False,
+  default_precision: bool = False,
 ) -> Optional[str]:
   """Why the CUDA kernels cannot take the call on inputs x (an `_inputs.Inputs`) with this soft-cap (0.0 = none):
   its dtype, a head dim, an input or option they lack, as the library says; or None. decode: the question is about
   the decode kernels (decode_attention: sa_jax_cuda_supported), else the attention kernels; an attention call with a
   bias, a mask, positions or a soft-cap is decided by its shapes and options too (statics: the call's softmax,
-  causal, window and diag_offset; sa_jax_cuda_supported_call), the rest by its sizes (sa_jax_cuda_supported)."""
+  causal, window and diag_offset; sa_jax_cuda_supported_call), the rest by its sizes (sa_jax_cuda_supported).
+  default_precision: the call's precision is jax.lax.Precision.DEFAULT, without which a float32 attention call
+  stays off the kernels the library takes it on (they multiply in bf16: docs/hopper.md, "Float32 inputs")."""
+  why = _library_reason(x, statics=statics, logits_soft_cap=logits_soft_cap, decode=decode)
+  if why is None and not decode and x.q.dtype == jnp.float32 and not default_precision:
+    why = (
+      "float32 attention with a precision other than jax.lax.Precision.DEFAULT: the CUDA kernels round float32 "
+      "inputs to bf16 for their products (DEFAULT's); pass precision=jax.lax.Precision.DEFAULT to run them"
+    )
+  return why
+
+
+def _library_reason(x, *, statics, logits_soft_cap, decode) -> Optional[str]:
+  """cuda_reason's question to the library."""
   (B, T, N, H), (S, K), Hv = x.q.shape, x.k.shape[1:3], x.v.shape[3]
   try:
     code = dtype_code(x.q.dtype)

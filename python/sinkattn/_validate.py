@@ -271,6 +271,17 @@ def _precision(precision):
         raise ValueError(f"precision: {p!r} is not a jax.lax.Precision name: use {names} (or a Precision)") from None
 
 
+def default_precision(precision) -> bool:
+  """Whether precision (already checked by _precision) is jax.lax.Precision.DEFAULT (alone or as both of a pair): the
+  one precision whose products the CUDA kernels' float32 path meets, bf16 products of inputs rounded to bf16 (what
+  DEFAULT gives a float32 matmul on a TPU). None is not DEFAULT here: it keeps the float32 products it has always
+  had."""
+  if precision is None:
+    return False
+  ps = precision if isinstance(precision, (tuple, list)) else (precision,)
+  return all(jax.lax.Precision(p) == jax.lax.Precision.DEFAULT for p in ps)
+
+
 def as_rank4(query, key, value, bias, mask):
   """jax.nn's ranks: query / key / value [T,N,H] / [S,K,H] (or the [B,...] of rank 4), bias and mask of rank
   <= 4, each given the leading size-1 axes it lacks. -> (query, key, value, bias, mask, squeeze) where squeeze

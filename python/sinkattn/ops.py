@@ -192,8 +192,10 @@ def dot_product_attention(
     broadcast_dropout: Flax's; used only with dropout.
     deterministic: Flax's; True turns dropout off.
     dtype: Flax's computation dtype: query, key and value are cast to it first (None keeps theirs).
-    precision: Flax's; None, a jax.lax.Precision, its name or a pair of them (met by every path); anything
-      else raises.
+    precision: Flax's; None, a jax.lax.Precision, its name or a pair of them (met by every path: products
+      accumulated in float32 from the inputs as given); anything else raises. DEFAULT alone lets a float32 call
+      on a GPU run the CUDA kernels, which round float32 inputs to bf16 for their products (what DEFAULT gives a
+      float32 matmul on a TPU); with any other precision such a call runs the reference there.
     module: Flax's: the module to sow the attention weights [B,N,T,S] into ('intermediates' /
       nnx.Intermediate, name 'attention_weights'), computed by the reference.
     force_fp32_for_softmax: Flax's; the softmax is always float32.
@@ -254,7 +256,12 @@ def dot_product_attention(
     op="dot_product_attention",
     fused=lambda x: _fused(o, x),
     reference=lambda x: reference.attention(x, **_statics(o)),
-    cuda_reason=lambda: _routing.cuda_reason(c.inputs, statics=_statics(o), logits_soft_cap=o.logits_soft_cap),
+    cuda_reason=lambda: _routing.cuda_reason(
+      c.inputs,
+      statics=_statics(o),
+      logits_soft_cap=o.logits_soft_cap,
+      default_precision=_validate.default_precision(precision),
+    ),
   )
   if module is not None:
     _sow_weights(module, c)
