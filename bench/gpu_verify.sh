@@ -28,8 +28,9 @@
 #           AB_BASE=DIR (a source tree of another commit, e.g. `git archive C | tar -x -C DIR`, carried untracked)
 #           also bench/cpu_ab.py: DIR's library against this one's, A/B/A, under the plans AB_PLANS (amx).
 #   PART=features  the feature kernels (bias, mask array, positions, soft-cap), in one call: the verified plans
-#           (hopper.fwd.features, hopper.bwd.twopass.features: the default) and the TMA plans (hopper.fwd.features.tma,
-#           hopper.bwd.twopass.features.tma: override-only until this part passes). A Release build and a sanitizer
+#           (hopper.fwd.features, hopper.bwd.twopass.features: the default), the TMA plans (hopper.fwd.features.tma,
+#           hopper.bwd.twopass.features.tma) and the portable ones (cuda.fwd.portable.features,
+#           cuda.bwd.portable.features; sm_80+), both override-only until this part passes. A Release build and a sanitizer
 #           build side by side; then concurrently, each plan set in its own processes (a fault in one cannot stop the
 #           other's runs): test_cuda's features and features-prod tables (every case on each plan of the set, forced,
 #           against the fp64 reference: out, lse, dq, dk, dv, dsinks, dbias, three bitwise-equal backward runs) and
@@ -268,8 +269,9 @@ if has features; then
   export SINKATTN_LIBRARY=$PWD/build-gpu/libsinkattn_jax.so SINKATTN_C_LIBRARY=$PWD/build-gpu/libsinkattn.so
   # test_cuda's --plan: exact names (a trailing $), so that a set's processes run its own plans only
   declare -A FEAT_SET=([verified]='hopper.fwd.features$,hopper.bwd.twopass.features$'
-    [tma]='hopper.fwd.features.tma$,hopper.bwd.twopass.features.tma$')
-  for set in verified tma; do
+    [tma]='hopper.fwd.features.tma$,hopper.bwd.twopass.features.tma$'
+    [portable]='cuda.fwd.portable.features$,cuda.bwd.portable.features$')
+  for set in verified tma portable; do
     for t in features features-prod; do bg_step "test_cuda_${t}_$set" 300 build-gpu/test_cuda --table="$t" \
       --plan="${FEAT_SET[$set]}"; done
     san_step "san_memcheck_features_$set" memcheck --table=features --stride="${SAN_FEAT_STRIDE:-2}" \
@@ -279,7 +281,8 @@ if has features; then
   # the JAX op's default routing of such calls to the verified feature plans, against the fp64 reference
   bg_step pytest_features 240 "$PY" -m pytest tests/test_gpu_kernels.py -k feature_calls -q -p no:cacheprovider -rs \
     --timeout=200
-  FEAT_PLANS="hopper.fwd.features hopper.bwd.twopass.features hopper.fwd.features.tma hopper.bwd.twopass.features.tma"
+  FEAT_PLANS="hopper.fwd.features hopper.bwd.twopass.features hopper.fwd.features.tma hopper.bwd.twopass.features.tma
+    cuda.fwd.portable.features cuda.bwd.portable.features"
   for plan in $FEAT_PLANS; do
     san_step "san_racecheck_$plan" racecheck --table=features --plan="$plan\$" --stride="${RACE_FEAT_STRIDE:-3}"
   done
@@ -295,7 +298,7 @@ if has features; then
   # set's memcheck and its own racecheck are clean.
   for plan in $FEAT_PLANS; do
     set=verified
-    case $plan in *.tma) set=tma ;; esac
+    case $plan in *.tma) set=tma ;; cuda.*) set=portable ;; esac
     runs=$(cat "$STAGE"/test_cuda_features*_"$set".log 2>/dev/null | grep -c -E "^feat .* $plan ")
     fails=$(cat "$STAGE"/test_cuda_features*_"$set".log 2>/dev/null | grep -c -F "[$plan]")
     san=$(cat "$STAGE/san_memcheck_features_$set.rc" "$STAGE/san_racecheck_$plan.rc" 2>/dev/null | grep -c -v '^0$')

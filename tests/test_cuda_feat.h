@@ -118,9 +118,10 @@ static void tc_feat_free(tc_feat_bufs *fb) {
 #endif /* SINKATTN_WITH_CUDA */
 
 /* Inside the Hopper feature plans' scope (src/cuda/plan.c, sa_feat_hop_scope): bf16, H = Hv in {64, 128}, T and S
-   multiples of 128 (S <= 65536), masks [B or 1, N or 1, T, S], no segment ids. Every plan of each case runs (the TMA
-   plans too, where their scope takes the case: a bias [., ., T, S], f32 at H64 in the forward): the forward and the
-   backward (dbias too) against the fp64 reference. Sinks U(-10, 10) and +-50 (sink_range -r). */
+   multiples of 128 (S <= 65536), masks [B or 1, N or 1, T, S], no segment ids; then five cases outside it, which the
+   portable feature plans alone take. Every plan of each case runs (the TMA plans too, where their scope takes the
+   case: a bias [., ., T, S], f32 at H64 in the forward; the portable ones, whose backward takes no bias): the forward
+   and the backward (dbias too) against the fp64 reference. Sinks U(-10, 10) and +-50 (sink_range -r). */
 /* one case a line */
 // clang-format off
 static const tc_case tc_feat_cases[] = {
@@ -142,6 +143,12 @@ static const tc_case tc_feat_cases[] = {
     {.name = "feat bias 1NTS f16 + mask B1TS H128", .dt = SA_BF16, .B = 2, .T = 256, .S = 256, .N = 4, .K = 4, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = -10, .bias = "1NTS/f16", .mpat = 2, .mdims = "B1TS"},
     {.name = "feat bias B1TS f32 H64 causal", .dt = SA_BF16, .B = 2, .T = 384, .S = 384, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_TOP_LEFT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10, .bias = "B1TS/f32"},
     {.name = "feat NaN in masked keys (no dq) H128", .dt = SA_BF16, .B = 1, .T = 256, .S = 384, .N = 4, .K = 2, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .sink_range = 50, .bias = "1NTS/f32", .mpat = 4, .mdims = "11TS", .nanm = 2},
+    /* outside the Hopper scope: the portable feature plans alone (odd sizes, f16, head dims 32 / 96 / 256, a mask broadcast along the queries) */
+    {.name = "feat portable key padding B11S f16 odd", .dt = SA_F16, .B = 2, .T = 77, .S = 130, .N = 4, .K = 2, .H = 64, .Hv = 64, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10, .mpat = 2, .mdims = "B11S"},
+    {.name = "feat portable mask 1NTS causal content H96 lens", .dt = SA_BF16, .B = 2, .T = 100, .S = 100, .N = 4, .K = 4, .H = 96, .Hv = 96, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .lens = 1, .sink_range = -10, .mpat = 1, .mdims = "1NTS"},
+    {.name = "feat portable positions window 20,0 H32 GQA3", .dt = SA_BF16, .B = 2, .T = 90, .S = 150, .N = 6, .K = 2, .H = 32, .Hv = 32, .sm = SA_SOFTMAX_OFF_BY_ONE, .causal = SA_CAUSAL_TOP_LEFT, .wl = 20, .wr = 0, .dlse = 1, .sink_range = 10, .pos = 1},
+    {.name = "feat portable soft-cap 10 H256 BR +-50", .dt = SA_BF16, .B = 1, .T = 65, .S = 97, .N = 2, .K = 1, .H = 256, .Hv = 256, .sm = SA_SOFTMAX_LEARNABLE, .causal = SA_CAUSAL_BOTTOM_RIGHT, .wl = -1, .wr = -1, .dlse = 1, .sink_range = -50, .cap = 10.0f},
+    {.name = "feat portable mask docs + positions + cap f16 H128", .dt = SA_F16, .B = 1, .T = 130, .S = 77, .N = 4, .K = 1, .H = 128, .Hv = 128, .sm = SA_SOFTMAX_VANILLA, .causal = SA_CAUSAL_NONE, .wl = -1, .wr = -1, .dlse = 1, .sink_range = 10, .mpat = 3, .mdims = "BNTS", .pos = 2, .cap = 20.0f},
 };
 /* Production sizes: a causal-in-content mask at gpt-oss's heads, a per-head bias at H128. */
 static const tc_case tc_feat_prod_cases[] = {

@@ -206,8 +206,8 @@ static void check_features(void) {
   {
     sa_cuda_plan list[16];
     int nf = sa_cuda_plans(&a, SA_PLAN_FWD, &h200, (size_t)-1, list, 16);
-    t_count(nf == 2 && !strcmp(list[0].name, "hopper.fwd.features") &&
-            !strcmp(list[1].name, "hopper.fwd.features.tma"));
+    t_count(nf == 3 && !strcmp(list[0].name, "hopper.fwd.features") &&
+            !strcmp(list[1].name, "hopper.fwd.features.tma") && !strcmp(list[2].name, "cuda.fwd.portable.features"));
     int nb = sa_cuda_plans(&a, SA_PLAN_BWD, &h200, (size_t)-1, list, 16);
     t_count(nb == 2 && !strcmp(list[1].name, "hopper.bwd.twopass.features.tma") && list[1].ws == list[0].ws);
     t_count(sa_cuda_plan_pick(&a, SA_PLAN_FWD, &h200, "hopper.fwd.features.tma", (size_t)-1, &p) == SA_OK &&
@@ -235,8 +235,32 @@ static void check_features(void) {
     mq.q_len = mq.kv_len = mq.mask_dims[2] = mq.mask_dims[3] = 4096;
     t_count(sa_cuda_plan_pick(&mq, SA_PLAN_BWD, &h200, "hopper.bwd.twopass.features.tma", (size_t)-1, &p) == SA_OK);
     nb = sa_cuda_plans(&mq, SA_PLAN_BWD, &h200, (size_t)-1, list, 16);
-    t_count(nb == 2 && sa_cuda_plan_pick(&mq, SA_PLAN_BWD, &h200, NULL, (size_t)-1, &p) == SA_OK &&
-            !strcmp(p.name, "hopper.bwd.twopass.features"));
+    t_count(nb == 3 && sa_cuda_plan_pick(&mq, SA_PLAN_BWD, &h200, NULL, (size_t)-1, &p) == SA_OK &&
+            !strcmp(p.name, "hopper.bwd.twopass.features") && !strcmp(list[2].name, "cuda.bwd.portable.features"));
+    /* the portable feature plans (sm_80+): listed last, never the default (not yet run on a GPU), forceable on any
+       device; no dbias, so the backward refuses a bias; 16-bit dtypes, no segment ids */
+    sa_cuda_device a100p = h200;
+    a100p.cc_major = 8, a100p.sm90a = 0;
+    t_count(sa_cuda_plans(&mq, SA_PLAN_BWD, &a100p, (size_t)-1, list, 16) == 1 &&
+            !strcmp(list[0].name, "cuda.bwd.portable.features") &&
+            sa_cuda_plan_pick(&mq, SA_PLAN_BWD, &a100p, NULL, (size_t)-1, &p) == SA_ERR_UNSUPPORTED &&
+            sa_cuda_plan_pick(&mq, SA_PLAN_BWD, &a100p, "cuda.bwd.portable.features", (size_t)-1, &p) == SA_OK &&
+            p.feat == 1 && p.family == SA_CUDA_BWD_PORTABLE);
+    t_count(sa_cuda_plan_pick(&a, SA_PLAN_FWD, &a100p, "cuda.fwd.portable.features", (size_t)-1, &p) == SA_OK &&
+            p.feat == 1 && p.family == SA_CUDA_FWD_PORTABLE);
+    t_count(sa_cuda_plan_pick(&a, SA_PLAN_BWD, &a100p, "cuda.bwd.portable.features", (size_t)-1, &p) ==
+                SA_ERR_UNSUPPORTED &&
+            strstr(sa_last_error(), "takes no bias"));
+    sa_attn ms = mq;
+    ms.q_segment_ids = ms.kv_segment_ids = marker;
+    t_count(sa_cuda_plan_pick(&ms, SA_PLAN_FWD, &a100p, "cuda.fwd.portable.features", (size_t)-1, &p) ==
+                SA_ERR_UNSUPPORTED &&
+            strstr(sa_last_error(), "no segment ids"));
+    ms = mq;
+    ms.dtype = SA_F32;
+    t_count(sa_cuda_plan_pick(&ms, SA_PLAN_FWD, &a100p, "cuda.fwd.portable.features", (size_t)-1, &p) ==
+                SA_ERR_UNSUPPORTED &&
+            strstr(sa_last_error(), "bf16 / f16"));
     nf = sa_plan_force(SA_PLAN_FWD, "hopper.fwd.features.tma") == SA_OK; /* a name sa_plan_force knows */
     t_count(nf);
     sa_plan_force(SA_PLAN_FWD, NULL);

@@ -139,8 +139,9 @@ extern "C" sa_status sa_cuda_attn_fwd(const sa_attn *a, void *stream) {
   const sa_cuda_params p = sa_cuda_params_of(a);
   const sa_cuda_feat f = sa_cuda_feat_make(a);
   const cudaStream_t st = (cudaStream_t)stream;
-  const cudaError_t e = plan.family == SA_CUDA_FWD_HOPPER ? sa_hop_fwd_launch(plan, p, &f, st)
-                                                          : sa_cuda_fwd_launch(p, (int)a->dtype, plan.hd, st);
+  const cudaError_t e = plan.family == SA_CUDA_FWD_HOPPER
+                            ? sa_hop_fwd_launch(plan, p, &f, st)
+                            : sa_cuda_fwd_launch(p, plan.feat ? &f : nullptr, (int)a->dtype, plan.hd, st);
   return sa_cuda_status(e, "forward launch");
 }
 
@@ -245,7 +246,10 @@ extern "C" sa_status sa_cuda_attn_bwd(const sa_attn *a, const sa_attn_grad *g, v
         f.dbias_b = bs.b, f.dbias_n = bs.n, f.dbias_t = bs.t, f.dbias_s = (int)bs.s;
       }
       e = sa_hop_twopass_launch(plan, p, &f, st);
-    } else e = sa_cuda_bwd_dkdv_dq_launch(p, dt, plan.hd, st);
+    } else {
+      const sa_cuda_feat f = sa_cuda_feat_make(a);
+      e = sa_cuda_bwd_dkdv_dq_launch(p, plan.feat ? &f : nullptr, dt, plan.hd, st);
+    }
   }
   if (e == cudaSuccess) e = sa_cuda_bwd_dsink_launch(p, st);
   sa_cuda_plan_note(SA_PLAN_BWD, plan);

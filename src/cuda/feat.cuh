@@ -72,4 +72,10 @@ __device__ __forceinline__ uint32_t sa_feat_pos2(int2 kp, int32_t lo, int32_t hi
   return (kp.x >= lo && kp.x <= hi ? 1u : 0u) | (kp.y >= lo && kp.y <= hi ? 2u : 0u);
 }
 
+/* The portable kernels take their feature block as an optional trailing parameter (a pack of none or one
+   sa_cuda_feat), so that the plain instantiation keeps exactly its parameter list and its code: f of the pack, or
+   an unused empty block. */
+__device__ __forceinline__ sa_cuda_feat sa_feat_arg() { return sa_cuda_feat{}; }
+__device__ __forceinline__ const sa_cuda_feat &sa_feat_arg(const sa_cuda_feat &f) { return f; }
+
 #endif /* SA_CUDA_FEAT_CUH */

@@ -12,10 +12,12 @@
 /* portable/fwd.cu, portable/bwd.cu: the mma.sync kernels (sm_80+). The backward in three steps, enqueued in this
    order: the preprocess (D, lse2 when p.lse2 is set, the sink-gradient partials); dK/dV and dQ (or a Hopper
    family's); the fixed-order sink reduction. dtype: SA_BF16, SA_F16, or SA_F32 (the sa_f32in instantiations,
-   common.cuh: inputs rounded to bf16 into shared memory, fp32 outputs). */
-cudaError_t sa_cuda_fwd_launch(const sa_cuda_params &p, int dtype, int hd, cudaStream_t st);
+   common.cuh: inputs rounded to bf16 into shared memory, fp32 outputs). f: NULL, or the feature kernels' inputs
+   (plans cuda.*.portable.features; 16-bit dtypes). */
+cudaError_t sa_cuda_fwd_launch(const sa_cuda_params &p, const sa_cuda_feat *f, int dtype, int hd, cudaStream_t st);
 cudaError_t sa_cuda_bwd_pre_launch(const sa_cuda_params &p, int dtype, cudaStream_t st);
-cudaError_t sa_cuda_bwd_dkdv_dq_launch(const sa_cuda_params &p, int dtype, int hd, cudaStream_t st);
+cudaError_t sa_cuda_bwd_dkdv_dq_launch(const sa_cuda_params &p, const sa_cuda_feat *f, int dtype, int hd,
+                                       cudaStream_t st);
 cudaError_t sa_cuda_bwd_dsink_launch(const sa_cuda_params &p, cudaStream_t st);
 
 /* hopper/fwd.cu: the sm_90a forward on the plan's grid and work order; a feature plan (plan.feat) also reads f

@@ -44,6 +44,8 @@ const char *const sa_cuda_plan_names[] = {"cuda.fwd.portable",
                                           "cuda.decode.mma.x4",
                                           "cuda.fwd.portable.f32",
                                           "cuda.bwd.portable.f32",
+                                          "cuda.fwd.portable.features",
+                                          "cuda.bwd.portable.features",
                                           NULL};
 
 /* Plans whose kernels have not yet passed bench/gpu_verify.sh on an H200: listed (sa_plan_list, so test_cuda runs
@@ -51,15 +53,12 @@ const char *const sa_cuda_plan_names[] = {"cuda.fwd.portable",
    hopper.fwd.features and hopper.bwd.twopass.features passed PART=features (every case of test_cuda's features
    tables on every plan against the fp64 reference, memcheck and racecheck clean: the h200-features-* results in
    bench/results/) and are the default for the calls they take. The one-pass backward's WAIT instantiations (the
-   .wait variants, bench/gpu_verify.sh PART=perf33) have not run either, nor the float32 instantiations of the
-   portable kernels (cuda.*.portable.f32, PART=f32). */
-static const char *const sa_unverified[] = {"hopper.fwd.features.tma",
-                                            "hopper.bwd.twopass.features.tma",
-                                            "hopper.bwd.onepass.wait",
-                                            "hopper.bwd.onepass.narrow.wait",
-                                            "cuda.fwd.portable.f32",
-                                            "cuda.bwd.portable.f32",
-                                            NULL};
+   .wait variants, bench/gpu_verify.sh PART=perf33) have not run either, nor the float32 and the feature
+   instantiations of the portable kernels (cuda.*.portable.f32, PART=f32; cuda.*.portable.features, PART=features). */
+static const char *const sa_unverified[] = {
+    "hopper.fwd.features.tma",        "hopper.bwd.twopass.features.tma", "hopper.bwd.onepass.wait",
+    "hopper.bwd.onepass.narrow.wait", "cuda.fwd.portable.features",      "cuda.bwd.portable.features",
+    "cuda.fwd.portable.f32",          "cuda.bwd.portable.f32",           NULL};
 
 /* float32 attention has only the cuda.*.portable.f32 plans, unverified: refused unless a plan is forced (its pick
    says what is wrong) or the plans are being listed. Decode takes float32 on its own kernels. */
@@ -269,6 +268,23 @@ static void sa_portable_f32(const sa_pctx *c, sa_cuda_plan *p) {
   else sa_bwd_portable(c, p);
   p->name = c->which == SA_PLAN_FWD ? "cuda.fwd.portable.f32" : "cuda.bwd.portable.f32";
   p->reason = "mma.sync kernels (sm_80+) on float32 inputs rounded to bf16, fp32 outputs: every shape and mask";
+}
+
+/* cuda.fwd.portable.features / cuda.bwd.portable.features: the portable plan of the call's direction with the
+   feature kernels (portable/fwd.cu, bwd.cu with FEAT: every pair tested, no class pre-pass): a bias of any broadcast
+   and dtype (forward), a mask array of any broadcast, positions, a soft-cap; bf16 / f16, no segment ids. The
+   backward takes no bias: it writes no dbias. */
+static const char *sa_portable_feat(const sa_pctx *c, sa_cuda_plan *p) {
+  const sa_attn *a = c->a;
+  if (c->which == SA_PLAN_FWD) sa_fwd_portable(c, p);
+  else sa_bwd_portable(c, p);
+  p->name = c->which == SA_PLAN_FWD ? "cuda.fwd.portable.features" : "cuda.bwd.portable.features";
+  p->feat = 1;
+  p->reason = "mma.sync kernels (sm_80+) with bias / mask / positions / soft-cap tested per pair";
+  if (a->dtype == SA_F32) return "the portable feature kernels take bf16 / f16";
+  if (c->segs) return "the portable feature kernels take no segment ids";
+  if (c->which == SA_PLAN_BWD && sa_dims_set(a->bias_dims)) return "the portable feature backward takes no bias";
+  return NULL;
 }
 
 static const char *sa_bwd_hop_scope(const sa_pctx *c) {
@@ -537,6 +553,8 @@ static void sa_collect(const sa_attn *a, int which, const sa_cuda_device *dev, s
     sa_offer(l, &p, c.feat ? why : nofeat);
     sa_portable_f32(&c, &port);
     sa_offer(l, &port, nf ? nf : not32);
+    why = sa_portable_feat(&c, &port);
+    sa_offer(l, &port, c.feat ? why : nofeat);
   } else if (which == SA_PLAN_BWD) {
     sa_cuda_plan port;
     sa_bwd_portable(&c, &port);
@@ -566,6 +584,8 @@ static void sa_collect(const sa_attn *a, int which, const sa_cuda_device *dev, s
     sa_offer(l, &p, c.feat ? why : nofeat);
     sa_portable_f32(&c, &port);
     sa_offer(l, &port, nf ? nf : not32 ? not32 : small);
+    why = sa_portable_feat(&c, &port);
+    sa_offer(l, &port, c.feat ? (why ? why : small) : nofeat);
   } else if (which == SA_PLAN_DECODE) {
     for (int kind = 0; kind < 3; kind++) {
       why = sa_dec_plan(&c, &p, kind);

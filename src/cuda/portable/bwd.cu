@@ -5,6 +5,7 @@
  */
 #include <type_traits>
 
+#include "feat.cuh"
 #include "launch.h"
 
 /* ---- 1. preprocess -------------------------------------------------------------------------------- */
@@ -119,15 +120,26 @@ __global__ void __launch_bounds__(SA_NT) sa_bwd_pre_vec_kernel(const sa_cuda_par
  * Warp w owns keys k0 + 16w .. +15 and works on transposed tiles: S^T = K Q^T (16 keys x BQ queries),
  * P^T = exp2(S^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T - D); then dV += P^T dO and dK += dS^T Q take
  * P^T / dS^T straight from the accumulators as A fragments. HD 256 runs as two CTAs per key block,
- * each accumulating one half (HDA = 128 columns) of dK and dV. */
-template <typename T, int HD>
-__global__ void __launch_bounds__(SA_NT) sa_portable_dkdv_kernel(const sa_cuda_params p) {
+ * each accumulating one half (HDA = 128 columns) of dK and dV. FEAT (cuda.bwd.portable.features): the mask array,
+ * the positions and the soft-cap (feat.h) per pair, each query tile's mask rows and position bounds beside its key
+ * ranges in shared memory; no bias (dbias), no segment ids (plan.c). */
+template <int HD>
+constexpr size_t sa_dkdv_feat_smem() {
+  return (size_t)2 * sa_tile<HD>::BQ * (4 + 4 + 8);
+}
+
+template <typename T, int HD, class... F>
+__global__ void __launch_bounds__(SA_NT) sa_portable_dkdv_kernel(const sa_cuda_params p, const F... fa) {
+  constexpr int FEAT = sizeof...(F);
+  const auto &f = sa_feat_arg(fa...);
   constexpr int BQ = sa_tile<HD>::BQ, DS = sa_tile<HD>::DSPLIT, HDA = HD / DS, BN = SA_NW * 16;
   constexpr int LD = HD + 8, NT = BQ / 8, AT = HDA / 8;
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t *sK = smem, *sV = sK + BN * LD, *sQ = sV + BN * LD, *sO = sQ + 2 * BQ * LD;
   int *sLo = (int *)(sO + 2 * BQ * LD), *sHi = sLo + 2 * BQ, *sSeg = sHi + 2 * BQ;
   float *sLse = (float *)(sSeg + 2 * BQ), *sD = sLse + 2 * BQ;
+  int32_t *sPlo = (int32_t *)(sD + 2 * BQ), *sPhi = sPlo + 2 * BQ; /* FEAT: sa_dkdv_feat_smem bytes */
+  int64_t *sFm = (int64_t *)(sPhi + 2 * BQ);
 
   const int64_t b = blockIdx.z, kvh = blockIdx.y, kblk = blockIdx.x / DS, dcol0 = (blockIdx.x % DS) * HDA;
   const int64_t k0 = kblk * BN, nrows = p.T * p.G;
@@ -159,11 +171,12 @@ __global__ void __launch_bounds__(SA_NT) sa_portable_dkdv_kernel(const sa_cuda_p
   for (int d = 0; d < AT; d++)
 #pragma unroll
     for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.0f;
-  int jk[2], kseg[2];
+  int jk[2], kseg[2], kpos[2];
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     jk[h] = (int)(k0 + warp * 16 + gr + 8 * h);
     kseg[h] = (p.kv_seg && jk[h] < p.S) ? p.kv_seg[b * p.S + jk[h]] : 0;
+    if constexpr (FEAT) kpos[h] = (f.kv_pos && jk[h] < p.S) ? f.kv_pos[b * p.S + jk[h]] : 0;
   }
 
   /* column data of a query tile: key range, segment, lse (exp2 domain) and D of each packed row */
@@ -183,6 +196,13 @@ __global__ void __launch_bounds__(SA_NT) sa_portable_dkdv_kernel(const sa_cuda_p
       sSeg[buf * BQ + r] = (ok && p.q_seg) ? p.q_seg[b * p.T + i] : 0;
       sLse[buf * BQ + r] = lse * SA_LOG2E;
       sD[buf * BQ + r] = ok ? p.D[(b * p.N + n) * p.T + i] : 0.0f;
+      if constexpr (FEAT) {
+        int32_t lo = 1, hi = 0;
+        if (ok && f.q_pos) sa_feat_pos_bounds(&f, f.q_pos[b * p.T + i], &lo, &hi);
+        sPlo[buf * BQ + r] = lo;
+        sPhi[buf * BQ + r] = hi;
+        sFm[buf * BQ + r] = ok ? b * f.mask_b + n * f.mask_n + (int64_t)i * f.mask_t : 0;
+      }
     }
   };
 
@@ -234,6 +254,14 @@ __global__ void __launch_bounds__(SA_NT) sa_portable_dkdv_kernel(const sa_cuda_p
           const int c = buf * BQ + n * 8 + 2 * tq + e;
           bool ok = jk[h] >= sLo[c] && jk[h] < sHi[c];
           if (p.kv_seg) ok = ok && kseg[h] == sSeg[c];
+          if constexpr (FEAT) {
+            if (ok && f.mask) ok = sa_feat_mask1(f, sFm[c] + (int64_t)jk[h] * f.mask_s);
+            if (ok && f.q_pos) ok = kpos[h] >= sPlo[c] && kpos[h] <= sPhi[c];
+            const float pe = ok ? exp2f(sa_feat_logit2(&f, s[n][2 * h + e], 0.0f) - sLse[c]) : 0.0f;
+            s[n][2 * h + e] = pe;
+            dp[n][2 * h + e] = pe * (dp[n][2 * h + e] - sD[c]) * sa_feat_cap_grad(&f, pe, sLse[c]);
+            continue;
+          }
           float pe = ok ? exp2f(s[n][2 * h + e] * p.scale_log2 - sLse[c]) : 0.0f;
           s[n][2 * h + e] = pe;
           dp[n][2 * h + e] = pe * (dp[n][2 * h + e] - sD[c]);
@@ -281,9 +309,12 @@ __global__ void __launch_bounds__(SA_NT) sa_portable_dkdv_kernel(const sa_cuda_p
 
 /* ---- 3. dQ ---------------------------------------------------------------------------------------------
  * The forward's structure with 16 rows per warp: S = Q K^T, P = exp2(S - lse), dP = dO V^T,
- * dS = P (dP - D), dQ += dS K (K through ldmatrix.trans). */
-template <typename T, int HD>
-__global__ void __launch_bounds__(SA_NT) sa_portable_dq_kernel(const sa_cuda_params p) {
+ * dS = P (dP - D), dQ += dS K (K through ldmatrix.trans). FEAT: as in dK/dV, each row's mask offset and position
+ * bounds in registers. */
+template <typename T, int HD, class... F>
+__global__ void __launch_bounds__(SA_NT) sa_portable_dq_kernel(const sa_cuda_params p, const F... fa) {
+  constexpr int FEAT = sizeof...(F);
+  const auto &f = sa_feat_arg(fa...);
   constexpr int BN = sa_tile<HD>::DQ_BN, BM = SA_NW * 16, LD = HD + 8, NT = BN / 8, DT = HD / 8;
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t *sQ = smem, *sO = sQ + BM * LD, *sK = sO + BM * LD, *sV = sK + 2 * BN * LD;
@@ -302,6 +333,8 @@ __global__ void __launch_bounds__(SA_NT) sa_portable_dq_kernel(const sa_cuda_par
 
   int lo[2], hi[2], qseg[2];
   float lse2[2], Dr[2];
+  int64_t fmask[2];       /* FEAT */
+  int32_t plo[2], phi[2]; /* FEAT */
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     int64_t P = P0 + warp * 16 + gr + 8 * h, i = P / p.G, n = kvh * p.G + (P - i * p.G);
@@ -313,6 +346,11 @@ __global__ void __launch_bounds__(SA_NT) sa_portable_dq_kernel(const sa_cuda_par
     hi[h] = (int)r.hi;
     qseg[h] = (ok && p.q_seg) ? p.q_seg[b * p.T + i] : 0;
     Dr[h] = ok ? p.D[(b * p.N + n) * p.T + i] : 0.0f;
+    if constexpr (FEAT) {
+      fmask[h] = ok ? b * f.mask_b + n * f.mask_n + i * f.mask_t : 0;
+      plo[h] = 1, phi[h] = 0;
+      if (ok && f.q_pos) sa_feat_pos_bounds(&f, f.q_pos[b * p.T + i], &plo[h], &phi[h]);
+    }
   }
   float acc[DT][4];
 #pragma unroll
@@ -366,6 +404,15 @@ __global__ void __launch_bounds__(SA_NT) sa_portable_dq_kernel(const sa_cuda_par
 #pragma unroll
         for (int e = 0; e < 2; e++) {
           bool ok = true;
+          if constexpr (FEAT) {
+            const int j = (int)k0 + n * 8 + 2 * tq + e;
+            ok = j >= lo[h] && j < hi[h];
+            if (ok && f.mask) ok = sa_feat_mask1(f, fmask[h] + (int64_t)j * f.mask_s);
+            if (ok && f.q_pos) ok = f.kv_pos[b * p.S + j] >= plo[h] && f.kv_pos[b * p.S + j] <= phi[h];
+            const float pe = ok ? exp2f(sa_feat_logit2(&f, s[n][2 * h + e], 0.0f) - lse2[h]) : 0.0f;
+            dp[n][2 * h + e] = pe * (dp[n][2 * h + e] - Dr[h]) * sa_feat_cap_grad(&f, pe, lse2[h]);
+            continue;
+          }
           if (!interior) {
             const int j = (int)k0 + n * 8 + 2 * tq + e;
             ok = j >= lo[h] && j < hi[h];
@@ -442,35 +489,63 @@ static cudaError_t sa_bwd_pre_run(const sa_cuda_params &p, cudaStream_t st) {
 }
 
 template <typename T, int HD>
-static cudaError_t sa_bwd_run(const sa_cuda_params &p, cudaStream_t st) {
+static cudaError_t sa_bwd_run(const sa_cuda_params &p, const sa_cuda_feat *f, cudaStream_t st) {
   constexpr int BQ = sa_tile<HD>::BQ, DS = sa_tile<HD>::DSPLIT, BNK = SA_NW * 16, BNQ = sa_tile<HD>::DQ_BN;
+  constexpr bool F32 = std::is_same<T, sa_f32in>::value; /* the feature kernels take 16-bit inputs */
   cudaError_t e;
   if (p.B > 0 && p.S > 0) {
     size_t smem = (size_t)(2 * BNK + 4 * BQ) * (HD + 8) * sizeof(uint16_t) + (size_t)2 * BQ * 5 * 4;
-    e = cudaFuncSetAttribute(sa_portable_dkdv_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
     dim3 g((unsigned)(((p.S + BNK - 1) / BNK) * DS), (unsigned)p.K, (unsigned)p.B);
-    sa_portable_dkdv_kernel<T, HD><<<g, SA_NT, smem, st>>>(p);
+    if constexpr (!F32) {
+      if (f) {
+        smem += sa_dkdv_feat_smem<HD>();
+        /* the feature instantiation (a pack of one sa_cuda_feat: named by a cast) */
+        const void *kf = (const void *)(void (*)(const sa_cuda_params,
+                                                 const sa_cuda_feat))sa_portable_dkdv_kernel<T, HD, sa_cuda_feat>;
+        e = cudaFuncSetAttribute(kf, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+        sa_portable_dkdv_kernel<T, HD, sa_cuda_feat><<<g, SA_NT, smem, st>>>(p, *f);
+      }
+    }
+    if (F32 || !f) {
+      void (*k)(const sa_cuda_params) = sa_portable_dkdv_kernel<T, HD>; /* the plain one: an empty pack */
+      e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      if (e != cudaSuccess) return e;
+      k<<<g, SA_NT, smem, st>>>(p);
+    }
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
   if (p.B > 0 && p.T > 0) {
     size_t smem = (size_t)(2 * SA_NW * 16 + 4 * BNQ) * (HD + 8) * sizeof(uint16_t);
-    e = cudaFuncSetAttribute(sa_portable_dq_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
     dim3 g((unsigned)((p.T * p.G + SA_NW * 16 - 1) / (SA_NW * 16)), (unsigned)p.K, (unsigned)p.B);
-    sa_portable_dq_kernel<T, HD><<<g, SA_NT, smem, st>>>(p);
+    if constexpr (!F32) {
+      if (f) {
+        /* the feature instantiation (a pack of one sa_cuda_feat: named by a cast) */
+        const void *kf = (const void *)(void (*)(const sa_cuda_params,
+                                                 const sa_cuda_feat))sa_portable_dq_kernel<T, HD, sa_cuda_feat>;
+        e = cudaFuncSetAttribute(kf, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+        sa_portable_dq_kernel<T, HD, sa_cuda_feat><<<g, SA_NT, smem, st>>>(p, *f);
+      }
+    }
+    if (F32 || !f) {
+      void (*k)(const sa_cuda_params) = sa_portable_dq_kernel<T, HD>;
+      e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      if (e != cudaSuccess) return e;
+      k<<<g, SA_NT, smem, st>>>(p);
+    }
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
 
 template <typename T>
-static cudaError_t sa_bwd_dim(const sa_cuda_params &p, int hd, cudaStream_t st) {
+static cudaError_t sa_bwd_dim(const sa_cuda_params &p, const sa_cuda_feat *f, int hd, cudaStream_t st) {
   switch (hd) {
-    case 32: return sa_bwd_run<T, 32>(p, st);
-    case 64: return sa_bwd_run<T, 64>(p, st);
-    case 128: return sa_bwd_run<T, 128>(p, st);
-    default: return sa_bwd_run<T, 256>(p, st);
+    case 32: return sa_bwd_run<T, 32>(p, f, st);
+    case 64: return sa_bwd_run<T, 64>(p, f, st);
+    case 128: return sa_bwd_run<T, 128>(p, f, st);
+    default: return sa_bwd_run<T, 256>(p, f, st);
   }
 }
 
@@ -480,10 +555,11 @@ cudaError_t sa_cuda_bwd_pre_launch(const sa_cuda_params &p, int dtype, cudaStrea
                            : sa_bwd_pre_run<sa_f32in>(p, st);
 }
 
-cudaError_t sa_cuda_bwd_dkdv_dq_launch(const sa_cuda_params &p, int dtype, int hd, cudaStream_t st) {
-  return dtype == SA_BF16  ? sa_bwd_dim<__nv_bfloat16>(p, hd, st)
-         : dtype == SA_F16 ? sa_bwd_dim<__half>(p, hd, st)
-                           : sa_bwd_dim<sa_f32in>(p, hd, st);
+cudaError_t sa_cuda_bwd_dkdv_dq_launch(const sa_cuda_params &p, const sa_cuda_feat *f, int dtype, int hd,
+                                       cudaStream_t st) {
+  return dtype == SA_BF16  ? sa_bwd_dim<__nv_bfloat16>(p, f, hd, st)
+         : dtype == SA_F16 ? sa_bwd_dim<__half>(p, f, hd, st)
+                           : sa_bwd_dim<sa_f32in>(p, nullptr, hd, st);
 }
 
 cudaError_t sa_cuda_bwd_dsink_launch(const sa_cuda_params &p, cudaStream_t st) {

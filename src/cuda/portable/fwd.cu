@@ -1,12 +1,20 @@
 /*
  * portable/fwd.cu — the forward on mma.sync (sm_80+, every shape and mask): FlashAttention-2's online softmax,
  * GQA heads packed into one CTA's rows, K / V double-buffered by cp.async; the sink enters once, in the final
- * normalisation. Runs for plan cuda.fwd.portable. docs/hopper.md.
+ * normalisation. Runs for plans cuda.fwd.portable (and .f32) and, with FEAT, cuda.fwd.portable.features: a bias,
+ * a mask array, positions and a soft-cap (feat.h), tested per pair. docs/hopper.md.
  */
+#include <type_traits>
+
+#include "feat.cuh"
 #include "launch.h"
 
-template <typename T, int HD, class C>
-__global__ void __launch_bounds__(C::NW * 32) sa_portable_fwd_kernel(const sa_cuda_params p) {
+/* F: none (the plain kernel) or sa_cuda_feat (FEAT: the feature kernel, cuda.fwd.portable.features: bf16 / f16,
+   no segment ids; plan.c). */
+template <typename T, int HD, class C, class... F>
+__global__ void __launch_bounds__(C::NW * 32) sa_portable_fwd_kernel(const sa_cuda_params p, const F... fa) {
+  constexpr int FEAT = sizeof...(F);
+  const auto &f = sa_feat_arg(fa...);
   constexpr int MI = C::MI, BN = C::BN, NTH = C::NW * 32, BM = C::NW * 16 * MI, LD = HD + 8;
   constexpr int NT = BN / 8, DT = HD / 8;
   extern __shared__ __align__(16) uint16_t smem[];
@@ -43,6 +51,22 @@ __global__ void __launch_bounds__(C::NW * 32) sa_portable_fwd_kernel(const sa_cu
       m[mi][h] = -INFINITY;
       l[mi][h] = 0.0f;
     }
+  /* FEAT: this thread's rows as the feature tests read them: bias and mask row offsets, positions' key bounds */
+  int64_t fbias[MI][2], fmask[MI][2];
+  int32_t plo[MI][2], phi[MI][2];
+  if constexpr (FEAT) {
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int64_t P = P0 + warp * 16 * MI + mi * 16 + gr + 8 * h, i = P / p.G, n = kvh * p.G + (P - i * p.G);
+        const bool ok = P < nrows && i < ql;
+        fbias[mi][h] = ok ? b * f.bias_b + n * f.bias_n + i * f.bias_t : 0;
+        fmask[mi][h] = ok ? b * f.mask_b + n * f.mask_n + i * f.mask_t : 0;
+        plo[mi][h] = 1, phi[mi][h] = 0;
+        if (ok && f.q_pos) sa_feat_pos_bounds(&f, f.q_pos[b * p.T + i], &plo[mi][h], &phi[mi][h]);
+      }
+  }
   float acc[MI][DT][4];
 #pragma unroll
   for (int mi = 0; mi < MI; mi++)
@@ -103,7 +127,15 @@ __global__ void __launch_bounds__(C::NW * 32) sa_portable_fwd_kernel(const sa_cu
 #pragma unroll
           for (int e = 0; e < 2; e++) {
             float x = s[mi][n][2 * h + e] * p.scale_log2;
-            if (!interior) {
+            if constexpr (FEAT) { /* every pair tested; the logit (bias, soft-cap) only of a pair that passes */
+              const int j = (int)k0 + n * 8 + 2 * tq + e;
+              bool ok = j >= lo[mi][h] && j < hi[mi][h];
+              if (ok && f.mask) ok = sa_feat_mask1(f, fmask[mi][h] + (int64_t)j * f.mask_s);
+              if (ok && f.q_pos) ok = f.kv_pos[b * p.S + j] >= plo[mi][h] && f.kv_pos[b * p.S + j] <= phi[mi][h];
+              const float bv =
+                  ok && f.bias ? sa_feat_ld1(f.bias, f.bias_dtype, fbias[mi][h] + (int64_t)j * f.bias_s) : 0.0f;
+              x = ok ? sa_feat_logit2(&f, s[mi][n][2 * h + e], bv) : -INFINITY;
+            } else if (!interior) {
               int j = (int)k0 + n * 8 + 2 * tq + e;
               bool ok = j >= lo[mi][h] && j < hi[mi][h];
               if (ok && p.kv_seg) ok = p.kv_seg[b * p.S + j] == qseg[mi][h];
@@ -193,29 +225,41 @@ __global__ void __launch_bounds__(C::NW * 32) sa_portable_fwd_kernel(const sa_cu
 }
 
 template <typename T, int HD, class C>
-static cudaError_t sa_fwd_run(const sa_cuda_params &p, cudaStream_t st) {
+static cudaError_t sa_fwd_run(const sa_cuda_params &p, const sa_cuda_feat *f, cudaStream_t st) {
   constexpr int BM = C::NW * 16 * C::MI;
   size_t smem = (size_t)(BM + 4 * C::BN) * (HD + 8) * sizeof(uint16_t);
-  cudaError_t e =
-      cudaFuncSetAttribute(sa_portable_fwd_kernel<T, HD, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (e != cudaSuccess) return e;
   dim3 grid((unsigned)((p.T * p.G + BM - 1) / BM), (unsigned)p.K, (unsigned)p.B);
-  sa_portable_fwd_kernel<T, HD, C><<<grid, C::NW * 32, smem, st>>>(p);
+  cudaError_t e;
+  if constexpr (!std::is_same<T, sa_f32in>::value) {
+    if (f) {
+      /* the feature instantiation (a pack of one sa_cuda_feat: named by a cast) */
+      const void *kf = (const void *)(void (*)(const sa_cuda_params,
+                                               const sa_cuda_feat))sa_portable_fwd_kernel<T, HD, C, sa_cuda_feat>;
+      e = cudaFuncSetAttribute(kf, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      if (e != cudaSuccess) return e;
+      sa_portable_fwd_kernel<T, HD, C, sa_cuda_feat><<<grid, C::NW * 32, smem, st>>>(p, *f);
+      return cudaGetLastError();
+    }
+  }
+  void (*k)(const sa_cuda_params) = sa_portable_fwd_kernel<T, HD, C>; /* the plain one: an empty pack */
+  e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return e;
+  k<<<grid, C::NW * 32, smem, st>>>(p);
   return cudaGetLastError();
 }
 
 template <typename T>
-static cudaError_t sa_fwd_dim(const sa_cuda_params &p, int hd, cudaStream_t st) {
+static cudaError_t sa_fwd_dim(const sa_cuda_params &p, const sa_cuda_feat *f, int hd, cudaStream_t st) {
   switch (hd) {
-    case 32: return sa_fwd_run<T, 32, sa_tile<32>::FWD>(p, st);
-    case 64: return sa_fwd_run<T, 64, sa_tile<64>::FWD>(p, st);
-    case 128: return sa_fwd_run<T, 128, sa_tile<128>::FWD>(p, st);
-    default: return sa_fwd_run<T, 256, sa_tile<256>::FWD>(p, st);
+    case 32: return sa_fwd_run<T, 32, sa_tile<32>::FWD>(p, f, st);
+    case 64: return sa_fwd_run<T, 64, sa_tile<64>::FWD>(p, f, st);
+    case 128: return sa_fwd_run<T, 128, sa_tile<128>::FWD>(p, f, st);
+    default: return sa_fwd_run<T, 256, sa_tile<256>::FWD>(p, f, st);
   }
 }
 
-cudaError_t sa_cuda_fwd_launch(const sa_cuda_params &p, int dtype, int hd, cudaStream_t st) {
-  return dtype == SA_BF16  ? sa_fwd_dim<__nv_bfloat16>(p, hd, st)
-         : dtype == SA_F16 ? sa_fwd_dim<__half>(p, hd, st)
-                           : sa_fwd_dim<sa_f32in>(p, hd, st);
+cudaError_t sa_cuda_fwd_launch(const sa_cuda_params &p, const sa_cuda_feat *f, int dtype, int hd, cudaStream_t st) {
+  return dtype == SA_BF16  ? sa_fwd_dim<__nv_bfloat16>(p, f, hd, st)
+         : dtype == SA_F16 ? sa_fwd_dim<__half>(p, f, hd, st)
+                           : sa_fwd_dim<sa_f32in>(p, nullptr, hd, st);
 }
