@@ -41,7 +41,8 @@
  *     product (l = scale * q.k + bias), so a bias of -inf gives the logit -cap: it masks nothing there.
  *
  * SOFT-CAPPING (logits_soft_cap)
- *     0 = off. Otherwise cap > 0 and finite (else SA_ERR_INVALID naming logits_soft_cap): s = cap * tanh(l / cap),
+ *     0 = off. Otherwise cap > 0 with cap * log2(e) a finite float, i.e. cap <= 2.35e38 (the kernels keep logits
+ *     in base 2; else SA_ERR_INVALID naming logits_soft_cap): s = cap * tanh(l / cap),
  *     bounded by cap, applied to every pair's logit l before the masks; the sink logit is not capped. Every
  *     gradient flows through it: with t = tanh(l / cap), d s / d l = 1 - t^2, so the backward's ds_ij below is
  *     the gradient of s and the one of l (dq, dk, dbias) is ds_ij * (1 - t_ij^2). lse, out and dsinks read s.

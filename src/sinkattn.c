@@ -157,8 +157,12 @@ sa_status sa_check_dims(const sa_attn *a) {
                     (long long)a->diag_offset);
   if (!isfinite(a->scale))
     return sa_error(SA_ERR_INVALID, "scale %g invalid: must be finite (0 = 1/sqrt(head_dim))", (double)a->scale);
-  if (a->logits_soft_cap != 0.0f && !(a->logits_soft_cap > 0.0f && isfinite(a->logits_soft_cap)))
-    return sa_error(SA_ERR_INVALID, "logits_soft_cap %g invalid: must be > 0 and finite, or 0 for none",
+  /* the kernels keep logits in base 2: cap log2(e) must be a float (cap <= 2.35e38), or a bias of -inf, which the
+     cap makes -cap, overflows there */
+  if (a->logits_soft_cap != 0.0f && !(a->logits_soft_cap > 0.0f && isfinite(a->logits_soft_cap * 1.4426950408889634f)))
+    return sa_error(SA_ERR_INVALID,
+                    "logits_soft_cap %g invalid: must be > 0 with cap * log2(e) a finite float (cap <= 2.35e38), "
+                    "or 0 for none",
                     (double)a->logits_soft_cap);
   if ((a->q_segment_ids == NULL) != (a->kv_segment_ids == NULL))
     return sa_error(SA_ERR_INVALID, "%s is NULL but %s is set: give both segment id arrays or neither",

@@ -127,12 +127,16 @@ static void t_invalid_group(void) {
   T_INV(T_CALL_FWD, INV, "diag_offset", a.diag_offset = -((int64_t)1 << 41));
   T_INV(T_CALL_FWD, INV, "scale", a.scale = NAN);
   T_INV(T_CALL_FWD, INV, "scale", a.scale = INFINITY);
-  T_INV(T_CALL_FWD, INV, "logits_soft_cap -1 invalid: must be > 0 and finite, or 0 for none",
+  T_INV(T_CALL_FWD, INV,
+        "logits_soft_cap -1 invalid: must be > 0 with cap * log2(e) a finite float (cap <= 2.35e38), or 0 for none",
         a.logits_soft_cap = -1.0f);
-  T_INV(T_CALL_FWD, INV, "logits_soft_cap nan invalid: must be > 0 and finite", a.logits_soft_cap = NAN);
-  T_INV(T_CALL_BWD, INV, "logits_soft_cap inf invalid: must be > 0 and finite", a.logits_soft_cap = INFINITY);
+  T_INV(T_CALL_FWD, INV, "logits_soft_cap nan invalid: must be > 0 with cap * log2(e) a finite float",
+        a.logits_soft_cap = NAN);
+  T_INV(T_CALL_BWD, INV, "logits_soft_cap inf invalid: must be > 0 with cap * log2(e) a finite float",
+        a.logits_soft_cap = INFINITY);
   T_INV(T_CALL_CHECK, INV, "logits_soft_cap -inf invalid", a.logits_soft_cap = -INFINITY);
   T_INV(T_CALL_FWD, INV, "logits_soft_cap -1e-30 invalid", a.logits_soft_cap = -1e-30f);
+  T_INV(T_CALL_BWD, INV, "logits_soft_cap 3e+38 invalid", a.logits_soft_cap = 3e38f); /* cap log2(e) overflows */
   T_INV(T_CALL_FWD, INV, "q: size", a.head_dim = (int64_t)1 << 60);
   T_INV(T_CALL_FWD, INV, "k: size", a.kv_len = (int64_t)1 << 61);
   T_INV(T_CALL_FWD, INV, "v: size", a.v_head_dim = (int64_t)1 << 60);

@@ -9,7 +9,7 @@
  *   bitwise-identical results across repeated runs and CPU thread counts (with bias and mask too);
  *   rows that a mask or a -inf bias empties (out 0, lse the sink logit, no gradient), NaN in a bias;
  *   the soft-cap in closed form, a -inf bias under it (the logit -cap: the key counts), caps of 1e-30 and
- *   3e38.
+ *   2e38 (3e38 refused).
  * SINKATTN_TEST_QUICK=1 (the sanitizer run) cuts the concurrency and determinism repetitions by 4x.
  */
 #include <pthread.h>
@@ -194,8 +194,9 @@ static void e_test_single(sa_backend be) {
 }
 
 /* The soft-cap: S = 3 keys in closed form, s_j = cap tanh((scale q.k_j + bias_j) / cap), with bias[1] = -inf, which
-   the cap makes the logit -cap (the key still counts: out and lse include it, its gradients are 0). A cap of 3e38
-   gives the uncapped call within rounding; a cap of 1e-30 makes every logit +-1e-30, the softmax uniform, and
+   the cap makes the logit -cap (the key still counts: out and lse include it, its gradients are 0). A cap of 2e38
+   gives the uncapped call within rounding, and 3e38 is refused (cap log2(e) overflows a float: the kernels keep
+   logits in base 2); a cap of 1e-30 makes every logit +-1e-30, the softmax uniform, and
    dq, dk, dbias 0 (1 - tanh^2 underflows to 0 at l / cap ~ 1e30), while dv and dsinks stay finite. */
 static void e_test_soft_cap(sa_backend be) {
   for (int sm = 0; sm < 3; sm++) {
@@ -230,21 +231,24 @@ static void e_test_soft_cap(sa_backend be) {
     E_CHECK(e_all_finite(c.dq, c.nq) && e_all_finite(c.dk, c.nk) && e_all_finite(c.dv, c.nv),
             "%s sm %d cap: non-finite gradients", e_be_name(be), sm);
 
-    /* cap 3e38 against no cap (bias finite: with bias -inf the uncapped key drops out) */
+    /* cap 2e38 against no cap (bias finite: with bias -inf the uncapped key drops out) */
     c.bias[1] = 0.5f;
     c.a.logits_soft_cap = 0.0f;
     E_CHECK(e_fwd(&c, be) == SA_OK && e_bwd(&c, be) == SA_OK, "%s sm %d: %s", e_be_name(be), sm, sa_last_error());
     float *out = e_copy(c.out, c.no), *lse = e_copy(c.lse, c.rows), *dq = e_copy(c.dq, c.nq);
     c.a.logits_soft_cap = 3e38f;
+    E_CHECK(e_fwd(&c, be) == SA_ERR_INVALID && strstr(sa_last_error(), "logits_soft_cap"), "%s sm %d cap 3e38: %s",
+            e_be_name(be), sm, sa_last_error());
+    c.a.logits_soft_cap = 2e38f;
     E_CHECK(e_fwd(&c, be) == SA_OK && e_bwd(&c, be) == SA_OK, "%s sm %d: %s", e_be_name(be), sm, sa_last_error());
     for (int64_t x = 0; x < c.no; x++)
-      E_CHECK(fabsf(c.out[x] - out[x]) <= 1e-6f, "%s sm %d cap 3e38: out %g, uncapped %g", e_be_name(be), sm, c.out[x],
+      E_CHECK(fabsf(c.out[x] - out[x]) <= 1e-6f, "%s sm %d cap 2e38: out %g, uncapped %g", e_be_name(be), sm, c.out[x],
               out[x]);
     for (int64_t x = 0; x < c.rows; x++)
-      E_CHECK(fabsf(c.lse[x] - lse[x]) <= 1e-6f * (1 + fabsf(lse[x])), "%s sm %d cap 3e38: lse %g, uncapped %g",
+      E_CHECK(fabsf(c.lse[x] - lse[x]) <= 1e-6f * (1 + fabsf(lse[x])), "%s sm %d cap 2e38: lse %g, uncapped %g",
               e_be_name(be), sm, c.lse[x], lse[x]);
     for (int64_t x = 0; x < c.nq; x++)
-      E_CHECK(fabsf(c.dq[x] - dq[x]) <= 1e-5f, "%s sm %d cap 3e38: dq %g, uncapped %g", e_be_name(be), sm, c.dq[x],
+      E_CHECK(fabsf(c.dq[x] - dq[x]) <= 1e-5f, "%s sm %d cap 2e38: dq %g, uncapped %g", e_be_name(be), sm, c.dq[x],
               dq[x]);
 
     /* cap 1e-30: a uniform softmax over the 3 keys beside the sink */

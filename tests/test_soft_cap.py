@@ -263,6 +263,7 @@ BAD = [  # value, exception, a word of the message
   (float("inf"), ValueError, "> 0 and finite"),
   (1e-50, ValueError, "float32"),
   (1e39, ValueError, "float32"),
+  (3e38, ValueError, "log2(e)"),
   (True, TypeError, "Python float"),
   ("5", TypeError, "Python float"),
   (jnp.float32(5.0), TypeError, "Python float"),

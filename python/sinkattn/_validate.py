@@ -103,8 +103,9 @@ def window(local_window_size):
 
 def soft_cap(logits_soft_cap) -> float:
   """The cap of logits = cap * tanh(l / cap), l = scale * q.k + bias, as the kernels take it: a float32 value
-  (returned as a Python float) > 0 and finite, or 0.0 for None (no cap). A static attribute of the kernels, like
-  scale: a traced value is refused, and each new cap compiles anew."""
+  (returned as a Python float) > 0 with cap * log2(e) a finite float32 (cap <= 2.35e38), or 0.0 for None (no
+  cap). A static attribute of the kernels, like scale: a traced value is refused, and each new cap compiles
+  anew."""
   x = logits_soft_cap
   if x is None:
     return 0.0
@@ -120,11 +121,13 @@ def soft_cap(logits_soft_cap) -> float:
     raise ValueError(f"logits_soft_cap: expected a float > 0 and finite, or None for no cap{hint}, got {cap!r}")
   with np.errstate(over="ignore"):  # a cap beyond float32's range becomes inf, refused below
     cap32 = float(np.float32(cap))
-  if not (math.isfinite(cap32) and cap32 > 0.0):
+    base2 = float(np.float32(cap32) * np.float32(1.4426950408889634))
+  if not (math.isfinite(base2) and cap32 > 0.0):  # the kernels keep logits in base 2, as the C API checks
     f32 = np.finfo(np.float32)
     raise ValueError(
       f"logits_soft_cap: {cap!r} is {cap32!r} in float32, the kernels' precision: expected a float in "
-      f"[{float(f32.smallest_subnormal)!r}, {float(f32.max)!r}], or None for no cap"
+      f"[{float(f32.smallest_subnormal)!r}, 2.35e38] (cap * log2(e) a finite float32: the kernels keep logits in "
+      "base 2), or None for no cap"
     )
   return cap32
 

@@ -185,8 +185,9 @@ def dot_product_attention(
     key_value_positions: see query_positions.
     logits_soft_cap: Gemma's logit soft-capping (tokamax's definition): each logit l = scale * q.k + bias becomes
       cap * tanh(l / cap), bounded by cap, before any mask; the sink logit is not capped, and every gradient
-      (query, key, value, sinks, bias, through lse too) flows through it. A static Python float > 0 and finite
-      (as float32, the kernels' precision; each new value compiles anew), or None (no cap).
+      (query, key, value, sinks, bias, through lse too) flows through it. A static Python float > 0 and at most
+      2.35e38 (as float32, the kernels' precision, with cap * log2(e) finite: they keep logits in base 2; each new
+      value compiles anew), or None (no cap).
     dropout_rng: Flax's; used only with dropout (not implemented).
     dropout_rate: Flax's; 0.0, or any rate with deterministic=True.
     broadcast_dropout: Flax's; used only with dropout.
