@@ -231,49 +231,13 @@ struct sa_elem<sa_f32in> {
  * the 8 rows one ldmatrix reads in 8 different bank groups (a stride of HD * 2 bytes = a multiple of
  * 128 would put all 8 in the same one: an 8-way conflict). */
 
-/* Rows r of a [*, rows_stride] matrix: global row = row0 + r, valid while < nvalid; columns < ncols.
-   Each thread copies one fixed column chunk of every (NTH / CH)-th row, walking one pointer: the loop is
-   kept rolled so no per-row address stays live in registers across the caller's tile loop (unrolled,
-   the 2 x 8 addresses of the K and V loads pushed the HD 128 forward to 255 registers and spills). */
-template <int HD, int NTH = SA_NT>
-__device__ __forceinline__ void sa_load_rows(uint16_t *s, const uint16_t *g, int64_t row0, int rows, int64_t nvalid,
-                                             int64_t row_stride, int64_t ncols) {
-  constexpr int CH = HD / 8, RSTEP = NTH / CH;
-  static_assert(NTH % CH == 0, "thread count a multiple of the chunks per row");
-  const int r0 = threadIdx.x / CH, col = (threadIdx.x % CH) * 8;
-  const uint16_t *src = g + (row0 + r0) * row_stride + col;
-  const int64_t step = RSTEP * row_stride;
-  const int valid = (int)(nvalid - row0 < rows ? (nvalid - row0 > 0 ? nvalid - row0 : 0) : rows);
-  const bool colok = col < ncols;
-#pragma unroll 1
-  for (int r = r0; r < rows; r += RSTEP, src += step) {
-    const bool ok = r < valid && colok;
-    sa_cp_async16(s + r * (HD + 8) + col, ok ? src : g, ok ? 16 : 0);
-  }
+/* One 16-byte chunk of a tile row into shared memory at dst (zeros when !ok): 8 16-bit values by cp.async, or
+   (sa_f32in) 8 floats at src (16-byte aligned) rounded to bf16 by a plain load and store, which the caller's
+   cp.async wait and barrier order as they order the chunks of the 16-bit tiles. */
+__device__ __forceinline__ void sa_chunk(uint16_t *dst, const uint16_t *src, bool ok) {
+  sa_cp_async16(dst, src, ok ? 16 : 0);
 }
-
-/* Packed query rows (GQA): row P of the block is query i = P / G of head n0 + P % G. base points at
-   [b, 0, n0, 0]; rows with P >= nrows or i >= ql are zero-filled. P < 2^31 and G < 2^16
-   (sa_cuda_attn_supported): 32-bit unsigned division. */
-template <int HD, int NTH = SA_NT>
-__device__ __forceinline__ void sa_load_packed(uint16_t *s, const uint16_t *base, int64_t P0, int rows, int64_t G,
-                                               int64_t N, int64_t ncols, int64_t nrows, int64_t ql) {
-  constexpr int CH = HD / 8, RSTEP = NTH / CH;
-  const int r0 = threadIdx.x / CH, col = (threadIdx.x % CH) * 8;
-  const bool colok = col < ncols;
-#pragma unroll 1
-  for (int r = r0; r < rows; r += RSTEP) {
-    const unsigned P = (unsigned)(P0 + r), i = P / (unsigned)G, gg = P - i * (unsigned)G;
-    const bool ok = P < nrows && i < ql && colok;
-    const uint16_t *src = ok ? base + ((int64_t)i * N + gg) * ncols + col : base;
-    sa_cp_async16(s + r * (HD + 8) + col, src, ok ? 16 : 0);
-  }
-}
-
-/* Eight floats at src (16-byte aligned) as eight bf16 into shared memory at dst (16 bytes; zeros when !ok): the
-   float form of one cp.async chunk. A plain load and store, so the caller's cp.async wait and barrier order it
-   as they order the chunks of the 16-bit tiles. */
-__device__ __forceinline__ void sa_f32_chunk(uint16_t *dst, const float *src, bool ok) {
+__device__ __forceinline__ void sa_chunk(uint16_t *dst, const float *src, bool ok) {
   uint4 w = make_uint4(0u, 0u, 0u, 0u);
   if (ok) {
     const float4 a = __ldg(reinterpret_cast<const float4 *>(src)), b = __ldg(reinterpret_cast<const float4 *>(src) + 1);
@@ -285,25 +249,33 @@ __device__ __forceinline__ void sa_f32_chunk(uint16_t *dst, const float *src, bo
   *reinterpret_cast<uint4 *>(dst) = w;
 }
 
-/* sa_load_rows from float rows (sa_f32in): the same chunks, each rounded to bf16 on the way. */
-template <int HD, int NTH = SA_NT>
-__device__ __forceinline__ void sa_load_rows(uint16_t *s, const float *g, int64_t row0, int rows, int64_t nvalid,
+/* Rows r of a [*, rows_stride] matrix of E (uint16_t, or float for sa_f32in): global row = row0 + r, valid while
+   < nvalid; columns < ncols. Each thread copies one fixed column chunk of every (NTH / CH)-th row, walking one
+   pointer: the loop is kept rolled so no per-row address stays live in registers across the caller's tile loop
+   (unrolled, the 2 x 8 addresses of the K and V loads pushed the HD 128 forward to 255 registers and spills). */
+template <int HD, int NTH = SA_NT, typename E>
+__device__ __forceinline__ void sa_load_rows(uint16_t *s, const E *g, int64_t row0, int rows, int64_t nvalid,
                                              int64_t row_stride, int64_t ncols) {
   constexpr int CH = HD / 8, RSTEP = NTH / CH;
   static_assert(NTH % CH == 0, "thread count a multiple of the chunks per row");
   const int r0 = threadIdx.x / CH, col = (threadIdx.x % CH) * 8;
-  const float *src = g + (row0 + r0) * row_stride + col;
+  const E *src = g + (row0 + r0) * row_stride + col;
   const int64_t step = RSTEP * row_stride;
   const int valid = (int)(nvalid - row0 < rows ? (nvalid - row0 > 0 ? nvalid - row0 : 0) : rows);
   const bool colok = col < ncols;
 #pragma unroll 1
-  for (int r = r0; r < rows; r += RSTEP, src += step) sa_f32_chunk(s + r * (HD + 8) + col, src, r < valid && colok);
+  for (int r = r0; r < rows; r += RSTEP, src += step) {
+    const bool ok = r < valid && colok;
+    sa_chunk(s + r * (HD + 8) + col, ok ? src : g, ok);
+  }
 }
 
-/* sa_load_packed from float rows (sa_f32in). */
-template <int HD, int NTH = SA_NT>
-__device__ __forceinline__ void sa_load_packed(uint16_t *s, const float *base, int64_t P0, int rows, int64_t G,
-                                               int64_t N, int64_t ncols, int64_t nrows, int64_t ql) {
+/* Packed query rows (GQA): row P of the block is query i = P / G of head n0 + P % G. base points at
+   [b, 0, n0, 0]; rows with P >= nrows or i >= ql are zero-filled. P < 2^31 and G < 2^16
+   (sa_cuda_attn_supported): 32-bit unsigned division. */
+template <int HD, int NTH = SA_NT, typename E>
+__device__ __forceinline__ void sa_load_packed(uint16_t *s, const E *base, int64_t P0, int rows, int64_t G, int64_t N,
+                                               int64_t ncols, int64_t nrows, int64_t ql) {
   constexpr int CH = HD / 8, RSTEP = NTH / CH;
   const int r0 = threadIdx.x / CH, col = (threadIdx.x % CH) * 8;
   const bool colok = col < ncols;
@@ -311,7 +283,8 @@ __device__ __forceinline__ void sa_load_packed(uint16_t *s, const float *base, i
   for (int r = r0; r < rows; r += RSTEP) {
     const unsigned P = (unsigned)(P0 + r), i = P / (unsigned)G, gg = P - i * (unsigned)G;
     const bool ok = P < nrows && i < ql && colok;
-    sa_f32_chunk(s + r * (HD + 8) + col, ok ? base + ((int64_t)i * N + gg) * ncols + col : base, ok);
+    const E *src = ok ? base + ((int64_t)i * N + gg) * ncols + col : base;
+    sa_chunk(s + r * (HD + 8) + col, src, ok);
   }
 }
 
