@@ -3,7 +3,9 @@
  * workspace, and why. Pure C over the problem and a device record, so the CPU tests run it on a mocked H200
  * (tests/test_plan.c) and the launch code (attn.cu) only follows what it says. docs/hopper.md, "plans";
  * the schedules and their measurements in docs/hopper.md. The feature plans (bias, mask array, positions,
- * soft-cap) are plan_feat.c's; what both files share, plan_ctx.h.
+ * soft-cap) are plan_feat.c's; what both files share, plan_ctx.h. Larger than 600 lines: sa_collect's offer order is
+ * every direction's default order, so it stays beside the plain plans and their portable variants (float32, features)
+ * that it offers, which share their static tile rules.
  */
 #include "plan.h"
 
